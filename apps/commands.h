@@ -1,0 +1,30 @@
+// commands.h — argument structs of the CLI's subcommands and the hooks for those defined in
+// other files of apps/ (quantize, bench).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace ptq {
+
+struct EvalArgs {
+  std::string model, data, json_out, reference, tokenizer;
+  int seq_len = 0;
+  int64_t max_windows = -1, batch_tokens = 16384;
+};
+struct SynthArgs {
+  std::string preset = "tiny", output, dtype = "f16";
+  int layers = -1;
+  uint64_t seed = 0;
+  int64_t max_shard_mb = 0;
+  bool force = false;
+};
+struct InspectArgs {
+  std::string path;
+  bool json = false, tensors = false;
+};
+
+void register_more_commands(CLI::App& app);
+int run_more_commands(CLI::App& app);
+
+}  // namespace ptq

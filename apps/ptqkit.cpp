@@ -1,0 +1,220 @@
+// ptqkit — command-line entry point. Each subcommand is a thin layer over lib/: parse options,
+// call the library, print a summary to stdout and write JSON where asked.
+// Errors: "ptqkit: error: FILE: FIELD: message" on stderr, exit code by kind (core/error.h).
+#include <omp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+
+#include "commands.h"
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/progress.h"
+#include "core/safetensors.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#include "model/llama.h"
+#include "model/synth.h"
+#include "model/tokenizer.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace ptq {
+
+namespace {
+
+DType parse_float_dtype(const std::string& s) {
+  if (s == "f16" || s == "float16") return DType::F16;
+  if (s == "bf16" || s == "bfloat16") return DType::BF16;
+  if (s == "f32" || s == "float32") return DType::F32;
+  fail(Errc::usage, "", "--dtype", "must be f16, bf16 or f32, got '" + s + "'");
+}
+
+std::string human_bytes(double b) {
+  char s[32];
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) { b /= 1024; ++i; }
+  std::snprintf(s, sizeof s, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+  return s;
+}
+
+void print_eval(const EvalResult& r) {
+  std::printf("perplexity %.6f  (mean NLL %.6f over %lld scored tokens; %lld windows of %d; %.1f s, %.0f tok/s)\n", r.perplexity,
+              r.mean_nll, (long long)r.scored_tokens, (long long)r.windows, r.seq_len, r.seconds, r.tokens_per_second);
+  if (r.kl)
+    std::printf("vs reference: perplexity %.6f; KL mean %.6f, median %.6f, p99 %.6f, max %.6f; top-1 agreement %.4f%%; mean dp %+.6f\n",
+                r.kl->reference_perplexity, r.kl->mean, r.kl->median, r.kl->p99, r.kl->max, 100 * r.kl->top1_agreement, r.kl->mean_delta_p);
+}
+
+}  // namespace
+
+int cmd_eval(const EvalArgs& a) {
+  LlamaModel model(a.model);
+  std::unique_ptr<LlamaModel> ref;
+  if (!a.reference.empty()) ref = std::make_unique<LlamaModel>(a.reference);
+  auto tok = load_tokenizer(a.tokenizer.empty() ? a.model : a.tokenizer, model.config().bos_token_id);
+  const std::vector<int32_t> ids = encode_corpus(*tok, a.data);
+  EvalOptions o;
+  o.seq_len = a.seq_len > 0 ? a.seq_len : model.config().max_position_embeddings;
+  o.max_windows = a.max_windows;
+  o.batch_tokens = a.batch_tokens;
+  EvalResult r = evaluate(model, ids, o, ref.get());
+  print_eval(r);
+  if (!a.json_out.empty()) {
+    json j = r.to_json();
+    j["model"] = a.model;
+    j["data"] = a.data;
+    j["data_sha256"] = sha256_file(a.data);
+    if (ref) j["reference"] = a.reference;
+    write_file_atomic(a.json_out, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+int cmd_synth(const SynthArgs& a) {
+  SynthOptions o;
+  o.preset = a.preset;
+  o.layers = a.layers;
+  o.seed = a.seed;
+  o.dtype = parse_float_dtype(a.dtype);
+  o.force = a.force;
+  if (a.max_shard_mb > 0) o.max_shard_bytes = size_t(a.max_shard_mb) << 20;
+  synth_model(o, a.output);
+  LlamaConfig c = load_config(a.output);
+  std::printf("wrote %s: synthetic %s, %d layers, hidden %d, ffn %d, %d/%d heads, vocab %d, %s\n", a.output.c_str(), a.preset.c_str(),
+              c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size,
+              std::string(dtype_name(o.dtype)).c_str());
+  return 0;
+}
+
+int cmd_inspect(const InspectArgs& a) {
+  json out;
+  const bool dir = fs::is_directory(a.path);
+  Checkpoint ck(a.path);
+  std::map<std::string, std::pair<int64_t, size_t>> by_dtype;   // dtype -> (tensors, bytes)
+  json tensors = json::array();
+  for (auto& n : ck.names()) {
+    TensorView t = ck.get(n);
+    auto& e = by_dtype[std::string(dtype_name(t.dtype))];
+    e.first++;
+    e.second += t.nbytes;
+    tensors.push_back({{"name", n}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"bytes", t.nbytes},
+                       {"file", fs::path(ck.file_of(n)).filename().string()}});
+  }
+  out["path"] = a.path;
+  out["tensor_count"] = tensors.size();
+  out["total_bytes"] = ck.total_bytes();
+  for (auto& [d, e] : by_dtype) out["dtypes"][d] = {{"tensors", e.first}, {"bytes", e.second}};
+  if (dir && fs::exists(a.path + "/config.json")) {
+    LlamaConfig c = load_config(a.path);
+    int64_t params = 0;
+    for (auto& t : tensors) params += numel(t["shape"].get<Shape>());
+    out["architecture"] = {{"model_type", c.model_type},       {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
+                           {"intermediate_size", c.intermediate_size}, {"heads", c.num_attention_heads},
+                           {"kv_heads", c.num_key_value_heads}, {"head_dim", c.head_dim}, {"vocab_size", c.vocab_size},
+                           {"max_position_embeddings", c.max_position_embeddings}, {"rope_theta", c.rope_theta},
+                           {"rope_scaling", c.rope_scaling ? "llama3" : "none"}, {"tie_word_embeddings", c.tie_word_embeddings},
+                           {"torch_dtype", dtype_name(c.dtype)}, {"parameters", params}};
+    if (c.raw.contains("quantization_config")) out["quantization_config"] = c.raw["quantization_config"];
+    try {
+      out["tokenizer"] = load_tokenizer(a.path, c.bos_token_id)->kind();
+    } catch (const Error&) {
+      out["tokenizer"] = "none";
+    }
+  }
+  if (a.json) {
+    out["tensors"] = tensors;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s\n", a.path.c_str());
+  if (out.contains("architecture")) {
+    auto& ar = out["architecture"];
+    std::printf("  architecture  %s, %d layers, hidden %d, ffn %d, heads %d/%d (head_dim %d), vocab %d, context %d\n",
+                ar["model_type"].get<std::string>().c_str(), ar["layers"].get<int>(), ar["hidden_size"].get<int>(),
+                ar["intermediate_size"].get<int>(), ar["heads"].get<int>(), ar["kv_heads"].get<int>(), ar["head_dim"].get<int>(),
+                ar["vocab_size"].get<int>(), ar["max_position_embeddings"].get<int>());
+    std::printf("  rope          theta %g, scaling %s; tied embeddings %s; dtype %s\n", ar["rope_theta"].get<double>(),
+                ar["rope_scaling"].get<std::string>().c_str(), ar["tie_word_embeddings"].get<bool>() ? "yes" : "no",
+                ar["torch_dtype"].get<std::string>().c_str());
+    std::printf("  parameters    %.3f M\n", double(ar["parameters"].get<int64_t>()) / 1e6);
+    std::printf("  tokenizer     %s\n", out["tokenizer"].get<std::string>().c_str());
+  }
+  std::printf("  tensors       %zu, %s\n", tensors.size(), human_bytes(double(ck.total_bytes())).c_str());
+  for (auto& [d, e] : by_dtype) std::printf("    %-8s %6lld tensors  %s\n", d.c_str(), (long long)e.first, human_bytes(double(e.second)).c_str());
+  if (out.contains("quantization_config")) std::printf("  quantization  %s\n", out["quantization_config"].dump().c_str());
+  else std::printf("  quantization  none\n");
+  if (a.tensors)
+    for (auto& t : tensors)
+      std::printf("    %-56s %-5s %-16s %s\n", t["name"].get<std::string>().c_str(), t["dtype"].get<std::string>().c_str(),
+                  shape_str(t["shape"].get<Shape>()).c_str(), t["file"].get<std::string>().c_str());
+  return 0;
+}
+
+}  // namespace ptq
+
+int main(int argc, char** argv) {
+  using namespace ptq;
+  CLI::App app{"ptqkit: post-training quantization of Llama-family models (GPTQ, RTN, SmoothQuant) on CPU and CUDA"};
+  app.require_subcommand(1);
+  bool quiet = false;
+  int threads = 0;
+  app.add_flag("-q,--quiet", quiet, "no progress output");
+  app.add_option("--threads", threads, "OpenMP threads (default: all cores)");
+
+  EvalArgs ea;
+  auto* ev = app.add_subcommand("eval", "perplexity (and KL divergence against a reference) on a text or .jsonl file");
+  ev->add_option("--model", ea.model, "model folder (HF layout)")->required();
+  ev->add_option("--data", ea.data, "text file, or .jsonl with a \"text\" field")->required();
+  ev->add_option("--seq-len", ea.seq_len, "window length L (default: max_position_embeddings)");
+  ev->add_option("--max-windows", ea.max_windows, "evaluate at most K windows");
+  ev->add_option("--json", ea.json_out, "write the result as JSON here");
+  ev->add_option("--reference", ea.reference, "reference model folder: adds KL divergence and top-1 agreement");
+  ev->add_option("--tokenizer", ea.tokenizer, "tokenizer file or folder (default: the model folder)");
+  ev->add_option("--batch-tokens", ea.batch_tokens, "tokens per forward chunk (memory bound)")->default_val(16384);
+
+  SynthArgs sa;
+  auto* sy = app.add_subcommand("synth", "write a synthetic HF-layout Llama checkpoint with a real model's shapes");
+  sy->add_option("--preset", sa.preset, "tiny | small | llama2-7b | llama3-8b | llama2-70b")->default_val("tiny");
+  sy->add_option("--output", sa.output, "output folder")->required();
+  sy->add_option("--layers", sa.layers, "number of decoder layers (default: the preset's)");
+  sy->add_option("--seed", sa.seed, "random seed")->default_val(0);
+  sy->add_option("--dtype", sa.dtype, "f16 | bf16 | f32")->default_val("f16");
+  sy->add_option("--max-shard-mb", sa.max_shard_mb, "shard size limit in MiB (default 2048)");
+  sy->add_flag("--force", sa.force, "replace an existing output folder");
+
+  InspectArgs ia;
+  auto* in = app.add_subcommand("inspect", "describe a checkpoint: architecture, tensors, dtypes, sizes, quantization");
+  in->add_option("path", ia.path, "model folder or .safetensors file")->required();
+  in->add_flag("--json", ia.json, "machine-readable output");
+  in->add_flag("--tensors", ia.tensors, "list every tensor");
+
+  register_more_commands(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  Progress::set_quiet(quiet);
+  if (threads > 0) omp_set_num_threads(threads);
+  try {
+    if (ev->parsed()) return cmd_eval(ea);
+    if (sy->parsed()) return cmd_synth(sa);
+    if (in->parsed()) return cmd_inspect(ia);
+    return run_more_commands(app);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ptqkit: error: %s\n", e.what());
+    return int(e.code);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ptqkit: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,165 @@
+#include "core/fsutil.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace ptq {
+
+namespace {
+std::string errno_str() { return std::strerror(errno); }
+
+void fsync_dir(const std::string& path) {
+  std::string dir = fs::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) { ::fsync(fd); ::close(fd); }
+}
+
+std::string hex(const unsigned char* d, unsigned n) {
+  static const char* k = "0123456789abcdef";
+  std::string s;
+  for (unsigned i = 0; i < n; ++i) { s += k[d[i] >> 4]; s += k[d[i] & 15]; }
+  return s;
+}
+
+struct EvpCtx {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EvpCtx() { EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr); }
+  ~EvpCtx() { EVP_MD_CTX_free(ctx); }
+  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
+  std::string final() {
+    unsigned char d[EVP_MAX_MD_SIZE]; unsigned n = 0;
+    EVP_DigestFinal_ex(ctx, d, &n);
+    return hex(d, n);
+  }
+};
+}  // namespace
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(Errc::io, path, "", "cannot open for reading: " + errno_str());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) fail(Errc::io, path, "", "read error");
+  return ss.str();
+}
+
+void write_file_atomic(const std::string& path, std::string_view data) {
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail(Errc::io, path, "", "cannot create: " + errno_str());
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      std::string e = errno_str();
+      ::close(fd); ::unlink(tmp.c_str());
+      fail(Errc::io, path, "", "write failed: " + e);
+    }
+    off += size_t(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    std::string e = errno_str();
+    ::unlink(tmp.c_str());
+    fail(Errc::io, path, "", "fsync/close failed: " + e);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string e = errno_str();
+    ::unlink(tmp.c_str());
+    fail(Errc::io, path, "", "rename failed: " + e);
+  }
+  fsync_dir(path);
+}
+
+std::string sha256_bytes(std::string_view data) {
+  EvpCtx c;
+  c.update(data.data(), data.size());
+  return c.final();
+}
+
+std::string sha256_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(Errc::io, path, "", "cannot open for reading: " + errno_str());
+  EvpCtx c;
+  std::vector<char> buf(1 << 20);
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    c.update(buf.data(), size_t(f.gcount()));
+  }
+  return c.final();
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) fail(Errc::io, path, "", "cannot open: " + errno_str());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) { ::close(fd); fail(Errc::io, path, "", "cannot stat: " + errno_str()); }
+  size_ = size_t(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) { ::close(fd); fail(Errc::io, path, "", "mmap failed: " + errno_str()); }
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(data_, size_);
+}
+
+void MappedFile::release(const uint8_t* p, size_t n) const {
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  uintptr_t a = reinterpret_cast<uintptr_t>(p), b = a + n;
+  a = (a + page - 1) / page * page;    // only whole pages inside the range
+  b = b / page * page;
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+}
+
+OutputDir::OutputDir(std::string final_path, bool force) : final_(std::move(final_path)), force_(force) {
+  while (final_.size() > 1 && final_.back() == '/') final_.pop_back();
+  std::error_code ec;
+  if (fs::exists(final_, ec) && !force_)
+    fail(Errc::exists, final_, "", "output exists; pass --force to replace it");
+  staging_ = final_ + ".partial-" + std::to_string(::getpid());
+  fs::remove_all(staging_, ec);
+  fs::create_directories(staging_, ec);
+  if (ec) fail(Errc::io, staging_, "", "cannot create output folder: " + ec.message());
+}
+
+OutputDir::~OutputDir() {
+  if (!committed_) { std::error_code ec; fs::remove_all(staging_, ec); }
+}
+
+void OutputDir::commit() {
+  std::error_code ec;
+  std::string old;
+  if (fs::exists(final_, ec)) {
+    if (!force_) fail(Errc::exists, final_, "", "output appeared while running; pass --force to replace it");
+    old = final_ + ".old-" + std::to_string(::getpid());
+    fs::rename(final_, old, ec);
+    if (ec) fail(Errc::io, final_, "", "cannot move the existing output aside: " + ec.message());
+  }
+  fs::rename(staging_, final_, ec);
+  if (ec) fail(Errc::io, final_, "", "cannot rename the finished output into place: " + ec.message());
+  committed_ = true;
+  fsync_dir(final_);
+  if (!old.empty()) fs::remove_all(old, ec);
+}
+
+}  // namespace ptq

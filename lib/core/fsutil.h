@@ -1,0 +1,53 @@
+// fsutil.h — files that are never left half-written: atomic file writes, staging folders that
+// become the output only when complete, read-only mappings, SHA-256 of files.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace ptq {
+
+std::string read_text_file(const std::string& path);          // whole file; Errc::io naming it
+// Writes to "<path>.tmp-<pid>", fsyncs, renames over `path`.
+void write_file_atomic(const std::string& path, std::string_view data);
+std::string sha256_file(const std::string& path);             // lowercase hex
+std::string sha256_bytes(std::string_view data);
+
+// A read-only private mapping of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Drops the pages of [p, p+n) from this process's resident set (they are re-read if touched).
+  void release(const uint8_t* p, size_t n) const;
+ private:
+  std::string path_;
+  uint8_t* data_{nullptr};
+  size_t size_{0};
+};
+
+// An output folder built under "<final>.partial-<pid>" and renamed to <final> by commit().
+// Refuses an existing <final> unless `force`. If never committed, the staging folder is removed.
+// A killed run leaves only a ".partial-" folder, which never looks like a finished output.
+class OutputDir {
+ public:
+  OutputDir(std::string final_path, bool force);
+  ~OutputDir();
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+  const std::string& path() const { return staging_; }         // write here
+  const std::string& final_path() const { return final_; }
+  std::string file(const std::string& name) const { return staging_ + "/" + name; }
+  void commit();
+ private:
+  std::string final_, staging_;
+  bool force_{false}, committed_{false};
+};
+
+}  // namespace ptq

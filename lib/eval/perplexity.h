@@ -1,0 +1,48 @@
+// perplexity.h — perplexity under the GPTQ/HF protocol (non-overlapping windows of L tokens,
+// every token but each window's first scored) and, against a reference model on the same windows,
+// llama.cpp's KL-divergence statistics. Log-probabilities and sums are taken in fp64.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace ptq {
+
+struct EvalOptions {
+  int seq_len = 0;                 // 0: the model's max_position_embeddings
+  int64_t max_windows = -1;        // -1: all
+  int64_t batch_tokens = 16384;    // tokens per forward chunk (bounds activation memory)
+  std::string label = "eval";
+};
+
+struct KlStats {
+  double mean = 0, median = 0, p99 = 0, max = 0;
+  double top1_agreement = 0;       // fraction of scored positions whose argmax agrees
+  double mean_delta_p = 0;         // mean of p(correct) - p_ref(correct)
+  double reference_perplexity = 0;
+};
+
+struct EvalResult {
+  double perplexity = 0, mean_nll = 0;
+  int64_t scored_tokens = 0, windows = 0, total_tokens = 0;
+  int seq_len = 0;
+  double seconds = 0, tokens_per_second = 0;
+  std::optional<KlStats> kl;
+  nlohmann::json to_json() const;
+};
+
+// Something that turns S windows of T tokens into logits [S*T, vocab]: a float model, later a
+// quantized one. Evaluation does not care which.
+using LogitsFn = std::function<MatF(const std::vector<int32_t>& tokens, int S, int T)>;
+
+EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<int32_t>& tokens, const EvalOptions& opt,
+                    const LogitsFn* reference = nullptr);
+EvalResult evaluate(const LlamaModel& model, const std::vector<int32_t>& tokens, const EvalOptions& opt,
+                    const LlamaModel* reference = nullptr);
+
+// log-softmax of one row, in fp64.
+void log_softmax(const float* logits, int n, double* out);
+
+}  // namespace ptq

@@ -1,0 +1,255 @@
+#include "model/llama.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace ptq {
+
+const char* proj_name(Proj p) {
+  static const char* n[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return n[int(p)];
+}
+
+std::string proj_tensor_prefix(int layer, Proj p) {
+  const bool attn = p == Proj::q || p == Proj::k || p == Proj::v || p == Proj::o;
+  return "model.layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") + proj_name(p);
+}
+
+size_t LayerWeights::bytes() const {
+  size_t s = size_t(input_layernorm.size() + post_attention_layernorm.size()) * 4;
+  for (auto& l : proj) s += size_t(l.W.size() + l.b.size()) * 4;
+  return s;
+}
+
+MatF read_matrix(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
+  TensorView t = ck.get(name);
+  if (t.shape != Shape{rows, cols})
+    fail(Errc::format, ck.file_of(name), name, "shape " + shape_str(t.shape) + " does not match the config's " + shape_str({rows, cols}));
+  MatF m(rows, cols);
+  convert_to_f32(t.dtype, t.data, m.data(), size_t(m.size()));
+  return m;
+}
+
+VecF read_vector(const Checkpoint& ck, const std::string& name, int64_t n) {
+  TensorView t = ck.get(name);
+  if (t.shape != Shape{n}) fail(Errc::format, ck.file_of(name), name, "shape " + shape_str(t.shape) + " does not match the config's " + shape_str({n}));
+  VecF v(n);
+  convert_to_f32(t.dtype, t.data, v.data(), size_t(n));
+  return v;
+}
+
+Rope make_rope(const LlamaConfig& c, int max_len) {
+  const int half = c.head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0 / std::pow(c.rope_theta, double(2 * i) / c.head_dim);
+  if (c.rope_scaling) {   // Llama 3.1 frequency-dependent scaling
+    const auto& r = *c.rope_scaling;
+    const double old_len = r.original_max_position_embeddings;
+    const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+    for (auto& f : inv_freq) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) { f /= r.factor; continue; }
+      const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      f = (1 - smooth) * f / r.factor + smooth * f;
+    }
+  }
+  Rope rope{MatF(max_len, half), MatF(max_len, half)};
+  for (int p = 0; p < max_len; ++p)
+    for (int i = 0; i < half; ++i) {
+      const double a = double(p) * inv_freq[size_t(i)];
+      rope.cos(p, i) = float(std::cos(a));
+      rope.sin(p, i) = float(std::sin(a));
+    }
+  return rope;
+}
+
+void rmsnorm(const MatF& x, const VecF& w, float eps, MatF& out) {
+  out.resize(x.rows(), x.cols());
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    const float ms = x.row(r).squaredNorm() / float(x.cols());
+    const float inv = 1.0f / std::sqrt(ms + eps);
+    out.row(r) = (x.row(r) * inv).cwiseProduct(w.transpose());
+  }
+}
+
+void linear(const MatF& x, const Linear& l, MatF& y) {
+  y.noalias() = x * l.W.transpose();
+  if (l.b.size()) y.rowwise() += l.b.transpose();
+}
+
+namespace {
+// In-place rotary embedding of [S*T, nh*hd] (HF rotate_half layout).
+void apply_rope(MatF& x, int nh, int hd, const Rope& rope, int S, int T) {
+  const int half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index r = 0; r < Eigen::Index(S) * T; ++r) {
+    const int pos = int(r % T);
+    float* row = x.row(r).data();
+    const float* cs = rope.cos.row(pos).data();
+    const float* sn = rope.sin.row(pos).data();
+    for (int h = 0; h < nh; ++h) {
+      float* v = row + h * hd;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+      }
+    }
+  }
+}
+}  // namespace
+
+void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx) {
+  MatF q, k, v;
+  linear(xn, w[Proj::q], q);
+  linear(xn, w[Proj::k], k);
+  linear(xn, w[Proj::v], v);
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, group = nh / nkv;
+  apply_rope(q, nh, hd, rope, S, T);
+  apply_rope(k, nkv, hd, rope, S, T);
+  ctx.resize(Eigen::Index(S) * T, Eigen::Index(nh) * hd);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int window = c.sliding_window;
+#pragma omp parallel
+  {
+    MatF scores(T, T);
+#pragma omp for schedule(dynamic)
+    for (int sh = 0; sh < S * nh; ++sh) {
+      const int s = sh / nh, h = sh % nh, kvh = h / group;
+      auto Q = q.block(Eigen::Index(s) * T, Eigen::Index(h) * hd, T, hd);
+      auto K = k.block(Eigen::Index(s) * T, Eigen::Index(kvh) * hd, T, hd);
+      auto V = v.block(Eigen::Index(s) * T, Eigen::Index(kvh) * hd, T, hd);
+      scores.noalias() = (Q * K.transpose()) * scale;
+      for (int i = 0; i < T; ++i) {   // causal (and sliding-window) softmax over j <= i
+        float* row = scores.row(i).data();
+        const int j0 = window > 0 ? std::max(0, i - window + 1) : 0;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int j = j0; j <= i; ++j) m = std::max(m, row[j]);
+        float sum = 0;
+        for (int j = 0; j < T; ++j) {
+          const float e = (j >= j0 && j <= i) ? std::exp(row[j] - m) : 0.0f;
+          row[j] = e;
+          sum += e;
+        }
+        const float inv = 1.0f / sum;
+        for (int j = j0; j <= i; ++j) row[j] *= inv;
+      }
+      ctx.block(Eigen::Index(s) * T, Eigen::Index(h) * hd, T, hd).noalias() = scores * V;
+    }
+  }
+}
+
+void mlp_act(const LayerWeights& w, const MatF& xn, MatF& act) {
+  MatF up;
+  linear(xn, w[Proj::gate], act);
+  linear(xn, w[Proj::up], up);
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index r = 0; r < act.rows(); ++r) {
+    float* g = act.row(r).data();
+    const float* u = up.row(r).data();
+    for (Eigen::Index j = 0; j < act.cols(); ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+  }
+}
+
+void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, int S, int T, MatF& x) {
+  MatF xn, ctx, y;
+  rmsnorm(x, w.input_layernorm, float(c.rms_norm_eps), xn);
+  attention_core(w, c, rope, xn, S, T, ctx);
+  linear(ctx, w[Proj::o], y);
+  x += y;
+  rmsnorm(x, w.post_attention_layernorm, float(c.rms_norm_eps), xn);
+  mlp_act(w, xn, ctx);
+  linear(ctx, w[Proj::down], y);
+  x += y;
+}
+
+LlamaModel::LlamaModel(const std::string& dir) : dir_(dir), cfg_(load_config(dir)), ckpt_(std::make_unique<Checkpoint>(dir)) {
+  const auto& c = cfg_;
+  auto expect = [&](const std::string& name, Shape s) {
+    TensorView t = ckpt_->get(name);
+    if (t.shape != s) fail(Errc::format, ckpt_->file_of(name), name, "shape " + shape_str(t.shape) + " does not match the config's " + shape_str(s));
+    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
+      fail(Errc::format, ckpt_->file_of(name), name, "dtype " + std::string(dtype_name(t.dtype)) + " is not a float dtype");
+  };
+  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  expect("model.embed_tokens.weight", {c.vocab_size, d});
+  expect("model.norm.weight", {d});
+  if (!c.tie_word_embeddings) expect("lm_head.weight", {c.vocab_size, d});
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i);
+    expect(p + ".input_layernorm.weight", {d});
+    expect(p + ".post_attention_layernorm.weight", {d});
+    const int64_t out[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d};
+    const int64_t in[7] = {d, d, d, c.q_dim(), d, d, f};
+    for (Proj pr : kAllProj) {
+      expect(proj_tensor_prefix(i, pr) + ".weight", {out[int(pr)], in[int(pr)]});
+      const bool bias = (pr <= Proj::v && c.qkv_bias) || (pr == Proj::o && c.o_bias) || (pr >= Proj::gate && c.mlp_bias);
+      if (bias) expect(proj_tensor_prefix(i, pr) + ".bias", {out[int(pr)]});
+    }
+  }
+}
+
+const Rope& LlamaModel::rope(int T) const {
+  if (rope_.cos.rows() < T) rope_ = make_rope(cfg_, std::max(T, 1));
+  return rope_;
+}
+
+MatF LlamaModel::embed(const std::vector<int32_t>& tokens) const {
+  const std::string name = "model.embed_tokens.weight";
+  TensorView e = ckpt_->get(name);
+  const int64_t d = cfg_.hidden_size;
+  MatF x(Eigen::Index(tokens.size()), d);
+  const size_t es = dtype_size(e.dtype);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t >= cfg_.vocab_size) fail(Errc::input, dir_, "token " + std::to_string(i), "id " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+    convert_to_f32(e.dtype, e.data + size_t(t) * size_t(d) * es, x.row(Eigen::Index(i)).data(), size_t(d));
+  }
+  return x;
+}
+
+LayerWeights LlamaModel::load_layer(int i) const {
+  const auto& c = cfg_;
+  const std::string p = "model.layers." + std::to_string(i);
+  LayerWeights w;
+  w.input_layernorm = read_vector(*ckpt_, p + ".input_layernorm.weight", c.hidden_size);
+  w.post_attention_layernorm = read_vector(*ckpt_, p + ".post_attention_layernorm.weight", c.hidden_size);
+  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  const int64_t out[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d};
+  const int64_t in[7] = {d, d, d, c.q_dim(), d, d, f};
+  for (Proj pr : kAllProj) {
+    const std::string n = proj_tensor_prefix(i, pr);
+    w[pr].W = read_matrix(*ckpt_, n + ".weight", out[int(pr)], in[int(pr)]);
+    ckpt_->release(n + ".weight");
+    if (ckpt_->has(n + ".bias")) w[pr].b = read_vector(*ckpt_, n + ".bias", out[int(pr)]);
+  }
+  return w;
+}
+
+void LlamaModel::logits(const MatF& x, MatF& out) const {
+  MatF xn;
+  rmsnorm(x, read_vector(*ckpt_, "model.norm.weight", cfg_.hidden_size), float(cfg_.rms_norm_eps), xn);
+  const std::string head = cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  Linear l{read_matrix(*ckpt_, head, cfg_.vocab_size, cfg_.hidden_size), {}};
+  linear(xn, l, out);
+}
+
+MatF LlamaModel::forward(const std::vector<int32_t>& tokens, int S, int T) const {
+  if (size_t(S) * size_t(T) != tokens.size()) fail(Errc::input, dir_, "tokens", "expected S*T tokens");
+  if (T > cfg_.max_position_embeddings)
+    fail(Errc::input, dir_, "seq_len", "window of " + std::to_string(T) + " tokens exceeds max_position_embeddings " + std::to_string(cfg_.max_position_embeddings));
+  MatF x = embed(tokens);
+  const Rope& r = rope(T);
+  for (int i = 0; i < cfg_.num_hidden_layers; ++i) decoder_layer(load_layer(i), cfg_, r, S, T, x);
+  MatF out;
+  logits(x, out);
+  return out;
+}
+
+}  // namespace ptq

@@ -1,0 +1,85 @@
+// llama.h — the Llama-family forward pass on the CPU, in fp32, one decoder layer at a time.
+//
+// Activations of S sequences of T tokens are row-major [S*T, width] matrices. Weights are loaded
+// per layer (f16/bf16 converted to fp32 as they are read) and dropped after use, so resident
+// memory is one layer's fp32 weights plus activations, whatever the model size.
+// The stage functions below are the vocabulary the calibration pipeline is written in.
+#pragma once
+#include <Eigen/Core>
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "model/config.h"
+
+namespace ptq {
+
+using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using VecF = Eigen::VectorXf;
+
+// The seven quantizable Linears of a decoder layer, in execution order.
+enum class Proj { q, k, v, o, gate, up, down };
+constexpr std::array<Proj, 7> kAllProj = {Proj::q, Proj::k, Proj::v, Proj::o, Proj::gate, Proj::up, Proj::down};
+const char* proj_name(Proj p);                    // "q_proj", ...
+std::string proj_tensor_prefix(int layer, Proj p); // "model.layers.3.self_attn.q_proj"
+
+struct Linear {
+  MatF W;   // [out, in]
+  VecF b;   // [out] or empty
+};
+
+struct LayerWeights {
+  VecF input_layernorm, post_attention_layernorm;
+  std::array<Linear, 7> proj;
+  Linear& operator[](Proj p) { return proj[size_t(p)]; }
+  const Linear& operator[](Proj p) const { return proj[size_t(p)]; }
+  size_t bytes() const;
+};
+
+// Rotary tables in the HF layout (rotate_half): cos/sin [max_len, head_dim/2], computed in fp64.
+struct Rope {
+  MatF cos, sin;
+};
+Rope make_rope(const LlamaConfig& c, int max_len);
+
+// ---- stages (all fp32) ----
+void rmsnorm(const MatF& x, const VecF& w, float eps, MatF& out);
+void linear(const MatF& x, const Linear& l, MatF& y);                  // y = x W^T + b
+// q/k/v projections, rotary, causal GQA softmax attention: returns the input of o_proj [S*T, q_dim].
+void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx);
+// silu(x W_gate^T) * (x W_up^T): the input of down_proj [S*T, ffn].
+void mlp_act(const LayerWeights& w, const MatF& xn, MatF& act);
+// x <- x + o(attention(norm(x))); x <- x + down(mlp(norm(x))).
+void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, int S, int T, MatF& x);
+
+class LlamaModel {
+ public:
+  // Reads config.json and the checkpoint; checks every tensor the config implies exists with the
+  // right shape (Errc::format naming the tensor otherwise).
+  explicit LlamaModel(const std::string& dir);
+  const LlamaConfig& config() const { return cfg_; }
+  const Checkpoint& checkpoint() const { return *ckpt_; }
+  const std::string& dir() const { return dir_; }
+
+  MatF embed(const std::vector<int32_t>& tokens) const;               // [n, hidden]
+  LayerWeights load_layer(int i) const;                                // fp32 copy; source pages released
+  // Final norm and lm_head: logits [rows, vocab].
+  void logits(const MatF& x, MatF& out) const;
+  // Whole forward over S sequences of T tokens (tokens row-major [S, T]), layer by layer.
+  MatF forward(const std::vector<int32_t>& tokens, int S, int T) const;
+  const Rope& rope(int T) const;
+
+ private:
+  std::string dir_;
+  LlamaConfig cfg_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  mutable Rope rope_;
+};
+
+// Reads a float tensor of any float dtype into fp32 (row-major), checking its shape.
+MatF read_matrix(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
+VecF read_vector(const Checkpoint& ck, const std::string& name, int64_t n);
+
+}  // namespace ptq

@@ -1,0 +1,53 @@
+// testing.h — helpers shared by the tests: where the shared assets are, skipping cleanly when
+// they (or a GPU) are absent, temporary folders, running the CLI.
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+namespace ptqtest {
+
+inline std::string assets() {
+  const char* e = std::getenv("PTQKIT_ASSETS");
+  return e && *e ? e : PTQKIT_DEFAULT_ASSETS;
+}
+inline bool have_assets() { return std::filesystem::exists(assets() + "/golden/golden.json"); }
+
+// Prints the marker CTest turns into "skipped" (SKIP_REGULAR_EXPRESSION) and leaves the test.
+#define PTQ_SKIP(why)                                   \
+  do {                                                  \
+    std::cout << "PTQKIT_SKIP: " << (why) << std::endl; \
+    return;                                             \
+  } while (0)
+#define PTQ_REQUIRE_ASSETS() \
+  if (!ptqtest::have_assets()) PTQ_SKIP("shared assets not found at " + ptqtest::assets() + " (set PTQKIT_ASSETS)")
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "ptqkit-test-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() { std::error_code ec; std::filesystem::remove_all(path, ec); }
+  std::string operator/(const std::string& s) const { return (path / s).string(); }
+};
+
+struct RunResult { int code; std::string out; };
+// Runs `ptqkit ARGS` through the shell, stdout+stderr captured.
+inline RunResult run_ptqkit(const std::string& args) {
+  std::string cmd = std::string(PTQKIT_BIN) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+}  // namespace ptqtest
