@@ -162,6 +162,7 @@ int cmd_inspect(const InspectArgs& a) {
 
 int main(int argc, char** argv) {
   using namespace ptq;
+  tune_allocator();
   CLI::App app{"ptqkit: post-training quantization of Llama-family models (GPTQ, RTN, SmoothQuant) on CPU and CUDA"};
   app.require_subcommand(1);
   bool quiet = false;

@@ -1,1 +1,82 @@
+#include "core/error.h"
+#include "model/config.h"
+#include "model/llama.h"
 #include "testing.h"
+
+using namespace ptq;
+using nlohmann::json;
+
+static json base() {
+  return {{"model_type", "llama"}, {"hidden_size", 64}, {"intermediate_size", 172}, {"num_hidden_layers", 2},
+          {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"vocab_size", 512}, {"max_position_embeddings", 512},
+          {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"torch_dtype", "float32"}};
+}
+
+static std::string error_of(const json& j) {
+  try {
+    parse_config(j, "config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("llama config: GQA, head_dim, defaults") {
+  LlamaConfig c = parse_config(base(), "config.json");
+  CHECK(c.head_dim == 8);
+  CHECK(c.kv_dim() == 32);
+  CHECK_FALSE(c.qkv_bias);
+  CHECK_FALSE(c.tie_word_embeddings);
+  json j = base();
+  j["head_dim"] = 16;
+  CHECK(parse_config(j, "x").q_dim() == 128);
+}
+
+TEST_CASE("qwen2 has q/k/v bias; mistral keeps its sliding window") {
+  json j = base();
+  j["model_type"] = "qwen2";
+  LlamaConfig q = parse_config(j, "x");
+  CHECK(q.qkv_bias);
+  CHECK_FALSE(q.o_bias);
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 4096;
+  CHECK(parse_config(j, "x").sliding_window == 4096);
+}
+
+TEST_CASE("llama3 rope scaling matches the published formula (values from an fp64 computation)") {
+  json j = base();
+  j["hidden_size"] = 1024;
+  j["num_attention_heads"] = 8;   // head_dim 128
+  j["num_key_value_heads"] = 8;
+  j["rope_theta"] = 500000.0;
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  LlamaConfig c = parse_config(j, "x");
+  REQUIRE(c.rope_scaling);
+  Rope r = make_rope(c, 1001);
+  // i = 20: high frequency, unchanged; i = 30, 32: smoothed band; i = 40, 63: divided by 8.
+  CHECK(r.cos(1000, 20) == Approx(-0.6581203423130288).margin(2e-6));
+  CHECK(r.sin(1000, 20) == Approx(-0.752912753932208).margin(2e-6));
+  CHECK(r.cos(1000, 30) == Approx(0.1975938422192489).margin(2e-6));
+  CHECK(r.sin(1000, 32) == Approx(0.5010798781674073).margin(2e-6));
+  CHECK(r.sin(1000, 40) == Approx(0.03427430791044675).margin(2e-7));
+  CHECK(r.sin(1000, 63) == Approx(0.0003068925940741034).margin(1e-9));
+}
+
+TEST_CASE("bad configs are refused naming the field") {
+  json j = base();
+  j["model_type"] = "gpt_neox";
+  CHECK(error_of(j).find("model_type: unsupported model_type 'gpt_neox'") != std::string::npos);
+  j = base();
+  j["num_key_value_heads"] = 3;
+  CHECK(error_of(j).find("num_key_value_heads: must divide") != std::string::npos);
+  j = base();
+  j.erase("hidden_size");
+  CHECK(error_of(j).find("config.json: hidden_size: missing") != std::string::npos);
+  j = base();
+  j["hidden_size"] = "64";
+  CHECK(error_of(j).find("hidden_size: must be an integer") != std::string::npos);
+  j = base();
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  CHECK(error_of(j).find("rope_scaling.rope_type") != std::string::npos);
+}

@@ -1,6 +1,7 @@
 #include "core/fsutil.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -49,6 +50,11 @@ struct EvpCtx {
   }
 };
 }  // namespace
+
+void tune_allocator() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
 
 std::string read_text_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -8,6 +8,11 @@
 
 namespace ptq {
 
+// Keeps freed memory in the process (glibc mallopt): activation buffers are large and
+// short-lived, and returning them to the kernel makes every layer page-fault and zero them again.
+// Called once by main() and by the test runner.
+void tune_allocator();
+
 std::string read_text_file(const std::string& path);          // whole file; Errc::io naming it
 // Writes to "<path>.tmp-<pid>", fsyncs, renames over `path`.
 void write_file_atomic(const std::string& path, std::string_view data);
