@@ -1,0 +1,191 @@
+#include "gptq/gptq.h"
+
+#include <Eigen/Cholesky>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace ptq {
+
+void Hessian::add(const MatF& X) {
+  constexpr int64_t kChunk = 4096;
+  Eigen::MatrixXf part;   // column-major: selfadjointView rank updates want it
+  for (int64_t t0 = 0; t0 < X.rows(); t0 += kChunk) {
+    const int64_t n = std::min(kChunk, X.rows() - t0);
+    part.setZero(X.cols(), X.cols());
+    part.selfadjointView<Eigen::Lower>().rankUpdate(X.middleRows(t0, n).transpose());   // SYRK in fp32
+    H_.triangularView<Eigen::Lower>() += part.cast<double>();
+  }
+  n_ += X.rows();
+}
+
+MatD Hessian::finalize() const {
+  MatD H = H_.selfadjointView<Eigen::Lower>();
+  if (n_ > 0) H *= 2.0 / double(n_);
+  return H;
+}
+
+MatD Hessian::diag_sum_x2() const { return H_.diagonal().transpose(); }
+
+double output_error(const MatF& W, const MatF& Wq, const MatD& H) {
+  const MatD dW = (W - Wq).cast<double>();
+  return (dW * H).cwiseProduct(dW).sum() / 2.0;
+}
+
+namespace {
+// Upper Cholesky factor U of H^-1 (H^-1 = U^T U) from one factorization of the reversed matrix:
+// J H J = L L^T  =>  H^-1 = (J L^-T J)(J L^-1 J), U = J L^-1 J. Returns false if H is not
+// positive definite.
+bool inverse_cholesky_upper(const MatD& H, MatD& U) {
+  const int64_t n = H.rows();
+  Eigen::LLT<Eigen::MatrixXd> llt(H.reverse());
+  if (llt.info() != Eigen::Success) return false;
+  Eigen::MatrixXd Linv = Eigen::MatrixXd::Identity(n, n);
+  llt.matrixL().solveInPlace(Linv);
+  U = Linv.reverse();
+  return U.allFinite() && (U.diagonal().array() > 0).all();
+}
+}  // namespace
+
+QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats* st) {
+  const auto t_start = std::chrono::steady_clock::now();
+  SolveStats local;
+  SolveStats& S = st ? *st : local;
+  const int64_t rows = W0.rows(), cols = W0.cols();
+  if (H0.rows() != cols || H0.cols() != cols) fail(Errc::numeric, "", "H", "Hessian size does not match the weight's columns");
+  if (!H0.allFinite()) fail(Errc::numeric, "", "H", "Hessian has NaN/Inf entries (inputs overflowed?)");
+  MatD H = H0;
+  MatF W = W0;
+
+  // 1. dead columns
+  for (int64_t i = 0; i < cols; ++i)
+    if (H(i, i) == 0) { H(i, i) = 1; W.col(i).setZero(); ++S.dead_columns; }
+
+  const int64_t gs = s.group_size > 0 ? s.group_size : cols;
+  QuantizedLinear q;
+  q.spec = s;
+  q.rows = rows;
+  q.cols = cols;
+  q.groups = (cols + gs - 1) / gs;
+  q.codes.assign(size_t(rows * cols), 0);
+  q.scales.assign(size_t(q.groups * rows), 0.0f);
+  q.zeros.assign(size_t(q.groups * rows), 0);
+  q.g_idx.assign(size_t(cols), 0);
+  const int maxq = s.maxq();
+
+  // 2. static groups: parameters from the unpermuted weights
+  std::vector<GridParams> static_params;
+  if (s.static_groups && s.group_size > 0) {
+    static_params.resize(size_t(q.groups * rows));
+    for (int64_t g = 0; g < q.groups; ++g)
+      for (int64_t r = 0; r < rows; ++r)
+        static_params[size_t(g * rows + r)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s);
+  }
+
+  // 3. act-order permutation (stable: ties keep their natural order, so runs are deterministic)
+  std::vector<int64_t> perm(static_cast<size_t>(cols));
+  std::iota(perm.begin(), perm.end(), 0);
+  if (s.act_order)
+    std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return H(a, a) > H(b, b); });
+  if (s.act_order) {
+    MatF Wp(rows, cols);
+    MatD Hp(cols, cols);
+    for (int64_t j = 0; j < cols; ++j) Wp.col(j) = W.col(perm[size_t(j)]);
+    for (int64_t i = 0; i < cols; ++i)
+      for (int64_t j = 0; j < cols; ++j) Hp(i, j) = H(perm[size_t(i)], perm[size_t(j)]);
+    W.swap(Wp);
+    H.swap(Hp);
+  }
+
+  // 4-5. damping, retried with 10x more until the factorization succeeds
+  const double mean_diag = H.diagonal().mean();
+  double damp = s.damp_percent;
+  MatD Ud;
+  for (;;) {
+    MatD Hd = H;
+    Hd.diagonal().array() += damp * mean_diag;
+    if (inverse_cholesky_upper(Hd, Ud)) break;
+    S.log.push_back("Cholesky failed with damp_percent " + std::to_string(damp) + "; retrying with " + std::to_string(damp * 10));
+    ++S.retries;
+    damp *= 10;
+    if (damp > 1e4) fail(Errc::numeric, "", "H", "Hessian is not positive definite even with damping 1e4 x mean(diag)");
+  }
+  S.damp_percent = damp;
+  const MatF U = Ud.cast<float>();
+
+  // 6. blocks of block_size columns
+  std::vector<GridParams> params(static_cast<size_t>(rows));   // the current group's, per row
+  auto set_group_params = [&](int64_t g) {
+    for (int64_t r = 0; r < rows; ++r) {
+      q.scales[size_t(g * rows + r)] = params[size_t(r)].scale;
+      q.zeros[size_t(g * rows + r)] = params[size_t(r)].zero;
+    }
+  };
+  if (s.group_size <= 0) {   // one group per row: parameters from the whole (permuted) row
+    for (int64_t r = 0; r < rows; ++r) params[size_t(r)] = find_grid(&W(r, 0), cols, 1, s);
+    set_group_params(0);
+  }
+  const int64_t B = std::max(1, s.block_size);
+  MatF W1, Err1, Gcur;
+  for (int64_t i1 = 0; i1 < cols; i1 += B) {
+    const int64_t i2 = std::min(i1 + B, cols), count = i2 - i1;
+    W1 = W.middleCols(i1, count);
+    Err1.setZero(rows, count);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t col = i1 + i;
+      if (s.group_size > 0) {
+        if (s.static_groups) {
+          const int64_t g = perm[size_t(col)] / gs;
+          for (int64_t r = 0; r < rows; ++r) params[size_t(r)] = static_params[size_t(g * rows + r)];
+          q.g_idx[size_t(perm[size_t(col)])] = int32_t(g);
+          if (col % gs == 0 && !s.act_order) set_group_params(g);
+        } else {
+          const int64_t g = col / gs;
+          if (col % gs == 0) {
+            // The group's current weights: in-block columns from W1 (already updated by the
+            // columns before them); columns past the block get this block's pending update now
+            // (the reference's quirk takes stale values for both).
+            const int64_t n = std::min(gs, cols - col), in_block = std::min(n, count - i);
+            Gcur.resize(rows, n);
+            Gcur.leftCols(in_block) = W1.middleCols(i, in_block);
+            if (n > in_block) {
+              Gcur.rightCols(n - in_block) = W.middleCols(i2, n - in_block);
+              if (i > 0) Gcur.rightCols(n - in_block).noalias() -= Err1.leftCols(i) * U.block(i1, i2, i, n - in_block);
+            }
+#pragma omp parallel for schedule(static)
+            for (int64_t r = 0; r < rows; ++r) params[size_t(r)] = find_grid(&Gcur(r, 0), n, 1, s);
+            set_group_params(g);
+          }
+          q.g_idx[size_t(perm[size_t(col)])] = int32_t(g);
+        }
+      }
+      const float d = U(col, col);
+      const int64_t pc = perm[size_t(col)];
+#pragma omp parallel for schedule(static) if (rows * (count - i) > 65536)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float w = W1(r, i);
+        const int32_t code = quantize_code(w, params[size_t(r)], maxq);
+        q.codes[size_t(r * cols + pc)] = uint8_t(code);
+        const float err = (w - dequantize_code(code, params[size_t(r)])) / d;
+        Err1(r, i) = err;
+        float* w1 = &W1(r, 0);
+        const float* u = &U(col, i1);
+        for (int64_t j = i + 1; j < count; ++j) w1[j] -= err * u[j];
+      }
+    }
+    if (i2 < cols) W.rightCols(cols - i2).noalias() -= Err1 * U.block(i1, i2, count, cols - i2);
+  }
+  if (s.static_groups && s.group_size > 0 && s.act_order)   // scales of every group, in natural order
+    for (int64_t g = 0; g < q.groups; ++g)
+      for (int64_t r = 0; r < rows; ++r) {
+        q.scales[size_t(g * rows + r)] = static_params[size_t(g * rows + r)].scale;
+        q.zeros[size_t(g * rows + r)] = static_params[size_t(g * rows + r)].zero;
+      }
+  S.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return q;
+}
+
+}  // namespace ptq

@@ -1,0 +1,89 @@
+#include "gptq/quantizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace ptq {
+
+namespace {
+GridParams minmax(float xmin, float xmax, const QuantSpec& s) {
+  const int maxq = s.maxq();
+  xmin = std::min(xmin, 0.0f);
+  xmax = std::max(xmax, 0.0f);
+  if (s.sym) {
+    xmax = std::max(-xmin, xmax);
+    xmin = -xmax;
+  }
+  if (xmin == 0.0f && xmax == 0.0f) { xmin = -1.0f; xmax = 1.0f; }
+  float scale = round_to(s.scale_dtype, (xmax - xmin) / float(maxq));
+  if (!(scale > 0.0f)) scale = round_to(s.scale_dtype, std::ldexp(1.0f, -24));   // underflow of a tiny range
+  const int32_t zero = s.sym ? (maxq + 1) / 2 : int32_t(std::nearbyint(-xmin / scale));
+  return {scale, std::min(std::max(zero, 0), maxq)};
+}
+}  // namespace
+
+GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s) {
+  float xmin = 0.0f, xmax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    xmin = std::min(xmin, x[i * stride]);
+    xmax = std::max(xmax, x[i * stride]);
+  }
+  GridParams best = minmax(xmin, xmax, s);
+  if (!s.mse) return best;
+  // Clipping search of the reference quantizer: shrink the range by p = 1 - k/100, k < 80,
+  // keep the grid with the least sum |q - x|^2.4.
+  const int maxq = s.maxq();
+  auto err = [&](GridParams g) {
+    double e = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i * stride];
+      e += std::pow(std::abs(double(dequantize_code(quantize_code(v, g, maxq), g)) - v), 2.4);
+    }
+    return e;
+  };
+  double best_err = err(best);
+  for (int k = 1; k < 80; ++k) {
+    const float p = 1.0f - float(k) / 100.0f;
+    GridParams g = minmax(p * xmin, p * xmax, s);
+    const double e = err(g);
+    if (e < best_err) { best_err = e; best = g; }
+  }
+  return best;
+}
+
+MatF QuantizedLinear::dequantize() const {
+  MatF W(rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t g = g_idx[size_t(c)];
+      W(r, c) = dequantize_code(codes[size_t(r * cols + c)], {scales[size_t(g * rows + r)], zeros[size_t(g * rows + r)]});
+    }
+  return W;
+}
+
+QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s) {
+  QuantizedLinear q;
+  q.spec = s;
+  q.rows = W.rows();
+  q.cols = W.cols();
+  const int64_t gs = s.group_size > 0 ? s.group_size : q.cols;
+  q.groups = (q.cols + gs - 1) / gs;
+  q.codes.resize(size_t(q.rows * q.cols));
+  q.scales.resize(size_t(q.groups * q.rows));
+  q.zeros.resize(size_t(q.groups * q.rows));
+  q.g_idx.resize(size_t(q.cols));
+  for (int64_t c = 0; c < q.cols; ++c) q.g_idx[size_t(c)] = int32_t(c / gs);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t g = 0; g < q.groups; ++g) {
+      const int64_t c0 = g * gs, n = std::min(gs, q.cols - c0);
+      const GridParams p = find_grid(&W(r, c0), n, 1, s);
+      q.scales[size_t(g * q.rows + r)] = p.scale;
+      q.zeros[size_t(g * q.rows + r)] = p.zero;
+      for (int64_t c = c0; c < c0 + n; ++c) q.codes[size_t(r * q.cols + c)] = uint8_t(quantize_code(W(r, c), p, s.maxq()));
+    }
+  return q;
+}
+
+}  // namespace ptq

@@ -1,0 +1,59 @@
+// quantizer.h — the uniform integer grid of GPTQ ("min-max", algorithms.md) and the one
+// representation of quantized weights that every export format is written from.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/llama.h"
+
+namespace ptq {
+
+// How one Linear is quantized.
+struct QuantSpec {
+  std::string method = "gptq";   // gptq | rtn
+  int bits = 4;                  // 2, 3, 4, 8
+  int group_size = 128;          // -1: one group per output channel (the whole row)
+  bool sym = true;
+  bool act_order = false;        // columns in order of decreasing diag(H)
+  bool static_groups = false;    // group parameters from the unpermuted weights, before GPTQ
+  double damp_percent = 0.01;    // of mean(diag(H))
+  int block_size = 128;
+  bool mse = false;              // search a clipping factor per row/group (norm 2.4, grid 100, max shrink 0.8)
+  DType scale_dtype = DType::F16;  // scales are rounded to this before use, so GPTQ compensates their rounding
+  int maxq() const { return (1 << bits) - 1; }
+};
+
+// Grid parameters of one row of one group: w ~ scale * (q - zero), q in [0, maxq].
+struct GridParams {
+  float scale;
+  int32_t zero;
+};
+
+// Min-max grid (with the optional MSE clipping search) for n values x.
+GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s);
+inline int32_t quantize_code(float x, GridParams g, int maxq) {
+  const float q = std::nearbyint(x / g.scale) + float(g.zero);
+  return int32_t(std::min(std::max(q, 0.0f), float(maxq)));
+}
+inline float dequantize_code(int32_t q, GridParams g) { return g.scale * float(q - g.zero); }
+
+// A quantized Linear W [rows, cols] (rows = out_features, cols = in_features), codes in the
+// natural column order. Column c belongs to group g_idx[c]; its row r dequantizes as
+// scales[g * rows + r] * (codes[r * cols + c] - zeros[g * rows + r]).
+struct QuantizedLinear {
+  std::string name;              // "model.layers.0.self_attn.q_proj"
+  QuantSpec spec;
+  int64_t rows = 0, cols = 0, groups = 0;
+  std::vector<uint8_t> codes;    // [rows, cols]
+  std::vector<float> scales;     // [groups, rows], already rounded to spec.scale_dtype
+  std::vector<int32_t> zeros;    // [groups, rows]
+  std::vector<int32_t> g_idx;    // [cols]
+  MatF dequantize() const;
+};
+
+// Round-to-nearest with the same grids (the baseline), groups in natural column order.
+QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s);
+
+}  // namespace ptq
