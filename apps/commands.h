@@ -25,6 +25,9 @@ struct InspectArgs {
 };
 
 void register_more_commands(CLI::App& app);
+void register_quantize(CLI::App& app);
+bool quantize_parsed();
+int run_quantize_command();
 int run_more_commands(CLI::App& app);
 
 }  // namespace ptq

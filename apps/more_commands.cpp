@@ -60,6 +60,7 @@ int bench_eval() {
 }  // namespace
 
 void register_more_commands(CLI::App& app) {
+  register_quantize(app);
   g_bench = app.add_subcommand("bench", "benchmarks (throughput against the machine's measured limits)");
   g_bench->require_subcommand(1);
   g_bench_eval = g_bench->add_subcommand("eval", "CPU evaluation throughput beside an Eigen GEMM measured in the same run");
@@ -70,6 +71,7 @@ void register_more_commands(CLI::App& app) {
 }
 
 int run_more_commands(CLI::App& app) {
+  if (quantize_parsed()) return run_quantize_command();
   if (g_bench_eval && g_bench_eval->parsed()) return bench_eval();
   fail(Errc::usage, "", "", "no command given; see --help");
 }

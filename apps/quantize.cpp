@@ -1,0 +1,57 @@
+// quantize.cpp — `ptqkit quantize RECIPE.yaml`: run a recipe, print a summary.
+#include <cstdio>
+
+#include "commands.h"
+#include "core/progress.h"
+#include "pipeline/pipeline.h"
+
+namespace ptq {
+
+namespace {
+struct QuantizeArgs {
+  std::string recipe, model, output;
+  std::vector<std::string> sets;
+  bool force = false;
+} g_qa;
+CLI::App* g_quantize = nullptr;
+}  // namespace
+
+void register_quantize(CLI::App& app) {
+  g_quantize = app.add_subcommand("quantize", "calibrate and quantize a model with a YAML recipe (GPTQ or RTN)");
+  g_quantize->add_option("recipe", g_qa.recipe, "recipe file (configs/*.yaml)")->required();
+  g_quantize->add_option("--model", g_qa.model, "model folder (overrides the recipe's model)");
+  g_quantize->add_option("--output", g_qa.output, "output folder (overrides the recipe's output)");
+  g_quantize->add_option("--set", g_qa.sets, "override a recipe field: key.path=value (repeatable)");
+  g_quantize->add_flag("--force", g_qa.force, "replace an existing output folder");
+}
+
+bool quantize_parsed() { return g_quantize && g_quantize->parsed(); }
+
+int run_quantize_command() {
+  std::vector<std::string> sets = g_qa.sets;
+  if (!g_qa.model.empty()) sets.push_back("model=" + g_qa.model);
+  if (!g_qa.output.empty()) sets.push_back("output=" + g_qa.output);
+  Recipe r = load_recipe(g_qa.recipe, sets);
+  QuantizeOptions o;
+  o.force = g_qa.force;
+  nlohmann::json rep = run_quantize(r, o);
+  double ratio = 0, worst = 0;
+  std::string worst_name;
+  for (auto& m : rep["modules"]) {
+    const double x = m["loss_ratio_vs_rtn"];
+    ratio += x;
+    if (x > worst) { worst = x; worst_name = m["name"]; }
+  }
+  const size_t n = rep["modules"].size();
+  std::printf("quantized %zu modules of %s into %s\n", n, r.model.c_str(), r.output.c_str());
+  if (n) std::printf("  output error vs RTN: mean ratio %.3f, worst %.3f (%s)\n", ratio / double(n), worst, worst_name.c_str());
+  std::printf("  calibration: %d x %d tokens from %s (seed %llu)\n", rep["calibration"]["samples"].get<int>(),
+              rep["calibration"]["seq_len"].get<int>(), r.calibration.dataset.c_str(), (unsigned long long)r.calibration.seed);
+  std::printf("  time %s total:", format_seconds(rep["total_seconds"]).c_str());
+  for (auto& [k, v] : rep["phases_seconds"].items()) std::printf(" %s %.1fs", k.c_str(), v.get<double>());
+  std::printf("; peak memory %.0f MiB\n", rep["peak_rss_mb"].get<double>());
+  std::printf("  report: %s/report.json\n", r.output.c_str());
+  return 0;
+}
+
+}  // namespace ptq

@@ -1,0 +1,105 @@
+#include "gptq/qstore.h"
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+
+namespace ptq {
+
+using nlohmann::json;
+
+namespace {
+json spec_json(const QuantSpec& s) {
+  return {{"method", s.method}, {"bits", s.bits}, {"group_size", s.group_size}, {"sym", s.sym}, {"act_order", s.act_order},
+          {"static_groups", s.static_groups}, {"damp_percent", s.damp_percent}, {"block_size", s.block_size}, {"mse", s.mse},
+          {"scale_dtype", dtype_name(s.scale_dtype)}};
+}
+QuantSpec spec_from(const json& j) {
+  QuantSpec s;
+  s.method = j["method"];
+  s.bits = j["bits"];
+  s.group_size = j["group_size"];
+  s.sym = j["sym"];
+  s.act_order = j["act_order"];
+  s.static_groups = j["static_groups"];
+  s.damp_percent = j["damp_percent"];
+  s.block_size = j["block_size"];
+  s.mse = j["mse"];
+  parse_dtype(j["scale_dtype"].get<std::string>(), &s.scale_dtype);
+  return s;
+}
+template <class T>
+Tensor raw_tensor(DType t, Shape s, const std::vector<T>& v) {
+  Tensor x(t, std::move(s));
+  std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
+  return x;
+}
+template <class T>
+std::vector<T> raw_vector(const TensorView& t) {
+  std::vector<T> v(t.nbytes / sizeof(T));
+  std::memcpy(v.data(), t.data, t.nbytes);
+  return v;
+}
+}  // namespace
+
+int layer_of(const std::string& m) {
+  const std::string k = "model.layers.";
+  if (m.rfind(k, 0) != 0) return -1;
+  return std::atoi(m.c_str() + k.size());
+}
+
+std::string QuantStore::layer_file(int layer) const {
+  char b[64];
+  std::snprintf(b, sizeof b, "/layer-%05d.safetensors", layer);
+  return dir_ + b;
+}
+
+bool QuantStore::has_layer(int layer) const { return std::filesystem::exists(layer_file(layer)); }
+
+void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modules) const {
+  std::filesystem::create_directories(dir_);
+  std::vector<NamedTensor> ts;
+  std::map<std::string, std::string> meta{{"format", "ptqkit-quantized-layer"}};
+  for (auto& q : modules) {
+    ts.push_back({q.name + ".codes", raw_tensor(DType::U8, {q.rows, q.cols}, q.codes)});
+    ts.push_back({q.name + ".scales", raw_tensor(DType::F32, {q.groups, q.rows}, q.scales)});
+    ts.push_back({q.name + ".zeros", raw_tensor(DType::I32, {q.groups, q.rows}, q.zeros)});
+    ts.push_back({q.name + ".g_idx", raw_tensor(DType::I32, {q.cols}, q.g_idx)});
+    meta[q.name] = spec_json(q.spec).dump();
+  }
+  write_safetensors(layer_file(layer), ts, meta);
+}
+
+const QuantizedLinear* QuantStore::get(const std::string& module) const {
+  const int layer = layer_of(module);
+  if (layer < 0) return nullptr;
+  if (layer != cached_layer_) {
+    cache_.clear();
+    cached_layer_ = layer;
+    if (!has_layer(layer)) return nullptr;
+    SafetensorsFile f(layer_file(layer));
+    for (auto& [name, spec] : f.metadata()) {
+      if (name == "format") continue;
+      QuantizedLinear q;
+      q.name = name;
+      q.spec = spec_from(json::parse(spec));
+      TensorView codes = f.get(name + ".codes");
+      q.rows = codes.shape[0];
+      q.cols = codes.shape[1];
+      q.codes = raw_vector<uint8_t>(codes);
+      TensorView sc = f.get(name + ".scales");
+      q.groups = sc.shape[0];
+      q.scales = raw_vector<float>(sc);
+      q.zeros = raw_vector<int32_t>(f.get(name + ".zeros"));
+      q.g_idx = raw_vector<int32_t>(f.get(name + ".g_idx"));
+      cache_[name] = std::move(q);
+    }
+  }
+  auto it = cache_.find(module);
+  return it == cache_.end() ? nullptr : &it->second;
+}
+
+}  // namespace ptq

@@ -1,0 +1,33 @@
+// qstore.h — quantized layers on disk, one safetensors file per decoder layer
+// (layers/layer-00012.safetensors): for each module P, P.codes (U8 [rows, cols]),
+// P.scales (F32 [groups, rows]), P.zeros (I32 [groups, rows]), P.g_idx (I32 [cols]), and the
+// module's QuantSpec as JSON in the metadata. Exporters read it one layer at a time, so memory
+// stays at one layer whatever the model size; a finished layer file is a resume point.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gptq/quantizer.h"
+
+namespace ptq {
+
+class QuantStore {
+ public:
+  explicit QuantStore(std::string dir) : dir_(std::move(dir)) {}
+  void save_layer(int layer, const std::vector<QuantizedLinear>& modules) const;
+  bool has_layer(int layer) const;
+  // The quantized module, or nullptr if it was left in float. Loads its layer's file on demand
+  // (keeping one layer in memory).
+  const QuantizedLinear* get(const std::string& module) const;
+  std::string layer_file(int layer) const;
+ private:
+  std::string dir_;
+  mutable int cached_layer_ = -1;
+  mutable std::map<std::string, QuantizedLinear> cache_;
+};
+
+int layer_of(const std::string& module);   // "model.layers.12.mlp.up_proj" -> 12; -1 if none
+
+}  // namespace ptq

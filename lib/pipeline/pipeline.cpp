@@ -1,0 +1,244 @@
+#include "pipeline/pipeline.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "calib/calibration.h"
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/progress.h"
+#include "formats/fake.h"
+#include "gptq/gptq.h"
+#include "gptq/qstore.h"
+#include "model/llama.h"
+
+namespace ptq {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;
+}
+
+namespace {
+
+// Adds the time of a scope to a named phase.
+struct PhaseTimer {
+  double& acc;
+  Clock::time_point t0 = Clock::now();
+  explicit PhaseTimer(double& a) : acc(a) {}
+  ~PhaseTimer() { acc += std::chrono::duration<double>(Clock::now() - t0).count(); }
+};
+
+void check_finite(const MatF& m, const std::string& tensor, const Checkpoint& ck) {
+  if (m.allFinite()) return;
+  for (Eigen::Index r = 0; r < m.rows(); ++r)
+    for (Eigen::Index c = 0; c < m.cols(); ++c)
+      if (!std::isfinite(m(r, c)))
+        fail(Errc::numeric, ck.file_of(tensor), tensor, "contains NaN/Inf (first at [" + std::to_string(r) + ", " + std::to_string(c) + "])");
+}
+
+void check_patterns(const Recipe& r, const std::vector<std::string>& known) {
+  auto check = [&](const std::string& pat, const std::string& field) {
+    for (auto& m : known)
+      if (pattern_matches(pat, m)) return;
+    fail(Errc::usage, r.source, field, "pattern '" + pat + "' matches no module of this model (e.g. " + known[0] + ")");
+  };
+  for (auto& p : r.ignore) check(p, "quantization.ignore");
+  for (auto& [p, n] : r.overrides) check(p, "quantization.overrides." + p);
+}
+
+}  // namespace
+
+json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
+  const auto t_start = Clock::now();
+  Recipe r = recipe;
+  if (r.model.empty()) fail(Errc::usage, r.source, "model", "missing: set it in the recipe or with --model");
+  if (r.output.empty()) fail(Errc::usage, r.source, "output", "missing: set it in the recipe or with --output");
+  if (r.device == "cuda") fail(Errc::usage, r.source, "device", "the CUDA pipeline is not available in this build yet; use cpu or auto");
+  std::map<std::string, double> phase;
+  OutputDir out(r.output, opt.force);
+
+  std::unique_ptr<LlamaModel> model;
+  {
+    PhaseTimer t(phase["load"]);
+    model = std::make_unique<LlamaModel>(r.model);
+  }
+  const LlamaConfig& c = model->config();
+  if (r.calibration.seq_len == 0) r.calibration.seq_len = std::min(2048, c.max_position_embeddings);
+  if (r.calibration.seq_len > c.max_position_embeddings)
+    fail(Errc::input, r.source, "calibration.seq_len",
+         std::to_string(r.calibration.seq_len) + " exceeds the model's max_position_embeddings " + std::to_string(c.max_position_embeddings));
+  std::vector<std::string> known;
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (Proj p : kAllProj) known.push_back(proj_tensor_prefix(l, p));
+  for (const char* n : {"lm_head", "model.embed_tokens", "model.norm"}) known.push_back(n);
+  check_patterns(r, known);
+  const DType scale_dtype = c.dtype == DType::BF16 ? DType::BF16 : DType::F16;
+
+  // Calibration
+  CalibData cd;
+  MatF X;
+  {
+    PhaseTimer t(phase["calibration"]);
+    std::unique_ptr<Tokenizer> tok;
+    if (r.calibration.dataset != "random") tok = load_tokenizer(r.model, c.bos_token_id);
+    cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
+    X = model->embed(cd.tokens);
+  }
+  const int S = cd.samples, T = cd.seq_len;
+  const Rope& rope = model->rope(T);
+  const float eps = float(c.rms_norm_eps);
+
+  QuantStore store(out.path() + "/.layers");
+  json modules = json::array(), layers = json::array();
+  Progress bar("quantize", c.num_hidden_layers, "layers");
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const auto t_layer = Clock::now();
+    LayerWeights w;
+    {
+      PhaseTimer t(phase["load"]);
+      w = model->load_layer(l);
+      for (Proj p : kAllProj) check_finite(w[p].W, proj_tensor_prefix(l, p) + ".weight", model->checkpoint());
+    }
+    std::vector<QuantizedLinear> qs;
+    auto quantize_group = [&](std::initializer_list<Proj> projs, const Hessian& hess) {
+      MatD H;
+      {
+        PhaseTimer t(phase["hessian"]);
+        H = hess.finalize();
+      }
+      for (Proj p : projs) {
+        const std::string name = proj_tensor_prefix(l, p);
+        if (r.ignored(name)) continue;
+        QuantSpec spec = r.spec_for(name);
+        spec.scale_dtype = scale_dtype;
+        MatF& W = w[p].W;
+        SolveStats st;
+        QuantizedLinear q, rtn;
+        {
+          PhaseTimer t(phase["solve"]);
+          q = spec.method == "gptq" ? gptq_quantize(W, H, spec, &st) : rtn_quantize(W, spec);
+          rtn = spec.method == "gptq" ? rtn_quantize(W, spec) : q;
+        }
+        MatF Wq = q.dequantize();
+        double loss, rtn_loss;
+        {
+          PhaseTimer t(phase["loss"]);
+          loss = output_error(W, Wq, H);
+          rtn_loss = spec.method == "gptq" ? output_error(W, rtn.dequantize(), H) : loss;
+        }
+#ifndef NDEBUG
+        if (spec.method == "gptq" && loss > rtn_loss * (1 + 1e-6) + 1e-12)
+          fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(loss) + " exceeds RTN's " + std::to_string(rtn_loss) + " (debug check)");
+#endif
+        for (auto& line : st.log) std::fprintf(stderr, "ptqkit: %s: %s\n", name.c_str(), line.c_str());
+        modules.push_back({{"name", name}, {"method", spec.method}, {"bits", spec.bits}, {"group_size", spec.group_size},
+                           {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups},
+                           {"rows", W.rows()}, {"cols", W.cols()}, {"damp_percent", spec.method == "gptq" ? st.damp_percent : 0.0},
+                           {"damp_retries", st.retries}, {"dead_columns", st.dead_columns}, {"loss", loss}, {"rtn_loss", rtn_loss},
+                           {"loss_ratio_vs_rtn", rtn_loss > 0 ? loss / rtn_loss : 1.0}, {"seconds", st.seconds}});
+        W = std::move(Wq);
+        q.name = name;
+        qs.push_back(std::move(q));
+      }
+    };
+    MatF xn, ctx, y;
+    if (r.true_sequential) {
+      Hessian h_qkv(c.hidden_size), h_o(c.q_dim()), h_mlp(c.hidden_size), h_down(c.intermediate_size);
+      { PhaseTimer t(phase["forward"]); rmsnorm(X, w.input_layernorm, eps, xn); }
+      { PhaseTimer t(phase["hessian"]); h_qkv.add(xn); }
+      quantize_group({Proj::q, Proj::k, Proj::v}, h_qkv);
+      { PhaseTimer t(phase["forward"]); attention_core(w, c, rope, xn, S, T, ctx); }
+      { PhaseTimer t(phase["hessian"]); h_o.add(ctx); }
+      quantize_group({Proj::o}, h_o);
+      {
+        PhaseTimer t(phase["forward"]);
+        linear(ctx, w[Proj::o], y);
+        X += y;
+        rmsnorm(X, w.post_attention_layernorm, eps, xn);
+      }
+      { PhaseTimer t(phase["hessian"]); h_mlp.add(xn); }
+      quantize_group({Proj::gate, Proj::up}, h_mlp);
+      { PhaseTimer t(phase["forward"]); mlp_act(w, xn, ctx); }
+      { PhaseTimer t(phase["hessian"]); h_down.add(ctx); }
+      quantize_group({Proj::down}, h_down);
+      {
+        PhaseTimer t(phase["forward"]);
+        linear(ctx, w[Proj::down], y);
+        X += y;
+      }
+    } else {
+      // All four inputs from the float layer, then the quantized layer's output.
+      Hessian h_qkv(c.hidden_size), h_o(c.q_dim()), h_mlp(c.hidden_size), h_down(c.intermediate_size);
+      {
+        MatF Xf = X;
+        PhaseTimer t(phase["forward"]);
+        rmsnorm(Xf, w.input_layernorm, eps, xn);
+        h_qkv.add(xn);
+        attention_core(w, c, rope, xn, S, T, ctx);
+        h_o.add(ctx);
+        linear(ctx, w[Proj::o], y);
+        Xf += y;
+        rmsnorm(Xf, w.post_attention_layernorm, eps, xn);
+        h_mlp.add(xn);
+        mlp_act(w, xn, ctx);
+        h_down.add(ctx);
+      }
+      quantize_group({Proj::q, Proj::k, Proj::v}, h_qkv);
+      quantize_group({Proj::o}, h_o);
+      quantize_group({Proj::gate, Proj::up}, h_mlp);
+      quantize_group({Proj::down}, h_down);
+      PhaseTimer t(phase["forward"]);
+      decoder_layer(w, c, rope, S, T, X);
+    }
+    {
+      PhaseTimer t(phase["save"]);
+      store.save_layer(l, qs);
+    }
+    layers.push_back({{"layer", l}, {"seconds", std::chrono::duration<double>(Clock::now() - t_layer).count()}});
+    bar.update(l + 1);
+  }
+  bar.finish();
+  X = MatF();
+
+  json outputs = json::array();
+  {
+    PhaseTimer t(phase["export"]);
+    for (auto& f : r.formats) {
+      if (f == "fake") {
+        auto files = export_fake(model->checkpoint(), store, out.path(), size_t(r.max_shard_mb) << 20);
+        outputs.push_back({{"format", "fake"}, {"files", files}});
+      }
+    }
+    copy_side_files(r.model, out.path());
+    std::filesystem::remove_all(out.path() + "/.layers");
+  }
+  double total = std::chrono::duration<double>(Clock::now() - t_start).count();
+  json report = {{"ptqkit_version", "0.1.0"},
+                 {"recipe", yaml_to_json(r.to_yaml())},
+                 {"model", {{"path", r.model}, {"model_type", c.model_type}, {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
+                            {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
+                 {"calibration", cd.describe(r.calibration)},
+                 {"modules", modules},
+                 {"layers", layers},
+                 {"phases_seconds", phase},
+                 {"total_seconds", total},
+                 {"peak_rss_mb", peak_rss_mb()},
+                 {"outputs", outputs}};
+  YAML::Emitter em;
+  em << r.to_yaml();
+  write_file_atomic(out.file("recipe.yaml"), std::string("# effective recipe written by ptqkit\n") + em.c_str() + "\n");
+  write_file_atomic(out.file("report.json"), report.dump(2) + "\n");
+  out.commit();
+  return report;
+}
+
+}  // namespace ptq

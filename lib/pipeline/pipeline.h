@@ -1,0 +1,29 @@
+// pipeline.h — `ptqkit quantize`: calibrate and quantize a model layer by layer (algorithms.md).
+//
+// For each decoder layer, one forward pass over all calibration windows, stage by stage:
+//   xn = norm1(x)     -> H_qkv  -> quantize q, k, v   (one Hessian for the three)
+//   ctx = attn(xn)    -> H_o    -> quantize o          (attention uses the quantized q, k, v)
+//   x += o(ctx); xn2 = norm2(x) -> H_mlp -> quantize gate, up
+//   act = mlp(xn2)    -> H_down -> quantize down
+//   x += down(act)    -> the next layer's input, computed with the quantized layer.
+// Without true_sequential, the four Hessians come from one float pass, then a second pass with
+// the quantized layer produces the next input. Resident memory: one layer's fp32 weights, the
+// calibration activations, and the Hessians of the current group.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "pipeline/recipe.h"
+
+namespace ptq {
+
+struct QuantizeOptions {
+  bool force = false;
+};
+
+// Runs the recipe and writes its output folder (model files, recipe.yaml, report.json)
+// atomically. Returns the report.
+nlohmann::json run_quantize(const Recipe& recipe, const QuantizeOptions& opt);
+
+double peak_rss_mb();
+
+}  // namespace ptq

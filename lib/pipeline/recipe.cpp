@@ -1,0 +1,278 @@
+#include "pipeline/recipe.h"
+
+#include <fnmatch.h>
+
+#include <functional>
+#include <map>
+#include <regex>
+
+#include "core/error.h"
+
+namespace ptq {
+
+namespace {
+
+enum class Ty { Str, Int, Float, Bool, StrOrList, Map, PatternMap };
+struct Field;
+using Schema = std::map<std::string, Field>;
+struct Field {
+  Ty ty;
+  const Schema* sub = nullptr;
+};
+
+const Schema kModuleSchema = {
+    {"method", {Ty::Str}},        {"bits", {Ty::Int}},          {"group_size", {Ty::Int}},  {"sym", {Ty::Bool}},
+    {"act_order", {Ty::Bool}},    {"static_groups", {Ty::Bool}}, {"damp_percent", {Ty::Float}}, {"block_size", {Ty::Int}},
+    {"mse", {Ty::Bool}},
+};
+const Schema kCalibSchema = {{"dataset", {Ty::Str}}, {"samples", {Ty::Int}}, {"seq_len", {Ty::Int}}, {"seed", {Ty::Int}}};
+const Schema kQuantSchema = [] {
+  Schema s = kModuleSchema;
+  s["true_sequential"] = {Ty::Bool};
+  s["ignore"] = {Ty::StrOrList};
+  s["overrides"] = {Ty::PatternMap, &kModuleSchema};
+  return s;
+}();
+const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty::Int}}};
+const Schema kRootSchema = {{"model", {Ty::Str}},
+                            {"output", {Ty::Str}},
+                            {"device", {Ty::Str}},
+                            {"calibration", {Ty::Map, &kCalibSchema}},
+                            {"quantization", {Ty::Map, &kQuantSchema}},
+                            {"export", {Ty::Map, &kExportSchema}}};
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> d(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t prev = d[0];
+    d[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cur = d[j];
+      d[j] = std::min({d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      prev = cur;
+    }
+  }
+  return d[b.size()];
+}
+
+std::string join_path(const std::string& p, const std::string& k) { return p.empty() ? k : p + "." + k; }
+
+void check_type(const YAML::Node& n, Ty ty, const std::string& file, const std::string& path) {
+  auto bad = [&](const char* want) { fail(Errc::usage, file, path, std::string("must be ") + want); };
+  switch (ty) {
+    case Ty::Str: if (!n.IsScalar()) bad("a string"); break;
+    case Ty::Int: { int64_t v; if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) bad("an integer"); break; }
+    case Ty::Float: { double v; if (!n.IsScalar() || !YAML::convert<double>::decode(n, v)) bad("a number"); break; }
+    case Ty::Bool: { bool v; if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) bad("true or false"); break; }
+    case Ty::StrOrList:
+      if (n.IsSequence()) { for (auto e : n) if (!e.IsScalar()) bad("a string or a list of strings"); }
+      else if (!n.IsScalar()) bad("a string or a list of strings");
+      break;
+    case Ty::Map: case Ty::PatternMap: if (!n.IsMap() && !n.IsNull()) bad("a mapping"); break;
+  }
+}
+
+void validate(const YAML::Node& n, const Schema& schema, const std::string& file, const std::string& path) {
+  if (n.IsNull()) return;
+  if (!n.IsMap()) fail(Errc::usage, file, path.empty() ? "(top level)" : path, "must be a mapping");
+  for (auto kv : n) {
+    const std::string key = kv.first.as<std::string>();
+    const std::string p = join_path(path, key);
+    auto it = schema.find(key);
+    if (it == schema.end()) {
+      std::string best;
+      size_t bd = 4;
+      for (auto& [k, f] : schema) {
+        const size_t d = edit_distance(key, k);
+        if (d < bd) { bd = d; best = k; }
+      }
+      fail(Errc::usage, file, p, "unknown key" + (best.empty() ? std::string() : "; did you mean " + best + "?"));
+    }
+    check_type(kv.second, it->second.ty, file, p);
+    if (it->second.ty == Ty::Map) validate(kv.second, *it->second.sub, file, p);
+    if (it->second.ty == Ty::PatternMap && kv.second.IsMap())
+      for (auto pm : kv.second) validate(pm.second, *it->second.sub, file, join_path(p, pm.first.as<std::string>()));
+  }
+}
+
+std::vector<std::string> str_list(const YAML::Node& n) {
+  std::vector<std::string> r;
+  if (n.IsSequence()) for (auto e : n) r.push_back(e.as<std::string>());
+  else if (n.IsScalar()) r.push_back(n.as<std::string>());
+  return r;
+}
+
+void apply_module_fields(const YAML::Node& n, QuantSpec& s, const std::string& file, const std::string& path) {
+  if (!n || n.IsNull()) return;
+  if (n["method"]) s.method = n["method"].as<std::string>();
+  if (n["bits"]) s.bits = n["bits"].as<int>();
+  if (n["group_size"]) s.group_size = n["group_size"].as<int>();
+  if (n["sym"]) s.sym = n["sym"].as<bool>();
+  if (n["act_order"]) s.act_order = n["act_order"].as<bool>();
+  if (n["static_groups"]) s.static_groups = n["static_groups"].as<bool>();
+  if (n["damp_percent"]) s.damp_percent = n["damp_percent"].as<double>();
+  if (n["block_size"]) s.block_size = n["block_size"].as<int>();
+  if (n["mse"]) s.mse = n["mse"].as<bool>();
+  if (s.method != "gptq" && s.method != "rtn") fail(Errc::usage, file, join_path(path, "method"), "must be gptq or rtn, got '" + s.method + "'");
+  if (s.bits != 2 && s.bits != 3 && s.bits != 4 && s.bits != 8) fail(Errc::usage, file, join_path(path, "bits"), "must be 2, 3, 4 or 8");
+  if (s.group_size == 0 || s.group_size < -1) fail(Errc::usage, file, join_path(path, "group_size"), "must be -1 (per channel) or positive");
+  if (!(s.damp_percent > 0 && s.damp_percent <= 1)) fail(Errc::usage, file, join_path(path, "damp_percent"), "must be in (0, 1]");
+  if (s.block_size < 1) fail(Errc::usage, file, join_path(path, "block_size"), "must be positive");
+}
+
+}  // namespace
+
+nlohmann::json yaml_to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (auto kv : n) j[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+    return j;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (auto e : n) j.push_back(yaml_to_json(e));
+    return j;
+  }
+  if (!n.IsScalar()) return nullptr;
+  int64_t i;
+  double d;
+  bool b;
+  if (n.Tag() != "!" && YAML::convert<int64_t>::decode(n, i)) return i;
+  if (n.Tag() != "!" && YAML::convert<double>::decode(n, d)) return d;
+  if (n.Tag() != "!" && YAML::convert<bool>::decode(n, b)) return b;
+  return n.as<std::string>();
+}
+
+bool pattern_matches(const std::string& pattern, const std::string& module) {
+  if (pattern.rfind("re:", 0) == 0) return std::regex_match(module, std::regex(pattern.substr(3)));
+  if (pattern.find_first_of("*?[") != std::string::npos) return fnmatch(pattern.c_str(), module.c_str(), 0) == 0;
+  return module == pattern || (module.size() > pattern.size() && module.compare(module.size() - pattern.size(), pattern.size(), pattern) == 0 &&
+                               module[module.size() - pattern.size() - 1] == '.');
+}
+
+QuantSpec Recipe::spec_for(const std::string& module) const {
+  QuantSpec s = quant;
+  for (auto& [pat, node] : overrides)
+    if (pattern_matches(pat, module)) apply_module_fields(node, s, source, "quantization.overrides." + pat);
+  return s;
+}
+
+bool Recipe::ignored(const std::string& module) const {
+  for (auto& p : ignore)
+    if (pattern_matches(p, module)) return true;
+  return false;
+}
+
+void apply_set(YAML::Node& root, const std::string& a) {
+  const auto eq = a.find('=');
+  if (eq == std::string::npos || eq == 0) fail(Errc::usage, "--set", a, "expected key.path=value");
+  const std::string path = a.substr(0, eq), value = a.substr(eq + 1);
+  std::vector<std::string> keys;
+  for (size_t p = 0;;) {
+    size_t d = path.find('.', p);
+    keys.push_back(path.substr(p, d - p));
+    if (d == std::string::npos) break;
+    p = d + 1;
+  }
+  // Descend by rebinding through a vector of nodes (yaml-cpp's operator= on nodes aliases).
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (!next.IsMap()) { chain.back()[keys[i]] = YAML::Node(YAML::NodeType::Map); next = chain.back()[keys[i]]; }
+    chain.push_back(next);
+  }
+  YAML::Node v;
+  try { v = YAML::Load(value); } catch (const YAML::Exception& e) { fail(Errc::usage, "--set", path, std::string("bad value: ") + e.what()); }
+  chain.back()[keys.back()] = v;
+}
+
+Recipe parse_recipe(YAML::Node root, const std::string& file) {
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  validate(root, kRootSchema, file, "");
+  Recipe r;
+  r.source = file;
+  if (root["model"]) r.model = root["model"].as<std::string>();
+  if (root["output"]) r.output = root["output"].as<std::string>();
+  if (root["device"]) r.device = root["device"].as<std::string>();
+  if (r.device != "cpu" && r.device != "cuda" && r.device != "auto") fail(Errc::usage, file, "device", "must be cpu, cuda or auto");
+  if (auto c = root["calibration"]) {
+    if (c["dataset"]) r.calibration.dataset = c["dataset"].as<std::string>();
+    if (c["samples"]) r.calibration.samples = c["samples"].as<int>();
+    if (c["seq_len"]) r.calibration.seq_len = c["seq_len"].as<int>();
+    if (c["seed"]) r.calibration.seed = c["seed"].as<uint64_t>();
+    if (r.calibration.samples < 1) fail(Errc::usage, file, "calibration.samples", "must be positive");
+    if (c["seq_len"] && (r.calibration.seq_len < 0 || r.calibration.seq_len == 1))
+      fail(Errc::usage, file, "calibration.seq_len", "must be at least 2 (or 0: the model's context, at most 2048)");
+  }
+  if (!root["calibration"] || !root["calibration"]["seq_len"]) r.calibration.seq_len = 0;
+  YAML::Node q = root["quantization"];
+  apply_module_fields(q, r.quant, file, "quantization");
+  if (q) {
+    if (q["true_sequential"]) r.true_sequential = q["true_sequential"].as<bool>();
+    if (q["ignore"]) r.ignore = str_list(q["ignore"]);
+    if (q["overrides"] && q["overrides"].IsMap())
+      for (auto kv : q["overrides"]) {
+        const std::string pat = kv.first.as<std::string>();
+        if (pat.rfind("re:", 0) == 0) {
+          try { std::regex re(pat.substr(3)); } catch (const std::regex_error& e) {
+            fail(Errc::usage, file, "quantization.overrides." + pat, std::string("bad regular expression: ") + e.what());
+          }
+        }
+        QuantSpec check = r.quant;
+        apply_module_fields(kv.second, check, file, "quantization.overrides." + pat);   // validate now
+        r.overrides.emplace_back(pat, kv.second);
+      }
+  }
+  if (auto e = root["export"]) {
+    if (e["format"]) r.formats = str_list(e["format"]);
+    if (e["max_shard_mb"]) r.max_shard_mb = e["max_shard_mb"].as<int64_t>();
+    if (r.max_shard_mb < 1) fail(Errc::usage, file, "export.max_shard_mb", "must be positive");
+  }
+  for (auto& f : r.formats)
+    if (f != "fake") fail(Errc::usage, file, "export.format", "unknown format '" + f + "' (available: fake)");
+  return r;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& sets) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    fail(Errc::io, path, "", "cannot read the recipe");
+  } catch (const YAML::Exception& e) {
+    fail(Errc::usage, path, "line " + std::to_string(e.mark.line + 1), "malformed YAML: " + e.msg);
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  for (auto& s : sets) apply_set(root, s);
+  return parse_recipe(root, path);
+}
+
+YAML::Node Recipe::to_yaml() const {
+  YAML::Node n;
+  n["model"] = model;
+  n["output"] = output;
+  n["device"] = device;
+  n["calibration"]["dataset"] = calibration.dataset;
+  n["calibration"]["samples"] = calibration.samples;
+  n["calibration"]["seq_len"] = calibration.seq_len;
+  n["calibration"]["seed"] = calibration.seed;
+  auto q = n["quantization"];
+  q["method"] = quant.method;
+  q["bits"] = quant.bits;
+  q["group_size"] = quant.group_size;
+  q["sym"] = quant.sym;
+  q["act_order"] = quant.act_order;
+  q["static_groups"] = quant.static_groups;
+  q["damp_percent"] = quant.damp_percent;
+  q["block_size"] = quant.block_size;
+  q["mse"] = quant.mse;
+  q["true_sequential"] = true_sequential;
+  for (auto& i : ignore) q["ignore"].push_back(i);
+  for (auto& [p, node] : overrides) q["overrides"][p] = node;
+  for (auto& f : formats) n["export"]["format"].push_back(f);
+  n["export"]["max_shard_mb"] = max_shard_mb;
+  return n;
+}
+
+}  // namespace ptq

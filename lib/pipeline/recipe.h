@@ -1,0 +1,43 @@
+// recipe.h — a quantization run described in YAML (configs/*.yaml), validated against a schema:
+// an unknown key or a wrong type is an error naming its path, with a suggestion for typos.
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "calib/calibration.h"
+#include "gptq/quantizer.h"
+
+namespace ptq {
+
+struct Recipe {
+  std::string source;                       // the recipe file ("" when built in code)
+  std::string model, output, device = "auto";
+  CalibSpec calibration;                    // seq_len 0 = min(2048, the model's context)
+  QuantSpec quant;                          // defaults for every quantized module
+  bool true_sequential = true;
+  std::vector<std::string> ignore = {"lm_head", "model.embed_tokens"};
+  std::vector<std::pair<std::string, YAML::Node>> overrides;   // pattern -> fields of QuantSpec
+  std::vector<std::string> formats = {"fake"};
+  int64_t max_shard_mb = 2048;
+
+  QuantSpec spec_for(const std::string& module) const;   // quant with matching overrides applied in order
+  bool ignored(const std::string& module) const;
+  YAML::Node to_yaml() const;                            // the effective recipe, every field explicit
+};
+
+// Parses and validates. `sets` are "key.path=value" overrides applied before validation.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& sets = {});
+Recipe parse_recipe(YAML::Node root, const std::string& file);
+void apply_set(YAML::Node& root, const std::string& assignment);   // "quantization.bits=3"
+
+// Module patterns: "re:<regex>" (full match), a glob with * and ?, or a plain name that matches
+// the module itself or any module ending in ".<name>" ("down_proj", "lm_head").
+nlohmann::json yaml_to_json(const YAML::Node& n);   // scalars typed as int, float, bool or string
+
+bool pattern_matches(const std::string& pattern, const std::string& module);
+
+}  // namespace ptq

@@ -1,0 +1,166 @@
+// The quantization pipeline end to end, on synthetic and shared models.
+#include <csignal>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/safetensors.h"
+#include "model/synth.h"
+#include "pipeline/pipeline.h"
+#include "testing.h"
+
+using namespace ptq;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+std::string synth_tiny(const ptqtest::TempDir& d, const std::string& name = "m") {
+  SynthOptions o;
+  o.preset = "tiny";
+  o.seed = 3;
+  synth_model(o, d / name);
+  return d / name;
+}
+Recipe tiny_recipe(const std::string& model, const std::string& out) {
+  Recipe r = parse_recipe(YAML::Load("calibration: {dataset: random, samples: 16, seq_len: 64, seed: 1}\n"
+                                     "quantization: {bits: 4, group_size: 32, act_order: true}\n"),
+                          "test.yaml");
+  r.model = model;
+  r.output = out;
+  return r;
+}
+std::string model_files_digest(const std::string& dir) {
+  std::string all;
+  for (auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") all += e.path().filename().string() + sha256_file(e.path().string());
+  return all;
+}
+}  // namespace
+
+TEST_CASE("pipeline: same recipe and seed give byte-identical model files") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  json a = run_quantize(tiny_recipe(m, d / "a"), {});
+  run_quantize(tiny_recipe(m, d / "b"), {});
+  CHECK(model_files_digest(d / "a") == model_files_digest(d / "b"));
+  CHECK(a["modules"].size() == 14);
+  for (auto& mod : a["modules"]) {
+    CHECK(mod["loss"].get<double>() <= mod["rtn_loss"].get<double>());
+    CHECK(mod["damp_percent"].get<double>() == 0.01);
+  }
+  CHECK(a["calibration"]["offsets"].size() == 16);
+  CHECK(fs::exists(d / "a/tokenizer.json"));
+  CHECK(fs::exists(d / "a/config.json"));
+  CHECK_FALSE(fs::exists(d / "a/.layers"));
+}
+
+TEST_CASE("pipeline: RTN export equals the min-max formula applied to the source weights") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  Recipe r = tiny_recipe(ptqtest::assets() + "/models/stories260k", d / "rtn");
+  r.quant.method = "rtn";
+  r.quant.sym = false;
+  r.quant.act_order = false;
+  run_quantize(r, {});
+  Checkpoint src(r.model), out(r.output);
+  const std::string name = "model.layers.2.mlp.down_proj.weight";   // [64, 172]: the last group has 12 columns
+  auto W = tensor_to_f32(src.get(name)), Q = tensor_to_f32(out.get(name));
+  double maxd = 0;
+  for (int row = 0; row < 64; ++row)
+    for (int g0 = 0; g0 < 172; g0 += 32) {
+      const int n = std::min(32, 172 - g0);
+      float lo = 0, hi = 0;
+      for (int c = g0; c < g0 + n; ++c) { lo = std::min(lo, W[size_t(row * 172 + c)]); hi = std::max(hi, W[size_t(row * 172 + c)]); }
+      const float scale = round_to(DType::F16, (hi - lo) / 15.0f);
+      const float zero = std::nearbyint(-lo / scale);
+      for (int c = g0; c < g0 + n; ++c) {
+        const float q = std::min(15.0f, std::max(0.0f, std::nearbyint(W[size_t(row * 172 + c)] / scale) + zero));
+        maxd = std::max(maxd, double(std::abs(scale * (q - zero) - Q[size_t(row * 172 + c)])));
+      }
+    }
+  CHECK(maxd == 0.0);   // a float32 model: the dequantized value is stored exactly
+  auto E = tensor_to_f32(src.get("model.embed_tokens.weight")), E2 = tensor_to_f32(out.get("model.embed_tokens.weight"));
+  CHECK(E == E2);       // ignored by default: copied
+}
+
+TEST_CASE("pipeline: bad input is refused with a clear error and no output") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  Recipe r = tiny_recipe(m, d / "out");
+  r.ignore.push_back("*.qkv_proj");
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("quantization.ignore: pattern '*.qkv_proj' matches no module"));
+  CHECK_FALSE(fs::exists(d / "out"));
+
+  r = tiny_recipe(m, d / "out");
+  write_file_atomic(d / "short.txt", "too short");
+  r.calibration.dataset = d / "short.txt";
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("calibration text is shorter than one window"));
+
+  r = tiny_recipe(m, d / "out");
+  r.calibration.seq_len = 100000;
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("exceeds the model's max_position_embeddings"));
+
+  fs::create_directories(d / "exists");
+  r = tiny_recipe(m, d / "exists");
+  try {
+    run_quantize(r, {});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code == Errc::exists);
+  }
+  CHECK(fs::is_empty(d / "exists"));
+  QuantizeOptions force;
+  force.force = true;
+  run_quantize(r, force);
+  CHECK(fs::exists(d / "exists/report.json"));
+}
+
+TEST_CASE("pipeline: a NaN in a weight is named") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  std::vector<NamedTensor> ts;
+  {
+    Checkpoint ck(m);
+    for (auto& n : ck.names()) {
+      TensorView t = ck.get(n);
+      Tensor x(t.dtype, t.shape);
+      std::memcpy(x.bytes.data(), t.data, t.nbytes);
+      if (n == "model.layers.1.mlp.up_proj.weight") x.as<uint16_t>()[77] = 0x7E00;   // f16 NaN
+      ts.push_back({n, std::move(x)});
+    }
+  }
+  fs::remove(m + "/model.safetensors");
+  write_safetensors(m + "/model.safetensors", ts);
+  CHECK_THROWS_WITH(run_quantize(tiny_recipe(m, d / "out"), {}),
+                    Catch::Contains("model.layers.1.mlp.up_proj.weight: contains NaN/Inf (first at [0, 77])"));
+  CHECK_FALSE(fs::exists(d / "out"));
+}
+
+TEST_CASE("pipeline: a killed run leaves no folder that looks complete") {
+  ptqtest::TempDir d;
+  SynthOptions o;
+  o.preset = "small";
+  synth_model(o, d / "m");
+  write_file_atomic(d / "r.yaml", "model: " + d / "m" + "\noutput: " + d / "out" +
+                                      "\ncalibration: {dataset: random, samples: 64, seq_len: 256}\nquantization: {bits: 4, group_size: 128}\n");
+  const std::string cmd = std::string(PTQKIT_BIN) + " -q quantize " + d / "r.yaml" + " > /dev/null 2>&1 & pid=$!; sleep 1.5; kill -9 $pid; wait $pid";
+  REQUIRE(std::system(cmd.c_str()) != -1);
+  CHECK_FALSE(fs::exists(d / "out"));
+  for (auto& e : fs::directory_iterator(d.path)) {
+    const std::string n = e.path().filename().string();
+    CHECK((n == "m" || n == "r.yaml" || n.rfind("out.partial-", 0) == 0));
+  }
+}
+
+TEST_CASE("pipeline: non-true-sequential runs too, and rejects nothing it should accept") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  Recipe r = tiny_recipe(m, d / "out");
+  r.true_sequential = false;
+  r.quant.bits = 3;
+  r.quant.mse = true;
+  r.quant.static_groups = true;
+  json rep = run_quantize(r, {});
+  CHECK(rep["modules"].size() == 14);
+  for (auto& mod : rep["modules"]) CHECK(mod["loss"].get<double>() <= mod["rtn_loss"].get<double>() * 1.0001);
+}

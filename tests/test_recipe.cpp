@@ -1,0 +1,79 @@
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "pipeline/recipe.h"
+#include "testing.h"
+
+using namespace ptq;
+
+static std::string error_of(const std::string& yaml) {
+  try {
+    parse_recipe(YAML::Load(yaml), "r.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("recipe: unknown keys and wrong types name their path") {
+  CHECK(error_of("quantization:\n  group_sise: 32\n") == "r.yaml: quantization.group_sise: unknown key; did you mean group_size?");
+  CHECK(error_of("quantisation:\n  bits: 4\n") == "r.yaml: quantisation: unknown key; did you mean quantization?");
+  CHECK(error_of("quantization:\n  bits: four\n") == "r.yaml: quantization.bits: must be an integer");
+  CHECK(error_of("quantization:\n  sym: maybe\n") == "r.yaml: quantization.sym: must be true or false");
+  CHECK(error_of("quantization:\n  bits: 5\n") == "r.yaml: quantization.bits: must be 2, 3, 4 or 8");
+  CHECK(error_of("quantization:\n  method: awq\n").find("quantization.method: must be gptq or rtn") != std::string::npos);
+  CHECK(error_of("calibration:\n  samples: 0\n").find("calibration.samples") != std::string::npos);
+  CHECK(error_of("quantization:\n  overrides:\n    '*.down_proj': {bitz: 8}\n").find("quantization.overrides.*.down_proj.bitz: unknown key; did you mean bits?") !=
+        std::string::npos);
+  CHECK(error_of("export:\n  format: gguf\n").find("export.format: unknown format 'gguf'") != std::string::npos);
+  CHECK(error_of("device: tpu\n").find("device: must be cpu, cuda or auto") != std::string::npos);
+}
+
+TEST_CASE("recipe: --set overrides any field, creating what is missing") {
+  YAML::Node root = YAML::Load("quantization:\n  bits: 4\n");
+  apply_set(root, "quantization.bits=3");
+  apply_set(root, "calibration.seed=42");
+  apply_set(root, "quantization.sym=false");
+  Recipe r = parse_recipe(root, "r.yaml");
+  CHECK(r.quant.bits == 3);
+  CHECK(r.calibration.seed == 42);
+  CHECK_FALSE(r.quant.sym);
+  CHECK_THROWS_WITH(apply_set(root, "novalue"), Catch::Contains("expected key.path=value"));
+}
+
+TEST_CASE("recipe: override patterns, ignore defaults, the effective recipe round-trips") {
+  Recipe r = parse_recipe(YAML::Load(R"(
+quantization:
+  bits: 4
+  overrides:
+    "*.down_proj": {bits: 8}
+    "re:model\\.layers\\.0\\..*": {group_size: 64}
+    "v_proj": {method: rtn}
+)"),
+                          "r.yaml");
+  CHECK(r.spec_for("model.layers.3.mlp.down_proj").bits == 8);
+  CHECK(r.spec_for("model.layers.3.mlp.up_proj").bits == 4);
+  CHECK(r.spec_for("model.layers.0.mlp.down_proj").group_size == 64);
+  CHECK(r.spec_for("model.layers.0.mlp.down_proj").bits == 8);
+  CHECK(r.spec_for("model.layers.2.self_attn.v_proj").method == "rtn");
+  CHECK(r.ignored("lm_head"));
+  CHECK(r.ignored("model.embed_tokens"));
+  CHECK_FALSE(r.ignored("model.layers.0.mlp.down_proj"));
+  CHECK(pattern_matches("down_proj", "model.layers.1.mlp.down_proj"));
+  CHECK_FALSE(pattern_matches("own_proj", "model.layers.1.mlp.down_proj"));
+  Recipe again = parse_recipe(r.to_yaml(), "effective.yaml");
+  CHECK(YAML::Dump(again.to_yaml()) == YAML::Dump(r.to_yaml()));
+  CHECK(again.spec_for("model.layers.3.mlp.down_proj").bits == 8);
+}
+
+TEST_CASE("every recipe shipped in configs/ is valid") {
+  int n = 0;
+  for (auto& e : std::filesystem::directory_iterator(std::string(PTQKIT_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    INFO(e.path());
+    CHECK_NOTHROW(load_recipe(e.path().string()));
+    ++n;
+  }
+  CHECK(n >= 4);
+}
