@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a default input: builds ptqkit, synthesizes a small Llama model (unless a model
-# folder is given as $1), and evaluates it on the shared TinyStories text when present, else on
-# a generated text. Outputs land in runs/.
+# folder is given as $1), quantizes it with GPTQ 4-bit (configs/quickstart.yaml), and evaluates
+# the quantized model against the float one (perplexity, KL divergence, top-1 agreement).
+# Text: the shared TinyStories evaluation text when present, else a generated one. Outputs in runs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -18,6 +19,8 @@ if [ ! -f "$data" ]; then
   data=runs/sample.txt
   for i in $(seq 400); do echo "Once upon a time, a small model learned to count to $i."; done > "$data"
 fi
+out=runs/$(basename "$model")-gptq-w4g32
 "$bin" inspect "$model"
-"$bin" eval --model "$model" --data "$data" --max-windows 32 --json runs/eval.json
-echo "result: runs/eval.json"
+"$bin" quantize configs/quickstart.yaml --model "$model" --output "$out" --force
+"$bin" eval --model "$out" --reference "$model" --data "$data" --max-windows 32 --json "$out/eval.json"
+echo "quantized model: $out (report.json, recipe.yaml, eval.json)"
