@@ -18,6 +18,8 @@
 #include "core/safetensors.h"
 #include "eval/data.h"
 #include "eval/perplexity.h"
+#include "formats/gguf.h"
+#include "formats/open.h"
 #include "model/llama.h"
 #include "model/synth.h"
 #include "model/tokenizer.h"
@@ -56,10 +58,11 @@ void print_eval(const EvalResult& r) {
 }  // namespace
 
 int cmd_eval(const EvalArgs& a) {
-  LlamaModel model(a.model);
+  std::unique_ptr<LlamaModel> mp = open_model(a.model);
+  const LlamaModel& model = *mp;
   std::unique_ptr<LlamaModel> ref;
-  if (!a.reference.empty()) ref = std::make_unique<LlamaModel>(a.reference);
-  auto tok = load_tokenizer(a.tokenizer.empty() ? a.model : a.tokenizer, model.config().bos_token_id);
+  if (!a.reference.empty()) ref = open_model(a.reference);
+  auto tok = load_tokenizer(a.tokenizer.empty() ? model.dir() : a.tokenizer, model.config().bos_token_id);
   const std::vector<int32_t> ids = encode_corpus(*tok, a.data);
   EvalOptions o;
   o.seq_len = a.seq_len > 0 ? a.seq_len : model.config().max_position_embeddings;
@@ -70,6 +73,7 @@ int cmd_eval(const EvalArgs& a) {
   if (!a.json_out.empty()) {
     json j = r.to_json();
     j["model"] = a.model;
+    j["model_format"] = model_format(a.model);
     j["data"] = a.data;
     j["data_sha256"] = sha256_file(a.data);
     if (ref) j["reference"] = a.reference;
@@ -94,7 +98,38 @@ int cmd_synth(const SynthArgs& a) {
   return 0;
 }
 
+int inspect_gguf(const InspectArgs& a, const std::string& path) {
+  GgufFile f(path);
+  std::map<std::string, std::pair<int64_t, size_t>> by_type;
+  const char* names[] = {"F32", "F16", "Q4_0", "", "", "", "", "", "Q8_0"};
+  json tensors = json::array();
+  size_t total = 0;
+  for (auto& t : f.tensors()) {
+    auto& e = by_type[names[int(t.type)]];
+    e.first++;
+    e.second += t.nbytes;
+    total += t.nbytes;
+    tensors.push_back({{"name", t.name}, {"type", names[int(t.type)]}, {"ne", t.ne}, {"bytes", t.nbytes}});
+  }
+  if (a.json) {
+    std::cout << json({{"path", path}, {"format", "gguf"}, {"metadata", f.metadata()}, {"tensors", tensors}}).dump(2) << "\n";
+    return 0;
+  }
+  const json& m = f.metadata();
+  std::printf("%s\n  format        GGUF v3, %s\n", path.c_str(), m.value("general.architecture", std::string("?")).c_str());
+  std::printf("  architecture  %d layers, hidden %d, ffn %d, heads %d/%d, context %d\n", m.value("llama.block_count", 0),
+              m.value("llama.embedding_length", 0), m.value("llama.feed_forward_length", 0), m.value("llama.attention.head_count", 0),
+              m.value("llama.attention.head_count_kv", 0), m.value("llama.context_length", 0));
+  std::printf("  tokenizer     %s\n", m.value("tokenizer.ggml.model", std::string("none")).c_str());
+  std::printf("  tensors       %zu, %s\n", f.tensors().size(), human_bytes(double(total)).c_str());
+  for (auto& [d, e] : by_type) std::printf("    %-8s %6lld tensors  %s\n", d.c_str(), (long long)e.first, human_bytes(double(e.second)).c_str());
+  if (a.tensors)
+    for (auto& t : tensors) std::printf("    %-32s %-5s %s\n", t["name"].get<std::string>().c_str(), t["type"].get<std::string>().c_str(), t["ne"].dump().c_str());
+  return 0;
+}
+
 int cmd_inspect(const InspectArgs& a) {
+  if (model_format(a.path) == "gguf") return inspect_gguf(a, fs::is_directory(a.path) ? a.path + "/model.gguf" : a.path);
   json out;
   const bool dir = fs::is_directory(a.path);
   Checkpoint ck(a.path);
@@ -123,6 +158,7 @@ int cmd_inspect(const InspectArgs& a) {
                            {"rope_scaling", c.rope_scaling ? "llama3" : "none"}, {"tie_word_embeddings", c.tie_word_embeddings},
                            {"torch_dtype", dtype_name(c.dtype)}, {"parameters", params}};
     if (c.raw.contains("quantization_config")) out["quantization_config"] = c.raw["quantization_config"];
+    out["format"] = model_format(a.path);
     try {
       out["tokenizer"] = load_tokenizer(a.path, c.bos_token_id)->kind();
     } catch (const Error&) {
@@ -144,7 +180,8 @@ int cmd_inspect(const InspectArgs& a) {
     std::printf("  rope          theta %g, scaling %s; tied embeddings %s; dtype %s\n", ar["rope_theta"].get<double>(),
                 ar["rope_scaling"].get<std::string>().c_str(), ar["tie_word_embeddings"].get<bool>() ? "yes" : "no",
                 ar["torch_dtype"].get<std::string>().c_str());
-    std::printf("  parameters    %.3f M\n", double(ar["parameters"].get<int64_t>()) / 1e6);
+    std::printf("  format        %s\n", out["format"].get<std::string>().c_str());
+    std::printf("  stored values %.3f M\n", double(ar["parameters"].get<int64_t>()) / 1e6);
     std::printf("  tokenizer     %s\n", out["tokenizer"].get<std::string>().c_str());
   }
   std::printf("  tensors       %zu, %s\n", tensors.size(), human_bytes(double(ck.total_bytes())).c_str());

@@ -38,15 +38,20 @@ int run_quantize_command() {
   double ratio = 0, worst = 0;
   std::string worst_name;
   for (auto& m : rep["modules"]) {
+    if (!m.contains("loss_ratio_vs_rtn")) continue;   // NF4: data-free, no error measured
     const double x = m["loss_ratio_vs_rtn"];
     ratio += x;
     if (x > worst) { worst = x; worst_name = m["name"]; }
   }
   const size_t n = rep["modules"].size();
   std::printf("quantized %zu modules of %s into %s\n", n, r.model.c_str(), r.output.c_str());
-  if (n) std::printf("  output error vs RTN: mean ratio %.3f, worst %.3f (%s)\n", ratio / double(n), worst, worst_name.c_str());
-  std::printf("  calibration: %d x %d tokens from %s (seed %llu)\n", rep["calibration"]["samples"].get<int>(),
-              rep["calibration"]["seq_len"].get<int>(), r.calibration.dataset.c_str(), (unsigned long long)r.calibration.seed);
+  for (auto& o : rep["outputs"]) std::printf("  wrote %s in %s\n", o["format"].get<std::string>().c_str(), o["dir"].get<std::string>().c_str());
+  if (n && ratio > 0) std::printf("  output error vs RTN: mean ratio %.3f, worst %.3f (%s)\n", ratio / double(n), worst, worst_name.c_str());
+  if (rep["calibration"].contains("samples"))
+    std::printf("  calibration: %d x %d tokens from %s (seed %llu)\n", rep["calibration"]["samples"].get<int>(),
+                rep["calibration"]["seq_len"].get<int>(), r.calibration.dataset.c_str(), (unsigned long long)r.calibration.seed);
+  else
+    std::printf("  calibration: none (data-free)\n");
   std::printf("  time %s total:", format_seconds(rep["total_seconds"]).c_str());
   for (auto& [k, v] : rep["phases_seconds"].items()) std::printf(" %s %.1fs", k.c_str(), v.get<double>());
   std::printf("; peak memory %.0f MiB\n", rep["peak_rss_mb"].get<double>());

@@ -22,11 +22,12 @@ TEST_CASE("recipe: unknown keys and wrong types name their path") {
   CHECK(error_of("quantization:\n  bits: four\n") == "r.yaml: quantization.bits: must be an integer");
   CHECK(error_of("quantization:\n  sym: maybe\n") == "r.yaml: quantization.sym: must be true or false");
   CHECK(error_of("quantization:\n  bits: 5\n") == "r.yaml: quantization.bits: must be 2, 3, 4 or 8");
-  CHECK(error_of("quantization:\n  method: awq\n").find("quantization.method: must be gptq or rtn") != std::string::npos);
+  CHECK(error_of("quantization:\n  method: awq\n").find("quantization.method: must be gptq, rtn or nf4") != std::string::npos);
   CHECK(error_of("calibration:\n  samples: 0\n").find("calibration.samples") != std::string::npos);
   CHECK(error_of("quantization:\n  overrides:\n    '*.down_proj': {bitz: 8}\n").find("quantization.overrides.*.down_proj.bitz: unknown key; did you mean bits?") !=
         std::string::npos);
-  CHECK(error_of("export:\n  format: gguf\n").find("export.format: unknown format 'gguf'") != std::string::npos);
+  CHECK(error_of("export:\n  format: ggml\n").find("export.format: unknown format 'ggml'") != std::string::npos);
+  CHECK(error_of("export:\n  format: nf4\n").find("nf4 is data-free: it needs quantization.method: nf4") != std::string::npos);
   CHECK(error_of("device: tpu\n").find("device: must be cpu, cuda or auto") != std::string::npos);
 }
 

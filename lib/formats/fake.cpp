@@ -21,7 +21,15 @@ std::vector<std::string> ordered_tensor_names(const Checkpoint& ck) {
   return names;
 }
 
-std::vector<std::string> export_fake(const Checkpoint& src, const QuantStore& store, const std::string& out_dir, size_t max_shard_bytes) {
+DequantizedLookup dequantized_from(const QuantStore& store) {
+  return [&store](const std::string& module, MatF* W) {
+    const QuantizedLinear* q = store.get(module);
+    if (q) *W = q->dequantize();
+    return q != nullptr;
+  };
+}
+
+std::vector<std::string> export_fake(const Checkpoint& src, const DequantizedLookup& lookup, const std::string& out_dir, size_t max_shard_bytes) {
   std::vector<TensorSpec> specs;
   for (auto& n : ordered_tensor_names(src)) {
     TensorView t = src.get(n);
@@ -29,17 +37,16 @@ std::vector<std::string> export_fake(const Checkpoint& src, const QuantStore& st
   }
   auto produce = [&](const TensorSpec& s) {
     const std::string suffix = ".weight";
-    const QuantizedLinear* q = nullptr;
-    if (s.name.size() > suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      q = store.get(s.name.substr(0, s.name.size() - suffix.size()));
-    if (!q) {   // left in float: copied as it is
+    MatF W;
+    const bool quantized = s.name.size() > suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                           lookup(s.name.substr(0, s.name.size() - suffix.size()), &W);
+    if (!quantized) {   // left in float: copied as it is
       TensorView t = src.get(s.name);
       Tensor out(t.dtype, t.shape);
       std::memcpy(out.bytes.data(), t.data, t.nbytes);
       src.release(s.name);
       return out;
     }
-    MatF W = q->dequantize();
     return tensor_from_f32(W.data(), s.shape, s.dtype);
   };
   return write_checkpoint_tensors(out_dir, specs, produce, max_shard_bytes);

@@ -2,6 +2,7 @@
 // Linear holds its dequantized weight s * (q - z). Any float loader runs it; it is the reference
 // that the packed formats must evaluate identically to.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,8 +11,12 @@
 
 namespace ptq {
 
+// The dequantized weight of a module, or false if it stays in float.
+using DequantizedLookup = std::function<bool(const std::string& module, MatF* W)>;
+DequantizedLookup dequantized_from(const QuantStore& store);
+
 // Writes model*.safetensors into out_dir; returns the files written.
-std::vector<std::string> export_fake(const Checkpoint& src, const QuantStore& store, const std::string& out_dir, size_t max_shard_bytes);
+std::vector<std::string> export_fake(const Checkpoint& src, const DequantizedLookup& lookup, const std::string& out_dir, size_t max_shard_bytes);
 
 // Copies config.json, generation_config.json and the tokenizer files of a model folder.
 std::vector<std::string> copy_side_files(const std::string& src_dir, const std::string& out_dir);

@@ -73,6 +73,20 @@ void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modul
   write_safetensors(layer_file(layer), ts, meta);
 }
 
+bool QuantStore::info(const std::string& module, Info* out) const {
+  const int layer = layer_of(module);
+  if (layer < 0 || !has_layer(layer)) return false;
+  SafetensorsFile f(layer_file(layer));
+  auto it = f.metadata().find(module);
+  if (it == f.metadata().end()) return false;
+  out->spec = spec_from(json::parse(it->second));
+  const Shape cs = f.get(module + ".codes").shape, ss = f.get(module + ".scales").shape;
+  out->rows = cs[0];
+  out->cols = cs[1];
+  out->groups = ss[0];
+  return true;
+}
+
 const QuantizedLinear* QuantStore::get(const std::string& module) const {
   const int layer = layer_of(module);
   if (layer < 0) return nullptr;

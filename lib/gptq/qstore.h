@@ -22,6 +22,10 @@ class QuantStore {
   // (keeping one layer in memory).
   const QuantizedLinear* get(const std::string& module) const;
   std::string layer_file(int layer) const;
+  // Shape and spec of a stored module from its layer file's header only (no codes read);
+  // false if the module was left in float.
+  struct Info { QuantSpec spec; int64_t rows = 0, cols = 0, groups = 0; };
+  bool info(const std::string& module, Info* out) const;
  private:
   std::string dir_;
   mutable int cached_layer_ = -1;

@@ -25,20 +25,20 @@ size_t LayerWeights::bytes() const {
   return s;
 }
 
-MatF read_matrix(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
-  TensorView t = ck.get(name);
-  if (t.shape != Shape{rows, cols})
-    fail(Errc::format, ck.file_of(name), name, "shape " + shape_str(t.shape) + " does not match the config's " + shape_str({rows, cols}));
+MatF read_matrix(const WeightSource& w, const std::string& name, int64_t rows, int64_t cols) {
+  const Shape s = w.shape(name);
+  if (s != Shape{rows, cols})
+    fail(Errc::format, w.file_of(name), name, "shape " + shape_str(s) + " does not match the config's " + shape_str({rows, cols}));
   MatF m(rows, cols);
-  convert_to_f32(t.dtype, t.data, m.data(), size_t(m.size()));
+  w.read_f32(name, m.data());
   return m;
 }
 
-VecF read_vector(const Checkpoint& ck, const std::string& name, int64_t n) {
-  TensorView t = ck.get(name);
-  if (t.shape != Shape{n}) fail(Errc::format, ck.file_of(name), name, "shape " + shape_str(t.shape) + " does not match the config's " + shape_str({n}));
+VecF read_vector(const WeightSource& w, const std::string& name, int64_t n) {
+  const Shape s = w.shape(name);
+  if (s != Shape{n}) fail(Errc::format, w.file_of(name), name, "shape " + shape_str(s) + " does not match the config's " + shape_str({n}));
   VecF v(n);
-  convert_to_f32(t.dtype, t.data, v.data(), size_t(n));
+  w.read_f32(name, v.data());
   return v;
 }
 
@@ -169,13 +169,26 @@ void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope
   x += y;
 }
 
-LlamaModel::LlamaModel(const std::string& dir) : dir_(dir), cfg_(load_config(dir)), ckpt_(std::make_unique<Checkpoint>(dir)) {
+LlamaModel::LlamaModel(const std::string& dir)
+    : dir_(dir), cfg_(load_config(dir)), src_(std::make_unique<SafetensorsSource>(dir)) {
+  validate();
+}
+
+LlamaModel::LlamaModel(std::string dir, LlamaConfig cfg, std::unique_ptr<WeightSource> src)
+    : dir_(std::move(dir)), cfg_(std::move(cfg)), src_(std::move(src)) {
+  validate();
+}
+
+const Checkpoint& LlamaModel::checkpoint() const {
+  if (!src_->checkpoint()) fail(Errc::input, dir_, "", "this is a packed (quantized) checkpoint; a float checkpoint is needed here");
+  return *src_->checkpoint();
+}
+
+void LlamaModel::validate() const {
   const auto& c = cfg_;
   auto expect = [&](const std::string& name, Shape s) {
-    TensorView t = ckpt_->get(name);
-    if (t.shape != s) fail(Errc::format, ckpt_->file_of(name), name, "shape " + shape_str(t.shape) + " does not match the config's " + shape_str(s));
-    if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
-      fail(Errc::format, ckpt_->file_of(name), name, "dtype " + std::string(dtype_name(t.dtype)) + " is not a float dtype");
+    const Shape got = src_->shape(name);
+    if (got != s) fail(Errc::format, src_->file_of(name), name, "shape " + shape_str(got) + " does not match the config's " + shape_str(s));
   };
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   expect("model.embed_tokens.weight", {c.vocab_size, d});
@@ -201,16 +214,11 @@ const Rope& LlamaModel::rope(int T) const {
 }
 
 MatF LlamaModel::embed(const std::vector<int32_t>& tokens) const {
-  const std::string name = "model.embed_tokens.weight";
-  TensorView e = ckpt_->get(name);
-  const int64_t d = cfg_.hidden_size;
-  MatF x(Eigen::Index(tokens.size()), d);
-  const size_t es = dtype_size(e.dtype);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const int32_t t = tokens[i];
-    if (t < 0 || t >= cfg_.vocab_size) fail(Errc::input, dir_, "token " + std::to_string(i), "id " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
-    convert_to_f32(e.dtype, e.data + size_t(t) * size_t(d) * es, x.row(Eigen::Index(i)).data(), size_t(d));
-  }
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
+      fail(Errc::input, dir_, "token " + std::to_string(i), "id " + std::to_string(tokens[i]) + " outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+  MatF x(Eigen::Index(tokens.size()), cfg_.hidden_size);
+  src_->read_rows_f32("model.embed_tokens.weight", tokens, x.data());
   return x;
 }
 
@@ -218,25 +226,25 @@ LayerWeights LlamaModel::load_layer(int i) const {
   const auto& c = cfg_;
   const std::string p = "model.layers." + std::to_string(i);
   LayerWeights w;
-  w.input_layernorm = read_vector(*ckpt_, p + ".input_layernorm.weight", c.hidden_size);
-  w.post_attention_layernorm = read_vector(*ckpt_, p + ".post_attention_layernorm.weight", c.hidden_size);
+  w.input_layernorm = read_vector(*src_, p + ".input_layernorm.weight", c.hidden_size);
+  w.post_attention_layernorm = read_vector(*src_, p + ".post_attention_layernorm.weight", c.hidden_size);
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   const int64_t out[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d};
   const int64_t in[7] = {d, d, d, c.q_dim(), d, d, f};
   for (Proj pr : kAllProj) {
     const std::string n = proj_tensor_prefix(i, pr);
-    w[pr].W = read_matrix(*ckpt_, n + ".weight", out[int(pr)], in[int(pr)]);
-    ckpt_->release(n + ".weight");
-    if (ckpt_->has(n + ".bias")) w[pr].b = read_vector(*ckpt_, n + ".bias", out[int(pr)]);
+    w[pr].W = read_matrix(*src_, n + ".weight", out[int(pr)], in[int(pr)]);
+    src_->release(n + ".weight");
+    if (src_->has(n + ".bias")) w[pr].b = read_vector(*src_, n + ".bias", out[int(pr)]);
   }
   return w;
 }
 
 void LlamaModel::logits(const MatF& x, MatF& out) const {
   MatF xn;
-  rmsnorm(x, read_vector(*ckpt_, "model.norm.weight", cfg_.hidden_size), float(cfg_.rms_norm_eps), xn);
+  rmsnorm(x, read_vector(*src_, "model.norm.weight", cfg_.hidden_size), float(cfg_.rms_norm_eps), xn);
   const std::string head = cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  Linear l{read_matrix(*ckpt_, head, cfg_.vocab_size, cfg_.hidden_size), {}};
+  Linear l{read_matrix(*src_, head, cfg_.vocab_size, cfg_.hidden_size), {}};
   linear(xn, l, out);
 }
 

@@ -13,6 +13,7 @@
 
 #include "core/safetensors.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace ptq {
 
@@ -56,11 +57,15 @@ void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope
 
 class LlamaModel {
  public:
-  // Reads config.json and the checkpoint; checks every tensor the config implies exists with the
-  // right shape (Errc::format naming the tensor otherwise).
+  // Reads config.json and the float checkpoint; checks every tensor the config implies exists
+  // with the right shape (Errc::format naming the tensor otherwise).
   explicit LlamaModel(const std::string& dir);
+  // The same over any source of weights (packed formats: lib/formats/open_model).
+  LlamaModel(std::string dir, LlamaConfig cfg, std::unique_ptr<WeightSource> src);
   const LlamaConfig& config() const { return cfg_; }
-  const Checkpoint& checkpoint() const { return *ckpt_; }
+  const WeightSource& weights() const { return *src_; }
+  // The float checkpoint; Errc::input if this model is not one (a packed checkpoint).
+  const Checkpoint& checkpoint() const;
   const std::string& dir() const { return dir_; }
 
   MatF embed(const std::vector<int32_t>& tokens) const;               // [n, hidden]
@@ -74,12 +79,13 @@ class LlamaModel {
  private:
   std::string dir_;
   LlamaConfig cfg_;
-  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<WeightSource> src_;
+  void validate() const;
   mutable Rope rope_;
 };
 
-// Reads a float tensor of any float dtype into fp32 (row-major), checking its shape.
-MatF read_matrix(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols);
-VecF read_vector(const Checkpoint& ck, const std::string& name, int64_t n);
+// Reads a tensor into fp32 (row-major), checking its shape.
+MatF read_matrix(const WeightSource& w, const std::string& name, int64_t rows, int64_t cols);
+VecF read_vector(const WeightSource& w, const std::string& name, int64_t n);
 
 }  // namespace ptq

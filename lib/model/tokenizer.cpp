@@ -2,6 +2,7 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <clocale>
 #include <cwctype>
 #include <filesystem>
@@ -41,6 +42,19 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
   int vocab_size() const override { return sp_.GetPieceSize(); }
   std::string kind() const override { return "sentencepiece"; }
+  VocabInfo vocab_info() const override {
+    VocabInfo v;
+    v.ggml_model = "llama";
+    for (int i = 0; i < sp_.GetPieceSize(); ++i) {
+      v.tokens.push_back(sp_.IdToPiece(i));
+      v.scores.push_back(sp_.GetScore(i));
+      v.types.push_back(sp_.IsUnknown(i) ? 2 : sp_.IsControl(i) ? 3 : sp_.IsByte(i) ? 6 : sp_.IsUnused(i) ? 5 : 1);
+    }
+    v.bos = sp_.bos_id();
+    v.eos = sp_.eos_id();
+    v.unk = sp_.unk_id();
+    return v;
+  }
  private:
   sentencepiece::SentencePieceProcessor sp_;
 };
@@ -236,6 +250,23 @@ class ByteLevelBPE final : public Tokenizer {
   }
   int vocab_size() const override { return max_id_ + 1; }
   std::string kind() const override { return "byte-level-bpe/" + pattern_; }
+  VocabInfo vocab_info() const override {
+    VocabInfo v;
+    v.ggml_model = "gpt2";
+    for (int32_t i = 0; i <= max_id_; ++i) {
+      auto it = inv_.find(i);
+      v.tokens.push_back(it != inv_.end() ? it->second : "[PAD" + std::to_string(i) + "]");
+      const bool special = std::any_of(specials_.begin(), specials_.end(), [&](auto& s) { return s.second == i; });
+      v.types.push_back(it == inv_.end() ? 5 : special ? 3 : 1);
+    }
+    std::vector<std::pair<int, std::string>> ranked;
+    for (auto& [k, r] : ranks_) ranked.emplace_back(r, k.substr(0, k.find('\x01')) + " " + k.substr(k.find('\x01') + 1));
+    std::sort(ranked.begin(), ranked.end());
+    for (auto& [r, m] : ranked) v.merges.push_back(m);
+    v.bos = bos_id;
+    for (auto& [s, id] : specials_) if (s == "</s>" || s == "<|endoftext|>" || s == "<|end_of_text|>") v.eos = id;
+    return v;
+  }
 
  private:
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const {

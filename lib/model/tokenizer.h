@@ -9,8 +9,19 @@
 
 namespace ptq {
 
+// The vocabulary as llama.cpp's GGUF metadata wants it (tokenizer.ggml.*).
+struct VocabInfo {
+  std::string ggml_model;            // "llama" (SentencePiece) or "gpt2" (byte-level BPE)
+  std::vector<std::string> tokens;
+  std::vector<float> scores;         // SentencePiece only
+  std::vector<int32_t> types;        // 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+  std::vector<std::string> merges;   // BPE only, "a b"
+  int bos = -1, eos = -1, unk = -1;
+};
+
 class Tokenizer {
  public:
+  virtual VocabInfo vocab_info() const = 0;
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;   // no BOS added
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;

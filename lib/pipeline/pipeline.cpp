@@ -12,6 +12,8 @@
 #include "core/fsutil.h"
 #include "core/progress.h"
 #include "formats/fake.h"
+#include "formats/gguf.h"
+#include "formats/packed.h"
 #include "gptq/gptq.h"
 #include "gptq/qstore.h"
 #include "model/llama.h"
@@ -37,7 +39,7 @@ struct PhaseTimer {
   ~PhaseTimer() { acc += std::chrono::duration<double>(Clock::now() - t0).count(); }
 };
 
-void check_finite(const MatF& m, const std::string& tensor, const Checkpoint& ck) {
+void check_finite(const MatF& m, const std::string& tensor, const WeightSource& ck) {
   if (m.allFinite()) return;
   for (Eigen::Index r = 0; r < m.rows(); ++r)
     for (Eigen::Index c = 0; c < m.cols(); ++c)
@@ -82,16 +84,33 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   for (const char* n : {"lm_head", "model.embed_tokens", "model.norm"}) known.push_back(n);
   check_patterns(r, known);
   const DType scale_dtype = c.dtype == DType::BF16 ? DType::BF16 : DType::F16;
+  {   // every format must be able to hold what the recipe asks for: refuse before calibrating
+    std::vector<ModulePlan> plan;
+    const int64_t d = c.hidden_size, f = c.intermediate_size;
+    const int64_t outs[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, ins[7] = {d, d, d, c.q_dim(), d, d, f};
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      for (Proj p : kAllProj) {
+        const std::string m = proj_tensor_prefix(l, p);
+        QuantSpec s = r.spec_for(m);
+        s.scale_dtype = scale_dtype;
+        plan.push_back({m, outs[int(p)], ins[int(p)], s, !r.ignored(m)});
+      }
+    for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
+  }
 
-  // Calibration
+  const bool nf4 = r.quant.method == "nf4";
+  // Calibration (none for NF4: it is data-free)
   CalibData cd;
   MatF X;
   {
     PhaseTimer t(phase["calibration"]);
+    if (nf4) r.calibration = {"none", 0, 0, 0};
     std::unique_ptr<Tokenizer> tok;
-    if (r.calibration.dataset != "random") tok = load_tokenizer(r.model, c.bos_token_id);
-    cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
-    X = model->embed(cd.tokens);
+    if (!nf4 && r.calibration.dataset != "random") tok = load_tokenizer(r.model, c.bos_token_id);
+    if (!nf4) {
+      cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
+      X = model->embed(cd.tokens);
+    }
   }
   const int S = cd.samples, T = cd.seq_len;
   const Rope& rope = model->rope(T);
@@ -99,14 +118,14 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
 
   QuantStore store(out.path() + "/.layers");
   json modules = json::array(), layers = json::array();
-  Progress bar("quantize", c.num_hidden_layers, "layers");
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
+  Progress bar("quantize", nf4 ? 0 : c.num_hidden_layers, "layers");
+  for (int l = 0; l < (nf4 ? 0 : c.num_hidden_layers); ++l) {
     const auto t_layer = Clock::now();
     LayerWeights w;
     {
       PhaseTimer t(phase["load"]);
       w = model->load_layer(l);
-      for (Proj p : kAllProj) check_finite(w[p].W, proj_tensor_prefix(l, p) + ".weight", model->checkpoint());
+      for (Proj p : kAllProj) check_finite(w[p].W, proj_tensor_prefix(l, p) + ".weight", model->weights());
     }
     std::vector<QuantizedLinear> qs;
     auto quantize_group = [&](std::initializer_list<Proj> projs, const Hessian& hess) {
@@ -212,13 +231,37 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   json outputs = json::array();
   {
     PhaseTimer t(phase["export"]);
-    for (auto& f : r.formats) {
-      if (f == "fake") {
-        auto files = export_fake(model->checkpoint(), store, out.path(), size_t(r.max_shard_mb) << 20);
-        outputs.push_back({{"format", "fake"}, {"files", files}});
+    ExportJob job;
+    job.model = model.get();
+    job.store = &store;
+    job.max_shard_bytes = size_t(r.max_shard_mb) << 20;
+    job.true_sequential = r.true_sequential;
+    job.nf4_blocksize = r.nf4_blocksize;
+    job.nf4_double_quant = r.nf4_double_quant;
+    for (auto& m : known)
+      if (nf4 && layer_of(m) >= 0 && !r.ignored(m)) {
+        job.nf4_modules.push_back(m);
+        modules.push_back({{"name", m}, {"method", "nf4"}, {"blocksize", r.nf4_blocksize}, {"double_quant", r.nf4_double_quant}});
       }
+    // One format: its files in the output folder; several: one subfolder each.
+    for (auto& f : r.formats) {
+      job.out_dir = r.formats.size() == 1 ? out.path() : out.path() + "/" + f;
+      std::filesystem::create_directories(job.out_dir);
+      std::vector<std::string> files;
+      if (f == "fake") {   // dequantized weights (for NF4: the NF4 values) in the source dtype
+        files = export_fake(model->checkpoint(), nf4 ? nf4_dequantized(job) : dequantized_from(store), job.out_dir, job.max_shard_bytes);
+        for (auto& s : copy_side_files(r.model, job.out_dir)) files.push_back(s);
+      } else if (f == "gptq" || f == "gptq_v2") {
+        files = export_gptq(job, f == "gptq_v2");
+      } else if (f == "compressed-tensors") {
+        files = export_compressed_tensors(job);
+      } else if (f == "nf4") {
+        files = export_nf4(job);
+      } else if (f == "gguf") {
+        files = export_gguf(job);
+      }
+      outputs.push_back({{"format", f}, {"dir", r.formats.size() == 1 ? "." : f}, {"files", files}});
     }
-    copy_side_files(r.model, out.path());
     std::filesystem::remove_all(out.path() + "/.layers");
   }
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -226,7 +269,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                  {"recipe", yaml_to_json(r.to_yaml())},
                  {"model", {{"path", r.model}, {"model_type", c.model_type}, {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
                             {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
-                 {"calibration", cd.describe(r.calibration)},
+                 {"calibration", nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : cd.describe(r.calibration)},
                  {"modules", modules},
                  {"layers", layers},
                  {"phases_seconds", phase},

@@ -33,7 +33,8 @@ const Schema kQuantSchema = [] {
   s["overrides"] = {Ty::PatternMap, &kModuleSchema};
   return s;
 }();
-const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty::Int}}};
+const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty::Int}}, {"nf4_blocksize", {Ty::Int}},
+                               {"nf4_double_quant", {Ty::Bool}}};
 const Schema kRootSchema = {{"model", {Ty::Str}},
                             {"output", {Ty::Str}},
                             {"device", {Ty::Str}},
@@ -114,7 +115,8 @@ void apply_module_fields(const YAML::Node& n, QuantSpec& s, const std::string& f
   if (n["damp_percent"]) s.damp_percent = n["damp_percent"].as<double>();
   if (n["block_size"]) s.block_size = n["block_size"].as<int>();
   if (n["mse"]) s.mse = n["mse"].as<bool>();
-  if (s.method != "gptq" && s.method != "rtn") fail(Errc::usage, file, join_path(path, "method"), "must be gptq or rtn, got '" + s.method + "'");
+  if (s.method != "gptq" && s.method != "rtn" && s.method != "nf4")
+    fail(Errc::usage, file, join_path(path, "method"), "must be gptq, rtn or nf4, got '" + s.method + "'");
   if (s.bits != 2 && s.bits != 3 && s.bits != 4 && s.bits != 8) fail(Errc::usage, file, join_path(path, "bits"), "must be 2, 3, 4 or 8");
   if (s.group_size == 0 || s.group_size < -1) fail(Errc::usage, file, join_path(path, "group_size"), "must be -1 (per channel) or positive");
   if (!(s.damp_percent > 0 && s.damp_percent <= 1)) fail(Errc::usage, file, join_path(path, "damp_percent"), "must be in (0, 1]");
@@ -227,10 +229,22 @@ Recipe parse_recipe(YAML::Node root, const std::string& file) {
   if (auto e = root["export"]) {
     if (e["format"]) r.formats = str_list(e["format"]);
     if (e["max_shard_mb"]) r.max_shard_mb = e["max_shard_mb"].as<int64_t>();
+    if (e["nf4_blocksize"]) r.nf4_blocksize = e["nf4_blocksize"].as<int>();
+    if (e["nf4_double_quant"]) r.nf4_double_quant = e["nf4_double_quant"].as<bool>();
     if (r.max_shard_mb < 1) fail(Errc::usage, file, "export.max_shard_mb", "must be positive");
   }
   for (auto& f : r.formats)
-    if (f != "fake") fail(Errc::usage, file, "export.format", "unknown format '" + f + "' (available: fake)");
+    if (f != "fake" && f != "gptq" && f != "gptq_v2" && f != "compressed-tensors" && f != "nf4" && f != "gguf")
+      fail(Errc::usage, file, "export.format", "unknown format '" + f + "' (available: fake, gptq, gptq_v2, compressed-tensors, nf4, gguf)");
+  if (r.formats.empty()) fail(Errc::usage, file, "export.format", "at least one format");
+  const bool nf4 = r.quant.method == "nf4";
+  for (auto& f : r.formats) {
+    if (f == "nf4" && !nf4) fail(Errc::usage, file, "export.format", "nf4 is data-free: it needs quantization.method: nf4");
+    if (nf4 && f != "nf4" && f != "fake") fail(Errc::usage, file, "export.format", "quantization.method nf4 exports as nf4 (or fake), not " + f);
+  }
+  for (auto& [p, n] : r.overrides)
+    if (n["method"] && (n["method"].as<std::string>() == "nf4") != nf4)
+      fail(Errc::usage, file, "quantization.overrides." + p + ".method", "nf4 applies to the whole model or not at all");
   return r;
 }
 
@@ -272,6 +286,8 @@ YAML::Node Recipe::to_yaml() const {
   for (auto& [p, node] : overrides) q["overrides"][p] = node;
   for (auto& f : formats) n["export"]["format"].push_back(f);
   n["export"]["max_shard_mb"] = max_shard_mb;
+  n["export"]["nf4_blocksize"] = nf4_blocksize;
+  n["export"]["nf4_double_quant"] = nf4_double_quant;
   return n;
 }
 

@@ -23,6 +23,8 @@ struct Recipe {
   std::vector<std::pair<std::string, YAML::Node>> overrides;   // pattern -> fields of QuantSpec
   std::vector<std::string> formats = {"fake"};
   int64_t max_shard_mb = 2048;
+  int nf4_blocksize = 64;
+  bool nf4_double_quant = false;
 
   QuantSpec spec_for(const std::string& module) const;   // quant with matching overrides applied in order
   bool ignored(const std::string& module) const;

@@ -1,0 +1,394 @@
+#include "formats/gguf.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "formats/fake.h"
+#include "formats/pack.h"
+#include "model/tokenizer.h"
+
+#include <unistd.h>
+
+namespace ptq {
+
+using nlohmann::json;
+
+namespace {
+enum : uint32_t { T_U8 = 0, T_I8, T_U16, T_I16, T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR, T_U64, T_I64, T_F64 };
+constexpr uint64_t kAlign = 32;
+
+struct Buf {
+  std::string b;
+  template <class T> void put(T v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void str(const std::string& s) { put<uint64_t>(s.size()); b += s; }
+  void kv_u32(const std::string& k, uint32_t v) { str(k); put<uint32_t>(T_U32); put(v); }
+  void kv_f32(const std::string& k, float v) { str(k); put<uint32_t>(T_F32); put(v); }
+  void kv_bool(const std::string& k, bool v) { str(k); put<uint32_t>(T_BOOL); put<uint8_t>(v); }
+  void kv_str(const std::string& k, const std::string& v) { str(k); put<uint32_t>(T_STR); str(v); }
+  void kv_strs(const std::string& k, const std::vector<std::string>& v) {
+    str(k); put<uint32_t>(T_ARR); put<uint32_t>(T_STR); put<uint64_t>(v.size());
+    for (auto& s : v) str(s);
+  }
+  template <class T> void kv_arr(const std::string& k, uint32_t type, const std::vector<T>& v) {
+    str(k); put<uint32_t>(T_ARR); put<uint32_t>(type); put<uint64_t>(v.size());
+    for (auto& x : v) put(x);
+  }
+};
+
+size_t type_size(GgmlType t, int64_t n) {
+  switch (t) {
+    case GgmlType::F32: return size_t(n) * 4;
+    case GgmlType::F16: return size_t(n) * 2;
+    case GgmlType::Q4_0: return size_t(n / kQK) * sizeof(BlockQ4_0);
+    case GgmlType::Q8_0: return size_t(n / kQK) * sizeof(BlockQ8_0);
+  }
+  return 0;
+}
+}  // namespace
+
+int64_t gguf_permuted_row(int64_t r, int hd) {
+  const int64_t h = r / hd, w = r % hd, j = w / (hd / 2), i = w % (hd / 2);
+  return h * hd + 2 * i + j;
+}
+
+std::string hf_to_gguf_name(const std::string& n) {
+  if (n == "model.embed_tokens.weight") return "token_embd.weight";
+  if (n == "model.norm.weight") return "output_norm.weight";
+  if (n == "lm_head.weight") return "output.weight";
+  const int l = layer_of(n);
+  if (l < 0) return "";
+  static const std::pair<const char*, const char*> m[] = {
+      {"input_layernorm.weight", "attn_norm.weight"}, {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},         {"mlp.down_proj.weight", "ffn_down.weight"}};
+  const std::string prefix = "model.layers." + std::to_string(l) + ".";
+  for (auto& [hf, gg] : m)
+    if (n == prefix + hf) return "blk." + std::to_string(l) + "." + gg;
+  return "";
+}
+
+std::vector<std::string> export_gguf(const ExportJob& job) {
+  const LlamaConfig& c = job.model->config();
+  const std::string out = job.out_dir + "/model.gguf";
+  check_format("gguf", c, {});
+  auto tok = load_tokenizer(job.model->dir(), c.bos_token_id);
+  const VocabInfo voc = tok->vocab_info();
+
+  // Tensor plan: HF name, GGUF name, type, shape [rows, cols].
+  struct T { std::string hf, gg; GgmlType type; int64_t rows, cols; };
+  std::vector<T> plan;
+  const Checkpoint& src = job.model->checkpoint();
+  const GgmlType ftype = c.dtype == DType::F32 ? GgmlType::F32 : GgmlType::F16;
+  int n_q4 = 0, n_q8 = 0;
+  for (auto& n : ordered_tensor_names(src)) {
+    const std::string gg = hf_to_gguf_name(n);
+    if (gg.empty()) fail(Errc::usage, src.file_of(n), n, "gguf: llama.cpp has no tensor for this");
+    const Shape s = src.get(n).shape;
+    T t{n, gg, s.size() == 1 ? GgmlType::F32 : ftype, s.size() == 1 ? 1 : s[0], s.back()};
+    QuantStore::Info info;
+    const std::string m = n.substr(0, n.size() - 7);
+    if (s.size() == 2 && job.store && job.store->info(m, &info)) {
+      check_format("gguf", c, {{m, info.rows, info.cols, info.spec, true}});
+      t.type = info.spec.bits == 4 ? GgmlType::Q4_0 : GgmlType::Q8_0;
+      (info.spec.bits == 4 ? n_q4 : n_q8)++;
+    }
+    plan.push_back(t);
+  }
+  Buf h;
+  h.b = "GGUF";
+  h.put<uint32_t>(3);
+  h.put<uint64_t>(plan.size());
+  Buf kv;
+  uint64_t n_kv = 0;
+  auto count = [&](auto&& f) { f(); ++n_kv; };
+  count([&] { kv.kv_str("general.architecture", "llama"); });
+  count([&] { kv.kv_str("general.name", std::filesystem::path(job.model->dir()).filename().string()); });
+  count([&] { kv.kv_u32("general.file_type", n_q4 ? 2 : n_q8 ? 7 : ftype == GgmlType::F32 ? 0 : 1); });
+  count([&] { kv.kv_u32("general.quantization_version", 2); });
+  count([&] { kv.kv_u32("general.alignment", uint32_t(kAlign)); });
+  count([&] { kv.kv_str("general.quantized_by", "ptqkit (GPTQ codes written as blocks)"); });
+  count([&] { kv.kv_u32("llama.context_length", uint32_t(c.max_position_embeddings)); });
+  count([&] { kv.kv_u32("llama.embedding_length", uint32_t(c.hidden_size)); });
+  count([&] { kv.kv_u32("llama.block_count", uint32_t(c.num_hidden_layers)); });
+  count([&] { kv.kv_u32("llama.feed_forward_length", uint32_t(c.intermediate_size)); });
+  count([&] { kv.kv_u32("llama.rope.dimension_count", uint32_t(c.head_dim)); });
+  count([&] { kv.kv_u32("llama.attention.head_count", uint32_t(c.num_attention_heads)); });
+  count([&] { kv.kv_u32("llama.attention.head_count_kv", uint32_t(c.num_key_value_heads)); });
+  count([&] { kv.kv_u32("llama.attention.key_length", uint32_t(c.head_dim)); });
+  count([&] { kv.kv_u32("llama.attention.value_length", uint32_t(c.head_dim)); });
+  count([&] { kv.kv_f32("llama.attention.layer_norm_rms_epsilon", float(c.rms_norm_eps)); });
+  count([&] { kv.kv_f32("llama.rope.freq_base", float(c.rope_theta)); });
+  count([&] { kv.kv_u32("llama.vocab_size", uint32_t(c.vocab_size)); });
+  count([&] { kv.kv_str("tokenizer.ggml.model", voc.ggml_model); });
+  if (voc.ggml_model == "gpt2") count([&] { kv.kv_str("tokenizer.ggml.pre", "default"); });
+  std::vector<std::string> tokens = voc.tokens;
+  std::vector<float> scores = voc.scores;
+  std::vector<int32_t> types = voc.types;
+  while (int(tokens.size()) < c.vocab_size) {   // the model's embedding may be larger than the vocabulary
+    tokens.push_back("[PAD" + std::to_string(tokens.size()) + "]");
+    if (!scores.empty()) scores.push_back(0.0f);
+    types.push_back(5);
+  }
+  count([&] { kv.kv_strs("tokenizer.ggml.tokens", tokens); });
+  if (!scores.empty()) count([&] { kv.kv_arr("tokenizer.ggml.scores", T_F32, scores); });
+  count([&] { kv.kv_arr("tokenizer.ggml.token_type", T_I32, types); });
+  if (!voc.merges.empty()) count([&] { kv.kv_strs("tokenizer.ggml.merges", voc.merges); });
+  if (voc.bos >= 0) count([&] { kv.kv_u32("tokenizer.ggml.bos_token_id", uint32_t(voc.bos)); });
+  if (voc.eos >= 0) count([&] { kv.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(voc.eos)); });
+  if (voc.unk >= 0) count([&] { kv.kv_u32("tokenizer.ggml.unknown_token_id", uint32_t(voc.unk)); });
+  count([&] { kv.kv_bool("tokenizer.ggml.add_bos_token", voc.bos >= 0); });
+  count([&] { kv.kv_bool("tokenizer.ggml.add_eos_token", false); });
+  h.put<uint64_t>(n_kv);
+  h.b += kv.b;
+  uint64_t off = 0;
+  for (auto& t : plan) {
+    h.str(t.gg);
+    const bool vec = t.rows == 1 && src.get(t.hf).shape.size() == 1;
+    h.put<uint32_t>(vec ? 1 : 2);
+    h.put<uint64_t>(uint64_t(t.cols));
+    if (!vec) h.put<uint64_t>(uint64_t(t.rows));
+    h.put<uint32_t>(uint32_t(t.type));
+    h.put<uint64_t>(off);
+    off += (type_size(t.type, t.rows * t.cols) + kAlign - 1) / kAlign * kAlign;
+  }
+  while (h.b.size() % kAlign) h.b += '\0';
+
+  const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) fail(Errc::io, out, "", "cannot create");
+    f.write(h.b.data(), std::streamsize(h.b.size()));
+    std::string data;
+    for (auto& t : plan) {
+      data.clear();
+      const bool perm = t.hf.find("q_proj") != std::string::npos || t.hf.find("k_proj") != std::string::npos;
+      auto row_of = [&](int64_t gg_row) -> int64_t {   // GGUF row -> HF row
+        if (!perm) return gg_row;
+        const int hd = c.head_dim;
+        const int64_t h = gg_row / hd, w = gg_row % hd, i = w / 2, j = w % 2;
+        return h * hd + j * (hd / 2) + i;
+      };
+      if (t.type == GgmlType::Q4_0 || t.type == GgmlType::Q8_0) {
+        const QuantizedLinear& q = *job.store->get(t.hf.substr(0, t.hf.size() - 7));
+        for (int64_t gr = 0; gr < t.rows; ++gr) {
+          const int64_t r = row_of(gr);
+          for (int64_t b = 0; b < t.cols / kQK; ++b) {
+            const int64_t g = q.g_idx[size_t(b * kQK)];
+            const uint16_t d = f32_to_f16_bits(q.scales[size_t(g * q.rows + r)]);
+            const uint8_t* code = &q.codes[size_t(r * q.cols + b * kQK)];
+            if (t.type == GgmlType::Q4_0) {
+              BlockQ4_0 blk{d, {}};
+              for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = uint8_t(code[j] | (code[j + kQK / 2] << 4));
+              data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
+            } else {
+              BlockQ8_0 blk{d, {}};
+              for (int j = 0; j < kQK; ++j) blk.qs[j] = int8_t(int(code[j]) - 128);
+              data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
+            }
+          }
+        }
+      } else {
+        std::vector<float> w(static_cast<size_t>(t.rows * t.cols)), row(static_cast<size_t>(t.cols));
+        job.model->weights().read_f32(t.hf, w.data());
+        for (int64_t gr = 0; gr < t.rows; ++gr) {
+          const float* x = &w[size_t(row_of(gr) * t.cols)];
+          if (t.type == GgmlType::F32) data.append(reinterpret_cast<const char*>(x), size_t(t.cols) * 4);
+          else for (int64_t k = 0; k < t.cols; ++k) { uint16_t v = f32_to_f16_bits(x[k]); data.append(reinterpret_cast<const char*>(&v), 2); }
+        }
+      }
+      while (data.size() % kAlign) data += '\0';
+      f.write(data.data(), std::streamsize(data.size()));
+    }
+    f.flush();
+    if (!f) { std::filesystem::remove(tmp); fail(Errc::io, out, "", "write failed (disk full?)"); }
+  }
+  std::filesystem::rename(tmp, out);
+  std::vector<std::string> files{"model.gguf"};
+  for (auto& s : copy_side_files(job.model->dir(), job.out_dir)) files.push_back(s);
+  return files;
+}
+
+// ------------------------------------------------------------------ reading
+
+namespace {
+struct Reader {
+  const uint8_t* p;
+  const uint8_t* end;
+  const std::string& file;
+  template <class T> T get(const char* what) {
+    if (size_t(end - p) < sizeof(T)) fail(Errc::format, file, what, "truncated");
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    p += sizeof v;
+    return v;
+  }
+  std::string str(const char* what) {
+    const uint64_t n = get<uint64_t>(what);
+    if (n > uint64_t(end - p)) fail(Errc::format, file, what, "string length " + std::to_string(n) + " runs past the end of the file");
+    std::string s(reinterpret_cast<const char*>(p), size_t(n));
+    p += n;
+    return s;
+  }
+  json value(uint32_t type, const std::string& key, int depth = 0) {
+    switch (type) {
+      case T_U8: return get<uint8_t>(key.c_str());
+      case T_I8: return get<int8_t>(key.c_str());
+      case T_U16: return get<uint16_t>(key.c_str());
+      case T_I16: return get<int16_t>(key.c_str());
+      case T_U32: return get<uint32_t>(key.c_str());
+      case T_I32: return get<int32_t>(key.c_str());
+      case T_F32: return get<float>(key.c_str());
+      case T_BOOL: return get<uint8_t>(key.c_str()) != 0;
+      case T_STR: return str(key.c_str());
+      case T_U64: return get<uint64_t>(key.c_str());
+      case T_I64: return get<int64_t>(key.c_str());
+      case T_F64: return get<double>(key.c_str());
+      case T_ARR: {
+        if (depth > 0) fail(Errc::format, file, key, "nested arrays are not supported");
+        const uint32_t et = get<uint32_t>(key.c_str());
+        const uint64_t n = get<uint64_t>(key.c_str());
+        if (n > uint64_t(end - p)) fail(Errc::format, file, key, "array length " + std::to_string(n) + " runs past the end of the file");
+        json a = json::array();
+        for (uint64_t i = 0; i < n; ++i) {
+          json v = value(et, key, 1);
+          if (i < 64) a.push_back(v);
+        }
+        if (n > 64) return json{{"array_length", n}, {"first", a}};
+        return a;
+      }
+    }
+    fail(Errc::format, file, key, "unknown metadata value type " + std::to_string(type));
+  }
+};
+}  // namespace
+
+GgufFile::GgufFile(const std::string& path) : map_(path) {
+  Reader r{map_.data(), map_.data() + map_.size(), path};
+  if (map_.size() < 24 || std::memcmp(map_.data(), "GGUF", 4) != 0) fail(Errc::format, path, "magic", "not a GGUF file");
+  r.p += 4;
+  const uint32_t version = r.get<uint32_t>("version");
+  if (version != 3 && version != 2) fail(Errc::format, path, "version", "unsupported GGUF version " + std::to_string(version));
+  const uint64_t nt = r.get<uint64_t>("tensor_count"), nkv = r.get<uint64_t>("kv_count");
+  if (nt > map_.size() || nkv > map_.size()) fail(Errc::format, path, "header", "counts exceed the file size");
+  meta_ = json::object();
+  for (uint64_t i = 0; i < nkv; ++i) {
+    const std::string key = r.str("metadata key");
+    const uint32_t type = r.get<uint32_t>(key.c_str());
+    meta_[key] = r.value(type, key);
+  }
+  for (uint64_t i = 0; i < nt; ++i) {
+    TensorInfo t;
+    t.name = r.str("tensor name");
+    const uint32_t nd = r.get<uint32_t>(t.name.c_str());
+    if (nd < 1 || nd > 4) fail(Errc::format, path, t.name, "n_dims must be 1..4");
+    int64_t n = 1;
+    for (uint32_t d = 0; d < nd; ++d) {
+      t.ne.push_back(int64_t(r.get<uint64_t>(t.name.c_str())));
+      if (t.ne.back() < 0 || t.ne.back() > (int64_t(1) << 40)) fail(Errc::format, path, t.name, "dimension out of range");
+      n *= t.ne.back();
+    }
+    const uint32_t ty = r.get<uint32_t>(t.name.c_str());
+    if (ty != 0 && ty != 1 && ty != 2 && ty != 8) fail(Errc::format, path, t.name, "ggml type " + std::to_string(ty) + " is not read (F32, F16, Q4_0, Q8_0 are)");
+    t.type = GgmlType(ty);
+    if ((t.type == GgmlType::Q4_0 || t.type == GgmlType::Q8_0) && t.ne[0] % kQK) fail(Errc::format, path, t.name, "ne[0] is not a multiple of 32");
+    t.offset = r.get<uint64_t>(t.name.c_str());
+    t.nbytes = type_size(t.type, n);
+    by_name_[t.name] = tensors_.size();
+    tensors_.push_back(t);
+  }
+  const uint64_t align = meta_.contains("general.alignment") ? meta_["general.alignment"].get<uint64_t>() : kAlign;
+  if (align == 0 || (align & (align - 1))) fail(Errc::format, path, "general.alignment", "must be a power of two");
+  const uint64_t data_start = (uint64_t(r.p - map_.data()) + align - 1) / align * align;
+  for (auto& t : tensors_) {
+    if (data_start + t.offset + t.nbytes > map_.size()) fail(Errc::format, path, t.name, "data lies outside the file");
+    t.data = map_.data() + data_start + t.offset;
+  }
+}
+
+const GgufFile::TensorInfo* GgufFile::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+void GgufFile::read_f32(const TensorInfo& t, float* out) const {
+  int64_t n = 1;
+  for (auto d : t.ne) n *= d;
+  switch (t.type) {
+    case GgmlType::F32: std::memcpy(out, t.data, size_t(n) * 4); break;
+    case GgmlType::F16: convert_to_f32(DType::F16, t.data, out, size_t(n)); break;
+    case GgmlType::Q4_0:
+      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q4_0(reinterpret_cast<const BlockQ4_0*>(t.data)[b], out + b * kQK);
+      break;
+    case GgmlType::Q8_0:
+      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q8_0(reinterpret_cast<const BlockQ8_0*>(t.data)[b], out + b * kQK);
+      break;
+  }
+}
+
+json gguf_config_json(const GgufFile& f) {
+  const json& m = f.metadata();
+  auto need = [&](const char* k) -> const json& {
+    if (!m.contains(k)) fail(Errc::format, f.path(), k, "missing");
+    return m[k];
+  };
+  if (need("general.architecture") != "llama") fail(Errc::format, f.path(), "general.architecture", "only llama is read");
+  const int heads = need("llama.attention.head_count");
+  json c = {{"model_type", "llama"},
+            {"hidden_size", need("llama.embedding_length")},
+            {"intermediate_size", need("llama.feed_forward_length")},
+            {"num_hidden_layers", need("llama.block_count")},
+            {"num_attention_heads", heads},
+            {"num_key_value_heads", m.value("llama.attention.head_count_kv", heads)},
+            {"max_position_embeddings", need("llama.context_length")},
+            {"rms_norm_eps", need("llama.attention.layer_norm_rms_epsilon")},
+            {"rope_theta", m.value("llama.rope.freq_base", 10000.0)},
+            {"tie_word_embeddings", f.find("output.weight") == nullptr},
+            {"bos_token_id", m.value("tokenizer.ggml.bos_token_id", 1)},
+            {"torch_dtype", "float16"}};
+  const auto* emb = f.find("token_embd.weight");
+  if (!emb || emb->ne.size() != 2) fail(Errc::format, f.path(), "token_embd.weight", "missing");
+  c["vocab_size"] = emb->ne[1];
+  if (m.contains("llama.rope.dimension_count")) c["head_dim"] = m["llama.rope.dimension_count"];
+  return c;
+}
+
+namespace {
+class GgufSource final : public WeightSource {
+ public:
+  GgufSource(const std::string& path, const LlamaConfig& c) : f_(path), hd_(c.head_dim) {}
+  const GgufFile::TensorInfo& info(const std::string& n) const {
+    const std::string gg = hf_to_gguf_name(n);
+    const auto* t = gg.empty() ? nullptr : f_.find(gg);
+    if (!t) fail(Errc::format, f_.path(), n, "tensor missing (GGUF name '" + gg + "')");
+    return *t;
+  }
+  bool has(const std::string& n) const override {
+    const std::string gg = hf_to_gguf_name(n);
+    return !gg.empty() && f_.find(gg);
+  }
+  Shape shape(const std::string& n) const override {
+    const auto& t = info(n);
+    return t.ne.size() == 1 ? Shape{t.ne[0]} : Shape{t.ne[1], t.ne[0]};
+  }
+  std::string file_of(const std::string&) const override { return f_.path(); }
+  void read_f32(const std::string& n, float* out) const override {
+    const auto& t = info(n);
+    const bool perm = n.find("q_proj") != std::string::npos || n.find("k_proj") != std::string::npos;
+    if (!perm) return f_.read_f32(t, out);
+    const int64_t rows = t.ne[1], cols = t.ne[0];
+    std::vector<float> g(static_cast<size_t>(rows * cols));
+    f_.read_f32(t, g.data());
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * cols, &g[size_t(gguf_permuted_row(r, hd_) * cols)], size_t(cols) * 4);
+  }
+ private:
+  GgufFile f_;
+  int hd_;
+};
+}  // namespace
+
+std::unique_ptr<WeightSource> gguf_source(const std::string& path, const LlamaConfig& c) { return std::make_unique<GgufSource>(path, c); }
+
+}  // namespace ptq

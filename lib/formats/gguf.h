@@ -1,0 +1,61 @@
+// gguf.h — llama.cpp's GGUF v3: a writer for Llama models with Q4_0 / Q8_0 tensors, and a reader.
+//
+// File: "GGUF", u32 version 3, u64 tensor count, u64 metadata count; metadata (key string, u32
+// type, value); tensor infos (name, u32 n_dims, u64 ne[n_dims] with ne[0] the contiguous
+// dimension, u32 ggml type, u64 offset); padding to general.alignment (32); tensor data, each
+// aligned to 32. All little-endian; strings are u64 length + bytes.
+//
+// GPTQ's symmetric 4-bit (8-bit) grid with groups of 32 along the input is Q4_0's (Q8_0's):
+// x = d * (q - 8) (x = d * q8). Such runs are written code for code, scale for scale: a GGUF
+// with GPTQ-optimized weights, which llama.cpp's own tools cannot make.
+// llama.cpp stores q_proj/k_proj rows permuted (rotary halves interleaved per head); the writer
+// applies its permutation and the reader undoes it.
+#pragma once
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/fsutil.h"
+#include "formats/packed.h"
+
+namespace ptq {
+
+enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8 };
+
+std::vector<std::string> export_gguf(const ExportJob& job);
+
+class GgufFile {
+ public:
+  explicit GgufFile(const std::string& path);   // Errc::format naming the file and field on malformed input
+  struct TensorInfo {
+    std::string name;
+    std::vector<int64_t> ne;                      // ne[0] contiguous
+    GgmlType type;
+    uint64_t offset;                              // from the data section's start
+    const uint8_t* data;
+    size_t nbytes;
+  };
+  const std::string& path() const { return map_.path(); }
+  const nlohmann::json& metadata() const { return meta_; }   // arrays longer than 64 are summarized
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find(const std::string& name) const;
+  void read_f32(const TensorInfo& t, float* out) const;      // dequantized, row-major [ne1, ne0]
+ private:
+  MappedFile map_;
+  nlohmann::json meta_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t> by_name_;
+};
+
+// A WeightSource with Hugging Face names over a GGUF file (q/k rows un-permuted).
+std::unique_ptr<WeightSource> gguf_source(const std::string& path, const LlamaConfig& cfg);
+// config.json equivalent built from a GGUF file's llama.* metadata.
+nlohmann::json gguf_config_json(const GgufFile& f);
+std::string hf_to_gguf_name(const std::string& hf);   // "" for names llama.cpp has no tensor for
+
+// llama.cpp's row permutation of q/k: HF row h*hd + j*(hd/2) + i -> GGUF row h*hd + 2*i + j.
+int64_t gguf_permuted_row(int64_t hf_row, int head_dim);
+
+}  // namespace ptq

@@ -1,0 +1,30 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace ptq {
+
+void WeightSource::read_rows_f32(const std::string& name, const std::vector<int32_t>& rows, float* out) const {
+  const Shape s = shape(name);
+  std::vector<float> all(static_cast<size_t>(numel(s)));
+  read_f32(name, all.data());
+  const size_t cols = size_t(s[1]);
+  for (size_t i = 0; i < rows.size(); ++i) std::memcpy(out + i * cols, all.data() + size_t(rows[i]) * cols, cols * 4);
+}
+
+void SafetensorsSource::read_f32(const std::string& n, float* out) const {
+  TensorView t = ck_.get(n);
+  if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
+    fail(Errc::format, ck_.file_of(n), n, "dtype " + std::string(dtype_name(t.dtype)) + " is not a float dtype");
+  convert_to_f32(t.dtype, t.data, out, size_t(t.numel()));
+}
+
+void SafetensorsSource::read_rows_f32(const std::string& n, const std::vector<int32_t>& rows, float* out) const {
+  TensorView t = ck_.get(n);
+  const size_t cols = size_t(t.shape[1]), es = dtype_size(t.dtype);
+  for (size_t i = 0; i < rows.size(); ++i) convert_to_f32(t.dtype, t.data + size_t(rows[i]) * cols * es, out + i * cols, cols);
+}
+
+}  // namespace ptq

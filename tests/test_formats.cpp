@@ -1,0 +1,336 @@
+// Packed formats: known words written out by hand, bit-exact round trips, config blocks key by
+// key, a hand-built GPTQ checkpoint read back, refusals up front, the reference kernels against
+// an fp64 product, and llama2xs in every format evaluating like its fake export.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/rng.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#include "formats/gguf.h"
+#include "formats/open.h"
+#include "formats/pack.h"
+#include "formats/packed.h"
+#include "kernels/reference.h"
+#include "pipeline/pipeline.h"
+#include "testing.h"
+
+using namespace ptq;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+QuantizedLinear random_quantized(int64_t rows, int64_t cols, int bits, int group, bool sym, bool permuted_groups, uint64_t seed) {
+  Rng r(seed);
+  MatF W(rows, cols);
+  for (int64_t i = 0; i < W.size(); ++i) W.data()[i] = float(r.normal());
+  QuantSpec s;
+  s.bits = bits;
+  s.group_size = group;
+  s.sym = sym;
+  QuantizedLinear q = rtn_quantize(W, s);
+  if (permuted_groups)   // an act-order g_idx: a permutation of the natural one
+    for (int64_t i = cols - 1; i > 0; --i) std::swap(q.g_idx[size_t(i)], q.g_idx[size_t(r.below(uint64_t(i + 1)))]);
+  return q;
+}
+void check_same(const QuantizedLinear& a, const QuantizedLinear& b) {
+  CHECK(a.codes == b.codes);
+  CHECK(a.zeros == b.zeros);
+  CHECK(a.scales == b.scales);
+  CHECK(a.g_idx == b.g_idx);
+}
+}  // namespace
+
+TEST_CASE("bitstreams: known words") {
+  uint32_t v[8] = {1, 2, 3, 4, 5, 6, 7, 8}, w[3];
+  pack_bits(v, 8, 4, w);
+  CHECK(w[0] == 0x87654321u);   // least significant nibble first
+  uint32_t v3[32];
+  for (auto& x : v3) x = 0;
+  v3[10] = 5;                   // 0b101 straddles words 0 and 1
+  v3[21] = 6;                   // 0b110 straddles words 1 and 2
+  pack_bits(v3, 32, 3, w);
+  CHECK(w[0] == 0x40000000u);   // low two bits (01) of value 10 at bits 30-31
+  CHECK(w[1] == 0x00000001u);   // its third bit at bit 0; value 21's low bit (0) at bit 31
+  CHECK(w[2] == 0x00000003u);   // value 21's upper bits (11) at bits 0-1
+  CHECK(unpack_bit(w, 10, 3) == 5);
+  CHECK(unpack_bit(w, 21, 3) == 6);
+  uint32_t v8[4] = {0x12, 0x34, 0x56, 0x78};
+  pack_bits(v8, 4, 8, w);
+  CHECK(w[0] == 0x78563412u);
+}
+
+TEST_CASE("GPTQ packing of a hand matrix: qweight along the input, v1 qzeros 0x77777777") {
+  QuantizedLinear q;
+  q.spec.bits = 4;
+  q.rows = 8;
+  q.cols = 8;
+  q.groups = 1;
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c) q.codes.push_back(uint8_t((r + c) % 16));
+  q.scales.assign(8, 0.5f);
+  q.zeros.assign(8, 8);
+  q.g_idx.assign(8, 0);
+  GptqPacked p = pack_gptq(q, false);
+  REQUIRE(p.qweight.size() == 8);   // [in*4/32 = 1, out = 8]
+  CHECK(uint32_t(p.qweight[0]) == 0x76543210u);   // output column 0: inputs 0..7
+  CHECK(uint32_t(p.qweight[1]) == 0x87654321u);
+  REQUIRE(p.qzeros.size() == 1);
+  CHECK(uint32_t(p.qzeros[0]) == 0x77777777u);
+  CHECK(uint32_t(pack_gptq(q, true).qzeros[0]) == 0x88888888u);   // v2: zeros as they are (v1 + 0x11111111)
+  CtPacked c = pack_ct(q);
+  CHECK(uint32_t(c.weight_packed[0]) == 0x76543210u);   // compressed-tensors: along the input, per output row
+  CHECK(c.zero_point.empty());
+}
+
+TEST_CASE("pack -> unpack returns the codes bit for bit, every bit width and format") {
+  for (int bits : {2, 3, 4, 8})
+    for (bool sym : {true, false}) {
+      QuantizedLinear q = random_quantized(64, 96, bits, 32, sym, bits == 4, uint64_t(bits * 10 + sym));
+      INFO("bits " << bits << " sym " << sym);
+      if (sym) check_same(q, unpack_gptq(pack_gptq(q, false), false, true));
+      check_same(q, unpack_gptq(pack_gptq(q, true), true, sym));
+      if (bits == 4 || bits == 8) {
+        QuantizedLinear q2 = random_quantized(60, 90, bits, -1, sym, false, 7);   // shapes that do not divide 8
+        check_same(q2, unpack_ct(pack_ct(q2), sym));
+        check_same(q, unpack_ct(pack_ct(q), sym));
+      }
+    }
+}
+
+TEST_CASE("NF4: nearest code by midpoints, first element in the high nibble, double quantization") {
+  CHECK(nf4_index(1.0f) == 15);
+  CHECK(nf4_index(-1.0f) == 0);
+  CHECK(nf4_index(0.0f) == 7);
+  const float mid = 0.5f * (0.0f + 0.07958029955625534f);
+  CHECK(nf4_index(mid) == 7);                       // on the midpoint: the lower code
+  CHECK(nf4_index(std::nextafter(mid, 1.0f)) == 8);
+  const float x[4] = {2.0f, -2.0f, 0.0f, 1.0f};
+  Nf4Tensor t = nf4_quantize(x, 4, 64, false);
+  CHECK(t.absmax[0] == 2.0f);
+  CHECK(t.packed[0] == 0xF0);                       // 15 (x[0]) high, 0 (x[1]) low
+  CHECK(t.packed[1] == ((7 << 4) | nf4_index(0.5f)));
+  CHECK(bnb_dynamic_map().size() == 256);
+  std::vector<float> big(64 * 600);
+  Rng r(5);
+  for (auto& v : big) v = float(r.normal());
+  Nf4Tensor a = nf4_quantize(big.data(), int64_t(big.size()), 64, false), b = nf4_quantize(big.data(), int64_t(big.size()), 64, true);
+  CHECK(b.nested_absmax.size() == 3);               // 600 blocks, nested blocks of 256
+  for (size_t i = 0; i < a.absmax.size(); ++i) CHECK(std::abs(b.absmax[i] - a.absmax[i]) < 0.02f * a.absmax[i]);
+}
+
+TEST_CASE("Q4_0 / Q8_0: llama.cpp's reference quantizers on a hand block") {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = float(j - 16);   // largest magnitude: -16, so d = -16 / -8 = 2
+  BlockQ4_0 b = quantize_block_q4_0(x);
+  CHECK(b.d == 0x4000);                  // 2.0 in f16
+  CHECK(b.qs[0] == 0x80);                // element 0 (q 0) low nibble, element 16 (q 8) high nibble
+  CHECK(b.qs[15] == ((15 << 4) | 8));    // element 15 (x=-1: -0.5 + 8.5 truncates to 8), element 31 (x=15: 16, clamped to 15)
+  float y[32];
+  dequantize_block_q4_0(b, y);
+  CHECK(y[0] == -16.0f);
+  CHECK(y[31] == 14.0f);                 // 15 is clamped to code 15: (15 - 8) * 2
+  BlockQ8_0 c = quantize_block_q8_0(x);
+  CHECK(f16_bits_to_f32(c.d) == round_to(DType::F16, 16.0f / 127));
+  CHECK(c.qs[0] == -127);
+  CHECK(gguf_permuted_row(0, 8) == 0);
+  CHECK(gguf_permuted_row(1, 8) == 2);
+  CHECK(gguf_permuted_row(4, 8) == 1);   // second rotary half interleaved
+  CHECK(gguf_permuted_row(13, 8) == 8 + 3);
+}
+
+TEST_CASE("reference kernels compute x * dequant(W)^T straight from the packed layouts") {
+  Rng r(9);
+  const int64_t M = 3;
+  auto check = [&](const QuantizedLinear& q, const std::vector<float>& y, const char* what) {
+    std::vector<float> x(size_t(M * q.cols));
+    Rng rx(1);
+    for (auto& v : x) v = float(rx.normal());
+    MatF W = q.dequantize();
+    double maxd = 0, maxv = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t o = 0; o < q.rows; ++o) {
+        double s = 0;
+        for (int64_t i = 0; i < q.cols; ++i) s += double(x[size_t(m * q.cols + i)]) * W(o, i);
+        maxd = std::max(maxd, std::abs(s - y[size_t(m * q.rows + o)]));
+        maxv = std::max(maxv, std::abs(s));
+      }
+    INFO(what << ": max error " << maxd << " of " << maxv);
+    CHECK(maxd <= 1e-5 * maxv);
+  };
+  std::vector<float> x(size_t(M * 96));
+  Rng rx(1);
+  for (auto& v : x) v = float(rx.normal());
+  for (int bits : {2, 3, 4, 8}) {
+    QuantizedLinear q = random_quantized(64, 96, bits, 32, bits != 3, true, uint64_t(bits));
+    std::vector<float> y(size_t(M * 64));
+    ref_gemm_gptq(x.data(), M, pack_gptq(q, true), true, y.data());
+    check(q, y, "gptq");
+    if (bits == 4 || bits == 8) {
+      ref_gemm_ct(x.data(), M, pack_ct(q), q.spec.sym, y.data());
+      check(q, y, "compressed-tensors");
+    }
+  }
+  int8_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
+  int32_t c[4];
+  ref_gemm_i8(a, b, 2, 2, 2, c);
+  CHECK(c[0] == 17);
+  CHECK(c[1] == 23);
+  CHECK(c[2] == 39);
+  CHECK(c[3] == 53);
+  std::vector<int8_t> big(4096, -128);
+  int32_t d;
+  ref_gemm_i8(big.data(), big.data(), 1, 1, 4096, &d);
+  CHECK(d == 128 * 128 * 4096);
+}
+
+TEST_CASE("a GPTQ checkpoint built by hand (as another tool writes it) is read back") {
+  ptqtest::TempDir d;
+  // one module, in 8, out 8, 4-bit, group 8, v1: code of (o, i) = (i + o) % 16, zero 8 (stored 7), scale 0.25
+  std::vector<int32_t> qweight(8), qzeros(1, int32_t(0x77777777u)), g_idx(8, 0);
+  for (int o = 0; o < 8; ++o) {
+    uint32_t w = 0;
+    for (int i = 0; i < 8; ++i) w |= uint32_t((i + o) % 16) << (4 * i);
+    qweight[size_t(o)] = int32_t(w);
+  }
+  auto raw = [](DType t, Shape s, const void* p) { Tensor x(t, std::move(s)); std::memcpy(x.bytes.data(), p, x.bytes.size()); return x; };
+  std::vector<float> sc(8, 0.25f);
+  std::vector<NamedTensor> ts;
+  ts.push_back({"m.qweight", raw(DType::I32, {1, 8}, qweight.data())});
+  ts.push_back({"m.qzeros", raw(DType::I32, {1, 1}, qzeros.data())});
+  ts.push_back({"m.scales", tensor_from_f32(sc.data(), {1, 8}, DType::F16)});
+  ts.push_back({"m.g_idx", raw(DType::I32, {8}, g_idx.data())});
+  write_safetensors(d / "model.safetensors", ts);
+  auto src = packed_source(d.path.string(), {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 8}, {"sym", true}});
+  CHECK(src->shape("m.weight") == Shape{8, 8});
+  std::vector<float> W(64);
+  src->read_f32("m.weight", W.data());
+  for (int o = 0; o < 8; ++o)
+    for (int i = 0; i < 8; ++i) CHECK(W[size_t(o * 8 + i)] == 0.25f * float((i + o) % 16 - 8));
+}
+
+TEST_CASE("formats refuse what they cannot hold, before calibration") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32}\n"), "r.yaml");
+  r.model = ptqtest::assets() + "/models/stories260k";
+  r.output = d / "out";
+  r.formats = {"gptq"};
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("model.layers.0.mlp.gate_proj: gptq: packs 4-bit codes into int32 along both dimensions"));
+  r.formats = {"gguf"};
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("blocks of 32 need in_features divisible by 32, got 172"));
+  r.model = ptqtest::assets() + "/models/llama2xs";
+  r.quant.sym = false;
+  r.formats = {"gptq"};
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("v1 stores zero - 1"));
+  r.quant.sym = true;
+  r.quant.bits = 3;
+  r.formats = {"compressed-tensors"};
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("holds 4- and 8-bit weights"));
+  CHECK_FALSE(fs::exists(d / "out"));
+}
+
+TEST_CASE("llama2xs in every format: configs key by key, and each evaluates like the fake export") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, sym: true, act_order: true, static_groups: true}\n"), "r.yaml");
+  r.model = a + "/models/llama2xs";
+  r.output = d / "q";
+  r.calibration = {a + "/text/tinystories/calib.txt", 64, 256, 0};
+  r.formats = {"fake", "gptq", "gptq_v2", "compressed-tensors", "gguf"};
+  run_quantize(r, {});
+  Recipe n = r;
+  n.quant.method = "nf4";
+  n.output = d / "n";
+  n.formats = {"fake", "nf4"};
+  n.nf4_double_quant = true;
+  run_quantize(n, {});
+
+  json qc = json::parse(read_text_file(d / "q/gptq/quantize_config.json"));
+  CHECK(qc == json::parse(read_text_file(d / "q/gptq/config.json"))["quantization_config"]);
+  CHECK(qc["bits"] == 4);
+  CHECK(qc["group_size"] == 32);
+  CHECK(qc["desc_act"] == true);
+  CHECK(qc["static_groups"] == true);
+  CHECK(qc["sym"] == true);
+  CHECK(qc["true_sequential"] == true);
+  CHECK(qc["damp_percent"] == 0.01);
+  CHECK(qc["quant_method"] == "gptq");
+  CHECK(qc["checkpoint_format"] == "gptq");
+  CHECK(qc["model_file_base_name"] == "model");
+  CHECK(json::parse(read_text_file(d / "q/gptq_v2/quantize_config.json"))["checkpoint_format"] == "gptq_v2");
+  json ct = json::parse(read_text_file(d / "q/compressed-tensors/config.json"))["quantization_config"];
+  CHECK(ct["quant_method"] == "compressed-tensors");
+  CHECK(ct["format"] == "pack-quantized");
+  CHECK(ct["quantization_status"] == "compressed");
+  CHECK(ct["ignore"] == json::array({"lm_head"}));
+  CHECK(ct["kv_cache_scheme"].is_null());
+  json w = ct["config_groups"]["group_0"]["weights"];
+  CHECK(ct["config_groups"]["group_0"]["targets"] == json::array({"Linear"}));
+  CHECK(ct["config_groups"]["group_0"]["input_activations"].is_null());
+  CHECK(w["num_bits"] == 4);
+  CHECK(w["type"] == "int");
+  CHECK(w["symmetric"] == true);
+  CHECK(w["strategy"] == "group");
+  CHECK(w["group_size"] == 32);
+  CHECK(w["actorder"] == "weight");   // static groups: act-order without a stored g_idx
+  CHECK(w["dynamic"] == false);
+  json bnb = json::parse(read_text_file(d / "n/nf4/config.json"))["quantization_config"];
+  CHECK(bnb["quant_method"] == "bitsandbytes");
+  CHECK(bnb["load_in_4bit"] == true);
+  CHECK(bnb["bnb_4bit_quant_type"] == "nf4");
+  CHECK(bnb["bnb_4bit_use_double_quant"] == true);
+  CHECK(bnb["bnb_4bit_quant_storage"] == "uint8");
+  Checkpoint nck(d / "n/nf4");
+  TensorView st = nck.get("model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4");
+  json state = json::parse(st.data, st.data + st.nbytes);
+  CHECK(state["quant_type"] == "nf4");
+  CHECK(state["blocksize"] == 64);
+  CHECK(state["dtype"] == "float32");
+  CHECK(state["shape"] == json::array({64, 192}));
+  CHECK(state["nested_blocksize"] == 256);
+  CHECK(state["nested_dtype"] == "float32");
+  CHECK(nck.get("model.layers.0.mlp.down_proj.weight").shape == Shape{64 * 192 / 2, 1});
+  CHECK(nck.get("model.layers.0.mlp.down_proj.weight.absmax").dtype == DType::U8);
+  CHECK(nck.get("model.layers.0.mlp.down_proj.weight.quant_map").shape == Shape{16});
+  GgufFile gg(d / "q/gguf/model.gguf");
+  CHECK(gg.metadata()["general.architecture"] == "llama");
+  CHECK(gg.metadata()["llama.block_count"] == 5);
+  CHECK(gg.metadata()["tokenizer.ggml.model"] == "llama");
+  CHECK(gg.find("blk.0.attn_q.weight")->type == GgmlType::Q4_0);
+  CHECK(gg.find("blk.0.attn_norm.weight")->type == GgmlType::F32);
+  CHECK(gg.find("output.weight") == nullptr);   // tied embeddings
+
+  auto tok = load_tokenizer(r.model, 1);
+  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
+  EvalOptions o;
+  o.seq_len = 256;
+  o.max_windows = 300;
+  auto ppl = [&](const std::string& p) { return evaluate(*open_model(p), ids, o).perplexity; };
+  const double fake = ppl(d / "q/fake");
+  for (auto f : {"gptq", "gptq_v2", "compressed-tensors", "gguf"}) {
+    const double x = ppl(d / ("q/" + std::string(f)));
+    INFO(f << ": " << x << " vs fake " << fake);
+    CHECK(std::abs(x - fake) <= 1e-5 * fake);
+  }
+  const double nf4_fake = ppl(d / "n/fake"), nf4 = ppl(d / "n/nf4");
+  CHECK(std::abs(nf4 - nf4_fake) <= 1e-5 * nf4_fake);
+}
+
+TEST_CASE("a malformed GGUF file is refused naming the field") {
+  ptqtest::TempDir d;
+  write_file_atomic(d / "x.gguf", "GGML");
+  CHECK_THROWS_WITH(GgufFile(d / "x.gguf"), Catch::Contains("not a GGUF file"));
+  std::string h = "GGUF";
+  h += std::string("\x03\0\0\0", 4);
+  h += std::string("\x01\0\0\0\0\0\0\0", 8);   // one tensor
+  h += std::string("\x01\0\0\0\0\0\0\0", 8);   // one metadata entry
+  h += std::string("\xff\0\0\0\0\0\0\0", 8);   // key length 255: past the end
+  h += std::string(10, 'x');
+  write_file_atomic(d / "y.gguf", h);
+  CHECK_THROWS_WITH(GgufFile(d / "y.gguf"), Catch::Contains("runs past the end of the file"));
+}
