@@ -59,6 +59,8 @@ void print_eval(const EvalResult& r) {
 
 int cmd_eval(const EvalArgs& a) {
   std::unique_ptr<LlamaModel> mp = open_model(a.model);
+  if (a.w8a8_path != "int" && a.w8a8_path != "fake") fail(Errc::usage, "", "--w8a8-path", "must be int or fake");
+  mp->set_integer_path(a.w8a8_path == "int");
   const LlamaModel& model = *mp;
   std::unique_ptr<LlamaModel> ref;
   if (!a.reference.empty()) ref = open_model(a.reference);
@@ -217,6 +219,7 @@ int main(int argc, char** argv) {
   ev->add_option("--reference", ea.reference, "reference model folder: adds KL divergence and top-1 agreement");
   ev->add_option("--tokenizer", ea.tokenizer, "tokenizer file or folder (default: the model folder)");
   ev->add_option("--batch-tokens", ea.batch_tokens, "tokens per forward chunk (memory bound)")->default_val(16384);
+  ev->add_option("--w8a8-path", ea.w8a8_path, "W8A8 models: int (int8 GEMM, int32 accumulation) or fake (float)")->default_val("int");
 
   SynthArgs sa;
   auto* sy = app.add_subcommand("synth", "write a synthetic HF-layout Llama checkpoint with a real model's shapes");

@@ -23,6 +23,11 @@ std::vector<std::string> ordered_tensor_names(const Checkpoint& ck) {
 
 DequantizedLookup dequantized_from(const QuantStore& store) {
   return [&store](const std::string& module, MatF* W) {
+    VecF v;
+    if (store.float_override(module + ".weight", &v)) {   // a smoothed norm
+      *W = Eigen::Map<MatF>(v.data(), v.size(), 1);
+      return true;
+    }
     const QuantizedLinear* q = store.get(module);
     if (q) *W = q->dequantize();
     return q != nullptr;

@@ -1,6 +1,7 @@
 #include "formats/open.h"
 
 #include <filesystem>
+#include <map>
 
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -12,6 +13,29 @@ namespace fs = std::filesystem;
 namespace ptq {
 
 namespace {
+// A float checkpoint whose config.json carries "ptqkit_w8a8" (a fake W8A8 export): its Linears
+// take int8 activations, evaluated in float (fake-quant).
+class FakeW8A8Source final : public WeightSource {
+ public:
+  FakeW8A8Source(const std::string& dir, const nlohmann::json& spec) : base_(dir) {
+    const bool tok = spec.value("strategy", "token") == "token";
+    for (auto& [m, sc] : spec["input_scales"].items()) acts_[m] = {tok ? ActQuant::per_token : ActQuant::per_tensor, sc.get<float>()};
+  }
+  bool has(const std::string& n) const override { return base_.has(n); }
+  Shape shape(const std::string& n) const override { return base_.shape(n); }
+  void read_f32(const std::string& n, float* out) const override { base_.read_f32(n, out); }
+  std::string file_of(const std::string& n) const override { return base_.file_of(n); }
+  void release(const std::string& n) const override { base_.release(n); }
+  void read_rows_f32(const std::string& n, const std::vector<int32_t>& r, float* out) const override { base_.read_rows_f32(n, r, out); }
+  ActQuant act_quant(const std::string& m) const override {
+    auto it = acts_.find(m);
+    return it == acts_.end() ? ActQuant{} : it->second;
+  }
+ private:
+  SafetensorsSource base_;
+  std::map<std::string, ActQuant> acts_;
+};
+
 std::string gguf_path(const std::string& path) {
   if (fs::is_regular_file(path) && fs::path(path).extension() == ".gguf") return path;
   if (fs::is_directory(path) && fs::exists(path + "/model.gguf") && !fs::exists(path + "/model.safetensors") &&
@@ -25,11 +49,13 @@ std::string model_format(const std::string& path) {
   if (!gguf_path(path).empty()) return "gguf";
   if (!fs::exists(path + "/config.json")) return "float";
   const LlamaConfig c = load_config(path);
+  if (c.raw.contains("ptqkit_w8a8")) return "fake-w8a8";
   if (!c.raw.contains("quantization_config")) return "float";
   const auto& q = c.raw["quantization_config"];
   const std::string m = q.value("quant_method", "");
   if (m == "gptq") return q.value("checkpoint_format", "gptq");
   if (m == "bitsandbytes") return "bitsandbytes-nf4";
+  if (m == "compressed-tensors") return "compressed-tensors/" + q.value("format", std::string("?"));
   return m;
 }
 
@@ -48,6 +74,7 @@ std::unique_ptr<LlamaModel> open_model(const std::string& path) {
       auto src = packed_source(path, c.raw["quantization_config"]);
       return std::make_unique<LlamaModel>(path, c, std::move(src));
     }
+    if (c.raw.contains("ptqkit_w8a8")) return std::make_unique<LlamaModel>(path, c, std::make_unique<FakeW8A8Source>(path, c.raw["ptqkit_w8a8"]));
   }
   return std::make_unique<LlamaModel>(path);
 }

@@ -76,7 +76,12 @@ std::vector<std::string> write_model(const ExportJob& job, const std::map<std::s
       for (auto& s : it->second) { specs.push_back(s); is_packed[s.name] = true; }
     }
   }
-  auto produce = [&](const TensorSpec& s) { return is_packed.count(s.name) ? produce_packed(s) : copy_of(job.model->weights(), src, s.name); };
+  auto produce = [&](const TensorSpec& s) {
+    if (is_packed.count(s.name)) return produce_packed(s);
+    VecF v;
+    if (job.store && job.store->float_override(s.name, &v)) return tensor_from_f32(v.data(), s.shape, s.dtype);   // smoothed norms
+    return copy_of(job.model->weights(), src, s.name);
+  };
   std::vector<std::string> files = write_checkpoint_tensors(job.out_dir, specs, produce, job.max_shard_bytes);
   for (auto& f : copy_side_files(job.model->dir(), job.out_dir)) files.push_back(f);
   json cfg = job.model->config().raw;
@@ -325,6 +330,50 @@ std::vector<std::string> export_compressed_tensors(const ExportJob& job) {
   return write_model(job, packed, produce, qc);
 }
 
+// W8A8, format "int-quantized": P.weight int8 [out, in], P.weight_scale [out, 1], and for
+// static per-tensor activations P.input_scale [1].
+std::vector<std::string> export_ct_int8(const ExportJob& job) {
+  const std::vector<ModulePlan> p = plan(job);
+  const DType sd = job.model->config().dtype;
+  ActQuant act0;
+  std::map<std::string, std::vector<TensorSpec>> packed;
+  std::vector<std::string> float_linears;
+  for (auto& m : p) {
+    if (!m.quantized) { float_linears.push_back(m.name); continue; }
+    if (m.spec.bits != 8 || m.spec.group_size != -1 || !m.spec.sym) fail(Errc::usage, "", m.name, "int-quantized holds int8 symmetric per-channel weights");
+    const ActQuant a = job.store->act_quant(m.name);
+    if (a.mode == ActQuant::none) fail(Errc::usage, "", m.name, "int-quantized: this module has no int8 activation spec");
+    act0 = a;
+    auto& v = packed[m.name];
+    v.push_back({m.name + ".weight", DType::I8, {m.rows, m.cols}});
+    v.push_back({m.name + ".weight_scale", sd, {m.rows, 1}});
+    if (a.mode == ActQuant::per_tensor) v.push_back({m.name + ".input_scale", DType::F32, {1}});
+  }
+  auto produce = [&](const TensorSpec& t) {
+    const std::string m = t.name.substr(0, t.name.rfind('.'));
+    const QuantizedLinear& q = *job.store->get(m);
+    if (ends_with(t.name, ".weight")) {
+      std::vector<int8_t> w(q.codes.size());
+      for (size_t i = 0; i < w.size(); ++i) w[i] = int8_t(int(q.codes[i]) - q.zeros[i / size_t(q.cols)]);   // one group per row
+      return raw(DType::I8, t.shape, w);
+    }
+    if (ends_with(t.name, ".input_scale")) return raw(DType::F32, t.shape, std::vector<float>{job.store->act_quant(m).static_scale});
+    return tensor_from_f32(q.scales.data(), t.shape, t.dtype);
+  };
+  json ignore = json::array({"lm_head"});
+  for (auto& m : float_linears) ignore.push_back(m);
+  const bool dyn = act0.mode == ActQuant::per_token;
+  json weights = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "channel"}, {"group_size", nullptr},
+                  {"actorder", nullptr}, {"dynamic", false}, {"observer", "minmax"}, {"block_structure", nullptr}, {"observer_kwargs", json::object()}};
+  json acts = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", dyn ? "token" : "tensor"}, {"group_size", nullptr},
+               {"dynamic", dyn}, {"observer", dyn ? json(nullptr) : json("minmax")}, {"actorder", nullptr}, {"block_structure", nullptr},
+               {"observer_kwargs", json::object()}};
+  json qc = {{"quant_method", "compressed-tensors"}, {"format", "int-quantized"}, {"quantization_status", "compressed"},
+             {"ignore", ignore}, {"kv_cache_scheme", nullptr}, {"global_compression_ratio", nullptr},
+             {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", acts}, {"output_activations", nullptr}, {"format", "int-quantized"}}}}}};
+  return write_model(job, packed, produce, qc);
+}
+
 // ------------------------------------------------------------------ NF4
 
 std::vector<std::string> export_nf4(const ExportJob& job) {
@@ -419,9 +468,20 @@ class PackedSource final : public WeightSource {
       sym_ = qc.value("sym", true);
       group_ = qc.value("group_size", 128);
     } else if (method_ == "compressed-tensors") {
-      if (qc.value("format", "") != "pack-quantized")
-        fail(Errc::format, dir + "/config.json", "quantization_config.format", "only pack-quantized compressed-tensors checkpoints are read so far");
-      const json& w = qc["config_groups"].begin().value()["weights"];
+      const std::string fmt = qc.value("format", "");
+      if (fmt != "pack-quantized" && fmt != "int-quantized")
+        fail(Errc::format, dir + "/config.json", "quantization_config.format", "compressed-tensors format '" + fmt + "' is not read (pack-quantized and int-quantized are)");
+      if (!qc.contains("config_groups") || qc["config_groups"].empty())
+        fail(Errc::format, dir + "/config.json", "quantization_config.config_groups", "missing");
+      const json& g = qc["config_groups"].begin().value();
+      const json& w = g["weights"];
+      if (g.contains("input_activations") && g["input_activations"].is_object()) {
+        const json& a = g["input_activations"];
+        act_.mode = a.value("strategy", "") == "token" && a.value("dynamic", false) ? ActQuant::per_token
+                    : a.value("strategy", "") == "tensor" && !a.value("dynamic", true) ? ActQuant::per_tensor
+                    : ActQuant::none;
+        if (act_.mode == ActQuant::none) fail(Errc::format, dir + "/config.json", "quantization_config.input_activations", "only int8 per-token dynamic or per-tensor static activations are read");
+      }
       bits_ = w.value("num_bits", 4);
       sym_ = w.value("symmetric", true);
       group_ = w["group_size"].is_number() ? w["group_size"].get<int>() : -1;
@@ -429,8 +489,9 @@ class PackedSource final : public WeightSource {
       fail(Errc::format, dir + "/config.json", "quantization_config.quant_method", "unsupported quant_method '" + method_ + "'");
     }
   }
-  enum Kind { Float, Gptq, Ct, Nf4 };
+  enum Kind { Float, Gptq, Ct, Nf4, Int8 };
   Kind kind(const std::string& n) const {
+    if (ck_.has(n) && ck_.get(n).dtype == DType::I8 && ends_with(n, ".weight") && ck_.has(module_of(n) + ".weight_scale")) return Int8;
     if (ck_.has(n) && !ck_.has(n + ".quant_state.bitsandbytes__nf4")) return Float;
     if (!ends_with(n, ".weight")) return Float;
     const std::string m = module_of(n);
@@ -453,7 +514,7 @@ class PackedSource final : public WeightSource {
       case Gptq: return {ck_.get(m + ".scales").shape[1], ck_.get(m + ".g_idx").shape[0]};
       case Ct: { auto s = read_raw<int32_t>(ck_, m + ".weight_shape", DType::I32); return {s[0], s[1]}; }
       case Nf4: return nf4_state(n)["shape"].get<Shape>();
-      default: return ck_.get(n).shape;
+      default: return ck_.get(n).shape;   // float, and Int8 ([out, in] as stored)
     }
   }
   void read_f32(const std::string& n, float* out) const override {
@@ -465,6 +526,14 @@ class PackedSource final : public WeightSource {
     }
     const std::string m = module_of(n);
     const Shape s = shape(n);
+    if (k == Int8) {
+      MatI q;
+      VecF sc;
+      read_int8(m, &q, &sc);
+      for (int64_t r = 0; r < s[0]; ++r)
+        for (int64_t c = 0; c < s[1]; ++c) out[r * s[1] + c] = float(q(r, c)) * sc[r];
+      return;
+    }
     if (k == Nf4) {
       json st = nf4_state(n);
       Nf4Tensor t;
@@ -517,7 +586,25 @@ class PackedSource final : public WeightSource {
     MatF W = q.dequantize();
     std::memcpy(out, W.data(), size_t(W.size()) * 4);
   }
+  ActQuant act_quant(const std::string& module) const override {
+    if (act_.mode == ActQuant::none || kind(module + ".weight") != Int8) return {};
+    ActQuant a = act_;
+    if (a.mode == ActQuant::per_tensor) a.static_scale = read_floats(ck_, module + ".input_scale").at(0);
+    return a;
+  }
+  bool read_int8(const std::string& m, MatI* q, VecF* scale) const override {
+    if (kind(m + ".weight") != Int8) return false;
+    TensorView t = ck_.get(m + ".weight");
+    q->resize(t.shape[0], t.shape[1]);
+    const int8_t* p = reinterpret_cast<const int8_t*>(t.data);
+    for (int64_t i = 0; i < q->size(); ++i) q->data()[i] = p[i];
+    auto sc = read_floats(ck_, m + ".weight_scale");
+    if (int64_t(sc.size()) != t.shape[0]) fail(Errc::format, ck_.file_of(m + ".weight_scale"), m + ".weight_scale", "expected one scale per output channel");
+    *scale = Eigen::Map<VecF>(sc.data(), Eigen::Index(sc.size()));
+    return true;
+  }
  private:
+  ActQuant act_;
   json nf4_state(const std::string& n) const {
     TensorView t = ck_.get(n + ".quant_state.bitsandbytes__nf4");
     try {

@@ -41,7 +41,8 @@ void check_format(const std::string& format, const LlamaConfig& c, const std::ve
 // Each checks up front that every module fits the format (Errc::usage naming the module and
 // why, before anything is written), then writes the model files and config.json.
 std::vector<std::string> export_gptq(const ExportJob& job, bool v2);
-std::vector<std::string> export_compressed_tensors(const ExportJob& job);
+std::vector<std::string> export_compressed_tensors(const ExportJob& job);   // weight-only: pack-quantized
+std::vector<std::string> export_ct_int8(const ExportJob& job);              // W8A8: int-quantized
 std::vector<std::string> export_nf4(const ExportJob& job);
 // NF4-dequantized weights of job.nf4_modules, for the fake export of an NF4 run.
 std::function<bool(const std::string&, MatF*)> nf4_dequantized(const ExportJob& job);

@@ -59,10 +59,13 @@ std::string QuantStore::layer_file(int layer) const {
 
 bool QuantStore::has_layer(int layer) const { return std::filesystem::exists(layer_file(layer)); }
 
-void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modules) const {
+void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modules, const std::vector<std::pair<std::string, VecF>>& floats,
+                            const std::vector<std::pair<std::string, ActQuant>>& acts) const {
   std::filesystem::create_directories(dir_);
   std::vector<NamedTensor> ts;
   std::map<std::string, std::string> meta{{"format", "ptqkit-quantized-layer"}};
+  for (auto& [name, v] : floats) ts.push_back({name, tensor_from_f32(v.data(), {v.size()}, DType::F32)});
+  for (auto& [m, a] : acts) meta["act:" + m] = json({{"mode", int(a.mode)}, {"static_scale", a.static_scale}}).dump();
   for (auto& q : modules) {
     ts.push_back({q.name + ".codes", raw_tensor(DType::U8, {q.rows, q.cols}, q.codes)});
     ts.push_back({q.name + ".scales", raw_tensor(DType::F32, {q.groups, q.rows}, q.scales)});
@@ -87,33 +90,66 @@ bool QuantStore::info(const std::string& module, Info* out) const {
   return true;
 }
 
+void QuantStore::load(int layer) const {
+  if (layer == cached_layer_) return;
+  cache_.clear();
+  floats_.clear();
+  acts_.clear();
+  cached_layer_ = layer;
+  if (!has_layer(layer)) return;
+  SafetensorsFile f(layer_file(layer));
+  for (auto& [name, spec] : f.metadata()) {
+    if (name == "format") continue;
+    if (name.rfind("act:", 0) == 0) {
+      json a = json::parse(spec);
+      acts_[name.substr(4)] = {ActQuant::Mode(a["mode"].get<int>()), a["static_scale"].get<float>()};
+      continue;
+    }
+    QuantizedLinear q;
+    q.name = name;
+    q.spec = spec_from(json::parse(spec));
+    TensorView codes = f.get(name + ".codes");
+    q.rows = codes.shape[0];
+    q.cols = codes.shape[1];
+    q.codes = raw_vector<uint8_t>(codes);
+    TensorView sc = f.get(name + ".scales");
+    q.groups = sc.shape[0];
+    q.scales = raw_vector<float>(sc);
+    q.zeros = raw_vector<int32_t>(f.get(name + ".zeros"));
+    q.g_idx = raw_vector<int32_t>(f.get(name + ".g_idx"));
+    cache_[name] = std::move(q);
+  }
+  for (auto& n : f.names()) {   // replaced float tensors are the ".weight" ones (smoothed norms)
+    if (n.size() < 7 || n.compare(n.size() - 7, 7, ".weight") != 0) continue;
+    auto v = tensor_to_f32(f.get(n));
+    floats_[n] = Eigen::Map<VecF>(v.data(), Eigen::Index(v.size()));
+  }
+}
+
 const QuantizedLinear* QuantStore::get(const std::string& module) const {
   const int layer = layer_of(module);
   if (layer < 0) return nullptr;
-  if (layer != cached_layer_) {
-    cache_.clear();
-    cached_layer_ = layer;
-    if (!has_layer(layer)) return nullptr;
-    SafetensorsFile f(layer_file(layer));
-    for (auto& [name, spec] : f.metadata()) {
-      if (name == "format") continue;
-      QuantizedLinear q;
-      q.name = name;
-      q.spec = spec_from(json::parse(spec));
-      TensorView codes = f.get(name + ".codes");
-      q.rows = codes.shape[0];
-      q.cols = codes.shape[1];
-      q.codes = raw_vector<uint8_t>(codes);
-      TensorView sc = f.get(name + ".scales");
-      q.groups = sc.shape[0];
-      q.scales = raw_vector<float>(sc);
-      q.zeros = raw_vector<int32_t>(f.get(name + ".zeros"));
-      q.g_idx = raw_vector<int32_t>(f.get(name + ".g_idx"));
-      cache_[name] = std::move(q);
-    }
-  }
+  load(layer);
   auto it = cache_.find(module);
   return it == cache_.end() ? nullptr : &it->second;
+}
+
+bool QuantStore::float_override(const std::string& tensor, VecF* v) const {
+  const int layer = layer_of(tensor);
+  if (layer < 0) return false;
+  load(layer);
+  auto it = floats_.find(tensor);
+  if (it == floats_.end()) return false;
+  *v = it->second;
+  return true;
+}
+
+ActQuant QuantStore::act_quant(const std::string& module) const {
+  const int layer = layer_of(module);
+  if (layer < 0) return {};
+  load(layer);
+  auto it = acts_.find(module);
+  return it == acts_.end() ? ActQuant{} : it->second;
 }
 
 }  // namespace ptq

@@ -16,7 +16,12 @@ namespace ptq {
 class QuantStore {
  public:
   explicit QuantStore(std::string dir) : dir_(std::move(dir)) {}
-  void save_layer(int layer, const std::vector<QuantizedLinear>& modules) const;
+  // `floats`: tensors that replace the source's (smoothed norm weights); `acts`: W8A8 input spec
+  // per module.
+  void save_layer(int layer, const std::vector<QuantizedLinear>& modules, const std::vector<std::pair<std::string, VecF>>& floats = {},
+                  const std::vector<std::pair<std::string, ActQuant>>& acts = {}) const;
+  bool float_override(const std::string& tensor, VecF* v) const;   // a replaced tensor, by full name
+  ActQuant act_quant(const std::string& module) const;
   bool has_layer(int layer) const;
   // The quantized module, or nullptr if it was left in float. Loads its layer's file on demand
   // (keeping one layer in memory).
@@ -30,6 +35,9 @@ class QuantStore {
   std::string dir_;
   mutable int cached_layer_ = -1;
   mutable std::map<std::string, QuantizedLinear> cache_;
+  mutable std::map<std::string, VecF> floats_;
+  mutable std::map<std::string, ActQuant> acts_;
+  void load(int layer) const;
 };
 
 int layer_of(const std::string& module);   // "model.layers.12.mlp.up_proj" -> 12; -1 if none

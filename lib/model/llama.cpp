@@ -78,8 +78,37 @@ void rmsnorm(const MatF& x, const VecF& w, float eps, MatF& out) {
   }
 }
 
+void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale) {
+  q.resize(x.rows(), x.cols());
+  scale.resize(x.rows());
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    float s = a.static_scale;
+    if (a.mode == ActQuant::per_token) s = x.row(r).cwiseAbs().maxCoeff() / 127.0f;
+    if (!(s > 0)) s = 1.0f;
+    scale[r] = s;
+    for (Eigen::Index c = 0; c < x.cols(); ++c) q(r, c) = int32_t(std::min(127.0f, std::max(-128.0f, std::nearbyint(x(r, c) / s))));
+  }
+}
+
 void linear(const MatF& x, const Linear& l, MatF& y) {
-  y.noalias() = x * l.W.transpose();
+  if (l.act.mode == ActQuant::none) {
+    y.noalias() = x * l.W.transpose();
+  } else {
+    MatI q;
+    VecF sx;
+    quantize_activations(x, l.act, q, sx);
+    if (l.Wi.size()) {   // integer path: int32 accumulation of int8 x int8, then s_x * s_w
+      MatI acc = q * l.Wi.transpose();
+      y.resize(x.rows(), l.Wi.rows());
+      for (Eigen::Index r = 0; r < y.rows(); ++r)
+        for (Eigen::Index c = 0; c < y.cols(); ++c) y(r, c) = float(acc(r, c)) * sx[r] * l.w_scale[c];
+    } else {             // fake-quant path: the same codes, float arithmetic
+      MatF xq = q.cast<float>();
+      for (Eigen::Index r = 0; r < xq.rows(); ++r) xq.row(r) *= sx[r];
+      y.noalias() = xq * l.W.transpose();
+    }
+  }
   if (l.b.size()) y.rowwise() += l.b.transpose();
 }
 
@@ -236,6 +265,8 @@ LayerWeights LlamaModel::load_layer(int i) const {
     w[pr].W = read_matrix(*src_, n + ".weight", out[int(pr)], in[int(pr)]);
     src_->release(n + ".weight");
     if (src_->has(n + ".bias")) w[pr].b = read_vector(*src_, n + ".bias", out[int(pr)]);
+    w[pr].act = src_->act_quant(n);
+    if (w[pr].act.mode != ActQuant::none && integer_path_) src_->read_int8(n, &w[pr].Wi, &w[pr].w_scale);
   }
   return w;
 }

@@ -17,8 +17,6 @@
 
 namespace ptq {
 
-using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using VecF = Eigen::VectorXf;
 
 // The seven quantizable Linears of a decoder layer, in execution order.
 enum class Proj { q, k, v, o, gate, up, down };
@@ -26,10 +24,17 @@ constexpr std::array<Proj, 7> kAllProj = {Proj::q, Proj::k, Proj::v, Proj::o, Pr
 const char* proj_name(Proj p);                    // "q_proj", ...
 std::string proj_tensor_prefix(int layer, Proj p); // "model.layers.3.self_attn.q_proj"
 
+
 struct Linear {
-  MatF W;   // [out, in]
-  VecF b;   // [out] or empty
+  MatF W;        // [out, in] (for W8A8: the dequantized int8 weights)
+  VecF b;        // [out] or empty
+  ActQuant act;  // W8A8 when act.mode != none
+  MatI Wi;       // int8 weight codes as int32 [out, in]: the integer path; empty = fake-quant path
+  VecF w_scale;  // [out] per-channel weight scales of Wi
 };
+
+// x -> int8 codes (as int32) and per-row scales, per `a`.
+void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale);
 
 struct LayerWeights {
   VecF input_layernorm, post_attention_layernorm;
@@ -72,6 +77,9 @@ class LlamaModel {
   LayerWeights load_layer(int i) const;                                // fp32 copy; source pages released
   // Final norm and lm_head: logits [rows, vocab].
   void logits(const MatF& x, MatF& out) const;
+  // W8A8 models: false evaluates the int8 activations and weights in float (fake-quant) instead
+  // of through the integer GEMM.
+  void set_integer_path(bool on) { integer_path_ = on; }
   // Whole forward over S sequences of T tokens (tokens row-major [S, T]), layer by layer.
   MatF forward(const std::vector<int32_t>& tokens, int S, int T) const;
   const Rope& rope(int T) const;
@@ -82,6 +90,7 @@ class LlamaModel {
   std::unique_ptr<WeightSource> src_;
   void validate() const;
   mutable Rope rope_;
+  bool integer_path_ = true;
 };
 
 // Reads a tensor into fp32 (row-major), checking its shape.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "model/linear_types.h"
 
 namespace ptq {
 
@@ -21,6 +22,9 @@ class WeightSource {
   // Rows `rows` of a 2-D tensor (the embedding gather). Default: read all, copy the rows.
   virtual void read_rows_f32(const std::string& name, const std::vector<int32_t>& rows, float* out) const;
   virtual const Checkpoint* checkpoint() const { return nullptr; }    // the float checkpoint, if that is what this is
+  // W8A8: how a Linear's (module name, no ".weight") input is quantized, and its int8 weights.
+  virtual ActQuant act_quant(const std::string& module) const { return {}; }
+  virtual bool read_int8(const std::string& module, MatI* q, VecF* scale) const { return false; }
 };
 
 // A float (f32/f16/bf16) safetensors checkpoint.

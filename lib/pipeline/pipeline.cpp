@@ -17,6 +17,7 @@
 #include "gptq/gptq.h"
 #include "gptq/qstore.h"
 #include "model/llama.h"
+#include "smoothquant/smoothquant.h"
 
 namespace ptq {
 
@@ -117,7 +118,11 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   const float eps = float(c.rms_norm_eps);
 
   QuantStore store(out.path() + "/.layers");
-  json modules = json::array(), layers = json::array();
+  json modules = json::array(), layers = json::array(), smoothing = json::array();
+  const bool w8a8 = r.act_mode != ActQuant::none;
+  auto smooth_pair = [&](const std::string& pair) {
+    return r.smooth.enabled && std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), pair) != r.smooth.pairs.end();
+  };
   Progress bar("quantize", nf4 ? 0 : c.num_hidden_layers, "layers");
   for (int l = 0; l < (nf4 ? 0 : c.num_hidden_layers); ++l) {
     const auto t_layer = Clock::now();
@@ -170,25 +175,66 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       }
     };
     MatF xn, ctx, y;
+    std::vector<std::pair<std::string, VecF>> smoothed;
+    std::vector<std::pair<std::string, ActQuant>> acts;
+    // SmoothQuant on one norm -> Linears pair: statistics of the unsmoothed input, alpha, fold.
+    auto smooth = [&](const std::string& norm_name, VecF& norm, std::initializer_list<Proj> projs, MatF& x) {
+      VecF absmax;
+      update_channel_absmax(x, absmax);
+      json entry = {{"layer", l}, {"pair", norm_name}, {"outlier_ratio_before", outlier_ratio(absmax)}};
+      if (!smooth_pair(norm_name)) return;
+      PhaseTimer t(phase["smoothquant"]);
+      std::vector<const MatF*> ws;
+      std::vector<MatF*> wm;
+      for (Proj p : projs) { ws.push_back(&w[p].W); wm.push_back(&w[p].W); }
+      const ActQuant act{r.act_mode, 0};
+      AlphaSearch a = r.smooth.auto_alpha ? search_alpha(x, absmax, ws, act) : evaluate_alpha(x, absmax, ws, act, r.smooth.alpha);
+      const VecF sf = smoothing_factors(absmax, ws, a.alpha);
+      fold_smoothing(norm, wm, sf);
+      x = x * sf.cwiseInverse().asDiagonal();
+      entry["alpha"] = a.alpha;
+      entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(sf));
+      entry["w8a8_error"] = a.error;
+      entry["w8a8_error_unsmoothed"] = a.error_unsmoothed;
+      smoothing.push_back(entry);
+      smoothed.emplace_back("model.layers." + std::to_string(l) + "." + norm_name + ".weight", norm);
+    };
+    // W8A8: the group's Linears take int8 inputs from here on (static scale: calibrated absmax / 127).
+    auto quantize_inputs = [&](std::initializer_list<Proj> projs, const MatF& x) {
+      if (!w8a8) return;
+      const ActQuant a{r.act_mode, r.act_mode == ActQuant::per_tensor ? x.cwiseAbs().maxCoeff() / 127.0f : 0.0f};
+      for (Proj p : projs) {
+        const std::string name = proj_tensor_prefix(l, p);
+        if (r.ignored(name)) continue;
+        w[p].act = a;
+        acts.emplace_back(name, a);
+      }
+    };
     if (r.true_sequential) {
       Hessian h_qkv(c.hidden_size), h_o(c.q_dim()), h_mlp(c.hidden_size), h_down(c.intermediate_size);
       { PhaseTimer t(phase["forward"]); rmsnorm(X, w.input_layernorm, eps, xn); }
+      smooth("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v}, xn);
       { PhaseTimer t(phase["hessian"]); h_qkv.add(xn); }
       quantize_group({Proj::q, Proj::k, Proj::v}, h_qkv);
+      quantize_inputs({Proj::q, Proj::k, Proj::v}, xn);
       { PhaseTimer t(phase["forward"]); attention_core(w, c, rope, xn, S, T, ctx); }
       { PhaseTimer t(phase["hessian"]); h_o.add(ctx); }
       quantize_group({Proj::o}, h_o);
+      quantize_inputs({Proj::o}, ctx);
       {
         PhaseTimer t(phase["forward"]);
         linear(ctx, w[Proj::o], y);
         X += y;
         rmsnorm(X, w.post_attention_layernorm, eps, xn);
       }
+      smooth("post_attention_layernorm", w.post_attention_layernorm, {Proj::gate, Proj::up}, xn);
       { PhaseTimer t(phase["hessian"]); h_mlp.add(xn); }
       quantize_group({Proj::gate, Proj::up}, h_mlp);
+      quantize_inputs({Proj::gate, Proj::up}, xn);
       { PhaseTimer t(phase["forward"]); mlp_act(w, xn, ctx); }
       { PhaseTimer t(phase["hessian"]); h_down.add(ctx); }
       quantize_group({Proj::down}, h_down);
+      quantize_inputs({Proj::down}, ctx);
       {
         PhaseTimer t(phase["forward"]);
         linear(ctx, w[Proj::down], y);
@@ -220,7 +266,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     }
     {
       PhaseTimer t(phase["save"]);
-      store.save_layer(l, qs);
+      store.save_layer(l, qs, smoothed, acts);
     }
     layers.push_back({{"layer", l}, {"seconds", std::chrono::duration<double>(Clock::now() - t_layer).count()}});
     bar.update(l + 1);
@@ -251,10 +297,17 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       if (f == "fake") {   // dequantized weights (for NF4: the NF4 values) in the source dtype
         files = export_fake(model->checkpoint(), nf4 ? nf4_dequantized(job) : dequantized_from(store), job.out_dir, job.max_shard_bytes);
         for (auto& s : copy_side_files(r.model, job.out_dir)) files.push_back(s);
+        if (w8a8) {   // record the int8 activations, so that ptqkit evaluates this as W8A8
+          json cfg = c.raw, scales = json::object();
+          for (auto& m : known)
+            if (layer_of(m) >= 0 && store.act_quant(m).mode != ActQuant::none) scales[m] = store.act_quant(m).static_scale;
+          cfg["ptqkit_w8a8"] = {{"strategy", r.act_mode == ActQuant::per_token ? "token" : "tensor"}, {"input_scales", scales}};
+          write_file_atomic(job.out_dir + "/config.json", cfg.dump(2) + "\n");
+        }
       } else if (f == "gptq" || f == "gptq_v2") {
         files = export_gptq(job, f == "gptq_v2");
       } else if (f == "compressed-tensors") {
-        files = export_compressed_tensors(job);
+        files = w8a8 ? export_ct_int8(job) : export_compressed_tensors(job);
       } else if (f == "nf4") {
         files = export_nf4(job);
       } else if (f == "gguf") {
@@ -271,6 +324,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                             {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
                  {"calibration", nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : cd.describe(r.calibration)},
                  {"modules", modules},
+                 {"smoothquant", smoothing},
                  {"layers", layers},
                  {"phases_seconds", phase},
                  {"total_seconds", total},

@@ -26,8 +26,12 @@ const Schema kModuleSchema = {
     {"mse", {Ty::Bool}},
 };
 const Schema kCalibSchema = {{"dataset", {Ty::Str}}, {"samples", {Ty::Int}}, {"seq_len", {Ty::Int}}, {"seed", {Ty::Int}}};
+const Schema kSmoothSchema = {{"alpha", {Ty::Str}}, {"pairs", {Ty::StrOrList}}};
+const Schema kActSchema = {{"bits", {Ty::Int}}, {"strategy", {Ty::Str}}, {"dynamic", {Ty::Bool}}};
 const Schema kQuantSchema = [] {
   Schema s = kModuleSchema;
+  s["smoothquant"] = {Ty::Map, &kSmoothSchema};
+  s["activations"] = {Ty::Map, &kActSchema};
   s["true_sequential"] = {Ty::Bool};
   s["ignore"] = {Ty::StrOrList};
   s["overrides"] = {Ty::PatternMap, &kModuleSchema};
@@ -213,6 +217,38 @@ Recipe parse_recipe(YAML::Node root, const std::string& file) {
   if (q) {
     if (q["true_sequential"]) r.true_sequential = q["true_sequential"].as<bool>();
     if (q["ignore"]) r.ignore = str_list(q["ignore"]);
+    if (auto sq = q["smoothquant"]; sq && !sq.IsNull()) {
+      r.smooth.enabled = true;
+      r.act_mode = ActQuant::per_token;
+      if (sq["alpha"]) {
+        const std::string a = sq["alpha"].as<std::string>();
+        double v = 0;
+        if (a == "auto") r.smooth.auto_alpha = true;
+        else if (YAML::convert<double>::decode(sq["alpha"], v) && v >= 0 && v <= 1) r.smooth.alpha = v;
+        else fail(Errc::usage, file, "quantization.smoothquant.alpha", "must be a number in [0, 1] or auto, got '" + a + "'");
+      }
+      if (sq["pairs"]) r.smooth.pairs = str_list(sq["pairs"]);
+      for (auto& p : r.smooth.pairs)
+        if (p != "input_layernorm" && p != "post_attention_layernorm")
+          fail(Errc::usage, file, "quantization.smoothquant.pairs", "unknown pair '" + p + "' (input_layernorm -> q/k/v, post_attention_layernorm -> gate/up)");
+    }
+    if (auto a = q["activations"]; a && !a.IsNull()) {
+      if (a["bits"] && a["bits"].as<int>() != 8) fail(Errc::usage, file, "quantization.activations.bits", "only int8 activations (8)");
+      const std::string st = a["strategy"] ? a["strategy"].as<std::string>() : "token";
+      const bool dyn = a["dynamic"] ? a["dynamic"].as<bool>() : st == "token";
+      if (st == "token" && dyn) r.act_mode = ActQuant::per_token;
+      else if (st == "tensor" && !dyn) r.act_mode = ActQuant::per_tensor;
+      else fail(Errc::usage, file, "quantization.activations", "supported: {strategy: token, dynamic: true} or {strategy: tensor, dynamic: false}");
+    }
+    if (r.act_mode != ActQuant::none) {
+      QuantSpec any = r.quant;
+      if (any.bits != 8 || any.group_size != -1 || !any.sym || any.method == "nf4")
+        fail(Errc::usage, file, "quantization", "W8A8 (smoothquant / activations) needs int8 symmetric per-channel weights: bits: 8, group_size: -1, sym: true, method rtn or gptq");
+      for (auto& [p, n] : r.overrides)
+        if (n["bits"] || n["group_size"] || n["sym"])
+          fail(Errc::usage, file, "quantization.overrides." + p, "W8A8 keeps every module at int8 per channel");
+      if (!r.true_sequential) fail(Errc::usage, file, "quantization.true_sequential", "SmoothQuant / W8A8 runs with true_sequential: true");
+    }
     if (q["overrides"] && q["overrides"].IsMap())
       for (auto kv : q["overrides"]) {
         const std::string pat = kv.first.as<std::string>();
@@ -239,6 +275,8 @@ Recipe parse_recipe(YAML::Node root, const std::string& file) {
   if (r.formats.empty()) fail(Errc::usage, file, "export.format", "at least one format");
   const bool nf4 = r.quant.method == "nf4";
   for (auto& f : r.formats) {
+    if (f == "gptq" || f == "gptq_v2" || f == "gguf" || f == "nf4")
+      if (r.act_mode != ActQuant::none) fail(Errc::usage, file, "export.format", f + " holds weight-only quantization; W8A8 exports as compressed-tensors (int-quantized) or fake");
     if (f == "nf4" && !nf4) fail(Errc::usage, file, "export.format", "nf4 is data-free: it needs quantization.method: nf4");
     if (nf4 && f != "nf4" && f != "fake") fail(Errc::usage, file, "export.format", "quantization.method nf4 exports as nf4 (or fake), not " + f);
   }
@@ -284,6 +322,16 @@ YAML::Node Recipe::to_yaml() const {
   q["true_sequential"] = true_sequential;
   for (auto& i : ignore) q["ignore"].push_back(i);
   for (auto& [p, node] : overrides) q["overrides"][p] = node;
+  if (smooth.enabled) {
+    if (smooth.auto_alpha) q["smoothquant"]["alpha"] = "auto";
+    else q["smoothquant"]["alpha"] = smooth.alpha;
+    for (auto& p : smooth.pairs) q["smoothquant"]["pairs"].push_back(p);
+  }
+  if (act_mode != ActQuant::none) {
+    q["activations"]["bits"] = 8;
+    q["activations"]["strategy"] = act_mode == ActQuant::per_token ? "token" : "tensor";
+    q["activations"]["dynamic"] = act_mode == ActQuant::per_token;
+  }
   for (auto& f : formats) n["export"]["format"].push_back(f);
   n["export"]["max_shard_mb"] = max_shard_mb;
   n["export"]["nf4_blocksize"] = nf4_blocksize;

@@ -25,6 +25,14 @@ struct Recipe {
   int64_t max_shard_mb = 2048;
   int nf4_blocksize = 64;
   bool nf4_double_quant = false;
+  // SmoothQuant and W8A8 (int8 activations)
+  struct Smooth {
+    bool enabled = false;
+    bool auto_alpha = false;   // alpha: auto
+    double alpha = 0.5;
+    std::vector<std::string> pairs = {"input_layernorm", "post_attention_layernorm"};
+  } smooth;
+  ActQuant::Mode act_mode = ActQuant::none;   // quantization.activations (implied per_token by smoothquant)
 
   QuantSpec spec_for(const std::string& module) const;   // quant with matching overrides applied in order
   bool ignored(const std::string& module) const;

@@ -1,0 +1,38 @@
+// smoothquant.h — SmoothQuant (algorithms.md): move activation outliers into the weights,
+// s_j = max|X_j|^a / max_i |W_ij|^(1-a), norm /= s, W[:, j] *= s, so that int8 activations
+// (W8A8) lose less. The float model is unchanged by the fold.
+#pragma once
+#include <vector>
+
+#include "gptq/quantizer.h"
+#include "model/llama.h"
+
+namespace ptq {
+
+// Running per-input-channel max |x| over the rows of X.
+void update_channel_absmax(const MatF& X, VecF& absmax);
+double outlier_ratio(const VecF& absmax);   // max channel absmax / median channel absmax
+
+// Factors for the Linears fed by one norm (max over all of them); both maxima clamped at 1e-5.
+VecF smoothing_factors(const VecF& act_absmax, const std::vector<const MatF*>& weights, double alpha);
+// norm /= s, W[:, j] *= s_j for each W.
+void fold_smoothing(VecF& norm, const std::vector<MatF*>& weights, const VecF& s);
+
+// The W8A8 Linear that the pipeline produces from float W: int8 symmetric per-channel weights
+// (RTN, scale absmax/127.5: ptqkit's 8-bit grid = compressed-tensors') and int8 activations.
+Linear w8a8_linear(const MatF& W, const ActQuant& act);
+// Mean over rows of ||y_w8a8 - y_float||^2 for inputs X, for the Linears `ws` (summed).
+double w8a8_output_error(const MatF& X, const std::vector<const MatF*>& ws, const ActQuant& act);
+
+struct AlphaSearch {
+  double alpha;             // the chosen one
+  double error;             // its W8A8 output error
+  double error_unsmoothed;  // the error with no smoothing at all
+};
+// alpha on the grid 0, 0.05, ..., 1 minimizing the W8A8 output error of `ws` on X (X: the
+// unsmoothed input; at most `max_rows` rows of it are used).
+AlphaSearch evaluate_alpha(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, double alpha,
+                           int64_t max_rows = 4096);
+AlphaSearch search_alpha(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows = 4096);
+
+}  // namespace ptq
