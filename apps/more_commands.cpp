@@ -1,5 +1,6 @@
 // more_commands.cpp — subcommands beyond eval/synth/inspect: bench.
 #include <chrono>
+#include <memory>
 #include <cstdio>
 
 #include "commands.h"
@@ -7,6 +8,12 @@
 #include "eval/data.h"
 #include "eval/perplexity.h"
 #include "model/llama.h"
+#include "model/synth.h"
+#include "core/rng.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include "cuda/gptq_cuda.h"
+#include "cuda/runtime.h"
+#endif
 
 namespace ptq {
 
@@ -18,6 +25,12 @@ struct BenchEvalArgs {
 } g_be;
 CLI::App* g_bench = nullptr;
 CLI::App* g_bench_eval = nullptr;
+CLI::App* g_bench_gptq = nullptr;
+struct BenchGptqArgs {
+  std::string preset = "llama2-7b";
+  int samples = 128, seq_len = 2048, bits = 4, group = 128;
+  bool act_order = true;
+} g_bg;
 
 // Eigen's fp32 GEMM rate at a shape like the model's MLP, measured now: the CPU's practical roof.
 double eigen_gemm_gflops(int64_t m, int64_t k, int64_t n) {
@@ -57,6 +70,78 @@ int bench_eval() {
   std::printf("  perplexity %.6f over %lld tokens\n", r.perplexity, (long long)r.scored_tokens);
   return 0;
 }
+// One decoder layer of a preset's shapes: Hessians from random 16-bit activations generated on
+// the GPU (samples x seq_len tokens) and the GPTQ solve of its seven Linears, timed by phase.
+// The forward pass is not part of it yet (the CUDA forward is still to come).
+int bench_gptq() {
+#ifndef PTQKIT_HAVE_CUDA
+  fail(Errc::usage, "", "bench gptq", "this build has no CUDA");
+#else
+  if (!cuda::available()) fail(Errc::usage, "", "bench gptq", "needs a GPU: " + cuda::describe());
+  const LlamaConfig c = parse_config(synth_config_json(g_bg.preset, 1, DType::F16), g_bg.preset);
+  const int64_t N = int64_t(g_bg.samples) * g_bg.seq_len, d = c.hidden_size, f = c.intermediate_size;
+  std::printf("bench gptq: %s layer (hidden %lld, ffn %lld), %d x %d calibration tokens, %d-bit g%d%s, on %s\n", g_bg.preset.c_str(),
+              (long long)d, (long long)f, g_bg.samples, g_bg.seq_len, g_bg.bits, g_bg.group, g_bg.act_order ? " act-order" : "", cuda::describe().c_str());
+  using clk = std::chrono::steady_clock;
+  const int64_t widths[4] = {d, c.q_dim(), d, f};
+  std::vector<std::unique_ptr<cuda::HessianCuda>> H;
+  double t_hess = 0, hess_flop = 0;
+  {
+    const int64_t chunk = 16384;
+    cuda::DeviceBuffer<uint16_t> x(size_t(chunk * f), "bench activations");
+    for (int k = 0; k < 4; ++k) {
+      H.push_back(std::make_unique<cuda::HessianCuda>(widths[k], DType::F16));
+      for (int64_t t0 = 0; t0 < N; t0 += chunk) {
+        const int64_t n = std::min(chunk, N - t0);
+        cuda::fill_random_normal(x.get(), DType::F16, n * widths[k], uint64_t(k * 1000 + t0), 1.0f);
+        cuda::synchronize();
+        auto t = clk::now();
+        H.back()->add_device(x.get(), n);
+        cuda::synchronize();
+        t_hess += std::chrono::duration<double>(clk::now() - t).count();
+      }
+      hess_flop += 2.0 * double(N) * double(widths[k]) * double(widths[k]);
+    }
+  }
+  QuantSpec s;
+  s.bits = g_bg.bits;
+  s.group_size = g_bg.group;
+  s.act_order = g_bg.act_order;
+  s.static_groups = g_bg.act_order;
+  const int64_t outs[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, ins[7] = {d, d, d, c.q_dim(), d, d, f};
+  const int hidx[7] = {0, 0, 0, 1, 2, 2, 3};
+  cuda::GptqPhaseTimes sum;
+  double t_solve = 0;
+  for (int m = 0; m < 7; ++m) {
+    MatF W(outs[m], ins[m]);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < W.rows(); ++r) {
+      Rng rng{uint64_t(m), uint64_t(r)};
+      for (int64_t k = 0; k < W.cols(); ++k) W(r, k) = float(rng.normal() / std::sqrt(double(ins[m])));
+    }
+    auto t = clk::now();
+    cuda::gptq_quantize_device(W, H[size_t(hidx[m])]->device_sum(), N, s);
+    t_solve += std::chrono::duration<double>(clk::now() - t).count();
+    auto p = cuda::last_phase_times();
+    sum.prepare += p.prepare;
+    sum.factorization += p.factorization;
+    sum.column_loop += p.column_loop;
+    sum.download += p.download;
+  }
+  const double layer = t_hess + t_solve;
+  std::printf("  %-34s %8.3f s  (%.0f TFLOP/s as GEMM)\n", "Hessians (4 inputs, tensor cores)", t_hess, hess_flop / t_hess / 1e12);
+  std::printf("  %-34s %8.3f s\n", "solve: prepare (upload, permute)", sum.prepare);
+  std::printf("  %-34s %8.3f s\n", "solve: factorization (cuSOLVER fp64)", sum.factorization);
+  std::printf("  %-34s %8.3f s\n", "solve: column loop + trailing GEMMs", sum.column_loop);
+  std::printf("  %-34s %8.3f s\n", "solve: codes back to the host", sum.download);
+  std::printf("  %-34s %8.3f s  (7 Linears, wall %.3f s)\n", "solve total", sum.prepare + sum.factorization + sum.column_loop + sum.download, t_solve);
+  std::printf("  %-34s %8.3f s per layer; x %d layers = %.1f s (forward and I/O not included)\n", "Hessians + GPTQ", layer,
+              parse_config(synth_config_json(g_bg.preset, -1, DType::F16), "x").num_hidden_layers,
+              layer * parse_config(synth_config_json(g_bg.preset, -1, DType::F16), "x").num_hidden_layers);
+  std::printf("  %-34s %8.1f GiB\n", "peak GPU memory (pool)", double(cuda::pool_peak_bytes()) / (1u << 30));
+  return 0;
+#endif
+}
 }  // namespace
 
 void register_more_commands(CLI::App& app) {
@@ -68,11 +153,19 @@ void register_more_commands(CLI::App& app) {
   g_bench_eval->add_option("--data", g_be.data, "text file")->required();
   g_bench_eval->add_option("--seq-len", g_be.seq_len, "window length (default: the model's context)");
   g_bench_eval->add_option("--windows", g_be.windows, "windows to evaluate")->default_val(16);
+  g_bench_gptq = g_bench->add_subcommand("gptq", "Hessians and the GPTQ solve of one decoder layer on the GPU, by phase");
+  g_bench_gptq->add_option("--preset", g_bg.preset, "llama2-7b | llama3-8b | llama2-70b | small")->default_val("llama2-7b");
+  g_bench_gptq->add_option("--samples", g_bg.samples, "calibration windows")->default_val(128);
+  g_bench_gptq->add_option("--seq-len", g_bg.seq_len, "tokens per window")->default_val(2048);
+  g_bench_gptq->add_option("--bits", g_bg.bits)->default_val(4);
+  g_bench_gptq->add_option("--group-size", g_bg.group)->default_val(128);
+  g_bench_gptq->add_option("--act-order", g_bg.act_order, "act-order with static groups")->default_val(true);
 }
 
 int run_more_commands(CLI::App& app) {
   if (quantize_parsed()) return run_quantize_command();
   if (g_bench_eval && g_bench_eval->parsed()) return bench_eval();
+  if (g_bench_gptq && g_bench_gptq->parsed()) return bench_gptq();
   fail(Errc::usage, "", "", "no command given; see --help");
 }
 

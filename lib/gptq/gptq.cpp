@@ -50,22 +50,23 @@ bool inverse_cholesky_upper(const MatD& H, MatD& U) {
 }
 }  // namespace
 
-QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats* st) {
-  const auto t_start = std::chrono::steady_clock::now();
-  SolveStats local;
-  SolveStats& S = st ? *st : local;
+GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats& S) {
   const int64_t rows = W0.rows(), cols = W0.cols();
   if (H0.rows() != cols || H0.cols() != cols) fail(Errc::numeric, "", "H", "Hessian size does not match the weight's columns");
   if (!H0.allFinite()) fail(Errc::numeric, "", "H", "Hessian has NaN/Inf entries (inputs overflowed?)");
-  MatD H = H0;
-  MatF W = W0;
+  GptqProblem P;
+  P.H = H0;
+  P.W = W0;
+  MatD& H = P.H;
+  MatF& W = P.W;
 
   // 1. dead columns
   for (int64_t i = 0; i < cols; ++i)
     if (H(i, i) == 0) { H(i, i) = 1; W.col(i).setZero(); ++S.dead_columns; }
 
   const int64_t gs = s.group_size > 0 ? s.group_size : cols;
-  QuantizedLinear q;
+  P.gs = gs;
+  QuantizedLinear& q = P.q;
   q.spec = s;
   q.rows = rows;
   q.cols = cols;
@@ -74,31 +75,57 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
   q.scales.assign(size_t(q.groups * rows), 0.0f);
   q.zeros.assign(size_t(q.groups * rows), 0);
   q.g_idx.assign(size_t(cols), 0);
-  const int maxq = s.maxq();
 
   // 2. static groups: parameters from the unpermuted weights
-  std::vector<GridParams> static_params;
   if (s.static_groups && s.group_size > 0) {
-    static_params.resize(size_t(q.groups * rows));
+    P.static_params.resize(size_t(q.groups * rows));
     for (int64_t g = 0; g < q.groups; ++g)
       for (int64_t r = 0; r < rows; ++r)
-        static_params[size_t(g * rows + r)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s);
+        P.static_params[size_t(g * rows + r)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s);
   }
 
   // 3. act-order permutation (stable: ties keep their natural order, so runs are deterministic)
-  std::vector<int64_t> perm(static_cast<size_t>(cols));
-  std::iota(perm.begin(), perm.end(), 0);
-  if (s.act_order)
-    std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return H(a, a) > H(b, b); });
+  P.perm.resize(size_t(cols));
+  std::iota(P.perm.begin(), P.perm.end(), 0);
   if (s.act_order) {
+    std::stable_sort(P.perm.begin(), P.perm.end(), [&](int64_t a, int64_t b) { return H(a, a) > H(b, b); });
     MatF Wp(rows, cols);
     MatD Hp(cols, cols);
-    for (int64_t j = 0; j < cols; ++j) Wp.col(j) = W.col(perm[size_t(j)]);
+    for (int64_t j = 0; j < cols; ++j) Wp.col(j) = W.col(P.perm[size_t(j)]);
     for (int64_t i = 0; i < cols; ++i)
-      for (int64_t j = 0; j < cols; ++j) Hp(i, j) = H(perm[size_t(i)], perm[size_t(j)]);
+      for (int64_t j = 0; j < cols; ++j) Hp(i, j) = H(P.perm[size_t(i)], P.perm[size_t(j)]);
     W.swap(Wp);
     H.swap(Hp);
   }
+  if (s.group_size <= 0) {   // one group per row: parameters from the whole (permuted) row
+    P.row_params.resize(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      P.row_params[size_t(r)] = find_grid(&W(r, 0), cols, 1, s);
+      q.scales[size_t(r)] = P.row_params[size_t(r)].scale;
+      q.zeros[size_t(r)] = P.row_params[size_t(r)].zero;
+    }
+  }
+  if (s.static_groups && s.group_size > 0) {   // g_idx and scales in natural order
+    for (int64_t c = 0; c < cols; ++c) q.g_idx[size_t(c)] = int32_t(c / gs);
+    for (size_t i = 0; i < P.static_params.size(); ++i) {
+      q.scales[i] = P.static_params[i].scale;
+      q.zeros[i] = P.static_params[i].zero;
+    }
+  }
+  return P;
+}
+
+QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats* st) {
+  const auto t_start = std::chrono::steady_clock::now();
+  SolveStats local;
+  SolveStats& S = st ? *st : local;
+  GptqProblem P = gptq_prepare(W0, H0, s, S);
+  MatF& W = P.W;
+  const MatD& H = P.H;
+  QuantizedLinear& q = P.q;
+  const std::vector<int64_t>& perm = P.perm;
+  const int64_t rows = q.rows, cols = q.cols, gs = P.gs;
+  const int maxq = s.maxq();
 
   // 4-5. damping, retried with 10x more until the factorization succeeds
   const double mean_diag = H.diagonal().mean();
@@ -117,17 +144,14 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
   const MatF U = Ud.cast<float>();
 
   // 6. blocks of block_size columns
-  std::vector<GridParams> params(static_cast<size_t>(rows));   // the current group's, per row
+  std::vector<GridParams> params = P.row_params;   // the current group's, per row
+  params.resize(size_t(rows));
   auto set_group_params = [&](int64_t g) {
     for (int64_t r = 0; r < rows; ++r) {
       q.scales[size_t(g * rows + r)] = params[size_t(r)].scale;
       q.zeros[size_t(g * rows + r)] = params[size_t(r)].zero;
     }
   };
-  if (s.group_size <= 0) {   // one group per row: parameters from the whole (permuted) row
-    for (int64_t r = 0; r < rows; ++r) params[size_t(r)] = find_grid(&W(r, 0), cols, 1, s);
-    set_group_params(0);
-  }
   const int64_t B = std::max(1, s.block_size);
   MatF W1, Err1, Gcur;
   for (int64_t i1 = 0; i1 < cols; i1 += B) {
@@ -139,9 +163,7 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
       if (s.group_size > 0) {
         if (s.static_groups) {
           const int64_t g = perm[size_t(col)] / gs;
-          for (int64_t r = 0; r < rows; ++r) params[size_t(r)] = static_params[size_t(g * rows + r)];
-          q.g_idx[size_t(perm[size_t(col)])] = int32_t(g);
-          if (col % gs == 0 && !s.act_order) set_group_params(g);
+          for (int64_t r = 0; r < rows; ++r) params[size_t(r)] = P.static_params[size_t(g * rows + r)];
         } else {
           const int64_t g = col / gs;
           if (col % gs == 0) {
@@ -178,14 +200,8 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
     }
     if (i2 < cols) W.rightCols(cols - i2).noalias() -= Err1 * U.block(i1, i2, count, cols - i2);
   }
-  if (s.static_groups && s.group_size > 0 && s.act_order)   // scales of every group, in natural order
-    for (int64_t g = 0; g < q.groups; ++g)
-      for (int64_t r = 0; r < rows; ++r) {
-        q.scales[size_t(g * rows + r)] = static_params[size_t(g * rows + r)].scale;
-        q.zeros[size_t(g * rows + r)] = static_params[size_t(g * rows + r)].zero;
-      }
   S.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  return q;
+  return std::move(q);
 }
 
 }  // namespace ptq

@@ -38,6 +38,20 @@ struct SolveStats {
 
 QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* stats = nullptr);
 
+// The steps around the factorization and the column loop, shared by the CPU and CUDA solvers:
+// dead columns, static-group parameters, the act-order permutation (steps 1-3), and the
+// per-channel grids; then, after the loop, codes and g_idx back in the natural column order.
+struct GptqProblem {
+  MatF W;                               // dead columns zeroed, columns permuted
+  MatD H;                               // the same permutation, not yet damped
+  std::vector<int64_t> perm;            // permuted position -> natural column
+  int64_t gs = 0;                       // group size in columns (cols for per channel)
+  std::vector<GridParams> static_params;  // [groups, rows], static groups only
+  std::vector<GridParams> row_params;     // [rows], per channel only
+  QuantizedLinear q;                    // shape, spec and storage, filled by the loop
+};
+GptqProblem gptq_prepare(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats& stats);
+
 // The layer's output error ||(W - Wq) X||^2 / n_tokens = tr((W - Wq) H (W - Wq)^T) / 2, in fp64.
 double output_error(const MatF& W, const MatF& Wq, const MatD& H);
 

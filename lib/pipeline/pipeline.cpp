@@ -18,6 +18,10 @@
 #include "gptq/qstore.h"
 #include "model/llama.h"
 #include "smoothquant/smoothquant.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include "cuda/gptq_cuda.h"
+#include "cuda/runtime.h"
+#endif
 
 namespace ptq {
 
@@ -48,6 +52,31 @@ void check_finite(const MatF& m, const std::string& tensor, const WeightSource& 
         fail(Errc::numeric, ck.file_of(tensor), tensor, "contains NaN/Inf (first at [" + std::to_string(r) + ", " + std::to_string(c) + "])");
 }
 
+// A Linear input's Hessian, accumulated on the GPU when the run uses one.
+struct AnyHessian {
+  Hessian cpu;
+#ifdef PTQKIT_HAVE_CUDA
+  std::unique_ptr<cuda::HessianCuda> gpu;
+#endif
+  AnyHessian(int64_t cols, bool on_gpu, DType dtype) : cpu(on_gpu ? 0 : cols) {
+#ifdef PTQKIT_HAVE_CUDA
+    if (on_gpu) gpu = std::make_unique<cuda::HessianCuda>(cols, dtype);
+#endif
+  }
+  void add(const MatF& X) {
+#ifdef PTQKIT_HAVE_CUDA
+    if (gpu) return gpu->add(X);
+#endif
+    cpu.add(X);
+  }
+  MatD finalize() const {
+#ifdef PTQKIT_HAVE_CUDA
+    if (gpu) return gpu->finalize();
+#endif
+    return cpu.finalize();
+  }
+};
+
 void check_patterns(const Recipe& r, const std::vector<std::string>& known) {
   auto check = [&](const std::string& pat, const std::string& field) {
     for (auto& m : known)
@@ -65,7 +94,15 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   Recipe r = recipe;
   if (r.model.empty()) fail(Errc::usage, r.source, "model", "missing: set it in the recipe or with --model");
   if (r.output.empty()) fail(Errc::usage, r.source, "output", "missing: set it in the recipe or with --output");
-  if (r.device == "cuda") fail(Errc::usage, r.source, "device", "the CUDA pipeline is not available in this build yet; use cpu or auto");
+  bool use_cuda = false;
+  std::string device_desc = "cpu";
+#ifdef PTQKIT_HAVE_CUDA
+  use_cuda = r.device != "cpu" && cuda::available();
+  if (r.device == "cuda" && !use_cuda) fail(Errc::usage, r.source, "device", "cuda requested, but " + cuda::describe());
+  if (use_cuda) device_desc = "cuda: " + cuda::describe();
+#else
+  if (r.device == "cuda") fail(Errc::usage, r.source, "device", "this build has no CUDA (nvcc was not found when it was built); use cpu or auto");
+#endif
   std::map<std::string, double> phase;
   OutputDir out(r.output, opt.force);
 
@@ -118,6 +155,8 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   const float eps = float(c.rms_norm_eps);
 
   QuantStore store(out.path() + "/.layers");
+  // Hessians on the GPU from activations in the model's 16-bit dtype (f32 models: fp32 SGEMM).
+  const DType hdt = c.dtype;
   json modules = json::array(), layers = json::array(), smoothing = json::array();
   const bool w8a8 = r.act_mode != ActQuant::none;
   auto smooth_pair = [&](const std::string& pair) {
@@ -133,7 +172,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       for (Proj p : kAllProj) check_finite(w[p].W, proj_tensor_prefix(l, p) + ".weight", model->weights());
     }
     std::vector<QuantizedLinear> qs;
-    auto quantize_group = [&](std::initializer_list<Proj> projs, const Hessian& hess) {
+    auto quantize_group = [&](std::initializer_list<Proj> projs, const AnyHessian& hess) {
       MatD H;
       {
         PhaseTimer t(phase["hessian"]);
@@ -149,6 +188,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         QuantizedLinear q, rtn;
         {
           PhaseTimer t(phase["solve"]);
+#ifdef PTQKIT_HAVE_CUDA
+          if (use_cuda && spec.method == "gptq" && cuda::gptq_supported(spec, nullptr)) q = cuda::gptq_quantize(W, H, spec, &st);
+          else
+#endif
           q = spec.method == "gptq" ? gptq_quantize(W, H, spec, &st) : rtn_quantize(W, spec);
           rtn = spec.method == "gptq" ? rtn_quantize(W, spec) : q;
         }
@@ -211,7 +254,8 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       }
     };
     if (r.true_sequential) {
-      Hessian h_qkv(c.hidden_size), h_o(c.q_dim()), h_mlp(c.hidden_size), h_down(c.intermediate_size);
+      AnyHessian h_qkv(c.hidden_size, use_cuda, hdt), h_o(c.q_dim(), use_cuda, hdt), h_mlp(c.hidden_size, use_cuda, hdt),
+          h_down(c.intermediate_size, use_cuda, hdt);
       { PhaseTimer t(phase["forward"]); rmsnorm(X, w.input_layernorm, eps, xn); }
       smooth("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v}, xn);
       { PhaseTimer t(phase["hessian"]); h_qkv.add(xn); }
@@ -242,7 +286,8 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       }
     } else {
       // All four inputs from the float layer, then the quantized layer's output.
-      Hessian h_qkv(c.hidden_size), h_o(c.q_dim()), h_mlp(c.hidden_size), h_down(c.intermediate_size);
+      AnyHessian h_qkv(c.hidden_size, use_cuda, hdt), h_o(c.q_dim(), use_cuda, hdt), h_mlp(c.hidden_size, use_cuda, hdt),
+          h_down(c.intermediate_size, use_cuda, hdt);
       {
         MatF Xf = X;
         PhaseTimer t(phase["forward"]);
@@ -320,6 +365,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();
   json report = {{"ptqkit_version", "0.1.0"},
                  {"recipe", yaml_to_json(r.to_yaml())},
+                 {"device", device_desc},
                  {"model", {{"path", r.model}, {"model_type", c.model_type}, {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
                             {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
                  {"calibration", nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : cd.describe(r.calibration)},
@@ -329,6 +375,9 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                  {"phases_seconds", phase},
                  {"total_seconds", total},
                  {"peak_rss_mb", peak_rss_mb()},
+#ifdef PTQKIT_HAVE_CUDA
+                 {"peak_gpu_mb", use_cuda ? double(cuda::pool_peak_bytes()) / (1 << 20) : 0.0},
+#endif
                  {"outputs", outputs}};
   YAML::Emitter em;
   em << r.to_yaml();

@@ -1,0 +1,510 @@
+// gptq_cuda.cu — contract:
+//   HessianCuda: X [n, cols] row-major fp32 (host) or 16-bit (device) -> H [cols, cols] fp64.
+//     GEMM C = X^T X per chunk of <= 4096 rows (cublasGemmEx, fp32 accumulation), C added into an
+//     fp64 sum. Roofline: 2 n cols^2 FLOP on tensor cores (SYRK would halve it; not yet).
+//   gptq_quantize_device: W [rows, cols] fp32 (host), H fp64 [cols, cols] (device).
+//     Factorization: J H J = L L^T (cusolverDnDpotrf, fp64), L^-1 (cusolverDnXtrtri, fp64),
+//     U = J L^-1 J (upper, fp32). fp64 because the factorization is where conditioning bites and
+//     it is O(cols^3 / 3), small next to the Hessians; the column loop is fp32 like the CPU path.
+//     Column loop: gptq_block_kernel, one launch per block of B = 128 columns: a warp per row,
+//     lane l holding columns l, l+32, l+64, l+96 of the block in registers, the block's U
+//     (128 x 128 fp32, 64 KiB) in shared memory; then one SGEMM W[:, i2:] -= Err1 U[i1:i2, i2:].
+//     Accepts: groups that start at block boundaries (group_size | 128), static groups, one group
+//     per row; bits 2..8. Anything else is refused by gptq_supported and solved on the CPU.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cusolverDn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "cuda/gptq_cuda.h"
+#include "cuda/runtime.h"
+
+namespace ptq::cuda {
+
+namespace {
+constexpr int kB = 128;          // columns per block
+constexpr int kWarps = 16;       // rows per CTA of the column kernel
+constexpr int64_t kChunk = 4096; // tokens per Hessian GEMM
+
+struct Handles {
+  cublasHandle_t blas = nullptr;
+  cusolverDnHandle_t solver = nullptr;
+  Handles() {
+    PTQ_CUBLAS(cublasCreate(&blas));
+    PTQ_CUSOLVER(cusolverDnCreate(&solver));
+  }
+};
+Handles& handles() {
+  static Handles h;
+  return h;
+}
+GptqPhaseTimes g_times;
+double secs(std::chrono::steady_clock::time_point a) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count(); }
+int blocks_for(int64_t n, int t = 256) { return int((n + t - 1) / t); }
+
+// ---------------------------------------------------------------- Hessian kernels
+__global__ void cast_f32_kernel(const float* x, void* y, int64_t n, int dtype) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  if (dtype == 1) static_cast<__half*>(y)[i] = __float2half_rn(x[i]);
+  else if (dtype == 2) static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
+  else static_cast<float*>(y)[i] = x[i];
+}
+__global__ void accumulate_kernel(const float* c, double* acc, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) acc[i] += double(c[i]);
+}
+__device__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__global__ void random_normal_kernel(void* y, int dtype, int64_t n, uint64_t seed, float sd) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const uint64_t a = mix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i) * 2 + 1), b = mix64(a + 0x632BE59BD9B4E019ull);
+  const float u1 = (float(a >> 40) + 1.0f) / 16777217.0f, u2 = float(b >> 40) / 16777216.0f;
+  const float v = sd * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+  if (dtype == 1) static_cast<__half*>(y)[i] = __float2half_rn(v);
+  else if (dtype == 2) static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(v);
+  else static_cast<float*>(y)[i] = v;
+}
+int dtype_code(DType t) { return t == DType::F16 ? 1 : t == DType::BF16 ? 2 : 0; }
+cudaDataType cuda_type(DType t) { return t == DType::F16 ? CUDA_R_16F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+}  // namespace
+
+struct HessianCuda::Impl {
+  DeviceBuffer<double> sum;
+  DeviceBuffer<float> c;
+  DeviceBuffer<uint8_t> x16;
+  DeviceBuffer<float> x32;
+};
+
+HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols), dtype_(dtype) {
+  p_->sum = DeviceBuffer<double>(size_t(cols * cols), "Hessian (fp64 sum)");
+  p_->c = DeviceBuffer<float>(size_t(cols * cols), "Hessian (fp32 chunk)");
+  PTQ_CUDA(cudaMemset(p_->sum.get(), 0, size_t(cols * cols) * 8));
+}
+HessianCuda::~HessianCuda() { delete p_; }
+
+void HessianCuda::add_device(const void* X, int64_t rows) {
+  auto& h = handles();
+  const float one = 1.0f, zero = 0.0f;
+  const size_t es = dtype_size(dtype_);
+  for (int64_t t0 = 0; t0 < rows; t0 += kChunk) {
+    const int64_t n = std::min(kChunk, rows - t0);
+    const void* A = static_cast<const uint8_t*>(X) + size_t(t0 * cols_) * es;
+    // row-major X [n, cols] is column-major X^T [cols, n]: C = X^T (X^T)^T
+    PTQ_CUBLAS(cublasGemmEx(h.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(cols_), int(cols_), int(n), &one, A, cuda_type(dtype_), int(cols_), A,
+                            cuda_type(dtype_), int(cols_), &zero, p_->c.get(), CUDA_R_32F, int(cols_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    accumulate_kernel<<<blocks_for(cols_ * cols_), 256>>>(p_->c.get(), p_->sum.get(), cols_ * cols_);
+    PTQ_CUDA_LAUNCH("accumulate_kernel");
+  }
+  n_ += rows;
+}
+
+void HessianCuda::add(const MatF& X) {
+  const size_t es = dtype_size(dtype_);
+  for (int64_t t0 = 0; t0 < X.rows(); t0 += kChunk) {
+    const int64_t n = std::min(kChunk, X.rows() - t0);
+    if (p_->x32.size() < size_t(n * cols_)) {
+      p_->x32 = DeviceBuffer<float>(size_t(kChunk * cols_), "Hessian input chunk (fp32)");
+      p_->x16 = DeviceBuffer<uint8_t>(size_t(kChunk * cols_) * es, "Hessian input chunk");
+    }
+    PTQ_CUDA(cudaMemcpy(p_->x32.get(), X.row(t0).data(), size_t(n * cols_) * 4, cudaMemcpyHostToDevice));
+    cast_f32_kernel<<<blocks_for(n * cols_), 256>>>(p_->x32.get(), p_->x16.get(), n * cols_, dtype_code(dtype_));
+    PTQ_CUDA_LAUNCH("cast_f32_kernel");
+    add_device(p_->x16.get(), n);
+  }
+}
+
+double* HessianCuda::device_sum() { return p_->sum.get(); }
+
+MatD HessianCuda::finalize() const {
+  MatD H(cols_, cols_);
+  PTQ_CUDA(cudaMemcpy(H.data(), p_->sum.get(), size_t(cols_ * cols_) * 8, cudaMemcpyDeviceToHost));
+  if (n_ > 0) H *= 2.0 / double(n_);
+  return H;
+}
+
+void fill_random_normal(void* dst, DType dtype, int64_t n, uint64_t seed, float sd) {
+  random_normal_kernel<<<blocks_for(n), 256>>>(dst, dtype_code(dtype), n, seed, sd);
+  PTQ_CUDA_LAUNCH("random_normal_kernel");
+}
+
+// ---------------------------------------------------------------- the solve
+namespace {
+struct Grid {
+  float scale;
+  int zero;
+};
+__device__ float round_scale(float x, int dt) {
+  if (dt == 1) return __half2float(__float2half_rn(x));
+  if (dt == 2) return __bfloat162float(__float2bfloat16_rn(x));
+  return x;
+}
+__device__ Grid minmax_grid(float xmin, float xmax, int maxq, bool sym, int dt) {   // = lib/gptq/quantizer.cpp minmax
+  xmin = fminf(xmin, 0.0f);
+  xmax = fmaxf(xmax, 0.0f);
+  if (sym) {
+    xmax = fmaxf(-xmin, xmax);
+    xmin = -xmax;
+  }
+  if (xmin == 0.0f && xmax == 0.0f) { xmin = -1.0f; xmax = 1.0f; }
+  float scale = round_scale((xmax - xmin) / float(maxq), dt);
+  if (!(scale > 0.0f)) scale = round_scale(5.9604644775390625e-08f, dt);
+  int zero = sym ? (maxq + 1) / 2 : int(rintf(-xmin / scale));
+  return {scale, min(max(zero, 0), maxq)};
+}
+__device__ __forceinline__ int quant(float x, Grid g, int maxq) {
+  const float q = rintf(x / g.scale) + float(g.zero);
+  return int(fminf(fmaxf(q, 0.0f), float(maxq)));
+}
+__device__ __forceinline__ float warp_min(float v) { for (int o = 16; o; o >>= 1) v = fminf(v, __shfl_xor_sync(~0u, v, o)); return v; }
+__device__ __forceinline__ float warp_max(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o)); return v; }
+__device__ __forceinline__ double warp_sum(double v) { for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o); return v; }
+
+// The grid of values v[0..n) spread over the warp (`have` says which of a lane's values count),
+// with the reference's clipping search when mse.
+template <int K>
+__device__ Grid warp_grid(const float (&v)[K], const bool (&have)[K], int maxq, bool sym, bool mse, int dt) {
+  float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (have[k]) { lo = fminf(lo, v[k]); hi = fmaxf(hi, v[k]); }
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+  Grid best = minmax_grid(lo, hi, maxq, sym, dt);
+  if (!mse) return best;
+  auto err = [&](Grid g) {
+    double e = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (have[k]) e += pow(fabs(double(g.scale * float(quant(v[k], g, maxq) - g.zero)) - double(v[k])), 2.4);
+    return warp_sum(e);
+  };
+  double best_err = err(best);
+  for (int k = 1; k < 80; ++k) {
+    const float p = 1.0f - float(k) / 100.0f;
+    const Grid g = minmax_grid(p * lo, p * hi, maxq, sym, dt);
+    const double e = err(g);
+    if (e < best_err) { best_err = e; best = g; }
+  }
+  return best;
+}
+
+// Per-row grids over a whole row (one group per row): a warp per row.
+__global__ void row_grid_kernel(const float* W, int64_t rows, int64_t cols, int maxq, bool sym, bool mse, int dt, float* scale, int* zero) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  // Strided over the row in chunks of 32 x 8 values, reduced into one grid: min/max first.
+  float lo = 0, hi = 0;
+  for (int64_t c = lane; c < cols; c += 32) { lo = fminf(lo, W[r * cols + c]); hi = fmaxf(hi, W[r * cols + c]); }
+  lo = warp_min(lo);
+  hi = warp_max(hi);
+  Grid best = minmax_grid(lo, hi, maxq, sym, dt);
+  if (mse) {
+    auto err = [&](Grid g) {
+      double e = 0;
+      for (int64_t c = lane; c < cols; c += 32) {
+        const float v = W[r * cols + c];
+        e += pow(fabs(double(g.scale * float(quant(v, g, maxq) - g.zero)) - double(v)), 2.4);
+      }
+      return warp_sum(e);
+    };
+    double be = err(best);
+    for (int k = 1; k < 80; ++k) {
+      const float p = 1.0f - float(k) / 100.0f;
+      const Grid g = minmax_grid(p * lo, p * hi, maxq, sym, dt);
+      const double e = err(g);
+      if (e < be) { be = e; best = g; }
+    }
+  }
+  if (lane == 0) { scale[r] = best.scale; zero[r] = best.zero; }
+}
+
+// Dead columns (diag 0): H[i,i] = `one` (1 after the 2/n scaling, as on the CPU), W[:, i] = 0.
+__global__ void fix_dead_kernel(double* H, float* W, int64_t n, int64_t rows, double one) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n || H[i * n + i] != 0.0) return;
+  H[i * n + i] = one;
+  for (int64_t r = 0; r < rows; ++r) W[r * n + i] = 0.0f;
+}
+__global__ void diag_kernel(const double* H, int64_t n, double* d) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) d[i] = H[i * n + i];
+}
+__global__ void permute_h_kernel(const double* H, const int* perm, int64_t n, double* Hp) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= n * n) return;
+  const int64_t i = k / n, j = k % n;
+  Hp[k] = H[int64_t(perm[i]) * n + perm[j]];
+}
+__global__ void permute_w_kernel(const float* W, const int* perm, int64_t rows, int64_t n, float* Wp) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= rows * n) return;
+  Wp[k] = W[(k / n) * n + perm[k % n]];
+}
+// A = J (H + damp I) J (symmetric: the same in row- and column-major), scaled by `scale`.
+__global__ void reversed_damped_kernel(const double* H, int64_t n, double scale, double damp, double* A) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= n * n) return;
+  const int64_t i = k / n, j = k % n;
+  A[k] = scale * H[(n - 1 - i) * n + (n - 1 - j)] + (i == j ? damp : 0.0);
+}
+// U(i, j) = Linv(n-1-i, n-1-j) for j >= i, 0 below; Linv column-major lower from trtri.
+__global__ void make_u_kernel(const double* Linv, int64_t n, float* U, int* bad) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= n * n) return;
+  const int64_t i = k / n, j = k % n;
+  const double v = j >= i ? Linv[(n - 1 - j) * n + (n - 1 - i)] : 0.0;
+  U[k] = float(v);
+  if (!isfinite(v) || (i == j && !(v > 0))) *bad = 1;
+}
+
+// The column loop of one block. mode 0: per-row grids; 1: static groups; 2: a grid per group,
+// computed from the block's current values when the group starts.
+__global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __restrict__ W, const float* __restrict__ U, int64_t rows,
+                                                                  int64_t n, int64_t i1, int count, int mode, int gs, int maxq, bool sym,
+                                                                  bool mse, int dt, const float* row_scale, const int* row_zero,
+                                                                  const float* st_scale, const int* st_zero, const int* gidx_perm,
+                                                                  float* grp_scale, int* grp_zero, uint8_t* codes, float* err_out) {
+  extern __shared__ float Us[];   // [count][kB]
+  for (int k = threadIdx.x; k < count * kB; k += blockDim.x) {
+    const int a = k / kB, b = k % kB;
+    Us[k] = b < count ? U[(i1 + a) * n + i1 + b] : 0.0f;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
+  if (r >= rows) return;
+  float reg[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const int j = t * 32 + lane;
+    reg[t] = j < count ? W[r * n + i1 + j] : 0.0f;
+  }
+  Grid g{mode == 0 ? row_scale[r] : 1.0f, mode == 0 ? row_zero[r] : 0};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    for (int l = 0; l < 32; ++l) {
+      const int i = s * 32 + l;
+      if (i >= count) break;
+      const int64_t col = i1 + i;
+      if (mode == 2 && col % gs == 0) {
+        bool have[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) { const int j = t * 32 + lane; have[t] = j >= i && j < min(i + gs, count); }
+        g = warp_grid(reg, have, maxq, sym, mse, dt);
+        if (lane == 0) { grp_scale[(col / gs) * rows + r] = g.scale; grp_zero[(col / gs) * rows + r] = g.zero; }
+      } else if (mode == 1) {
+        const int gi = gidx_perm[col];
+        g = {st_scale[int64_t(gi) * rows + r], st_zero[int64_t(gi) * rows + r]};
+      }
+      const float w = __shfl_sync(~0u, reg[s], l);
+      const int q = quant(w, g, maxq);
+      const float err = (w - g.scale * float(q - g.zero)) / Us[i * kB + i];
+      if (lane == l) {
+        codes[r * n + col] = uint8_t(q);
+        err_out[r * kB + i] = err;
+      }
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int j = t * 32 + lane;
+        if (j > i && j < count) reg[t] -= err * Us[i * kB + j];
+      }
+    }
+  }
+}
+}  // namespace
+
+bool gptq_supported(const QuantSpec& s, std::string* why) {
+  if (s.bits < 2 || s.bits > 8) { if (why) *why = "bits must be 2..8"; return false; }
+  if (s.group_size > 0 && !s.static_groups && kB % s.group_size != 0) {
+    if (why) *why = "group_size " + std::to_string(s.group_size) + " does not divide the 128-column block (dynamic groups must start at block boundaries)";
+    return false;
+  }
+  return true;
+}
+
+GptqPhaseTimes last_phase_times() { return g_times; }
+
+QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens, const QuantSpec& s, SolveStats* st) {
+  using clk = std::chrono::steady_clock;
+  const auto t_start = clk::now();
+  SolveStats local;
+  SolveStats& S = st ? *st : local;
+  std::string why;
+  if (!gptq_supported(s, &why)) fail(Errc::usage, "", "quantization", "the CUDA GPTQ kernel does not serve this spec: " + why);
+  g_times = {};
+  auto& h = handles();
+  const int64_t rows = W0.rows(), n = W0.cols(), gs = s.group_size > 0 ? s.group_size : n;
+  const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
+  QuantizedLinear q;
+  q.spec = s;
+  q.rows = rows;
+  q.cols = n;
+  q.groups = (n + gs - 1) / gs;
+  q.codes.assign(size_t(rows * n), 0);
+  q.scales.assign(size_t(q.groups * rows), 0.0f);
+  q.zeros.assign(size_t(q.groups * rows), 0);
+  q.g_idx.assign(size_t(n), 0);
+
+  // 1. dead columns (and W to the device)
+  DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
+  PTQ_CUDA(cudaMemcpy(dW.get(), W0.data(), size_t(rows * n) * 4, cudaMemcpyHostToDevice));
+  const double hscale = tokens > 0 ? 2.0 / double(tokens) : 1.0;   // the device sum is unscaled
+  DeviceBuffer<double> dDiag(size_t(n), "Hessian diagonal");
+  diag_kernel<<<blocks_for(n), 256>>>(dH, n, dDiag.get());
+  PTQ_CUDA_LAUNCH("diag_kernel");
+  std::vector<double> diag(static_cast<size_t>(n));
+  PTQ_CUDA(cudaMemcpy(diag.data(), dDiag.get(), size_t(n) * 8, cudaMemcpyDeviceToHost));
+  fix_dead_kernel<<<blocks_for(n), 256>>>(dH, dW.get(), n, rows, 1.0 / hscale);
+  PTQ_CUDA_LAUNCH("fix_dead_kernel");
+  for (auto& d : diag)
+    if (d == 0) { d = 1.0 / hscale; ++S.dead_columns; }
+  // 2. static groups, from the unpermuted weights (dead columns zeroed, as on the device)
+  std::vector<float> st_scale;
+  std::vector<int> st_zero;
+  if (s.static_groups && s.group_size > 0) {
+    MatF Wd(rows, n);
+    PTQ_CUDA(cudaMemcpy(Wd.data(), dW.get(), size_t(rows * n) * 4, cudaMemcpyDeviceToHost));
+    st_scale.resize(size_t(q.groups * rows));
+    st_zero.resize(size_t(q.groups * rows));
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < q.groups; ++g) {
+        const GridParams p = find_grid(&Wd(r, g * gs), std::min(gs, n - g * gs), 1, s);
+        st_scale[size_t(g * rows + r)] = q.scales[size_t(g * rows + r)] = p.scale;
+        st_zero[size_t(g * rows + r)] = q.zeros[size_t(g * rows + r)] = p.zero;
+      }
+    for (int64_t c = 0; c < n; ++c) q.g_idx[size_t(c)] = int32_t(c / gs);
+  }
+  // 3. act-order: a stable sort of the diagonal on the host, the gathers on the device
+  std::vector<int> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), 0);
+  if (s.act_order) std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return diag[size_t(a)] > diag[size_t(b)]; });
+  DeviceBuffer<int> dPerm(size_t(n), "act-order permutation");
+  PTQ_CUDA(cudaMemcpy(dPerm.get(), perm.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+  DeviceBuffer<double> dA(size_t(n * n), "Hessian (factorization)"), dHp(size_t(n * n), "Hessian (permuted)");
+  permute_h_kernel<<<blocks_for(n * n), 256>>>(dH, dPerm.get(), n, dHp.get());   // the caller's H (shared by q/k/v) is left as it was
+  PTQ_CUDA_LAUNCH("permute_h_kernel");
+  permute_w_kernel<<<blocks_for(rows * n), 256>>>(dW.get(), dPerm.get(), rows, n, dWp.get());
+  PTQ_CUDA_LAUNCH("permute_w_kernel");
+  // per-row grids (one group per row)
+  DeviceBuffer<float> dRowScale(size_t(rows), "row scales");
+  DeviceBuffer<int> dRowZero(size_t(rows), "row zeros");
+  if (s.group_size <= 0) {
+    row_grid_kernel<<<blocks_for(rows * 32, 256), 256>>>(dWp.get(), rows, n, maxq, s.sym, s.mse, dt, dRowScale.get(), dRowZero.get());
+    PTQ_CUDA_LAUNCH("row_grid_kernel");
+  }
+  PTQ_CUDA(cudaDeviceSynchronize());
+  g_times.prepare = secs(t_start);
+
+  // 4-5. damping (retried with 10x more while the factorization fails), U = J L^-1 J
+  const auto t_fact = clk::now();
+  double mean_diag = 0;
+  for (double d : diag) mean_diag += d;
+  mean_diag = mean_diag / double(n) * hscale;
+  DeviceBuffer<float> dU(size_t(n * n), "inverse Cholesky factor U");
+  DeviceBuffer<int> dInfo(2, "cuSOLVER info");
+  int lwork = 0;
+  PTQ_CUSOLVER(cusolverDnDpotrf_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), &lwork));
+  DeviceBuffer<double> dWork(size_t(std::max(lwork, 1)), "cuSOLVER workspace");
+  size_t tri_dev = 0, tri_host = 0;
+  PTQ_CUSOLVER(cusolverDnXtrtri_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, n, CUDA_R_64F, dA.get(), n, &tri_dev, &tri_host));
+  DeviceBuffer<uint8_t> dTri(std::max<size_t>(tri_dev, 1), "cuSOLVER trtri workspace");
+  std::vector<uint8_t> hTri(std::max<size_t>(tri_host, 1));
+  double damp = s.damp_percent;
+  for (;;) {
+    reversed_damped_kernel<<<blocks_for(n * n), 256>>>(dHp.get(), n, hscale, damp * mean_diag, dA.get());
+    PTQ_CUDA_LAUNCH("reversed_damped_kernel");
+    int info[2] = {0, 0};
+    PTQ_CUDA(cudaMemset(dInfo.get(), 0, 8));
+    PTQ_CUSOLVER(cusolverDnDpotrf(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), dWork.get(), lwork, dInfo.get()));
+    PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 4, cudaMemcpyDeviceToHost));
+    if (info[0] == 0) {
+      PTQ_CUSOLVER(cusolverDnXtrtri(h.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, n, CUDA_R_64F, dA.get(), n, dTri.get(), tri_dev,
+                                    hTri.data(), tri_host, dInfo.get()));
+      make_u_kernel<<<blocks_for(n * n), 256>>>(dA.get(), n, dU.get(), dInfo.get() + 1);
+      PTQ_CUDA_LAUNCH("make_u_kernel");
+      PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 8, cudaMemcpyDeviceToHost));
+      if (info[0] == 0 && info[1] == 0) break;
+    }
+    S.log.push_back("Cholesky failed with damp_percent " + std::to_string(damp) + "; retrying with " + std::to_string(damp * 10));
+    ++S.retries;
+    damp *= 10;
+    if (damp > 1e4) fail(Errc::numeric, "", "H", "Hessian is not positive definite even with damping 1e4 x mean(diag)");
+  }
+  S.damp_percent = damp;
+  PTQ_CUDA(cudaDeviceSynchronize());
+  g_times.factorization = secs(t_fact);
+
+  // 6. blocks of 128 columns: the fused kernel, then the trailing update as one SGEMM
+  const auto t_loop = clk::now();
+  const int mode = s.group_size <= 0 ? 0 : s.static_groups ? 1 : 2;
+  std::vector<int> gidx_perm(static_cast<size_t>(n));
+  for (int64_t c = 0; c < n; ++c) gidx_perm[size_t(c)] = int(perm[size_t(c)] / gs);
+  DeviceBuffer<int> dGidx(size_t(n), "group of each permuted column");
+  PTQ_CUDA(cudaMemcpy(dGidx.get(), gidx_perm.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+  DeviceBuffer<float> dStScale(std::max<size_t>(st_scale.size(), 1), "static scales"), dGrpScale(size_t(q.groups * rows), "group scales");
+  DeviceBuffer<int> dStZero(std::max<size_t>(st_zero.size(), 1), "static zeros"), dGrpZero(size_t(q.groups * rows), "group zeros");
+  if (!st_scale.empty()) {
+    PTQ_CUDA(cudaMemcpy(dStScale.get(), st_scale.data(), st_scale.size() * 4, cudaMemcpyHostToDevice));
+    PTQ_CUDA(cudaMemcpy(dStZero.get(), st_zero.data(), st_zero.size() * 4, cudaMemcpyHostToDevice));
+  }
+  DeviceBuffer<uint8_t> dCodes(size_t(rows * n), "codes");
+  DeviceBuffer<float> dErr(size_t(rows * kB), "block errors");
+  const int smem = kB * kB * 4;
+  PTQ_CUDA(cudaFuncSetAttribute(gptq_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const float minus_one = -1.0f, one = 1.0f;
+  for (int64_t i1 = 0; i1 < n; i1 += kB) {
+    const int count = int(std::min<int64_t>(kB, n - i1));
+    gptq_block_kernel<<<int((rows + kWarps - 1) / kWarps), kWarps * 32, smem>>>(
+        dWp.get(), dU.get(), rows, n, i1, count, mode, int(gs), maxq, s.sym, s.mse, dt, dRowScale.get(), dRowZero.get(), dStScale.get(),
+        dStZero.get(), dGidx.get(), dGrpScale.get(), dGrpZero.get(), dCodes.get(), dErr.get());
+    PTQ_CUDA_LAUNCH("gptq_block_kernel");
+    const int64_t i2 = i1 + count;
+    if (i2 < n)   // W[:, i2:] -= Err1 U[i1:i2, i2:], in column-major terms on the row-major buffers
+      PTQ_CUBLAS(cublasSgemm(h.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(n - i2), int(rows), count, &minus_one, dU.get() + i1 * n + i2, int(n),
+                             dErr.get(), kB, &one, dWp.get() + i2, int(n)));
+  }
+  PTQ_CUDA(cudaDeviceSynchronize());
+  g_times.column_loop = secs(t_loop);
+
+  // 7. back to the natural column order
+  const auto t_dl = clk::now();
+  std::vector<uint8_t> codes(size_t(rows * n));
+  PTQ_CUDA(cudaMemcpy(codes.data(), dCodes.get(), codes.size(), cudaMemcpyDeviceToHost));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) q.codes[size_t(r * n + perm[size_t(c)])] = codes[size_t(r * n + c)];
+  if (mode == 0) {
+    PTQ_CUDA(cudaMemcpy(q.scales.data(), dRowScale.get(), size_t(rows) * 4, cudaMemcpyDeviceToHost));
+    PTQ_CUDA(cudaMemcpy(q.zeros.data(), dRowZero.get(), size_t(rows) * 4, cudaMemcpyDeviceToHost));
+  } else if (mode == 2) {
+    PTQ_CUDA(cudaMemcpy(q.scales.data(), dGrpScale.get(), q.scales.size() * 4, cudaMemcpyDeviceToHost));
+    PTQ_CUDA(cudaMemcpy(q.zeros.data(), dGrpZero.get(), q.zeros.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t c = 0; c < n; ++c) q.g_idx[size_t(perm[size_t(c)])] = int32_t(c / gs);
+  }
+  g_times.download = secs(t_dl);
+  S.seconds = secs(t_start);
+  return q;
+}
+
+QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* st) {
+  const int64_t n = H.rows();
+  DeviceBuffer<double> dH(size_t(n * n), "Hessian");
+  PTQ_CUDA(cudaMemcpy(dH.get(), H.data(), size_t(n * n) * 8, cudaMemcpyHostToDevice));
+  return gptq_quantize_device(W, dH.get(), 2, s, st);   // tokens = 2: the scale 2/n is already in H
+}
+
+}  // namespace ptq::cuda

@@ -1,0 +1,45 @@
+// gptq_cuda.h — Hessians and the GPTQ solve on the GPU (cuBLAS, cuSOLVER, one fused kernel per
+// block of 128 columns). Same math as lib/gptq (CPU), which is its reference.
+#pragma once
+#include <string>
+
+#include "core/dtype.h"
+#include "gptq/gptq.h"
+
+namespace ptq::cuda {
+
+// H = (2/n) sum x x^T on tensor cores: each chunk of <= 4096 tokens is cast to `dtype` (F16 or
+// BF16: 16-bit x 16-bit products are exact in fp32; F32: SGEMM on CUDA cores), multiplied with
+// fp32 accumulation, and added to an fp64 sum on the device.
+class HessianCuda {
+ public:
+  HessianCuda(int64_t cols, DType dtype);
+  ~HessianCuda();
+  void add(const MatF& X);                              // host rows [n, cols]
+  void add_device(const void* X, int64_t rows);         // device rows [rows, cols] in `dtype`
+  MatD finalize() const;                                // to the host, symmetric, scaled by 2/n
+  double* device_sum();                                 // the fp64 sum on the device (not scaled)
+  int64_t tokens() const { return n_; }
+ private:
+  struct Impl;
+  Impl* p_;
+  int64_t cols_, n_ = 0;
+  DType dtype_;
+};
+
+// Whether the fused kernel serves this spec: groups must start at block boundaries (group_size
+// divides 128), or be static, or be one per row.
+bool gptq_supported(const QuantSpec& s, std::string* why);
+
+// H on the host, or the fp64 sum of a HessianCuda (scaled by 2/n here; modified in place).
+QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* stats = nullptr);
+QuantizedLinear gptq_quantize_device(const MatF& W, double* H_sum_device, int64_t tokens, const QuantSpec& s, SolveStats* stats = nullptr);
+
+// Timings of the last gptq_quantize* call's phases, for benchmarks (seconds).
+struct GptqPhaseTimes { double prepare = 0, factorization = 0, column_loop = 0, download = 0; };
+GptqPhaseTimes last_phase_times();
+
+// Fills a device buffer with deterministic pseudo-random normal values (benchmarks).
+void fill_random_normal(void* dst, DType dtype, int64_t n, uint64_t seed, float stddev);
+
+}  // namespace ptq::cuda

@@ -1,0 +1,116 @@
+#include "cuda/runtime.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusolverDn.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+
+namespace ptq::cuda {
+
+namespace {
+std::string where(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
+
+struct Pool {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;   // size -> block
+  std::map<void*, size_t> sizes;
+  size_t in_use = 0, peak = 0;
+};
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+size_t round_up(size_t b) { return b < (1u << 20) ? (b + 511) / 512 * 512 : (b + (2u << 20) - 1) / (2u << 20) * (2u << 20); }
+}  // namespace
+
+bool available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+void synchronize() { PTQ_CUDA(cudaDeviceSynchronize()); }
+
+std::string describe() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("no usable GPU (") + cudaGetErrorString(e) + ")";
+  if (n == 0) return "no GPU";
+  cudaDeviceProp p{};
+  cudaGetDeviceProperties(&p, 0);
+  char b[256];
+  std::snprintf(b, sizeof b, "%s, sm_%d%d, %d SMs, %.1f GiB", p.name, p.major, p.minor, p.multiProcessorCount, double(p.totalGlobalMem) / (1u << 30));
+  return b;
+}
+
+void check(int err, const char* what, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  fail(Errc::io, where(file, line), what, std::string("CUDA error: ") + cudaGetErrorString(cudaError_t(err)));
+}
+void check_cublas(int st, const char* what, const char* file, int line) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  fail(Errc::io, where(file, line), what, "cuBLAS error " + std::to_string(st));
+}
+void check_cusolver(int st, const char* what, const char* file, int line) {
+  if (st == CUSOLVER_STATUS_SUCCESS) return;
+  fail(Errc::io, where(file, line), what, "cuSOLVER error " + std::to_string(st));
+}
+
+void* device_alloc(size_t bytes, const char* what) {
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  const size_t b = round_up(std::max<size_t>(bytes, 1));
+  void* p = nullptr;
+  auto it = P.free_blocks.lower_bound(b);
+  if (it != P.free_blocks.end() && it->first <= 2 * b) {   // reuse a cached block that is not far too big
+    p = it->second;
+    P.free_blocks.erase(it);
+  } else {
+    cudaError_t e = cudaMalloc(&p, b);
+    if (e == cudaErrorMemoryAllocation) {   // give the cache back and try once more
+      cudaGetLastError();
+      for (auto& [s, q] : P.free_blocks) { cudaFree(q); P.sizes.erase(q); }
+      P.free_blocks.clear();
+      e = cudaMalloc(&p, b);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total = 0;
+      cudaMemGetInfo(&free_b, &total);
+      char m[512];
+      std::snprintf(m, sizeof m,
+                    "out of GPU memory allocating %.1f MiB (%.1f MiB in use by ptqkit, %.1f of %.1f MiB free on the device); "
+                    "reduce calibration.samples or calibration.seq_len, or run with device: cpu",
+                    double(b) / (1 << 20), double(P.in_use) / (1 << 20), double(free_b) / (1 << 20), double(total) / (1 << 20));
+      fail(Errc::io, "GPU", what, m);
+    }
+  }
+  P.sizes[p] = b;
+  P.in_use += b;
+  P.peak = std::max(P.peak, P.in_use);
+  return p;
+}
+
+void device_free(void* p) {
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  auto it = P.sizes.find(p);
+  if (it == P.sizes.end()) return;
+  P.in_use -= it->second;
+  P.free_blocks.emplace(it->second, p);
+}
+
+size_t pool_peak_bytes() { return pool().peak; }
+
+void pool_release_cached() {
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  for (auto& [s, q] : P.free_blocks) { cudaFree(q); P.sizes.erase(q); }
+  P.free_blocks.clear();
+}
+
+}  // namespace ptq::cuda

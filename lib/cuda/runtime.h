@@ -1,0 +1,47 @@
+// runtime.h — the CUDA runtime layer: checked calls that name the file and line, device
+// discovery that never throws, and device buffers from a caching pool (cudaMalloc'd blocks are
+// kept and reused by size; out of memory is an error that says what was being allocated and how
+// to need less).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace ptq::cuda {
+
+bool available();
+void synchronize();               // cudaDeviceSynchronize, checked                 // a usable GPU is present (false, not an error, without one)
+std::string describe();           // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.2 GiB" or why none
+
+void check(int err, const char* what, const char* file, int line);          // cudaError_t
+void check_cublas(int st, const char* what, const char* file, int line);    // cublasStatus_t
+void check_cusolver(int st, const char* what, const char* file, int line);  // cusolverStatus_t
+#define PTQ_CUDA(call) ::ptq::cuda::check(int(call), #call, __FILE__, __LINE__)
+#define PTQ_CUBLAS(call) ::ptq::cuda::check_cublas(int(call), #call, __FILE__, __LINE__)
+#define PTQ_CUSOLVER(call) ::ptq::cuda::check_cusolver(int(call), #call, __FILE__, __LINE__)
+#define PTQ_CUDA_LAUNCH(what) ::ptq::cuda::check(int(cudaGetLastError()), what, __FILE__, __LINE__)
+
+// Device memory from the pool. `what` names the buffer in the out-of-memory message.
+void* device_alloc(size_t bytes, const char* what);
+void device_free(void* p);
+size_t pool_peak_bytes();          // peak bytes handed out (the pipeline's peak GPU memory)
+void pool_release_cached();        // return cached blocks to the driver
+
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t n, const char* what) : n_(n), p_(static_cast<T*>(device_alloc(n * sizeof(T), what))) {}
+  ~DeviceBuffer() { if (p_) device_free(p_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept { std::swap(n_, o.n_); std::swap(p_, o.p_); return *this; }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+ private:
+  size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+}  // namespace ptq::cuda

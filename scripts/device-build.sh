@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds a portable (x86-64-v3, sm_90) ptqkit and its GPU test here, and gathers what the GPU
+# machine lacks into .device/ (ignored by git): the binaries, the non-system shared libraries,
+# and the shared assets the GPU tests read. The GPU machine then runs scripts/device-run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTQKIT_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
+      -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build build-device --parallel "$(nproc)" --target ptqkit test_cuda
+rm -rf .device && mkdir -p .device/bin .device/lib .device/assets/models .device/assets/text/tinystories .device/assets/golden
+cp build-device/bin/ptqkit build-device/bin/test_cuda .device/bin/
+for l in libyaml-cpp.so.0.7 libsentencepiece.so.0 libcrypto.so.3 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" .device/lib/; done
+A=${PTQKIT_ASSETS:-../shared/assets}
+cp -r "$A/models/distilled-13m" .device/assets/models/
+cp "$A/text/tinystories/calib.txt" "$A/text/tinystories/eval.txt" .device/assets/text/tinystories/
+cp "$A/golden/golden.json" .device/assets/golden/
+du -sh .device
