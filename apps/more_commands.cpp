@@ -125,13 +125,15 @@ int bench_gptq() {
     auto p = cuda::last_phase_times();
     sum.prepare += p.prepare;
     sum.factorization += p.factorization;
+    sum.potrf += p.potrf;
+    sum.trtri += p.trtri;
     sum.column_loop += p.column_loop;
     sum.download += p.download;
   }
   const double layer = t_hess + t_solve;
   std::printf("  %-34s %8.3f s  (%.0f TFLOP/s as GEMM)\n", "Hessians (4 inputs, tensor cores)", t_hess, hess_flop / t_hess / 1e12);
   std::printf("  %-34s %8.3f s\n", "solve: prepare (upload, permute)", sum.prepare);
-  std::printf("  %-34s %8.3f s\n", "solve: factorization (cuSOLVER fp64)", sum.factorization);
+  std::printf("  %-34s %8.3f s  (potrf %.3f, L^-1 by trsm %.3f)\n", "solve: factorization (fp64)", sum.factorization, sum.potrf, sum.trtri);
   std::printf("  %-34s %8.3f s\n", "solve: column loop + trailing GEMMs", sum.column_loop);
   std::printf("  %-34s %8.3f s\n", "solve: codes back to the host", sum.download);
   std::printf("  %-34s %8.3f s  (7 Linears, wall %.3f s)\n", "solve total", sum.prepare + sum.factorization + sum.column_loop + sum.download, t_solve);

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTQKIT_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
+cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTQKIT_NATIVE=OFF -DPTQKIT_MARCH=x86-64-v3 \
       -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build-device --parallel "$(nproc)" --target ptqkit test_cuda
 rm -rf .device && mkdir -p .device/bin .device/lib .device/assets/models .device/assets/text/tinystories .device/assets/golden

@@ -3,7 +3,7 @@
 //     GEMM C = X^T X per chunk of <= 4096 rows (cublasGemmEx, fp32 accumulation), C added into an
 //     fp64 sum. Roofline: 2 n cols^2 FLOP on tensor cores (SYRK would halve it; not yet).
 //   gptq_quantize_device: W [rows, cols] fp32 (host), H fp64 [cols, cols] (device).
-//     Factorization: J H J = L L^T (cusolverDnDpotrf, fp64), L^-1 (cusolverDnXtrtri, fp64),
+//     Factorization: J H J = L L^T (cusolverDnDpotrf, fp64), L^-1 (cublasDtrsm against I, fp64),
 //     U = J L^-1 J (upper, fp32). fp64 because the factorization is where conditioning bites and
 //     it is O(cols^3 / 3), small next to the Hessians; the column loop is fp32 like the CPU path.
 //     Column loop: gptq_block_kernel, one launch per block of B = 128 columns: a warp per row,
@@ -31,7 +31,7 @@ namespace ptq::cuda {
 namespace {
 constexpr int kB = 128;          // columns per block
 constexpr int kWarps = 16;       // rows per CTA of the column kernel
-constexpr int64_t kChunk = 4096; // tokens per Hessian GEMM
+constexpr int64_t kChunk = 1024; // tokens per Hessian GEMM (fp32 accumulation inside, fp64 across)
 
 struct Handles {
   cublasHandle_t blas = nullptr;
@@ -57,9 +57,14 @@ __global__ void cast_f32_kernel(const float* x, void* y, int64_t n, int dtype) {
   else if (dtype == 2) static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
   else static_cast<float*>(y)[i] = x[i];
 }
-__global__ void accumulate_kernel(const float* c, double* acc, int64_t n) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) acc[i] += double(c[i]);
+// acc += c on the lower triangle (the upper is filled by symmetrize_kernel when read).
+__global__ void accumulate_kernel(const float* c, double* acc, int64_t cols) {
+  const int64_t i = blockIdx.y, j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j <= i) acc[i * cols + j] += double(c[i * cols + j]);
+}
+__global__ void symmetrize_kernel(double* a, int64_t cols) {
+  const int64_t i = blockIdx.y, j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j < i) a[j * cols + i] = a[i * cols + j];
 }
 __device__ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -104,7 +109,7 @@ void HessianCuda::add_device(const void* X, int64_t rows) {
     // row-major X [n, cols] is column-major X^T [cols, n]: C = X^T (X^T)^T
     PTQ_CUBLAS(cublasGemmEx(h.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(cols_), int(cols_), int(n), &one, A, cuda_type(dtype_), int(cols_), A,
                             cuda_type(dtype_), int(cols_), &zero, p_->c.get(), CUDA_R_32F, int(cols_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    accumulate_kernel<<<blocks_for(cols_ * cols_), 256>>>(p_->c.get(), p_->sum.get(), cols_ * cols_);
+    accumulate_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->c.get(), p_->sum.get(), cols_);
     PTQ_CUDA_LAUNCH("accumulate_kernel");
   }
   n_ += rows;
@@ -125,9 +130,15 @@ void HessianCuda::add(const MatF& X) {
   }
 }
 
-double* HessianCuda::device_sum() { return p_->sum.get(); }
+double* HessianCuda::device_sum() {
+  symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
+  PTQ_CUDA_LAUNCH("symmetrize_kernel");
+  return p_->sum.get();
+}
 
 MatD HessianCuda::finalize() const {
+  symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
+  PTQ_CUDA_LAUNCH("symmetrize_kernel");
   MatD H(cols_, cols_);
   PTQ_CUDA(cudaMemcpy(H.data(), p_->sum.get(), size_t(cols_ * cols_) * 8, cudaMemcpyDeviceToHost));
   if (n_ > 0) H *= 2.0 / double(n_);
@@ -171,6 +182,23 @@ __device__ __forceinline__ float warp_min(float v) { for (int o = 16; o; o >>= 1
 __device__ __forceinline__ float warp_max(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o)); return v; }
 __device__ __forceinline__ double warp_sum(double v) { for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o); return v; }
 
+// The reference's clipping search: shrink [lo, hi] by p = 1 - k/100, k < 80, keep the grid with the
+// least sum |q - x|^2.4 (err: the warp-wide sum for a grid).
+template <class Err>
+__device__ Grid clip_search(float lo, float hi, Grid best, int maxq, bool sym, int dt, Err err) {
+  double best_err = err(best);
+  for (int k = 1; k < 80; ++k) {
+    const float p = 1.0f - float(k) / 100.0f;
+    const Grid g = minmax_grid(p * lo, p * hi, maxq, sym, dt);
+    const double e = err(g);
+    if (e < best_err) { best_err = e; best = g; }
+  }
+  return best;
+}
+__device__ __forceinline__ double clip_error(float v, Grid g, int maxq) {
+  return pow(fabs(double(g.scale * float(quant(v, g, maxq) - g.zero)) - double(v)), 2.4);
+}
+
 // The grid of values v[0..n) spread over the warp (`have` says which of a lane's values count),
 // with the reference's clipping search when mse.
 template <int K>
@@ -181,23 +209,34 @@ __device__ Grid warp_grid(const float (&v)[K], const bool (&have)[K], int maxq, 
     if (have[k]) { lo = fminf(lo, v[k]); hi = fmaxf(hi, v[k]); }
   lo = warp_min(lo);
   hi = warp_max(hi);
-  Grid best = minmax_grid(lo, hi, maxq, sym, dt);
+  const Grid best = minmax_grid(lo, hi, maxq, sym, dt);
   if (!mse) return best;
-  auto err = [&](Grid g) {
+  return clip_search(lo, hi, best, maxq, sym, dt, [&](Grid g) {
     double e = 0;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (have[k]) e += pow(fabs(double(g.scale * float(quant(v[k], g, maxq) - g.zero)) - double(v[k])), 2.4);
+      if (have[k]) e += clip_error(v[k], g, maxq);
     return warp_sum(e);
-  };
-  double best_err = err(best);
-  for (int k = 1; k < 80; ++k) {
-    const float p = 1.0f - float(k) / 100.0f;
-    const Grid g = minmax_grid(p * lo, p * hi, maxq, sym, dt);
-    const double e = err(g);
-    if (e < best_err) { best_err = e; best = g; }
+  });
+}
+
+// Static groups: the grid of each (group, row) from the unpermuted weights; a warp per pair.
+__global__ void static_grid_kernel(const float* W, int64_t rows, int64_t cols, int64_t gs, int64_t groups, int maxq, bool sym, bool mse, int dt,
+                                   float* scale, int* zero) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;   // k = g * rows + r
+  const int lane = threadIdx.x % 32;
+  if (k >= groups * rows) return;
+  const int64_t g = k / rows, r = k % rows, c0 = g * gs, n = min(gs, cols - c0);
+  float v[4];
+  bool have[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {   // groups of up to 128 columns
+    const int64_t j = t * 32 + lane;
+    have[t] = j < n;
+    v[t] = have[t] ? W[r * cols + c0 + j] : 0.0f;
   }
-  return best;
+  const Grid gr = warp_grid(v, have, maxq, sym, mse, dt);
+  if (lane == 0) { scale[k] = gr.scale; zero[k] = gr.zero; }
 }
 
 // Per-row grids over a whole row (one group per row): a warp per row.
@@ -211,23 +250,12 @@ __global__ void row_grid_kernel(const float* W, int64_t rows, int64_t cols, int 
   lo = warp_min(lo);
   hi = warp_max(hi);
   Grid best = minmax_grid(lo, hi, maxq, sym, dt);
-  if (mse) {
-    auto err = [&](Grid g) {
+  if (mse)
+    best = clip_search(lo, hi, best, maxq, sym, dt, [&](Grid g) {
       double e = 0;
-      for (int64_t c = lane; c < cols; c += 32) {
-        const float v = W[r * cols + c];
-        e += pow(fabs(double(g.scale * float(quant(v, g, maxq) - g.zero)) - double(v)), 2.4);
-      }
+      for (int64_t c = lane; c < cols; c += 32) e += clip_error(W[r * cols + c], g, maxq);
       return warp_sum(e);
-    };
-    double be = err(best);
-    for (int k = 1; k < 80; ++k) {
-      const float p = 1.0f - float(k) / 100.0f;
-      const Grid g = minmax_grid(p * lo, p * hi, maxq, sym, dt);
-      const double e = err(g);
-      if (e < be) { be = e; best = g; }
-    }
-  }
+    });
   if (lane == 0) { scale[r] = best.scale; zero[r] = best.zero; }
 }
 
@@ -260,7 +288,11 @@ __global__ void reversed_damped_kernel(const double* H, int64_t n, double scale,
   const int64_t i = k / n, j = k % n;
   A[k] = scale * H[(n - 1 - i) * n + (n - 1 - j)] + (i == j ? damp : 0.0);
 }
-// U(i, j) = Linv(n-1-i, n-1-j) for j >= i, 0 below; Linv column-major lower from trtri.
+__global__ void identity_kernel(double* a, int64_t n) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k < n * n) a[k] = (k / n == k % n) ? 1.0 : 0.0;
+}
+// U(i, j) = Linv(n-1-i, n-1-j) for j >= i, 0 below; Linv column-major lower.
 __global__ void make_u_kernel(const double* Linv, int64_t n, float* U, int* bad) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= n * n) return;
@@ -328,6 +360,10 @@ __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __
 
 bool gptq_supported(const QuantSpec& s, std::string* why) {
   if (s.bits < 2 || s.bits > 8) { if (why) *why = "bits must be 2..8"; return false; }
+  if (s.group_size > kB && s.static_groups) {
+    if (why) *why = "static groups on the GPU take at most 128 columns";
+    return false;
+  }
   if (s.group_size > 0 && !s.static_groups && kB % s.group_size != 0) {
     if (why) *why = "group_size " + std::to_string(s.group_size) + " does not divide the 128-column block (dynamic groups must start at block boundaries)";
     return false;
@@ -348,15 +384,7 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   auto& h = handles();
   const int64_t rows = W0.rows(), n = W0.cols(), gs = s.group_size > 0 ? s.group_size : n;
   const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
-  QuantizedLinear q;
-  q.spec = s;
-  q.rows = rows;
-  q.cols = n;
-  q.groups = (n + gs - 1) / gs;
-  q.codes.assign(size_t(rows * n), 0);
-  q.scales.assign(size_t(q.groups * rows), 0.0f);
-  q.zeros.assign(size_t(q.groups * rows), 0);
-  q.g_idx.assign(size_t(n), 0);
+  QuantizedLinear q = QuantizedLinear::empty(rows, n, s);
 
   // 1. dead columns (and W to the device)
   DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
@@ -372,21 +400,13 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   for (auto& d : diag)
     if (d == 0) { d = 1.0 / hscale; ++S.dead_columns; }
   // 2. static groups, from the unpermuted weights (dead columns zeroed, as on the device)
-  std::vector<float> st_scale;
-  std::vector<int> st_zero;
-  if (s.static_groups && s.group_size > 0) {
-    MatF Wd(rows, n);
-    PTQ_CUDA(cudaMemcpy(Wd.data(), dW.get(), size_t(rows * n) * 4, cudaMemcpyDeviceToHost));
-    st_scale.resize(size_t(q.groups * rows));
-    st_zero.resize(size_t(q.groups * rows));
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t g = 0; g < q.groups; ++g) {
-        const GridParams p = find_grid(&Wd(r, g * gs), std::min(gs, n - g * gs), 1, s);
-        st_scale[size_t(g * rows + r)] = q.scales[size_t(g * rows + r)] = p.scale;
-        st_zero[size_t(g * rows + r)] = q.zeros[size_t(g * rows + r)] = p.zero;
-      }
-    for (int64_t c = 0; c < n; ++c) q.g_idx[size_t(c)] = int32_t(c / gs);
+  const bool static_groups = s.static_groups && s.group_size > 0;
+  DeviceBuffer<float> dStScale(static_groups ? size_t(q.groups * rows) : 1, "static scales");
+  DeviceBuffer<int> dStZero(static_groups ? size_t(q.groups * rows) : 1, "static zeros");
+  if (static_groups) {
+    if (gs > kB) fail(Errc::usage, "", "quantization.group_size", "static groups on the GPU take at most 128 columns per group");
+    static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW.get(), rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, dStScale.get(), dStZero.get());
+    PTQ_CUDA_LAUNCH("static_grid_kernel");
   }
   // 3. act-order: a stable sort of the diagonal on the host, the gathers on the device
   std::vector<int> perm(static_cast<size_t>(n));
@@ -419,22 +439,28 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   int lwork = 0;
   PTQ_CUSOLVER(cusolverDnDpotrf_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), &lwork));
   DeviceBuffer<double> dWork(size_t(std::max(lwork, 1)), "cuSOLVER workspace");
-  size_t tri_dev = 0, tri_host = 0;
-  PTQ_CUSOLVER(cusolverDnXtrtri_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, n, CUDA_R_64F, dA.get(), n, &tri_dev, &tri_host));
-  DeviceBuffer<uint8_t> dTri(std::max<size_t>(tri_dev, 1), "cuSOLVER trtri workspace");
-  std::vector<uint8_t> hTri(std::max<size_t>(tri_host, 1));
+  DeviceBuffer<double> dLinv(size_t(n * n), "inverse Cholesky factor (fp64)");
   double damp = s.damp_percent;
   for (;;) {
     reversed_damped_kernel<<<blocks_for(n * n), 256>>>(dHp.get(), n, hscale, damp * mean_diag, dA.get());
     PTQ_CUDA_LAUNCH("reversed_damped_kernel");
     int info[2] = {0, 0};
     PTQ_CUDA(cudaMemset(dInfo.get(), 0, 8));
+    auto tp = clk::now();
     PTQ_CUSOLVER(cusolverDnDpotrf(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), dWork.get(), lwork, dInfo.get()));
     PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 4, cudaMemcpyDeviceToHost));
+    g_times.potrf += secs(tp);
     if (info[0] == 0) {
-      PTQ_CUSOLVER(cusolverDnXtrtri(h.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, n, CUDA_R_64F, dA.get(), n, dTri.get(), tri_dev,
-                                    hTri.data(), tri_host, dInfo.get()));
-      make_u_kernel<<<blocks_for(n * n), 256>>>(dA.get(), n, dU.get(), dInfo.get() + 1);
+      tp = clk::now();
+      // L^-1 by a triangular solve against the identity (cuBLAS DTRSM: much faster than cuSOLVER's trtri here)
+      identity_kernel<<<blocks_for(n * n), 256>>>(dLinv.get(), n);
+      PTQ_CUDA_LAUNCH("identity_kernel");
+      const double one_d = 1.0;
+      PTQ_CUBLAS(cublasDtrsm(h.blas, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, int(n), int(n), &one_d, dA.get(),
+                             int(n), dLinv.get(), int(n)));
+      PTQ_CUDA(cudaDeviceSynchronize());
+      g_times.trtri += secs(tp);
+      make_u_kernel<<<blocks_for(n * n), 256>>>(dLinv.get(), n, dU.get(), dInfo.get() + 1);
       PTQ_CUDA_LAUNCH("make_u_kernel");
       PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 8, cudaMemcpyDeviceToHost));
       if (info[0] == 0 && info[1] == 0) break;
@@ -455,12 +481,8 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   for (int64_t c = 0; c < n; ++c) gidx_perm[size_t(c)] = int(perm[size_t(c)] / gs);
   DeviceBuffer<int> dGidx(size_t(n), "group of each permuted column");
   PTQ_CUDA(cudaMemcpy(dGidx.get(), gidx_perm.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-  DeviceBuffer<float> dStScale(std::max<size_t>(st_scale.size(), 1), "static scales"), dGrpScale(size_t(q.groups * rows), "group scales");
-  DeviceBuffer<int> dStZero(std::max<size_t>(st_zero.size(), 1), "static zeros"), dGrpZero(size_t(q.groups * rows), "group zeros");
-  if (!st_scale.empty()) {
-    PTQ_CUDA(cudaMemcpy(dStScale.get(), st_scale.data(), st_scale.size() * 4, cudaMemcpyHostToDevice));
-    PTQ_CUDA(cudaMemcpy(dStZero.get(), st_zero.data(), st_zero.size() * 4, cudaMemcpyHostToDevice));
-  }
+  DeviceBuffer<float> dGrpScale(size_t(q.groups * rows), "group scales");
+  DeviceBuffer<int> dGrpZero(size_t(q.groups * rows), "group zeros");
   DeviceBuffer<uint8_t> dCodes(size_t(rows * n), "codes");
   DeviceBuffer<float> dErr(size_t(rows * kB), "block errors");
   const int smem = kB * kB * 4;
@@ -490,6 +512,9 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   if (mode == 0) {
     PTQ_CUDA(cudaMemcpy(q.scales.data(), dRowScale.get(), size_t(rows) * 4, cudaMemcpyDeviceToHost));
     PTQ_CUDA(cudaMemcpy(q.zeros.data(), dRowZero.get(), size_t(rows) * 4, cudaMemcpyDeviceToHost));
+  } else if (mode == 1) {
+    PTQ_CUDA(cudaMemcpy(q.scales.data(), dStScale.get(), q.scales.size() * 4, cudaMemcpyDeviceToHost));
+    PTQ_CUDA(cudaMemcpy(q.zeros.data(), dStZero.get(), q.zeros.size() * 4, cudaMemcpyDeviceToHost));
   } else if (mode == 2) {
     PTQ_CUDA(cudaMemcpy(q.scales.data(), dGrpScale.get(), q.scales.size() * 4, cudaMemcpyDeviceToHost));
     PTQ_CUDA(cudaMemcpy(q.zeros.data(), dGrpZero.get(), q.zeros.size() * 4, cudaMemcpyDeviceToHost));

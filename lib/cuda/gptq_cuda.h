@@ -36,7 +36,7 @@ QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, 
 QuantizedLinear gptq_quantize_device(const MatF& W, double* H_sum_device, int64_t tokens, const QuantSpec& s, SolveStats* stats = nullptr);
 
 // Timings of the last gptq_quantize* call's phases, for benchmarks (seconds).
-struct GptqPhaseTimes { double prepare = 0, factorization = 0, column_loop = 0, download = 0; };
+struct GptqPhaseTimes { double prepare = 0, factorization = 0, potrf = 0, trtri = 0, column_loop = 0, download = 0; };
 GptqPhaseTimes last_phase_times();
 
 // Fills a device buffer with deterministic pseudo-random normal values (benchmarks).

@@ -11,7 +11,7 @@
 namespace ptq {
 
 void Hessian::add(const MatF& X) {
-  constexpr int64_t kChunk = 4096;
+  constexpr int64_t kChunk = 1024;   // the same chunking as the GPU (lib/cuda): fp32 within, fp64 across
   Eigen::MatrixXf part;   // column-major: selfadjointView rank updates want it
   for (int64_t t0 = 0; t0 < X.rows(); t0 += kChunk) {
     const int64_t n = std::min(kChunk, X.rows() - t0);
@@ -66,15 +66,8 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
 
   const int64_t gs = s.group_size > 0 ? s.group_size : cols;
   P.gs = gs;
+  P.q = QuantizedLinear::empty(rows, cols, s);   // g_idx is rewritten below for permuted groups
   QuantizedLinear& q = P.q;
-  q.spec = s;
-  q.rows = rows;
-  q.cols = cols;
-  q.groups = (cols + gs - 1) / gs;
-  q.codes.assign(size_t(rows * cols), 0);
-  q.scales.assign(size_t(q.groups * rows), 0.0f);
-  q.zeros.assign(size_t(q.groups * rows), 0);
-  q.g_idx.assign(size_t(cols), 0);
 
   // 2. static groups: parameters from the unpermuted weights
   if (s.static_groups && s.group_size > 0) {
@@ -105,8 +98,7 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
       q.zeros[size_t(r)] = P.row_params[size_t(r)].zero;
     }
   }
-  if (s.static_groups && s.group_size > 0) {   // g_idx and scales in natural order
-    for (int64_t c = 0; c < cols; ++c) q.g_idx[size_t(c)] = int32_t(c / gs);
+  if (s.static_groups && s.group_size > 0) {   // scales in natural order (g_idx is c / group)
     for (size_t i = 0; i < P.static_params.size(); ++i) {
       q.scales[i] = P.static_params[i].scale;
       q.zeros[i] = P.static_params[i].zero;

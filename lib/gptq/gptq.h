@@ -1,6 +1,6 @@
 // gptq.h — the GPTQ solve for one Linear (algorithms.md), and the Hessian it needs.
 //
-// Precision: H is accumulated as fp32 GEMMs over chunks of at most 4096 tokens, summed in fp64
+// Precision: H is accumulated as fp32 GEMMs over chunks of at most 1024 tokens, summed in fp64
 // (16-bit inputs times 16-bit inputs are exact in fp32; the chunked fp64 sum keeps the error of
 // 10^5-10^6 terms out). Damping and the factorization are fp64. The column loop and the trailing
 // GEMM are fp32, as in the reference and the GPU path, so the two paths round alike.

@@ -62,18 +62,24 @@ MatF QuantizedLinear::dequantize() const {
   return W;
 }
 
-QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s) {
+QuantizedLinear QuantizedLinear::empty(int64_t rows, int64_t cols, const QuantSpec& s) {
   QuantizedLinear q;
   q.spec = s;
-  q.rows = W.rows();
-  q.cols = W.cols();
+  q.rows = rows;
+  q.cols = cols;
+  const int64_t gs = s.group_size > 0 ? s.group_size : cols;
+  q.groups = (cols + gs - 1) / gs;
+  q.codes.assign(size_t(rows * cols), 0);
+  q.scales.assign(size_t(q.groups * rows), 0.0f);
+  q.zeros.assign(size_t(q.groups * rows), 0);
+  q.g_idx.resize(size_t(cols));
+  for (int64_t c = 0; c < cols; ++c) q.g_idx[size_t(c)] = int32_t(c / gs);
+  return q;
+}
+
+QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s) {
+  QuantizedLinear q = QuantizedLinear::empty(W.rows(), W.cols(), s);
   const int64_t gs = s.group_size > 0 ? s.group_size : q.cols;
-  q.groups = (q.cols + gs - 1) / gs;
-  q.codes.resize(size_t(q.rows * q.cols));
-  q.scales.resize(size_t(q.groups * q.rows));
-  q.zeros.resize(size_t(q.groups * q.rows));
-  q.g_idx.resize(size_t(q.cols));
-  for (int64_t c = 0; c < q.cols; ++c) q.g_idx[size_t(c)] = int32_t(c / gs);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < q.rows; ++r)
     for (int64_t g = 0; g < q.groups; ++g) {

@@ -51,6 +51,8 @@ struct QuantizedLinear {
   std::vector<int32_t> zeros;    // [groups, rows]
   std::vector<int32_t> g_idx;    // [cols]
   MatF dequantize() const;
+  // Shape, spec and zeroed storage for W [rows, cols]; g_idx in natural order (c / group).
+  static QuantizedLinear empty(int64_t rows, int64_t cols, const QuantSpec& s);
 };
 
 // Round-to-nearest with the same grids (the baseline), groups in natural column order.

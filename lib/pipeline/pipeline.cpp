@@ -155,8 +155,9 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   const float eps = float(c.rms_norm_eps);
 
   QuantStore store(out.path() + "/.layers");
-  // Hessians on the GPU from activations in the model's 16-bit dtype (f32 models: fp32 SGEMM).
-  const DType hdt = c.dtype;
+  // Hessians on the GPU: the forward still runs on the CPU in fp32, so the GPU accumulates the same
+  // fp32 activations (SGEMM, fp64 sums) rather than rounding them to 16 bits for the tensor cores.
+  const DType hdt = DType::F32;
   json modules = json::array(), layers = json::array(), smoothing = json::array();
   const bool w8a8 = r.act_mode != ActQuant::none;
   auto smooth_pair = [&](const std::string& pair) {
