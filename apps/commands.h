@@ -11,6 +11,10 @@ struct EvalArgs {
   std::string model, data, json_out, reference, tokenizer, w8a8_path = "int";
   int seq_len = 0;
   int64_t max_windows = -1, batch_tokens = 16384;
+  // regression gate
+  std::string baseline, write_baseline;
+  double max_ppl_delta = -1, max_kl = -1, min_top1 = -1;
+  bool relative = false;
 };
 struct SynthArgs {
   std::string preset = "tiny", output, dtype = "f16";

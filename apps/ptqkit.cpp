@@ -57,6 +57,39 @@ void print_eval(const EvalResult& r) {
 
 }  // namespace
 
+// The regression gate: the run's numbers against a baseline written by --write-baseline.
+// Returns the reason a threshold was crossed, or "" when none was.
+std::string gate_reason(const EvalArgs& a, const json& run) {
+  if (a.max_kl >= 0 || a.min_top1 >= 0) {
+    if (!run.contains("kl")) fail(Errc::usage, "", "--max-kl/--min-top1", "need --reference MODEL_DIR");
+    const double kl = run["kl"]["mean"], top1 = run["kl"]["top1_agreement"];
+    char b[256];
+    if (a.max_kl >= 0 && kl > a.max_kl) { std::snprintf(b, sizeof b, "mean KL divergence %.6g exceeds --max-kl %.6g", kl, a.max_kl); return b; }
+    if (a.min_top1 >= 0 && top1 < a.min_top1) { std::snprintf(b, sizeof b, "top-1 agreement %.6g is below --min-top1 %.6g", top1, a.min_top1); return b; }
+  }
+  if (a.max_ppl_delta >= 0) {
+    if (a.baseline.empty()) fail(Errc::usage, "", "--max-ppl-delta", "needs --baseline FILE");
+    json base;
+    try { base = json::parse(read_text_file(a.baseline)); } catch (const json::exception& e) {
+      fail(Errc::format, a.baseline, "", std::string("malformed JSON: ") + e.what());
+    }
+    for (const char* k : {"perplexity", "data_sha256", "seq_len", "windows"})
+      if (!base.contains(k)) fail(Errc::format, a.baseline, k, "missing (write baselines with --write-baseline)");
+    for (const char* k : {"data_sha256", "seq_len", "windows"})
+      if (base[k] != run[k])
+        fail(Errc::input, a.baseline, k, "differs from this run (" + base[k].dump() + " vs " + run[k].dump() + "): the baseline measured something else");
+    const double b = base["perplexity"], p = run["perplexity"];
+    const double delta = a.relative ? p / b - 1 : p - b;
+    char m[256];
+    if (delta > a.max_ppl_delta) {
+      std::snprintf(m, sizeof m, "perplexity %.6f exceeds baseline %.6f by %.6g%s > --max-ppl-delta %.6g%s", p, b, a.relative ? 100 * delta : delta,
+                    a.relative ? "%" : "", a.relative ? 100 * a.max_ppl_delta : a.max_ppl_delta, a.relative ? "%" : "");
+      return m;
+    }
+  }
+  return "";
+}
+
 int cmd_eval(const EvalArgs& a) {
   std::unique_ptr<LlamaModel> mp = open_model(a.model);
   if (a.w8a8_path != "int" && a.w8a8_path != "fake") fail(Errc::usage, "", "--w8a8-path", "must be int or fake");
@@ -72,15 +105,25 @@ int cmd_eval(const EvalArgs& a) {
   o.batch_tokens = a.batch_tokens;
   EvalResult r = evaluate(model, ids, o, ref.get());
   print_eval(r);
-  if (!a.json_out.empty()) {
-    json j = r.to_json();
-    j["model"] = a.model;
-    j["model_format"] = model_format(a.model);
-    j["data"] = a.data;
-    j["data_sha256"] = sha256_file(a.data);
-    if (ref) j["reference"] = a.reference;
-    write_file_atomic(a.json_out, j.dump(2) + "\n");
+  json j = r.to_json();
+  j["model"] = a.model;
+  j["model_format"] = model_format(a.model);
+  j["data"] = a.data;
+  j["data_sha256"] = sha256_file(a.data);
+  if (ref) j["reference"] = a.reference;
+  if (!a.json_out.empty()) write_file_atomic(a.json_out, j.dump(2) + "\n");
+  if (!a.write_baseline.empty()) {
+    json b = {{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"scored_tokens", r.scored_tokens}, {"windows", r.windows},
+              {"seq_len", r.seq_len}, {"data", a.data}, {"data_sha256", j["data_sha256"]}, {"model", a.model}};
+    if (r.kl) b["kl"] = j["kl"];
+    write_file_atomic(a.write_baseline, b.dump(2) + "\n");
   }
+  const std::string why = gate_reason(a, j);
+  if (!why.empty()) {
+    std::fprintf(stderr, "ptqkit: gate failed: %s\n", why.c_str());
+    return int(Errc::gate);
+  }
+  if (!a.baseline.empty() || a.max_kl >= 0 || a.min_top1 >= 0) std::printf("gate passed\n");
   return 0;
 }
 
@@ -219,6 +262,12 @@ int main(int argc, char** argv) {
   ev->add_option("--reference", ea.reference, "reference model folder: adds KL divergence and top-1 agreement");
   ev->add_option("--tokenizer", ea.tokenizer, "tokenizer file or folder (default: the model folder)");
   ev->add_option("--batch-tokens", ea.batch_tokens, "tokens per forward chunk (memory bound)")->default_val(16384);
+  ev->add_option("--baseline", ea.baseline, "regression gate: a baseline written by --write-baseline");
+  ev->add_option("--max-ppl-delta", ea.max_ppl_delta, "fail (exit 10) when perplexity exceeds the baseline's by more than this");
+  ev->add_flag("--relative", ea.relative, "--max-ppl-delta is a fraction of the baseline (0.005 = 0.5%)");
+  ev->add_option("--max-kl", ea.max_kl, "fail when the mean KL divergence against --reference exceeds this");
+  ev->add_option("--min-top1", ea.min_top1, "fail when the top-1 agreement with --reference is below this (0..1)");
+  ev->add_option("--write-baseline", ea.write_baseline, "record this run as a baseline");
   ev->add_option("--w8a8-path", ea.w8a8_path, "W8A8 models: int (int8 GEMM, int32 accumulation) or fake (float)")->default_val("int");
 
   SynthArgs sa;

@@ -73,3 +73,36 @@ TEST_CASE("cli: errors name the file and field and exit non-zero with the kind's
   r = run_ptqkit("eval --model");
   CHECK(r.code != 0);
 }
+
+TEST_CASE("cli: the regression gate passes a run at its baseline and fails a regression with exit code 10") {
+  ptqtest::TempDir d;
+  REQUIRE(run_ptqkit("synth --seed 2 --output " + d / "m").code == 0);
+  REQUIRE(run_ptqkit("synth --seed 3 --output " + d / "other").code == 0);
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "The gate keeps quantized models honest, run after run. ";
+  ptq::write_file_atomic(d / "t.txt", text);
+  const std::string evalm = "eval --data " + d / "t.txt" + " --seq-len 128 --model ";
+  auto r = run_ptqkit(evalm + d / "m" + " --write-baseline " + d / "base.json");
+  REQUIRE(r.code == 0);
+  r = run_ptqkit(evalm + d / "m" + " --baseline " + d / "base.json" + " --max-ppl-delta 0.001 --relative");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("gate passed") != std::string::npos);
+  // another model against this baseline: a different perplexity, made a "regression" by a zero tolerance in the
+  // direction it moved
+  auto b = json::parse(ptq::read_text_file(d / "base.json"));
+  b["perplexity"] = b["perplexity"].get<double>() * 0.9;   // the baseline was 10% better
+  ptq::write_file_atomic(d / "better.json", b.dump());
+  r = run_ptqkit(evalm + d / "m" + " --baseline " + d / "better.json" + " --max-ppl-delta 0.05 --relative");
+  CHECK(r.code == 10);
+  CHECK(r.out.find("gate failed: perplexity") != std::string::npos);
+  CHECK(r.out.find("> --max-ppl-delta 5%") != std::string::npos);
+  r = run_ptqkit(evalm + d / "m" + " --reference " + d / "other" + " --max-kl 0.000001");
+  CHECK(r.code == 10);
+  CHECK(r.out.find("mean KL divergence") != std::string::npos);
+  r = run_ptqkit(evalm + d / "m" + " --reference " + d / "m" + " --min-top1 0.999");
+  CHECK(r.code == 0);
+  r = run_ptqkit("eval --data " + d / "t.txt" + " --seq-len 64 --model " + d / "m" + " --baseline " + d / "base.json" + " --max-ppl-delta 1");
+  CHECK(r.code == 6);   // a baseline of other windows is refused, not compared
+  CHECK(r.out.find("seq_len: differs from this run") != std::string::npos);
+}
