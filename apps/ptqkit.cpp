@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -242,8 +243,22 @@ int cmd_inspect(const InspectArgs& a) {
 
 }  // namespace ptq
 
+namespace {
+// SIGINT / SIGTERM: say what happened and what is left, then exit non-zero at once. Output folders
+// are only ever complete under their final name; an interrupted quantization leaves OUT.partial,
+// which `ptqkit quantize ... --resume` continues.
+extern "C" void on_signal(int sig) {
+  const char msg[] = "\nptqkit: interrupted; nothing was committed (an unfinished quantization stays in OUTPUT.partial: rerun with --resume)\n";
+  ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+  (void)ignored;
+  ::_exit(128 + sig);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace ptq;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
   tune_allocator();
   CLI::App app{"ptqkit: post-training quantization of Llama-family models (GPTQ, RTN, SmoothQuant) on CPU and CUDA"};
   app.require_subcommand(1);

@@ -11,7 +11,7 @@ namespace {
 struct QuantizeArgs {
   std::string recipe, model, output;
   std::vector<std::string> sets;
-  bool force = false;
+  bool force = false, resume = false;
 } g_qa;
 CLI::App* g_quantize = nullptr;
 }  // namespace
@@ -23,6 +23,7 @@ void register_quantize(CLI::App& app) {
   g_quantize->add_option("--output", g_qa.output, "output folder (overrides the recipe's output)");
   g_quantize->add_option("--set", g_qa.sets, "override a recipe field: key.path=value (repeatable)");
   g_quantize->add_flag("--force", g_qa.force, "replace an existing output folder");
+  g_quantize->add_flag("--resume", g_qa.resume, "continue an interrupted run of the same recipe from its last finished layer");
 }
 
 bool quantize_parsed() { return g_quantize && g_quantize->parsed(); }
@@ -34,6 +35,7 @@ int run_quantize_command() {
   Recipe r = load_recipe(g_qa.recipe, sets);
   QuantizeOptions o;
   o.force = g_qa.force;
+  o.resume = g_qa.resume;
   nlohmann::json rep = run_quantize(r, o);
   double ratio = 0, worst = 0;
   std::string worst_name;

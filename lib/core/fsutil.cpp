@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <openssl/evp.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -137,19 +138,34 @@ void MappedFile::release(const uint8_t* p, size_t n) const {
   if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
-OutputDir::OutputDir(std::string final_path, bool force) : final_(std::move(final_path)), force_(force) {
+OutputDir::OutputDir(std::string final_path, bool force, bool resume, bool keep_on_failure)
+    : final_(std::move(final_path)), force_(force), keep_(keep_on_failure) {
   while (final_.size() > 1 && final_.back() == '/') final_.pop_back();
   std::error_code ec;
   if (fs::exists(final_, ec) && !force_)
     fail(Errc::exists, final_, "", "output exists; pass --force to replace it");
-  staging_ = final_ + ".partial-" + std::to_string(::getpid());
-  fs::remove_all(staging_, ec);
+  staging_ = final_ + ".partial";
+  // The lock lives beside the staging folder, so that clearing the folder keeps it.
+  const std::string lock = final_ + ".partial.lock";
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+  if (lock_fd_ < 0) fail(Errc::io, lock, "", std::string("cannot create the lock file: ") + std::strerror(errno));
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    fail(Errc::exists, final_, "", "another ptqkit run is writing this output (" + staging_ + " is locked)");
+  }
+  if (!resume) fs::remove_all(staging_, ec);
   fs::create_directories(staging_, ec);
   if (ec) fail(Errc::io, staging_, "", "cannot create output folder: " + ec.message());
 }
 
 OutputDir::~OutputDir() {
-  if (!committed_) { std::error_code ec; fs::remove_all(staging_, ec); }
+  std::error_code ec;
+  if (!committed_ && !keep_) fs::remove_all(staging_, ec);
+  if (lock_fd_ >= 0) {
+    fs::remove(final_ + ".partial.lock", ec);
+    ::close(lock_fd_);
+  }
 }
 
 void OutputDir::commit() {

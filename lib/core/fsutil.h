@@ -37,12 +37,14 @@ class MappedFile {
   size_t size_{0};
 };
 
-// An output folder built under "<final>.partial-<pid>" and renamed to <final> by commit().
-// Refuses an existing <final> unless `force`. If never committed, the staging folder is removed.
-// A killed run leaves only a ".partial-" folder, which never looks like a finished output.
+// An output folder built under "<final>.partial" and renamed to <final> by commit().
+// Refuses an existing <final> unless `force`, and a staging folder another live run holds (flock).
+// `resume`: keep what an earlier, killed run left in the staging folder; otherwise start it empty.
+// If never committed (an error), the staging folder is removed unless `keep_on_failure`; a killed
+// run leaves only the ".partial" folder, which never looks like a finished output.
 class OutputDir {
  public:
-  OutputDir(std::string final_path, bool force);
+  OutputDir(std::string final_path, bool force, bool resume = false, bool keep_on_failure = false);
   ~OutputDir();
   OutputDir(const OutputDir&) = delete;
   OutputDir& operator=(const OutputDir&) = delete;
@@ -52,7 +54,8 @@ class OutputDir {
   void commit();
  private:
   std::string final_, staging_;
-  bool force_{false}, committed_{false};
+  bool force_{false}, committed_{false}, keep_{false};
+  int lock_fd_{-1};
 };
 
 }  // namespace ptq

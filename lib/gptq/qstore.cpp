@@ -60,12 +60,13 @@ std::string QuantStore::layer_file(int layer) const {
 bool QuantStore::has_layer(int layer) const { return std::filesystem::exists(layer_file(layer)); }
 
 void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modules, const std::vector<std::pair<std::string, VecF>>& floats,
-                            const std::vector<std::pair<std::string, ActQuant>>& acts) const {
+                            const std::vector<std::pair<std::string, ActQuant>>& acts, const std::string& report) const {
   std::filesystem::create_directories(dir_);
   std::vector<NamedTensor> ts;
   std::map<std::string, std::string> meta{{"format", "ptqkit-quantized-layer"}};
   for (auto& [name, v] : floats) ts.push_back({name, tensor_from_f32(v.data(), {v.size()}, DType::F32)});
   for (auto& [m, a] : acts) meta["act:" + m] = json({{"mode", int(a.mode)}, {"static_scale", a.static_scale}}).dump();
+  if (!report.empty()) meta["report"] = report;
   for (auto& q : modules) {
     ts.push_back({q.name + ".codes", raw_tensor(DType::U8, {q.rows, q.cols}, q.codes)});
     ts.push_back({q.name + ".scales", raw_tensor(DType::F32, {q.groups, q.rows}, q.scales)});
@@ -99,7 +100,7 @@ void QuantStore::load(int layer) const {
   if (!has_layer(layer)) return;
   SafetensorsFile f(layer_file(layer));
   for (auto& [name, spec] : f.metadata()) {
-    if (name == "format") continue;
+    if (name == "format" || name == "report") continue;
     if (name.rfind("act:", 0) == 0) {
       json a = json::parse(spec);
       acts_[name.substr(4)] = {ActQuant::Mode(a["mode"].get<int>()), a["static_scale"].get<float>()};
@@ -132,6 +133,13 @@ const QuantizedLinear* QuantStore::get(const std::string& module) const {
   load(layer);
   auto it = cache_.find(module);
   return it == cache_.end() ? nullptr : &it->second;
+}
+
+std::string QuantStore::layer_report(int layer) const {
+  if (!has_layer(layer)) return "";
+  SafetensorsFile f(layer_file(layer));
+  auto it = f.metadata().find("report");
+  return it == f.metadata().end() ? "" : it->second;
 }
 
 bool QuantStore::float_override(const std::string& tensor, VecF* v) const {

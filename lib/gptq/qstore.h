@@ -19,7 +19,8 @@ class QuantStore {
   // `floats`: tensors that replace the source's (smoothed norm weights); `acts`: W8A8 input spec
   // per module.
   void save_layer(int layer, const std::vector<QuantizedLinear>& modules, const std::vector<std::pair<std::string, VecF>>& floats = {},
-                  const std::vector<std::pair<std::string, ActQuant>>& acts = {}) const;
+                  const std::vector<std::pair<std::string, ActQuant>>& acts = {}, const std::string& report = "") const;
+  std::string layer_report(int layer) const;   // the report JSON saved with the layer ("" if none)
   bool float_override(const std::string& tensor, VecF* v) const;   // a replaced tensor, by full name
   ActQuant act_quant(const std::string& module) const;
   bool has_layer(int layer) const;

@@ -104,7 +104,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   if (r.device == "cuda") fail(Errc::usage, r.source, "device", "this build has no CUDA (nvcc was not found when it was built); use cpu or auto");
 #endif
   std::map<std::string, double> phase;
-  OutputDir out(r.output, opt.force);
+  OutputDir out(r.output, opt.force, opt.resume, /*keep_on_failure=*/opt.resume);   // never destroy what --resume was asked to continue
 
   std::unique_ptr<LlamaModel> model;
   {
@@ -150,6 +150,25 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       X = model->embed(cd.tokens);
     }
   }
+  // What a resumed run must share with the interrupted one: the effective recipe (less the output
+  // folder), the model's config and the calibration windows.
+  Recipe fr = r;
+  fr.output.clear();
+  const json fingerprint = {{"recipe", yaml_to_json(fr.to_yaml())}, {"config_sha256", sha256_file(r.model + "/config.json")},
+                            {"calibration", nf4 ? json() : cd.describe(r.calibration)}};
+  const std::string fp_file = out.file(".resume.json");
+  int resume_from = 0;
+  if (opt.resume && std::filesystem::exists(fp_file)) {
+    if (json::parse(read_text_file(fp_file)) != fingerprint)
+      fail(Errc::usage, out.path(), "--resume", "the interrupted run used another recipe, model or calibration; run without --resume to start over");
+    QuantStore done(out.path() + "/.layers");
+    while (resume_from < c.num_hidden_layers && done.has_layer(resume_from) && !done.layer_report(resume_from).empty()) ++resume_from;
+    if (resume_from == 0) std::fprintf(stderr, "ptqkit: resuming %s: no layer was finished, starting at layer 0\n", r.output.c_str());
+    else std::fprintf(stderr, "ptqkit: resuming %s: layers 0..%d are done, continuing at layer %d\n", r.output.c_str(), resume_from - 1, resume_from);
+  } else {
+    std::filesystem::remove_all(out.path() + "/.layers");
+    write_file_atomic(fp_file, fingerprint.dump() + "\n");
+  }
   const int S = cd.samples, T = cd.seq_len;
   const Rope& rope = model->rope(T);
   const float eps = float(c.rms_norm_eps);
@@ -172,6 +191,25 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       w = model->load_layer(l);
       for (Proj p : kAllProj) check_finite(w[p].W, proj_tensor_prefix(l, p) + ".weight", model->weights());
     }
+    if (l < resume_from) {   // done by the interrupted run: replay the quantized layer to get the next input
+      PhaseTimer t(phase["forward"]);
+      for (Proj p : kAllProj) {
+        const std::string name = proj_tensor_prefix(l, p);
+        if (const QuantizedLinear* q = store.get(name)) w[p].W = q->dequantize();
+        w[p].act = store.act_quant(name);
+      }
+      VecF v;
+      if (store.float_override("model.layers." + std::to_string(l) + ".input_layernorm.weight", &v)) w.input_layernorm = v;
+      if (store.float_override("model.layers." + std::to_string(l) + ".post_attention_layernorm.weight", &v)) w.post_attention_layernorm = v;
+      json rep = json::parse(store.layer_report(l));
+      for (auto& m : rep["modules"]) modules.push_back(m);
+      for (auto& e : rep["smoothquant"]) smoothing.push_back(e);
+      decoder_layer(w, c, rope, S, T, X);
+      layers.push_back({{"layer", l}, {"seconds", 0.0}, {"resumed", true}});
+      bar.update(l + 1);
+      continue;
+    }
+    const size_t modules_before = modules.size(), smoothing_before = smoothing.size();
     std::vector<QuantizedLinear> qs;
     auto quantize_group = [&](std::initializer_list<Proj> projs, const AnyHessian& hess) {
       MatD H;
@@ -222,7 +260,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     std::vector<std::pair<std::string, VecF>> smoothed;
     std::vector<std::pair<std::string, ActQuant>> acts;
     // SmoothQuant on one norm -> Linears pair: statistics of the unsmoothed input, alpha, fold.
-    auto smooth = [&](const std::string& norm_name, VecF& norm, std::initializer_list<Proj> projs, MatF& x) {
+    auto smooth = [&](const std::string& norm_name, VecF& norm, std::initializer_list<Proj> projs, const MatF& x_in, MatF& x) {
       VecF absmax;
       update_channel_absmax(x, absmax);
       json entry = {{"layer", l}, {"pair", norm_name}, {"outlier_ratio_before", outlier_ratio(absmax)}};
@@ -235,7 +273,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       AlphaSearch a = r.smooth.auto_alpha ? search_alpha(x, absmax, ws, act) : evaluate_alpha(x, absmax, ws, act, r.smooth.alpha);
       const VecF sf = smoothing_factors(absmax, ws, a.alpha);
       fold_smoothing(norm, wm, sf);
-      x = x * sf.cwiseInverse().asDiagonal();
+      rmsnorm(x_in, norm, eps, x);   // the smoothed input, computed as the deployed (and a resumed) model computes it
       entry["alpha"] = a.alpha;
       entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(sf));
       entry["w8a8_error"] = a.error;
@@ -258,7 +296,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       AnyHessian h_qkv(c.hidden_size, use_cuda, hdt), h_o(c.q_dim(), use_cuda, hdt), h_mlp(c.hidden_size, use_cuda, hdt),
           h_down(c.intermediate_size, use_cuda, hdt);
       { PhaseTimer t(phase["forward"]); rmsnorm(X, w.input_layernorm, eps, xn); }
-      smooth("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v}, xn);
+      smooth("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v}, X, xn);
       { PhaseTimer t(phase["hessian"]); h_qkv.add(xn); }
       quantize_group({Proj::q, Proj::k, Proj::v}, h_qkv);
       quantize_inputs({Proj::q, Proj::k, Proj::v}, xn);
@@ -272,7 +310,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         X += y;
         rmsnorm(X, w.post_attention_layernorm, eps, xn);
       }
-      smooth("post_attention_layernorm", w.post_attention_layernorm, {Proj::gate, Proj::up}, xn);
+      smooth("post_attention_layernorm", w.post_attention_layernorm, {Proj::gate, Proj::up}, X, xn);
       { PhaseTimer t(phase["hessian"]); h_mlp.add(xn); }
       quantize_group({Proj::gate, Proj::up}, h_mlp);
       quantize_inputs({Proj::gate, Proj::up}, xn);
@@ -312,7 +350,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     }
     {
       PhaseTimer t(phase["save"]);
-      store.save_layer(l, qs, smoothed, acts);
+      json rep = {{"modules", json::array()}, {"smoothquant", json::array()}};
+      for (size_t i = modules_before; i < modules.size(); ++i) rep["modules"].push_back(modules[i]);
+      for (size_t i = smoothing_before; i < smoothing.size(); ++i) rep["smoothquant"].push_back(smoothing[i]);
+      store.save_layer(l, qs, smoothed, acts, rep.dump());
     }
     layers.push_back({{"layer", l}, {"seconds", std::chrono::duration<double>(Clock::now() - t_layer).count()}});
     bar.update(l + 1);
@@ -362,6 +403,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       outputs.push_back({{"format", f}, {"dir", r.formats.size() == 1 ? "." : f}, {"files", files}});
     }
     std::filesystem::remove_all(out.path() + "/.layers");
+    std::filesystem::remove(fp_file);
   }
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();
   json report = {{"ptqkit_version", "0.1.0"},

@@ -18,6 +18,7 @@ namespace ptq {
 
 struct QuantizeOptions {
   bool force = false;
+  bool resume = false;   // continue from the layers an interrupted run of the same recipe finished
 };
 
 // Runs the recipe and writes its output folder (model files, recipe.yaml, report.json)
