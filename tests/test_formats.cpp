@@ -174,6 +174,38 @@ TEST_CASE("reference kernels compute x * dequant(W)^T straight from the packed l
       check(q, y, "compressed-tensors");
     }
   }
+  // NF4, Q4_0, Q8_0: against an fp64 product of the blocks' dequantized values (the decoders were
+  // checked on hand blocks above).
+  {
+    const int64_t out = 24, in = 96;
+    std::vector<float> W(size_t(out * in)), Wd(W.size()), y(size_t(M * out));
+    for (auto& v : W) v = float(r.normal());
+    auto check_dense = [&](const char* what) {
+      double maxd = 0, maxv = 0;
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t o = 0; o < out; ++o) {
+          double acc = 0;
+          for (int64_t i = 0; i < in; ++i) acc += double(x[size_t(m * 96 + i)]) * Wd[size_t(o * in + i)];
+          maxd = std::max(maxd, std::abs(acc - y[size_t(m * out + o)]));
+          maxv = std::max(maxv, std::abs(acc));
+        }
+      INFO(what << ": max error " << maxd << " of " << maxv);
+      CHECK(maxd <= 1e-5 * maxv);
+    };
+    Nf4Tensor t = nf4_quantize(W.data(), out * in, 64, true);
+    nf4_dequantize(t, out * in, Wd.data());
+    ref_gemm_nf4(x.data(), M, t, out, in, y.data());
+    check_dense("nf4");
+    std::vector<BlockQ4_0> b4;
+    std::vector<BlockQ8_0> b8;
+    for (int64_t k = 0; k < out * in; k += kQK) { b4.push_back(quantize_block_q4_0(&W[size_t(k)])); b8.push_back(quantize_block_q8_0(&W[size_t(k)])); }
+    for (size_t k = 0; k < b4.size(); ++k) dequantize_block_q4_0(b4[k], &Wd[k * kQK]);
+    ref_gemm_q4_0(x.data(), M, b4.data(), out, in, y.data());
+    check_dense("q4_0");
+    for (size_t k = 0; k < b8.size(); ++k) dequantize_block_q8_0(b8[k], &Wd[k * kQK]);
+    ref_gemm_q8_0(x.data(), M, b8.data(), out, in, y.data());
+    check_dense("q8_0");
+  }
   int8_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
   int32_t c[4];
   ref_gemm_i8(a, b, 2, 2, 2, c);

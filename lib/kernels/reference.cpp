@@ -59,24 +59,26 @@ void ref_gemm_nf4(const float* x, int64_t M, const Nf4Tensor& w, int64_t out, in
     }
 }
 
-void ref_gemm_q4_0(const float* x, int64_t M, const BlockQ4_0* w, int64_t out, int64_t in, float* y) {
+namespace {
+// llama.cpp layouts: each row of W is in/32 blocks, each dequantized on its own.
+template <class Block, class Dequant>
+void ref_gemm_blocks(const float* x, int64_t M, const Block* w, int64_t out, int64_t in, float* y, Dequant dequant) {
   std::fill(y, y + M * out, 0.0f);
   float v[kQK];
   for (int64_t o = 0; o < out; ++o)
     for (int64_t b = 0; b < in / kQK; ++b) {
-      dequantize_block_q4_0(w[o * (in / kQK) + b], v);
+      dequant(w[o * (in / kQK) + b], v);
       for (int j = 0; j < kQK; ++j) axpy_col(x, M, in, b * kQK + j, v[j], y, out, o);
     }
 }
+}  // namespace
+
+void ref_gemm_q4_0(const float* x, int64_t M, const BlockQ4_0* w, int64_t out, int64_t in, float* y) {
+  ref_gemm_blocks(x, M, w, out, in, y, dequantize_block_q4_0);
+}
 
 void ref_gemm_q8_0(const float* x, int64_t M, const BlockQ8_0* w, int64_t out, int64_t in, float* y) {
-  std::fill(y, y + M * out, 0.0f);
-  float v[kQK];
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t b = 0; b < in / kQK; ++b) {
-      dequantize_block_q8_0(w[o * (in / kQK) + b], v);
-      for (int j = 0; j < kQK; ++j) axpy_col(x, M, in, b * kQK + j, v[j], y, out, o);
-    }
+  ref_gemm_blocks(x, M, w, out, in, y, dequantize_block_q8_0);
 }
 
 void ref_gemm_i8(const int8_t* a, const int8_t* b, int64_t M, int64_t N, int64_t K, int32_t* c) {
