@@ -172,6 +172,10 @@ TEST_CASE("reference kernels compute x * dequant(W)^T straight from the packed l
     if (bits == 4 || bits == 8) {
       ref_gemm_ct(x.data(), M, pack_ct(q), q.spec.sym, y.data());
       check(q, y, "compressed-tensors");
+      QuantizedLinear qa = random_quantized(60, 96, bits, 32, false, false, uint64_t(bits + 100));   // asymmetric: packed zero points
+      std::vector<float> ya(size_t(M * 60));
+      ref_gemm_ct(x.data(), M, pack_ct(qa), false, ya.data());
+      check(qa, ya, "compressed-tensors asymmetric");
     }
   }
   // NF4, Q4_0, Q8_0: against an fp64 product of the blocks' dequantized values (the decoders were

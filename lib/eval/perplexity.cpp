@@ -95,7 +95,7 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
   r.seconds = bar.elapsed();
   r.mean_nll = nll_sum / double(r.scored_tokens);
   r.perplexity = std::exp(r.mean_nll);
-  r.tokens_per_second = r.seconds > 0 ? double(W * L) * (reference ? 2 : 1) / r.seconds : 0;
+  r.tokens_per_second = r.seconds > 0 ? double(W * L) / r.seconds : 0;   // evaluated tokens per second (a reference model's time included)
   if (reference) {
     KlStats k;
     const double n = double(kls.size());

@@ -26,7 +26,7 @@ Tensor raw(DType t, Shape s, const std::vector<T>& v) {
   std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
   return x;
 }
-Tensor copy_of(const WeightSource& w, const Checkpoint& ck, const std::string& name) {
+Tensor copy_of(const Checkpoint& ck, const std::string& name) {
   TensorView t = ck.get(name);
   Tensor out(t.dtype, t.shape);
   std::memcpy(out.bytes.data(), t.data, t.nbytes);
@@ -80,7 +80,7 @@ std::vector<std::string> write_model(const ExportJob& job, const std::map<std::s
     if (is_packed.count(s.name)) return produce_packed(s);
     VecF v;
     if (job.store && job.store->float_override(s.name, &v)) return tensor_from_f32(v.data(), s.shape, s.dtype);   // smoothed norms
-    return copy_of(job.model->weights(), src, s.name);
+    return copy_of(src, s.name);
   };
   std::vector<std::string> files = write_checkpoint_tensors(job.out_dir, specs, produce, job.max_shard_bytes);
   for (auto& f : copy_side_files(job.model->dir(), job.out_dir)) files.push_back(f);

@@ -32,16 +32,20 @@ void ref_gemm_ct(const float* x, int64_t M, const CtPacked& w, bool sym, float* 
   const int64_t in = w.cols, out = w.rows, zw = (out * w.bits + 31) / 32;
   std::fill(y, y + M * out, 0.0f);
   const int64_t gs = w.g_idx.empty() ? (in + w.groups - 1) / w.groups : 0;
-  std::vector<uint32_t> zcol(static_cast<size_t>(zw + 1));
+  // Zero points [groups, out], unpacked once from their columns (packed along the output).
+  std::vector<int32_t> zero(static_cast<size_t>(w.groups * out), 1 << (w.bits - 1));
+  if (!sym) {
+    std::vector<uint32_t> zcol(static_cast<size_t>(zw + 1));
+    for (int64_t g = 0; g < w.groups; ++g) {
+      for (int64_t k = 0; k < zw; ++k) zcol[size_t(k)] = uint32_t(w.zero_point[size_t(k * w.groups + g)]);
+      for (int64_t o = 0; o < out; ++o) zero[size_t(g * out + o)] = int32_t(unpack_bit(zcol.data(), o, w.bits));
+    }
+  }
   for (int64_t o = 0; o < out; ++o) {
     const uint32_t* row = reinterpret_cast<const uint32_t*>(&w.weight_packed[size_t(o * w.packed_cols)]);
     for (int64_t i = 0; i < in; ++i) {
       const int64_t g = w.g_idx.empty() ? i / gs : w.g_idx[size_t(i)];
-      int32_t z = 1 << (w.bits - 1);
-      if (!sym) {
-        for (int64_t k = 0; k < zw; ++k) zcol[size_t(k)] = uint32_t(w.zero_point[size_t(k * w.groups + g)]);
-        z = int32_t(unpack_bit(zcol.data(), o, w.bits));
-      }
+      const int32_t z = zero[size_t(g * out + o)];
       axpy_col(x, M, in, i, w.scale[size_t(o * w.groups + g)] * float(int32_t(unpack_bit(row, i, w.bits)) - z), y, out, o);
     }
   }

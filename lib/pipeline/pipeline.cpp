@@ -292,9 +292,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         acts.emplace_back(name, a);
       }
     };
+    // One Hessian per distinct input: q/k/v share one, gate/up share one.
+    AnyHessian h_qkv(c.hidden_size, use_cuda, hdt), h_o(c.q_dim(), use_cuda, hdt), h_mlp(c.hidden_size, use_cuda, hdt),
+        h_down(c.intermediate_size, use_cuda, hdt);
     if (r.true_sequential) {
-      AnyHessian h_qkv(c.hidden_size, use_cuda, hdt), h_o(c.q_dim(), use_cuda, hdt), h_mlp(c.hidden_size, use_cuda, hdt),
-          h_down(c.intermediate_size, use_cuda, hdt);
       { PhaseTimer t(phase["forward"]); rmsnorm(X, w.input_layernorm, eps, xn); }
       smooth("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v}, X, xn);
       { PhaseTimer t(phase["hessian"]); h_qkv.add(xn); }
@@ -325,8 +326,6 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       }
     } else {
       // All four inputs from the float layer, then the quantized layer's output.
-      AnyHessian h_qkv(c.hidden_size, use_cuda, hdt), h_o(c.q_dim(), use_cuda, hdt), h_mlp(c.hidden_size, use_cuda, hdt),
-          h_down(c.intermediate_size, use_cuda, hdt);
       {
         MatF Xf = X;
         PhaseTimer t(phase["forward"]);
