@@ -5,6 +5,10 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/fsutil.h"
+#include "report/report_html.h"
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include "eval/data.h"
 #include "eval/perplexity.h"
 #include "model/llama.h"
@@ -24,6 +28,8 @@ struct BenchEvalArgs {
   int64_t windows = 16;
 } g_be;
 CLI::App* g_bench = nullptr;
+CLI::App* g_report = nullptr;
+std::string g_report_in, g_report_out;
 CLI::App* g_bench_eval = nullptr;
 CLI::App* g_bench_gptq = nullptr;
 struct BenchGptqArgs {
@@ -148,6 +154,9 @@ int bench_gptq() {
 
 void register_more_commands(CLI::App& app) {
   register_quantize(app);
+  g_report = app.add_subcommand("report", "render a report.json (from quantize) as a self-contained report.html");
+  g_report->add_option("report_json", g_report_in, "report.json")->required();
+  g_report->add_option("-o,--output", g_report_out, "HTML file (default: beside the JSON, .html)");
   g_bench = app.add_subcommand("bench", "benchmarks (throughput against the machine's measured limits)");
   g_bench->require_subcommand(1);
   g_bench_eval = g_bench->add_subcommand("eval", "CPU evaluation throughput beside an Eigen GEMM measured in the same run");
@@ -166,6 +175,17 @@ void register_more_commands(CLI::App& app) {
 
 int run_more_commands(CLI::App& app) {
   if (quantize_parsed()) return run_quantize_command();
+  if (g_report && g_report->parsed()) {
+    nlohmann::json rep;
+    try { rep = nlohmann::json::parse(read_text_file(g_report_in)); } catch (const nlohmann::json::exception& e) {
+      fail(Errc::format, g_report_in, "", std::string("malformed JSON: ") + e.what());
+    }
+    if (!rep.is_object() || !rep.contains("modules")) fail(Errc::format, g_report_in, "modules", "missing: not a ptqkit report.json");
+    const std::string out = g_report_out.empty() ? std::filesystem::path(g_report_in).replace_extension(".html").string() : g_report_out;
+    write_file_atomic(out, report_html(rep));
+    std::printf("wrote %s\n", out.c_str());
+    return 0;
+  }
   if (g_bench_eval && g_bench_eval->parsed()) return bench_eval();
   if (g_bench_gptq && g_bench_gptq->parsed()) return bench_gptq();
   fail(Errc::usage, "", "", "no command given; see --help");

@@ -119,12 +119,17 @@ int cmd_eval(const EvalArgs& a) {
     if (r.kl) b["kl"] = j["kl"];
     write_file_atomic(a.write_baseline, b.dump(2) + "\n");
   }
+  log_event("result", {{"command", "eval"}, {"result", j}});
   const std::string why = gate_reason(a, j);
   if (!why.empty()) {
     std::fprintf(stderr, "ptqkit: gate failed: %s\n", why.c_str());
+    log_event("gate", {{"passed", false}, {"reason", why}, {"exit_code", int(Errc::gate)}});
     return int(Errc::gate);
   }
-  if (!a.baseline.empty() || a.max_kl >= 0 || a.min_top1 >= 0) std::printf("gate passed\n");
+  if (!a.baseline.empty() || a.max_kl >= 0 || a.min_top1 >= 0) {
+    std::printf("gate passed\n");
+    log_event("gate", {{"passed", true}});
+  }
   return 0;
 }
 
@@ -264,7 +269,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   bool quiet = false;
   int threads = 0;
+  std::string log_json;
   app.add_flag("-q,--quiet", quiet, "no progress output");
+  app.add_option("--log-json", log_json, "write progress, results and errors as JSON lines to this file (batch jobs)");
   app.add_option("--threads", threads, "OpenMP threads (default: all cores)");
 
   EvalArgs ea;
@@ -311,15 +318,21 @@ int main(int argc, char** argv) {
   Progress::set_quiet(quiet);
   if (threads > 0) omp_set_num_threads(threads);
   try {
+    if (!log_json.empty()) {
+      open_json_log(log_json);
+      log_event("command", {{"argv", std::vector<std::string>(argv, argv + argc)}, {"version", "0.1.0"}});
+    }
     if (ev->parsed()) return cmd_eval(ea);
     if (sy->parsed()) return cmd_synth(sa);
     if (in->parsed()) return cmd_inspect(ia);
     return run_more_commands(app);
   } catch (const Error& e) {
     std::fprintf(stderr, "ptqkit: error: %s\n", e.what());
+    log_event("error", {{"exit_code", int(e.code)}, {"file", e.file}, {"field", e.field}, {"message", e.what()}});
     return int(e.code);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ptqkit: error: %s\n", e.what());
+    log_event("error", {{"exit_code", 1}, {"message", e.what()}});
     return 1;
   }
 }

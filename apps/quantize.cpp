@@ -37,6 +37,9 @@ int run_quantize_command() {
   o.force = g_qa.force;
   o.resume = g_qa.resume;
   nlohmann::json rep = run_quantize(r, o);
+  log_event("result", {{"command", "quantize"}, {"output", r.output}, {"total_seconds", rep["total_seconds"]},
+                       {"phases_seconds", rep["phases_seconds"]}, {"modules", rep["modules"].size()}, {"outputs", rep["outputs"]},
+                       {"report", r.output + "/report.json"}});
   double ratio = 0, worst = 0;
   std::string worst_name;
   for (auto& m : rep["modules"]) {
@@ -57,7 +60,7 @@ int run_quantize_command() {
   std::printf("  time %s total:", format_seconds(rep["total_seconds"]).c_str());
   for (auto& [k, v] : rep["phases_seconds"].items()) std::printf(" %s %.1fs", k.c_str(), v.get<double>());
   std::printf("; peak memory %.0f MiB\n", rep["peak_rss_mb"].get<double>());
-  std::printf("  report: %s/report.json\n", r.output.c_str());
+  std::printf("  report: %s/report.json, %s/report.html\n", r.output.c_str(), r.output.c_str());
   return 0;
 }
 

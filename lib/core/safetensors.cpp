@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/progress.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -241,15 +242,23 @@ std::vector<std::string> write_checkpoint_tensors(const std::string& dir, const 
     total += s.nbytes();
   }
   std::vector<std::string> files;
+  Progress bar("write " + std::filesystem::path(dir).filename().string(), double(total) / (1 << 20), "MiB");
+  size_t written = 0;
+  const TensorProducer counted = [&](const TensorSpec& s) {
+    Tensor t = produce(s);
+    written += s.nbytes();
+    bar.update(double(written) / (1 << 20), s.name);
+    return t;
+  };
   if (shards.size() == 1) {
-    write_safetensors(dir + "/model.safetensors", specs, produce);
+    write_safetensors(dir + "/model.safetensors", specs, counted);
     return {"model.safetensors"};
   }
   json wm = json::object();
   char buf[64];
   for (size_t i = 0; i < shards.size(); ++i) {
     std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-    write_safetensors(dir + "/" + buf, shards[i], produce);
+    write_safetensors(dir + "/" + buf, shards[i], counted);
     for (auto& s : shards[i]) wm[s.name] = buf;
     files.push_back(buf);
   }

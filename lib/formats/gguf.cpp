@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "formats/fake.h"
 #include "formats/pack.h"
 #include "model/tokenizer.h"
@@ -162,7 +163,9 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     if (!f) fail(Errc::io, out, "", "cannot create");
     f.write(h.b.data(), std::streamsize(h.b.size()));
     std::string data;
+    Progress bar("write gguf", double(plan.size()), "tensors");
     for (auto& t : plan) {
+      bar.update(double(&t - plan.data()), t.hf);
       data.clear();
       const bool perm = t.hf.find("q_proj") != std::string::npos || t.hf.find("k_proj") != std::string::npos;
       auto row_of = [&](int64_t gg_row) -> int64_t {   // GGUF row -> HF row
@@ -202,6 +205,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
       while (data.size() % kAlign) data += '\0';
       f.write(data.data(), std::streamsize(data.size()));
     }
+    bar.update(double(plan.size()));
     f.flush();
     if (!f) { std::filesystem::remove(tmp); fail(Errc::io, out, "", "write failed (disk full?)"); }
   }

@@ -17,6 +17,7 @@
 #include "gptq/gptq.h"
 #include "gptq/qstore.h"
 #include "model/llama.h"
+#include "report/report_html.h"
 #include "smoothquant/smoothquant.h"
 #ifdef PTQKIT_HAVE_CUDA
 #include "cuda/gptq_cuda.h"
@@ -165,6 +166,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     while (resume_from < c.num_hidden_layers && done.has_layer(resume_from) && !done.layer_report(resume_from).empty()) ++resume_from;
     if (resume_from == 0) std::fprintf(stderr, "ptqkit: resuming %s: no layer was finished, starting at layer 0\n", r.output.c_str());
     else std::fprintf(stderr, "ptqkit: resuming %s: layers 0..%d are done, continuing at layer %d\n", r.output.c_str(), resume_from - 1, resume_from);
+    log_event("resume", {{"output", r.output}, {"first_layer", resume_from}});
   } else {
     std::filesystem::remove_all(out.path() + "/.layers");
     write_file_atomic(fp_file, fingerprint.dump() + "\n");
@@ -211,7 +213,9 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     }
     const size_t modules_before = modules.size(), smoothing_before = smoothing.size();
     std::vector<QuantizedLinear> qs;
+    int groups_done = 0;
     auto quantize_group = [&](std::initializer_list<Proj> projs, const AnyHessian& hess) {
+      bar.update(l + groups_done++ / 4.0, "layer " + std::to_string(l) + ": " + proj_tensor_prefix(l, *projs.begin()).substr(proj_tensor_prefix(l, *projs.begin()).rfind('.') + 1));
       MatD H;
       {
         PhaseTimer t(phase["hessian"]);
@@ -245,7 +249,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         if (spec.method == "gptq" && loss > rtn_loss * (1 + 1e-6) + 1e-12)
           fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(loss) + " exceeds RTN's " + std::to_string(rtn_loss) + " (debug check)");
 #endif
-        for (auto& line : st.log) std::fprintf(stderr, "ptqkit: %s: %s\n", name.c_str(), line.c_str());
+        for (auto& line : st.log) {
+          std::fprintf(stderr, "ptqkit: %s: %s\n", name.c_str(), line.c_str());
+          log_event("warning", {{"module", name}, {"message", line}});
+        }
         modules.push_back({{"name", name}, {"method", spec.method}, {"bits", spec.bits}, {"group_size", spec.group_size},
                            {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups},
                            {"rows", W.rows()}, {"cols", W.cols()}, {"damp_percent", spec.method == "gptq" ? st.damp_percent : 0.0},
@@ -425,6 +432,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   em << r.to_yaml();
   write_file_atomic(out.file("recipe.yaml"), std::string("# effective recipe written by ptqkit\n") + em.c_str() + "\n");
   write_file_atomic(out.file("report.json"), report.dump(2) + "\n");
+  write_file_atomic(out.file("report.html"), report_html(report));
   out.commit();
   return report;
 }
