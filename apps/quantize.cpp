@@ -9,7 +9,7 @@ namespace ptq {
 
 namespace {
 struct QuantizeArgs {
-  std::string recipe, model, output;
+  std::string recipe, model, output, save_stats, load_stats;
   std::vector<std::string> sets;
   bool force = false, resume = false;
 } g_qa;
@@ -23,6 +23,9 @@ void register_quantize(CLI::App& app) {
   g_quantize->add_option("--output", g_qa.output, "output folder (overrides the recipe's output)");
   g_quantize->add_option("--set", g_qa.sets, "override a recipe field: key.path=value (repeatable)");
   g_quantize->add_flag("--force", g_qa.force, "replace an existing output folder");
+  g_quantize->add_option("--save-stats", g_qa.save_stats, "keep the Hessians and activation statistics in this folder");
+  g_quantize->add_option("--load-stats", g_qa.load_stats,
+                         "quantize from statistics saved with --save-stats (same model and calibration) without running the model");
   g_quantize->add_flag("--resume", g_qa.resume, "continue an interrupted run of the same recipe from its last finished layer");
 }
 
@@ -36,6 +39,8 @@ int run_quantize_command() {
   QuantizeOptions o;
   o.force = g_qa.force;
   o.resume = g_qa.resume;
+  o.save_stats = g_qa.save_stats;
+  o.load_stats = g_qa.load_stats;
   nlohmann::json rep = run_quantize(r, o);
   log_event("result", {{"command", "quantize"}, {"output", r.output}, {"total_seconds", rep["total_seconds"]},
                        {"phases_seconds", rep["phases_seconds"]}, {"modules", rep["modules"].size()}, {"outputs", rep["outputs"]},

@@ -196,3 +196,101 @@ TEST_CASE("pipeline: non-true-sequential runs too, and rejects nothing it should
   CHECK(rep["modules"].size() == 14);
   for (auto& mod : rep["modules"]) CHECK(mod["loss"].get<double>() <= mod["rtn_loss"].get<double>() * 1.0001);
 }
+
+TEST_CASE("pipeline: --load-stats re-quantizes from saved statistics without the model's forward pass") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  SynthOptions one;
+  one.preset = "tiny";
+  one.layers = 1;
+  synth_model(one, d / "m1");
+  auto run = [&](const std::string& out, int bits, bool seq, const std::string& save, const std::string& load) {
+    Recipe r = tiny_recipe(seq ? m : d / "m1", d / out);
+    r.quant.bits = bits;
+    r.true_sequential = seq;
+    QuantizeOptions o;
+    o.save_stats = save.empty() ? "" : d / save;
+    o.load_stats = load.empty() ? "" : d / load;
+    return run_quantize(r, o);
+  };
+  // One layer without true_sequential: its Hessians come from the float model and the embeddings
+  // alone, so they do not depend on the bits, and 3-bit from 4-bit's statistics must equal a direct
+  // 3-bit run byte for byte. (Deeper layers' inputs depend on the quantized layers before them.)
+  run("q4", 4, false, "stats", "");
+  REQUIRE(fs::exists(d / "stats/stats.json"));
+  REQUIRE(fs::exists(d / "stats/layer-00000.safetensors"));
+  run("q3_direct", 3, false, "", "");
+  json rep = run("q3_loaded", 3, false, "", "stats");
+  CHECK(model_files_digest(d / "q3_loaded") == model_files_digest(d / "q3_direct"));
+  CHECK(rep["statistics"]["loaded_from"] == d / "stats");
+  CHECK(rep["phases_seconds"].value("forward", 0.0) == 0.0);   // no forward pass ran
+  // true_sequential: the same recipe from its own statistics reproduces the saving run.
+  run("s4", 4, true, "stats_seq", "");
+  run("s4_loaded", 4, true, "", "stats_seq");
+  CHECK(model_files_digest(d / "s4_loaded") == model_files_digest(d / "s4"));
+  // Refused: other calibration windows, another model, other collection settings, an existing folder.
+  Recipe r = tiny_recipe(d / "m1", d / "x");
+  r.true_sequential = false;
+  r.calibration.seed = 99;
+  QuantizeOptions o;
+  o.load_stats = d / "stats";
+  try {
+    run_quantize(r, o);
+    FAIL("accepted statistics of other calibration windows");
+  } catch (const Error& e) {
+    CHECK(e.code == Errc::input);
+    CHECK(std::string(e.what()).find("other calibration data") != std::string::npos);
+    CHECK(e.field.rfind("key.calibration", 0) == 0);
+  }
+  const std::string m2 = synth_tiny(d, "m2");
+  fs::remove(m2 + "/model.safetensors");
+  fs::copy_file(m + "/model.safetensors", m2 + "/model.safetensors");
+  {   // one changed weight byte is another model
+    std::string bytes = read_text_file(m2 + "/model.safetensors");
+    bytes[bytes.size() - 3] ^= 1;
+    write_file_atomic(m2 + "/model.safetensors", bytes);
+  }
+  o.load_stats = d / "stats_seq";
+  r = tiny_recipe(m2, d / "y");
+  try {
+    run_quantize(r, o);
+    FAIL("accepted statistics of another model");
+  } catch (const Error& e) {
+    CHECK(e.field == "key.model_sha256");
+  }
+  o.load_stats = d / "stats_seq";
+  r = tiny_recipe(m, d / "z");   // true_sequential differs from the saving run's
+  r.true_sequential = false;
+  try {
+    run_quantize(r, o);
+    FAIL("accepted statistics collected otherwise");
+  } catch (const Error& e) {
+    CHECK(e.field == "key.collection.true_sequential");
+  }
+  CHECK_FALSE(fs::exists(d / "x"));
+  CHECK_FALSE(fs::exists(d / "z"));
+  QuantizeOptions so;
+  so.save_stats = d / "stats";
+  CHECK_THROWS_AS(run_quantize(tiny_recipe(m, d / "w"), so), Error);   // exists, no --force
+}
+
+TEST_CASE("pipeline: --load-stats reproduces SmoothQuant factors and static activation scales") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  auto run = [&](const std::string& out, const std::string& save, const std::string& load) {
+    Recipe r = parse_recipe(YAML::Load("calibration: {dataset: random, samples: 16, seq_len: 64, seed: 1}\n"
+                                       "quantization: {method: gptq, bits: 8, group_size: -1, smoothquant: {alpha: auto},"
+                                       " activations: {strategy: tensor, dynamic: false}}\n"),
+                            "sq.yaml");
+    r.model = m;
+    r.output = d / out;
+    QuantizeOptions o;
+    o.save_stats = save.empty() ? "" : d / save;
+    o.load_stats = load.empty() ? "" : d / load;
+    return run_quantize(r, o);
+  };
+  json a = run("a", "stats", ""), b = run("b", "", "stats");
+  CHECK(model_files_digest(d / "b") == model_files_digest(d / "a"));
+  CHECK(read_text_file(d / "b/config.json") == read_text_file(d / "a/config.json"));   // static input scales
+  CHECK(a["smoothquant"] == b["smoothquant"]);
+}

@@ -17,6 +17,7 @@
 #include "gptq/gptq.h"
 #include "gptq/qstore.h"
 #include "model/llama.h"
+#include "pipeline/stats.h"
 #include "report/report_html.h"
 #include "smoothquant/smoothquant.h"
 #ifdef PTQKIT_HAVE_CUDA
@@ -148,7 +149,25 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     if (!nf4 && r.calibration.dataset != "random") tok = load_tokenizer(r.model, c.bos_token_id);
     if (!nf4) {
       cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
-      X = model->embed(cd.tokens);
+      if (opt.load_stats.empty()) X = model->embed(cd.tokens);
+    }
+  }
+  // Saved statistics: keyed by the model's files, the calibration windows and the collection settings.
+  std::unique_ptr<StatsWriter> stats_out;
+  std::unique_ptr<StatsReader> stats_in;
+  json stats_info;
+  if (!opt.save_stats.empty() || !opt.load_stats.empty()) {
+    if (nf4) fail(Errc::usage, r.source, "quantization.method", "nf4 is data-free: there are no statistics to save or load");
+    if (!opt.save_stats.empty() && !opt.load_stats.empty()) fail(Errc::usage, "", "--save-stats", "cannot be combined with --load-stats");
+    PhaseTimer t(phase["calibration"]);
+    std::fprintf(stderr, "ptqkit: hashing the model files for the statistics key\n");
+    const json key = stats_key(model_digest(r.model), cd.describe(r.calibration), r);
+    if (!opt.save_stats.empty()) {
+      stats_out = std::make_unique<StatsWriter>(opt.save_stats, opt.force, opt.resume, key);
+      stats_info = {{"saved_to", opt.save_stats}, {"key_sha256", sha256_bytes(key.dump())}};
+    } else {
+      stats_in = std::make_unique<StatsReader>(opt.load_stats, key);
+      stats_info = {{"loaded_from", opt.load_stats}, {"key_sha256", sha256_bytes(key.dump())}};
     }
   }
   // What a resumed run must share with the interrupted one: the effective recipe (less the output
@@ -206,7 +225,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       json rep = json::parse(store.layer_report(l));
       for (auto& m : rep["modules"]) modules.push_back(m);
       for (auto& e : rep["smoothquant"]) smoothing.push_back(e);
-      decoder_layer(w, c, rope, S, T, X);
+      if (!stats_in) decoder_layer(w, c, rope, S, T, X);
       layers.push_back({{"layer", l}, {"seconds", 0.0}, {"resumed", true}});
       bar.update(l + 1);
       continue;
@@ -214,12 +233,18 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     const size_t modules_before = modules.size(), smoothing_before = smoothing.size();
     std::vector<QuantizedLinear> qs;
     int groups_done = 0;
-    auto quantize_group = [&](std::initializer_list<Proj> projs, const AnyHessian& hess) {
+    LayerStats ls_in, ls_out;
+    if (stats_in) ls_in = stats_in->load_layer(l);
+    auto quantize_group = [&](std::initializer_list<Proj> projs, const std::string& group, const AnyHessian* hess) {
       bar.update(l + groups_done++ / 4.0, "layer " + std::to_string(l) + ": " + proj_tensor_prefix(l, *projs.begin()).substr(proj_tensor_prefix(l, *projs.begin()).rfind('.') + 1));
       MatD H;
-      {
+      if (stats_in) {
+        auto it = ls_in.hessians.find(group);
+        if (it == ls_in.hessians.end()) fail(Errc::format, opt.load_stats, "layer " + std::to_string(l) + ": hessian." + group, "missing");
+        H = std::move(it->second);
+      } else {
         PhaseTimer t(phase["hessian"]);
-        H = hess.finalize();
+        H = hess->finalize();
       }
       for (Proj p : projs) {
         const std::string name = proj_tensor_prefix(l, p);
@@ -262,6 +287,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         q.name = name;
         qs.push_back(std::move(q));
       }
+      if (stats_out) ls_out.hessians[group] = std::move(H);
     };
     MatF xn, ctx, y;
     std::vector<std::pair<std::string, VecF>> smoothed;
@@ -287,11 +313,24 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       entry["w8a8_error_unsmoothed"] = a.error_unsmoothed;
       smoothing.push_back(entry);
       smoothed.emplace_back("model.layers." + std::to_string(l) + "." + norm_name + ".weight", norm);
+      if (stats_out) ls_out.smoothing[norm_name] = sf;
+    };
+    // --load-stats: the saving run's smoothing factors, folded as it folded them.
+    auto smooth_saved = [&](const std::string& norm_name, VecF& norm, std::initializer_list<Proj> projs) {
+      auto it = ls_in.smoothing.find(norm_name);
+      if (it == ls_in.smoothing.end()) return;
+      std::vector<MatF*> wm;
+      for (Proj p : projs) wm.push_back(&w[p].W);
+      fold_smoothing(norm, wm, it->second);
+      smoothed.emplace_back("model.layers." + std::to_string(l) + "." + norm_name + ".weight", norm);
     };
     // W8A8: the group's Linears take int8 inputs from here on (static scale: calibrated absmax / 127).
-    auto quantize_inputs = [&](std::initializer_list<Proj> projs, const MatF& x) {
+    auto quantize_inputs = [&](std::initializer_list<Proj> projs, const std::string& group, const MatF* x) {
       if (!w8a8) return;
-      const ActQuant a{r.act_mode, r.act_mode == ActQuant::per_tensor ? x.cwiseAbs().maxCoeff() / 127.0f : 0.0f};
+      float scale = 0;
+      if (r.act_mode == ActQuant::per_tensor) scale = x ? x->cwiseAbs().maxCoeff() / 127.0f : ls_in.meta["act_scales"].value(group, 0.0f);
+      if (stats_out) ls_out.meta["act_scales"][group] = scale;
+      const ActQuant a{r.act_mode, scale};
       for (Proj p : projs) {
         const std::string name = proj_tensor_prefix(l, p);
         if (r.ignored(name)) continue;
@@ -302,16 +341,28 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     // One Hessian per distinct input: q/k/v share one, gate/up share one.
     AnyHessian h_qkv(c.hidden_size, use_cuda, hdt), h_o(c.q_dim(), use_cuda, hdt), h_mlp(c.hidden_size, use_cuda, hdt),
         h_down(c.intermediate_size, use_cuda, hdt);
-    if (r.true_sequential) {
+    if (stats_in) {   // the saved statistics stand in for the forward pass
+      for (auto& e : ls_in.meta.value("smoothquant", json::array())) smoothing.push_back(e);
+      smooth_saved("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v});
+      quantize_group({Proj::q, Proj::k, Proj::v}, "qkv", nullptr);
+      quantize_inputs({Proj::q, Proj::k, Proj::v}, "qkv", nullptr);
+      quantize_group({Proj::o}, "o", nullptr);
+      quantize_inputs({Proj::o}, "o", nullptr);
+      smooth_saved("post_attention_layernorm", w.post_attention_layernorm, {Proj::gate, Proj::up});
+      quantize_group({Proj::gate, Proj::up}, "mlp", nullptr);
+      quantize_inputs({Proj::gate, Proj::up}, "mlp", nullptr);
+      quantize_group({Proj::down}, "down", nullptr);
+      quantize_inputs({Proj::down}, "down", nullptr);
+    } else if (r.true_sequential) {
       { PhaseTimer t(phase["forward"]); rmsnorm(X, w.input_layernorm, eps, xn); }
       smooth("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v}, X, xn);
       { PhaseTimer t(phase["hessian"]); h_qkv.add(xn); }
-      quantize_group({Proj::q, Proj::k, Proj::v}, h_qkv);
-      quantize_inputs({Proj::q, Proj::k, Proj::v}, xn);
+      quantize_group({Proj::q, Proj::k, Proj::v}, "qkv", &h_qkv);
+      quantize_inputs({Proj::q, Proj::k, Proj::v}, "qkv", &xn);
       { PhaseTimer t(phase["forward"]); attention_core(w, c, rope, xn, S, T, ctx); }
       { PhaseTimer t(phase["hessian"]); h_o.add(ctx); }
-      quantize_group({Proj::o}, h_o);
-      quantize_inputs({Proj::o}, ctx);
+      quantize_group({Proj::o}, "o", &h_o);
+      quantize_inputs({Proj::o}, "o", &ctx);
       {
         PhaseTimer t(phase["forward"]);
         linear(ctx, w[Proj::o], y);
@@ -320,12 +371,12 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       }
       smooth("post_attention_layernorm", w.post_attention_layernorm, {Proj::gate, Proj::up}, X, xn);
       { PhaseTimer t(phase["hessian"]); h_mlp.add(xn); }
-      quantize_group({Proj::gate, Proj::up}, h_mlp);
-      quantize_inputs({Proj::gate, Proj::up}, xn);
+      quantize_group({Proj::gate, Proj::up}, "mlp", &h_mlp);
+      quantize_inputs({Proj::gate, Proj::up}, "mlp", &xn);
       { PhaseTimer t(phase["forward"]); mlp_act(w, xn, ctx); }
       { PhaseTimer t(phase["hessian"]); h_down.add(ctx); }
-      quantize_group({Proj::down}, h_down);
-      quantize_inputs({Proj::down}, ctx);
+      quantize_group({Proj::down}, "down", &h_down);
+      quantize_inputs({Proj::down}, "down", &ctx);
       {
         PhaseTimer t(phase["forward"]);
         linear(ctx, w[Proj::down], y);
@@ -347,10 +398,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         mlp_act(w, xn, ctx);
         h_down.add(ctx);
       }
-      quantize_group({Proj::q, Proj::k, Proj::v}, h_qkv);
-      quantize_group({Proj::o}, h_o);
-      quantize_group({Proj::gate, Proj::up}, h_mlp);
-      quantize_group({Proj::down}, h_down);
+      quantize_group({Proj::q, Proj::k, Proj::v}, "qkv", &h_qkv);
+      quantize_group({Proj::o}, "o", &h_o);
+      quantize_group({Proj::gate, Proj::up}, "mlp", &h_mlp);
+      quantize_group({Proj::down}, "down", &h_down);
       PhaseTimer t(phase["forward"]);
       decoder_layer(w, c, rope, S, T, X);
     }
@@ -359,6 +410,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       json rep = {{"modules", json::array()}, {"smoothquant", json::array()}};
       for (size_t i = modules_before; i < modules.size(); ++i) rep["modules"].push_back(modules[i]);
       for (size_t i = smoothing_before; i < smoothing.size(); ++i) rep["smoothquant"].push_back(smoothing[i]);
+      if (stats_out) {
+        ls_out.meta["smoothquant"] = rep["smoothquant"];
+        stats_out->save_layer(l, ls_out);
+      }
       store.save_layer(l, qs, smoothed, acts, rep.dump());
     }
     layers.push_back({{"layer", l}, {"seconds", std::chrono::duration<double>(Clock::now() - t_layer).count()}});
@@ -410,6 +465,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     }
     std::filesystem::remove_all(out.path() + "/.layers");
     std::filesystem::remove(fp_file);
+    if (stats_out) stats_out->commit(c.num_hidden_layers);
   }
   double total = std::chrono::duration<double>(Clock::now() - t_start).count();
   json report = {{"ptqkit_version", "0.1.0"},
@@ -420,6 +476,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                  {"calibration", nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : cd.describe(r.calibration)},
                  {"modules", modules},
                  {"smoothquant", smoothing},
+                 {"statistics", stats_info},
                  {"layers", layers},
                  {"phases_seconds", phase},
                  {"total_seconds", total},

@@ -19,6 +19,8 @@ namespace ptq {
 struct QuantizeOptions {
   bool force = false;
   bool resume = false;   // continue from the layers an interrupted run of the same recipe finished
+  std::string save_stats;   // keep the Hessians and activation statistics here (pipeline/stats.h)
+  std::string load_stats;   // quantize from statistics saved by an earlier run instead of running the model
 };
 
 // Runs the recipe and writes its output folder (model files, recipe.yaml, report.json)
