@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
 
   SynthArgs sa;
   auto* sy = app.add_subcommand("synth", "write a synthetic HF-layout Llama checkpoint with a real model's shapes");
-  sy->add_option("--preset", sa.preset, "tiny | small | llama2-7b | llama3-8b | llama2-70b")->default_val("tiny");
+  sy->add_option("--preset", sa.preset, "micro | tiny | small | llama2-7b | llama3-8b | llama2-70b")->default_val("tiny");
   sy->add_option("--output", sa.output, "output folder")->required();
   sy->add_option("--layers", sa.layers, "number of decoder layers (default: the preset's)");
   sy->add_option("--seed", sa.seed, "random seed")->default_val(0);

@@ -36,22 +36,22 @@ float round_to(DType t, float x) {
   }
 }
 
+// Element loads through memcpy: tensors in a safetensors file need not be aligned to their dtype.
+template <class T>
+static T load(const void* base, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(base) + i * sizeof(T), sizeof(T));
+  return v;
+}
+
 void convert_to_f32(DType src, const void* in, float* out, size_t n) {
   switch (src) {
     case DType::F32: std::memcpy(out, in, n * 4); return;
-    case DType::F16: {
-      auto p = static_cast<const uint16_t*>(in);
-      for (size_t i = 0; i < n; ++i) out[i] = f16_bits_to_f32(p[i]);
-      return;
-    }
-    case DType::BF16: {
-      auto p = static_cast<const uint16_t*>(in);
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(p[i]);
-      return;
-    }
-    case DType::I8: { auto p = static_cast<const int8_t*>(in); for (size_t i = 0; i < n; ++i) out[i] = p[i]; return; }
-    case DType::U8: { auto p = static_cast<const uint8_t*>(in); for (size_t i = 0; i < n; ++i) out[i] = p[i]; return; }
-    case DType::I32: { auto p = static_cast<const int32_t*>(in); for (size_t i = 0; i < n; ++i) out[i] = float(p[i]); return; }
+    case DType::F16: for (size_t i = 0; i < n; ++i) out[i] = f16_bits_to_f32(load<uint16_t>(in, i)); return;
+    case DType::BF16: for (size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(load<uint16_t>(in, i)); return;
+    case DType::I8: for (size_t i = 0; i < n; ++i) out[i] = load<int8_t>(in, i); return;
+    case DType::U8: for (size_t i = 0; i < n; ++i) out[i] = load<uint8_t>(in, i); return;
+    case DType::I32: for (size_t i = 0; i < n; ++i) out[i] = float(load<int32_t>(in, i)); return;
     default: fail(Errc::format, "", std::string(dtype_name(src)), "cannot convert this dtype to f32");
   }
 }

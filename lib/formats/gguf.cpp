@@ -292,7 +292,7 @@ GgufFile::GgufFile(const std::string& path) : map_(path) {
     for (uint32_t d = 0; d < nd; ++d) {
       t.ne.push_back(int64_t(r.get<uint64_t>(t.name.c_str())));
       if (t.ne.back() < 0 || t.ne.back() > (int64_t(1) << 40)) fail(Errc::format, path, t.name, "dimension out of range");
-      n *= t.ne.back();
+      if (__builtin_mul_overflow(n, t.ne.back(), &n) || n > (int64_t(1) << 48)) fail(Errc::format, path, t.name, "too many elements");
     }
     const uint32_t ty = r.get<uint32_t>(t.name.c_str());
     if (ty != 0 && ty != 1 && ty != 2 && ty != 8) fail(Errc::format, path, t.name, "ggml type " + std::to_string(ty) + " is not read (F32, F16, Q4_0, Q8_0 are)");

@@ -460,7 +460,20 @@ std::function<bool(const std::string&, MatF*)> nf4_dequantized(const ExportJob& 
 namespace {
 class PackedSource final : public WeightSource {
  public:
+  // JSON of the wrong type anywhere in quantization_config or a quant_state is a format error naming
+  // the file (found by fuzzing: nlohmann's type errors used to escape unnamed).
+  template <class F>
+  auto json_guard(const std::string& file, F&& f) const {
+    try {
+      return f();
+    } catch (const json::exception& e) {
+      fail(Errc::format, file, "", std::string("unexpected JSON structure: ") + e.what());
+    }
+  }
   PackedSource(const std::string& dir, const json& qc) : ck_(dir), qc_(qc) {
+    json_guard(dir + "/config.json", [&] { init(dir, qc); });
+  }
+  void init(const std::string& dir, const json& qc) {
     method_ = qc.value("quant_method", "");
     if (method_ == "gptq") {
       v2_ = qc.value("checkpoint_format", "gptq") == "gptq_v2";
@@ -509,6 +522,12 @@ class PackedSource final : public WeightSource {
     }
   }
   Shape shape(const std::string& n) const override {
+    return json_guard(file_of(n), [&] { return shape_impl(n); });
+  }
+  void read_f32(const std::string& n, float* out) const override {
+    json_guard(file_of(n), [&] { read_f32_impl(n, out); });
+  }
+  Shape shape_impl(const std::string& n) const {
     const std::string m = ends_with(n, ".weight") ? module_of(n) : n;
     switch (kind(n)) {
       case Gptq: return {ck_.get(m + ".scales").shape[1], ck_.get(m + ".g_idx").shape[0]};
@@ -517,7 +536,7 @@ class PackedSource final : public WeightSource {
       default: return ck_.get(n).shape;   // float, and Int8 ([out, in] as stored)
     }
   }
-  void read_f32(const std::string& n, float* out) const override {
+  void read_f32_impl(const std::string& n, float* out) const {
     const Kind k = kind(n);
     if (k == Float) {
       TensorView t = ck_.get(n);

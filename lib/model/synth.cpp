@@ -23,6 +23,7 @@ struct Preset {
   bool llama3_rope;
 };
 constexpr Preset kPresets[] = {
+    {"micro", 32, 64, 1, 2, 1, 512, 64, 10000.0, false},   // fuzz seeds: the smallest valid model
     {"tiny", 128, 384, 2, 4, 2, 512, 256, 10000.0, false},
     {"small", 512, 1536, 4, 8, 4, 1024, 512, 10000.0, false},
     {"llama2-7b", 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0, false},

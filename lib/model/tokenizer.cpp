@@ -25,7 +25,12 @@ namespace {
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& path) {
-    auto st = sp_.Load(path);
+    sentencepiece::util::Status st;
+    try {   // some malformed models make the library throw instead of returning a status (found by fuzzing)
+      st = sp_.Load(path);
+    } catch (const std::exception& e) {
+      fail(Errc::format, path, "", std::string("cannot load SentencePiece model: ") + e.what());
+    }
     if (!st.ok()) fail(Errc::format, path, "", "cannot load SentencePiece model: " + st.ToString());
     bos_id = sp_.bos_id();
   }
@@ -208,6 +213,7 @@ class ByteLevelBPE final : public Tokenizer {
     for (int b = 0; b < 256; ++b) { std::string s; append_utf8(s, b2c[b]); byte_sym_[b] = s; cp_to_byte_[b2c[b]] = uint8_t(b); }
   }
   void add_special(const std::string& content, int32_t id) {
+    if (content.empty() || id < 0) return;   // an empty special token would match everywhere (found by fuzzing)
     specials_.emplace_back(content, id);
     inv_[id] = content;
     max_id_ = std::max(max_id_, id);
@@ -356,6 +362,10 @@ std::vector<std::string> pretokenize(std::string_view text, const std::string& p
   return out;
 }
 
+namespace {
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& dir, const std::string& file, int bos_hint);
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int bos_hint) {
   std::string dir = path, file;
   std::error_code ec;
@@ -367,6 +377,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int bos_hint)
     else if (exists("vocab.json") && exists("merges.txt")) file = dir + "/vocab.json";
     else fail(Errc::io, dir, "tokenizer", "no tokenizer.model, tokenizer.json or vocab.json + merges.txt in this folder");
   }
+  // A field of the wrong JSON type deep in a tokenizer file is a format error naming the file.
+  try {
+    return load_tokenizer_file(dir, file, bos_hint);
+  } catch (const json::exception& e) {
+    fail(Errc::format, file, "", std::string("unexpected JSON structure: ") + e.what());
+  }
+}
+
+namespace {
+std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& dir, const std::string& file, int bos_hint) {
   const std::string name = fs::path(file).filename().string();
   if (name.size() > 6 && name.substr(name.size() - 6) == ".model") return std::make_unique<SentencePieceTokenizer>(file);
   if (name == "vocab.json") {
@@ -409,6 +429,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int bos_hint)
       if (a.value("special", false)) t->add_special(a.value("content", ""), a.value("id", -1));
   return t;
 }
+}  // namespace
 
 std::string byte_level_tokenizer_json() {
   json vocab = json::object();

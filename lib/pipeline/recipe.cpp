@@ -82,6 +82,7 @@ void validate(const YAML::Node& n, const Schema& schema, const std::string& file
   if (n.IsNull()) return;
   if (!n.IsMap()) fail(Errc::usage, file, path.empty() ? "(top level)" : path, "must be a mapping");
   for (auto kv : n) {
+    if (!kv.first.IsScalar()) fail(Errc::usage, file, path.empty() ? "(top level)" : path, "keys must be plain names");
     const std::string key = kv.first.as<std::string>();
     const std::string p = join_path(path, key);
     auto it = schema.find(key);
@@ -193,7 +194,18 @@ void apply_set(YAML::Node& root, const std::string& a) {
   chain.back()[keys.back()] = v;
 }
 
+static Recipe parse_recipe_checked(YAML::Node root, const std::string& file);
+
+// Whatever the schema check missed, yaml-cpp's own conversion errors become usage errors with a line.
 Recipe parse_recipe(YAML::Node root, const std::string& file) {
+  try {
+    return parse_recipe_checked(root, file);
+  } catch (const YAML::Exception& e) {
+    fail(Errc::usage, file, "line " + std::to_string(e.mark.line + 1), "unexpected value: " + e.msg);
+  }
+}
+
+static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   validate(root, kRootSchema, file, "");
   Recipe r;

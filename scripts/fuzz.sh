@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang + ASan + UBSan into build-fuzz/ and runs each for
+# SECONDS (default 10: the short CI run; docs/fuzzing.md gives the longer runs). Corpora start from
+# fuzz/corpus/<target>/ and grow in build-fuzz/corpus/<target>/; a crash input is written to
+# build-fuzz/crashes/ and the script exits non-zero. Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}; shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors config recipe tokenizer_json sentencepiece gguf packed)
+if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
+  echo "PTQKIT_SKIP: clang or libFuzzer missing (scripts/setup.sh installs clang and libclang-rt-14-dev)"; exit 0
+fi
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+if [ ! -f build-fuzz/CMakeCache.txt ]; then
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPTQKIT_FUZZ=ON -DPTQKIT_CUDA=OFF \
+    -DBUILD_TESTING=OFF -DPTQKIT_NATIVE=OFF >/dev/null
+fi
+cmake --build build-fuzz --parallel "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
+mkdir -p build-fuzz/crashes
+status=0
+for t in "${targets[@]}"; do
+  mkdir -p "build-fuzz/corpus/$t"
+  seeds=(); [ -d "fuzz/corpus/$t" ] && seeds=("fuzz/corpus/$t")
+  # SentencePiece models are not ours to commit: seed from the shared assets when they are there.
+  sp="${PTQKIT_ASSETS:-../shared/assets}/models/stories260k/tokenizer.model"
+  [ "$t" = sentencepiece ] && [ -f "$sp" ] && cp "$sp" "build-fuzz/corpus/$t/stories260k.model"
+  log="build-fuzz/fuzz_$t.log"
+  if ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 "build-fuzz/bin/fuzz_$t" "build-fuzz/corpus/$t" "${seeds[@]}" \
+       -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=131072 -artifact_prefix="build-fuzz/crashes/${t}-" >"$log" 2>&1; then
+    echo "fuzz $t: $(grep -Eo '#[0-9]+' "$log" | tail -1 | tr -d '#') runs in ${secs}s, no crash"
+  else
+    echo "fuzz $t: FAILED (see $log; inputs in build-fuzz/crashes/)"; tail -30 "$log"; status=1
+  fi
+done
+exit $status
