@@ -13,6 +13,8 @@
 #include "eval/perplexity.h"
 #include "model/llama.h"
 #include "model/synth.h"
+#include "pipeline/pipeline.h"
+#include <unistd.h>
 #include "core/rng.h"
 #ifdef PTQKIT_HAVE_CUDA
 #include "cuda/gptq_cuda.h"
@@ -36,6 +38,8 @@ struct BenchGptqArgs {
   std::string preset = "llama2-7b";
   int samples = 128, seq_len = 2048, bits = 4, group = 128;
   bool act_order = true;
+  int layers = 0;            // > 0: the whole pipeline on a synthetic checkpoint of this many layers
+  std::string workdir;       // where it is written (default: a temporary folder, removed after)
 } g_bg;
 
 // Eigen's fp32 GEMM rate at a shape like the model's MLP, measured now: the CPU's practical roof.
@@ -79,7 +83,72 @@ int bench_eval() {
 // One decoder layer of a preset's shapes: Hessians from random 16-bit activations generated on
 // the GPU (samples x seq_len tokens) and the GPTQ solve of its seven Linears, timed by phase.
 // The forward pass is not part of it yet (the CUDA forward is still to come).
+// The whole pipeline (ptqkit quantize, device cuda) on a synthetic checkpoint of the preset's
+// shapes with K layers and random calibration tokens; phases from its report, per-layer time, the
+// extrapolation to the preset's depth, peak GPU memory and the ratio to the compute floor.
+int bench_pipeline() {
+#ifndef PTQKIT_HAVE_CUDA
+  fail(Errc::usage, "", "bench gptq", "this build has no CUDA");
+#else
+  if (!cuda::available()) fail(Errc::usage, "", "bench gptq", "needs a GPU: " + cuda::describe());
+  namespace fs = std::filesystem;
+  const bool tmp = g_bg.workdir.empty();
+  const std::string dir = tmp ? (fs::temp_directory_path() / ("ptqkit-bench-" + std::to_string(::getpid()))).string() : g_bg.workdir;
+  struct Cleanup { std::string d; bool on; ~Cleanup() { std::error_code ec; if (on) fs::remove_all(d, ec); } } cleanup{dir, tmp};
+  fs::create_directories(dir);
+  using clk = std::chrono::steady_clock;
+  auto t0 = clk::now();
+  SynthOptions so;
+  so.preset = g_bg.preset;
+  so.layers = g_bg.layers;
+  so.dtype = DType::F16;
+  so.force = true;
+  synth_model(so, dir + "/model");
+  const double t_synth = std::chrono::duration<double>(clk::now() - t0).count();
+  Recipe r = parse_recipe(YAML::Load("export: {format: [gptq]}\n"), "bench");
+  r.model = dir + "/model";
+  r.output = dir + "/out";
+  r.device = "cuda";
+  r.calibration = {"random", g_bg.samples, g_bg.seq_len, 0};
+  r.quant.bits = g_bg.bits;
+  r.quant.group_size = g_bg.group;
+  r.quant.act_order = g_bg.act_order;
+  r.quant.static_groups = g_bg.act_order;
+  QuantizeOptions o;
+  o.force = true;
+  const nlohmann::json rep = run_quantize(r, o);
+  const LlamaConfig c = load_config(r.model);
+  const int full_layers = parse_config(synth_config_json(g_bg.preset, -1, DType::F16), "x").num_hidden_layers;
+  double layer_sum = 0;
+  for (auto& l : rep["layers"]) layer_sum += l["seconds"].get<double>();
+  const double per_layer = layer_sum / g_bg.layers;
+  // Compute floor per layer at 800 TFLOP/s (performance.md): the forward's GEMMs and attention,
+  // and the Hessians as SYRK (half of a GEMM).
+  const double N = double(g_bg.samples) * g_bg.seq_len, d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim();
+  const double fwd = 2 * N * double(c.params_per_layer() - 2 * c.hidden_size) + 4.0 * g_bg.seq_len * N * qd / 2;
+  const double hess = N * (2 * d * d + qd * qd + f * f);
+  const double floor_layer = (fwd + hess) / 800e12;
+  std::printf("bench gptq (pipeline): synthetic %s with %d of %d layers (f16), %d x %d random calibration tokens, %d-bit g%d%s, gptq export, on %s\n",
+              g_bg.preset.c_str(), g_bg.layers, full_layers, g_bg.samples, g_bg.seq_len, g_bg.bits, g_bg.group, g_bg.act_order ? " act-order" : "",
+              cuda::describe().c_str());
+  std::printf("  forward: %s\n", rep["forward"].get<std::string>().c_str());
+  std::printf("  (synthetic checkpoint written in %.1f s, not counted)\n", t_synth);
+  for (auto& [k, v] : rep["phases_seconds"].items()) std::printf("  %-24s %8.3f s\n", k.c_str(), v.get<double>());
+  std::printf("  %-24s %8.3f s\n", "total", rep["total_seconds"].get<double>());
+  std::printf("  %-24s %8.3f s  (in a background thread, overlapping the above)\n", "next-layer reads", rep["background_seconds"]["load_next_layer"].get<double>());
+  std::printf("  %-24s %8.3f s  (layers 1..%d: %.3f s)\n", "per layer", per_layer, g_bg.layers - 1,
+              g_bg.layers > 1 ? (layer_sum - rep["layers"][0]["seconds"].get<double>()) / (g_bg.layers - 1) : per_layer);
+  std::printf("  %-24s %8.1f s  (per layer x %d layers, excluding load/export of the rest)\n", "model estimate", per_layer * full_layers, full_layers);
+  std::printf("  %-24s %8.3f s per layer (%.2e FLOP at 800 TFLOP/s): measured / floor = %.1fx\n", "compute floor", floor_layer, fwd + hess,
+              per_layer / floor_layer);
+  std::printf("  %-24s %8.2f GiB (activations %.2f GiB fp32 + %.2f GiB 16-bit)\n", "peak GPU memory", rep["peak_gpu_mb"].get<double>() / 1024,
+              N * d * 4 / (1u << 30), N * std::max(qd, f) * 2 / (1u << 30));
+  return 0;
+#endif
+}
+
 int bench_gptq() {
+  if (g_bg.layers > 0) return bench_pipeline();
 #ifndef PTQKIT_HAVE_CUDA
   fail(Errc::usage, "", "bench gptq", "this build has no CUDA");
 #else
@@ -167,6 +236,8 @@ void register_more_commands(CLI::App& app) {
   g_bench_gptq = g_bench->add_subcommand("gptq", "Hessians and the GPTQ solve of one decoder layer on the GPU, by phase");
   g_bench_gptq->add_option("--preset", g_bg.preset, "llama2-7b | llama3-8b | llama2-70b | small")->default_val("llama2-7b");
   g_bench_gptq->add_option("--samples", g_bg.samples, "calibration windows")->default_val(128);
+  g_bench_gptq->add_option("--layers", g_bg.layers, "run the whole pipeline on a synthetic checkpoint of this many layers (0: one layer's Hessians and solve only)");
+  g_bench_gptq->add_option("--workdir", g_bg.workdir, "folder for the synthetic checkpoint and output (default: a temporary one, removed after)");
   g_bench_gptq->add_option("--seq-len", g_bg.seq_len, "tokens per window")->default_val(2048);
   g_bench_gptq->add_option("--bits", g_bg.bits)->default_val(4);
   g_bench_gptq->add_option("--group-size", g_bg.group)->default_val(128);

@@ -11,3 +11,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 for p in ${BENCH_PRESETS:-llama2-7b llama3-8b}; do
   .device/bin/ptqkit bench gptq --preset "$p" 2>&1 | tee "$out/bench-gptq-$p.log"
 done
+# The whole pipeline on synthetic checkpoints (load, forward, Hessians, solve, pack, write).
+for p in ${BENCH_PIPELINE:-llama2-7b}; do
+  .device/bin/ptqkit bench gptq --preset "$p" --layers "${BENCH_LAYERS:-4}" 2>&1 | tee "$out/bench-pipeline-$p.log"
+done

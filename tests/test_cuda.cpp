@@ -5,11 +5,13 @@
 #include <map>
 
 #include "core/rng.h"
+#include "cuda/forward_cuda.h"
 #include "cuda/gptq_cuda.h"
 #include "cuda/runtime.h"
 #include "eval/data.h"
 #include "eval/perplexity.h"
 #include "formats/open.h"
+#include "model/synth.h"
 #include "pipeline/pipeline.h"
 #include "testing.h"
 
@@ -117,14 +119,36 @@ TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0
   r.output = d / "cpu";
   json rc = run_quantize(r, {});
   r.device = "cuda";
+  r.gpu_forward = GENERATE(false, true);
   r.output = d / "gpu";
   json rg = run_quantize(r, {});
+  std::cout << "--- GPU forward: " << rg["forward"] << "\n";
   CHECK(rg["device"].get<std::string>().rfind("cuda", 0) == 0);
+  CHECK((rg["forward"].get<std::string>().rfind("cuda", 0) == 0) == r.gpu_forward);
+  // Module losses. The CPU forward (gpu_forward false) feeds the GPU the same fp32 activations:
+  // each loss within 1%. The GPU forward rounds GEMM operands to 16 bits, so from layer 1 on every
+  // module sees slightly different inputs (and the code flips they cause): there the loss is on a
+  // slightly different H, and the measure that compares like with like is GPTQ's loss over RTN's
+  // on the same H (within 1%), with the raw losses within 2% and no systematic drift (mean
+  // relative difference within 0.3%).
+  double drift = 0, worst_raw = 0, worst_ratio = 0;
   for (size_t i = 0; i < rc["modules"].size(); ++i) {
-    const double lc = rc["modules"][i]["loss"], lg = rg["modules"][i]["loss"];
-    INFO(rc["modules"][i]["name"] << ": GPU " << lg << " CPU " << lc);
-    CHECK(std::abs(lg - lc) <= 0.01 * lc);
+    const json &mc = rc["modules"][i], &mg = rg["modules"][i];
+    const double lc = mc["loss"], lg = mg["loss"], rcr = mc["loss_ratio_vs_rtn"], rgr = mg["loss_ratio_vs_rtn"];
+    INFO(mc["name"] << ": loss GPU " << lg << " CPU " << lc << "; ratio to RTN GPU " << rgr << " CPU " << rcr);
+    drift += (lg - lc) / lc;
+    worst_raw = std::max(worst_raw, std::abs(lg - lc) / lc);
+    worst_ratio = std::max(worst_ratio, std::abs(rgr - rcr) / rcr);
+    if (!r.gpu_forward) {
+      CHECK(std::abs(lg - lc) <= 0.01 * lc);
+    } else {
+      CHECK(std::abs(lg - lc) <= 0.02 * lc);
+      CHECK(std::abs(rgr - rcr) <= 0.01 * rcr);
+    }
   }
+  drift /= double(rc["modules"].size());
+  std::cout << "module losses GPU vs CPU: worst " << 100 * worst_raw << "%, mean signed " << 100 * drift << "%; GPTQ/RTN ratio worst " << 100 * worst_ratio << "%\n";
+  CHECK(std::abs(drift) <= 0.003);
   // Share of identical codes (through the dequantized weights). q/k/v of layer 0 see identical
   // inputs (their Hessians differ by summation order, ~2.5e-7), so their codes must agree. Every
   // module after them takes inputs computed with the quantized modules before it, and a single
@@ -149,7 +173,9 @@ TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0
     }
   }
   for (auto& [l, e] : share) std::cout << "identical codes GPU vs CPU, layer " << l << ": " << 100.0 * double(e.first) / double(e.second) << "%\n";
-  CHECK(double(qkv_same) / double(qkv_total) >= 0.99);
+  // With the GPU forward the layer-0 inputs are rounded to 16 bits before the Hessian (as the
+  // GEMMs consume them), so even q/k/v see a slightly different H: a looser bound there.
+  CHECK(double(qkv_same) / double(qkv_total) >= (r.gpu_forward ? 0.95 : 0.99));
   auto tok = load_tokenizer(r.model, 1);
   const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
   EvalOptions o;
@@ -188,5 +214,67 @@ TEST_CASE("gpu: the layer-0 Hessian of distilled-13m matches the CPU's (fp32) an
               << "; codes CPU(H_cpu) vs GPU(H_gpu) " << 100.0 * same_b / a.codes.size() << "%, vs GPU(H_cpu) " << 100.0 * same_c / a.codes.size() << "%\n";
     if (dt == DType::F32) CHECK((Hg - Hc).norm() <= 1e-6 * Hc.norm());
     CHECK(same_c == int64_t(a.codes.size()));   // the same H: the same codes
+  }
+}
+
+TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU reference, and so do its Hessians") {
+  PTQ_REQUIRE_GPU();
+  ptqtest::TempDir d;
+  std::vector<std::string> models;
+  SynthOptions o;
+  o.preset = "tiny";   // 4 heads over 2 KV heads: GQA
+  o.seed = 11;
+  synth_model(o, d / "tiny");
+  models.push_back(d / "tiny");
+  if (ptqtest::have_assets()) models.push_back(ptqtest::assets() + "/models/distilled-13m");
+  for (auto& dir : models) {
+    LlamaModel m(dir);
+    const LlamaConfig& c = m.config();
+    const int S = 3, T = 128;
+    std::vector<int32_t> tok(size_t(S * T));
+    Rng rng(5);
+    for (auto& t : tok) t = int32_t(rng.uniform() * (c.vocab_size - 1));
+    MatF X = m.embed(tok);
+    const Rope& rope = m.rope(T);
+    LayerWeights w = m.load_layer(0);
+    // CPU reference: the stage inputs (fp32) and their Hessians, accumulated in fp64
+    MatF xn, ctx, y, act, Xc = X;
+    const float eps = float(c.rms_norm_eps);
+    Hessian hq(c.hidden_size), ho(c.q_dim()), hm(c.hidden_size), hd(c.intermediate_size);
+    rmsnorm(Xc, w.input_layernorm, eps, xn);
+    hq.add(xn);
+    attention_core(w, c, rope, xn, S, T, ctx);
+    ho.add(ctx);
+    linear(ctx, w[Proj::o], y);
+    Xc += y;
+    rmsnorm(Xc, w.post_attention_layernorm, eps, xn);
+    hm.add(xn);
+    mlp_act(w, xn, act);
+    hd.add(act);
+    linear(act, w[Proj::down], y);
+    Xc += y;
+    // GPU
+    cuda::LayerForwardCuda fw(c, rope, S, T, c.dtype);
+    fw.set_input(X);
+    fw.load_layer(w);
+    cuda::HessianCuda gq(c.hidden_size, fw.dtype()), go(c.q_dim(), fw.dtype()), gm(c.hidden_size, fw.dtype()), gd(c.intermediate_size, fw.dtype());
+    fw.norm1(&gq);
+    fw.attention(&go);
+    fw.o_proj_norm2(&gm);
+    fw.mlp(&gd);
+    fw.down_proj();
+    const MatF Xg = fw.input();
+    const double ex = (Xg - Xc).norm() / (Xc - X).norm();   // relative to what the layer added
+    auto rel = [](const MatD& a, const MatD& b) { return (a - b).norm() / b.norm(); };
+    const double eq = rel(gq.finalize(), hq.finalize()), eo = rel(go.finalize(), ho.finalize()), em = rel(gm.finalize(), hm.finalize()),
+                 ed = rel(gd.finalize(), hd.finalize());
+    std::cout << dir << ": layer output rel. error " << ex << "; Hessians qkv " << eq << ", o " << eo << ", mlp " << em << ", down " << ed << "\n";
+    // 16-bit operands (~2^-9 relative rounding for f16, 2^-8 for bf16) with fp32 accumulation
+    const double tol = fw.dtype() == DType::F16 ? 5e-3 : 1e-2;
+    CHECK(ex <= tol);
+    CHECK(eq <= tol);
+    CHECK(eo <= tol);
+    CHECK(em <= tol);
+    CHECK(ed <= tol);
   }
 }

@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -45,6 +46,16 @@ static T load(const void* base, size_t i) {
 }
 
 void convert_to_f32(DType src, const void* in, float* out, size_t n) {
+  constexpr size_t kPar = size_t(1) << 20;   // large tensors: every core (a 7B layer is 200M values)
+  if (n >= 2 * kPar) {
+    const size_t es = dtype_size(src);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < int64_t((n + kPar - 1) / kPar); ++b) {
+      const size_t i0 = size_t(b) * kPar;
+      convert_to_f32(src, static_cast<const uint8_t*>(in) + i0 * es, out + i0, std::min(kPar, n - i0));
+    }
+    return;
+  }
   switch (src) {
     case DType::F32: std::memcpy(out, in, n * 4); return;
     case DType::F16: for (size_t i = 0; i < n; ++i) out[i] = f16_bits_to_f32(load<uint16_t>(in, i)); return;
@@ -57,6 +68,16 @@ void convert_to_f32(DType src, const void* in, float* out, size_t n) {
 }
 
 void convert_from_f32(DType dst, const float* in, void* out, size_t n) {
+  constexpr size_t kPar = size_t(1) << 20;
+  if (n >= 2 * kPar) {
+    const size_t es = dtype_size(dst);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < int64_t((n + kPar - 1) / kPar); ++b) {
+      const size_t i0 = size_t(b) * kPar;
+      convert_from_f32(dst, in + i0, static_cast<uint8_t*>(out) + i0 * es, std::min(kPar, n - i0));
+    }
+    return;
+  }
   switch (dst) {
     case DType::F32: std::memcpy(out, in, n * 4); return;
     case DType::F16: { auto p = static_cast<uint16_t*>(out); for (size_t i = 0; i < n; ++i) p[i] = f32_to_f16_bits(in[i]); return; }

@@ -90,6 +90,7 @@ struct HessianCuda::Impl {
   DeviceBuffer<float> c;
   DeviceBuffer<uint8_t> x16;
   DeviceBuffer<float> x32;
+  int pending = 0;   // chunks summed in c (fp32) and not yet added to sum (fp64)
 };
 
 HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols), dtype_(dtype) {
@@ -99,20 +100,38 @@ HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols),
 }
 HessianCuda::~HessianCuda() { delete p_; }
 
+// Per chunk of kChunk tokens, the upper triangle of C = X^T X (column-major; the accumulate
+// kernel reads it as the row-major lower triangle) in column panels of kPanel: panel j0 computes
+// C[j0 : j0+kPanel, j0 : cols], about half a full GEMM's work (SYRK-shaped; cuBLAS has no 16-bit
+// SYRK). kFlush chunks are summed in fp32 (GEMM beta = 1) before the fp64 accumulation, which
+// moves the whole matrix and would otherwise cost more than the GEMMs.
 void HessianCuda::add_device(const void* X, int64_t rows) {
+  constexpr int64_t kPanel = 1024;
+  constexpr int kFlush = 8;
   auto& h = handles();
   const float one = 1.0f, zero = 0.0f;
   const size_t es = dtype_size(dtype_);
   for (int64_t t0 = 0; t0 < rows; t0 += kChunk) {
     const int64_t n = std::min(kChunk, rows - t0);
-    const void* A = static_cast<const uint8_t*>(X) + size_t(t0 * cols_) * es;
-    // row-major X [n, cols] is column-major X^T [cols, n]: C = X^T (X^T)^T
-    PTQ_CUBLAS(cublasGemmEx(h.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(cols_), int(cols_), int(n), &one, A, cuda_type(dtype_), int(cols_), A,
-                            cuda_type(dtype_), int(cols_), &zero, p_->c.get(), CUDA_R_32F, int(cols_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    accumulate_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->c.get(), p_->sum.get(), cols_);
-    PTQ_CUDA_LAUNCH("accumulate_kernel");
+    const uint8_t* A = static_cast<const uint8_t*>(X) + size_t(t0 * cols_) * es;
+    const float* beta = p_->pending > 0 ? &one : &zero;
+    // row-major X [n, cols] is column-major X^T [cols, n]: C[j0:, j0:] panel = X^T[j0:j0+nb] (X^T[j0:])^T
+    for (int64_t j0 = 0; j0 < cols_; j0 += kPanel) {
+      const int64_t nb = std::min(kPanel, cols_ - j0);
+      PTQ_CUBLAS(cublasGemmEx(h.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(nb), int(cols_ - j0), int(n), &one, A + size_t(j0) * es, cuda_type(dtype_),
+                              int(cols_), A + size_t(j0) * es, cuda_type(dtype_), int(cols_), beta, p_->c.get() + j0 + j0 * cols_, CUDA_R_32F,
+                              int(cols_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    if (++p_->pending == kFlush) flush();
   }
   n_ += rows;
+}
+
+void HessianCuda::flush() const {
+  if (p_->pending == 0) return;
+  accumulate_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->c.get(), p_->sum.get(), cols_);
+  PTQ_CUDA_LAUNCH("accumulate_kernel");
+  p_->pending = 0;
 }
 
 void HessianCuda::add(const MatF& X) {
@@ -131,12 +150,14 @@ void HessianCuda::add(const MatF& X) {
 }
 
 double* HessianCuda::device_sum() {
+  flush();
   symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
   PTQ_CUDA_LAUNCH("symmetrize_kernel");
   return p_->sum.get();
 }
 
 MatD HessianCuda::finalize() const {
+  flush();
   symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
   PTQ_CUDA_LAUNCH("symmetrize_kernel");
   MatD H(cols_, cols_);

@@ -8,9 +8,10 @@
 
 namespace ptq::cuda {
 
-// H = (2/n) sum x x^T on tensor cores: each chunk of <= 4096 tokens is cast to `dtype` (F16 or
-// BF16: 16-bit x 16-bit products are exact in fp32; F32: SGEMM on CUDA cores), multiplied with
-// fp32 accumulation, and added to an fp64 sum on the device.
+// H = (2/n) sum x x^T on tensor cores: each chunk of <= 1024 tokens is cast to `dtype` (F16 or
+// BF16: 16-bit x 16-bit products are exact in fp32; F32: SGEMM on CUDA cores) and multiplied with
+// fp32 accumulation (upper triangle only, in panels); eight chunks are summed in fp32, then added
+// to an fp64 sum on the device.
 class HessianCuda {
  public:
   HessianCuda(int64_t cols, DType dtype);
@@ -25,6 +26,7 @@ class HessianCuda {
   Impl* p_;
   int64_t cols_, n_ = 0;
   DType dtype_;
+  void flush() const;   // the fp32 partial sum into the fp64 sum
 };
 
 // Whether the fused kernel serves this spec: groups must start at block boundaries (group_size

@@ -113,4 +113,27 @@ void pool_release_cached() {
   P.free_blocks.clear();
 }
 
+void copy_device(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }
+
+namespace {
+struct Staging {
+  void* p = nullptr;
+  size_t n = 0;
+  ~Staging() { if (p) cudaFreeHost(p); }
+} g_staging;
+}  // namespace
+
+void* pinned_staging(size_t bytes) {
+  if (bytes > g_staging.n) {
+    if (g_staging.p) PTQ_CUDA(cudaFreeHost(g_staging.p));
+    g_staging.p = nullptr;
+    g_staging.n = 0;
+    PTQ_CUDA(cudaMallocHost(&g_staging.p, bytes));
+    g_staging.n = bytes;
+  }
+  return g_staging.p;
+}
+
+void upload_from_staging(void* dst, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, g_staging.p, bytes, cudaMemcpyHostToDevice)); }
+
 }  // namespace ptq::cuda

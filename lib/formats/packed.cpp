@@ -151,12 +151,17 @@ GptqPacked pack_gptq(const QuantizedLinear& q, bool v2) {
   p.groups = q.groups;
   const int64_t nw = q.cols * p.bits / 32, zw = q.rows * p.bits / 32;
   p.qweight.assign(size_t(nw * q.rows), 0);
-  std::vector<uint32_t> vals(static_cast<size_t>(std::max(q.cols, q.rows))), words(static_cast<size_t>(std::max(nw, zw) + 1));
-  for (int64_t r = 0; r < q.rows; ++r) {
-    for (int64_t c = 0; c < q.cols; ++c) vals[size_t(c)] = q.codes[size_t(r * q.cols + c)];
-    pack_bits(vals.data(), q.cols, p.bits, words.data());
-    for (int64_t w = 0; w < nw; ++w) p.qweight[size_t(w * q.rows + r)] = int32_t(words[size_t(w)]);
+#pragma omp parallel
+  {
+    std::vector<uint32_t> v(static_cast<size_t>(q.cols)), wd(static_cast<size_t>(nw + 1));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < q.rows; ++r) {
+      for (int64_t c = 0; c < q.cols; ++c) v[size_t(c)] = q.codes[size_t(r * q.cols + c)];
+      pack_bits(v.data(), q.cols, p.bits, wd.data());
+      for (int64_t w = 0; w < nw; ++w) p.qweight[size_t(w * q.rows + r)] = int32_t(wd[size_t(w)]);
+    }
   }
+  std::vector<uint32_t> vals(static_cast<size_t>(std::max(q.cols, q.rows))), words(static_cast<size_t>(std::max(nw, zw) + 1));
   const uint32_t mask = (1u << p.bits) - 1;
   p.qzeros.assign(size_t(q.groups * zw), 0);
   for (int64_t g = 0; g < q.groups; ++g) {

@@ -54,6 +54,7 @@ GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec&
 
 MatF QuantizedLinear::dequantize() const {
   MatF W(rows, cols);
+#pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 20))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t g = g_idx[size_t(c)];

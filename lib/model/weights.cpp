@@ -1,3 +1,4 @@
+#include <vector>
 #include "model/weights.h"
 
 #include <cstring>
@@ -18,13 +19,22 @@ void SafetensorsSource::read_f32(const std::string& n, float* out) const {
   TensorView t = ck_.get(n);
   if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
     fail(Errc::format, ck_.file_of(n), n, "dtype " + std::string(dtype_name(t.dtype)) + " is not a float dtype");
+  if (t.nbytes >= (size_t(4) << 20)) {   // large: pread into a reused buffer, then convert
+    if (t.dtype == DType::F32) return ck_.copy(n, out);
+    thread_local std::vector<uint8_t> staging;
+    if (staging.size() < t.nbytes) staging.resize(t.nbytes);
+    ck_.copy(n, staging.data());
+    convert_to_f32(t.dtype, staging.data(), out, size_t(t.numel()));
+    return;
+  }
   convert_to_f32(t.dtype, t.data, out, size_t(t.numel()));
 }
 
 void SafetensorsSource::read_rows_f32(const std::string& n, const std::vector<int32_t>& rows, float* out) const {
   TensorView t = ck_.get(n);
   const size_t cols = size_t(t.shape[1]), es = dtype_size(t.dtype);
-  for (size_t i = 0; i < rows.size(); ++i) convert_to_f32(t.dtype, t.data + size_t(rows[i]) * cols * es, out + i * cols, cols);
+#pragma omp parallel for schedule(static) if (rows.size() > 1024)
+  for (int64_t i = 0; i < int64_t(rows.size()); ++i) convert_to_f32(t.dtype, t.data + size_t(rows[size_t(i)]) * cols * es, out + size_t(i) * cols, cols);
 }
 
 }  // namespace ptq

@@ -1,10 +1,13 @@
 #include "pipeline/pipeline.h"
 
+#include <omp.h>
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
+#include <tuple>
 #include <map>
 
 #include "calib/calibration.h"
@@ -21,6 +24,7 @@
 #include "report/report_html.h"
 #include "smoothquant/smoothquant.h"
 #ifdef PTQKIT_HAVE_CUDA
+#include "cuda/forward_cuda.h"
 #include "cuda/gptq_cuda.h"
 #include "cuda/runtime.h"
 #endif
@@ -47,7 +51,12 @@ struct PhaseTimer {
 };
 
 void check_finite(const MatF& m, const std::string& tensor, const WeightSource& ck) {
-  if (m.allFinite()) return;
+  // Exponent bits all ones = Inf or NaN; a vectorized pass (Eigen's allFinite took 1 s per 7B layer).
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(m.data());
+  bool ok = true;
+#pragma omp parallel for reduction(&& : ok) schedule(static)
+  for (int64_t i = 0; i < int64_t(m.size()); ++i) ok = ok && (bits[i] & 0x7f800000u) != 0x7f800000u;
+  if (ok) return;
   for (Eigen::Index r = 0; r < m.rows(); ++r)
     for (Eigen::Index c = 0; c < m.cols(); ++c)
       if (!std::isfinite(m(r, c)))
@@ -77,6 +86,9 @@ struct AnyHessian {
 #endif
     return cpu.finalize();
   }
+#ifdef PTQKIT_HAVE_CUDA
+  cuda::HessianCuda* device() const { return gpu.get(); }
+#endif
 };
 
 void check_patterns(const Recipe& r, const std::vector<std::string>& known) {
@@ -193,24 +205,71 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   const int S = cd.samples, T = cd.seq_len;
   const Rope& rope = model->rope(T);
   const float eps = float(c.rms_norm_eps);
+  // The forward pass on the GPU (true-sequential GPTQ/RTN, weight-only): activations stay on the
+  // device, Hessians come from the 16-bit activations the GEMMs consume. Otherwise the CPU forward
+  // runs and the GPU, when present, accumulates the Hessians and solves.
+  bool gpu_forward = false;
+  std::string forward_desc = "cpu (fp32)";
+#ifdef PTQKIT_HAVE_CUDA
+  std::unique_ptr<cuda::LayerForwardCuda> fw;
+  {
+    std::string why;
+    if (!use_cuda) why = "no GPU";
+    else if (nf4) why = "data-free";
+    else if (!r.true_sequential) why = "true_sequential: false";
+    else if (r.smooth.enabled || r.act_mode != ActQuant::none) why = "SmoothQuant/W8A8 statistics are collected on the CPU";
+    else if (stats_in) why = "statistics loaded";
+    else if (!r.gpu_forward) why = "gpu_forward: false in the recipe";
+    else if (!cuda::forward_supported(c, T, &why)) {}
+    else gpu_forward = true;
+    if (gpu_forward) {
+      PhaseTimer t(phase["upload"]);
+      fw = std::make_unique<cuda::LayerForwardCuda>(c, rope, S, T, c.dtype);
+      fw->set_input(X);
+      X = MatF();
+      forward_desc = std::string("cuda (") + (fw->dtype() == DType::F16 ? "f16" : "bf16") + " GEMMs, fp32 accumulation and residual)";
+    } else if (use_cuda) {
+      forward_desc = "cpu (fp32), Hessians on the GPU: " + why;
+    }
+  }
+#endif
 
   QuantStore store(out.path() + "/.layers");
   // Hessians on the GPU: the forward still runs on the CPU in fp32, so the GPU accumulates the same
   // fp32 activations (SGEMM, fp64 sums) rather than rounding them to 16 bits for the tensor cores.
-  const DType hdt = DType::F32;
+  DType hdt = DType::F32;
+#ifdef PTQKIT_HAVE_CUDA
+  if (gpu_forward) hdt = fw->dtype();
+#endif
   json modules = json::array(), layers = json::array(), smoothing = json::array();
   const bool w8a8 = r.act_mode != ActQuant::none;
   auto smooth_pair = [&](const std::string& pair) {
     return r.smooth.enabled && std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), pair) != r.smooth.pairs.end();
   };
   Progress bar("quantize", nf4 ? 0 : c.num_hidden_layers, "layers");
+  std::future<LayerWeights> next_layer;   // read (and converted to fp32) while this layer computes
+  double prefetch_seconds = 0;            // its time in the background thread (the "load" phase is the wait)
   for (int l = 0; l < (nf4 ? 0 : c.num_hidden_layers); ++l) {
     const auto t_layer = Clock::now();
     LayerWeights w;
     {
       PhaseTimer t(phase["load"]);
-      w = model->load_layer(l);
-      for (Proj p : kAllProj) check_finite(w[p].W, proj_tensor_prefix(l, p) + ".weight", model->weights());
+      auto load_checked = [&model](int k) {
+        LayerWeights lw = model->load_layer(k);
+        for (Proj p : kAllProj) check_finite(lw[p].W, proj_tensor_prefix(k, p) + ".weight", model->weights());
+        return lw;
+      };
+      w = next_layer.valid() ? next_layer.get() : load_checked(l);
+      // Half the cores: it overlaps the layer's compute, while the main thread keeps the other
+      // half for its own host work (RTN, dequantization, packing into the layer store).
+      if (l + 1 < c.num_hidden_layers)
+        next_layer = std::async(std::launch::async, [load_checked, &prefetch_seconds, l] {
+          omp_set_num_threads(std::max(1, omp_get_num_procs() / 2));
+          const auto t0 = Clock::now();
+          LayerWeights lw = load_checked(l + 1);
+          prefetch_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+          return lw;
+        });
     }
     if (l < resume_from) {   // done by the interrupted run: replay the quantized layer to get the next input
       PhaseTimer t(phase["forward"]);
@@ -225,6 +284,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       json rep = json::parse(store.layer_report(l));
       for (auto& m : rep["modules"]) modules.push_back(m);
       for (auto& e : rep["smoothquant"]) smoothing.push_back(e);
+#ifdef PTQKIT_HAVE_CUDA
+      if (gpu_forward) { fw->load_layer(w); fw->layer(); cuda::synchronize(); }
+      else
+#endif
       if (!stats_in) decoder_layer(w, c, rope, S, T, X);
       layers.push_back({{"layer", l}, {"seconds", 0.0}, {"resumed", true}});
       bar.update(l + 1);
@@ -238,13 +301,33 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     auto quantize_group = [&](std::initializer_list<Proj> projs, const std::string& group, const AnyHessian* hess) {
       bar.update(l + groups_done++ / 4.0, "layer " + std::to_string(l) + ": " + proj_tensor_prefix(l, *projs.begin()).substr(proj_tensor_prefix(l, *projs.begin()).rfind('.') + 1));
       MatD H;
+#ifdef PTQKIT_HAVE_CUDA
+      // On the GPU the Hessian stays there; the host copy is made only if something needs it.
+      double* dsum = nullptr;
+      int64_t ntok = 0;
+      if (!stats_in && !stats_out && use_cuda && hess->device()) {
+        PhaseTimer t(phase["hessian"]);
+        dsum = hess->device()->device_sum();
+        ntok = hess->device()->tokens();
+      }
+      auto host_H = [&] {
+        if (H.size() == 0) { PhaseTimer t(phase["hessian"]); H = hess->finalize(); }
+      };
+#else
+      auto host_H = [] {};
+#endif
       if (stats_in) {
         auto it = ls_in.hessians.find(group);
         if (it == ls_in.hessians.end()) fail(Errc::format, opt.load_stats, "layer " + std::to_string(l) + ": hessian." + group, "missing");
         H = std::move(it->second);
       } else {
-        PhaseTimer t(phase["hessian"]);
-        H = hess->finalize();
+#ifdef PTQKIT_HAVE_CUDA
+        if (!dsum)
+#endif
+        {
+          PhaseTimer t(phase["hessian"]);
+          H = hess->finalize();
+        }
       }
       for (Proj p : projs) {
         const std::string name = proj_tensor_prefix(l, p);
@@ -254,22 +337,44 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         MatF& W = w[p].W;
         SolveStats st;
         QuantizedLinear q, rtn;
+        bool device_done = false;
         {
           PhaseTimer t(phase["solve"]);
 #ifdef PTQKIT_HAVE_CUDA
-          if (use_cuda && spec.method == "gptq" && cuda::gptq_supported(spec, nullptr)) q = cuda::gptq_quantize(W, H, spec, &st);
-          else
+          if (use_cuda && spec.method == "gptq" && cuda::gptq_supported(spec, nullptr)) {
+            if (dsum) {   // the solve overwrites its Hessian: give it a copy
+              cuda::DeviceBuffer<double> Hc(size_t(W.cols() * W.cols()), "GPTQ Hessian (copy)");
+              cuda::copy_device(Hc.get(), dsum, size_t(W.cols() * W.cols()) * 8);
+              q = cuda::gptq_quantize_device(W, Hc.get(), ntok, spec, &st);
+              device_done = true;
+            } else {
+              q = cuda::gptq_quantize(W, H, spec, &st);
+            }
+          } else
 #endif
-          q = spec.method == "gptq" ? gptq_quantize(W, H, spec, &st) : rtn_quantize(W, spec);
+          {
+            host_H();
+            q = spec.method == "gptq" ? gptq_quantize(W, H, spec, &st) : rtn_quantize(W, spec);
+          }
           rtn = spec.method == "gptq" ? rtn_quantize(W, spec) : q;
         }
         MatF Wq = q.dequantize();
         double loss, rtn_loss;
         {
           PhaseTimer t(phase["loss"]);
-          loss = output_error(W, Wq, H);
-          rtn_loss = spec.method == "gptq" ? output_error(W, rtn.dequantize(), H) : loss;
+#ifdef PTQKIT_HAVE_CUDA
+          if (dsum) {   // fp64 on the device (cuBLAS DGEMM), as output_error does on the CPU
+            const double hs = ntok > 0 ? 2.0 / double(ntok) : 1.0;
+            std::tie(loss, rtn_loss) = cuda::output_errors(W, Wq, spec.method == "gptq" ? rtn.dequantize() : Wq, dsum, W.cols(), hs);
+          } else
+#endif
+          {
+            host_H();
+            loss = output_error(W, Wq, H);
+            rtn_loss = spec.method == "gptq" ? output_error(W, rtn.dequantize(), H) : loss;
+          }
         }
+        (void)device_done;
 #ifndef NDEBUG
         if (spec.method == "gptq" && loss > rtn_loss * (1 + 1e-6) + 1e-12)
           fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(loss) + " exceeds RTN's " + std::to_string(rtn_loss) + " (debug check)");
@@ -353,7 +458,40 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       quantize_inputs({Proj::gate, Proj::up}, "mlp", nullptr);
       quantize_group({Proj::down}, "down", nullptr);
       quantize_inputs({Proj::down}, "down", nullptr);
-    } else if (r.true_sequential) {
+    }
+#ifdef PTQKIT_HAVE_CUDA
+    else if (gpu_forward) {   // the same stages on the GPU; quantized weights go back up after each group
+      auto gpu_stage = [&](auto&& f) {
+        {
+          PhaseTimer t(phase["forward"]);
+          f();
+          cuda::synchronize();
+        }
+        const double hs = fw->take_hessian_seconds();
+        phase["forward"] -= hs;
+        phase["hessian"] += hs;
+      };
+      auto upload = [&](std::initializer_list<Proj> projs) {
+        PhaseTimer t(phase["upload"]);
+        for (Proj p : projs) fw->set_weight(p, w[p].W);
+      };
+      { PhaseTimer t(phase["upload"]); fw->load_layer(w); }
+      gpu_stage([&] { fw->norm1(h_qkv.device()); });
+      quantize_group({Proj::q, Proj::k, Proj::v}, "qkv", &h_qkv);
+      upload({Proj::q, Proj::k, Proj::v});
+      gpu_stage([&] { fw->attention(h_o.device()); });
+      quantize_group({Proj::o}, "o", &h_o);
+      upload({Proj::o});
+      gpu_stage([&] { fw->o_proj_norm2(h_mlp.device()); });
+      quantize_group({Proj::gate, Proj::up}, "mlp", &h_mlp);
+      upload({Proj::gate, Proj::up});
+      gpu_stage([&] { fw->mlp(h_down.device()); });
+      quantize_group({Proj::down}, "down", &h_down);
+      upload({Proj::down});
+      gpu_stage([&] { fw->down_proj(); });
+    }
+#endif
+    else if (r.true_sequential) {
       { PhaseTimer t(phase["forward"]); rmsnorm(X, w.input_layernorm, eps, xn); }
       smooth("input_layernorm", w.input_layernorm, {Proj::q, Proj::k, Proj::v}, X, xn);
       { PhaseTimer t(phase["hessian"]); h_qkv.add(xn); }
@@ -421,6 +559,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   }
   bar.finish();
   X = MatF();
+  if (next_layer.valid()) next_layer.wait();
+#ifdef PTQKIT_HAVE_CUDA
+  fw.reset();
+#endif
 
   json outputs = json::array();
   {
@@ -471,6 +613,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   json report = {{"ptqkit_version", "0.1.0"},
                  {"recipe", yaml_to_json(r.to_yaml())},
                  {"device", device_desc},
+                 {"forward", forward_desc},
                  {"model", {{"path", r.model}, {"model_type", c.model_type}, {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
                             {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
                  {"calibration", nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : cd.describe(r.calibration)},
@@ -479,6 +622,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                  {"statistics", stats_info},
                  {"layers", layers},
                  {"phases_seconds", phase},
+                 {"background_seconds", {{"load_next_layer", prefetch_seconds}}},
                  {"total_seconds", total},
                  {"peak_rss_mb", peak_rss_mb()},
 #ifdef PTQKIT_HAVE_CUDA

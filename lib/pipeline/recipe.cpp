@@ -42,6 +42,7 @@ const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty:
 const Schema kRootSchema = {{"model", {Ty::Str}},
                             {"output", {Ty::Str}},
                             {"device", {Ty::Str}},
+                            {"gpu_forward", {Ty::Bool}},
                             {"calibration", {Ty::Map, &kCalibSchema}},
                             {"quantization", {Ty::Map, &kQuantSchema}},
                             {"export", {Ty::Map, &kExportSchema}}};
@@ -214,6 +215,7 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   if (root["output"]) r.output = root["output"].as<std::string>();
   if (root["device"]) r.device = root["device"].as<std::string>();
   if (r.device != "cpu" && r.device != "cuda" && r.device != "auto") fail(Errc::usage, file, "device", "must be cpu, cuda or auto");
+  if (root["gpu_forward"]) r.gpu_forward = root["gpu_forward"].as<bool>();
   if (auto c = root["calibration"]) {
     if (c["dataset"]) r.calibration.dataset = c["dataset"].as<std::string>();
     if (c["samples"]) r.calibration.samples = c["samples"].as<int>();
@@ -317,6 +319,7 @@ YAML::Node Recipe::to_yaml() const {
   n["model"] = model;
   n["output"] = output;
   n["device"] = device;
+  n["gpu_forward"] = gpu_forward;
   n["calibration"]["dataset"] = calibration.dataset;
   n["calibration"]["samples"] = calibration.samples;
   n["calibration"]["seq_len"] = calibration.seq_len;

@@ -16,6 +16,7 @@ namespace ptq {
 struct Recipe {
   std::string source;                       // the recipe file ("" when built in code)
   std::string model, output, device = "auto";
+  bool gpu_forward = true;                  // with a GPU: run the forward there too (else only Hessians and solves)
   CalibSpec calibration;                    // seq_len 0 = min(2048, the model's context)
   QuantSpec quant;                          // defaults for every quantized module
   bool true_sequential = true;

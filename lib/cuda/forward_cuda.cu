@@ -1,0 +1,433 @@
+// forward_cuda.cu — one decoder layer of the calibration forward on the GPU (forward_cuda.h).
+//
+// Contract. Activations: S windows of T tokens, rows [S*T, width] row-major, token (s, t) at row
+// s*T + t. X (fp32) is the residual stream; Linears read 16-bit inputs and 16-bit weights
+// [out, in] and accumulate in fp32 (GemmEx). Processed in chunks of whole windows of at most
+// kChunkTokens tokens. Attention: per window, scores = Q K^T for all heads (strided-batched GEMM,
+// fp32 out; GQA by one batched call per query head of a KV group), causal (and sliding-window)
+// softmax in fp32 to 16-bit P, ctx = P V in 16-bit. The reference is lib/model/llama.cpp
+// (attention_core, mlp_act, rmsnorm, apply_rope) in fp32; tests/test_cuda.cpp compares the two.
+// Roofline: GEMM-bound (2 * params * tokens + 4 * T^2 * q_dim * S FLOPs per layer on tensor
+// cores); the elementwise kernels move each activation once.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/forward_cuda.h"
+#include "cuda/runtime.h"
+
+namespace ptq::cuda {
+
+namespace {
+constexpr int64_t kChunkTokens = 8192;
+
+cublasHandle_t blas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t x;
+    PTQ_CUBLAS(cublasCreate(&x));
+    return x;
+  }();
+  return h;
+}
+int blocks(int64_t n, int t = 256) { return int((n + t - 1) / t); }
+cudaDataType ctype(DType t) { return t == DType::F16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+template <class T> __device__ T from_f(float x);
+template <> __device__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Block-wide reductions (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_sum(float v, float* sh) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0f;
+  if (threadIdx.x < 32)
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x == 0) sh[0] = v;
+  __syncthreads();
+  return sh[0];
+}
+__device__ float block_max(float v, float* sh) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : -INFINITY;
+  if (threadIdx.x < 32)
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x == 0) sh[0] = v;
+  __syncthreads();
+  return sh[0];
+}
+
+// out[r] = (x[r] / sqrt(mean(x[r]^2) + eps)) * w, one block per row (= rmsnorm in llama.cpp).
+template <class T>
+__global__ void rmsnorm_kernel(const float* x, const float* w, T* out, int d, float eps) {
+  __shared__ float sh[32];
+  const float* xr = x + int64_t(blockIdx.x) * d;
+  float s = 0;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) s += xr[j] * xr[j];
+  s = block_sum(s, sh);
+  const float inv = 1.0f / sqrtf(s / float(d) + eps);
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[int64_t(blockIdx.x) * d + j] = from_f<T>(xr[j] * inv * w[j]);
+}
+
+__global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int cols) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < rows * cols) y[i] += b[i % cols];
+}
+
+// Rotary (HF rotate_half: pairs (k, k + hd/2)) on fp32 projections, written as 16 bits; rows of the
+// chunk start at global row row0, position = row % T. rotate = false: a plain cast (V).
+template <class T>
+__global__ void rope_cast_kernel(const float* y, T* out, const float* cs, const float* sn, int64_t rows, int heads, int hd, int Tlen,
+                                 int64_t row0, bool rotate) {
+  const int half = hd / 2;
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= rows * heads * half) return;
+  const int k = int(i % half);
+  const int64_t rh = i / half, r = rh / heads;
+  const int h = int(rh % heads);
+  const int64_t off = r * int64_t(heads) * hd + int64_t(h) * hd;
+  const float a = y[off + k], b = y[off + k + half];
+  if (rotate) {
+    const int pos = int((row0 + r) % Tlen);
+    const float c = cs[int64_t(pos) * half + k], s = sn[int64_t(pos) * half + k];
+    out[off + k] = from_f<T>(a * c - b * s);
+    out[off + k + half] = from_f<T>(b * c + a * s);
+  } else {
+    out[off + k] = from_f<T>(a);
+    out[off + k + half] = from_f<T>(b);
+  }
+}
+
+// P = softmax(scale * S) over j <= i (and i - j < window), zero elsewhere; one block per (head, i).
+template <class T>
+__global__ void causal_softmax_kernel(const float* S, T* P, int Tlen, float scale, int window) {
+  __shared__ float sh[32];
+  const int64_t row = blockIdx.x;
+  const int i = int(row % Tlen), j0 = window > 0 ? max(0, i - window + 1) : 0;
+  const float* s = S + row * Tlen;
+  T* p = P + row * Tlen;
+  float m = -INFINITY;
+  for (int j = j0 + threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, s[j] * scale);
+  m = block_max(m, sh);
+  float sum = 0;
+  for (int j = j0 + threadIdx.x; j <= i; j += blockDim.x) sum += expf(s[j] * scale - m);
+  sum = block_sum(sum, sh);
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < Tlen; j += blockDim.x) p[j] = from_f<T>(j >= j0 && j <= i ? expf(s[j] * scale - m) * inv : 0.0f);
+}
+
+template <class T>
+__global__ void silu_mul_kernel(const float* g, const float* u, T* out, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = from_f<T>(g[i] / (1.0f + expf(-g[i])) * u[i]);
+}
+
+template <class T>
+__global__ void cast_kernel(const float* x, T* y, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = from_f<T>(x[i]);
+}
+
+__global__ void diff_f64_kernel(const float* a, const float* b, double* e, int64_t n) {   // e = a - b (b may be null)
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) e[i] = double(a[i]) - (b ? double(b[i]) : 0.0);
+}
+// partial[block] = sum over the block's rows of dot(G[r], E[r]) (deterministic: fixed order).
+__global__ void row_dot_kernel(const double* G, const double* E, int64_t rows, int64_t n, double* partial) {
+  __shared__ double sh[256];
+  double s = 0;
+  const int64_t r = blockIdx.x;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += G[r * n + j] * E[r * n + j];
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[r] = sh[0];
+}
+
+// Row-major Y[rows, out] = alpha * X[rows, in] W[out, in]^T + beta * Y (fp32 accumulation).
+void linear_gemm(const void* X, const void* W, void* Y, cudaDataType ytype, int64_t rows, int64_t in, int64_t out, DType dt, float beta) {
+  const float alpha = 1.0f;
+  PTQ_CUBLAS(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &alpha, W, ctype(dt), int(in), X, ctype(dt), int(in),
+                          &beta, Y, ytype, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+}  // namespace
+
+bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why) {
+  auto no = [&](const std::string& w) { if (why) *why = w; return false; };
+  if (c.head_dim % 2) return no("odd head_dim");
+  if (c.num_attention_heads % c.num_key_value_heads) return no("heads not a multiple of KV heads");
+  if (int64_t(seq_len) * seq_len * c.num_attention_heads * 6 > (int64_t(8) << 30)) return no("attention scores of one window exceed 8 GiB");
+  return true;
+}
+
+struct LayerForwardCuda::Impl {
+  LlamaConfig c;
+  int S, T;
+  int64_t N, chunk_rows;
+  DType dt;
+  size_t es = 2;
+  float eps;
+  DeviceBuffer<float> X, cs, sn, norm1, norm2, y32, scores, tmp32;
+  DeviceBuffer<float> bias[7];
+  DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
+  int64_t outs[7], ins[7];
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+  double hessian_seconds = 0;
+  // h += rows of x, timed with events (the Hessian GEMMs are reported apart from the forward).
+  void hessian_add(HessianCuda* h, const void* x, int64_t rows) {
+    if (!h) return;
+    PTQ_CUDA(cudaEventRecord(ev0));
+    h->add_device(x, rows);
+    PTQ_CUDA(cudaEventRecord(ev1));
+    PTQ_CUDA(cudaEventSynchronize(ev1));
+    float ms = 0;
+    PTQ_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
+    hessian_seconds += ms / 1000.0;
+  }
+  ~Impl() {
+    if (ev0) cudaEventDestroy(ev0);
+    if (ev1) cudaEventDestroy(ev1);
+  }
+  void* at(const DeviceBuffer<uint8_t>& b, int64_t elems) const { return b.get() + size_t(elems) * es; }
+  template <class F>
+  void by_chunks(F&& f) {   // f(row0, rows): whole windows, at most chunk_rows tokens
+    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) f(r0, std::min(chunk_rows, N - r0));
+  }
+  void rmsnorm(const DeviceBuffer<float>& w, int64_t r0, int64_t rows) {
+    const int d = c.hidden_size;
+    if (dt == DType::F16) rmsnorm_kernel<__half><<<unsigned(rows), 256>>>(X.get() + r0 * d, w.get(), static_cast<__half*>(at(xn, 0)), d, eps);
+    else rmsnorm_kernel<__nv_bfloat16><<<unsigned(rows), 256>>>(X.get() + r0 * d, w.get(), static_cast<__nv_bfloat16*>(at(xn, 0)), d, eps);
+    PTQ_CUDA_LAUNCH("rmsnorm_kernel");
+  }
+  void bias_add(int p, float* y, int64_t rows) {
+    if (!bias[p].get()) return;
+    add_bias_kernel<<<blocks(rows * outs[p]), 256>>>(y, bias[p].get(), rows, int(outs[p]));
+    PTQ_CUDA_LAUNCH("add_bias_kernel");
+  }
+  void rope_cast(const float* y, DeviceBuffer<uint8_t>& out, int64_t rows, int heads, int64_t r0, bool rotate) {
+    const int64_t n = rows * heads * (c.head_dim / 2);
+    if (dt == DType::F16)
+      rope_cast_kernel<__half><<<blocks(n), 256>>>(y, static_cast<__half*>(at(out, 0)), cs.get(), sn.get(), rows, heads, c.head_dim, T, r0, rotate);
+    else
+      rope_cast_kernel<__nv_bfloat16><<<blocks(n), 256>>>(y, static_cast<__nv_bfloat16*>(at(out, 0)), cs.get(), sn.get(), rows, heads, c.head_dim, T, r0, rotate);
+    PTQ_CUDA_LAUNCH("rope_cast_kernel");
+  }
+};
+
+LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int samples, int seq_len, DType dtype) : p_(new Impl) {
+  Impl& m = *p_;
+  std::string why;
+  if (!forward_supported(c, seq_len, &why)) fail(Errc::usage, "", "device", "the GPU forward does not serve this model: " + why);
+  m.c = c;
+  m.S = samples;
+  m.T = seq_len;
+  m.N = int64_t(samples) * seq_len;
+  m.dt = dtype == DType::F16 ? DType::F16 : DType::BF16;
+  m.eps = float(c.rms_norm_eps);
+  m.chunk_rows = std::max<int64_t>(1, kChunkTokens / seq_len) * seq_len;
+  PTQ_CUDA(cudaEventCreate(&m.ev0));
+  PTQ_CUDA(cudaEventCreate(&m.ev1));
+  const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim(), half = c.head_dim / 2;
+  const int64_t outs[7] = {qd, kv, kv, d, f, f, d}, ins[7] = {d, d, d, qd, d, d, f};
+  for (int i = 0; i < 7; ++i) { m.outs[i] = outs[i]; m.ins[i] = ins[i]; }
+  m.X = DeviceBuffer<float>(size_t(m.N * d), "calibration activations (fp32 residual stream; use fewer samples or a shorter seq_len)");
+  m.stage = DeviceBuffer<uint8_t>(size_t(m.N * std::max(qd, f)) * m.es, "calibration activations (attention context / MLP activation)");
+  m.xn = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * d) * m.es, "normalized activations (chunk)");
+  m.y32 = DeviceBuffer<float>(size_t(m.chunk_rows * std::max(qd + 2 * kv, 2 * f)), "projections (chunk, fp32)");
+  m.q16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * qd) * m.es, "queries (chunk)");
+  m.k16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "keys (chunk)");
+  m.v16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "values (chunk)");
+  m.scores = DeviceBuffer<float>(size_t(c.num_attention_heads) * seq_len * seq_len, "attention scores (one window)");
+  m.P = DeviceBuffer<uint8_t>(size_t(c.num_attention_heads) * seq_len * seq_len * m.es, "attention probabilities (one window)");
+  m.cs = DeviceBuffer<float>(size_t(seq_len * half), "rotary cos");
+  m.sn = DeviceBuffer<float>(size_t(seq_len * half), "rotary sin");
+  PTQ_CUDA(cudaMemcpy(m.cs.get(), rope.cos.data(), size_t(seq_len * half) * 4, cudaMemcpyHostToDevice));
+  PTQ_CUDA(cudaMemcpy(m.sn.get(), rope.sin.data(), size_t(seq_len * half) * 4, cudaMemcpyHostToDevice));
+  m.norm1 = DeviceBuffer<float>(size_t(d), "input_layernorm");
+  m.norm2 = DeviceBuffer<float>(size_t(d), "post_attention_layernorm");
+  for (int i = 0; i < 7; ++i) m.W[i] = DeviceBuffer<uint8_t>(size_t(outs[i] * ins[i]) * m.es, "layer weights (16-bit)");
+}
+LayerForwardCuda::~LayerForwardCuda() = default;
+double LayerForwardCuda::take_hessian_seconds() {
+  const double s = p_->hessian_seconds;
+  p_->hessian_seconds = 0;
+  return s;
+}
+DType LayerForwardCuda::dtype() const { return p_->dt; }
+
+void LayerForwardCuda::set_input(const MatF& X) {
+  if (X.rows() != p_->N || X.cols() != p_->c.hidden_size) fail(Errc::usage, "", "set_input", "shape mismatch");
+  PTQ_CUDA(cudaMemcpy(p_->X.get(), X.data(), size_t(X.size()) * 4, cudaMemcpyHostToDevice));
+}
+MatF LayerForwardCuda::input() const {
+  MatF X(p_->N, p_->c.hidden_size);
+  PTQ_CUDA(cudaMemcpy(X.data(), p_->X.get(), size_t(X.size()) * 4, cudaMemcpyDeviceToHost));
+  return X;
+}
+
+void LayerForwardCuda::set_weight(Proj p, const MatF& W) {
+  Impl& m = *p_;
+  const int i = int(p);
+  if (W.rows() != m.outs[i] || W.cols() != m.ins[i]) fail(Errc::usage, "", proj_name(p), "weight shape mismatch");
+  // Rounded to 16 bits on the host (every core) straight into page-locked memory: half the bytes
+  // cross PCIe, at its full speed.
+  const size_t bytes = size_t(W.size()) * 2;
+  convert_from_f32(m.dt, W.data(), pinned_staging(bytes), size_t(W.size()));
+  upload_from_staging(m.at(m.W[i], 0), bytes);
+}
+
+void LayerForwardCuda::load_layer(const LayerWeights& w) {
+  Impl& m = *p_;
+  PTQ_CUDA(cudaMemcpy(m.norm1.get(), w.input_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
+  PTQ_CUDA(cudaMemcpy(m.norm2.get(), w.post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
+  for (Proj p : kAllProj) {
+    set_weight(p, w[p].W);
+    const int i = int(p);
+    if (w[p].b.size()) {
+      if (!m.bias[i].get()) m.bias[i] = DeviceBuffer<float>(size_t(m.outs[i]), "bias");
+      PTQ_CUDA(cudaMemcpy(m.bias[i].get(), w[p].b.data(), size_t(m.outs[i]) * 4, cudaMemcpyHostToDevice));
+    } else {
+      m.bias[i] = DeviceBuffer<float>();
+    }
+  }
+}
+
+void LayerForwardCuda::norm1(HessianCuda* h) {
+  Impl& m = *p_;
+  m.by_chunks([&](int64_t r0, int64_t rows) {
+    m.rmsnorm(m.norm1, r0, rows);
+    m.hessian_add(h, m.at(m.xn, 0), rows);
+  });
+}
+
+void LayerForwardCuda::attention(HessianCuda* h) {
+  Impl& m = *p_;
+  const LlamaConfig& c = m.c;
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, group = nh / nkv, T = m.T;
+  const int64_t d = c.hidden_size, qd = c.q_dim(), kv = c.kv_dim();
+  const float one = 1.0f, zero = 0.0f, scale = 1.0f / std::sqrt(float(hd));
+  const cudaDataType ct = ctype(m.dt);
+  m.by_chunks([&](int64_t r0, int64_t rows) {
+    m.rmsnorm(m.norm1, r0, rows);
+    float* yq = m.y32.get();
+    float* yk = yq + rows * qd;
+    float* yv = yk + rows * kv;
+    linear_gemm(m.at(m.xn, 0), m.at(m.W[0], 0), yq, CUDA_R_32F, rows, d, qd, m.dt, 0.0f);
+    linear_gemm(m.at(m.xn, 0), m.at(m.W[1], 0), yk, CUDA_R_32F, rows, d, kv, m.dt, 0.0f);
+    linear_gemm(m.at(m.xn, 0), m.at(m.W[2], 0), yv, CUDA_R_32F, rows, d, kv, m.dt, 0.0f);
+    m.bias_add(0, yq, rows);
+    m.bias_add(1, yk, rows);
+    m.bias_add(2, yv, rows);
+    m.rope_cast(yq, m.q16, rows, nh, r0, true);
+    m.rope_cast(yk, m.k16, rows, nkv, r0, true);
+    m.rope_cast(yv, m.v16, rows, nkv, r0, false);
+    for (int64_t s0 = 0; s0 < rows; s0 += T) {   // one window at a time
+      const void* Q = m.at(m.q16, s0 * qd);
+      const void* K = m.at(m.k16, s0 * kv);
+      const void* V = m.at(m.v16, s0 * kv);
+      void* ctx = m.at(m.stage, (r0 + s0) * qd);
+      for (int r = 0; r < group; ++r)   // query heads kvh * group + r, batched over kvh
+        PTQ_CUBLAS(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, &one, K, ct, int(kv), hd,
+                                              static_cast<const uint8_t*>(Q) + size_t(r * hd) * m.es, ct, int(qd), int64_t(group) * hd, &zero,
+                                              m.scores.get() + int64_t(r) * T * T, CUDA_R_32F, T, int64_t(group) * T * T, nkv,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      if (m.dt == DType::F16) causal_softmax_kernel<__half><<<unsigned(nh * T), 256>>>(m.scores.get(), static_cast<__half*>(m.at(m.P, 0)), T, scale, c.sliding_window);
+      else causal_softmax_kernel<__nv_bfloat16><<<unsigned(nh * T), 256>>>(m.scores.get(), static_cast<__nv_bfloat16*>(m.at(m.P, 0)), T, scale, c.sliding_window);
+      PTQ_CUDA_LAUNCH("causal_softmax_kernel");
+      for (int r = 0; r < group; ++r)
+        PTQ_CUBLAS(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, &one, V, ct, int(kv), hd, m.at(m.P, int64_t(r) * T * T), ct,
+                                              T, int64_t(group) * T * T, &zero, static_cast<uint8_t*>(ctx) + size_t(r * hd) * m.es, ct, int(qd),
+                                              int64_t(group) * hd, nkv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+    m.hessian_add(h, m.at(m.stage, r0 * qd), rows);
+  });
+}
+
+void LayerForwardCuda::o_proj_norm2(HessianCuda* h) {
+  Impl& m = *p_;
+  const int64_t d = m.c.hidden_size, qd = m.c.q_dim();
+  m.by_chunks([&](int64_t r0, int64_t rows) {
+    linear_gemm(m.at(m.stage, r0 * qd), m.at(m.W[3], 0), m.X.get() + r0 * d, CUDA_R_32F, rows, qd, d, m.dt, 1.0f);   // X += ctx Wo^T
+    m.bias_add(3, m.X.get() + r0 * d, rows);
+    m.rmsnorm(m.norm2, r0, rows);
+    m.hessian_add(h, m.at(m.xn, 0), rows);
+  });
+}
+
+void LayerForwardCuda::mlp(HessianCuda* h) {
+  Impl& m = *p_;
+  const int64_t d = m.c.hidden_size, f = m.c.intermediate_size;
+  m.by_chunks([&](int64_t r0, int64_t rows) {
+    m.rmsnorm(m.norm2, r0, rows);
+    float* g = m.y32.get();
+    float* u = g + rows * f;
+    linear_gemm(m.at(m.xn, 0), m.at(m.W[4], 0), g, CUDA_R_32F, rows, d, f, m.dt, 0.0f);
+    linear_gemm(m.at(m.xn, 0), m.at(m.W[5], 0), u, CUDA_R_32F, rows, d, f, m.dt, 0.0f);
+    m.bias_add(4, g, rows);
+    m.bias_add(5, u, rows);
+    if (m.dt == DType::F16) silu_mul_kernel<__half><<<blocks(rows * f), 256>>>(g, u, static_cast<__half*>(m.at(m.stage, r0 * f)), rows * f);
+    else silu_mul_kernel<__nv_bfloat16><<<blocks(rows * f), 256>>>(g, u, static_cast<__nv_bfloat16*>(m.at(m.stage, r0 * f)), rows * f);
+    PTQ_CUDA_LAUNCH("silu_mul_kernel");
+    m.hessian_add(h, m.at(m.stage, r0 * f), rows);
+  });
+}
+
+void LayerForwardCuda::down_proj() {
+  Impl& m = *p_;
+  const int64_t d = m.c.hidden_size, f = m.c.intermediate_size;
+  m.by_chunks([&](int64_t r0, int64_t rows) {
+    linear_gemm(m.at(m.stage, r0 * f), m.at(m.W[6], 0), m.X.get() + r0 * d, CUDA_R_32F, rows, f, d, m.dt, 1.0f);   // X += act Wd^T
+    m.bias_add(6, m.X.get() + r0 * d, rows);
+  });
+}
+
+void LayerForwardCuda::layer() {
+  attention(nullptr);
+  o_proj_norm2(nullptr);
+  mlp(nullptr);
+  down_proj();
+}
+
+std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF& Wr, const double* dH, int64_t cols, double hscale) {
+  const int64_t rows = W.rows(), n = rows * cols;
+  // E = W - Wq and W - Wr in fp32 on the host, as lib/gptq's output_error forms them; one upload each.
+  float* E = static_cast<float*>(pinned_staging(size_t(2 * n) * 4));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    E[i] = W.data()[i] - Wq.data()[i];
+    E[n + i] = W.data()[i] - Wr.data()[i];
+  }
+  DeviceBuffer<float> e32(size_t(2 * n), "output error: W - Wq");
+  DeviceBuffer<double> E64(size_t(2 * n), "output error: W - Wq (fp64)"), G(size_t(2 * n), "output error: (W - Wq) H"),
+      part(size_t(2 * rows), "output error: sums");
+  upload_from_staging(e32.get(), size_t(2 * n) * 4);
+  diff_f64_kernel<<<blocks(2 * n), 256>>>(e32.get(), nullptr, E64.get(), 2 * n);
+  PTQ_CUDA_LAUNCH("diff_f64_kernel");
+  const double zero = 0.0;
+  // row-major G = E H (H symmetric): column-major G^T = H E^T
+  PTQ_CUBLAS(cublasDgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, int(cols), int(2 * rows), int(cols), &hscale, dH, int(cols), E64.get(), int(cols), &zero,
+                         G.get(), int(cols)));
+  row_dot_kernel<<<unsigned(2 * rows), 256>>>(G.get(), E64.get(), 2 * rows, cols, part.get());
+  PTQ_CUDA_LAUNCH("row_dot_kernel");
+  std::vector<double> p(static_cast<size_t>(2 * rows));
+  PTQ_CUDA(cudaMemcpy(p.data(), part.get(), p.size() * 8, cudaMemcpyDeviceToHost));
+  double a = 0, b = 0;
+  for (int64_t r = 0; r < rows; ++r) a += p[size_t(r)];
+  for (int64_t r = rows; r < 2 * rows; ++r) b += p[size_t(r)];
+  return {a / 2.0, b / 2.0};
+}
+
+}  // namespace ptq::cuda

@@ -1,0 +1,54 @@
+// forward_cuda.h — the calibration forward pass of one decoder layer on the GPU, stage by stage
+// in the order of pipeline.h, with the activations resident on the device.
+//
+// Precision (docs/numerics.md): the residual stream X stays fp32, as in the CPU reference; every
+// GEMM operand (normalized activations, attention context, MLP activation, weights, Q/K/V, the
+// softmax probabilities) is in the model's 16-bit dtype and every product is accumulated in fp32
+// (cuBLAS GemmEx, CUBLAS_COMPUTE_32F); RMSNorm statistics, rotary, attention scores and softmax
+// are fp32. The Hessians are accumulated from the same 16-bit activations the GEMMs consume.
+// Memory: X (fp32 [S*T, d]), one 16-bit stage buffer [S*T, max(q_dim, ffn)], the layer's 16-bit
+// weights, and chunk buffers of kChunkTokens tokens.
+#pragma once
+#include <memory>
+#include <utility>
+#include <string>
+
+#include "core/dtype.h"
+#include "cuda/gptq_cuda.h"
+#include "model/llama.h"
+
+namespace ptq::cuda {
+
+// Whether the GPU forward serves this model at this window length (else the pipeline runs the
+// CPU forward and accumulates the Hessians on the GPU).
+bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why);
+
+class LayerForwardCuda {
+ public:
+  // `dtype`: F16 or BF16 (the model's; F32 models compute in BF16).
+  LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int samples, int seq_len, DType dtype);
+  ~LayerForwardCuda();
+  DType dtype() const;
+  void set_input(const MatF& X);            // the embeddings [S*T, d] (host fp32)
+  MatF input() const;                       // the residual stream, to the host (tests)
+  void load_layer(const LayerWeights& w);   // norms, biases, and the seven weights in 16 bits
+  void set_weight(Proj p, const MatF& W);   // e.g. the quantized weights, dequantized
+  // Stages; each adds its output (the next Linears' input) to `h` when given.
+  void norm1(HessianCuda* h);          // xn = rmsnorm1(X)                      -> H_qkv
+  void attention(HessianCuda* h);      // ctx = attn(q, k, v of rmsnorm1(X))    -> H_o
+  void o_proj_norm2(HessianCuda* h);   // X += ctx Wo^T (+b); xn2 = rmsnorm2(X) -> H_mlp
+  void mlp(HessianCuda* h);            // act = silu(xn2 Wg^T) * (xn2 Wu^T)     -> H_down
+  void down_proj();                    // X += act Wd^T
+  void layer();                        // all five, no Hessians (replaying a finished layer)
+  double take_hessian_seconds();       // GPU time of the Hessian GEMMs since the last call
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+// The CPU's output_error (lib/gptq) for two quantizations of W at once (GPTQ's Wq and RTN's Wr):
+// sum(E H E^T) / 2 with E = W - Wq (fp32, as on the CPU), H = hscale * dH (fp64, device,
+// symmetric); one fp64 DGEMM on the device.
+std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF& Wr, const double* dH, int64_t cols, double hscale);
+
+}  // namespace ptq::cuda
