@@ -114,6 +114,8 @@ void pool_release_cached() {
 }
 
 void copy_device(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }
+void copy_to_device(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)); }
+void copy_to_host(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost)); }
 
 namespace {
 struct Staging {

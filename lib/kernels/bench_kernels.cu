@@ -1,0 +1,94 @@
+// bench_kernels.cu — `ptqkit bench kernels`: the W4A16 kernel against cuBLAS f16 on the same
+// shapes, cold L2 (a 256 MiB buffer rewritten before every run), CUDA events, median of the runs;
+// µs, GB/s, % of the device-to-device copy bandwidth measured in the same run, speedup.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "core/rng.h"
+#include "cuda/gptq_cuda.h"
+#include "cuda/runtime.h"
+#include "kernels/bench_kernels.h"
+#include "kernels/w4a16.h"
+
+namespace ptq::cuda {
+
+namespace {
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() { PTQ_CUDA(cudaEventCreate(&a)); PTQ_CUDA(cudaEventCreate(&b)); }
+  ~Timer() { cudaEventDestroy(a); cudaEventDestroy(b); }
+};
+template <class F>
+double median_us(int runs, void* flush, size_t flush_bytes, F&& f) {
+  Timer t;
+  std::vector<float> ms;
+  for (int i = 0; i < runs; ++i) {
+    PTQ_CUDA(cudaMemsetAsync(flush, i & 0xff, flush_bytes));   // evict L2
+    PTQ_CUDA(cudaEventRecord(t.a));
+    f();
+    PTQ_CUDA(cudaEventRecord(t.b));
+    PTQ_CUDA(cudaEventSynchronize(t.b));
+    float m = 0;
+    PTQ_CUDA(cudaEventElapsedTime(&m, t.a, t.b));
+    ms.push_back(m);
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return 1000.0 * ms[ms.size() / 2];
+}
+}  // namespace
+
+void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs) {
+  const size_t flush_bytes = size_t(256) << 20;
+  DeviceBuffer<uint8_t> flush(flush_bytes, "L2 flush buffer");
+  // Copy bandwidth: 1 GiB device to device, bytes read + written.
+  double copy_gbs = 0;
+  {
+    const size_t n = size_t(1) << 30;
+    DeviceBuffer<uint8_t> a(n, "copy src"), b(n, "copy dst");
+    const double us = median_us(20, flush.get(), flush_bytes, [&] { PTQ_CUDA(cudaMemcpyAsync(b.get(), a.get(), n, cudaMemcpyDeviceToDevice)); });
+    copy_gbs = 2.0 * double(n) / (us * 1e-6) / 1e9;
+  }
+  std::printf("bench kernels on %s: device-to-device copy %.0f GB/s (read + write); cold L2, median of %d runs\n", describe().c_str(), copy_gbs, runs);
+  std::printf("%-14s %5s | %9s %8s %7s | %9s %8s | %7s\n", "N x K", "M", "W4A16 us", "GB/s", "% copy", "cuBLAS us", "GB/s", "speedup");
+  cublasHandle_t h;
+  PTQ_CUBLAS(cublasCreate(&h));
+  for (auto [N, K] : shapes) {
+    QuantSpec s;
+    s.bits = 4;
+    s.group_size = 128;
+    s.sym = true;
+    QuantizedLinear q = QuantizedLinear::empty(N, K, s);
+    Rng r(uint64_t(N + K));
+    for (auto& c : q.codes) c = uint8_t(r.next() & 15);
+    for (auto& v : q.scales) v = 0.01f;
+    auto L = W4A16Linear::from_gptq(pack_gptq(q, true), true);
+    DeviceBuffer<__half> Wf(size_t(N * K), "cuBLAS f16 weights");
+    fill_random_normal(Wf.get(), DType::F16, N * K, 1, 0.02f);
+    const int64_t maxM = *std::max_element(Ms.begin(), Ms.end());
+    DeviceBuffer<__half> x(size_t(maxM * K), "x"), y(size_t(maxM * N), "y");
+    fill_random_normal(x.get(), DType::F16, maxM * K, 2, 1.0f);
+    for (int64_t M : Ms) {
+      const double ours = median_us(runs, flush.get(), flush_bytes, [&] { L->gemm(x.get(), M, y.get()); });
+      const float one = 1.0f, zero = 0.0f;
+      const double cub = median_us(runs, flush.get(), flush_bytes, [&] {
+        PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, Wf.get(), CUDA_R_16F, int(K), x.get(), CUDA_R_16F, int(K),
+                                &zero, y.get(), CUDA_R_16F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      });
+      const double act = 2.0 * double(M) * double(K + N);
+      const double ours_b = double(L->weight_bytes()) + act, cub_b = 2.0 * double(N * K) + act;
+      const double ours_gbs = ours_b / (ours * 1e-6) / 1e9, cub_gbs = cub_b / (cub * 1e-6) / 1e9;
+      char shape[32];
+      std::snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
+      std::printf("%-14s %5lld | %9.1f %8.0f %6.1f%% | %9.1f %8.0f | %6.2fx\n", shape, (long long)M, ours, ours_gbs, 100.0 * ours_gbs / copy_gbs, cub, cub_gbs,
+                  cub / ours);
+    }
+  }
+  cublasDestroy(h);
+}
+
+}  // namespace ptq::cuda
