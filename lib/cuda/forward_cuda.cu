@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "cuda/forward_cuda.h"
+#include "cuda/blas.h"
 #include "cuda/runtime.h"
 
 namespace ptq::cuda {
@@ -26,14 +27,7 @@ namespace ptq::cuda {
 namespace {
 constexpr int64_t kChunkTokens = 8192;
 
-cublasHandle_t blas() {
-  static cublasHandle_t h = [] {
-    cublasHandle_t x;
-    PTQ_CUBLAS(cublasCreate(&x));
-    return x;
-  }();
-  return h;
-}
+cublasHandle_t blas() { return blas_handle(); }
 int blocks(int64_t n, int t = 256) { return int((n + t - 1) / t); }
 cudaDataType ctype(DType t) { return t == DType::F16 ? CUDA_R_16F : CUDA_R_16BF; }
 

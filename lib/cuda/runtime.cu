@@ -1,4 +1,5 @@
 #include "cuda/runtime.h"
+#include "cuda/blas.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -111,6 +112,15 @@ void pool_release_cached() {
   std::lock_guard<std::mutex> lock(P.mu);
   for (auto& [s, q] : P.free_blocks) { cudaFree(q); P.sizes.erase(q); }
   P.free_blocks.clear();
+}
+
+cublasHandle_t blas_handle() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t x;
+    PTQ_CUBLAS(cublasCreate(&x));
+    return x;
+  }();
+  return h;
 }
 
 void copy_device(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/blas.h"
 #include "cuda/runtime.h"
 #include "kernels/w4a16.h"
 
@@ -36,14 +37,7 @@ namespace {
 // took 57-183 us against 32-107 us for dequantize + cuBLAS at M = 16, so M > 4 goes that way.
 constexpr int64_t kFusedMaxM = 4;
 
-cublasHandle_t blas() {
-  static cublasHandle_t h = [] {
-    cublasHandle_t x;
-    PTQ_CUBLAS(cublasCreate(&x));
-    return x;
-  }();
-  return h;
-}
+cublasHandle_t blas() { return blas_handle(); }
 
 __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int64_t M, int64_t K) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
