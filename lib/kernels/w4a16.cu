@@ -5,8 +5,9 @@
 // qzeros packed along N, scales [G, N], g_idx [K]):
 //   - columns sorted by group (act-order g_idx becomes contiguous groups; x is gathered by the
 //     same permutation on every call: perm [K] int32);
-//   - codes row-major, 8 per uint32 (column 8j + t in bits 4t), a row = K/8 words, read as uint4
-//     (32 codes) per lane: each warp streams one row, fully coalesced;
+//   - codes row-major, 8 per uint32, interleaved so that one mask yields a half2 of neighbours
+//     (column 8j + c: even c in bits 4(c/2), odd c in bits 16 + 4(c/2)), a row = K/8 words, read as
+//     uint4 (32 codes) per lane: each warp streams one row, fully coalesced;
 //   - per (row, group): the zero point as an f16 integer z and the scale s (f16, the value GPTQ
 //     stored), so w = (q - z) * s is formed in f16 exactly as a dequantized f16 weight would be.
 // Math: per 8-code word, (q - z) from the magic-number trick (0x6400 | q = 1024 + q in f16, less
@@ -44,7 +45,8 @@ __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int6
   if (i < M * K) xp[i] = x[(i / K) * K + perm[i % K]];
 }
 
-// (q - z) for the 8 codes of a word, as 4 half2 {code t, code t+4}: 0x6400 | nibble = 1024 + q.
+// (q - z) for the 8 codes of a word, as 4 half2 {code 2t, code 2t+1} (the interleaved nibble order
+// of the layout): 0x6400 | nibble = 1024 + q in f16.
 __device__ __forceinline__ void codes_minus_zero(uint32_t w, __half2 z1024, __half2 d[4]) {
   const uint32_t mask = 0x000F000Fu, magic = 0x64006400u;
 #pragma unroll
@@ -54,10 +56,37 @@ __device__ __forceinline__ void codes_minus_zero(uint32_t w, __half2 z1024, __ha
   }
 }
 
-// One warp per output row; lanes stride over the row's uint4 words (32 codes each).
+// 32 codes (one uint4 of a row, columns 32 j .. 32 j + 31, one group) against M rows of x.
+template <int M>
+__device__ __forceinline__ void accumulate_uint4(const uint4 q, const __half2 zsv, const __half* __restrict__ xp, int K, int j, float* acc) {
+  const __half2 z1024 = __half2half2(__low2half(zsv)), s2 = __half2half2(__high2half(zsv));   // {1024 + z, s}
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int wi = 0; wi < 4; ++wi) {
+    __half2 d[4];
+    codes_minus_zero(words[wi], z1024, d);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) d[t] = __hmul2(d[t], s2);   // the f16 dequantized weights {w_2t, w_2t+1}
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xp + int64_t(m) * K + int64_t(j) * 32 + wi * 8));   // x[8 wi .. 8 wi + 7]
+      const __half2* x2 = reinterpret_cast<const __half2*>(&xv);   // {x_2t, x_2t+1}: the codes' order
+      __half2 p = __hmul2(d[0], x2[0]);
+      p = __hfma2(d[1], x2[1], p);
+      p = __hfma2(d[2], x2[2], p);
+      p = __hfma2(d[3], x2[3], p);
+      const float2 f = __half22float2(p);
+      acc[m] += f.x + f.y;
+    }
+  }
+}
+
+// One warp per output row; lanes stride over the row's uint4 words (32 codes each), issuing kU
+// loads before using any (memory-level parallelism: a 4096-wide row is only 4 loads per lane).
 template <int M>
 __global__ void w4a16_gemv_kernel(const uint4* __restrict__ W, const __half2* __restrict__ zs, const __half* __restrict__ xp, __half* __restrict__ y,
                                   int N, int K, int groups, int gs) {
+  constexpr int kU = 4;
   const int row = int((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5), lane = threadIdx.x & 31;
   if (row >= N) return;
   const int n16 = K / 32;
@@ -66,31 +95,18 @@ __global__ void w4a16_gemv_kernel(const uint4* __restrict__ W, const __half2* __
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-#pragma unroll 2
-  for (int j = lane; j < n16; j += 32) {
-    const uint4 q = __ldcs(wr + j);   // streamed once: do not keep in L1
-    const __half2 zsv = __ldg(zr + (j * 32) / gs);   // {1024 + z, s}
-    const __half2 z1024 = __half2half2(__low2half(zsv)), s2 = __half2half2(__high2half(zsv));
-    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  int j = lane;
+  for (; j + 32 * (kU - 1) < n16; j += 32 * kU) {
+    uint4 q[kU];
+    __half2 z[kU];
 #pragma unroll
-    for (int wi = 0; wi < 4; ++wi) {
-      __half2 d[4];
-      codes_minus_zero(words[wi], z1024, d);
+    for (int u = 0; u < kU; ++u) q[u] = __ldcs(wr + j + 32 * u);   // streamed once: not kept in L1
 #pragma unroll
-      for (int t = 0; t < 4; ++t) d[t] = __hmul2(d[t], s2);   // the f16 dequantized weights {w_t, w_t+4}
+    for (int u = 0; u < kU; ++u) z[u] = __ldg(zr + ((j + 32 * u) * 32) / gs);
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xp + int64_t(m) * K + int64_t(j) * 32 + wi * 8));   // x[8 wi .. 8 wi + 7]
-        const __half* xh = reinterpret_cast<const __half*>(&xv);
-        __half2 p = __hmul2(d[0], __halves2half2(xh[0], xh[4]));
-        p = __hfma2(d[1], __halves2half2(xh[1], xh[5]), p);
-        p = __hfma2(d[2], __halves2half2(xh[2], xh[6]), p);
-        p = __hfma2(d[3], __halves2half2(xh[3], xh[7]), p);
-        const float2 f = __half22float2(p);
-        acc[m] += f.x + f.y;
-      }
-    }
+    for (int u = 0; u < kU; ++u) accumulate_uint4<M>(q[u], z[u], xp, K, j + 32 * u, acc);
   }
+  for (; j < n16; j += 32) accumulate_uint4<M>(__ldcs(wr + j), __ldg(zr + (j * 32) / gs), xp, K, j, acc);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float v = acc[m];
@@ -111,8 +127,8 @@ __global__ void dequant_kernel(const uint32_t* W, const __half2* zs, __half* out
   __align__(16) __half o[8];
   for (int t = 0; t < 4; ++t) {
     const __half2 w = __hmul2(d[t], s2);
-    o[t] = __low2half(w);
-    o[t + 4] = __high2half(w);
+    o[2 * t] = __low2half(w);
+    o[2 * t + 1] = __high2half(w);
   }
   *reinterpret_cast<uint4*>(out + int64_t(row) * K + c0) = *reinterpret_cast<const uint4*>(o);   // one 16-byte store
 }
@@ -148,7 +164,10 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
     if (q.g_idx[size_t(perm[size_t(k)])] != k / gs) fail(Errc::usage, "", "g_idx", "groups of unequal sizes are not served by the W4A16 kernel");
   std::vector<uint32_t> W(static_cast<size_t>(N * K / 8), 0);
   for (int64_t r = 0; r < N; ++r)
-    for (int64_t k = 0; k < K; ++k) W[size_t(r * (K / 8) + k / 8)] |= uint32_t(q.codes[size_t(r * K + perm[size_t(k)])] & 15u) << (4 * (k % 8));
+    for (int64_t k = 0; k < K; ++k) {   // column 8j + c: even c at bits 4(c/2), odd c at bits 16 + 4(c/2)
+      const int c = int(k % 8), shift = (c % 2 ? 16 : 0) + 4 * (c / 2);
+      W[size_t(r * (K / 8) + k / 8)] |= uint32_t(q.codes[size_t(r * K + perm[size_t(k)])] & 15u) << shift;
+    }
   std::vector<__half2> zs(static_cast<size_t>(N * G));
   for (int64_t r = 0; r < N; ++r)
     for (int64_t g = 0; g < G; ++g)
