@@ -32,7 +32,7 @@ TEST_CASE("llama config: GQA, head_dim, defaults") {
   CHECK(parse_config(j, "x").q_dim() == 128);
 }
 
-TEST_CASE("qwen2 has q/k/v bias; mistral keeps its sliding window") {
+TEST_CASE("qwen2 has q/k/v bias, mistral keeps its sliding window") {
   json j = base();
   j["model_type"] = "qwen2";
   LlamaConfig q = parse_config(j, "x");

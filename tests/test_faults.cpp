@@ -35,7 +35,7 @@ ptqtest::RunResult sh(const std::string& cmd) {
 }
 }  // namespace
 
-TEST_CASE("faults: a full disk (a 256 KiB tmpfs) is an io error; the output folder is left empty") {
+TEST_CASE("faults: a full disk (a 256 KiB tmpfs) is an io error, the output folder is left empty") {
   Setup s;
   // A private mount namespace with a small tmpfs: real ENOSPC, without touching the machine's disks.
   if (sh("unshare -m true").code != 0) PTQ_SKIP("unshare -m is not permitted here (needs root or user namespaces)");
@@ -50,7 +50,7 @@ TEST_CASE("faults: a full disk (a 256 KiB tmpfs) is an io error; the output fold
   CHECK(contains(r.out, "left=[]"));               // no output, no staging folder, no lock
 }
 
-TEST_CASE("faults: a file size limit (EFBIG) mid-export is an io error; nothing is left") {
+TEST_CASE("faults: a file size limit (EFBIG) mid-export is an io error, nothing is left") {
   Setup s;
   // RLIMIT_FSIZE with SIGXFSZ ignored: write() fails with EFBIG once a file reaches 128 KiB.
   auto r = sh("sh -c \"trap '' XFSZ; ulimit -f 128; exec " + s.quantize(s.d / "out") + "\"");
@@ -88,7 +88,7 @@ TEST_CASE("faults: permission denied on the output folder and on an input file")
   CHECK(fs::is_empty(s.d / "w"));
 }
 
-TEST_CASE("faults: a corrupted or truncated input shard is named; nothing is written") {
+TEST_CASE("faults: a corrupted or truncated input shard is named, nothing is written") {
   Setup s("small", "--max-shard-mb 4");
   std::vector<std::string> shards;
   for (auto& e : fs::directory_iterator(s.d / "m"))

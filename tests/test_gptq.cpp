@@ -202,7 +202,7 @@ TEST_CASE("static groups keep g_idx monotone under act-order and still beat RTN"
   for (int c : count) CHECK(c == 32);   // a permutation: every group still has 32 columns
 }
 
-TEST_CASE("dead columns quantize to zero; a non-PD Hessian raises damping and says so") {
+TEST_CASE("dead columns quantize to zero, a non-PD Hessian raises damping and says so") {
   Problem p = make_problem(16, 64, 512, 7, true);
   QuantSpec s;
   s.group_size = 16;

@@ -105,7 +105,7 @@ TEST_CASE("report.html: a real run's report renders in headless chromium (screen
   if (const char* keep = std::getenv("PTQKIT_KEEP_SCREENSHOT")) std::filesystem::copy_file(d / "report.png", keep, std::filesystem::copy_options::overwrite_existing);
 }
 
-TEST_CASE("log-json: one JSON object per line: start, progress to 100%, done, result; errors are logged with their exit code") {
+TEST_CASE("log-json: one JSON object per line: start, progress to 100%, done, result, errors are logged with their exit code") {
   ptqtest::TempDir d;
   REQUIRE(run_ptqkit("synth --preset tiny --seed 2 --output " + d / "m").code == 0);
   ptq::write_file_atomic(d / "r.yaml", "calibration: {dataset: random, samples: 8, seq_len: 64, seed: 1}\nquantization: {bits: 4, group_size: 32}\n");

@@ -119,7 +119,7 @@ TEST_CASE("W8A8 on a synthetic model with outlier channels: smoothing at least h
   }
 }
 
-TEST_CASE("W8A8: fake-quant and integer evaluation agree; int-quantized carries vLLM's config; static scales") {
+TEST_CASE("W8A8: fake-quant and integer evaluation agree, int-quantized carries vLLM's config, static scales") {
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
