@@ -23,4 +23,4 @@ out=runs/$(basename "$model")-gptq-w4g32
 "$bin" inspect "$model"
 "$bin" quantize configs/quickstart.yaml --model "$model" --output "$out" --force
 "$bin" eval --model "$out" --reference "$model" --data "$data" --max-windows 32 --json "$out/eval.json"
-echo "quantized model: $out (report.json, recipe.yaml, eval.json)"
+echo "quantized model: $out (report.html, report.json, recipe.yaml, eval.json)"
