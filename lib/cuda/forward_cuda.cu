@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -397,25 +398,32 @@ void LayerForwardCuda::layer() {
 
 std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF& Wr, const double* dH, int64_t cols, double hscale) {
   const int64_t rows = W.rows(), n = rows * cols;
-  // E = W - Wq and W - Wr in fp32 on the host, as lib/gptq's output_error forms them; one upload each.
+  // E = W - Wq and W - Wr in fp32 on the host, as lib/gptq's output_error forms them, into
+  // page-locked memory; then 1024 rows at a time on the device (fp64 copy, DGEMM against H, row
+  // dots), so the device needs ~0.2 GB whatever the layer.
   float* E = static_cast<float*>(pinned_staging(size_t(2 * n) * 4));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     E[i] = W.data()[i] - Wq.data()[i];
     E[n + i] = W.data()[i] - Wr.data()[i];
   }
-  DeviceBuffer<float> e32(size_t(2 * n), "output error: W - Wq");
-  DeviceBuffer<double> E64(size_t(2 * n), "output error: W - Wq (fp64)"), G(size_t(2 * n), "output error: (W - Wq) H"),
+  constexpr int64_t kRows = 1024;
+  const int64_t rc = std::min(kRows, 2 * rows);
+  DeviceBuffer<float> e32(size_t(rc * cols), "output error: W - Wq (rows)");
+  DeviceBuffer<double> E64(size_t(rc * cols), "output error: W - Wq (fp64 rows)"), G(size_t(rc * cols), "output error: (W - Wq) H (rows)"),
       part(size_t(2 * rows), "output error: sums");
-  upload_from_staging(e32.get(), size_t(2 * n) * 4);
-  diff_f64_kernel<<<blocks(2 * n), 256>>>(e32.get(), nullptr, E64.get(), 2 * n);
-  PTQ_CUDA_LAUNCH("diff_f64_kernel");
   const double zero = 0.0;
-  // row-major G = E H (H symmetric): column-major G^T = H E^T
-  PTQ_CUBLAS(cublasDgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, int(cols), int(2 * rows), int(cols), &hscale, dH, int(cols), E64.get(), int(cols), &zero,
-                         G.get(), int(cols)));
-  row_dot_kernel<<<unsigned(2 * rows), 256>>>(G.get(), E64.get(), 2 * rows, cols, part.get());
-  PTQ_CUDA_LAUNCH("row_dot_kernel");
+  for (int64_t r0 = 0; r0 < 2 * rows; r0 += rc) {
+    const int64_t nr = std::min(rc, 2 * rows - r0);
+    PTQ_CUDA(cudaMemcpy(e32.get(), E + r0 * cols, size_t(nr * cols) * 4, cudaMemcpyHostToDevice));
+    diff_f64_kernel<<<blocks(nr * cols), 256>>>(e32.get(), nullptr, E64.get(), nr * cols);
+    PTQ_CUDA_LAUNCH("diff_f64_kernel");
+    // row-major G = E H (H symmetric): column-major G^T = H E^T
+    PTQ_CUBLAS(cublasDgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, int(cols), int(nr), int(cols), &hscale, dH, int(cols), E64.get(), int(cols), &zero,
+                           G.get(), int(cols)));
+    row_dot_kernel<<<unsigned(nr), 256>>>(G.get(), E64.get(), nr, cols, part.get() + r0);
+    PTQ_CUDA_LAUNCH("row_dot_kernel");
+  }
   std::vector<double> p(static_cast<size_t>(2 * rows));
   PTQ_CUDA(cudaMemcpy(p.data(), part.get(), p.size() * 8, cudaMemcpyDeviceToHost));
   double a = 0, b = 0;
