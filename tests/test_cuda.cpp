@@ -286,16 +286,17 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
 namespace {
 // A random 4-bit GPTQ module: codes, f16-representable scales, zeros (sym: 8), and act-order
 // groups (a random column permutation cut into groups) when asked.
-QuantizedLinear random_q4(int64_t out, int64_t in, int gs, bool sym, bool act_order, uint64_t seed) {
+QuantizedLinear random_q(int bits, int64_t out, int64_t in, int gs, bool sym, bool act_order, uint64_t seed) {
   QuantSpec s;
-  s.bits = 4;
+  s.bits = bits;
   s.group_size = gs;
   s.sym = sym;
   QuantizedLinear q = QuantizedLinear::empty(out, in, s);
   Rng r(seed);
-  for (auto& c : q.codes) c = uint8_t(r.uniform() * 16) & 15;
-  for (auto& v : q.scales) v = round_to(DType::F16, float(0.002 + 0.02 * r.uniform()));
-  for (auto& z : q.zeros) z = sym ? 8 : int32_t(r.uniform() * 16) & 15;
+  const int levels = 1 << bits;
+  for (auto& c : q.codes) c = uint8_t(int(r.uniform() * levels) & (levels - 1));
+  for (auto& v : q.scales) v = round_to(DType::F16, float((0.002 + 0.02 * r.uniform()) * 16 / levels));
+  for (auto& z : q.zeros) z = sym ? levels / 2 : int32_t(r.uniform() * levels) & (levels - 1);
   if (act_order && gs > 0) {
     std::vector<int> perm(static_cast<size_t>(in));
     std::iota(perm.begin(), perm.end(), 0);
@@ -306,14 +307,15 @@ QuantizedLinear random_q4(int64_t out, int64_t in, int gs, bool sym, bool act_or
 }
 }  // namespace
 
-TEST_CASE("gpu: W4A16 kernel equals the reference GPTQ GEMM (sym/asym, g128/per-channel, act-order, odd M and shapes)") {
+TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym, g128/per-channel, act-order, odd M and shapes)") {
   PTQ_REQUIRE_GPU();
   struct Case { int64_t out, in; int gs; bool sym, act; };
   const Case cases[] = {{96, 160, 32, false, true}, {4096, 4096, 128, true, false}, {4097, 4096, 128, false, true},
                         {1024, 11008, 128, false, false}, {512, 4096, -1, true, false}, {768, 2048, 64, true, true}};
   const int64_t Ms[] = {1, 2, 3, 7, 16, 33, 128, 255};
+  for (int bits : {4, 8})
   for (const Case& c : cases) {
-    const QuantizedLinear q = random_q4(c.out, c.in, c.gs, c.sym, c.act, uint64_t(c.out * 31 + c.in));
+    const QuantizedLinear q = random_q(bits, c.out, c.in, c.gs, c.sym, c.act, uint64_t(c.out * 31 + c.in + bits));
     for (bool v2 : {false, true}) {
       if (!v2 && !c.sym) continue;   // v1 is written for symmetric grids only
       const GptqPacked pk = pack_gptq(q, v2);
@@ -338,7 +340,7 @@ TEST_CASE("gpu: W4A16 kernel equals the reference GPTQ GEMM (sym/asym, g128/per-
           den += double(yr[i]) * yr[i];
         }
         const double rel = std::sqrt(num / den);
-        INFO(c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1") << " M=" << M
+        INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1") << " M=" << M
                    << ": relative error " << rel);
         CHECK(rel <= 2e-3);
       }

@@ -1,4 +1,4 @@
-// bench_kernels.cu — `ptqkit bench kernels`: the W4A16 kernel against cuBLAS f16 on the same
+// bench_kernels.cu — `ptqkit bench kernels`: the W4A16 (g128) and W8A16 (per channel) kernels against cuBLAS f16 on the same
 // shapes, cold L2 (a 256 MiB buffer rewritten before every run), CUDA events, median of the runs;
 // µs, GB/s, % of the device-to-device copy bandwidth measured in the same run, speedup.
 #include <cublas_v2.h>
@@ -54,17 +54,18 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     copy_gbs = 2.0 * double(n) / (us * 1e-6) / 1e9;
   }
   std::printf("bench kernels on %s: device-to-device copy %.0f GB/s (read + write); cold L2, median of %d runs\n", describe().c_str(), copy_gbs, runs);
-  std::printf("%-14s %5s | %9s %8s %7s | %9s %8s | %7s\n", "N x K", "M", "W4A16 us", "GB/s", "% copy", "cuBLAS us", "GB/s", "speedup");
+  std::printf("%-17s %5s | %9s %8s %7s | %9s %8s | %7s\n", "bits N x K", "M", "kernel us", "GB/s", "% copy", "cuBLAS us", "GB/s", "speedup");
   cublasHandle_t h;
   PTQ_CUBLAS(cublasCreate(&h));
+  for (int bits : {4, 8})
   for (auto [N, K] : shapes) {
     QuantSpec s;
-    s.bits = 4;
-    s.group_size = 128;
+    s.bits = bits;
+    s.group_size = bits == 4 ? 128 : -1;   // W4A16 g128; W8A16 per channel
     s.sym = true;
     QuantizedLinear q = QuantizedLinear::empty(N, K, s);
     Rng r(uint64_t(N + K));
-    for (auto& c : q.codes) c = uint8_t(r.next() & 15);
+    for (auto& c : q.codes) c = uint8_t(r.next() & ((1u << bits) - 1));
     for (auto& v : q.scales) v = 0.01f;
     auto L = W4A16Linear::from_gptq(pack_gptq(q, true), true);
     DeviceBuffer<__half> Wf(size_t(N * K), "cuBLAS f16 weights");
@@ -83,8 +84,8 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       const double ours_b = double(L->weight_bytes()) + act, cub_b = 2.0 * double(N * K) + act;
       const double ours_gbs = ours_b / (ours * 1e-6) / 1e9, cub_gbs = cub_b / (cub * 1e-6) / 1e9;
       char shape[32];
-      std::snprintf(shape, sizeof shape, "%lldx%lld", (long long)N, (long long)K);
-      std::printf("%-14s %5lld | %9.1f %8.0f %6.1f%% | %9.1f %8.0f | %6.2fx\n", shape, (long long)M, ours, ours_gbs, 100.0 * ours_gbs / copy_gbs, cub, cub_gbs,
+      std::snprintf(shape, sizeof shape, "W%d %lldx%lld", bits, (long long)N, (long long)K);
+      std::printf("%-17s %5lld | %9.1f %8.0f %6.1f%% | %9.1f %8.0f | %6.2fx\n", shape, (long long)M, ours, ours_gbs, 100.0 * ours_gbs / copy_gbs, cub, cub_gbs,
                   cub / ours);
     }
   }

@@ -1,20 +1,20 @@
-// w4a16.cu — y = x · Wᵀ with W in 4 bits (GPTQ), x and y in f16.
+// w4a16.cu — y = x · Wᵀ with W in 4 bits (W4A16) or 8 bits (W8A16), GPTQ layouts; x and y in f16.
 //
 // Contract. Operands: x [M, K] f16 row-major (device), y [M, N] f16 row-major (device).
 // W [N, K] re-laid out at load from GPTQ's canonical layout (qweight int32 [K/8, N] packed along K,
 // qzeros packed along N, scales [G, N], g_idx [K]):
 //   - columns sorted by group (act-order g_idx becomes contiguous groups; x is gathered by the
 //     same permutation on every call: perm [K] int32);
-//   - codes row-major, 8 per uint32, interleaved so that one mask yields a half2 of neighbours
-//     (column 8j + c: even c in bits 4(c/2), odd c in bits 16 + 4(c/2)), a row = K/8 words, read as
-//     uint4 (32 codes) per lane: each warp streams one row, fully coalesced;
+//   - codes row-major, 32/BITS per uint32, interleaved so that one mask yields a half2 of
+//     neighbours (column c of a word: even c in bits BITS(c/2), odd c in bits 16 + BITS(c/2)), read
+//     as uint4 (128/BITS codes) per lane: each warp streams one row, fully coalesced;
 //   - per (row, group): the zero point as an f16 integer z and the scale s (f16, the value GPTQ
 //     stored), so w = (q - z) * s is formed in f16 exactly as a dequantized f16 weight would be.
 // Math: per 8-code word, (q - z) from the magic-number trick (0x6400 | q = 1024 + q in f16, less
 // 1024 + z: exact), times s (one f16 rounding = the f16 dequantized weight), times x with f16 FMA
 // over the word's 4 half2 pairs, then fp32 across words and lanes. Tolerance against the fp32
 // reference: the f16 weight rounding plus 4-term f16 partial sums (tests: 2e-3 relative, norm-wise).
-// Shapes accepted: K % 32 == 0, group size % 32 == 0 (or one group), N any, M any (M <= 4 fused;
+// Shapes accepted: K and the group size multiples of 128/BITS (or one group), N any, M any (M <= 4 fused;
 // larger M dequantizes to f16 and calls cuBLAS: correct, slower than cuBLAS on f16 weights).
 // Roofline at M = 1: reads N*K/2 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
@@ -45,51 +45,58 @@ __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int6
   if (i < M * K) xp[i] = x[(i / K) * K + perm[i % K]];
 }
 
-// (q - z) for the 8 codes of a word, as 4 half2 {code 2t, code 2t+1} (the interleaved nibble order
-// of the layout): 0x6400 | nibble = 1024 + q in f16.
-__device__ __forceinline__ void codes_minus_zero(uint32_t w, __half2 z1024, __half2 d[4]) {
-  const uint32_t mask = 0x000F000Fu, magic = 0x64006400u;
+// (q - z) for the 32/BITS codes of a word, as half2 {code 2t, code 2t+1} (the interleaved order of
+// the layout): 0x6400 | code = 1024 + q in f16, exact for codes below 1024.
+template <int BITS>
+__device__ __forceinline__ void codes_minus_zero(uint32_t w, __half2 z1024, __half2* d) {
+  constexpr uint32_t mask = BITS == 4 ? 0x000F000Fu : 0x00FF00FFu, magic = 0x64006400u;
 #pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const uint32_t h = ((w >> (4 * t)) & mask) | magic;
+  for (int t = 0; t < 16 / BITS; ++t) {
+    const uint32_t h = ((w >> (BITS * t)) & mask) | magic;
     d[t] = __hsub2(*reinterpret_cast<const __half2*>(&h), z1024);
   }
 }
 
-// 32 codes (one uint4 of a row, columns 32 j .. 32 j + 31, one group) against M rows of x.
-template <int M>
+// The x slice of one word: 8 halves (4-bit) or 4 halves (8-bit), as half2 pairs.
+template <int BITS> struct XSlice;
+template <> struct XSlice<4> { uint4 v; __device__ void load(const __half* p) { v = __ldg(reinterpret_cast<const uint4*>(p)); } };
+template <> struct XSlice<8> { uint2 v; __device__ void load(const __half* p) { v = __ldg(reinterpret_cast<const uint2*>(p)); } };
+
+// One uint4 of a row (4 words, 128/BITS codes from column j * 128/BITS, one group) against M rows of x.
+template <int M, int BITS>
 __device__ __forceinline__ void accumulate_uint4(const uint4 q, const __half2 zsv, const __half* __restrict__ xp, int K, int j, float* acc) {
+  constexpr int kPerWord = 32 / BITS, kPairs = kPerWord / 2;
   const __half2 z1024 = __half2half2(__low2half(zsv)), s2 = __half2half2(__high2half(zsv));   // {1024 + z, s}
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int wi = 0; wi < 4; ++wi) {
-    __half2 d[4];
-    codes_minus_zero(words[wi], z1024, d);
+    __half2 d[kPairs];
+    codes_minus_zero<BITS>(words[wi], z1024, d);
 #pragma unroll
-    for (int t = 0; t < 4; ++t) d[t] = __hmul2(d[t], s2);   // the f16 dequantized weights {w_2t, w_2t+1}
+    for (int t = 0; t < kPairs; ++t) d[t] = __hmul2(d[t], s2);   // the f16 dequantized weights {w_2t, w_2t+1}
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xp + int64_t(m) * K + int64_t(j) * 32 + wi * 8));   // x[8 wi .. 8 wi + 7]
-      const __half2* x2 = reinterpret_cast<const __half2*>(&xv);   // {x_2t, x_2t+1}: the codes' order
+      XSlice<BITS> xs;
+      xs.load(xp + int64_t(m) * K + int64_t(j) * 4 * kPerWord + wi * kPerWord);
+      const __half2* x2 = reinterpret_cast<const __half2*>(&xs.v);   // {x_2t, x_2t+1}: the codes' order
       __half2 p = __hmul2(d[0], x2[0]);
-      p = __hfma2(d[1], x2[1], p);
-      p = __hfma2(d[2], x2[2], p);
-      p = __hfma2(d[3], x2[3], p);
+#pragma unroll
+      for (int t = 1; t < kPairs; ++t) p = __hfma2(d[t], x2[t], p);
       const float2 f = __half22float2(p);
       acc[m] += f.x + f.y;
     }
   }
 }
 
-// One warp per output row; lanes stride over the row's uint4 words (32 codes each), issuing kU
-// loads before using any (memory-level parallelism: a 4096-wide row is only 4 loads per lane).
-template <int M>
-__global__ void w4a16_gemv_kernel(const uint4* __restrict__ W, const __half2* __restrict__ zs, const __half* __restrict__ xp, __half* __restrict__ y,
-                                  int N, int K, int groups, int gs) {
-  constexpr int kU = 4;
+// One warp per output row; lanes stride over the row's uint4 words, issuing kU loads before using
+// any (memory-level parallelism: a 4096-wide 4-bit row is only 4 loads per lane).
+template <int M, int BITS>
+__global__ void wq_gemv_kernel(const uint4* __restrict__ W, const __half2* __restrict__ zs, const __half* __restrict__ xp, __half* __restrict__ y,
+                               int N, int K, int groups, int gs) {
+  constexpr int kU = 4, kCodes = 128 / BITS;   // codes per uint4
   const int row = int((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5), lane = threadIdx.x & 31;
   if (row >= N) return;
-  const int n16 = K / 32;
+  const int n16 = K / kCodes;
   const uint4* wr = W + int64_t(row) * n16;
   const __half2* zr = zs + int64_t(row) * groups;
   float acc[M];
@@ -102,11 +109,11 @@ __global__ void w4a16_gemv_kernel(const uint4* __restrict__ W, const __half2* __
 #pragma unroll
     for (int u = 0; u < kU; ++u) q[u] = __ldcs(wr + j + 32 * u);   // streamed once: not kept in L1
 #pragma unroll
-    for (int u = 0; u < kU; ++u) z[u] = __ldg(zr + ((j + 32 * u) * 32) / gs);
+    for (int u = 0; u < kU; ++u) z[u] = __ldg(zr + ((j + 32 * u) * kCodes) / gs);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) accumulate_uint4<M>(q[u], z[u], xp, K, j + 32 * u, acc);
+    for (int u = 0; u < kU; ++u) accumulate_uint4<M, BITS>(q[u], z[u], xp, K, j + 32 * u, acc);
   }
-  for (; j < n16; j += 32) accumulate_uint4<M>(__ldcs(wr + j), __ldg(zr + (j * 32) / gs), xp, K, j, acc);
+  for (; j < n16; j += 32) accumulate_uint4<M, BITS>(__ldcs(wr + j), __ldg(zr + (j * kCodes) / gs), xp, K, j, acc);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float v = acc[m];
@@ -115,27 +122,26 @@ __global__ void w4a16_gemv_kernel(const uint4* __restrict__ W, const __half2* __
   }
 }
 
-// W (f16, row-major [N, K], permuted columns) for the large-M path.
+// W (f16, row-major [N, K], permuted columns) for the large-M path; one thread per word.
+template <int BITS>
 __global__ void dequant_kernel(const uint32_t* W, const __half2* zs, __half* out, int N, int K, int groups, int gs) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;   // one word
-  if (i >= int64_t(N) * (K / 8)) return;
-  const int row = int(i / (K / 8)), c0 = int(i % (K / 8)) * 8;
+  constexpr int kPerWord = 32 / BITS;
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= int64_t(N) * (K / kPerWord)) return;
+  const int row = int(i / (K / kPerWord)), c0 = int(i % (K / kPerWord)) * kPerWord;
   const __half2 zsv = zs[int64_t(row) * groups + c0 / gs];
-  __half2 d[4];
-  codes_minus_zero(W[i], __half2half2(__low2half(zsv)), d);
+  __half2 d[kPerWord / 2];
+  codes_minus_zero<BITS>(W[i], __half2half2(__low2half(zsv)), d);
   const __half2 s2 = __half2half2(__high2half(zsv));
-  __align__(16) __half o[8];
-  for (int t = 0; t < 4; ++t) {
-    const __half2 w = __hmul2(d[t], s2);
-    o[2 * t] = __low2half(w);
-    o[2 * t + 1] = __high2half(w);
-  }
-  *reinterpret_cast<uint4*>(out + int64_t(row) * K + c0) = *reinterpret_cast<const uint4*>(o);   // one 16-byte store
+  __half2* o = reinterpret_cast<__half2*>(out + int64_t(row) * K + c0);
+#pragma unroll
+  for (int t = 0; t < kPerWord / 2; ++t) o[t] = __hmul2(d[t], s2);   // pairs in column order
 }
 }  // namespace
 
 struct W4A16Linear::Impl {
   int64_t N = 0, K = 0, groups = 0, gs = 0;
+  int bits = 4;
   DeviceBuffer<uint32_t> W;
   DeviceBuffer<__half2> zs;
   DeviceBuffer<int> perm;
@@ -147,11 +153,13 @@ W4A16Linear::W4A16Linear() : p_(new Impl) {}
 W4A16Linear::~W4A16Linear() = default;
 int64_t W4A16Linear::out() const { return p_->N; }
 int64_t W4A16Linear::in() const { return p_->K; }
-size_t W4A16Linear::weight_bytes() const { return size_t(p_->N * p_->K / 2) + size_t(p_->N * p_->groups) * 4; }
+size_t W4A16Linear::weight_bytes() const { return size_t(p_->N * p_->K * p_->bits / 8) + size_t(p_->N * p_->groups) * 4; }
+int W4A16Linear::bits() const { return p_->bits; }
 
 std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v2) {
-  if (pk.bits != 4) fail(Errc::usage, "", "bits", "the W4A16 kernel takes 4-bit weights, got " + std::to_string(pk.bits));
-  if (pk.cols % 32) fail(Errc::usage, "", "in_features", "must be a multiple of 32, got " + std::to_string(pk.cols));
+  if (pk.bits != 4 && pk.bits != 8) fail(Errc::usage, "", "bits", "the A16 kernels take 4- or 8-bit weights, got " + std::to_string(pk.bits));
+  const int bits = pk.bits, per_word = 32 / bits, per_u4 = 4 * per_word;
+  if (pk.cols % per_u4) fail(Errc::usage, "", "in_features", "must be a multiple of " + std::to_string(per_u4) + ", got " + std::to_string(pk.cols));
   const QuantizedLinear q = unpack_gptq(pk, v2, /*sym=*/false);   // zeros as stored, whatever the grid
   const int64_t N = q.rows, K = q.cols, G = q.groups;
   // Columns sorted by group (stable): contiguous groups of equal size.
@@ -159,14 +167,15 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
   std::iota(perm.begin(), perm.end(), 0);
   std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
   const int64_t gs = K / G;
-  if (G * gs != K || (G > 1 && gs % 32)) fail(Errc::usage, "", "group_size", "groups must hold a multiple of 32 columns each, equally");
+  if (G * gs != K || (G > 1 && gs % per_u4)) fail(Errc::usage, "", "group_size", "groups must hold a multiple of " + std::to_string(per_u4) + " columns each, equally");
   for (int64_t k = 0; k < K; ++k)
     if (q.g_idx[size_t(perm[size_t(k)])] != k / gs) fail(Errc::usage, "", "g_idx", "groups of unequal sizes are not served by the W4A16 kernel");
-  std::vector<uint32_t> W(static_cast<size_t>(N * K / 8), 0);
+  std::vector<uint32_t> W(static_cast<size_t>(N * K / per_word), 0);
+  const uint32_t cmask = (1u << bits) - 1;
   for (int64_t r = 0; r < N; ++r)
-    for (int64_t k = 0; k < K; ++k) {   // column 8j + c: even c at bits 4(c/2), odd c at bits 16 + 4(c/2)
-      const int c = int(k % 8), shift = (c % 2 ? 16 : 0) + 4 * (c / 2);
-      W[size_t(r * (K / 8) + k / 8)] |= uint32_t(q.codes[size_t(r * K + perm[size_t(k)])] & 15u) << shift;
+    for (int64_t k = 0; k < K; ++k) {   // column c of a word: even c at bits BITS(c/2), odd c at 16 + BITS(c/2)
+      const int c = int(k % per_word), shift = (c % 2 ? 16 : 0) + bits * (c / 2);
+      W[size_t(r * (K / per_word) + k / per_word)] |= (uint32_t(q.codes[size_t(r * K + perm[size_t(k)])]) & cmask) << shift;
     }
   std::vector<__half2> zs(static_cast<size_t>(N * G));
   for (int64_t r = 0; r < N; ++r)
@@ -174,7 +183,7 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
       zs[size_t(r * G + g)] = __halves2half2(__float2half_rn(1024.0f + float(q.zeros[size_t(g * N + r)])), __float2half_rn(q.scales[size_t(g * N + r)]));
   std::unique_ptr<W4A16Linear> L(new W4A16Linear);
   Impl& m = *L->p_;
-  m.N = N; m.K = K; m.groups = G; m.gs = gs;
+  m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits;
   for (int64_t k = 0; k < K; ++k) m.identity = m.identity && perm[size_t(k)] == int(k);
   m.W = DeviceBuffer<uint32_t>(W.size(), "W4A16 codes");
   m.zs = DeviceBuffer<__half2>(zs.size(), "W4A16 zeros and scales");
@@ -200,16 +209,20 @@ void W4A16Linear::gemm(const void* x, int64_t M, void* y) const {
     auto* Wv = reinterpret_cast<const uint4*>(m.W.get());
     auto* yh = static_cast<__half*>(y);
     const int N = int(m.N), K = int(m.K), G = int(m.groups), gs = int(m.gs);
-    switch (M) {
-#define PTQ_W4_CASE(mm) case mm: w4a16_gemv_kernel<mm><<<blocks, 256>>>(Wv, m.zs.get(), xp, yh, N, K, G, gs); break;
-      PTQ_W4_CASE(1) PTQ_W4_CASE(2) PTQ_W4_CASE(3) PTQ_W4_CASE(4)
-#undef PTQ_W4_CASE
+    const int key = int(M) * 100 + m.bits;
+    switch (key) {
+#define PTQ_WQ_CASE(mm, b) case mm * 100 + b: wq_gemv_kernel<mm, b><<<blocks, 256>>>(Wv, m.zs.get(), xp, yh, N, K, G, gs); break;
+      PTQ_WQ_CASE(1, 4) PTQ_WQ_CASE(2, 4) PTQ_WQ_CASE(3, 4) PTQ_WQ_CASE(4, 4)
+      PTQ_WQ_CASE(1, 8) PTQ_WQ_CASE(2, 8) PTQ_WQ_CASE(3, 8) PTQ_WQ_CASE(4, 8)
+#undef PTQ_WQ_CASE
     }
-    PTQ_CUDA_LAUNCH("w4a16_gemv_kernel");
+    PTQ_CUDA_LAUNCH("wq_gemv_kernel");
     return;
   }
   if (m.wf.size() < size_t(m.N * m.K)) m.wf = DeviceBuffer<__half>(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 8)");
-  dequant_kernel<<<unsigned((m.N * m.K / 8 + 255) / 256), 256>>>(m.W.get(), m.zs.get(), m.wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
+  const unsigned dq_blocks = unsigned((m.N * m.K * m.bits / 32 + 255) / 256);
+  if (m.bits == 4) dequant_kernel<4><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), m.wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
+  else dequant_kernel<8><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), m.wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
   PTQ_CUDA_LAUNCH("dequant_kernel");
   const float one = 1.0f, zero = 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, m.wf.get(), CUDA_R_16F, int(m.K), xp,

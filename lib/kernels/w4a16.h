@@ -1,5 +1,5 @@
-// w4a16.h — the W4A16 GPU kernel for GPTQ 4-bit weights (contract and layout in w4a16.cu) and
-// its benchmark. The reference is ref_gemm_gptq (lib/kernels/reference.h).
+// w4a16.h — the W4A16 / W8A16 GPU kernels for GPTQ 4- and 8-bit weights (contract and layout in
+// w4a16.cu). The reference is ref_gemm_gptq (lib/kernels/reference.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,9 +10,9 @@ namespace ptq::cuda {
 
 class W4A16Linear {
  public:
-  // Converts the canonical GPTQ layout (v1/v2, sym or asym, act-order g_idx) at load time.
-  // Refuses (Errc::usage, naming the reason) bits != 4, in % 32, groups of a size not a multiple
-  // of 32, or groups of unequal sizes.
+  // Converts the canonical GPTQ layout (v1/v2, sym or asym, act-order g_idx; 4 or 8 bits) at load
+  // time. Refuses (Errc::usage, naming the reason) other bit widths, in_features or group sizes
+  // not a multiple of 128/bits, or groups of unequal sizes.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
   ~W4A16Linear();
   // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 4: the fused GEMV kernel; larger
@@ -21,6 +21,7 @@ class W4A16Linear {
   int64_t out() const;
   int64_t in() const;
   size_t weight_bytes() const;   // bytes the kernel reads for W (codes + scales/offsets)
+  int bits() const;              // 4 (W4A16) or 8 (W8A16)
  private:
   struct Impl;
   std::unique_ptr<Impl> p_;
