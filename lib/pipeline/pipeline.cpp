@@ -337,7 +337,6 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         MatF& W = w[p].W;
         SolveStats st;
         QuantizedLinear q, rtn;
-        bool device_done = false;
         {
           PhaseTimer t(phase["solve"]);
 #ifdef PTQKIT_HAVE_CUDA
@@ -346,7 +345,6 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
               cuda::DeviceBuffer<double> Hc(size_t(W.cols() * W.cols()), "GPTQ Hessian (copy)");
               cuda::copy_device(Hc.get(), dsum, size_t(W.cols() * W.cols()) * 8);
               q = cuda::gptq_quantize_device(W, Hc.get(), ntok, spec, &st);
-              device_done = true;
             } else {
               q = cuda::gptq_quantize(W, H, spec, &st);
             }
@@ -374,7 +372,6 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
             rtn_loss = spec.method == "gptq" ? output_error(W, rtn.dequantize(), H) : loss;
           }
         }
-        (void)device_done;
 #ifndef NDEBUG
         if (spec.method == "gptq" && loss > rtn_loss * (1 + 1e-6) + 1e-12)
           fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(loss) + " exceeds RTN's " + std::to_string(rtn_loss) + " (debug check)");
