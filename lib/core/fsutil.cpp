@@ -127,22 +127,11 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     if (p == MAP_FAILED) { ::close(fd); fail(Errc::io, path, "", "mmap failed: " + errno_str()); }
     data_ = static_cast<uint8_t*>(p);
   }
-  fd_ = fd;   // kept for copy(): bulk reads without faulting the mapping page by page
+  ::close(fd);
 }
 
 MappedFile::~MappedFile() {
   if (data_) ::munmap(data_, size_);
-  if (fd_ >= 0) ::close(fd_);
-}
-
-void MappedFile::copy(const uint8_t* p, size_t n, void* dst) const {
-  size_t off = size_t(p - data_), done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd_, static_cast<uint8_t*>(dst) + done, n - done, off_t(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) fail(Errc::io, path_, "", r < 0 ? "read failed: " + errno_str() : std::string("file shrank while reading"));
-    done += size_t(r);
-  }
 }
 
 void MappedFile::release(const uint8_t* p, size_t n) const {

@@ -31,14 +31,10 @@ class MappedFile {
   const std::string& path() const { return path_; }
   // Drops the pages of [p, p+n) from this process's resident set (they are re-read if touched).
   void release(const uint8_t* p, size_t n) const;
-  // Copies [p, p+n) of the mapping into dst with pread: for large reads, far fewer page faults
-  // than touching the mapping (a 7B layer: 0.3 s of faults per 90 MB tensor on our VMs).
-  void copy(const uint8_t* p, size_t n, void* dst) const;
  private:
   std::string path_;
   uint8_t* data_{nullptr};
   size_t size_{0};
-  int fd_{-1};
 };
 
 // An output folder built under "<final>.partial" and renamed to <final> by commit().

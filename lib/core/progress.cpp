@@ -58,7 +58,6 @@ double Progress::elapsed() const { return std::chrono::duration<double>(std::chr
 
 void Progress::update(double done, const std::string& note) {
   done_ = done;
-  note_ = note;
   const auto now = std::chrono::steady_clock::now();
   const bool complete = done >= total_;
   const double t = elapsed(), frac = total_ > 0 ? std::min(1.0, done / total_) : 1.0;

@@ -22,7 +22,7 @@ class Progress {
   static void set_quiet(bool q);
   double elapsed() const;
  private:
-  std::string label_, unit_, note_;
+  std::string label_, unit_;
   double total_, done_{0};
   std::chrono::steady_clock::time_point start_, last_, last_log_;
   bool shown_, finished_{false};

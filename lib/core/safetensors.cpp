@@ -153,12 +153,6 @@ std::vector<std::string> Checkpoint::names() const {
   return r;
 }
 
-void Checkpoint::copy(const std::string& name, void* dst) const {
-  auto it = where_.find(name);
-  if (it == where_.end()) fail(Errc::format, dir_, name, "tensor not found");
-  it->second->copy(it->second->get(name), dst);
-}
-
 void Checkpoint::release(const std::string& name) const {
   auto it = where_.find(name);
   if (it != where_.end()) it->second->release(it->second->get(name));

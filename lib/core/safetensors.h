@@ -29,7 +29,6 @@ class SafetensorsFile {
   const std::vector<std::string>& names() const { return names_; }   // in data order
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   void release(const TensorView& t) const { map_.release(t.data, t.nbytes); }
-  void copy(const TensorView& t, void* dst) const { map_.copy(t.data, t.nbytes, dst); }
  private:
   MappedFile map_;
   std::unordered_map<std::string, TensorView> index_;
@@ -48,7 +47,6 @@ class Checkpoint {
   const std::string& file_of(const std::string& name) const;
   std::vector<std::string> names() const;                 // sorted
   void release(const std::string& name) const;            // drop its pages from the resident set
-  void copy(const std::string& name, void* dst) const;     // its bytes, read with pread (no page faults on the mapping)
   size_t total_bytes() const;
  private:
   std::string dir_;

@@ -133,9 +133,9 @@ __global__ void cast_kernel(const float* x, T* y, int64_t n) {
   if (i < n) y[i] = from_f<T>(x[i]);
 }
 
-__global__ void diff_f64_kernel(const float* a, const float* b, double* e, int64_t n) {   // e = a - b (b may be null)
+__global__ void widen_kernel(const float* a, double* e, int64_t n) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) e[i] = double(a[i]) - (b ? double(b[i]) : 0.0);
+  if (i < n) e[i] = double(a[i]);
 }
 // partial[block] = sum over the block's rows of dot(G[r], E[r]) (deterministic: fixed order).
 __global__ void row_dot_kernel(const double* G, const double* E, int64_t rows, int64_t n, double* partial) {
@@ -175,7 +175,7 @@ struct LayerForwardCuda::Impl {
   DType dt;
   size_t es = 2;
   float eps;
-  DeviceBuffer<float> X, cs, sn, norm1, norm2, y32, scores, tmp32;
+  DeviceBuffer<float> X, cs, sn, norm1, norm2, y32, scores;
   DeviceBuffer<float> bias[7];
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
   int64_t outs[7], ins[7];
@@ -396,40 +396,40 @@ void LayerForwardCuda::layer() {
   down_proj();
 }
 
-std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF& Wr, const double* dH, int64_t cols, double hscale) {
-  const int64_t rows = W.rows(), n = rows * cols;
+std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, int64_t cols, double hscale) {
+  const int64_t rows = W.rows(), n = rows * cols, all = Wr ? 2 * rows : rows;
   // E = W - Wq and W - Wr in fp32 on the host, as lib/gptq's output_error forms them, into
   // page-locked memory; then 1024 rows at a time on the device (fp64 copy, DGEMM against H, row
   // dots), so the device needs ~0.2 GB whatever the layer.
-  float* E = static_cast<float*>(pinned_staging(size_t(2 * n) * 4));
+  float* E = static_cast<float*>(pinned_staging(size_t(all * cols) * 4));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     E[i] = W.data()[i] - Wq.data()[i];
-    E[n + i] = W.data()[i] - Wr.data()[i];
+    if (Wr) E[n + i] = W.data()[i] - Wr->data()[i];
   }
   constexpr int64_t kRows = 1024;
-  const int64_t rc = std::min(kRows, 2 * rows);
+  const int64_t rc = std::min(kRows, all);
   DeviceBuffer<float> e32(size_t(rc * cols), "output error: W - Wq (rows)");
   DeviceBuffer<double> E64(size_t(rc * cols), "output error: W - Wq (fp64 rows)"), G(size_t(rc * cols), "output error: (W - Wq) H (rows)"),
-      part(size_t(2 * rows), "output error: sums");
+      part(size_t(all), "output error: sums");
   const double zero = 0.0;
-  for (int64_t r0 = 0; r0 < 2 * rows; r0 += rc) {
-    const int64_t nr = std::min(rc, 2 * rows - r0);
+  for (int64_t r0 = 0; r0 < all; r0 += rc) {
+    const int64_t nr = std::min(rc, all - r0);
     PTQ_CUDA(cudaMemcpy(e32.get(), E + r0 * cols, size_t(nr * cols) * 4, cudaMemcpyHostToDevice));
-    diff_f64_kernel<<<blocks(nr * cols), 256>>>(e32.get(), nullptr, E64.get(), nr * cols);
-    PTQ_CUDA_LAUNCH("diff_f64_kernel");
+    widen_kernel<<<blocks(nr * cols), 256>>>(e32.get(), E64.get(), nr * cols);
+    PTQ_CUDA_LAUNCH("widen_kernel");
     // row-major G = E H (H symmetric): column-major G^T = H E^T
     PTQ_CUBLAS(cublasDgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, int(cols), int(nr), int(cols), &hscale, dH, int(cols), E64.get(), int(cols), &zero,
                            G.get(), int(cols)));
     row_dot_kernel<<<unsigned(nr), 256>>>(G.get(), E64.get(), nr, cols, part.get() + r0);
     PTQ_CUDA_LAUNCH("row_dot_kernel");
   }
-  std::vector<double> p(static_cast<size_t>(2 * rows));
+  std::vector<double> p(static_cast<size_t>(all));
   PTQ_CUDA(cudaMemcpy(p.data(), part.get(), p.size() * 8, cudaMemcpyDeviceToHost));
   double a = 0, b = 0;
   for (int64_t r = 0; r < rows; ++r) a += p[size_t(r)];
-  for (int64_t r = rows; r < 2 * rows; ++r) b += p[size_t(r)];
-  return {a / 2.0, b / 2.0};
+  for (int64_t r = rows; r < all; ++r) b += p[size_t(r)];
+  return {a / 2.0, Wr ? b / 2.0 : a / 2.0};
 }
 
 }  // namespace ptq::cuda

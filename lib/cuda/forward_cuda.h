@@ -46,9 +46,9 @@ class LayerForwardCuda {
   std::unique_ptr<Impl> p_;
 };
 
-// The CPU's output_error (lib/gptq) for two quantizations of W at once (GPTQ's Wq and RTN's Wr):
-// sum(E H E^T) / 2 with E = W - Wq (fp32, as on the CPU), H = hscale * dH (fp64, device,
-// symmetric); one fp64 DGEMM on the device.
-std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF& Wr, const double* dH, int64_t cols, double hscale);
+// The CPU's output_error (lib/gptq) for GPTQ's Wq and, when given, RTN's Wr (else the second is
+// the first): sum(E H E^T) / 2 with E = W - Wq (fp32, as on the CPU), H = hscale * dH (fp64,
+// device, symmetric); fp64 DGEMMs on the device.
+std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, int64_t cols, double hscale);
 
 }  // namespace ptq::cuda

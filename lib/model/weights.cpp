@@ -1,4 +1,3 @@
-#include <vector>
 #include "model/weights.h"
 
 #include <cstring>
@@ -19,14 +18,6 @@ void SafetensorsSource::read_f32(const std::string& n, float* out) const {
   TensorView t = ck_.get(n);
   if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16)
     fail(Errc::format, ck_.file_of(n), n, "dtype " + std::string(dtype_name(t.dtype)) + " is not a float dtype");
-  if (t.nbytes >= (size_t(4) << 20)) {   // large: pread into a reused buffer, then convert
-    if (t.dtype == DType::F32) return ck_.copy(n, out);
-    thread_local std::vector<uint8_t> staging;
-    if (staging.size() < t.nbytes) staging.resize(t.nbytes);
-    ck_.copy(n, staging.data());
-    convert_to_f32(t.dtype, staging.data(), out, size_t(t.numel()));
-    return;
-  }
   convert_to_f32(t.dtype, t.data, out, size_t(t.numel()));
 }
 

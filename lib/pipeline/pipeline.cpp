@@ -363,7 +363,8 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
 #ifdef PTQKIT_HAVE_CUDA
           if (dsum) {   // fp64 on the device (cuBLAS DGEMM), as output_error does on the CPU
             const double hs = ntok > 0 ? 2.0 / double(ntok) : 1.0;
-            std::tie(loss, rtn_loss) = cuda::output_errors(W, Wq, spec.method == "gptq" ? rtn.dequantize() : Wq, dsum, W.cols(), hs);
+            const MatF Wr = spec.method == "gptq" ? rtn.dequantize() : MatF();
+            std::tie(loss, rtn_loss) = cuda::output_errors(W, Wq, spec.method == "gptq" ? &Wr : nullptr, dsum, W.cols(), hs);
           } else
 #endif
           {
