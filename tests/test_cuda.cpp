@@ -93,6 +93,60 @@ TEST_CASE("gpu: the GPTQ solve reproduces the CPU solve (codes, loss) across spe
   CHECK_FALSE(cuda::gptq_supported(odd, nullptr));
 }
 
+TEST_CASE("gpu: one resident solve of stacked q/k/v equals the CPU solve of each, with Wq, RTN and the loss on the device") {
+  PTQ_REQUIRE_GPU();
+  const int64_t cols = 384, parts_rows[3] = {96, 64, 64};
+  Problem p = problem(224, int(cols), 4096, 40);
+  p.X.col(7).setZero();   // a dead column: RTN's grids see its weights, GPTQ zeroes them
+  for (int i = 0; i < p.W.size(); ++i) p.W.data()[i] = round_to(DType::F16, p.W.data()[i]);   // the model's f16 weights
+  cuda::HessianCuda hc(cols, DType::F16);
+  hc.add(p.X);
+  const double* dsum = hc.device_sum();
+  const MatD H = hc.finalize();
+  QuantSpec s;
+  s.act_order = true;
+  s.static_groups = true;
+  // part 0 from f16 device memory (as the GPU forward holds it), parts 1-2 from the host
+  std::vector<MatF> W(3);
+  for (int k = 0, r0 = 0; k < 3; r0 += int(parts_rows[k]), ++k) W[size_t(k)] = p.W.middleRows(r0, parts_rows[k]);
+  std::vector<uint16_t> w16(size_t(W[0].size()));
+  for (size_t i = 0; i < w16.size(); ++i) w16[i] = f32_to_f16_bits(W[0].data()[i]);
+  cuda::DeviceBuffer<uint16_t> d16(w16.size(), "test f16 weights");
+  cuda::copy_to_device(d16.get(), w16.data(), w16.size() * 2);
+  std::vector<cuda::WeightRows> parts(3);
+  parts[0] = {parts_rows[0], nullptr, d16.get(), DType::F16};
+  for (int k = 1; k < 3; ++k) parts[size_t(k)] = {parts_rows[k], &W[size_t(k)], nullptr, DType::F32};
+  SolveStats st;
+  cuda::ResidentSolve rs = cuda::gptq_quantize_resident(parts, cols, dsum, hc.tokens(), s, true, &st);
+  CHECK(st.dead_columns == 1);
+  for (int k = 0, r0 = 0; k < 3; r0 += int(parts_rows[k]), ++k) {
+    const MatF& Wk = W[size_t(k)];
+    const int64_t n = Wk.size();
+    QuantizedLinear gq = rs.q.row_slice(r0, r0 + parts_rows[k]), cq = gptq_quantize(Wk, H, s);
+    int64_t same = 0;
+    for (size_t i = 0; i < cq.codes.size(); ++i) same += cq.codes[i] == gq.codes[i];
+    const MatF Wq = gq.dequantize(), Wr = rtn_quantize(Wk, s).dequantize();
+    MatF dev_Wq(Wk.rows(), cols), dev_Wr(Wk.rows(), cols), dev_W(Wk.rows(), cols);
+    cuda::copy_to_host(dev_Wq.data(), rs.Wq.get() + r0 * cols, size_t(n) * 4);
+    cuda::copy_to_host(dev_Wr.data(), rs.Wr.get() + r0 * cols, size_t(n) * 4);
+    cuda::copy_to_host(dev_W.data(), rs.W.get() + r0 * cols, size_t(n) * 4);
+    const auto [loss, rtn_loss] = cuda::output_errors(rs.W.get() + r0 * cols, rs.Wq.get() + r0 * cols, rs.Wr.get() + r0 * cols, Wk.rows(), cols,
+                                                      dsum, 2.0 / double(hc.tokens()));
+    const double ref_loss = output_error(Wk, Wq, H), ref_rtn = output_error(Wk, Wr, H), cpu_loss = output_error(Wk, cq.dequantize(), H);
+    std::cout << "part " << k << ": identical codes with the CPU's separate solve " << 100.0 * double(same) / double(cq.codes.size())
+              << "%, loss " << loss << " (fp64 CPU of the same Wq " << ref_loss << ", CPU solve " << cpu_loss << "), RTN " << rtn_loss << " (CPU "
+              << ref_rtn << ")\n";
+    CHECK(double(same) / double(cq.codes.size()) >= 0.99);
+    CHECK(dev_W == Wk);              // 16-bit rows widened exactly
+    CHECK(dev_Wq == Wq);             // the device's dequantized weights are the codes' (host dequantize)
+    CHECK(dev_Wr == Wr);             // RTN on the device equals lib/gptq's rtn_quantize
+    CHECK(std::abs(loss - ref_loss) <= 1e-9 * ref_loss);
+    CHECK(std::abs(rtn_loss - ref_rtn) <= 1e-9 * ref_rtn);
+    CHECK(std::abs(loss - cpu_loss) <= 0.01 * cpu_loss);
+    CHECK(loss < rtn_loss);
+  }
+}
+
 TEST_CASE("gpu: dead columns and damping retries on the GPU") {
   PTQ_REQUIRE_GPU();
   Problem p = problem(64, 256, 2048, 30);

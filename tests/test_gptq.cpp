@@ -227,3 +227,22 @@ TEST_CASE("the Hessian's chunked fp32 accumulation matches an fp64 sum") {
   Eigen::MatrixXd ref = 2.0 / 9000.0 * X.transpose() * X;
   CHECK((p.H - ref).cwiseAbs().maxCoeff() <= 1e-5 * ref.cwiseAbs().maxCoeff());
 }
+
+TEST_CASE("row_slice keeps each row's codes, grids and groups (what a stacked q/k/v solve is split by)") {
+  Rng r{77};
+  MatF W(10, 40);
+  for (int i = 0; i < W.size(); ++i) W.data()[i] = float(r.normal());
+  QuantSpec s;
+  s.group_size = 16;   // 3 groups, the last ragged
+  s.sym = false;
+  const QuantizedLinear q = rtn_quantize(W, s), part = q.row_slice(3, 7);
+  REQUIRE(part.rows == 4);
+  REQUIRE(part.groups == 3);
+  CHECK(part.dequantize() == q.dequantize().middleRows(3, 4));
+  // the slice is the RTN of those rows alone: RTN is per row, so the codes and grids must agree
+  const QuantizedLinear alone = rtn_quantize(MatF(W.middleRows(3, 4)), s);
+  CHECK(part.codes == alone.codes);
+  CHECK(part.scales == alone.scales);
+  CHECK(part.zeros == alone.zeros);
+  CHECK(part.g_idx == alone.g_idx);
+}

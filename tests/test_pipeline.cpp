@@ -149,7 +149,7 @@ TEST_CASE("pipeline: a run killed midway resumes from its last finished layer, b
   REQUIRE(std::system((bin + " --output " + d / "ref > /dev/null 2>&1").c_str()) == 0);
   // Kill -9 as soon as the first layer is on disk (and before the run ends).
   const std::string first = d / "out.partial/.layers/layer-00000.safetensors";
-  const std::string kill = bin + " --output " + d / "out" + " > /dev/null 2>&1 & pid=$!; for i in $(seq 400); do [ -f " + first +
+  const std::string kill = bin + " --output " + d / "out" + " > /dev/null 2>&1 & pid=$!; for i in $(seq 3000); do [ -f " + first +
                            " ] && break; sleep 0.01; done; kill -9 $pid; wait $pid";
   REQUIRE(std::system(kill.c_str()) != -1);
   REQUIRE_FALSE(fs::exists(d / "out"));

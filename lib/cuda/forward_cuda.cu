@@ -10,6 +10,8 @@
 // Roofline: GEMM-bound (2 * params * tokens + 4 * T^2 * q_dim * S FLOPs per layer on tensor
 // cores); the elementwise kernels move each activation once.
 #include <cublas_v2.h>
+#include <cstring>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -133,9 +135,17 @@ __global__ void cast_kernel(const float* x, T* y, int64_t n) {
   if (i < n) y[i] = from_f<T>(x[i]);
 }
 
-__global__ void widen_kernel(const float* a, double* e, int64_t n) {
+// e = fp64(a - b), the difference taken in fp32.
+__global__ void diff_widen_kernel(const float* a, const float* b, int64_t n, double* e) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) e[i] = double(a[i]);
+  if (i < n) e[i] = double(a[i] - b[i]);
+}
+// fp32 weights to the forward's 16-bit dtype (1: f16, 2: bf16), round to nearest even.
+__global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  if (dt == 1) static_cast<__half*>(y)[i] = __float2half_rn(x[i]);
+  else static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
 }
 // partial[block] = sum over the block's rows of dot(G[r], E[r]) (deterministic: fixed order).
 __global__ void row_dot_kernel(const double* G, const double* E, int64_t rows, int64_t n, double* partial) {
@@ -197,6 +207,22 @@ struct LayerForwardCuda::Impl {
     if (ev1) cudaEventDestroy(ev1);
   }
   void* at(const DeviceBuffer<uint8_t>& b, int64_t elems) const { return b.get() + size_t(elems) * es; }
+  // The chunk buffers live only while a stage runs (from the pool, so no cudaMalloc after the
+  // first layer): between stages the GPTQ solve has that memory.
+  struct Scratch {
+    Impl& m;
+    explicit Scratch(Impl& im) : m(im) {
+      const int64_t d = m.c.hidden_size, f = m.c.intermediate_size, qd = m.c.q_dim(), kv = m.c.kv_dim(), T = m.T;
+      m.xn = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * d) * m.es, "normalized activations (chunk)");
+      m.y32 = DeviceBuffer<float>(size_t(m.chunk_rows * std::max(qd + 2 * kv, 2 * f)), "projections (chunk, fp32)");
+      m.q16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * qd) * m.es, "queries (chunk)");
+      m.k16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "keys (chunk)");
+      m.v16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "values (chunk)");
+      m.scores = DeviceBuffer<float>(size_t(m.c.num_attention_heads) * T * T, "attention scores (one window)");
+      m.P = DeviceBuffer<uint8_t>(size_t(m.c.num_attention_heads) * T * T * m.es, "attention probabilities (one window)");
+    }
+    ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; }
+  };
   template <class F>
   void by_chunks(F&& f) {   // f(row0, rows): whole windows, at most chunk_rows tokens
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) f(r0, std::min(chunk_rows, N - r0));
@@ -240,13 +266,6 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   for (int i = 0; i < 7; ++i) { m.outs[i] = outs[i]; m.ins[i] = ins[i]; }
   m.X = DeviceBuffer<float>(size_t(m.N * d), "calibration activations (fp32 residual stream; use fewer samples or a shorter seq_len)");
   m.stage = DeviceBuffer<uint8_t>(size_t(m.N * std::max(qd, f)) * m.es, "calibration activations (attention context / MLP activation)");
-  m.xn = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * d) * m.es, "normalized activations (chunk)");
-  m.y32 = DeviceBuffer<float>(size_t(m.chunk_rows * std::max(qd + 2 * kv, 2 * f)), "projections (chunk, fp32)");
-  m.q16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * qd) * m.es, "queries (chunk)");
-  m.k16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "keys (chunk)");
-  m.v16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "values (chunk)");
-  m.scores = DeviceBuffer<float>(size_t(c.num_attention_heads) * seq_len * seq_len, "attention scores (one window)");
-  m.P = DeviceBuffer<uint8_t>(size_t(c.num_attention_heads) * seq_len * seq_len * m.es, "attention probabilities (one window)");
   m.cs = DeviceBuffer<float>(size_t(seq_len * half), "rotary cos");
   m.sn = DeviceBuffer<float>(size_t(seq_len * half), "rotary sin");
   PTQ_CUDA(cudaMemcpy(m.cs.get(), rope.cos.data(), size_t(seq_len * half) * 4, cudaMemcpyHostToDevice));
@@ -265,7 +284,18 @@ DType LayerForwardCuda::dtype() const { return p_->dt; }
 
 void LayerForwardCuda::set_input(const MatF& X) {
   if (X.rows() != p_->N || X.cols() != p_->c.hidden_size) fail(Errc::usage, "", "set_input", "shape mismatch");
-  PTQ_CUDA(cudaMemcpy(p_->X.get(), X.data(), size_t(X.size()) * 4, cudaMemcpyHostToDevice));
+  // 256 MiB at a time through page-locked memory (a pageable copy of 4 GiB runs at a third of PCIe's speed)
+  const size_t bytes = size_t(X.size()) * 4, part = std::min<size_t>(bytes, size_t(256) << 20);
+  uint8_t* st = static_cast<uint8_t*>(pinned_staging(part));
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(X.data());
+  for (size_t o = 0; o < bytes; o += part) {
+    const size_t n = std::min(part, bytes - o);
+    const int64_t kPart = int64_t(1) << 22;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < int64_t((n + kPart - 1) / kPart); ++b)
+      std::memcpy(st + b * kPart, src + o + size_t(b * kPart), std::min<size_t>(size_t(kPart), n - size_t(b * kPart)));
+    upload_from_staging(reinterpret_cast<uint8_t*>(p_->X.get()) + o, n);
+  }
 }
 MatF LayerForwardCuda::input() const {
   MatF X(p_->N, p_->c.hidden_size);
@@ -284,13 +314,36 @@ void LayerForwardCuda::set_weight(Proj p, const MatF& W) {
   upload_from_staging(m.at(m.W[i], 0), bytes);
 }
 
-void LayerForwardCuda::load_layer(const LayerWeights& w) {
+size_t LayerForwardCuda::weight_bytes() const {
+  size_t b = 0;
+  for (int i = 0; i < 7; ++i) b += size_t(p_->outs[i] * p_->ins[i]) * 2;
+  return b;
+}
+
+void LayerForwardCuda::convert_weights(const LayerWeights& w, void* dst) const {
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  for (Proj p : kAllProj) {
+    const MatF& W = w[p].W;
+    if (W.rows() != p_->outs[int(p)] || W.cols() != p_->ins[int(p)]) fail(Errc::usage, "", proj_name(p), "weight shape mismatch");
+    convert_from_f32(p_->dt, W.data(), d, size_t(W.size()));
+    d += size_t(W.size()) * 2;
+  }
+}
+
+void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) {
   Impl& m = *p_;
   PTQ_CUDA(cudaMemcpy(m.norm1.get(), w.input_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   PTQ_CUDA(cudaMemcpy(m.norm2.get(), w.post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
+  const uint8_t* src = static_cast<const uint8_t*>(converted);
   for (Proj p : kAllProj) {
-    set_weight(p, w[p].W);
     const int i = int(p);
+    if (src) {   // already in 16 bits, in page-locked memory
+      const size_t bytes = size_t(m.outs[i] * m.ins[i]) * 2;
+      PTQ_CUDA(cudaMemcpy(m.at(m.W[i], 0), src, bytes, cudaMemcpyHostToDevice));
+      src += bytes;
+    } else {
+      set_weight(p, w[p].W);
+    }
     if (w[p].b.size()) {
       if (!m.bias[i].get()) m.bias[i] = DeviceBuffer<float>(size_t(m.outs[i]), "bias");
       PTQ_CUDA(cudaMemcpy(m.bias[i].get(), w[p].b.data(), size_t(m.outs[i]) * 4, cudaMemcpyHostToDevice));
@@ -302,6 +355,7 @@ void LayerForwardCuda::load_layer(const LayerWeights& w) {
 
 void LayerForwardCuda::norm1(HessianCuda* h) {
   Impl& m = *p_;
+  Impl::Scratch scratch(m);
   m.by_chunks([&](int64_t r0, int64_t rows) {
     m.rmsnorm(m.norm1, r0, rows);
     m.hessian_add(h, m.at(m.xn, 0), rows);
@@ -310,6 +364,7 @@ void LayerForwardCuda::norm1(HessianCuda* h) {
 
 void LayerForwardCuda::attention(HessianCuda* h) {
   Impl& m = *p_;
+  Impl::Scratch scratch(m);
   const LlamaConfig& c = m.c;
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, group = nh / nkv, T = m.T;
   const int64_t d = c.hidden_size, qd = c.q_dim(), kv = c.kv_dim();
@@ -353,6 +408,7 @@ void LayerForwardCuda::attention(HessianCuda* h) {
 
 void LayerForwardCuda::o_proj_norm2(HessianCuda* h) {
   Impl& m = *p_;
+  Impl::Scratch scratch(m);
   const int64_t d = m.c.hidden_size, qd = m.c.q_dim();
   m.by_chunks([&](int64_t r0, int64_t rows) {
     linear_gemm(m.at(m.stage, r0 * qd), m.at(m.W[3], 0), m.X.get() + r0 * d, CUDA_R_32F, rows, qd, d, m.dt, 1.0f);   // X += ctx Wo^T
@@ -364,6 +420,7 @@ void LayerForwardCuda::o_proj_norm2(HessianCuda* h) {
 
 void LayerForwardCuda::mlp(HessianCuda* h) {
   Impl& m = *p_;
+  Impl::Scratch scratch(m);
   const int64_t d = m.c.hidden_size, f = m.c.intermediate_size;
   m.by_chunks([&](int64_t r0, int64_t rows) {
     m.rmsnorm(m.norm2, r0, rows);
@@ -382,6 +439,7 @@ void LayerForwardCuda::mlp(HessianCuda* h) {
 
 void LayerForwardCuda::down_proj() {
   Impl& m = *p_;
+  Impl::Scratch scratch(m);
   const int64_t d = m.c.hidden_size, f = m.c.intermediate_size;
   m.by_chunks([&](int64_t r0, int64_t rows) {
     linear_gemm(m.at(m.stage, r0 * f), m.at(m.W[6], 0), m.X.get() + r0 * d, CUDA_R_32F, rows, f, d, m.dt, 1.0f);   // X += act Wd^T
@@ -396,40 +454,53 @@ void LayerForwardCuda::layer() {
   down_proj();
 }
 
-std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, int64_t cols, double hscale) {
-  const int64_t rows = W.rows(), n = rows * cols, all = Wr ? 2 * rows : rows;
-  // E = W - Wq and W - Wr in fp32 on the host, as lib/gptq's output_error forms them, into
-  // page-locked memory; then 1024 rows at a time on the device (fp64 copy, DGEMM against H, row
-  // dots), so the device needs ~0.2 GB whatever the layer.
-  float* E = static_cast<float*>(pinned_staging(size_t(all * cols) * 4));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    E[i] = W.data()[i] - Wq.data()[i];
-    if (Wr) E[n + i] = W.data()[i] - Wr->data()[i];
-  }
+std::pair<double, double> output_errors(const float* W, const float* Wq, const float* Wr, int64_t rows, int64_t cols, const double* dH,
+                                        double hscale) {
+  // 1024 rows at a time: E = W - Wq in fp32 (as lib/gptq's output_error forms it), widened to
+  // fp64, G = E H by DGEMM, then the row dots; the device needs ~0.2 GB whatever the layer.
   constexpr int64_t kRows = 1024;
-  const int64_t rc = std::min(kRows, all);
-  DeviceBuffer<float> e32(size_t(rc * cols), "output error: W - Wq (rows)");
+  const int64_t rc = std::min(kRows, rows);
   DeviceBuffer<double> E64(size_t(rc * cols), "output error: W - Wq (fp64 rows)"), G(size_t(rc * cols), "output error: (W - Wq) H (rows)"),
-      part(size_t(all), "output error: sums");
+      part(size_t(2 * rows), "output error: sums");
   const double zero = 0.0;
-  for (int64_t r0 = 0; r0 < all; r0 += rc) {
-    const int64_t nr = std::min(rc, all - r0);
-    PTQ_CUDA(cudaMemcpy(e32.get(), E + r0 * cols, size_t(nr * cols) * 4, cudaMemcpyHostToDevice));
-    widen_kernel<<<blocks(nr * cols), 256>>>(e32.get(), E64.get(), nr * cols);
-    PTQ_CUDA_LAUNCH("widen_kernel");
-    // row-major G = E H (H symmetric): column-major G^T = H E^T
-    PTQ_CUBLAS(cublasDgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, int(cols), int(nr), int(cols), &hscale, dH, int(cols), E64.get(), int(cols), &zero,
-                           G.get(), int(cols)));
-    row_dot_kernel<<<unsigned(nr), 256>>>(G.get(), E64.get(), nr, cols, part.get() + r0);
-    PTQ_CUDA_LAUNCH("row_dot_kernel");
+  for (int k = 0; k < (Wr ? 2 : 1); ++k) {
+    const float* B = k == 0 ? Wq : Wr;
+    for (int64_t r0 = 0; r0 < rows; r0 += rc) {
+      const int64_t nr = std::min(rc, rows - r0);
+      diff_widen_kernel<<<blocks(nr * cols), 256>>>(W + r0 * cols, B + r0 * cols, nr * cols, E64.get());
+      PTQ_CUDA_LAUNCH("diff_widen_kernel");
+      // row-major G = E H (H symmetric): column-major G^T = H E^T
+      PTQ_CUBLAS(cublasDgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, int(cols), int(nr), int(cols), &hscale, dH, int(cols), E64.get(), int(cols), &zero,
+                             G.get(), int(cols)));
+      row_dot_kernel<<<unsigned(nr), 256>>>(G.get(), E64.get(), nr, cols, part.get() + k * rows + r0);
+      PTQ_CUDA_LAUNCH("row_dot_kernel");
+    }
   }
-  std::vector<double> p(static_cast<size_t>(all));
-  PTQ_CUDA(cudaMemcpy(p.data(), part.get(), p.size() * 8, cudaMemcpyDeviceToHost));
+  std::vector<double> p(static_cast<size_t>(2 * rows));
+  PTQ_CUDA(cudaMemcpy(p.data(), part.get(), size_t(Wr ? 2 : 1) * size_t(rows) * 8, cudaMemcpyDeviceToHost));
   double a = 0, b = 0;
   for (int64_t r = 0; r < rows; ++r) a += p[size_t(r)];
-  for (int64_t r = rows; r < all; ++r) b += p[size_t(r)];
+  for (int64_t r = 0; Wr && r < rows; ++r) b += p[size_t(rows + r)];
   return {a / 2.0, Wr ? b / 2.0 : a / 2.0};
 }
+
+std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, double hscale) {
+  const int64_t rows = W.rows(), cols = W.cols(), n = rows * cols;
+  DeviceBuffer<float> d(size_t(Wr ? 3 : 2) * size_t(n), "output error: W, Wq, Wr");
+  copy_to_device(d.get(), W.data(), size_t(n) * 4);
+  copy_to_device(d.get() + n, Wq.data(), size_t(n) * 4);
+  if (Wr) copy_to_device(d.get() + 2 * n, Wr->data(), size_t(n) * 4);
+  return output_errors(d.get(), d.get() + n, Wr ? d.get() + 2 * n : nullptr, rows, cols, dH, hscale);
+}
+
+void LayerForwardCuda::set_weight_device(Proj p, const float* W) {
+  Impl& m = *p_;
+  const int i = int(p);
+  const int64_t n = m.outs[i] * m.ins[i];
+  narrow_kernel<<<blocks(n), 256>>>(W, n, m.dt == DType::F16 ? 1 : 2, m.at(m.W[i], 0));
+  PTQ_CUDA_LAUNCH("narrow_kernel");
+}
+
+const void* LayerForwardCuda::weight(Proj p) const { return p_->at(p_->W[int(p)], 0); }
 
 }  // namespace ptq::cuda

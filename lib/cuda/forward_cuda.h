@@ -31,8 +31,14 @@ class LayerForwardCuda {
   DType dtype() const;
   void set_input(const MatF& X);            // the embeddings [S*T, d] (host fp32)
   MatF input() const;                       // the residual stream, to the host (tests)
-  void load_layer(const LayerWeights& w);   // norms, biases, and the seven weights in 16 bits
+  void load_layer(const LayerWeights& w, const void* converted = nullptr);   // norms, biases, and the seven weights in 16 bits
+  // The seven weights in dtype(), one after another in kAllProj order (what load_layer takes as
+  // `converted`, from page-locked memory): the conversion can run in another thread.
+  size_t weight_bytes() const;
+  void convert_weights(const LayerWeights& w, void* dst) const;
   void set_weight(Proj p, const MatF& W);   // e.g. the quantized weights, dequantized
+  void set_weight_device(Proj p, const float* W);   // the same from fp32 device memory [out, in]
+  const void* weight(Proj p) const;         // the 16-bit device weights [out, in], in dtype()
   // Stages; each adds its output (the next Linears' input) to `h` when given.
   void norm1(HessianCuda* h);          // xn = rmsnorm1(X)                      -> H_qkv
   void attention(HessianCuda* h);      // ctx = attn(q, k, v of rmsnorm1(X))    -> H_o
@@ -48,7 +54,9 @@ class LayerForwardCuda {
 
 // The CPU's output_error (lib/gptq) for GPTQ's Wq and, when given, RTN's Wr (else the second is
 // the first): sum(E H E^T) / 2 with E = W - Wq (fp32, as on the CPU), H = hscale * dH (fp64,
-// device, symmetric); fp64 DGEMMs on the device.
-std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, int64_t cols, double hscale);
+// device, symmetric); fp64 DGEMMs on the device. W, Wq, Wr: fp32 [rows, cols] on the device.
+std::pair<double, double> output_errors(const float* W, const float* Wq, const float* Wr, int64_t rows, int64_t cols, const double* dH, double hscale);
+// The same from host matrices (uploaded).
+std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, double hscale);
 
 }  // namespace ptq::cuda

@@ -96,7 +96,6 @@ struct HessianCuda::Impl {
 
 HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols), dtype_(dtype) {
   p_->sum = DeviceBuffer<double>(size_t(cols * cols), "Hessian (fp64 sum)");
-  p_->c = DeviceBuffer<float>(size_t(cols * cols), "Hessian (fp32 chunk)");
   PTQ_CUDA(cudaMemset(p_->sum.get(), 0, size_t(cols * cols) * 8));
 }
 HessianCuda::~HessianCuda() { delete p_; }
@@ -112,6 +111,7 @@ void HessianCuda::add_device(const void* X, int64_t rows) {
   auto& h = handles();
   const float one = 1.0f, zero = 0.0f;
   const size_t es = dtype_size(dtype_);
+  if (!p_->c.get()) p_->c = DeviceBuffer<float>(size_t(cols_ * cols_), "Hessian (fp32 partial sum)");
   for (int64_t t0 = 0; t0 < rows; t0 += kChunk) {
     const int64_t n = std::min(kChunk, rows - t0);
     const uint8_t* A = static_cast<const uint8_t*>(X) + size_t(t0 * cols_) * es;
@@ -152,6 +152,9 @@ void HessianCuda::add(const MatF& X) {
 
 double* HessianCuda::device_sum() {
   flush();
+  p_->c = DeviceBuffer<float>();   // accumulation is over: the fp32 partial sum is not needed again
+  p_->x16 = DeviceBuffer<uint8_t>();
+  p_->x32 = DeviceBuffer<float>();
   symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
   PTQ_CUDA_LAUNCH("symmetrize_kernel");
   return p_->sum.get();
@@ -281,34 +284,30 @@ __global__ void row_grid_kernel(const float* W, int64_t rows, int64_t cols, int 
   if (lane == 0) { scale[r] = best.scale; zero[r] = best.zero; }
 }
 
-// Dead columns (diag 0): H[i,i] = `one` (1 after the 2/n scaling, as on the CPU), W[:, i] = 0.
-__global__ void fix_dead_kernel(double* H, float* W, int64_t n, int64_t rows, double one) {
+// Dead columns (diag H = 0): W[:, i] = 0 (their diagonal is set by permute_h_kernel; the caller's H is read only).
+__global__ void zero_dead_kernel(const double* H, float* W, int64_t n, int64_t rows) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n || H[i * n + i] != 0.0) return;
-  H[i * n + i] = one;
   for (int64_t r = 0; r < rows; ++r) W[r * n + i] = 0.0f;
 }
 __global__ void diag_kernel(const double* H, int64_t n, double* d) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) d[i] = H[i * n + i];
 }
-__global__ void permute_h_kernel(const double* H, const int* perm, int64_t n, double* Hp) {
-  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (k >= n * n) return;
-  const int64_t i = k / n, j = k % n;
-  Hp[k] = H[int64_t(perm[i]) * n + perm[j]];
-}
 __global__ void permute_w_kernel(const float* W, const int* perm, int64_t rows, int64_t n, float* Wp) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= rows * n) return;
   Wp[k] = W[(k / n) * n + perm[k % n]];
 }
-// A = J (H + damp I) J (symmetric: the same in row- and column-major), scaled by `scale`.
-__global__ void reversed_damped_kernel(const double* H, int64_t n, double scale, double damp, double* A) {
+// A = J P (H + damp I) P^T J (symmetric: the same in row- and column-major), scaled by `scale`;
+// a dead column's zero diagonal counts as `one` (1 after the scaling, as on the CPU).
+__global__ void reversed_damped_kernel(const double* H, const int* perm, int64_t n, double scale, double one, double damp, double* A) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= n * n) return;
   const int64_t i = k / n, j = k % n;
-  A[k] = scale * H[(n - 1 - i) * n + (n - 1 - j)] + (i == j ? damp : 0.0);
+  double v = H[int64_t(perm[n - 1 - i]) * n + perm[n - 1 - j]];
+  if (i == j && v == 0.0) v = one;
+  A[k] = scale * v + (i == j ? damp : 0.0);
 }
 __global__ void identity_kernel(double* a, int64_t n) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -322,6 +321,33 @@ __global__ void make_u_kernel(const double* Linv, int64_t n, float* U, int* bad)
   const double v = j >= i ? Linv[(n - 1 - j) * n + (n - 1 - i)] : 0.0;
   U[k] = float(v);
   if (!isfinite(v) || (i == j && !(v > 0))) *bad = 1;
+}
+
+// Codes back to the natural column order, and the weights they stand for:
+// codes_nat[r, perm[c]] = codes[r, c]; Wq[r, j] = scale[g(j), r] * (code - zero[g(j), r]), g = g_idx (natural).
+__global__ void unpermute_dequantize_kernel(const uint8_t* codes, const int* perm, const int* g_idx, const float* scale, const int* zero,
+                                            int64_t rows, int64_t n, uint8_t* codes_nat, float* Wq) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= rows * n) return;
+  const int64_t r = k / n, j = perm[k % n], g = g_idx[j];
+  const uint8_t q = codes[k];
+  codes_nat[r * n + j] = q;
+  if (Wq) Wq[r * n + j] = scale[g * rows + r] * float(int(q) - zero[g * rows + r]);
+}
+// Round-to-nearest with the given grids (groups of gs natural columns): the report's baseline.
+__global__ void rtn_dequantize_kernel(const float* W, int64_t rows, int64_t n, int64_t gs, const float* scale, const int* zero, int maxq,
+                                      float* Wr) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= rows * n) return;
+  const int64_t r = k / n, g = (k % n) / gs;
+  const Grid gr{scale[g * rows + r], zero[g * rows + r]};
+  Wr[k] = gr.scale * float(quant(W[k], gr, maxq) - gr.zero);
+}
+__global__ void widen_to_f32_kernel(const void* x, int dtype, int64_t n, float* y) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  y[i] = dtype == 1 ? __half2float(static_cast<const __half*>(x)[i])
+         : dtype == 2 ? __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]) : static_cast<const float*>(x)[i];
 }
 
 // The column loop of one block. mode 0: per-row grids; 1: static groups; 2: a grid per group,
@@ -395,39 +421,57 @@ bool gptq_supported(const QuantSpec& s, std::string* why) {
 
 GptqPhaseTimes last_phase_times() { return g_times; }
 
-QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens, const QuantSpec& s, SolveStats* st) {
+namespace {
+
+// W [rows, cols] fp32 from the host, through page-locked memory (a parallel host copy, then PCIe at full speed).
+void upload_f32(const MatF& W, float* dst) {
+  const size_t bytes = size_t(W.size()) * 4;
+  uint8_t* st = static_cast<uint8_t*>(pinned_staging(bytes));
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(W.data());
+  const int64_t kPart = int64_t(1) << 22;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < int64_t((bytes + kPart - 1) / kPart); ++b)
+    std::memcpy(st + b * kPart, src + b * kPart, std::min<size_t>(size_t(kPart), bytes - size_t(b * kPart)));
+  upload_from_staging(dst, bytes);
+}
+
+// The solve of W (device, fp32, [rows, n]; read only) against the unscaled fp64 sum dH (read only).
+// Leaves GPTQ's dequantized weights in dWq and RTN's in dWr when given (natural column order).
+QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats& S,
+                      float* dWq, float* dWr) {
   using clk = std::chrono::steady_clock;
   const auto t_start = clk::now();
-  SolveStats local;
-  SolveStats& S = st ? *st : local;
   std::string why;
   if (!gptq_supported(s, &why)) fail(Errc::usage, "", "quantization", "the CUDA GPTQ kernel does not serve this spec: " + why);
   g_times = {};
   auto& h = handles();
-  const int64_t rows = W0.rows(), n = W0.cols(), gs = s.group_size > 0 ? s.group_size : n;
+  const int64_t gs = s.group_size > 0 ? s.group_size : n;
   const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
   QuantizedLinear q = QuantizedLinear::empty(rows, n, s);
 
-  // 1. dead columns (and W to the device)
-  DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
-  {   // through page-locked memory: a parallel host copy, then PCIe at full speed
-    const size_t bytes = size_t(rows * n) * 4;
-    uint8_t* st = static_cast<uint8_t*>(pinned_staging(bytes));
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(W0.data());
-    const int64_t kPart = int64_t(1) << 22;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < int64_t((bytes + kPart - 1) / kPart); ++b)
-      std::memcpy(st + b * kPart, src + b * kPart, std::min<size_t>(size_t(kPart), bytes - size_t(b * kPart)));
-    upload_from_staging(dW.get(), bytes);
+  // 0. RTN, the report's baseline, from the weights as given (the CPU's rtn_quantize)
+  if (dWr) {
+    DeviceBuffer<float> sc(size_t(q.groups * rows), "RTN scales");
+    DeviceBuffer<int> ze(size_t(q.groups * rows), "RTN zeros");
+    if (s.group_size <= 0)
+      row_grid_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, rows, n, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
+    else
+      static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW0, rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
+    PTQ_CUDA_LAUNCH("RTN grids");
+    rtn_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dW0, rows, n, gs, sc.get(), ze.get(), maxq, dWr);
+    PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
   }
+  // 1. dead columns
+  DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights (dead columns zeroed)"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
+  copy_device(dW.get(), dW0, size_t(rows * n) * 4);
   const double hscale = tokens > 0 ? 2.0 / double(tokens) : 1.0;   // the device sum is unscaled
   DeviceBuffer<double> dDiag(size_t(n), "Hessian diagonal");
   diag_kernel<<<blocks_for(n), 256>>>(dH, n, dDiag.get());
   PTQ_CUDA_LAUNCH("diag_kernel");
   std::vector<double> diag(static_cast<size_t>(n));
   PTQ_CUDA(cudaMemcpy(diag.data(), dDiag.get(), size_t(n) * 8, cudaMemcpyDeviceToHost));
-  fix_dead_kernel<<<blocks_for(n), 256>>>(dH, dW.get(), n, rows, 1.0 / hscale);
-  PTQ_CUDA_LAUNCH("fix_dead_kernel");
+  zero_dead_kernel<<<blocks_for(n), 256>>>(dH, dW.get(), n, rows);
+  PTQ_CUDA_LAUNCH("zero_dead_kernel");
   for (auto& d : diag)
     if (d == 0) { d = 1.0 / hscale; ++S.dead_columns; }
   // 2. static groups, from the unpermuted weights (dead columns zeroed, as on the device)
@@ -445,11 +489,9 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   if (s.act_order) std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return diag[size_t(a)] > diag[size_t(b)]; });
   DeviceBuffer<int> dPerm(size_t(n), "act-order permutation");
   PTQ_CUDA(cudaMemcpy(dPerm.get(), perm.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-  DeviceBuffer<double> dA(size_t(n * n), "Hessian (factorization)"), dHp(size_t(n * n), "Hessian (permuted)");
-  permute_h_kernel<<<blocks_for(n * n), 256>>>(dH, dPerm.get(), n, dHp.get());   // the caller's H (shared by q/k/v) is left as it was
-  PTQ_CUDA_LAUNCH("permute_h_kernel");
   permute_w_kernel<<<blocks_for(rows * n), 256>>>(dW.get(), dPerm.get(), rows, n, dWp.get());
   PTQ_CUDA_LAUNCH("permute_w_kernel");
+  dW = DeviceBuffer<float>();
   // per-row grids (one group per row)
   DeviceBuffer<float> dRowScale(size_t(rows), "row scales");
   DeviceBuffer<int> dRowZero(size_t(rows), "row zeros");
@@ -465,15 +507,18 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   double mean_diag = 0;
   for (double d : diag) mean_diag += d;
   mean_diag = mean_diag / double(n) * hscale;
-  DeviceBuffer<float> dU(size_t(n * n), "inverse Cholesky factor U");
   DeviceBuffer<int> dInfo(2, "cuSOLVER info");
+  DeviceBuffer<double> dA(size_t(n * n), "Hessian (factorization)");
   int lwork = 0;
   PTQ_CUSOLVER(cusolverDnDpotrf_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), &lwork));
   DeviceBuffer<double> dWork(size_t(std::max(lwork, 1)), "cuSOLVER workspace");
   DeviceBuffer<double> dLinv(size_t(n * n), "inverse Cholesky factor (fp64)");
+  DeviceBuffer<float> dU;
   double damp = s.damp_percent;
   for (;;) {
-    reversed_damped_kernel<<<blocks_for(n * n), 256>>>(dHp.get(), n, hscale, damp * mean_diag, dA.get());
+    // the caller's H (shared by q/k/v) is read, never written
+    if (!dA.get()) dA = DeviceBuffer<double>(size_t(n * n), "Hessian (factorization)");
+    reversed_damped_kernel<<<blocks_for(n * n), 256>>>(dH, dPerm.get(), n, hscale, 1.0 / hscale, damp * mean_diag, dA.get());
     PTQ_CUDA_LAUNCH("reversed_damped_kernel");
     int info[2] = {0, 0};
     PTQ_CUDA(cudaMemset(dInfo.get(), 0, 8));
@@ -491,6 +536,8 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
                              int(n), dLinv.get(), int(n)));
       PTQ_CUDA(cudaDeviceSynchronize());
       g_times.trtri += secs(tp);
+      dA = DeviceBuffer<double>();   // (peak memory: the factor or U, beside L^-1, never both)
+      dU = DeviceBuffer<float>(size_t(n * n), "inverse Cholesky factor U");
       make_u_kernel<<<blocks_for(n * n), 256>>>(dLinv.get(), n, dU.get(), dInfo.get() + 1);
       PTQ_CUDA_LAUNCH("make_u_kernel");
       PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 8, cudaMemcpyDeviceToHost));
@@ -502,6 +549,7 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
     if (damp > 1e4) fail(Errc::numeric, "", "H", "Hessian is not positive definite even with damping 1e4 x mean(diag)");
   }
   S.damp_percent = damp;
+  dLinv = DeviceBuffer<double>();
   PTQ_CUDA(cudaDeviceSynchronize());
   g_times.factorization = secs(t_fact);
 
@@ -533,27 +581,38 @@ QuantizedLinear gptq_quantize_device(const MatF& W0, double* dH, int64_t tokens,
   PTQ_CUDA(cudaDeviceSynchronize());
   g_times.column_loop = secs(t_loop);
 
-  // 7. back to the natural column order
+  // 7. back to the natural column order (codes, and Wq when asked), then to the host
   const auto t_dl = clk::now();
-  const uint8_t* codes = static_cast<const uint8_t*>(pinned_staging(size_t(rows * n)));
-  PTQ_CUDA(cudaMemcpy(const_cast<uint8_t*>(codes), dCodes.get(), size_t(rows * n), cudaMemcpyDeviceToHost));
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < n; ++c) q.codes[size_t(r * n + perm[size_t(c)])] = codes[size_t(r * n + c)];
-  if (mode == 0) {
-    PTQ_CUDA(cudaMemcpy(q.scales.data(), dRowScale.get(), size_t(rows) * 4, cudaMemcpyDeviceToHost));
-    PTQ_CUDA(cudaMemcpy(q.zeros.data(), dRowZero.get(), size_t(rows) * 4, cudaMemcpyDeviceToHost));
-  } else if (mode == 1) {
-    PTQ_CUDA(cudaMemcpy(q.scales.data(), dStScale.get(), q.scales.size() * 4, cudaMemcpyDeviceToHost));
-    PTQ_CUDA(cudaMemcpy(q.zeros.data(), dStZero.get(), q.zeros.size() * 4, cudaMemcpyDeviceToHost));
-  } else if (mode == 2) {
-    PTQ_CUDA(cudaMemcpy(q.scales.data(), dGrpScale.get(), q.scales.size() * 4, cudaMemcpyDeviceToHost));
-    PTQ_CUDA(cudaMemcpy(q.zeros.data(), dGrpZero.get(), q.zeros.size() * 4, cudaMemcpyDeviceToHost));
+  if (mode == 2)
     for (int64_t c = 0; c < n; ++c) q.g_idx[size_t(perm[size_t(c)])] = int32_t(c / gs);
-  }
+  const float* dScale = mode == 0 ? dRowScale.get() : mode == 1 ? dStScale.get() : dGrpScale.get();
+  const int* dZero = mode == 0 ? dRowZero.get() : mode == 1 ? dStZero.get() : dGrpZero.get();
+  DeviceBuffer<int> dGidxNat(size_t(n), "group of each column");
+  PTQ_CUDA(cudaMemcpy(dGidxNat.get(), q.g_idx.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+  DeviceBuffer<uint8_t> dCodesNat(size_t(rows * n), "codes (natural order)");
+  unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero, rows, n,
+                                                             dCodesNat.get(), dWq);
+  PTQ_CUDA_LAUNCH("unpermute_dequantize_kernel");
+  uint8_t* codes = static_cast<uint8_t*>(pinned_staging(size_t(rows * n)));
+  PTQ_CUDA(cudaMemcpy(codes, dCodesNat.get(), size_t(rows * n), cudaMemcpyDeviceToHost));
+  const int64_t kPart = int64_t(1) << 22;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < (rows * n + kPart - 1) / kPart; ++b)
+    std::memcpy(q.codes.data() + b * kPart, codes + b * kPart, size_t(std::min(kPart, rows * n - b * kPart)));
+  PTQ_CUDA(cudaMemcpy(q.scales.data(), dScale, q.scales.size() * 4, cudaMemcpyDeviceToHost));
+  PTQ_CUDA(cudaMemcpy(q.zeros.data(), dZero, q.zeros.size() * 4, cudaMemcpyDeviceToHost));
   g_times.download = secs(t_dl);
   S.seconds = secs(t_start);
   return q;
+}
+
+}  // namespace
+
+QuantizedLinear gptq_quantize_device(const MatF& W, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats* st) {
+  SolveStats local;
+  DeviceBuffer<float> dW(size_t(W.size()), "GPTQ weights");
+  upload_f32(W, dW.get());
+  return solve(dW.get(), W.rows(), W.cols(), dH, tokens, s, st ? *st : local, nullptr, nullptr);
 }
 
 QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* st) {
@@ -561,6 +620,31 @@ QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, 
   DeviceBuffer<double> dH(size_t(n * n), "Hessian");
   PTQ_CUDA(cudaMemcpy(dH.get(), H.data(), size_t(n * n) * 8, cudaMemcpyHostToDevice));
   return gptq_quantize_device(W, dH.get(), 2, s, st);   // tokens = 2: the scale 2/n is already in H
+}
+
+ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64_t cols, const double* dH, int64_t tokens, const QuantSpec& s,
+                                     bool with_rtn, SolveStats* st) {
+  SolveStats local;
+  ResidentSolve out;
+  int64_t rows = 0;
+  for (auto& p : parts) rows += p.rows;
+  out.W = DeviceBuffer<float>(size_t(rows * cols), "GPTQ weights (fp32)");
+  int64_t r0 = 0;
+  for (auto& p : parts) {
+    float* dst = out.W.get() + r0 * cols;
+    if (p.host) {
+      if (p.host->rows() != p.rows || p.host->cols() != cols) fail(Errc::usage, "", "gptq_quantize_resident", "weight shape mismatch");
+      upload_f32(*p.host, dst);
+    } else {   // 16-bit or fp32 device rows, widened exactly
+      widen_to_f32_kernel<<<blocks_for(p.rows * cols), 256>>>(p.device, dtype_code(p.dtype), p.rows * cols, dst);
+      PTQ_CUDA_LAUNCH("widen_to_f32_kernel");
+    }
+    r0 += p.rows;
+  }
+  out.Wq = DeviceBuffer<float>(size_t(rows * cols), "GPTQ dequantized weights");
+  if (with_rtn) out.Wr = DeviceBuffer<float>(size_t(rows * cols), "RTN dequantized weights");
+  out.q = solve(out.W.get(), rows, cols, dH, tokens, s, st ? *st : local, out.Wq.get(), with_rtn ? out.Wr.get() : nullptr);
+  return out;
 }
 
 }  // namespace ptq::cuda

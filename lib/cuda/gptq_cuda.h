@@ -2,8 +2,10 @@
 // block of 128 columns). Same math as lib/gptq (CPU), which is its reference.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
+#include "cuda/runtime.h"
 #include "gptq/gptq.h"
 
 namespace ptq::cuda {
@@ -33,9 +35,27 @@ class HessianCuda {
 // divides 128), or be static, or be one per row.
 bool gptq_supported(const QuantSpec& s, std::string* why);
 
-// H on the host, or the fp64 sum of a HessianCuda (scaled by 2/n here; modified in place).
+// H on the host, or the fp64 sum of a HessianCuda (unscaled; scaled by 2/tokens here, read only).
 QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* stats = nullptr);
-QuantizedLinear gptq_quantize_device(const MatF& W, double* H_sum_device, int64_t tokens, const QuantSpec& s, SolveStats* stats = nullptr);
+QuantizedLinear gptq_quantize_device(const MatF& W, const double* H_sum_device, int64_t tokens, const QuantSpec& s, SolveStats* stats = nullptr);
+
+// Rows of W for a resident solve: from the host (fp32), or already on the device (F16, BF16 or
+// F32; the 16-bit forms are widened exactly, so they must hold the model's weights exactly).
+struct WeightRows {
+  int64_t rows = 0;
+  const MatF* host = nullptr;
+  const void* device = nullptr;
+  DType dtype = DType::F32;
+};
+// A solve whose weights stay on the device for what follows (the loss, the next forward stage).
+struct ResidentSolve {
+  QuantizedLinear q;             // codes and grids on the host, natural column order
+  DeviceBuffer<float> W, Wq, Wr; // [rows, cols] fp32: W as given, GPTQ's dequantized weights, RTN's (if asked)
+};
+// One GPTQ solve of the parts stacked by rows (q/k/v, or gate/up: the same Hessian and spec give
+// each row the same result as solving the parts apart — GPTQ treats rows independently).
+ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64_t cols, const double* H_sum_device, int64_t tokens,
+                                     const QuantSpec& s, bool with_rtn, SolveStats* stats = nullptr);
 
 // Timings of the last gptq_quantize* call's phases, for benchmarks (seconds).
 struct GptqPhaseTimes { double prepare = 0, factorization = 0, potrf = 0, trtri = 0, column_loop = 0, download = 0; };

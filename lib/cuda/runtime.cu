@@ -146,6 +146,14 @@ void* pinned_staging(size_t bytes) {
   return g_staging.p;
 }
 
+PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
+  if (cudaMallocHost(&p_, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    fail(Errc::io, "", "pinned host memory", "cannot page-lock " + std::to_string(bytes >> 20) + " MiB");
+  }
+}
+PinnedBuffer::~PinnedBuffer() { if (p_) cudaFreeHost(p_); }
+
 void upload_from_staging(void* dst, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, g_staging.p, bytes, cudaMemcpyHostToDevice)); }
 
 }  // namespace ptq::cuda

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace ptq::cuda {
 
@@ -33,6 +34,23 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 // on the host, then cudaMemcpy from it at full PCIe speed. One per process; main thread only.
 void* pinned_staging(size_t bytes);
 void upload_from_staging(void* dst, size_t bytes);   // staging -> device, synchronous
+
+// A page-locked host buffer of its own (e.g. the next layer's weights, filled by another thread).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept : n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept { std::swap(n_, o.n_); std::swap(p_, o.p_); return *this; }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void* get() const { return p_; }
+  size_t size() const { return n_; }
+ private:
+  size_t n_ = 0;
+  void* p_ = nullptr;
+};
 
 template <class T>
 class DeviceBuffer {

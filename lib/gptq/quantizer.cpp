@@ -63,6 +63,22 @@ MatF QuantizedLinear::dequantize() const {
   return W;
 }
 
+QuantizedLinear QuantizedLinear::row_slice(int64_t r0, int64_t r1) const {
+  QuantizedLinear q;
+  q.name = name;
+  q.spec = spec;
+  q.rows = r1 - r0;
+  q.cols = cols;
+  q.groups = groups;
+  q.g_idx = g_idx;
+  q.codes.assign(codes.begin() + r0 * cols, codes.begin() + r1 * cols);
+  for (int64_t g = 0; g < groups; ++g) {
+    q.scales.insert(q.scales.end(), scales.begin() + g * rows + r0, scales.begin() + g * rows + r1);
+    q.zeros.insert(q.zeros.end(), zeros.begin() + g * rows + r0, zeros.begin() + g * rows + r1);
+  }
+  return q;
+}
+
 QuantizedLinear QuantizedLinear::empty(int64_t rows, int64_t cols, const QuantSpec& s) {
   QuantizedLinear q;
   q.spec = s;

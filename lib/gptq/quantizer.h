@@ -23,6 +23,11 @@ struct QuantSpec {
   bool mse = false;              // search a clipping factor per row/group (norm 2.4, grid 100, max shrink 0.8)
   DType scale_dtype = DType::F16;  // scales are rounded to this before use, so GPTQ compensates their rounding
   int maxq() const { return (1 << bits) - 1; }
+  bool operator==(const QuantSpec& o) const {
+    return method == o.method && bits == o.bits && group_size == o.group_size && sym == o.sym && act_order == o.act_order &&
+           static_groups == o.static_groups && damp_percent == o.damp_percent && block_size == o.block_size && mse == o.mse &&
+           scale_dtype == o.scale_dtype;
+  }
 };
 
 // Grid parameters of one row of one group: w ~ scale * (q - zero), q in [0, maxq].
@@ -51,6 +56,7 @@ struct QuantizedLinear {
   std::vector<int32_t> zeros;    // [groups, rows]
   std::vector<int32_t> g_idx;    // [cols]
   MatF dequantize() const;
+  QuantizedLinear row_slice(int64_t r0, int64_t r1) const;   // rows [r0, r1): same spec, columns and g_idx
   // Shape, spec and zeroed storage for W [rows, cols]; g_idx in natural order (c / group).
   static QuantizedLinear empty(int64_t rows, int64_t cols, const QuantSpec& s);
 };

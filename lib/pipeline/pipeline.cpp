@@ -3,9 +3,11 @@
 #include <omp.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <tuple>
 #include <map>
@@ -89,6 +91,12 @@ struct AnyHessian {
 #ifdef PTQKIT_HAVE_CUDA
   cuda::HessianCuda* device() const { return gpu.get(); }
 #endif
+  void release() {   // its Linears are quantized: the memory goes to the next ones
+#ifdef PTQKIT_HAVE_CUDA
+    gpu.reset();
+#endif
+    cpu = Hessian(0);
+  }
 };
 
 void check_patterns(const Recipe& r, const std::vector<std::string>& known) {
@@ -247,16 +255,29 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     return r.smooth.enabled && std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), pair) != r.smooth.pairs.end();
   };
   Progress bar("quantize", nf4 ? 0 : c.num_hidden_layers, "layers");
+  // GPU forward: each layer's weights rounded to 16 bits by the thread that reads them, into one
+  // of two page-locked buffers (layer k in buffer k % 2), so that the upload is a plain DMA.
+  std::function<void(const LayerWeights&, int)> convert16;
+#ifdef PTQKIT_HAVE_CUDA
+  cuda::PinnedBuffer w16[2];
+  if (gpu_forward) {
+    for (auto& b : w16) b = cuda::PinnedBuffer(fw->weight_bytes());
+    convert16 = [&w16, &fw](const LayerWeights& lw, int k) { fw->convert_weights(lw, w16[k % 2].get()); };
+  }
+#endif
   std::future<LayerWeights> next_layer;   // read (and converted to fp32) while this layer computes
   double prefetch_seconds = 0;            // its time in the background thread (the "load" phase is the wait)
+  std::future<void> pending_save;         // the previous layer's file, written in the background
+  double save_seconds = 0;                // its time there (the "save" phase is the wait)
   for (int l = 0; l < (nf4 ? 0 : c.num_hidden_layers); ++l) {
     const auto t_layer = Clock::now();
     LayerWeights w;
     {
       PhaseTimer t(phase["load"]);
-      auto load_checked = [&model](int k) {
+      auto load_checked = [&model, &convert16](int k) {
         LayerWeights lw = model->load_layer(k);
         for (Proj p : kAllProj) check_finite(lw[p].W, proj_tensor_prefix(k, p) + ".weight", model->weights());
+        if (convert16) convert16(lw, k);
         return lw;
       };
       w = next_layer.valid() ? next_layer.get() : load_checked(l);
@@ -295,6 +316,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     }
     const size_t modules_before = modules.size(), smoothing_before = smoothing.size();
     std::vector<QuantizedLinear> qs;
+    std::array<bool, 7> resident{};   // the forward already holds this Linear's quantized weights
     int groups_done = 0;
     LayerStats ls_in, ls_out;
     if (stats_in) ls_in = stats_in->load_layer(l);
@@ -329,9 +351,89 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
           H = hess->finalize();
         }
       }
-      for (Proj p : projs) {
+      auto record = [&](const std::string& name, const QuantSpec& spec, int64_t rows, int64_t cols, const SolveStats& st, double loss,
+                        double rtn_loss, double seconds) {
+#ifndef NDEBUG
+        if (spec.method == "gptq" && loss > rtn_loss * (1 + 1e-6) + 1e-12)
+          fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(loss) + " exceeds RTN's " + std::to_string(rtn_loss) + " (debug check)");
+#endif
+        for (auto& line : st.log) {
+          std::fprintf(stderr, "ptqkit: %s: %s\n", name.c_str(), line.c_str());
+          log_event("warning", {{"module", name}, {"message", line}});
+        }
+        modules.push_back({{"name", name}, {"method", spec.method}, {"bits", spec.bits}, {"group_size", spec.group_size},
+                           {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups},
+                           {"rows", rows}, {"cols", cols}, {"damp_percent", spec.method == "gptq" ? st.damp_percent : 0.0},
+                           {"damp_retries", st.retries}, {"dead_columns", st.dead_columns}, {"loss", loss}, {"rtn_loss", rtn_loss},
+                           {"loss_ratio_vs_rtn", rtn_loss > 0 ? loss / rtn_loss : 1.0}, {"seconds", seconds}});
+      };
+      std::vector<Proj> todo;
+      for (Proj p : projs)
+        if (!r.ignored(proj_tensor_prefix(l, p))) todo.push_back(p);
+#ifdef PTQKIT_HAVE_CUDA
+      // With the Hessian on the device, GPTQ's weights stay there: the Linears that share this
+      // Hessian and a spec are solved as one stacked matrix (from the forward's 16-bit weights when
+      // they hold the model's weights exactly), then the loss, and the next stage's weights.
+      while (dsum && !todo.empty()) {
+        QuantSpec spec = r.spec_for(proj_tensor_prefix(l, todo[0]));
+        spec.scale_dtype = scale_dtype;
+        if (spec.method != "gptq" || !cuda::gptq_supported(spec, nullptr)) break;
+        std::vector<Proj> batch;
+        for (Proj p : todo) {
+          QuantSpec sp = r.spec_for(proj_tensor_prefix(l, p));
+          sp.scale_dtype = scale_dtype;
+          if (sp == spec) batch.push_back(p);
+        }
+        const bool from_forward = gpu_forward && fw->dtype() == c.dtype;
+        std::vector<cuda::WeightRows> parts;
+        int64_t all_rows = 0;
+        const int64_t cols = w[batch[0]].W.cols();
+        for (Proj p : batch) {
+          cuda::WeightRows part;
+          part.rows = w[p].W.rows();
+          if (from_forward) { part.device = fw->weight(p); part.dtype = fw->dtype(); }
+          else part.host = &w[p].W;
+          parts.push_back(part);
+          all_rows += part.rows;
+        }
+        SolveStats st;
+        cuda::ResidentSolve rs;
+        {
+          PhaseTimer t(phase["solve"]);
+          rs = cuda::gptq_quantize_resident(parts, cols, dsum, ntok, spec, true, &st);
+        }
+        int64_t r0 = 0;
+        for (Proj p : batch) {
+          const std::string name = proj_tensor_prefix(l, p);
+          const int64_t rows = w[p].W.rows();
+          QuantizedLinear q = rs.q.row_slice(r0, r0 + rows);
+          double loss, rtn_loss;
+          {
+            PhaseTimer t(phase["loss"]);
+            const int64_t off = r0 * cols;
+            std::tie(loss, rtn_loss) = cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, rows, cols, dsum,
+                                                           ntok > 0 ? 2.0 / double(ntok) : 1.0);
+          }
+          record(name, spec, rows, cols, st, loss, rtn_loss, st.seconds * double(rows) / double(all_rows));
+          if (gpu_forward) {   // the next stage reads the quantized weights from here; the host copy is not needed
+            PhaseTimer t(phase["upload"]);
+            fw->set_weight_device(p, rs.Wq.get() + r0 * cols);
+            resident[size_t(p)] = true;
+            w[p].W = MatF();
+          } else {
+            PhaseTimer t(phase["solve"]);
+            w[p].W = q.dequantize();
+          }
+          q.name = name;
+          qs.push_back(std::move(q));
+          r0 += rows;
+          st.log.clear();   // said once, for the first module of the batch
+          todo.erase(std::find(todo.begin(), todo.end(), p));
+        }
+      }
+#endif
+      for (Proj p : todo) {
         const std::string name = proj_tensor_prefix(l, p);
-        if (r.ignored(name)) continue;
         QuantSpec spec = r.spec_for(name);
         spec.scale_dtype = scale_dtype;
         MatF& W = w[p].W;
@@ -341,13 +443,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
           PhaseTimer t(phase["solve"]);
 #ifdef PTQKIT_HAVE_CUDA
           if (use_cuda && spec.method == "gptq" && cuda::gptq_supported(spec, nullptr)) {
-            if (dsum) {   // the solve overwrites its Hessian: give it a copy
-              cuda::DeviceBuffer<double> Hc(size_t(W.cols() * W.cols()), "GPTQ Hessian (copy)");
-              cuda::copy_device(Hc.get(), dsum, size_t(W.cols() * W.cols()) * 8);
-              q = cuda::gptq_quantize_device(W, Hc.get(), ntok, spec, &st);
-            } else {
-              q = cuda::gptq_quantize(W, H, spec, &st);
-            }
+            q = dsum ? cuda::gptq_quantize_device(W, dsum, ntok, spec, &st) : cuda::gptq_quantize(W, H, spec, &st);
           } else
 #endif
           {
@@ -364,7 +460,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
           if (dsum) {   // fp64 on the device (cuBLAS DGEMM), as output_error does on the CPU
             const double hs = ntok > 0 ? 2.0 / double(ntok) : 1.0;
             const MatF Wr = spec.method == "gptq" ? rtn.dequantize() : MatF();
-            std::tie(loss, rtn_loss) = cuda::output_errors(W, Wq, spec.method == "gptq" ? &Wr : nullptr, dsum, W.cols(), hs);
+            std::tie(loss, rtn_loss) = cuda::output_errors(W, Wq, spec.method == "gptq" ? &Wr : nullptr, dsum, hs);
           } else
 #endif
           {
@@ -373,19 +469,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
             rtn_loss = spec.method == "gptq" ? output_error(W, rtn.dequantize(), H) : loss;
           }
         }
-#ifndef NDEBUG
-        if (spec.method == "gptq" && loss > rtn_loss * (1 + 1e-6) + 1e-12)
-          fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(loss) + " exceeds RTN's " + std::to_string(rtn_loss) + " (debug check)");
-#endif
-        for (auto& line : st.log) {
-          std::fprintf(stderr, "ptqkit: %s: %s\n", name.c_str(), line.c_str());
-          log_event("warning", {{"module", name}, {"message", line}});
-        }
-        modules.push_back({{"name", name}, {"method", spec.method}, {"bits", spec.bits}, {"group_size", spec.group_size},
-                           {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups},
-                           {"rows", W.rows()}, {"cols", W.cols()}, {"damp_percent", spec.method == "gptq" ? st.damp_percent : 0.0},
-                           {"damp_retries", st.retries}, {"dead_columns", st.dead_columns}, {"loss", loss}, {"rtn_loss", rtn_loss},
-                           {"loss_ratio_vs_rtn", rtn_loss > 0 ? loss / rtn_loss : 1.0}, {"seconds", st.seconds}});
+        record(name, spec, W.rows(), W.cols(), st, loss, rtn_loss, st.seconds);
         W = std::move(Wq);
         q.name = name;
         qs.push_back(std::move(q));
@@ -471,20 +555,25 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       };
       auto upload = [&](std::initializer_list<Proj> projs) {
         PhaseTimer t(phase["upload"]);
-        for (Proj p : projs) fw->set_weight(p, w[p].W);
+        for (Proj p : projs)
+          if (!resident[size_t(p)] && !r.ignored(proj_tensor_prefix(l, p))) fw->set_weight(p, w[p].W);
       };
-      { PhaseTimer t(phase["upload"]); fw->load_layer(w); }
+      { PhaseTimer t(phase["upload"]); fw->load_layer(w, w16[l % 2].get()); }
       gpu_stage([&] { fw->norm1(h_qkv.device()); });
       quantize_group({Proj::q, Proj::k, Proj::v}, "qkv", &h_qkv);
+      h_qkv.release();
       upload({Proj::q, Proj::k, Proj::v});
       gpu_stage([&] { fw->attention(h_o.device()); });
       quantize_group({Proj::o}, "o", &h_o);
+      h_o.release();
       upload({Proj::o});
       gpu_stage([&] { fw->o_proj_norm2(h_mlp.device()); });
       quantize_group({Proj::gate, Proj::up}, "mlp", &h_mlp);
+      h_mlp.release();
       upload({Proj::gate, Proj::up});
       gpu_stage([&] { fw->mlp(h_down.device()); });
       quantize_group({Proj::down}, "down", &h_down);
+      h_down.release();
       upload({Proj::down});
       gpu_stage([&] { fw->down_proj(); });
     }
@@ -550,10 +639,20 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         ls_out.meta["smoothquant"] = rep["smoothquant"];
         stats_out->save_layer(l, ls_out);
       }
-      store.save_layer(l, qs, smoothed, acts, rep.dump());
+      // The layer file (the resume point, fsynced) is written while the next layer computes.
+      if (pending_save.valid()) pending_save.get();
+      pending_save = std::async(std::launch::async, [&store, &save_seconds, l, qs = std::move(qs), smoothed, acts, rep = rep.dump()] {
+        const auto t0 = Clock::now();
+        store.save_layer(l, qs, smoothed, acts, rep);
+        save_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      });
     }
     layers.push_back({{"layer", l}, {"seconds", std::chrono::duration<double>(Clock::now() - t_layer).count()}});
     bar.update(l + 1);
+  }
+  if (pending_save.valid()) {
+    PhaseTimer t(phase["save"]);
+    pending_save.get();
   }
   bar.finish();
   X = MatF();
@@ -620,7 +719,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                  {"statistics", stats_info},
                  {"layers", layers},
                  {"phases_seconds", phase},
-                 {"background_seconds", {{"load_next_layer", prefetch_seconds}}},
+                 {"background_seconds", {{"load_next_layer", prefetch_seconds}, {"save_layer", save_seconds}}},
                  {"total_seconds", total},
                  {"peak_rss_mb", peak_rss_mb()},
 #ifdef PTQKIT_HAVE_CUDA
