@@ -8,7 +8,7 @@
 namespace ptq {
 
 struct EvalArgs {
-  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int";
+  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu";
   int seq_len = 0;
   int64_t max_windows = -1, batch_tokens = 16384;
   // regression gate

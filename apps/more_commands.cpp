@@ -239,7 +239,7 @@ void register_more_commands(CLI::App& app) {
   g_bench_gptq = g_bench->add_subcommand("gptq", "Hessians and the GPTQ solve of one decoder layer on the GPU, by phase");
   g_bench_gptq->add_option("--preset", g_bg.preset, "llama2-7b | llama3-8b | llama2-70b | small")->default_val("llama2-7b");
   g_bench_gptq->add_option("--samples", g_bg.samples, "calibration windows")->default_val(128);
-  g_bench_kernels = g_bench->add_subcommand("kernels", "W4A16 GPU kernel against cuBLAS f16: llama shapes, M = 1..4096, cold L2");
+  g_bench_kernels = g_bench->add_subcommand("kernels", "W4A16, W8A16 and NF4 GPU kernels against cuBLAS f16: llama shapes, M = 1..4096, cold L2");
   g_bench_kernels->add_option("--runs", g_bk_runs, "runs per measurement (median)")->default_val(100);
   g_bench_gptq->add_option("--layers", g_bg.layers, "run the whole pipeline on a synthetic checkpoint of this many layers (0: one layer's Hessians and solve only)");
   g_bench_gptq->add_option("--workdir", g_bg.workdir, "folder for the synthetic checkpoint and output (default: a temporary one, removed after)");

@@ -19,6 +19,9 @@
 #include "core/safetensors.h"
 #include "eval/data.h"
 #include "eval/perplexity.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include "eval/perplexity_cuda.h"
+#endif
 #include "formats/gguf.h"
 #include "formats/open.h"
 #include "model/llama.h"
@@ -104,9 +107,35 @@ int cmd_eval(const EvalArgs& a) {
   o.seq_len = a.seq_len > 0 ? a.seq_len : model.config().max_position_embeddings;
   o.max_windows = a.max_windows;
   o.batch_tokens = a.batch_tokens;
-  EvalResult r = evaluate(model, ids, o, ref.get());
+  EvalResult r;
+  std::string device = "cpu";
+  double prefill_seconds = 0;
+  if (a.device != "cpu" && a.device != "cuda") fail(Errc::usage, "", "--device", "must be cpu or cuda");
+  if (a.device == "cuda") {
+#ifdef PTQKIT_HAVE_CUDA
+    cuda::GpuLogits gpu(model, a.model);
+    std::unique_ptr<cuda::GpuLogits> gref;
+    if (ref) gref = std::make_unique<cuda::GpuLogits>(*ref, a.reference);
+    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
+    const LogitsFn rfn = [&gref](const std::vector<int32_t>& t, int S, int T) { return (*gref)(t, S, T); };
+    r = evaluate(fn, model.config().max_position_embeddings, ids, o, ref ? &rfn : nullptr);
+    device = gpu.describe();
+    prefill_seconds = gpu.forward_seconds();
+#else
+    fail(Errc::usage, "", "--device", "this build has no CUDA (nvcc was not found when it was built)");
+#endif
+  } else {
+    r = evaluate(model, ids, o, ref.get());
+  }
   print_eval(r);
   json j = r.to_json();
+  j["device"] = device;
+  if (prefill_seconds > 0) {
+    const double tok = double(r.windows) * r.seq_len;
+    std::printf("GPU forward (prefill with logits): %.3f s, %.0f tok/s; %s\n", prefill_seconds, tok / prefill_seconds, device.c_str());
+    j["prefill_seconds"] = prefill_seconds;
+    j["prefill_tokens_per_second"] = tok / prefill_seconds;
+  }
   j["model"] = a.model;
   j["model_format"] = model_format(a.model);
   j["data"] = a.data;
@@ -290,6 +319,7 @@ int main(int argc, char** argv) {
   ev->add_option("--max-kl", ea.max_kl, "fail when the mean KL divergence against --reference exceeds this");
   ev->add_option("--min-top1", ea.min_top1, "fail when the top-1 agreement with --reference is below this (0..1)");
   ev->add_option("--write-baseline", ea.write_baseline, "record this run as a baseline");
+  ev->add_option("--device", ea.device, "cpu (the reference path) or cuda (float and gptq checkpoints; the W4A16/W8A16 kernels)")->default_val("cpu");
   ev->add_option("--w8a8-path", ea.w8a8_path, "W8A8 models: int (int8 GEMM, int32 accumulation) or fake (float)")->default_val("int");
 
   SynthArgs sa;

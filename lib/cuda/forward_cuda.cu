@@ -187,6 +187,7 @@ struct LayerForwardCuda::Impl {
   float eps;
   DeviceBuffer<float> X, cs, sn, norm1, norm2, y32, scores;
   DeviceBuffer<float> bias[7];
+  LayerForwardCuda::LinearFn override_[7];
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
   int64_t outs[7], ins[7];
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
@@ -207,6 +208,11 @@ struct LayerForwardCuda::Impl {
     if (ev1) cudaEventDestroy(ev1);
   }
   void* at(const DeviceBuffer<uint8_t>& b, int64_t elems) const { return b.get() + size_t(elems) * es; }
+  // y [rows, out_p] fp32 = x [rows, in_p] W_p^T + beta y: the 16-bit weights, or the Linear's override.
+  void linear(int p, const void* x, float* y, int64_t rows, float beta) {
+    if (override_[p]) return override_[p](x, rows, y, beta);
+    linear_gemm(x, at(W[p], 0), y, CUDA_R_32F, rows, ins[p], outs[p], dt, beta);
+  }
   // The chunk buffers live only while a stage runs (from the pool, so no cudaMalloc after the
   // first layer): between stages the GPTQ solve has that memory.
   struct Scratch {
@@ -375,9 +381,9 @@ void LayerForwardCuda::attention(HessianCuda* h) {
     float* yq = m.y32.get();
     float* yk = yq + rows * qd;
     float* yv = yk + rows * kv;
-    linear_gemm(m.at(m.xn, 0), m.at(m.W[0], 0), yq, CUDA_R_32F, rows, d, qd, m.dt, 0.0f);
-    linear_gemm(m.at(m.xn, 0), m.at(m.W[1], 0), yk, CUDA_R_32F, rows, d, kv, m.dt, 0.0f);
-    linear_gemm(m.at(m.xn, 0), m.at(m.W[2], 0), yv, CUDA_R_32F, rows, d, kv, m.dt, 0.0f);
+    m.linear(0, m.at(m.xn, 0), yq, rows, 0.0f);
+    m.linear(1, m.at(m.xn, 0), yk, rows, 0.0f);
+    m.linear(2, m.at(m.xn, 0), yv, rows, 0.0f);
     m.bias_add(0, yq, rows);
     m.bias_add(1, yk, rows);
     m.bias_add(2, yv, rows);
@@ -411,7 +417,7 @@ void LayerForwardCuda::o_proj_norm2(HessianCuda* h) {
   Impl::Scratch scratch(m);
   const int64_t d = m.c.hidden_size, qd = m.c.q_dim();
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    linear_gemm(m.at(m.stage, r0 * qd), m.at(m.W[3], 0), m.X.get() + r0 * d, CUDA_R_32F, rows, qd, d, m.dt, 1.0f);   // X += ctx Wo^T
+    m.linear(3, m.at(m.stage, r0 * qd), m.X.get() + r0 * d, rows, 1.0f);   // X += ctx Wo^T
     m.bias_add(3, m.X.get() + r0 * d, rows);
     m.rmsnorm(m.norm2, r0, rows);
     m.hessian_add(h, m.at(m.xn, 0), rows);
@@ -426,8 +432,8 @@ void LayerForwardCuda::mlp(HessianCuda* h) {
     m.rmsnorm(m.norm2, r0, rows);
     float* g = m.y32.get();
     float* u = g + rows * f;
-    linear_gemm(m.at(m.xn, 0), m.at(m.W[4], 0), g, CUDA_R_32F, rows, d, f, m.dt, 0.0f);
-    linear_gemm(m.at(m.xn, 0), m.at(m.W[5], 0), u, CUDA_R_32F, rows, d, f, m.dt, 0.0f);
+    m.linear(4, m.at(m.xn, 0), g, rows, 0.0f);
+    m.linear(5, m.at(m.xn, 0), u, rows, 0.0f);
     m.bias_add(4, g, rows);
     m.bias_add(5, u, rows);
     if (m.dt == DType::F16) silu_mul_kernel<__half><<<blocks(rows * f), 256>>>(g, u, static_cast<__half*>(m.at(m.stage, r0 * f)), rows * f);
@@ -442,7 +448,7 @@ void LayerForwardCuda::down_proj() {
   Impl::Scratch scratch(m);
   const int64_t d = m.c.hidden_size, f = m.c.intermediate_size;
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    linear_gemm(m.at(m.stage, r0 * f), m.at(m.W[6], 0), m.X.get() + r0 * d, CUDA_R_32F, rows, f, d, m.dt, 1.0f);   // X += act Wd^T
+    m.linear(6, m.at(m.stage, r0 * f), m.X.get() + r0 * d, rows, 1.0f);   // X += act Wd^T
     m.bias_add(6, m.X.get() + r0 * d, rows);
   });
 }
@@ -499,6 +505,37 @@ void LayerForwardCuda::set_weight_device(Proj p, const float* W) {
   const int64_t n = m.outs[i] * m.ins[i];
   narrow_kernel<<<blocks(n), 256>>>(W, n, m.dt == DType::F16 ? 1 : 2, m.at(m.W[i], 0));
   PTQ_CUDA_LAUNCH("narrow_kernel");
+}
+
+void LayerForwardCuda::set_linear(Proj p, LinearFn f) { p_->override_[int(p)] = std::move(f); }
+
+void LayerForwardCuda::set_norms(const VecF& input_layernorm, const VecF& post_attention_layernorm) {
+  Impl& m = *p_;
+  if (input_layernorm.size() != m.c.hidden_size || post_attention_layernorm.size() != m.c.hidden_size)
+    fail(Errc::usage, "", "set_norms", "norm weights of the wrong size");
+  copy_to_device(m.norm1.get(), input_layernorm.data(), size_t(m.c.hidden_size) * 4);
+  copy_to_device(m.norm2.get(), post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4);
+}
+
+void LayerForwardCuda::set_bias(Proj p, const VecF& b) {
+  Impl& m = *p_;
+  const int i = int(p);
+  if (b.size() == 0) { m.bias[i] = DeviceBuffer<float>(); return; }
+  if (b.size() != m.outs[i]) fail(Errc::usage, "", proj_name(p), "bias of the wrong size");
+  if (!m.bias[i].get()) m.bias[i] = DeviceBuffer<float>(size_t(m.outs[i]), "bias");
+  copy_to_device(m.bias[i].get(), b.data(), size_t(m.outs[i]) * 4);
+}
+
+void LayerForwardCuda::logits(const VecF& final_norm, const void* lm_head, int64_t vocab, float* out) {
+  Impl& m = *p_;
+  Impl::Scratch scratch(m);
+  const int64_t d = m.c.hidden_size;
+  DeviceBuffer<float> nw(size_t(d), "final norm");
+  copy_to_device(nw.get(), final_norm.data(), size_t(d) * 4);
+  m.by_chunks([&](int64_t r0, int64_t rows) {
+    m.rmsnorm(nw, r0, rows);
+    linear_gemm(m.at(m.xn, 0), lm_head, out + r0 * vocab, CUDA_R_32F, rows, d, vocab, m.dt, 0.0f);
+  });
 }
 
 const void* LayerForwardCuda::weight(Proj p) const { return p_->at(p_->W[int(p)], 0); }

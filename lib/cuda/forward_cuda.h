@@ -9,6 +9,7 @@
 // Memory: X (fp32 [S*T, d]), one 16-bit stage buffer [S*T, max(q_dim, ffn)], the layer's 16-bit
 // weights, and chunk buffers of kChunkTokens tokens.
 #pragma once
+#include <functional>
 #include <memory>
 #include <utility>
 #include <string>
@@ -39,6 +40,14 @@ class LayerForwardCuda {
   void set_weight(Proj p, const MatF& W);   // e.g. the quantized weights, dequantized
   void set_weight_device(Proj p, const float* W);   // the same from fp32 device memory [out, in]
   const void* weight(Proj p) const;         // the 16-bit device weights [out, in], in dtype()
+  // Linear p computed by f instead of the 16-bit weights (a packed-weight kernel):
+  // y [rows, out] fp32 (device) = x [rows, in] (dtype(), device) · Wᵀ + beta · y. Empty f: the weights again.
+  using LinearFn = std::function<void(const void* x, int64_t rows, float* y, float beta)>;
+  void set_linear(Proj p, LinearFn f);
+  void set_norms(const VecF& input_layernorm, const VecF& post_attention_layernorm);
+  void set_bias(Proj p, const VecF& b);     // empty: none
+  // out [S*T, vocab] fp32 (device) = rmsnorm(X, final_norm) · lm_headᵀ (lm_head [vocab, d] in dtype()).
+  void logits(const VecF& final_norm, const void* lm_head, int64_t vocab, float* out);
   // Stages; each adds its output (the next Linears' input) to `h` when given.
   void norm1(HessianCuda* h);          // xn = rmsnorm1(X)                      -> H_qkv
   void attention(HessianCuda* h);      // ctx = attn(q, k, v of rmsnorm1(X))    -> H_o

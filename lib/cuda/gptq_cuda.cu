@@ -438,7 +438,7 @@ void upload_f32(const MatF& W, float* dst) {
 // The solve of W (device, fp32, [rows, n]; read only) against the unscaled fp64 sum dH (read only).
 // Leaves GPTQ's dequantized weights in dWq and RTN's in dWr when given (natural column order).
 QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats& S,
-                      float* dWq, float* dWr) {
+                      DeviceBuffer<float>* Wq_out, DeviceBuffer<float>* Wr_out) {
   using clk = std::chrono::steady_clock;
   const auto t_start = clk::now();
   std::string why;
@@ -449,18 +449,6 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
   QuantizedLinear q = QuantizedLinear::empty(rows, n, s);
 
-  // 0. RTN, the report's baseline, from the weights as given (the CPU's rtn_quantize)
-  if (dWr) {
-    DeviceBuffer<float> sc(size_t(q.groups * rows), "RTN scales");
-    DeviceBuffer<int> ze(size_t(q.groups * rows), "RTN zeros");
-    if (s.group_size <= 0)
-      row_grid_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, rows, n, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
-    else
-      static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW0, rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
-    PTQ_CUDA_LAUNCH("RTN grids");
-    rtn_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dW0, rows, n, gs, sc.get(), ze.get(), maxq, dWr);
-    PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
-  }
   // 1. dead columns
   DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights (dead columns zeroed)"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
   copy_device(dW.get(), dW0, size_t(rows * n) * 4);
@@ -590,6 +578,11 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   DeviceBuffer<int> dGidxNat(size_t(n), "group of each column");
   PTQ_CUDA(cudaMemcpy(dGidxNat.get(), q.g_idx.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
   DeviceBuffer<uint8_t> dCodesNat(size_t(rows * n), "codes (natural order)");
+  float* dWq = nullptr;
+  if (Wq_out) {
+    *Wq_out = DeviceBuffer<float>(size_t(rows * n), "GPTQ dequantized weights");
+    dWq = Wq_out->get();
+  }
   unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero, rows, n,
                                                              dCodesNat.get(), dWq);
   PTQ_CUDA_LAUNCH("unpermute_dequantize_kernel");
@@ -601,6 +594,21 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
     std::memcpy(q.codes.data() + b * kPart, codes + b * kPart, size_t(std::min(kPart, rows * n - b * kPart)));
   PTQ_CUDA(cudaMemcpy(q.scales.data(), dScale, q.scales.size() * 4, cudaMemcpyDeviceToHost));
   PTQ_CUDA(cudaMemcpy(q.zeros.data(), dZero, q.zeros.size() * 4, cudaMemcpyDeviceToHost));
+  // RTN, the report's baseline, from the weights as given (the CPU's rtn_quantize); allocated
+  // last, so that the factorization's peak does not hold it
+  if (Wr_out) {
+    *Wr_out = DeviceBuffer<float>(size_t(rows * n), "RTN dequantized weights");
+    float* dWr = Wr_out->get();
+    DeviceBuffer<float> sc(size_t(q.groups * rows), "RTN scales");
+    DeviceBuffer<int> ze(size_t(q.groups * rows), "RTN zeros");
+    if (s.group_size <= 0)
+      row_grid_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, rows, n, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
+    else
+      static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW0, rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
+    PTQ_CUDA_LAUNCH("RTN grids");
+    rtn_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dW0, rows, n, gs, sc.get(), ze.get(), maxq, dWr);
+    PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
+  }
   g_times.download = secs(t_dl);
   S.seconds = secs(t_start);
   return q;
@@ -641,9 +649,7 @@ ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64
     }
     r0 += p.rows;
   }
-  out.Wq = DeviceBuffer<float>(size_t(rows * cols), "GPTQ dequantized weights");
-  if (with_rtn) out.Wr = DeviceBuffer<float>(size_t(rows * cols), "RTN dequantized weights");
-  out.q = solve(out.W.get(), rows, cols, dH, tokens, s, st ? *st : local, out.Wq.get(), with_rtn ? out.Wr.get() : nullptr);
+  out.q = solve(out.W.get(), rows, cols, dH, tokens, s, st ? *st : local, &out.Wq, with_rtn ? &out.Wr : nullptr);
   return out;
 }
 

@@ -647,4 +647,35 @@ class PackedSource final : public WeightSource {
 
 std::unique_ptr<WeightSource> packed_source(const std::string& dir, const json& qc) { return std::make_unique<PackedSource>(dir, qc); }
 
+GptqReader::GptqReader(const std::string& dir) {
+  const LlamaConfig c = load_config(dir);
+  const json qc = c.raw.value("quantization_config", json::object());
+  if (!qc.is_object() || qc.value("quant_method", "") != "gptq")
+    fail(Errc::format, dir + "/config.json", "quantization_config.quant_method", "not a gptq checkpoint");
+  v2_ = qc.value("checkpoint_format", "gptq") == "gptq_v2";
+  bits_ = qc.value("bits", 4);
+  ck_ = std::make_unique<Checkpoint>(dir);
+}
+
+bool GptqReader::has(const std::string& m) const { return ck_->has(m + ".qweight"); }
+
+GptqPacked GptqReader::read(const std::string& m) const {
+  GptqPacked p;
+  p.bits = bits_;
+  const Shape ss = ck_->get(m + ".scales").shape, gs = ck_->get(m + ".g_idx").shape;
+  if (ss.size() != 2 || gs.size() != 1) fail(Errc::format, ck_->file_of(m + ".scales"), m + ".scales", "expected scales [groups, out] and g_idx [in]");
+  p.groups = ss[0];
+  p.rows = ss[1];
+  p.cols = gs[0];
+  p.qweight = read_raw<int32_t>(*ck_, m + ".qweight", DType::I32);
+  p.qzeros = read_raw<int32_t>(*ck_, m + ".qzeros", DType::I32);
+  p.scales = read_floats(*ck_, m + ".scales");
+  p.g_idx = read_raw<int32_t>(*ck_, m + ".g_idx", DType::I32);
+  if (int64_t(p.qweight.size()) != p.cols * bits_ / 32 * p.rows || int64_t(p.qzeros.size()) != p.groups * (p.rows * bits_ / 32))
+    fail(Errc::format, ck_->file_of(m + ".qweight"), m + ".qweight", "size does not match scales and g_idx");
+  for (int32_t g : p.g_idx)
+    if (g < 0 || g >= p.groups) fail(Errc::format, ck_->file_of(m + ".g_idx"), m + ".g_idx", "group index out of range");
+  return p;
+}
+
 }  // namespace ptq

@@ -59,4 +59,18 @@ struct CtPacked { std::vector<int32_t> weight_packed, zero_point, g_idx; std::ve
 CtPacked pack_ct(const QuantizedLinear& q);
 QuantizedLinear unpack_ct(const CtPacked& p, bool sym);
 
+// The packed tensors of a gptq / gptq_v2 checkpoint, module by module as stored (what the GPU
+// kernels convert at load time; the reference path dequantizes through packed_source instead).
+class GptqReader {
+ public:
+  explicit GptqReader(const std::string& dir);   // Errc::format naming config.json if not gptq
+  bool v2() const { return v2_; }
+  bool has(const std::string& module) const;     // false: the module is stored in float
+  GptqPacked read(const std::string& module) const;
+ private:
+  std::unique_ptr<Checkpoint> ck_;
+  bool v2_ = false;
+  int bits_ = 4;
+};
+
 }  // namespace ptq

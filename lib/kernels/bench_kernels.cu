@@ -1,4 +1,4 @@
-// bench_kernels.cu — `ptqkit bench kernels`: the W4A16 (g128) and W8A16 (per channel) kernels against cuBLAS f16 on the same
+// bench_kernels.cu — `ptqkit bench kernels`: the W4A16 (g128), W8A16 (per channel) and NF4 (block 64) kernels against cuBLAS f16 on the same
 // shapes, cold L2 (a 256 MiB buffer rewritten before every run), CUDA events, median of the runs;
 // µs, GB/s, % of the device-to-device copy bandwidth measured in the same run, speedup.
 #include <cublas_v2.h>
@@ -13,6 +13,7 @@
 #include "cuda/gptq_cuda.h"
 #include "cuda/runtime.h"
 #include "kernels/bench_kernels.h"
+#include "kernels/nf4.h"
 #include "kernels/w4a16.h"
 
 namespace ptq::cuda {
@@ -57,34 +58,51 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
   std::printf("%-17s %5s | %9s %8s %7s | %9s %8s | %7s\n", "bits N x K", "M", "kernel us", "GB/s", "% copy", "cuBLAS us", "GB/s", "speedup");
   cublasHandle_t h;
   PTQ_CUBLAS(cublasCreate(&h));
-  for (int bits : {4, 8})
+  // kind 4: W4A16 g128, 8: W8A16 per channel, 0: NF4 with blocks of 64
+  for (int kind : {4, 8, 0})
   for (auto [N, K] : shapes) {
-    QuantSpec s;
-    s.bits = bits;
-    s.group_size = bits == 4 ? 128 : -1;   // W4A16 g128; W8A16 per channel
-    s.sym = true;
-    QuantizedLinear q = QuantizedLinear::empty(N, K, s);
+    std::unique_ptr<W4A16Linear> L;
+    std::unique_ptr<Nf4Linear> F;
     Rng r(uint64_t(N + K));
-    for (auto& c : q.codes) c = uint8_t(r.next() & ((1u << bits) - 1));
-    for (auto& v : q.scales) v = 0.01f;
-    auto L = W4A16Linear::from_gptq(pack_gptq(q, true), true);
+    if (kind) {
+      QuantSpec s;
+      s.bits = kind;
+      s.group_size = kind == 4 ? 128 : -1;
+      s.sym = true;
+      QuantizedLinear q = QuantizedLinear::empty(N, K, s);
+      for (auto& c : q.codes) c = uint8_t(r.next() & ((1u << kind) - 1));
+      for (auto& v : q.scales) v = 0.01f;
+      L = W4A16Linear::from_gptq(pack_gptq(q, true), true);
+    } else {
+      Nf4Tensor t;
+      t.blocksize = 64;
+      t.packed.resize(size_t(N * K / 2));
+      for (auto& b : t.packed) b = uint8_t(r.next());
+      t.absmax.assign(size_t(N * K / 64), 0.05f);
+      F = Nf4Linear::from_nf4(t, N, K);
+    }
+    const size_t wbytes = L ? L->weight_bytes() : F->weight_bytes();
     DeviceBuffer<__half> Wf(size_t(N * K), "cuBLAS f16 weights");
     fill_random_normal(Wf.get(), DType::F16, N * K, 1, 0.02f);
     const int64_t maxM = *std::max_element(Ms.begin(), Ms.end());
     DeviceBuffer<__half> x(size_t(maxM * K), "x"), y(size_t(maxM * N), "y");
     fill_random_normal(x.get(), DType::F16, maxM * K, 2, 1.0f);
     for (int64_t M : Ms) {
-      const double ours = median_us(runs, flush.get(), flush_bytes, [&] { L->gemm(x.get(), M, y.get()); });
+      const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
+        if (L) L->gemm(x.get(), M, y.get());
+        else F->gemm(x.get(), M, y.get());
+      });
       const float one = 1.0f, zero = 0.0f;
       const double cub = median_us(runs, flush.get(), flush_bytes, [&] {
         PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, Wf.get(), CUDA_R_16F, int(K), x.get(), CUDA_R_16F, int(K),
                                 &zero, y.get(), CUDA_R_16F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
       const double act = 2.0 * double(M) * double(K + N);
-      const double ours_b = double(L->weight_bytes()) + act, cub_b = 2.0 * double(N * K) + act;
+      const double ours_b = double(wbytes) + act, cub_b = 2.0 * double(N * K) + act;
       const double ours_gbs = ours_b / (ours * 1e-6) / 1e9, cub_gbs = cub_b / (cub * 1e-6) / 1e9;
       char shape[32];
-      std::snprintf(shape, sizeof shape, "W%d %lldx%lld", bits, (long long)N, (long long)K);
+      if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
+      else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
       std::printf("%-17s %5lld | %9.1f %8.0f %6.1f%% | %9.1f %8.0f | %6.2fx\n", shape, (long long)M, ours, ours_gbs, 100.0 * ours_gbs / copy_gbs, cub, cub_gbs,
                   cub / ours);
     }

@@ -146,7 +146,6 @@ struct W4A16Linear::Impl {
   DeviceBuffer<__half2> zs;
   DeviceBuffer<int> perm;
   bool identity = true;   // groups already contiguous: x is used as given, no gather launch
-  mutable DeviceBuffer<__half> xp, wf;
 };
 
 W4A16Linear::W4A16Linear() : p_(new Impl) {}
@@ -194,17 +193,23 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
   return L;
 }
 
-void W4A16Linear::gemm(const void* x, int64_t M, void* y) const {
+// Workspaces (the gathered x, the dequantized W) come from the pool on each call and go back at
+// its end: one model's Linears share them, and stream order makes the reuse safe.
+void W4A16Linear::gemm(const void* x, int64_t M, void* y) const { run(x, M, y, false, 0.0f); }
+void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const { run(x, M, y, true, beta); }
+
+void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) const {
   const Impl& m = *p_;
   if (M < 1) return;
   const __half* xp = static_cast<const __half*>(x);
+  DeviceBuffer<__half> xg;
   if (!m.identity) {   // act-order: x in the kernel's column order
-    if (m.xp.size() < size_t(M * m.K)) m.xp = DeviceBuffer<__half>(size_t(M * m.K), "W4A16 gathered activations");
-    gather_kernel<<<unsigned((M * m.K + 255) / 256), 256>>>(xp, m.perm.get(), m.xp.get(), M, m.K);
+    xg = DeviceBuffer<__half>(size_t(M * m.K), "W4A16 gathered activations");
+    gather_kernel<<<unsigned((M * m.K + 255) / 256), 256>>>(xp, m.perm.get(), xg.get(), M, m.K);
     PTQ_CUDA_LAUNCH("gather_kernel");
-    xp = m.xp.get();
+    xp = xg.get();
   }
-  if (M <= kFusedMaxM) {
+  if (M <= kFusedMaxM && !f32) {
     const unsigned blocks = unsigned((m.N * 32 + 255) / 256);
     auto* Wv = reinterpret_cast<const uint4*>(m.W.get());
     auto* yh = static_cast<__half*>(y);
@@ -219,14 +224,14 @@ void W4A16Linear::gemm(const void* x, int64_t M, void* y) const {
     PTQ_CUDA_LAUNCH("wq_gemv_kernel");
     return;
   }
-  if (m.wf.size() < size_t(m.N * m.K)) m.wf = DeviceBuffer<__half>(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 8)");
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 4)");
   const unsigned dq_blocks = unsigned((m.N * m.K * m.bits / 32 + 255) / 256);
-  if (m.bits == 4) dequant_kernel<4><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), m.wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
-  else dequant_kernel<8><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), m.wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
+  if (m.bits == 4) dequant_kernel<4><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
+  else dequant_kernel<8><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
   PTQ_CUDA_LAUNCH("dequant_kernel");
-  const float one = 1.0f, zero = 0.0f;
-  PTQ_CUBLAS(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, m.wf.get(), CUDA_R_16F, int(m.K), xp,
-                          CUDA_R_16F, int(m.K), &zero, y, CUDA_R_16F, int(m.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const float one = 1.0f, b = f32 ? beta : 0.0f;
+  PTQ_CUBLAS(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xp,
+                          CUDA_R_16F, int(m.K), &b, y, f32 ? CUDA_R_32F : CUDA_R_16F, int(m.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace ptq::cuda

@@ -18,6 +18,9 @@ class W4A16Linear {
   // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 4: the fused GEMV kernel; larger
   // M: dequantize to a 16-bit workspace and cuBLAS (correct, not fast).
   void gemm(const void* x, int64_t M, void* y) const;
+  // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation: the dequantized f16 weights
+  // through cuBLAS whatever M (what a prefill, and the evaluation forward, use).
+  void gemm_f32(const void* x, int64_t M, float* y, float beta) const;
   int64_t out() const;
   int64_t in() const;
   size_t weight_bytes() const;   // bytes the kernel reads for W (codes + scales/offsets)
@@ -26,6 +29,7 @@ class W4A16Linear {
   struct Impl;
   std::unique_ptr<Impl> p_;
   W4A16Linear();
+  void run(const void* x, int64_t M, void* y, bool f32, float beta) const;
 };
 
 }  // namespace ptq::cuda

@@ -1,0 +1,31 @@
+// perplexity_cuda.h — the evaluation forward on the GPU, as a LogitsFn for evaluate() (the
+// protocol, the fp64 log-softmax and the KL statistics stay in perplexity.cpp, shared with the CPU).
+//
+// Float checkpoints run through their weights in 16 bits; gptq / gptq_v2 checkpoints (4 or 8
+// bits) through the W4A16 / W8A16 kernels of lib/kernels/w4a16.cu, converted once at load time
+// and resident; Linears a checkpoint keeps in float run as 16-bit GEMMs. Activations: the fp32
+// residual stream and 16-bit GEMM operands of lib/cuda/forward_cuda (docs/numerics.md).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "eval/perplexity.h"
+
+namespace ptq::cuda {
+
+// Whether the GPU evaluation serves this checkpoint format (model_format's names).
+bool eval_supported(const std::string& format, std::string* why);
+
+class GpuLogits {
+ public:
+  GpuLogits(const LlamaModel& model, const std::string& path);
+  ~GpuLogits();
+  MatF operator()(const std::vector<int32_t>& tokens, int S, int T) const;   // logits [S*T, vocab] on the host
+  double forward_seconds() const;   // GPU time of the forward passes and the logits GEMMs (the prefill)
+  std::string describe() const;     // what runs the Linears
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> p_;
+};
+
+}  // namespace ptq::cuda

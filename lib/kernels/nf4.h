@@ -1,0 +1,33 @@
+// nf4.h — the NF4 GPU kernel for bitsandbytes NF4 weights (contract and layout in nf4.cu). The
+// reference is ref_gemm_nf4 (lib/kernels/reference.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "formats/pack.h"
+
+namespace ptq::cuda {
+
+class Nf4Linear {
+ public:
+  // W [out, in] as bitsandbytes stores it (row-major flattening, two codes per byte, absmax per
+  // block, nested or not). Refuses (Errc::usage) in_features not a multiple of the block size or
+  // of 32, and block sizes other than 32, 64, 128 or 256.
+  static std::unique_ptr<Nf4Linear> from_nf4(const Nf4Tensor& t, int64_t out, int64_t in);
+  ~Nf4Linear();
+  // y [M, out] f16 = x [M, in] f16 · Wᵀ (device). M <= 4: the fused GEMV; larger M: dequantize to
+  // f16 and cuBLAS.
+  void gemm(const void* x, int64_t M, void* y) const;
+  // y [M, out] fp32 = x · Wᵀ + beta · y (dequantize + cuBLAS, fp32 accumulation).
+  void gemm_f32(const void* x, int64_t M, float* y, float beta) const;
+  int64_t out() const;
+  int64_t in() const;
+  size_t weight_bytes() const;   // codes + absmax bytes the kernel reads
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+  Nf4Linear();
+  void run(const void* x, int64_t M, void* y, bool f32, float beta) const;
+};
+
+}  // namespace ptq::cuda
