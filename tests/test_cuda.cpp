@@ -342,6 +342,30 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
 namespace {
 // A random 4-bit GPTQ module: codes, f16-representable scales, zeros (sym: 8), and act-order
 // groups (a random column permutation cut into groups) when asked.
+// A16 kernel against its fp32 reference on fresh f16-representable x [M, K]: norm-wise relative
+// error of y [M, N]. ref(x, y) is the reference GEMM; L->gemm the kernel.
+template <class Kernel, class Ref>
+double a16_error(const Kernel& L, int64_t M, int64_t K, int64_t N, Rng& r, Ref&& ref) {
+  std::vector<float> x(size_t(M * K)), yr(size_t(M * N));
+  std::vector<uint16_t> xh(x.size()), yh(yr.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = round_to(DType::F16, float(r.normal()));
+    xh[i] = f32_to_f16_bits(x[i]);
+  }
+  ref(x.data(), yr.data());
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  L.gemm(dx.get(), M, dy.get());
+  cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < yr.size(); ++i) {
+    const double d = double(f16_bits_to_f32(yh[i])) - yr[i];
+    num += d * d;
+    den += double(yr[i]) * yr[i];
+  }
+  return std::sqrt(num / den);
+}
+
 QuantizedLinear random_q(int bits, int64_t out, int64_t in, int gs, bool sym, bool act_order, uint64_t seed) {
   QuantSpec s;
   s.bits = bits;
@@ -378,24 +402,7 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
       auto L = cuda::W4A16Linear::from_gptq(pk, v2);
       for (int64_t M : Ms) {
         Rng r{uint64_t(M)};
-        std::vector<float> x(static_cast<size_t>(M * c.in)), yr(static_cast<size_t>(M * c.out));
-        std::vector<uint16_t> xh(x.size()), yh(yr.size());
-        for (size_t i = 0; i < x.size(); ++i) {
-          x[i] = round_to(DType::F16, float(r.normal()));
-          xh[i] = f32_to_f16_bits(x[i]);
-        }
-        ref_gemm_gptq(x.data(), M, pk, v2, yr.data());
-        cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
-        cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
-        L->gemm(dx.get(), M, dy.get());
-        cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
-        double num = 0, den = 0;
-        for (size_t i = 0; i < yr.size(); ++i) {
-          const double d = double(f16_bits_to_f32(yh[i])) - yr[i];
-          num += d * d;
-          den += double(yr[i]) * yr[i];
-        }
-        const double rel = std::sqrt(num / den);
+        const double rel = a16_error(*L, M, c.in, c.out, r, [&](const float* x, float* y) { ref_gemm_gptq(x, M, pk, v2, y); });
         INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1") << " M=" << M
                    << ": relative error " << rel);
         CHECK(rel <= 2e-3);
@@ -457,24 +464,7 @@ TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128,
     auto L = cuda::Nf4Linear::from_nf4(t, sh.N, sh.K);
     for (int64_t M : {1, 2, 3, 7, 16, 33, 128, 255}) {
       if (sh.N * sh.K > 4096 * 4096 / 2 && M > 33) continue;   // the reference is slow; big shapes at small M
-      std::vector<float> x(size_t(M * sh.K)), ref(size_t(M * sh.N));
-      std::vector<uint16_t> xh(x.size()), yh(ref.size());
-      for (size_t i = 0; i < x.size(); ++i) {
-        x[i] = round_to(DType::F16, float(r.normal()));
-        xh[i] = f32_to_f16_bits(x[i]);
-      }
-      ref_gemm_nf4(x.data(), M, t, sh.N, sh.K, ref.data());
-      cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
-      cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
-      L->gemm(dx.get(), M, dy.get());
-      cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
-      double num = 0, den = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double d = double(f16_bits_to_f32(yh[i])) - ref[i];
-        num += d * d;
-        den += double(ref[i]) * ref[i];
-      }
-      const double err = std::sqrt(num / den);
+      const double err = a16_error(*L, M, sh.K, sh.N, r, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, sh.N, sh.K, y); });
       INFO("N " << sh.N << " K " << sh.K << " block " << sh.B << " nested " << sh.nested << " M " << M << ": relative error " << err);
       CHECK(err <= 3e-3);
       if (M == 1 && sh.N == 1024) std::cout << "NF4 1024x11008 M=1: relative error " << err << "\n";

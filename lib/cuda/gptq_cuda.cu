@@ -423,18 +423,6 @@ GptqPhaseTimes last_phase_times() { return g_times; }
 
 namespace {
 
-// W [rows, cols] fp32 from the host, through page-locked memory (a parallel host copy, then PCIe at full speed).
-void upload_f32(const MatF& W, float* dst) {
-  const size_t bytes = size_t(W.size()) * 4;
-  uint8_t* st = static_cast<uint8_t*>(pinned_staging(bytes));
-  const uint8_t* src = reinterpret_cast<const uint8_t*>(W.data());
-  const int64_t kPart = int64_t(1) << 22;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < int64_t((bytes + kPart - 1) / kPart); ++b)
-    std::memcpy(st + b * kPart, src + b * kPart, std::min<size_t>(size_t(kPart), bytes - size_t(b * kPart)));
-  upload_from_staging(dst, bytes);
-}
-
 // The solve of W (device, fp32, [rows, n]; read only) against the unscaled fp64 sum dH (read only).
 // Leaves GPTQ's dequantized weights in dWq and RTN's in dWr when given (natural column order).
 QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats& S,
@@ -586,12 +574,7 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero, rows, n,
                                                              dCodesNat.get(), dWq);
   PTQ_CUDA_LAUNCH("unpermute_dequantize_kernel");
-  uint8_t* codes = static_cast<uint8_t*>(pinned_staging(size_t(rows * n)));
-  PTQ_CUDA(cudaMemcpy(codes, dCodesNat.get(), size_t(rows * n), cudaMemcpyDeviceToHost));
-  const int64_t kPart = int64_t(1) << 22;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < (rows * n + kPart - 1) / kPart; ++b)
-    std::memcpy(q.codes.data() + b * kPart, codes + b * kPart, size_t(std::min(kPart, rows * n - b * kPart)));
+  copy_to_host_staged(q.codes.data(), dCodesNat.get(), size_t(rows * n));
   PTQ_CUDA(cudaMemcpy(q.scales.data(), dScale, q.scales.size() * 4, cudaMemcpyDeviceToHost));
   PTQ_CUDA(cudaMemcpy(q.zeros.data(), dZero, q.zeros.size() * 4, cudaMemcpyDeviceToHost));
   // RTN, the report's baseline, from the weights as given (the CPU's rtn_quantize); allocated
@@ -619,7 +602,7 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
 QuantizedLinear gptq_quantize_device(const MatF& W, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats* st) {
   SolveStats local;
   DeviceBuffer<float> dW(size_t(W.size()), "GPTQ weights");
-  upload_f32(W, dW.get());
+  copy_to_device_staged(dW.get(), W.data(), size_t(W.size()) * 4);
   return solve(dW.get(), W.rows(), W.cols(), dH, tokens, s, st ? *st : local, nullptr, nullptr);
 }
 
@@ -642,7 +625,7 @@ ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64
     float* dst = out.W.get() + r0 * cols;
     if (p.host) {
       if (p.host->rows() != p.rows || p.host->cols() != cols) fail(Errc::usage, "", "gptq_quantize_resident", "weight shape mismatch");
-      upload_f32(*p.host, dst);
+      copy_to_device_staged(dst, p.host->data(), size_t(p.host->size()) * 4);
     } else {   // 16-bit or fp32 device rows, widened exactly
       widen_to_f32_kernel<<<blocks_for(p.rows * cols), 256>>>(p.device, dtype_code(p.dtype), p.rows * cols, dst);
       PTQ_CUDA_LAUNCH("widen_to_f32_kernel");

@@ -8,6 +8,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -155,5 +157,35 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
 PinnedBuffer::~PinnedBuffer() { if (p_) cudaFreeHost(p_); }
 
 void upload_from_staging(void* dst, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, g_staging.p, bytes, cudaMemcpyHostToDevice)); }
+
+namespace {
+constexpr size_t kStagedPart = size_t(256) << 20;
+void parallel_memcpy(void* dst, const void* src, size_t n) {
+  const int64_t kPiece = int64_t(1) << 22;
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* s = static_cast<const uint8_t*>(src);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < int64_t((n + kPiece - 1) / kPiece); ++b)
+    std::memcpy(d + b * kPiece, s + b * kPiece, std::min<size_t>(size_t(kPiece), n - size_t(b * kPiece)));
+}
+}  // namespace
+
+void copy_to_device_staged(void* dst, const void* src, size_t bytes) {
+  void* st = pinned_staging(std::min(bytes, kStagedPart));
+  for (size_t o = 0; o < bytes; o += kStagedPart) {
+    const size_t n = std::min(kStagedPart, bytes - o);
+    parallel_memcpy(st, static_cast<const uint8_t*>(src) + o, n);
+    PTQ_CUDA(cudaMemcpy(static_cast<uint8_t*>(dst) + o, st, n, cudaMemcpyHostToDevice));
+  }
+}
+
+void copy_to_host_staged(void* dst, const void* src, size_t bytes) {
+  void* st = pinned_staging(std::min(bytes, kStagedPart));
+  for (size_t o = 0; o < bytes; o += kStagedPart) {
+    const size_t n = std::min(kStagedPart, bytes - o);
+    PTQ_CUDA(cudaMemcpy(st, static_cast<const uint8_t*>(src) + o, n, cudaMemcpyDeviceToHost));
+    parallel_memcpy(static_cast<uint8_t*>(dst) + o, st, n);
+  }
+}
 
 }  // namespace ptq::cuda

@@ -34,6 +34,10 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 // on the host, then cudaMemcpy from it at full PCIe speed. One per process; main thread only.
 void* pinned_staging(size_t bytes);
 void upload_from_staging(void* dst, size_t bytes);   // staging -> device, synchronous
+// Host <-> device through the staging buffer in 256 MiB parts, each part copied on the host by
+// every core: PCIe at page-locked speed for pageable host memory (main thread only).
+void copy_to_device_staged(void* dst, const void* src, size_t bytes);
+void copy_to_host_staged(void* dst, const void* src, size_t bytes);
 
 // A page-locked host buffer of its own (e.g. the next layer's weights, filled by another thread).
 class PinnedBuffer {

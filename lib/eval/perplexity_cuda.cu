@@ -1,5 +1,7 @@
 #include "eval/perplexity_cuda.h"
 
+#include <algorithm>
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -23,6 +25,7 @@ struct GpuLogits::Impl {
   const LlamaModel* model = nullptr;
   LlamaConfig c;
   DType dt = DType::F16;
+  int64_t outs[7], ins[7];                               // [proj]: W [out, in]
   std::vector<std::unique_ptr<W4A16Linear>> packed;     // [layer * 7 + proj], null where stored in float
   std::vector<DeviceBuffer<uint16_t>> dense;             // the same, 16-bit weights where not packed
   std::vector<std::pair<VecF, VecF>> norms;
@@ -59,6 +62,8 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   const LlamaConfig& c = m.c;
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   const int64_t outs[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, ins[7] = {d, d, d, c.q_dim(), d, d, f};
+  std::copy(outs, outs + 7, m.outs);
+  std::copy(ins, ins + 7, m.ins);
   const WeightSource& ws = model.weights();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
@@ -103,8 +108,6 @@ MatF GpuLogits::operator()(const std::vector<int32_t>& tokens, int S, int T) con
   PTQ_CUDA(cudaEventCreate(&e1));
   PTQ_CUDA(cudaEventRecord(e0));
   const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t outs[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, ins[7] = {d, d, d, c.q_dim(), d, d, f};
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     fw.set_norms(m.norms[size_t(l)].first, m.norms[size_t(l)].second);
     for (Proj p : kAllProj) {
@@ -114,7 +117,7 @@ MatF GpuLogits::operator()(const std::vector<int32_t>& tokens, int S, int T) con
         fw.set_linear(p, [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
       } else {
         const void* w = m.dense[k].get();
-        const int64_t in = ins[int(p)], out = outs[int(p)];
+        const int64_t in = m.ins[int(p)], out = m.outs[int(p)];
         fw.set_linear(p, [w, in, out, ct](const void* x, int64_t rows, float* y, float beta) {
           const float one = 1.0f;
           PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, w, ct, int(in), x, ct, int(in), &beta,

@@ -370,20 +370,21 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       std::vector<Proj> todo;
       for (Proj p : projs)
         if (!r.ignored(proj_tensor_prefix(l, p))) todo.push_back(p);
+      auto spec_of = [&](Proj p) {
+        QuantSpec sp = r.spec_for(proj_tensor_prefix(l, p));
+        sp.scale_dtype = scale_dtype;
+        return sp;
+      };
 #ifdef PTQKIT_HAVE_CUDA
       // With the Hessian on the device, GPTQ's weights stay there: the Linears that share this
       // Hessian and a spec are solved as one stacked matrix (from the forward's 16-bit weights when
       // they hold the model's weights exactly), then the loss, and the next stage's weights.
-      while (dsum && !todo.empty()) {
-        QuantSpec spec = r.spec_for(proj_tensor_prefix(l, todo[0]));
-        spec.scale_dtype = scale_dtype;
-        if (spec.method != "gptq" || !cuda::gptq_supported(spec, nullptr)) break;
+      auto resident_ok = [&](Proj p) { const QuantSpec sp = spec_of(p); return sp.method == "gptq" && cuda::gptq_supported(sp, nullptr); };
+      for (auto first = todo.begin(); dsum && (first = std::find_if(todo.begin(), todo.end(), resident_ok)) != todo.end();) {
+        const QuantSpec spec = spec_of(*first);
         std::vector<Proj> batch;
-        for (Proj p : todo) {
-          QuantSpec sp = r.spec_for(proj_tensor_prefix(l, p));
-          sp.scale_dtype = scale_dtype;
-          if (sp == spec) batch.push_back(p);
-        }
+        for (Proj p : todo)
+          if (spec_of(p) == spec) batch.push_back(p);
         const bool from_forward = gpu_forward && fw->dtype() == c.dtype;
         std::vector<cuda::WeightRows> parts;
         int64_t all_rows = 0;
@@ -432,10 +433,9 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         }
       }
 #endif
-      for (Proj p : todo) {
+      for (Proj p : todo) {   // on the host, or (RTN, specs the GPU kernel refuses) solved apart
         const std::string name = proj_tensor_prefix(l, p);
-        QuantSpec spec = r.spec_for(name);
-        spec.scale_dtype = scale_dtype;
+        const QuantSpec spec = spec_of(p);
         MatF& W = w[p].W;
         SolveStats st;
         QuantizedLinear q, rtn;
@@ -443,7 +443,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
           PhaseTimer t(phase["solve"]);
 #ifdef PTQKIT_HAVE_CUDA
           if (use_cuda && spec.method == "gptq" && cuda::gptq_supported(spec, nullptr)) {
-            q = dsum ? cuda::gptq_quantize_device(W, dsum, ntok, spec, &st) : cuda::gptq_quantize(W, H, spec, &st);
+            q = cuda::gptq_quantize(W, H, spec, &st);
           } else
 #endif
           {
