@@ -18,8 +18,13 @@ namespace {
 class FakeW8A8Source final : public WeightSource {
  public:
   FakeW8A8Source(const std::string& dir, const nlohmann::json& spec) : base_(dir) {
-    const bool tok = spec.value("strategy", "token") == "token";
-    for (auto& [m, sc] : spec["input_scales"].items()) acts_[m] = {tok ? ActQuant::per_token : ActQuant::per_tensor, sc.get<float>()};
+    if (!spec.is_object() || !spec.contains("input_scales") || !spec["input_scales"].is_object())
+      fail(Errc::format, dir + "/config.json", "ptqkit_w8a8.input_scales", "missing or not an object");
+    const bool tok = !spec.contains("strategy") || spec["strategy"] == "token";
+    for (auto& [m, sc] : spec["input_scales"].items()) {
+      if (!sc.is_number()) fail(Errc::format, dir + "/config.json", "ptqkit_w8a8.input_scales." + m, "not a number");
+      acts_[m] = {tok ? ActQuant::per_token : ActQuant::per_tensor, sc.get<float>()};
+    }
   }
   bool has(const std::string& n) const override { return base_.has(n); }
   Shape shape(const std::string& n) const override { return base_.shape(n); }

@@ -491,7 +491,10 @@ class PackedSource final : public WeightSource {
         fail(Errc::format, dir + "/config.json", "quantization_config.format", "compressed-tensors format '" + fmt + "' is not read (pack-quantized and int-quantized are)");
       if (!qc.contains("config_groups") || qc["config_groups"].empty())
         fail(Errc::format, dir + "/config.json", "quantization_config.config_groups", "missing");
+      // .at(), not operator[]: on a const json a missing key is undefined behaviour (found by fuzzing).
       const json& g = qc["config_groups"].begin().value();
+      if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object())
+        fail(Errc::format, dir + "/config.json", "quantization_config.config_groups.*.weights", "missing or not an object");
       const json& w = g["weights"];
       if (g.contains("input_activations") && g["input_activations"].is_object()) {
         const json& a = g["input_activations"];
@@ -502,7 +505,7 @@ class PackedSource final : public WeightSource {
       }
       bits_ = w.value("num_bits", 4);
       sym_ = w.value("symmetric", true);
-      group_ = w["group_size"].is_number() ? w["group_size"].get<int>() : -1;
+      group_ = w.contains("group_size") && w["group_size"].is_number() ? w["group_size"].get<int>() : -1;
     } else if (method_ != "bitsandbytes") {
       fail(Errc::format, dir + "/config.json", "quantization_config.quant_method", "unsupported quant_method '" + method_ + "'");
     }
