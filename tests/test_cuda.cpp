@@ -2,6 +2,7 @@
 // against lib/gptq on fresh random problems (identical-code share, loss), and the pipeline with
 // device: cuda against device: cpu. Skips (PTQKIT_SKIP) where no GPU is present.
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <map>
 
@@ -12,6 +13,7 @@
 #include "kernels/reference.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
+#include "kernels/w8a8.h"
 #include "cuda/runtime.h"
 #include "eval/data.h"
 #include "eval/perplexity.h"
@@ -472,4 +474,63 @@ TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128,
   }
   Nf4Tensor odd = nf4_quantize(std::vector<float>(64 * 96, 0.5f).data(), 64 * 96, 64, false);
   CHECK_THROWS_AS(cuda::Nf4Linear::from_nf4(odd, 64, 96), Error);   // in_features 96: not a multiple of the block
+}
+
+TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equals the exact int32 reference, bf16 and fp32 out") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::w8a8_supported()) PTQ_SKIP("the W8A8 kernel needs sm_90: " + cuda::describe());
+  struct Shape { int64_t N, K; };
+  const Shape shapes[] = {{256, 128}, {96, 48}, {334, 2064}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
+  int seed = 900;
+  for (const Shape& sh : shapes) {
+    Rng r{uint64_t(seed++)};
+    std::vector<int8_t> w(size_t(sh.N * sh.K));
+    std::vector<float> sw(size_t(sh.N));
+    for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
+    for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
+    cuda::DeviceBuffer<int8_t> dw(w.size(), "w"), dx(size_t(1000 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsw(sw.size(), "sw"), dsx(1000, "sx"), dy(size_t(1000 * sh.N), "y");
+    cuda::copy_to_device(dw.get(), w.data(), w.size());
+    cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
+    for (int64_t M : {1, 2, 3, 7, 16, 33, 128, 255, 1000}) {
+      if (sh.N * sh.K > 4096 * 4096 && M > 128) continue;   // the reference is slow
+      if (M == 1000 && sh.N * sh.K > 1024 * 4096) continue;
+      std::vector<int8_t> x(static_cast<size_t>(M * sh.K));
+      std::vector<float> sx(static_cast<size_t>(M));
+      for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
+      for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
+      std::vector<float> ref(static_cast<size_t>(M * sh.N));
+      ref_gemm_w8a8(x.data(), sx.data(), w.data(), sw.data(), M, sh.N, sh.K, ref.data());
+      cuda::copy_to_device(dx.get(), x.data(), x.size());
+      cuda::copy_to_device(dsx.get(), sx.data(), sx.size() * 4);
+      for (bool f32 : {true, false}) {
+        cuda::fill_bytes(dy.get(), 0xff, size_t(M * sh.N) * 4);   // NaN: every output must be written
+        cuda::w8a8_gemm(dx.get(), dsx.get(), dw.get(), dsw.get(), M, sh.N, sh.K, dy.get(), f32);
+        std::vector<float> y(static_cast<size_t>(M * sh.N));
+        if (f32) {
+          cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+        } else {
+          std::vector<uint16_t> b(y.size());
+          cuda::copy_to_host(b.data(), dy.get(), b.size() * 2);
+          for (size_t i = 0; i < b.size(); ++i) { const uint32_t u = uint32_t(b[i]) << 16; std::memcpy(&y[i], &u, 4); }
+        }
+        // Elementwise: fp32 out within 4 ulp of the fp64 product (float(acc) rounds above 2^24,
+        // then two fp32 products); bf16 out within its half-ulp rounding (2^-8 relative) of that.
+        const double tol = f32 ? 4.8e-7 : 1.0 / 256 + 4.8e-7;
+        size_t bad = 0;
+        double worst = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          const double e = std::abs(double(y[i]) - double(ref[i])), lim = tol * std::abs(double(ref[i])) + 1e-30;
+          if (!(e <= lim)) ++bad;
+          if (std::isfinite(e)) worst = std::max(worst, e / (std::abs(double(ref[i])) + 1e-30));
+        }
+        INFO("N " << sh.N << " K " << sh.K << " M " << M << (f32 ? " fp32" : " bf16") << ": " << bad << " elements off, worst relative " << worst);
+        CHECK(bad == 0);
+      }
+    }
+  }
+  cuda::DeviceBuffer<int8_t> a(64 * 64, "a");
+  cuda::DeviceBuffer<float> s(64, "s"), y(64 * 64, "y");
+  CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 64, 24, y.get(), true), Error);   // K not a multiple of 16
+  CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 63, 32, y.get(), true), Error);   // N odd
 }

@@ -128,6 +128,10 @@ cublasHandle_t blas_handle() {
 void copy_device(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }
 void copy_to_device(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)); }
 void copy_to_host(void* dst, const void* src, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost)); }
+void fill_bytes(void* dst, int byte, size_t bytes) {
+  PTQ_CUDA(cudaMemset(dst, byte, bytes));
+  PTQ_CUDA(cudaDeviceSynchronize());
+}
 
 namespace {
 struct Staging {

@@ -30,6 +30,7 @@ void pool_release_cached();        // return cached blocks to the driver
 void copy_device(void* dst, const void* src, size_t bytes);   // device to device, synchronous
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+void fill_bytes(void* dst, int byte, size_t bytes);             // device memset, synchronous
 // A page-locked host buffer of at least `bytes`, reused across calls (grown when needed): fill it
 // on the host, then cudaMemcpy from it at full PCIe speed. One per process; main thread only.
 void* pinned_staging(size_t bytes);

@@ -1,4 +1,5 @@
-// bench_kernels.cu — `ptqkit bench kernels`: the W4A16 (g128), W8A16 (per channel) and NF4 (block 64) kernels against cuBLAS f16 on the same
+// bench_kernels.cu — `ptqkit bench kernels`: the W4A16 (g128), W8A16 (per channel) and NF4 (block 64) kernels against cuBLAS f16, and
+// the W8A8 GEMM against cuBLAS bf16 and cuBLAS int8, on the same
 // shapes, cold L2 (a 256 MiB buffer rewritten before every run), CUDA events, median of the runs;
 // µs, GB/s, % of the device-to-device copy bandwidth measured in the same run, speedup.
 #include <cublas_v2.h>
@@ -15,6 +16,7 @@
 #include "kernels/bench_kernels.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
+#include "kernels/w8a8.h"
 
 namespace ptq::cuda {
 
@@ -43,7 +45,8 @@ double median_us(int runs, void* flush, size_t flush_bytes, F&& f) {
 }
 }  // namespace
 
-void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs) {
+void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs, const std::vector<std::string>& kernels) {
+  auto wanted = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
   const size_t flush_bytes = size_t(256) << 20;
   DeviceBuffer<uint8_t> flush(flush_bytes, "L2 flush buffer");
   // Copy bandwidth: 1 GiB device to device, bytes read + written.
@@ -61,6 +64,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
   // kind 4: W4A16 g128, 8: W8A16 per channel, 0: NF4 with blocks of 64
   for (int kind : {4, 8, 0})
   for (auto [N, K] : shapes) {
+    if (!wanted(kind == 4 ? "w4a16" : kind == 8 ? "w8a16" : "nf4")) continue;
     std::unique_ptr<W4A16Linear> L;
     std::unique_ptr<Nf4Linear> F;
     Rng r(uint64_t(N + K));
@@ -106,6 +110,56 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       std::printf("%-17s %5lld | %9.1f %8.0f %6.1f%% | %9.1f %8.0f | %6.2fx\n", shape, (long long)M, ours, ours_gbs, 100.0 * ours_gbs / copy_gbs, cub, cub_gbs,
                   cub / ours);
     }
+  }
+  // W8A8: compute-bound from a few hundred rows; against cuBLAS bf16 and cuBLAS's own int8 GEMM
+  // (int8 x int8 -> int32, no rescale: the baseline to beat) on the same shapes.
+  if (!wanted("w8a8")) {
+  } else if (w8a8_supported()) {
+    std::printf("\n%-17s %5s | %9s %8s | %9s %8s %7s | %9s %7s\n", "W8A8 N x K", "M", "kernel us", "TOPS", "bf16 us", "TFLOPS", "speedup", "int8 us", "vs int8");
+    std::vector<int64_t> Ms8 = Ms;
+    Ms8.push_back(8192);
+    const int64_t maxM = *std::max_element(Ms8.begin(), Ms8.end());
+    for (auto [N, K] : shapes) {
+      Rng r(uint64_t(7 * N + K));
+      std::vector<int8_t> hw(size_t(N * K));
+      for (auto& v : hw) v = int8_t(int(r.next() % 255) - 127);
+      std::vector<int8_t> hx(size_t(maxM * K));
+      for (auto& v : hx) v = int8_t(int(r.next() % 255) - 127);
+      std::vector<float> hs(size_t(std::max(N, maxM)));
+      for (auto& v : hs) v = float(1e-3 * (0.5 + r.uniform()));
+      DeviceBuffer<int8_t> w(hw.size(), "W8A8 weights"), x(hx.size(), "W8A8 activations");
+      DeviceBuffer<float> sc(hs.size(), "W8A8 scales");
+      DeviceBuffer<int32_t> y32(size_t(maxM * N), "int8 GEMM output");
+      DeviceBuffer<__half> wb(size_t(N * K), "bf16 weights"), xb(size_t(maxM * K), "bf16 activations"), yb(size_t(maxM * N), "bf16 output");
+      copy_to_device(w.get(), hw.data(), hw.size());
+      copy_to_device(x.get(), hx.data(), hx.size());
+      copy_to_device(sc.get(), hs.data(), hs.size() * 4);
+      fill_random_normal(wb.get(), DType::BF16, N * K, 3, 0.02f);
+      fill_random_normal(xb.get(), DType::BF16, maxM * K, 4, 1.0f);
+      for (int64_t M : Ms8) {
+        const double ours = median_us(runs, flush.get(), flush_bytes, [&] { w8a8_gemm(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yb.get(), false); });
+        const float one = 1.0f, zero = 0.0f;
+        const double bf = median_us(runs, flush.get(), flush_bytes, [&] {
+          PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, wb.get(), CUDA_R_16BF, int(K), xb.get(), CUDA_R_16BF, int(K),
+                                  &zero, yb.get(), CUDA_R_16BF, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+        double i8 = 0;
+        if (M % 4 == 0) {   // cuBLAS's int8 GEMM wants dimensions in multiples of 4
+          const int32_t ione = 1, izero = 0;
+          i8 = median_us(runs, flush.get(), flush_bytes, [&] {
+            PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &ione, w.get(), CUDA_R_8I, int(K), x.get(), CUDA_R_8I, int(K),
+                                    &izero, y32.get(), CUDA_R_32I, int(N), CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
+          });
+        }
+        const double ops = 2.0 * double(M) * double(N) * double(K);
+        char shape[32];
+        std::snprintf(shape, sizeof shape, "W8A8 %lldx%lld", (long long)N, (long long)K);
+        std::printf("%-17s %5lld | %9.1f %8.1f | %9.1f %8.1f %6.2fx | %9.1f %6.2fx\n", shape, (long long)M, ours, ops / ours * 1e-6, bf, ops / bf * 1e-6, bf / ours,
+                    i8, i8 > 0 ? i8 / ours : 0.0);
+      }
+    }
+  } else {
+    std::printf("\nW8A8: skipped (the kernel needs sm_90): %s\n", describe().c_str());
   }
   cublasDestroy(h);
 }

@@ -85,14 +85,28 @@ __global__ void nf4_gemv_kernel(const uint4* __restrict__ codes, const float* __
   }
 }
 
-// W in f16 (fp32 product, one rounding: what a dequantized f16 model holds): a thread per byte.
-__global__ void nf4_dequant_kernel(const uint8_t* codes, const float* absmax, __half* w, int64_t n_bytes, int B) {
+// W in f16 (fp32 product, one rounding: what a dequantized f16 model holds). A thread per 16 bytes
+// of codes (32 weights, one absmax since B >= 32), four 16-byte stores; the 16 code values in
+// shared memory sit in 16 distinct banks, so the lookups never conflict.
+__global__ void nf4_dequant_kernel(const uint4* __restrict__ codes, const float* __restrict__ absmax, uint4* __restrict__ w, int64_t n_chunks, int B) {
+  __shared__ float code[16];
+  if (threadIdx.x < 16) code[threadIdx.x] = kCode[threadIdx.x];
+  __syncthreads();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= n_bytes) return;
-  const uint8_t byte = codes[i];
-  const float s = absmax[(2 * i) / B];
-  w[2 * i] = __float2half_rn(kCode[byte >> 4] * s);
-  w[2 * i + 1] = __float2half_rn(kCode[byte & 15] * s);
+  if (i >= n_chunks) return;
+  const uint4 c = codes[i];
+  const float s = absmax[(32 * i) / B];
+  const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    __half2 h[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t byte = (words[q] >> (8 * b)) & 255u;
+      h[b] = __floats2half2_rn(code[byte >> 4] * s, code[byte & 15] * s);   // first weight: high nibble
+    }
+    w[4 * i + q] = *reinterpret_cast<const uint4*>(h);
+  }
 }
 }  // namespace
 
@@ -156,8 +170,9 @@ void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) con
     return;
   }
   DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 4)");
-  const int64_t nb = m.N * m.K / 2;
-  nf4_dequant_kernel<<<unsigned((nb + 255) / 256), 256>>>(m.codes.get(), m.absmax.get(), wf.get(), nb, m.B);
+  const int64_t chunks = m.N * m.K / 32;
+  nf4_dequant_kernel<<<unsigned((chunks + 255) / 256), 256>>>(reinterpret_cast<const uint4*>(m.codes.get()), m.absmax.get(),
+                                                              reinterpret_cast<uint4*>(wf.get()), chunks, m.B);
   PTQ_CUDA_LAUNCH("nf4_dequant_kernel");
   const float one = 1.0f, b = f32 ? beta : 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xh,

@@ -95,4 +95,11 @@ void ref_gemm_i8(const int8_t* a, const int8_t* b, int64_t M, int64_t N, int64_t
     }
 }
 
+void ref_gemm_w8a8(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y) {
+  std::vector<int32_t> c(size_t(M * N));
+  ref_gemm_i8(x, w, M, N, K, c.data());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) y[m * N + n] = float(double(sx[m]) * double(sw[n]) * double(c[size_t(m * N + n)]));
+}
+
 }  // namespace ptq

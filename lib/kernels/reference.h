@@ -22,5 +22,8 @@ void ref_gemm_q4_0(const float* x, int64_t M, const BlockQ4_0* w, int64_t out, i
 void ref_gemm_q8_0(const float* x, int64_t M, const BlockQ8_0* w, int64_t out, int64_t in, float* y);
 // int8 x int8 -> int32: c[m, n] = sum_k a[m, k] * b[n, k] (exact).
 void ref_gemm_i8(const int8_t* a, const int8_t* b, int64_t M, int64_t N, int64_t K, int32_t* c);
+// W8A8: y[m, n] = sx[m] · sw[n] · Σ_k x[m, k] · w[n, k], the int32 sum exact, the product in fp64
+// rounded once to fp32 (per-token activation scales × per-channel weight scales).
+void ref_gemm_w8a8(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y);
 
 }  // namespace ptq
