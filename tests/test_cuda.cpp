@@ -417,7 +417,7 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
   CHECK_THROWS_AS(cuda::W4A16Linear::from_gptq(pack_gptq(QuantizedLinear::empty(64, 256, s3), true), true), Error);
 }
 
-TEST_CASE("gpu: eval on the GPU of gptq checkpoints (W4A16, W8A16 kernels) equals the reference-kernel evaluation within 1e-3") {
+TEST_CASE("gpu: eval on the GPU of gptq and NF4 checkpoints (W4A16, W8A16, NF4 kernels) equals the reference-kernel evaluation within 1e-3") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
@@ -431,7 +431,8 @@ TEST_CASE("gpu: eval on the GPU of gptq checkpoints (W4A16, W8A16 kernels) equal
   struct Case { const char* yaml; const char* format; };
   const Case cases[] = {{"quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", "gptq"},
                         {"quantization: {bits: 4, group_size: 128, sym: false}\nexport: {format: [gptq_v2]}\n", "gptq_v2"},
-                        {"quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "gptq"}};
+                        {"quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "gptq"},
+                        {"quantization: {method: nf4}\nexport: {format: [nf4], nf4_blocksize: 64, nf4_double_quant: true}\n", "bitsandbytes-nf4"}};
   int k = 0;
   for (const Case& cs : cases) {
     Recipe r = parse_recipe(YAML::Load(cs.yaml), "r.yaml");

@@ -462,6 +462,31 @@ std::function<bool(const std::string&, MatF*)> nf4_dequantized(const ExportJob& 
 
 // ------------------------------------------------------------------ reading
 
+Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape) {
+  const std::string qs = n + ".quant_state.bitsandbytes__nf4";
+  const TensorView st_t = ck.get(qs);
+  try {
+    const json st = json::parse(st_t.data, st_t.data + st_t.nbytes);
+    Nf4Tensor t;
+    t.blocksize = st.at("blocksize").get<int>();
+    if (shape) *shape = st.at("shape").get<Shape>();
+    t.packed = read_raw<uint8_t>(ck, n, DType::U8);
+    t.nested = st.contains("nested_blocksize");
+    if (t.nested) {
+      t.absmax_q = read_raw<uint8_t>(ck, n + ".absmax", DType::U8);
+      t.nested_absmax = read_floats(ck, n + ".nested_absmax");
+      t.nested_map = read_floats(ck, n + ".nested_quant_map");
+      t.nested_blocksize = st.at("nested_blocksize").get<int>();
+      t.offset = st.at("nested_offset").get<float>();
+    } else {
+      t.absmax = read_floats(ck, n + ".absmax");
+    }
+    return t;
+  } catch (const json::exception& e) {
+    fail(Errc::format, ck.file_of(qs), qs, std::string("malformed quant state: ") + e.what());
+  }
+}
+
 namespace {
 class PackedSource final : public WeightSource {
  public:
@@ -562,20 +587,7 @@ class PackedSource final : public WeightSource {
       return;
     }
     if (k == Nf4) {
-      json st = nf4_state(n);
-      Nf4Tensor t;
-      t.blocksize = st["blocksize"];
-      t.packed = read_raw<uint8_t>(ck_, n, DType::U8);
-      t.nested = st.contains("nested_blocksize");
-      if (t.nested) {
-        t.absmax_q = read_raw<uint8_t>(ck_, n + ".absmax", DType::U8);
-        t.nested_absmax = read_floats(ck_, n + ".nested_absmax");
-        t.nested_map = read_floats(ck_, n + ".nested_quant_map");
-        t.nested_blocksize = st["nested_blocksize"];
-        t.offset = st["nested_offset"];
-      } else {
-        t.absmax = read_floats(ck_, n + ".absmax");
-      }
+      const Nf4Tensor t = read_nf4(ck_, n, nullptr);
       nf4_dequantize(t, numel(s), out);
       return;
     }

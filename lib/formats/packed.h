@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
+#include "formats/pack.h"
 #include "gptq/qstore.h"
 #include "model/llama.h"
 
@@ -58,6 +60,10 @@ QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym);
 struct CtPacked { std::vector<int32_t> weight_packed, zero_point, g_idx; std::vector<float> scale; int64_t rows, cols, groups, packed_cols; int bits; };
 CtPacked pack_ct(const QuantizedLinear& q);
 QuantizedLinear unpack_ct(const CtPacked& p, bool sym);
+
+// The NF4 tensors of weight `name` of a bitsandbytes checkpoint as stored (its quant_state JSON
+// parsed; a malformed one is Errc::format naming it); *shape, if given, gets W's [out, in].
+Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& name, Shape* shape);
 
 // The packed tensors of a gptq / gptq_v2 checkpoint, module by module as stored (what the GPU
 // kernels convert at load time; the reference path dequantizes through packed_source instead).

@@ -38,51 +38,72 @@ __device__ __forceinline__ void fill_table(__half2* lut) {
   __syncthreads();
 }
 
-// A warp per row of W; lane l streams 16-byte chunks l, l+32, ... (32 codes each).
+// A warp per kRows rows of W; lane l streams 16-byte chunks l, l+32, ... (32 codes each) of each
+// row, loading the kRows chunks before using any and its x slice once for all of them. (Measured
+// on the H100 at M = 1: 1.53-2.07x cuBLAS against 1.45-1.63x with a warp per row; a register
+// double buffer on top of it measured no better, 1.50-1.79x.)
 template <int M>
 __global__ void nf4_gemv_kernel(const uint4* __restrict__ codes, const float* __restrict__ absmax, const __half* __restrict__ x,
                                 __half* __restrict__ y, int N, int K, int B) {
+  constexpr int kRows = 4;
   __shared__ __half2 lut[256];
   fill_table(lut);
-  const int row = int((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (row >= N) return;
+  const int row0 = int((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32) * kRows, lane = threadIdx.x % 32;
+  if (row0 >= N) return;
   const int chunks = K / 32;
-  const uint4* wr = codes + int64_t(row) * chunks;
-  float acc[M];
+  float acc[kRows][M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  int rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = min(row0 + r, N - 1);   // a partial last warp re-reads row N - 1, stores nothing for it
   for (int u = lane; u < chunks; u += 32) {
-    const uint4 w = wr[u];
-    const float s = absmax[(int64_t(row) * K + int64_t(u) * 32) / B];
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    __half2 v[16];
+    uint4 w[kRows];
+    float s[kRows];
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
+    for (int r = 0; r < kRows; ++r) {
+      w[r] = __ldcs(codes + int64_t(rows[r]) * chunks + u);
+      s[r] = __ldg(absmax + (int64_t(rows[r]) * K + int64_t(u) * 32) / B);
+    }
+    uint4 xv[M][4];
 #pragma unroll
-      for (int b = 0; b < 4; ++b) v[q * 4 + b] = lut[(words[q] >> (8 * b)) & 255u];
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4* xv = reinterpret_cast<const uint4*>(x + int64_t(m) * K + int64_t(u) * 32);
-      float part = 0.0f;
+      for (int q = 0; q < 4; ++q) xv[m][q] = __ldg(reinterpret_cast<const uint4*>(x + int64_t(m) * K + int64_t(u) * 32) + q);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint4 xx = xv[q];
-        const __half2* xh = reinterpret_cast<const __half2*>(&xx);
-        __half2 h = __hmul2(v[q * 4], xh[0]);
+    for (int r = 0; r < kRows; ++r) {
+      const uint32_t words[4] = {w[r].x, w[r].y, w[r].z, w[r].w};
+      __half2 v[16];
 #pragma unroll
-        for (int b = 1; b < 4; ++b) h = __hfma2(v[q * 4 + b], xh[b], h);
-        const float2 f = __half22float2(h);
-        part += f.x + f.y;
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) v[q * 4 + b] = lut[(words[q] >> (8 * b)) & 255u];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float part = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const __half2* xh = reinterpret_cast<const __half2*>(&xv[m][q]);
+          __half2 h = __hmul2(v[q * 4], xh[0]);
+#pragma unroll
+          for (int b = 1; b < 4; ++b) h = __hfma2(v[q * 4 + b], xh[b], h);
+          const float2 f = __half22float2(h);
+          part += f.x + f.y;
+        }
+        acc[r][m] = fmaf(part, s[r], acc[r][m]);
       }
-      acc[m] = fmaf(part, s, acc[m]);
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float a = acc[m];
-    for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(~0u, a, o);
-    if (lane == 0) y[int64_t(m) * N + row] = __float2half_rn(a);
-  }
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float a = acc[r][m];
+      for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(~0u, a, o);
+      if (lane == 0 && row0 + r < N) y[int64_t(m) * N + row0 + r] = __float2half_rn(a);
+    }
 }
 
 // W in f16 (fp32 product, one rounding: what a dequantized f16 model holds). A thread per 16 bytes
@@ -157,7 +178,7 @@ void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) con
   if (M < 1) return;
   const auto* xh = static_cast<const __half*>(x);
   if (M <= kFusedMaxM && !f32) {
-    const unsigned blocks = unsigned((m.N * 32 + 255) / 256);
+    const unsigned blocks = unsigned(((m.N + 3) / 4 * 32 + 255) / 256);   // a warp per 4 rows
     auto* cw = reinterpret_cast<const uint4*>(m.codes.get());
     auto* yh = static_cast<__half*>(y);
     switch (M) {

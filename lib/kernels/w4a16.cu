@@ -90,6 +90,9 @@ __device__ __forceinline__ void accumulate_uint4(const uint4 q, const __half2 zs
 
 // One warp per output row; lanes stride over the row's uint4 words, issuing kU loads before using
 // any (memory-level parallelism: a 4096-wide 4-bit row is only 4 loads per lane).
+// Measured on the H100 and dropped (docs/benchmarks.md): four rows per warp with each x slice read
+// once for the four (1.8-1.9x cuBLAS at M = 1 instead of 2.2-2.5x: fewer warps, fewer loads in
+// flight), and a register double buffer of the next kU words (1.5-2.0x: registers, occupancy).
 template <int M, int BITS>
 __global__ void wq_gemv_kernel(const uint4* __restrict__ W, const __half2* __restrict__ zs, const __half* __restrict__ xp, __half* __restrict__ y,
                                int N, int K, int groups, int gs) {
