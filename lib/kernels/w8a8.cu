@@ -3,7 +3,7 @@
 // Contract. Operands (device): x [M, K] int8 row-major with per-row (per-token) scales sx [M] fp32;
 // w [N, K] int8 row-major (the Linear's weight as stored, no re-layout) with per-row (per-output-
 // channel) scales sw [N] fp32; y [M, N] row-major, bf16 or fp32. Σ_k x·w is exact in int32 (|x·w|
-// <= 127², K <= 2^17 keeps it below 2^31); the epilogue forms float(acc) · sx[m] · sw[n] in fp32
+// <= 128² = 2^14, K < 2^17 keeps it below 2^31); the epilogue forms float(acc) · sx[m] · sw[n] in fp32
 // and rounds once to the output type. Accepted: K a multiple of 16 (the copy engine's row pitch),
 // N even (two outputs per store), any M >= 1, x and w 16-byte aligned; rows and columns past M, N
 // and K are zero-filled by the copy engine and never stored. sm_90 only (built for sm_90a).
@@ -241,7 +241,7 @@ bool w8a8_supported() {
 }
 
 void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, void* y, bool out_f32) {
-  if (K % 16 || K < 16 || K > (int64_t(1) << 17)) fail(Errc::usage, "", "in_features", "the W8A8 kernel takes K a multiple of 16 up to 131072, got " + std::to_string(K));
+  if (K % 16 || K < 16 || K >= (int64_t(1) << 17)) fail(Errc::usage, "", "in_features", "the W8A8 kernel takes K a multiple of 16 below 131072 (an exact int32 sum), got " + std::to_string(K));
   if (N % 2 || N < 2) fail(Errc::usage, "", "out_features", "the W8A8 kernel takes an even N, got " + std::to_string(N));
   if (M < 1) return;
   if (M > (int64_t(1) << 24) || N > (int64_t(1) << 24)) fail(Errc::usage, "", "shape", "the W8A8 kernel takes M and N up to 2^24");
