@@ -481,7 +481,10 @@ TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equ
   PTQ_REQUIRE_GPU();
   if (!cuda::w8a8_supported()) PTQ_SKIP("the W8A8 kernel needs sm_90: " + cuda::describe());
   struct Shape { int64_t N, K; };
-  const Shape shapes[] = {{256, 128}, {96, 48}, {334, 2064}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
+  // 2050x272 at M = 4000: 32 x 9 = 288 tiles, more than the 132 CTAs of the persistent grid on
+  // an H100, so CTAs take several tiles, the 4-deep ring (3 slices a tile) wraps across tiles, and
+  // the row-tile groups of 8 and the last partial tiles are all walked.
+  const Shape shapes[] = {{256, 128}, {96, 48}, {334, 2064}, {2050, 272}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
   int seed = 900;
   for (const Shape& sh : shapes) {
     Rng r{uint64_t(seed++)};
@@ -489,13 +492,14 @@ TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equ
     std::vector<float> sw(size_t(sh.N));
     for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
     for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
-    cuda::DeviceBuffer<int8_t> dw(w.size(), "w"), dx(size_t(1000 * sh.K), "x");
-    cuda::DeviceBuffer<float> dsw(sw.size(), "sw"), dsx(1000, "sx"), dy(size_t(1000 * sh.N), "y");
+    cuda::DeviceBuffer<int8_t> dw(w.size(), "w"), dx(size_t(4000 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsw(sw.size(), "sw"), dsx(4000, "sx"), dy(size_t(4000 * sh.N), "y");
     cuda::copy_to_device(dw.get(), w.data(), w.size());
     cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
-    for (int64_t M : {1, 2, 3, 7, 16, 33, 128, 255, 1000}) {
+    for (int64_t M : {1, 2, 3, 7, 16, 33, 128, 255, 1000, 4000}) {
       if (sh.N * sh.K > 4096 * 4096 && M > 128) continue;   // the reference is slow
       if (M == 1000 && sh.N * sh.K > 1024 * 4096) continue;
+      if (M == 4000 && sh.N * sh.K > 2050 * 272) continue;
       std::vector<int8_t> x(static_cast<size_t>(M * sh.K));
       std::vector<float> sx(static_cast<size_t>(M));
       for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);

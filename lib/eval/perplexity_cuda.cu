@@ -3,8 +3,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/forward_cuda.h"
@@ -26,16 +24,15 @@ struct GpuLogits::Impl {
   const LlamaModel* model = nullptr;
   LlamaConfig c;
   DType dt = DType::F16;
-  int64_t outs[7], ins[7];                               // [proj]: W [out, in]
-  std::vector<std::unique_ptr<W4A16Linear>> packed;     // [layer * 7 + proj], null where stored in float
-  std::vector<std::unique_ptr<Nf4Linear>> nf4;          // the same for NF4 checkpoints
-  std::vector<DeviceBuffer<uint16_t>> dense;             // the same, 16-bit weights where not packed
+  std::vector<LayerForwardCuda::LinearFn> linears;       // [layer * 7 + proj]: y = x·Wᵀ + beta·y on the device
+  std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
+  std::vector<std::unique_ptr<Nf4Linear>> nf4;
+  std::vector<DeviceBuffer<uint16_t>> dense;              // 16-bit weights of Linears stored in float
   std::vector<std::pair<VecF, VecF>> norms;
-  std::vector<VecF> biases;                              // [layer * 7 + proj], empty where none
+  std::vector<VecF> biases;                               // [layer * 7 + proj], empty where none
   DeviceBuffer<uint16_t> lm_head;
   VecF final_norm;
   mutable double seconds = 0;
-  int packed_count = 0;
 };
 
 namespace {
@@ -66,8 +63,6 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   const LlamaConfig& c = m.c;
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   const int64_t outs[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, ins[7] = {d, d, d, c.q_dim(), d, d, f};
-  std::copy(outs, outs + 7, m.outs);
-  std::copy(ins, ins + 7, m.ins);
   const WeightSource& ws = model.weights();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
@@ -76,22 +71,27 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
       const std::string name = proj_tensor_prefix(l, p);
       const int i = int(p);
       m.biases.push_back(ws.has(name + ".bias") ? read_vector(ws, name + ".bias", outs[i]) : VecF());
-      m.nf4.emplace_back();
       if (reader && reader->has(name)) {
-        m.packed.push_back(W4A16Linear::from_gptq(reader->read(name), reader->v2()));
-        m.dense.emplace_back();
-        ++m.packed_count;
+        m.w4.push_back(W4A16Linear::from_gptq(reader->read(name), reader->v2()));
+        const W4A16Linear* q = m.w4.back().get();
+        m.linears.push_back([q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
       } else if (nf4_ck && nf4_ck->has(name + ".weight.quant_state.bitsandbytes__nf4")) {
         Shape sh;
         const Nf4Tensor t = read_nf4(*nf4_ck, name + ".weight", &sh);
         if (sh != Shape{outs[i], ins[i]}) fail(Errc::format, nf4_ck->file_of(name + ".weight"), name + ".weight", "NF4 quant_state shape does not match the config");
-        m.nf4.back() = Nf4Linear::from_nf4(t, outs[i], ins[i]);
-        m.packed.push_back(nullptr);
-        m.dense.emplace_back();
-        ++m.packed_count;
+        m.nf4.push_back(Nf4Linear::from_nf4(t, outs[i], ins[i]));
+        const Nf4Linear* q = m.nf4.back().get();
+        m.linears.push_back([q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
       } else {
-        m.packed.push_back(nullptr);
         m.dense.push_back(upload16(read_matrix(ws, name + ".weight", outs[i], ins[i]), m.dt, "evaluation weights (16-bit)"));
+        const void* w = m.dense.back().get();
+        const int64_t in = ins[i], out = outs[i];
+        const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+        m.linears.push_back([w, in, out, ct](const void* x, int64_t rows, float* y, float beta) {
+          const float one = 1.0f;
+          PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, w, ct, int(in), x, ct, int(in), &beta,
+                                  y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
       }
     }
   }
@@ -103,11 +103,11 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
 GpuLogits::~GpuLogits() = default;
 double GpuLogits::forward_seconds() const { return p_->seconds; }
 std::string GpuLogits::describe() const {
-  const int total = int(p_->packed.size());
-  if (p_->packed_count == 0) return std::string("cuda: ") + (p_->dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS";
-  const char* kernels = p_->nf4.size() && std::any_of(p_->nf4.begin(), p_->nf4.end(), [](const auto& q) { return bool(q); })
-                            ? "the NF4 kernels (lib/kernels/nf4.cu)" : "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)";
-  return "cuda: " + std::to_string(p_->packed_count) + " of " + std::to_string(total) + " Linears through " + kernels + ", the rest f16 through cuBLAS";
+  const Impl& m = *p_;
+  const size_t packed = m.w4.size() + m.nf4.size();
+  if (packed == 0) return std::string("cuda: ") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS";
+  const char* kernels = m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)" : "the NF4 kernel (lib/kernels/nf4.cu)";
+  return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + ", the rest f16 through cuBLAS";
 }
 
 MatF GpuLogits::operator()(const std::vector<int32_t>& tokens, int S, int T) const {
@@ -121,25 +121,12 @@ MatF GpuLogits::operator()(const std::vector<int32_t>& tokens, int S, int T) con
   PTQ_CUDA(cudaEventCreate(&e0));
   PTQ_CUDA(cudaEventCreate(&e1));
   PTQ_CUDA(cudaEventRecord(e0));
-  const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     fw.set_norms(m.norms[size_t(l)].first, m.norms[size_t(l)].second);
     for (Proj p : kAllProj) {
       const size_t k = size_t(l * 7 + int(p));
       fw.set_bias(p, m.biases[k]);
-      if (const W4A16Linear* q = m.packed[k].get()) {
-        fw.set_linear(p, [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
-      } else if (const Nf4Linear* q4 = m.nf4[k].get()) {
-        fw.set_linear(p, [q4](const void* x, int64_t rows, float* y, float beta) { q4->gemm_f32(x, rows, y, beta); });
-      } else {
-        const void* w = m.dense[k].get();
-        const int64_t in = m.ins[int(p)], out = m.outs[int(p)];
-        fw.set_linear(p, [w, in, out, ct](const void* x, int64_t rows, float* y, float beta) {
-          const float one = 1.0f;
-          PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, w, ct, int(in), x, ct, int(in), &beta,
-                                  y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        });
-      }
+      fw.set_linear(p, m.linears[k]);
     }
     fw.layer();
   }

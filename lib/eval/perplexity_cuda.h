@@ -3,8 +3,9 @@
 //
 // Float checkpoints run through their weights in 16 bits; gptq / gptq_v2 checkpoints (4 or 8
 // bits) through the W4A16 / W8A16 kernels of lib/kernels/w4a16.cu, bitsandbytes NF4 checkpoints
-// through lib/kernels/nf4.cu, converted once at load time and resident; Linears a checkpoint keeps in float run as 16-bit GEMMs. Activations: the fp32
-// residual stream and 16-bit GEMM operands of lib/cuda/forward_cuda (docs/numerics.md).
+// through lib/kernels/nf4.cu, converted once at load time and resident; Linears a checkpoint
+// keeps in float run as 16-bit GEMMs. Activations: the fp32 residual stream and 16-bit GEMM
+// operands of lib/cuda/forward_cuda (docs/numerics.md).
 #pragma once
 #include <memory>
 #include <string>

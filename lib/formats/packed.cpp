@@ -462,11 +462,22 @@ std::function<bool(const std::string&, MatF*)> nf4_dequantized(const ExportJob& 
 
 // ------------------------------------------------------------------ reading
 
-Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape) {
+namespace {
+// The quant_state JSON bitsandbytes stores beside NF4 weight n (blocksize, shape, nested_*).
+json nf4_quant_state(const Checkpoint& ck, const std::string& n) {
   const std::string qs = n + ".quant_state.bitsandbytes__nf4";
-  const TensorView st_t = ck.get(qs);
+  const TensorView t = ck.get(qs);
   try {
-    const json st = json::parse(st_t.data, st_t.data + st_t.nbytes);
+    return json::parse(t.data, t.data + t.nbytes);
+  } catch (const json::exception& e) {
+    fail(Errc::format, ck.file_of(qs), qs, std::string("malformed JSON: ") + e.what());
+  }
+}
+}  // namespace
+
+Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape) {
+  const json st = nf4_quant_state(ck, n);
+  try {
     Nf4Tensor t;
     t.blocksize = st.at("blocksize").get<int>();
     if (shape) *shape = st.at("shape").get<Shape>();
@@ -483,7 +494,8 @@ Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape) {
     }
     return t;
   } catch (const json::exception& e) {
-    fail(Errc::format, ck.file_of(qs), qs, std::string("malformed quant state: ") + e.what());
+    const std::string qs = n + ".quant_state.bitsandbytes__nf4";
+    fail(Errc::format, ck.file_of(qs), qs, std::string("unexpected quant state: ") + e.what());
   }
 }
 
@@ -516,7 +528,7 @@ class PackedSource final : public WeightSource {
         fail(Errc::format, dir + "/config.json", "quantization_config.format", "compressed-tensors format '" + fmt + "' is not read (pack-quantized and int-quantized are)");
       if (!qc.contains("config_groups") || qc["config_groups"].empty())
         fail(Errc::format, dir + "/config.json", "quantization_config.config_groups", "missing");
-      // .at(), not operator[]: on a const json a missing key is undefined behaviour (found by fuzzing).
+      // Checked before operator[]: on a const json a missing key is undefined behaviour (found by fuzzing).
       const json& g = qc["config_groups"].begin().value();
       if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object())
         fail(Errc::format, dir + "/config.json", "quantization_config.config_groups.*.weights", "missing or not an object");
@@ -565,7 +577,7 @@ class PackedSource final : public WeightSource {
     switch (kind(n)) {
       case Gptq: return {ck_.get(m + ".scales").shape[1], ck_.get(m + ".g_idx").shape[0]};
       case Ct: { auto s = read_raw<int32_t>(ck_, m + ".weight_shape", DType::I32); return {s[0], s[1]}; }
-      case Nf4: return nf4_state(n)["shape"].get<Shape>();
+      case Nf4: return nf4_quant_state(ck_, n)["shape"].get<Shape>();
       default: return ck_.get(n).shape;   // float, and Int8 ([out, in] as stored)
     }
   }
@@ -644,14 +656,6 @@ class PackedSource final : public WeightSource {
   }
  private:
   ActQuant act_;
-  json nf4_state(const std::string& n) const {
-    TensorView t = ck_.get(n + ".quant_state.bitsandbytes__nf4");
-    try {
-      return json::parse(t.data, t.data + t.nbytes);
-    } catch (const json::exception& e) {
-      fail(Errc::format, ck_.file_of(n), n + ".quant_state.bitsandbytes__nf4", std::string("malformed JSON: ") + e.what());
-    }
-  }
   Checkpoint ck_;
   json qc_;
   std::string method_;
