@@ -38,6 +38,7 @@ CLI::App* g_bench_gptq = nullptr;
 CLI::App* g_bench_kernels = nullptr;
 int g_bk_runs = 100;
 std::vector<std::string> g_bk_kernels{"w4a16", "w8a16", "nf4", "w8a8"};
+std::vector<int64_t> g_bk_m{1, 8, 16, 32, 64, 128, 4096};
 struct BenchGptqArgs {
   std::string preset = "llama2-7b";
   int samples = 128, seq_len = 2048, bits = 4, group = 128;
@@ -243,6 +244,7 @@ void register_more_commands(CLI::App& app) {
   g_bench_kernels = g_bench->add_subcommand("kernels", "W4A16, W8A16, NF4 (against cuBLAS f16) and W8A8 (against cuBLAS bf16 and int8) GPU kernels: llama shapes, M = 1..4096, cold L2");
   g_bench_kernels->add_option("--runs", g_bk_runs, "runs per measurement (median)")->default_val(100);
   g_bench_kernels->add_option("--kernels", g_bk_kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');
+  g_bench_kernels->add_option("--m", g_bk_m, "activation rows M (default 1,8,16,32,64,128,4096)")->check(CLI::Range(int64_t(1), int64_t(65536)))->delimiter(',');
   g_bench_gptq->add_option("--layers", g_bg.layers, "run the whole pipeline on a synthetic checkpoint of this many layers (0: one layer's Hessians and solve only)");
   g_bench_gptq->add_option("--workdir", g_bg.workdir, "folder for the synthetic checkpoint and output (default: a temporary one, removed after)");
   g_bench_gptq->add_option("--seq-len", g_bg.seq_len, "tokens per window")->default_val(2048);
@@ -271,7 +273,7 @@ int run_more_commands(CLI::App& app) {
     fail(Errc::usage, "", "bench kernels", "this build has no CUDA");
 #else
     if (!cuda::available()) fail(Errc::usage, "", "bench kernels", "needs a GPU: " + cuda::describe());
-    cuda::bench_kernels({{4096, 4096}, {11008, 4096}, {4096, 11008}, {14336, 4096}, {4096, 14336}}, {1, 8, 16, 32, 64, 128, 4096}, g_bk_runs,
+    cuda::bench_kernels({{4096, 4096}, {11008, 4096}, {4096, 11008}, {14336, 4096}, {4096, 14336}}, g_bk_m, g_bk_runs,
                         g_bk_kernels);
     return 0;
 #endif

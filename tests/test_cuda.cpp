@@ -347,7 +347,7 @@ namespace {
 // A16 kernel against its fp32 reference on fresh f16-representable x [M, K]: norm-wise relative
 // error of y [M, N]. ref(x, y) is the reference GEMM; L->gemm the kernel.
 template <class Kernel, class Ref>
-double a16_error(const Kernel& L, int64_t M, int64_t K, int64_t N, Rng& r, Ref&& ref) {
+double a16_error(const Kernel& L, int64_t M, int64_t K, int64_t N, Rng& r, cuda::A16Path path, Ref&& ref) {
   std::vector<float> x(size_t(M * K)), yr(size_t(M * N));
   std::vector<uint16_t> xh(x.size()), yh(yr.size());
   for (size_t i = 0; i < x.size(); ++i) {
@@ -357,7 +357,7 @@ double a16_error(const Kernel& L, int64_t M, int64_t K, int64_t N, Rng& r, Ref&&
   ref(x.data(), yr.data());
   cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
   cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
-  L.gemm(dx.get(), M, dy.get());
+  L.gemm(dx.get(), M, dy.get(), path);
   cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
   double num = 0, den = 0;
   for (size_t i = 0; i < yr.size(); ++i) {
@@ -393,8 +393,9 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
   PTQ_REQUIRE_GPU();
   struct Case { int64_t out, in; int gs; bool sym, act; };
   const Case cases[] = {{96, 160, 32, false, true}, {4096, 4096, 128, true, false}, {4097, 4096, 128, false, true},
-                        {1024, 11008, 128, false, false}, {512, 4096, -1, true, false}, {768, 2048, 64, true, true}};
-  const int64_t Ms[] = {1, 2, 3, 7, 16, 33, 128, 255};
+                        {1024, 11008, 128, false, false}, {512, 4096, -1, true, false}, {768, 2048, 64, true, true},
+                        {64, 384, 96, false, true}};   // groups of 96: 3 (4-bit) or 6 (8-bit) uint4s, the division path
+  const int64_t Ms[] = {1, 2, 3, 7, 16, 33, 64, 128, 255};
   for (int bits : {4, 8})
   for (const Case& c : cases) {
     const QuantizedLinear q = random_q(bits, c.out, c.in, c.gs, c.sym, c.act, uint64_t(c.out * 31 + c.in + bits));
@@ -402,13 +403,15 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
       if (!v2 && !c.sym) continue;   // v1 is written for symmetric grids only
       const GptqPacked pk = pack_gptq(q, v2);
       auto L = cuda::W4A16Linear::from_gptq(pk, v2);
-      for (int64_t M : Ms) {
-        Rng r{uint64_t(M)};
-        const double rel = a16_error(*L, M, c.in, c.out, r, [&](const float* x, float* y) { ref_gemm_gptq(x, M, pk, v2, y); });
-        INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1") << " M=" << M
-                   << ": relative error " << rel);
-        CHECK(rel <= 2e-3);
-      }
+      for (int64_t M : Ms)
+        for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::mma}) {   // automatic: GEMV (M <= 4), mma (M <= 64), dequantize (above)
+          if (path == cuda::A16Path::mma && (M > 4 || M == 2)) continue;       // the tensor-core path forced where the GEMV would serve
+          Rng r{uint64_t(M)};
+          const double rel = a16_error(*L, M, c.in, c.out, r, path, [&](const float* x, float* y) { ref_gemm_gptq(x, M, pk, v2, y); });
+          INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1")
+                    << " M=" << M << (path == cuda::A16Path::mma ? " (mma forced)" : "") << ": relative error " << rel);
+          CHECK(rel <= 2e-3);
+        }
     }
   }
   QuantSpec s3;
@@ -465,16 +468,61 @@ TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128,
     for (auto& v : W) v = float(r.normal() * 0.02);
     const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), sh.B, sh.nested);
     auto L = cuda::Nf4Linear::from_nf4(t, sh.N, sh.K);
-    for (int64_t M : {1, 2, 3, 7, 16, 33, 128, 255}) {
-      if (sh.N * sh.K > 4096 * 4096 / 2 && M > 33) continue;   // the reference is slow; big shapes at small M
-      const double err = a16_error(*L, M, sh.K, sh.N, r, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, sh.N, sh.K, y); });
-      INFO("N " << sh.N << " K " << sh.K << " block " << sh.B << " nested " << sh.nested << " M " << M << ": relative error " << err);
-      CHECK(err <= 3e-3);
-      if (M == 1 && sh.N == 1024) std::cout << "NF4 1024x11008 M=1: relative error " << err << "\n";
-    }
+    for (int64_t M : {1, 2, 3, 7, 16, 33, 64, 128, 255})
+      for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::mma}) {
+        if (path == cuda::A16Path::mma && M > 4) continue;
+        if (sh.N * sh.K > 4096 * 4096 / 2 && M > 33) continue;   // the reference is slow; big shapes at small M
+        const double err = a16_error(*L, M, sh.K, sh.N, r, path, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, sh.N, sh.K, y); });
+        INFO("N " << sh.N << " K " << sh.K << " block " << sh.B << " nested " << sh.nested << " M " << M << (path == cuda::A16Path::mma ? " (mma forced)" : "")
+                  << ": relative error " << err);
+        CHECK(err <= 3e-3);
+        if (M <= 16 && sh.N == 1024) std::cout << "NF4 1024x11008 M=" << M << (path == cuda::A16Path::mma ? " mma" : "") << ": relative error " << err << "\n";
+      }
   }
   Nf4Tensor odd = nf4_quantize(std::vector<float>(64 * 96, 0.5f).data(), 64 * 96, 64, false);
   CHECK_THROWS_AS(cuda::Nf4Linear::from_nf4(odd, 64, 96), Error);   // in_features 96: not a multiple of the block
+}
+
+TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 output adds beta y, forced paths refuse M they do not take") {
+  PTQ_REQUIRE_GPU();
+  const int64_t N = 1000, K = 11008, M = 16;   // 22 K slices of 512 columns; N not a multiple of the 128-row tile
+  const QuantizedLinear q = random_q(4, N, K, 128, false, true, 77);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  Rng r{5};
+  std::vector<float> x(size_t(M * K)), y0(size_t(M * N)), yr(size_t(M * N));
+  std::vector<uint16_t> xh(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = round_to(DType::F16, float(r.normal()));
+    xh[i] = f32_to_f16_bits(x[i]);
+  }
+  for (auto& v : y0) v = float(r.normal());
+  ref_gemm_gptq(x.data(), M, pk, true, yr.data());
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(size_t(M * N), "y");
+  cuda::DeviceBuffer<float> df(y0.size(), "y f32");
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  std::vector<uint16_t> first(size_t(M * N)), again(size_t(M * N));
+  L->gemm(dx.get(), M, dy.get());
+  cuda::copy_to_host(first.data(), dy.get(), first.size() * 2);
+  for (int rep = 0; rep < 3; ++rep) {   // the last-arriving CTA differs from run to run; the bytes must not
+    L->gemm(dx.get(), M, dy.get());
+    cuda::copy_to_host(again.data(), dy.get(), again.size() * 2);
+    CHECK(again == first);
+  }
+  cuda::copy_to_device(df.get(), y0.data(), y0.size() * 4);
+  L->gemm_f32(dx.get(), M, df.get(), 1.0f);
+  std::vector<float> yf(y0.size());
+  cuda::copy_to_host(yf.data(), df.get(), yf.size() * 4);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < yf.size(); ++i) {
+    const double want = double(yr[i]) + y0[i];
+    num += (yf[i] - want) * (yf[i] - want);
+    den += want * want;
+  }
+  INFO("fp32 out with beta = 1: relative error " << std::sqrt(num / den));
+  CHECK(std::sqrt(num / den) <= 1e-3);
+  CHECK_THROWS_AS(L->gemm(dx.get(), 65, dy.get(), cuda::A16Path::mma), Error);
+  CHECK_THROWS_AS(L->gemm(dx.get(), 5, dy.get(), cuda::A16Path::gemv), Error);
 }
 
 TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equals the exact int32 reference, bf16 and fp32 out") {

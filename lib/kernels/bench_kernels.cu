@@ -58,12 +58,13 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     copy_gbs = 2.0 * double(n) / (us * 1e-6) / 1e9;
   }
   std::printf("bench kernels on %s: device-to-device copy %.0f GB/s (read + write); cold L2, median of %d runs\n", describe().c_str(), copy_gbs, runs);
-  std::printf("%-17s %5s | %9s %8s %7s | %9s %8s | %7s\n", "bits N x K", "M", "kernel us", "GB/s", "% copy", "cuBLAS us", "GB/s", "speedup");
+  std::printf("%-17s %5s %-7s | %9s %8s %7s | %9s %8s | %7s\n", "bits N x K", "M", "path", "kernel us", "GB/s", "% copy", "cuBLAS us", "GB/s", "speedup");
   cublasHandle_t h;
   PTQ_CUBLAS(cublasCreate(&h));
   // kind 4: W4A16 g128, 8: W8A16 per channel, 0: NF4 with blocks of 64
   for (int kind : {4, 8, 0})
-  for (auto [N, K] : shapes) {
+  for (const auto& shape_nk : shapes) {
+    const int64_t N = shape_nk.first, K = shape_nk.second;
     if (!wanted(kind == 4 ? "w4a16" : kind == 8 ? "w8a16" : "nf4")) continue;
     std::unique_ptr<W4A16Linear> L;
     std::unique_ptr<Nf4Linear> F;
@@ -92,23 +93,32 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     DeviceBuffer<__half> x(size_t(maxM * K), "x"), y(size_t(maxM * N), "y");
     fill_random_normal(x.get(), DType::F16, maxM * K, 2, 1.0f);
     for (int64_t M : Ms) {
-      const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
-        if (L) L->gemm(x.get(), M, y.get());
-        else F->gemm(x.get(), M, y.get());
-      });
       const float one = 1.0f, zero = 0.0f;
       const double cub = median_us(runs, flush.get(), flush_bytes, [&] {
         PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, Wf.get(), CUDA_R_16F, int(K), x.get(), CUDA_R_16F, int(K),
                                 &zero, y.get(), CUDA_R_16F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       });
-      const double act = 2.0 * double(M) * double(K + N);
-      const double ours_b = double(wbytes) + act, cub_b = 2.0 * double(N * K) + act;
-      const double ours_gbs = ours_b / (ours * 1e-6) / 1e9, cub_gbs = cub_b / (cub * 1e-6) / 1e9;
-      char shape[32];
-      if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
-      else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
-      std::printf("%-17s %5lld | %9.1f %8.0f %6.1f%% | %9.1f %8.0f | %6.2fx\n", shape, (long long)M, ours, ours_gbs, 100.0 * ours_gbs / copy_gbs, cub, cub_gbs,
-                  cub / ours);
+      // Every kernel that takes this M: the GEMV (M <= 4), tensor cores (M <= 64), dequantize + cuBLAS (M > 64).
+      std::vector<std::pair<A16Path, const char*>> paths;
+      if (M <= 4) paths.push_back({A16Path::gemv, "gemv"});
+      if (M <= 64) paths.push_back({A16Path::mma, "mma"});
+      else paths.push_back({A16Path::dequant, "dequant"});
+      for (const auto& pp : paths) {
+        const A16Path path = pp.first;
+        const char* pname = pp.second;
+        const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
+          if (L) L->gemm(x.get(), M, y.get(), path);
+          else F->gemm(x.get(), M, y.get(), path);
+        });
+        const double act = 2.0 * double(M) * double(K + N);
+        const double ours_b = double(wbytes) + act, cub_b = 2.0 * double(N * K) + act;
+        const double ours_gbs = ours_b / (ours * 1e-6) / 1e9, cub_gbs = cub_b / (cub * 1e-6) / 1e9;
+        char shape[32];
+        if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
+        else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
+        std::printf("%-17s %5lld %-7s | %9.1f %8.0f %6.1f%% | %9.1f %8.0f | %6.2fx\n", shape, (long long)M, pname, ours, ours_gbs, 100.0 * ours_gbs / copy_gbs, cub,
+                    cub_gbs, cub / ours);
+      }
     }
   }
   // W8A8: compute-bound from a few hundred rows; against cuBLAS bf16 and cuBLAS's own int8 GEMM
@@ -120,7 +130,8 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     std::vector<int64_t> Ms8 = Ms;
     Ms8.push_back(8192);
     const int64_t maxM = *std::max_element(Ms8.begin(), Ms8.end());
-    for (auto [N, K] : shapes) {
+    for (const auto& shape_nk : shapes) {
+    const int64_t N = shape_nk.first, K = shape_nk.second;
       Rng r(uint64_t(7 * N + K));
       std::vector<int8_t> hw(size_t(N * K));
       for (auto& v : hw) v = int8_t(int(r.next() % 255) - 127);

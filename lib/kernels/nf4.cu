@@ -6,8 +6,8 @@
 // row-major flattening, two per byte, the first element in the high nibble; absmax per block of B
 // consecutive elements (nested double quantization resolved to fp32 at load: absmax =
 // nested_map[q] * nested_absmax + offset). Accepted: K a multiple of 32 and of B; B in {32, 64,
-// 128, 256} (so a lane's 32 codes share one absmax); N any; M any (M <= 4 fused, larger M
-// dequantizes to f16 and calls cuBLAS).
+// 128, 256} (so a lane's 32 codes share one absmax); N any; M any (M <= 4 the GEMV, M <= 64 the
+// tensor-core kernel of kernels/a16_mma.cuh, larger M dequantizes to f16 and calls cuBLAS).
 // Math: a 256-entry shared-memory table maps a code byte to the half2 {NF4[hi], NF4[lo]}; one
 // HFMA2 per byte against the matching x pair, four bytes summed in f16, then fp32, times the
 // block's absmax in fp32. Tolerance against the fp32 reference: the NF4 values rounded to f16
@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
+#include "kernels/a16_mma.cuh"
 
 namespace ptq::cuda {
 
@@ -106,6 +107,37 @@ __global__ void nf4_gemv_kernel(const uint4* __restrict__ codes, const float* __
     }
 }
 
+// The tensor-core path (M = 5..64, kernels/a16_mma.cuh): a word's 4 bytes through the same
+// shared-memory table, times the block's absmax in f16 (the f16 NF4 value times the f16 absmax:
+// two more roundings than the fp32 product of a dequantized f16 matrix, within 3 * 2^-11).
+struct Nf4Format {
+  static constexpr int kCodes = 32, kPerWord = 8;
+  using Raw = float;
+  using Prep = __half2;   // {absmax, absmax}
+  const float* absmax;
+  __half2* lut;
+  int blocks_per_row, shift;   // block of uint4 j in its row: j >> shift (B / 32 a power of two)
+  __device__ void setup() const { fill_table(lut); }
+  __device__ Raw raw(int row, int j) const { return __ldg(absmax + int64_t(row) * blocks_per_row + (j >> shift)); }
+  __device__ Raw none() const { return 0.0f; }
+  __device__ Prep prep(Raw r) const { return __float2half2_rn(r); }
+  __device__ void dequant(uint32_t word, const Prep& m, uint32_t* b) const {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const __half2 v = __hmul2(lut[(word >> (8 * p)) & 255u], m);   // {first (high nibble), second}
+      b[p] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+  }
+};
+
+template <int MB>
+__global__ void __launch_bounds__(a16::kWarps * 32, MB == 1 ? 3 : 2)
+    nf4_mma_kernel(const float* __restrict__ absmax, int B, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh,
+                   float* __restrict__ yf, float beta, int M, int N, int K, int cpc) {
+  __shared__ __half2 lut[256];
+  a16::mma_kernel_body<MB>(Nf4Format{absmax, lut, K / B, B == 32 ? 0 : B == 64 ? 1 : B == 128 ? 2 : 3}, W, x, yh, yf, beta, M, N, K, cpc);
+}
+
 // W in f16 (fp32 product, one rounding: what a dequantized f16 model holds). A thread per 16 bytes
 // of codes (32 weights, one absmax since B >= 32), four 16-byte stores; the 16 code values in
 // shared memory sit in 16 distinct banks, so the lookups never conflict.
@@ -170,16 +202,33 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   return L;
 }
 
-void Nf4Linear::gemm(const void* x, int64_t M, void* y) const { run(x, M, y, false, 0.0f); }
-void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const { run(x, M, y, true, beta); }
+void Nf4Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
+void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const { run(x, M, y, true, beta, A16Path::automatic); }
 
-void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) const {
+void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
+  if (path == A16Path::automatic) path = M <= kFusedMaxM && !f32 ? A16Path::gemv : M <= a16::kMaxM ? A16Path::mma : A16Path::dequant;
+  if (path == A16Path::gemv && (M > kFusedMaxM || f32)) fail(Errc::usage, "", "M", "the NF4 GEMV takes M <= 4 rows and f16 output, got M = " + std::to_string(M));
+  if (path == A16Path::mma && M > a16::kMaxM) fail(Errc::usage, "", "M", "the NF4 tensor-core kernel takes M <= 64 rows, got M = " + std::to_string(M));
   const auto* xh = static_cast<const __half*>(x);
-  if (M <= kFusedMaxM && !f32) {
+  auto* cw = reinterpret_cast<const uint4*>(m.codes.get());
+  if (path == A16Path::mma) {
+    const a16::Launch l = a16::plan(m.N, m.K, 32);
+    __half* yh = f32 ? nullptr : static_cast<__half*>(y);
+    float* yf = f32 ? static_cast<float*>(y) : nullptr;
+    const int N = int(m.N), K = int(m.K);
+    switch ((M + 15) / 16) {
+#define PTQ_NF4_MMA(mb) \
+  case mb: a16::launch(l, nf4_mma_kernel<mb>, m.absmax.get(), m.B, cw, xh, yh, yf, beta, int(M), N, K, l.cpc); break;
+      PTQ_NF4_MMA(1) PTQ_NF4_MMA(2) PTQ_NF4_MMA(3) PTQ_NF4_MMA(4)
+#undef PTQ_NF4_MMA
+    }
+    PTQ_CUDA_LAUNCH("nf4_mma_kernel");
+    return;
+  }
+  if (path == A16Path::gemv) {
     const unsigned blocks = unsigned(((m.N + 3) / 4 * 32 + 255) / 256);   // a warp per 4 rows
-    auto* cw = reinterpret_cast<const uint4*>(m.codes.get());
     auto* yh = static_cast<__half*>(y);
     switch (M) {
       case 1: nf4_gemv_kernel<1><<<blocks, 256>>>(cw, m.absmax.get(), xh, yh, int(m.N), int(m.K), m.B); break;
@@ -190,7 +239,7 @@ void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) con
     PTQ_CUDA_LAUNCH("nf4_gemv_kernel");
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 4)");
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 64)");
   const int64_t chunks = m.N * m.K / 32;
   nf4_dequant_kernel<<<unsigned((chunks + 255) / 256), 256>>>(reinterpret_cast<const uint4*>(m.codes.get()), m.absmax.get(),
                                                               reinterpret_cast<uint4*>(wf.get()), chunks, m.B);

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "formats/pack.h"
+#include "kernels/a16_path.h"
 
 namespace ptq::cuda {
 
@@ -15,10 +16,12 @@ class Nf4Linear {
   // of 32, and block sizes other than 32, 64, 128 or 256.
   static std::unique_ptr<Nf4Linear> from_nf4(const Nf4Tensor& t, int64_t out, int64_t in);
   ~Nf4Linear();
-  // y [M, out] f16 = x [M, in] f16 · Wᵀ (device). M <= 4: the fused GEMV; larger M: dequantize to
-  // f16 and cuBLAS.
-  void gemm(const void* x, int64_t M, void* y) const;
-  // y [M, out] fp32 = x · Wᵀ + beta · y (dequantize + cuBLAS, fp32 accumulation).
+  // y [M, out] f16 = x [M, in] f16 · Wᵀ (device). M <= 4: the fused GEMV; M <= 64: the
+  // tensor-core kernel; larger M: dequantize to f16 and cuBLAS. Calls on one Linear are
+  // stream-ordered (the default stream).
+  void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
+  // y [M, out] fp32 = x · Wᵀ + beta · y, fp32 accumulation (tensor cores for M <= 64, dequantize
+  // + cuBLAS above).
   void gemm_f32(const void* x, int64_t M, float* y, float beta) const;
   int64_t out() const;
   int64_t in() const;
@@ -27,7 +30,7 @@ class Nf4Linear {
   struct Impl;
   std::unique_ptr<Impl> p_;
   Nf4Linear();
-  void run(const void* x, int64_t M, void* y, bool f32, float beta) const;
+  void run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const;
 };
 
 }  // namespace ptq::cuda

@@ -11,11 +11,14 @@
 //   - per (row, group): the zero point as an f16 integer z and the scale s (f16, the value GPTQ
 //     stored), so w = (q - z) * s is formed in f16 exactly as a dequantized f16 weight would be.
 // Math: per 8-code word, (q - z) from the magic-number trick (0x6400 | q = 1024 + q in f16, less
-// 1024 + z: exact), times s (one f16 rounding = the f16 dequantized weight), times x with f16 FMA
-// over the word's 4 half2 pairs, then fp32 across words and lanes. Tolerance against the fp32
-// reference: the f16 weight rounding plus 4-term f16 partial sums (tests: 2e-3 relative, norm-wise).
-// Shapes accepted: K and the group size multiples of 128/BITS (or one group), N any, M any (M <= 4 fused;
-// larger M dequantizes to f16 and calls cuBLAS: correct, slower than cuBLAS on f16 weights).
+// 1024 + z: exact; codes in bits 4..7 taken in place and brought down by an exact FMA), times s
+// (one f16 rounding = the f16 dequantized weight), times x with f16 FMA over the word's 4 half2
+// pairs, then fp32 across words and lanes. Tolerance against the fp32 reference: the f16 weight
+// rounding plus 4-term f16 partial sums (tests: 2e-3 relative, norm-wise).
+// Paths by M: M <= 4 the GEMV below (CUDA cores); M <= 64 the tensor-core kernel of
+// kernels/a16_mma.cuh on the same layout (fp32 accumulation); larger M dequantizes to f16 and calls
+// cuBLAS (correct, slower than cuBLAS on f16 weights). Shapes accepted: K and the group size
+// multiples of 128/BITS (or one group), N any.
 // Roofline at M = 1: reads N*K/2 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
 #include <cublas_v2.h>
@@ -29,13 +32,14 @@
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
+#include "kernels/a16_mma.cuh"
 #include "kernels/w4a16.h"
 
 namespace ptq::cuda {
 
 namespace {
-// Rows of x served by the fused kernel; measured on the H100 (docs/benchmarks.md): at M = 8 it
-// took 57-183 us against 32-107 us for dequantize + cuBLAS at M = 16, so M > 4 goes that way.
+// Rows of x served by the GEMV (CUDA cores); M up to a16::kMaxM goes to the tensor-core kernel,
+// larger M dequantizes and calls cuBLAS. Measured on the H100 (docs/benchmarks.md).
 constexpr int64_t kFusedMaxM = 4;
 
 cublasHandle_t blas() { return blas_handle(); }
@@ -46,14 +50,31 @@ __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int6
 }
 
 // (q - z) for the 32/BITS codes of a word, as half2 {code 2t, code 2t+1} (the interleaved order of
-// the layout): 0x6400 | code = 1024 + q in f16, exact for codes below 1024.
+// the layout: code 2t at bit BITS t, code 2t+1 at bit 16 + BITS t). 0x6400 | q = 1024 + q in f16
+// (exact for q < 1024), less 1024 + z: exact. At 4 bits the pairs at bits 4 and 20 are taken in
+// place as 1024 + 16q and brought to q - z by one FMA with 1/16 and -(64 + z), exact too (h / 16
+// and the difference are small integers): 2 shifts fewer per word (Marlin's lop3 trick).
+struct ZeroPoint {
+  __half2 z1024, nz64;   // {1024 + z} x 2, {-(64 + z)} x 2
+};
+__device__ __forceinline__ ZeroPoint zero_point(__half z1024) {
+  const __half2 z = __half2half2(z1024);
+  return {z, __hneg2(__hsub2(z, __float2half2_rn(960.0f)))};
+}
 template <int BITS>
-__device__ __forceinline__ void codes_minus_zero(uint32_t w, __half2 z1024, __half2* d) {
-  constexpr uint32_t mask = BITS == 4 ? 0x000F000Fu : 0x00FF00FFu, magic = 0x64006400u;
-#pragma unroll
-  for (int t = 0; t < 16 / BITS; ++t) {
-    const uint32_t h = ((w >> (BITS * t)) & mask) | magic;
-    d[t] = __hsub2(*reinterpret_cast<const __half2*>(&h), z1024);
+__device__ __forceinline__ void codes_minus_zero(uint32_t w, ZeroPoint z, __half2* d) {
+  constexpr uint32_t magic = 0x64006400u;
+  auto h2 = [](uint32_t u) { return *reinterpret_cast<const __half2*>(&u); };
+  if constexpr (BITS == 4) {
+    const __half2 sixteenth = __float2half2_rn(0.0625f);
+    const uint32_t w8 = w >> 8;
+    d[0] = __hsub2(h2((w & 0x000F000Fu) | magic), z.z1024);
+    d[1] = __hfma2(h2((w & 0x00F000F0u) | magic), sixteenth, z.nz64);
+    d[2] = __hsub2(h2((w8 & 0x000F000Fu) | magic), z.z1024);
+    d[3] = __hfma2(h2((w8 & 0x00F000F0u) | magic), sixteenth, z.nz64);
+  } else {
+    d[0] = __hsub2(h2((w & 0x00FF00FFu) | magic), z.z1024);
+    d[1] = __hsub2(h2(((w >> 8) & 0x00FF00FFu) | magic), z.z1024);
   }
 }
 
@@ -66,12 +87,13 @@ template <> struct XSlice<8> { uint2 v; __device__ void load(const __half* p) { 
 template <int M, int BITS>
 __device__ __forceinline__ void accumulate_uint4(const uint4 q, const __half2 zsv, const __half* __restrict__ xp, int K, int j, float* acc) {
   constexpr int kPerWord = 32 / BITS, kPairs = kPerWord / 2;
-  const __half2 z1024 = __half2half2(__low2half(zsv)), s2 = __half2half2(__high2half(zsv));   // {1024 + z, s}
+  const ZeroPoint z = zero_point(__low2half(zsv));   // zsv = {1024 + z, s}
+  const __half2 s2 = __half2half2(__high2half(zsv));
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int wi = 0; wi < 4; ++wi) {
     __half2 d[kPairs];
-    codes_minus_zero<BITS>(words[wi], z1024, d);
+    codes_minus_zero<BITS>(words[wi], z, d);
 #pragma unroll
     for (int t = 0; t < kPairs; ++t) d[t] = __hmul2(d[t], s2);   // the f16 dequantized weights {w_2t, w_2t+1}
 #pragma unroll
@@ -87,6 +109,21 @@ __device__ __forceinline__ void accumulate_uint4(const uint4 q, const __half2 zs
     }
   }
 }
+
+// The group of uint4 number j of a row, for the tensor-core path: j >> shift when a group holds a
+// power of two uint4s (30 for one group per row), else j / div. (The GEMV keeps its division:
+// this struct in its loop measured 10-15% slower at M = 1, docs/benchmarks.md.)
+struct GroupOf {
+  int shift, div;
+  __device__ int operator()(int j) const { return shift >= 0 ? j >> shift : j / div; }
+  static GroupOf make(int64_t groups, int64_t gs, int codes_per_u4) {
+    const int div = groups == 1 ? 1 << 30 : int(gs / codes_per_u4);
+    int shift = groups == 1 ? 30 : -1;
+    for (int b = 0; b < 30 && shift < 0; ++b)
+      if ((1 << b) == div) shift = b;
+    return {shift, div};
+  }
+};
 
 // One warp per output row; lanes stride over the row's uint4 words, issuing kU loads before using
 // any (memory-level parallelism: a 4096-wide 4-bit row is only 4 loads per lane).
@@ -125,6 +162,41 @@ __global__ void wq_gemv_kernel(const uint4* __restrict__ W, const __half2* __res
   }
 }
 
+// The tensor-core path (M = 5..64, kernels/a16_mma.cuh) reads the same layout: a word's codes
+// (q - z) * s as f16 pairs, exactly the GEMV's dequantization.
+template <int BITS>
+struct GptqFormat {
+  static constexpr int kCodes = 128 / BITS, kPerWord = 32 / BITS;
+  using Raw = __half2;   // {1024 + z, s}
+  struct Prep {
+    ZeroPoint z;
+    __half2 s;
+  };
+  const __half2* zs;
+  int groups;
+  GroupOf group;
+  __device__ void setup() const {}
+  __device__ Raw raw(int row, int j) const { return __ldg(zs + int64_t(row) * groups + group(j)); }
+  __device__ Raw none() const { return __halves2half2(__float2half_rn(1024.0f), __float2half_rn(0.0f)); }
+  __device__ Prep prep(Raw r) const { return {zero_point(__low2half(r)), __half2half2(__high2half(r))}; }
+  __device__ void dequant(uint32_t word, const Prep& p, uint32_t* b) const {
+    __half2 d[kPerWord / 2];
+    codes_minus_zero<BITS>(word, p.z, d);
+#pragma unroll
+    for (int q = 0; q < kPerWord / 2; ++q) {
+      const __half2 v = __hmul2(d[q], p.s);
+      b[q] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+  }
+};
+
+template <int MB, int BITS>
+__global__ void __launch_bounds__(a16::kWarps * 32, MB == 1 ? 3 : 2)
+    wq_mma_kernel(GptqFormat<BITS> f, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf,
+                  float beta, int M, int N, int K, int cpc) {
+  a16::mma_kernel_body<MB>(f, W, x, yh, yf, beta, M, N, K, cpc);
+}
+
 // W (f16, row-major [N, K], permuted columns) for the large-M path; one thread per word.
 template <int BITS>
 __global__ void dequant_kernel(const uint32_t* W, const __half2* zs, __half* out, int N, int K, int groups, int gs) {
@@ -134,7 +206,7 @@ __global__ void dequant_kernel(const uint32_t* W, const __half2* zs, __half* out
   const int row = int(i / (K / kPerWord)), c0 = int(i % (K / kPerWord)) * kPerWord;
   const __half2 zsv = zs[int64_t(row) * groups + c0 / gs];
   __half2 d[kPerWord / 2];
-  codes_minus_zero<BITS>(W[i], __half2half2(__low2half(zsv)), d);
+  codes_minus_zero<BITS>(W[i], zero_point(__low2half(zsv)), d);
   const __half2 s2 = __half2half2(__high2half(zsv));
   __half2* o = reinterpret_cast<__half2*>(out + int64_t(row) * K + c0);
 #pragma unroll
@@ -198,12 +270,15 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
 
 // Workspaces (the gathered x, the dequantized W) come from the pool on each call and go back at
 // its end: one model's Linears share them, and stream order makes the reuse safe.
-void W4A16Linear::gemm(const void* x, int64_t M, void* y) const { run(x, M, y, false, 0.0f); }
-void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const { run(x, M, y, true, beta); }
+void W4A16Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
+void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const { run(x, M, y, true, beta, A16Path::automatic); }
 
-void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) const {
+void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
+  if (path == A16Path::automatic) path = M <= kFusedMaxM && !f32 ? A16Path::gemv : M <= a16::kMaxM ? A16Path::mma : A16Path::dequant;
+  if (path == A16Path::gemv && (M > kFusedMaxM || f32)) fail(Errc::usage, "", "M", "the W4A16 GEMV takes M <= 4 rows and f16 output, got M = " + std::to_string(M));
+  if (path == A16Path::mma && M > a16::kMaxM) fail(Errc::usage, "", "M", "the W4A16 tensor-core kernel takes M <= 64 rows, got M = " + std::to_string(M));
   const __half* xp = static_cast<const __half*>(x);
   DeviceBuffer<__half> xg;
   if (!m.identity) {   // act-order: x in the kernel's column order
@@ -212,14 +287,15 @@ void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) c
     PTQ_CUDA_LAUNCH("gather_kernel");
     xp = xg.get();
   }
-  if (M <= kFusedMaxM && !f32) {
+  auto* Wv = reinterpret_cast<const uint4*>(m.W.get());
+  const int N = int(m.N), K = int(m.K), G = int(m.groups);
+  const GroupOf group = GroupOf::make(m.groups, m.gs, 128 / m.bits);
+  if (path == A16Path::gemv) {
     const unsigned blocks = unsigned((m.N * 32 + 255) / 256);
-    auto* Wv = reinterpret_cast<const uint4*>(m.W.get());
     auto* yh = static_cast<__half*>(y);
-    const int N = int(m.N), K = int(m.K), G = int(m.groups), gs = int(m.gs);
     const int key = int(M) * 100 + m.bits;
     switch (key) {
-#define PTQ_WQ_CASE(mm, b) case mm * 100 + b: wq_gemv_kernel<mm, b><<<blocks, 256>>>(Wv, m.zs.get(), xp, yh, N, K, G, gs); break;
+#define PTQ_WQ_CASE(mm, b) case mm * 100 + b: wq_gemv_kernel<mm, b><<<blocks, 256>>>(Wv, m.zs.get(), xp, yh, N, K, G, int(m.gs)); break;
       PTQ_WQ_CASE(1, 4) PTQ_WQ_CASE(2, 4) PTQ_WQ_CASE(3, 4) PTQ_WQ_CASE(4, 4)
       PTQ_WQ_CASE(1, 8) PTQ_WQ_CASE(2, 8) PTQ_WQ_CASE(3, 8) PTQ_WQ_CASE(4, 8)
 #undef PTQ_WQ_CASE
@@ -227,7 +303,22 @@ void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta) c
     PTQ_CUDA_LAUNCH("wq_gemv_kernel");
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 4)");
+  if (path == A16Path::mma) {
+    const a16::Launch l = a16::plan(m.N, m.K, 128 / m.bits);
+    __half* yh = f32 ? nullptr : static_cast<__half*>(y);
+    float* yf = f32 ? static_cast<float*>(y) : nullptr;
+    const int MB = int((M + 15) / 16), key = MB * 100 + m.bits;
+    switch (key) {
+#define PTQ_MMA_CASE(mb, b) \
+  case mb * 100 + b: a16::launch(l, wq_mma_kernel<mb, b>, GptqFormat<b>{m.zs.get(), G, group}, Wv, xp, yh, yf, beta, int(M), N, K, l.cpc); break;
+      PTQ_MMA_CASE(1, 4) PTQ_MMA_CASE(2, 4) PTQ_MMA_CASE(3, 4) PTQ_MMA_CASE(4, 4)
+      PTQ_MMA_CASE(1, 8) PTQ_MMA_CASE(2, 8) PTQ_MMA_CASE(3, 8) PTQ_MMA_CASE(4, 8)
+#undef PTQ_MMA_CASE
+    }
+    PTQ_CUDA_LAUNCH("wq_mma_kernel");
+    return;
+  }
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 64)");
   const unsigned dq_blocks = unsigned((m.N * m.K * m.bits / 32 + 255) / 256);
   if (m.bits == 4) dequant_kernel<4><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));
   else dequant_kernel<8><<<dq_blocks, 256>>>(m.W.get(), m.zs.get(), wf.get(), int(m.N), int(m.K), int(m.groups), int(m.gs));

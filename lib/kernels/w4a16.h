@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "formats/packed.h"
+#include "kernels/a16_path.h"
 
 namespace ptq::cuda {
 
@@ -15,11 +16,12 @@ class W4A16Linear {
   // not a multiple of 128/bits, or groups of unequal sizes.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
   ~W4A16Linear();
-  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 4: the fused GEMV kernel; larger
-  // M: dequantize to a 16-bit workspace and cuBLAS (correct, not fast).
-  void gemm(const void* x, int64_t M, void* y) const;
-  // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation: the dequantized f16 weights
-  // through cuBLAS whatever M (what a prefill, and the evaluation forward, use).
+  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 4: the fused GEMV kernel;
+  // M <= 64: the tensor-core kernel (mma.sync, dequantized in registers); larger M: dequantize to
+  // an f16 workspace and cuBLAS. Calls on one Linear are stream-ordered (the default stream).
+  void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
+  // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation: the tensor-core kernel for
+  // M <= 64, the dequantized f16 weights through cuBLAS above (a prefill, the evaluation forward).
   void gemm_f32(const void* x, int64_t M, float* y, float beta) const;
   int64_t out() const;
   int64_t in() const;
@@ -29,7 +31,7 @@ class W4A16Linear {
   struct Impl;
   std::unique_ptr<Impl> p_;
   W4A16Linear();
-  void run(const void* x, int64_t M, void* y, bool f32, float beta) const;
+  void run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const;
 };
 
 }  // namespace ptq::cuda
