@@ -30,12 +30,26 @@
 
 #include <cstdint>
 
+#include <string>
+
+#include "core/error.h"
 #include "cuda/runtime.h"
+#include "kernels/a16_path.h"
 
 namespace ptq::cuda::a16 {
 
 constexpr int kNT = 2, kWarps = 8, kRows = kWarps * kNT * 8, kMaxSlices = 8;
-constexpr int64_t kMaxM = 64;
+constexpr int64_t kMaxM = 64, kGemvMaxM = 4;   // rows served by the tensor-core kernel and by the GEMVs
+
+// The kernel that serves a call (automatic: by M), or Errc::usage when a forced one cannot take M.
+inline A16Path resolve(A16Path path, int64_t M, bool f32, const char* kernel) {
+  if (path == A16Path::automatic) return M <= kGemvMaxM && !f32 ? A16Path::gemv : M <= kMaxM ? A16Path::mma : A16Path::dequant;
+  if (path == A16Path::gemv && (M > kGemvMaxM || f32))
+    fail(Errc::usage, "", "M", std::string("the ") + kernel + " GEMV takes M <= 4 rows and f16 output, got M = " + std::to_string(M));
+  if (path == A16Path::mma && M > kMaxM)
+    fail(Errc::usage, "", "M", std::string("the ") + kernel + " tensor-core kernel takes M <= 64 rows, got M = " + std::to_string(M));
+  return path;
+}
 
 __device__ __forceinline__ void mma_m16n8k16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"

@@ -30,7 +30,6 @@
 namespace ptq::cuda {
 
 namespace {
-constexpr int64_t kFusedMaxM = 4;
 
 __constant__ float kCode[16];
 
@@ -208,9 +207,7 @@ void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const {
 void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
-  if (path == A16Path::automatic) path = M <= kFusedMaxM && !f32 ? A16Path::gemv : M <= a16::kMaxM ? A16Path::mma : A16Path::dequant;
-  if (path == A16Path::gemv && (M > kFusedMaxM || f32)) fail(Errc::usage, "", "M", "the NF4 GEMV takes M <= 4 rows and f16 output, got M = " + std::to_string(M));
-  if (path == A16Path::mma && M > a16::kMaxM) fail(Errc::usage, "", "M", "the NF4 tensor-core kernel takes M <= 64 rows, got M = " + std::to_string(M));
+  path = a16::resolve(path, M, f32, "NF4");
   const auto* xh = static_cast<const __half*>(x);
   auto* cw = reinterpret_cast<const uint4*>(m.codes.get());
   if (path == A16Path::mma) {

@@ -38,10 +38,6 @@
 namespace ptq::cuda {
 
 namespace {
-// Rows of x served by the GEMV (CUDA cores); M up to a16::kMaxM goes to the tensor-core kernel,
-// larger M dequantizes and calls cuBLAS. Measured on the H100 (docs/benchmarks.md).
-constexpr int64_t kFusedMaxM = 4;
-
 cublasHandle_t blas() { return blas_handle(); }
 
 __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int64_t M, int64_t K) {
@@ -276,9 +272,7 @@ void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const
 void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
-  if (path == A16Path::automatic) path = M <= kFusedMaxM && !f32 ? A16Path::gemv : M <= a16::kMaxM ? A16Path::mma : A16Path::dequant;
-  if (path == A16Path::gemv && (M > kFusedMaxM || f32)) fail(Errc::usage, "", "M", "the W4A16 GEMV takes M <= 4 rows and f16 output, got M = " + std::to_string(M));
-  if (path == A16Path::mma && M > a16::kMaxM) fail(Errc::usage, "", "M", "the W4A16 tensor-core kernel takes M <= 64 rows, got M = " + std::to_string(M));
+  path = a16::resolve(path, M, f32, "W4A16");
   const __half* xp = static_cast<const __half*>(x);
   DeviceBuffer<__half> xg;
   if (!m.identity) {   // act-order: x in the kernel's column order
