@@ -139,7 +139,13 @@ int bench_pipeline() {
   std::printf("  forward: %s\n", rep["forward"].get<std::string>().c_str());
   std::printf("  (synthetic checkpoint written in %.1f s, not counted)\n", t_synth);
   for (auto& [k, v] : rep["phases_seconds"].items()) std::printf("  %-24s %8.3f s\n", k.c_str(), v.get<double>());
+  if (rep.contains("solve_phases_seconds"))
+    for (auto& [k, v] : rep["solve_phases_seconds"].items()) std::printf("    solve: %-15s %8.3f s\n", k.c_str(), v.get<double>());
+  double in_phases = 0;
+  for (auto& [k, v] : rep["phases_seconds"].items()) in_phases += v.get<double>();
+  std::printf("  %-24s %8.3f s\n", "(not in a phase)", rep["total_seconds"].get<double>() - in_phases);
   std::printf("  %-24s %8.3f s\n", "total", rep["total_seconds"].get<double>());
+  std::printf("  %-24s %8.3f s  (in a background thread)\n", "layer files written", rep["background_seconds"]["save_layer"].get<double>());
   std::printf("  %-24s %8.3f s  (in a background thread, overlapping the above)\n", "next-layer reads", rep["background_seconds"]["load_next_layer"].get<double>());
   std::printf("  %-24s %8.3f s  (layers 1..%d: %.3f s)\n", "per layer", per_layer, g_bg.layers - 1,
               g_bg.layers > 1 ? (layer_sum - rep["layers"][0]["seconds"].get<double>()) / (g_bg.layers - 1) : per_layer);

@@ -3,9 +3,10 @@
 // Contract. Activations: S windows of T tokens, rows [S*T, width] row-major, token (s, t) at row
 // s*T + t. X (fp32) is the residual stream; Linears read 16-bit inputs and 16-bit weights
 // [out, in] and accumulate in fp32 (GemmEx). Processed in chunks of whole windows of at most
-// kChunkTokens tokens. Attention: per window, scores = Q K^T for all heads (strided-batched GEMM,
-// fp32 out; GQA by one batched call per query head of a KV group), causal (and sliding-window)
-// softmax in fp32 to 16-bit P, ctx = P V in 16-bit. The reference is lib/model/llama.cpp
+// kChunkTokens tokens. Attention: flash_attention (attention_cuda.cu) for head_dim 64 and 128;
+// otherwise per window, scores = Q K^T for all heads (strided-batched GEMM, fp32 out; GQA by one
+// batched call per query head of a KV group), causal (and sliding-window) softmax in fp32 to
+// 16-bit P, ctx = P V in 16-bit. The reference is lib/model/llama.cpp
 // (attention_core, mlp_act, rmsnorm, apply_rope) in fp32; tests/test_cuda.cpp compares the two.
 // Roofline: GEMM-bound (2 * params * tokens + 4 * T^2 * q_dim * S FLOPs per layer on tensor
 // cores); the elementwise kernels move each activation once.
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/attention_cuda.h"
 #include "cuda/forward_cuda.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
@@ -140,6 +142,24 @@ __global__ void diff_widen_kernel(const float* a, const float* b, int64_t n, dou
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) e[i] = double(a[i] - b[i]);
 }
+__global__ void diff_kernel(const float* a, const float* b, int64_t n, float* e) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) e[i] = a[i] - b[i];
+}
+__global__ void narrow_scaled_kernel(const double* x, int64_t n, double scale, float* y) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = float(scale * x[i]);
+}
+// acc[r] += sum_j E[r, j] G[r, j] for j < nc (E row stride lde, G rows of nc), fp64; a warp per row.
+__global__ void block_row_dot_kernel(const float* E, int64_t lde, const float* G, int64_t nc, int64_t rows, double* acc) {
+  const int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  double s = 0;
+  for (int64_t j = lane; j < nc; j += 32) s += double(E[r * lde + j]) * double(G[r * nc + j]);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) acc[r] += s;
+}
 // fp32 weights to the forward's 16-bit dtype (1: f16, 2: bf16), round to nearest even.
 __global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -174,7 +194,8 @@ bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why) {
   auto no = [&](const std::string& w) { if (why) *why = w; return false; };
   if (c.head_dim % 2) return no("odd head_dim");
   if (c.num_attention_heads % c.num_key_value_heads) return no("heads not a multiple of KV heads");
-  if (int64_t(seq_len) * seq_len * c.num_attention_heads * 6 > (int64_t(8) << 30)) return no("attention scores of one window exceed 8 GiB");
+  if (!flash_attention_supported(c.head_dim) && int64_t(seq_len) * seq_len * c.num_attention_heads * 6 > (int64_t(8) << 30))
+    return no("attention scores of one window exceed 8 GiB (head_dim " + std::to_string(c.head_dim) + " has no flash attention)");
   return true;
 }
 
@@ -184,28 +205,42 @@ struct LayerForwardCuda::Impl {
   int64_t N, chunk_rows;
   DType dt;
   size_t es = 2;
+  bool flash = false;   // attention by flash_attention (head_dim 64 or 128), else cuBLAS + softmax
   float eps;
   DeviceBuffer<float> X, cs, sn, norm1, norm2, y32, scores;
   DeviceBuffer<float> bias[7];
   LayerForwardCuda::LinearFn override_[7];
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
   int64_t outs[7], ins[7];
-  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+  std::vector<cudaEvent_t> events;   // pairs around each Hessian accumulation, read when asked
+  size_t events_used = 0;
   double hessian_seconds = 0;
-  // h += rows of x, timed with events (the Hessian GEMMs are reported apart from the forward).
+  // h += rows of x, timed with events (the Hessian GEMMs are reported apart from the forward); the
+  // host does not wait here, so the next chunk's kernels queue behind the GEMMs.
   void hessian_add(HessianCuda* h, const void* x, int64_t rows) {
     if (!h) return;
-    PTQ_CUDA(cudaEventRecord(ev0));
+    if (events_used >= 512) collect_hessian_times();   // callers that never ask
+    while (events.size() < events_used + 2) {
+      cudaEvent_t e;
+      PTQ_CUDA(cudaEventCreate(&e));
+      events.push_back(e);
+    }
+    PTQ_CUDA(cudaEventRecord(events[events_used]));
     h->add_device(x, rows);
-    PTQ_CUDA(cudaEventRecord(ev1));
-    PTQ_CUDA(cudaEventSynchronize(ev1));
-    float ms = 0;
-    PTQ_CUDA(cudaEventElapsedTime(&ms, ev0, ev1));
-    hessian_seconds += ms / 1000.0;
+    PTQ_CUDA(cudaEventRecord(events[events_used + 1]));
+    events_used += 2;
+  }
+  void collect_hessian_times() {
+    for (size_t i = 0; i < events_used; i += 2) {
+      PTQ_CUDA(cudaEventSynchronize(events[i + 1]));
+      float ms = 0;
+      PTQ_CUDA(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+      hessian_seconds += ms / 1000.0;
+    }
+    events_used = 0;
   }
   ~Impl() {
-    if (ev0) cudaEventDestroy(ev0);
-    if (ev1) cudaEventDestroy(ev1);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
   void* at(const DeviceBuffer<uint8_t>& b, int64_t elems) const { return b.get() + size_t(elems) * es; }
   // y [rows, out_p] fp32 = x [rows, in_p] W_p^T + beta y: the 16-bit weights, or the Linear's override.
@@ -224,8 +259,10 @@ struct LayerForwardCuda::Impl {
       m.q16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * qd) * m.es, "queries (chunk)");
       m.k16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "keys (chunk)");
       m.v16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "values (chunk)");
-      m.scores = DeviceBuffer<float>(size_t(m.c.num_attention_heads) * T * T, "attention scores (one window)");
-      m.P = DeviceBuffer<uint8_t>(size_t(m.c.num_attention_heads) * T * T * m.es, "attention probabilities (one window)");
+      if (!m.flash) {
+        m.scores = DeviceBuffer<float>(size_t(m.c.num_attention_heads) * T * T, "attention scores (one window)");
+        m.P = DeviceBuffer<uint8_t>(size_t(m.c.num_attention_heads) * T * T * m.es, "attention probabilities (one window)");
+      }
     }
     ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; }
   };
@@ -265,8 +302,7 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   m.dt = dtype == DType::F16 ? DType::F16 : DType::BF16;
   m.eps = float(c.rms_norm_eps);
   m.chunk_rows = std::max<int64_t>(1, kChunkTokens / seq_len) * seq_len;
-  PTQ_CUDA(cudaEventCreate(&m.ev0));
-  PTQ_CUDA(cudaEventCreate(&m.ev1));
+  m.flash = flash_attention_supported(c.head_dim);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim(), half = c.head_dim / 2;
   const int64_t outs[7] = {qd, kv, kv, d, f, f, d}, ins[7] = {d, d, d, qd, d, d, f};
   for (int i = 0; i < 7; ++i) { m.outs[i] = outs[i]; m.ins[i] = ins[i]; }
@@ -282,6 +318,7 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
 }
 LayerForwardCuda::~LayerForwardCuda() = default;
 double LayerForwardCuda::take_hessian_seconds() {
+  p_->collect_hessian_times();
   const double s = p_->hessian_seconds;
   p_->hessian_seconds = 0;
   return s;
@@ -380,7 +417,13 @@ void LayerForwardCuda::attention(HessianCuda* h) {
     m.rope_cast(yq, m.q16, rows, nh, r0, true);
     m.rope_cast(yk, m.k16, rows, nkv, r0, true);
     m.rope_cast(yv, m.v16, rows, nkv, r0, false);
-    for (int64_t s0 = 0; s0 < rows; s0 += T) {   // one window at a time
+    if (m.flash) {
+      flash_attention(m.dt, m.at(m.q16, 0), m.at(m.k16, 0), m.at(m.v16, 0), m.at(m.stage, r0 * qd), int(rows / T), T, nh, nkv, hd, scale,
+                      c.sliding_window);
+      m.hessian_add(h, m.at(m.stage, r0 * qd), rows);
+      return;
+    }
+    for (int64_t s0 = 0; s0 < rows; s0 += T) {   // one window at a time (cuBLAS GEMMs and a softmax kernel)
       const void* Q = m.at(m.q16, s0 * qd);
       const void* K = m.at(m.k16, s0 * kv);
       const void* V = m.at(m.v16, s0 * kv);
@@ -478,6 +521,39 @@ std::pair<double, double> output_errors(const float* W, const float* Wq, const f
   for (int64_t r = 0; r < rows; ++r) a += p[size_t(r)];
   for (int64_t r = 0; Wr && r < rows; ++r) b += p[size_t(rows + r)];
   return {a / 2.0, Wr ? b / 2.0 : a / 2.0};
+}
+
+double output_error_tf32(const float* W, const float* Wq, int64_t rows, int64_t cols, const double* dH, double hscale) {
+  // Rows of E = W - Wq (fp32) in chunks of kRows, H in blocks of kCols of its rows (symmetric:
+  // = columns) narrowed to fp32; G = E H_blk^T on TF32 tensor cores (fp32 accumulation), then
+  // sum over the block of E (.) G per row in fp64, in a fixed order.
+  constexpr int64_t kRows = 2048, kCols = 2048;
+  const int64_t rc = std::min(kRows, rows), cb = std::min(kCols, cols);
+  DeviceBuffer<float> E(size_t(rc * cols), "output error: W - Wq (fp32 rows)"), Hb(size_t(cb * cols), "output error: H (fp32 block)"),
+      G(size_t(rc * cb), "output error: (W - Wq) H (block)");
+  DeviceBuffer<double> part(size_t(rows), "output error: sums");
+  PTQ_CUDA(cudaMemset(part.get(), 0, size_t(rows) * 8));
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += rc) {
+    const int64_t nr = std::min(rc, rows - r0);
+    diff_kernel<<<blocks(nr * cols), 256>>>(W + r0 * cols, Wq + r0 * cols, nr * cols, E.get());
+    PTQ_CUDA_LAUNCH("diff_kernel");
+    for (int64_t c0 = 0; c0 < cols; c0 += cb) {
+      const int64_t nc = std::min(cb, cols - c0);
+      narrow_scaled_kernel<<<blocks(nc * cols), 256>>>(dH + c0 * cols, nc * cols, hscale, Hb.get());
+      PTQ_CUDA_LAUNCH("narrow_scaled_kernel");
+      // column-major G^T [nc, nr] = Hb (row-major [nc, cols])^T^T . E^T
+      PTQ_CUBLAS(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(nr), int(cols), &one, Hb.get(), CUDA_R_32F, int(cols), E.get(),
+                              CUDA_R_32F, int(cols), &zero, G.get(), CUDA_R_32F, int(nc), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+      block_row_dot_kernel<<<blocks(nr * 32), 256>>>(E.get() + c0, cols, G.get(), nc, nr, part.get() + r0);
+      PTQ_CUDA_LAUNCH("block_row_dot_kernel");
+    }
+  }
+  std::vector<double> p(static_cast<size_t>(rows));
+  PTQ_CUDA(cudaMemcpy(p.data(), part.get(), size_t(rows) * 8, cudaMemcpyDeviceToHost));
+  double a = 0;
+  for (double v : p) a += v;
+  return a / 2.0;
 }
 
 std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, double hscale) {

@@ -1,11 +1,16 @@
 // gptq_cuda.cu — contract:
 //   HessianCuda: X [n, cols] row-major fp32 (host) or 16-bit (device) -> H [cols, cols] fp64.
-//     GEMM C = X^T X per chunk of <= 4096 rows (cublasGemmEx, fp32 accumulation), C added into an
-//     fp64 sum. Roofline: 2 n cols^2 FLOP on tensor cores (SYRK would halve it; not yet).
+//     The upper triangle of C = X^T X in 2048 x 2048 blocks: per block, eight GEMMs of <= 1024
+//     tokens (cublasGemmEx, fp32 accumulation) summed in an L2-resident fp32 block, then added to
+//     an fp64 sum. Roofline: about n cols^2 FLOP on tensor cores (SYRK-shaped; diagonal blocks
+//     computed whole), the fp64 sum moved once per 8192 tokens.
 //   gptq_quantize_device: W [rows, cols] fp32 (host), H fp64 [cols, cols] (device).
-//     Factorization: J H J = L L^T (cusolverDnDpotrf, fp64), L^-1 (cublasDtrsm against I, fp64),
-//     U = J L^-1 J (upper, fp32). fp64 because the factorization is where conditioning bites and
-//     it is O(cols^3 / 3), small next to the Hessians; the column loop is fp32 like the CPU path.
+//     Factorization: J H J = L L^T (cusolverDnDpotrf, fp64), L^-1 in place (recursive, by cublasDtrsm, fp64),
+//     U = J L^-1 J (upper), narrowed to fp32 one block of 128 rows at a time as the loop reaches
+//     it (no fp32 copy of the whole U). fp64 because the factorization is where conditioning bites
+//     and it is O(cols^3 / 3), small next to the Hessians; the column loop is fp32 like the CPU path.
+//     Memory at the peak: H (fp64) + its factor, in place (fp64) + W twice (fp32).
+//     The loop also sums err^2 per row: GPTQ's output error without a GEMM (DampedLoss).
 //     Column loop: gptq_block_kernel, one launch per block of B = 128 columns: a warp per row,
 //     lane l holding columns l, l+32, l+64, l+96 of the block in registers, the block's U
 //     (128 x 128 fp32, 64 KiB) in shared memory; then one SGEMM W[:, i2:] -= Err1 U[i1:i2, i2:].
@@ -32,7 +37,9 @@ namespace ptq::cuda {
 namespace {
 constexpr int kB = 128;          // columns per block
 constexpr int kWarps = 16;       // rows per CTA of the column kernel
-constexpr int64_t kChunk = 1024; // tokens per Hessian GEMM (fp32 accumulation inside, fp64 across)
+constexpr int64_t kChunk = 1024; // tokens per Hessian GEMM (fp32 accumulation inside)
+constexpr int64_t kFlush = 8;    // GEMMs summed in fp32 before the fp64 sum
+constexpr int64_t kBlock = 2048; // side of the fp32 block of H (16 MiB: L2-resident)
 
 struct Handles {
   cublasHandle_t blas = nullptr;
@@ -58,10 +65,12 @@ __global__ void cast_f32_kernel(const float* x, void* y, int64_t n, int dtype) {
   else if (dtype == 2) static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
   else static_cast<float*>(y)[i] = x[i];
 }
-// acc += c on the lower triangle (the upper is filled by symmetrize_kernel when read).
-__global__ void accumulate_kernel(const float* c, double* acc, int64_t cols) {
-  const int64_t i = blockIdx.y, j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j <= i) acc[i * cols + j] += double(c[i * cols + j]);
+// acc (row-major [cols, cols], lower triangle) += the column-major block c [bi, bj] (ld ldc) of
+// C at (i0, j0), j0 >= i0: element (ii, jj) is acc[j0 + jj][i0 + ii], kept where i0 + ii <= j0 + jj.
+// The upper triangle is filled by symmetrize_kernel when read.
+__global__ void accumulate_block_kernel(const float* c, int64_t ldc, int64_t i0, int64_t j0, int64_t bi, double* acc, int64_t cols) {
+  const int64_t jj = blockIdx.y, ii = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (ii < bi && i0 + ii <= j0 + jj) acc[(j0 + jj) * cols + i0 + ii] += double(c[ii + jj * ldc]);
 }
 __global__ void symmetrize_kernel(double* a, int64_t cols) {
   const int64_t i = blockIdx.y, j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -91,7 +100,6 @@ struct HessianCuda::Impl {
   DeviceBuffer<float> c;
   DeviceBuffer<uint8_t> x16;
   DeviceBuffer<float> x32;
-  int pending = 0;   // chunks summed in c (fp32) and not yet added to sum (fp64)
 };
 
 HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols), dtype_(dtype) {
@@ -100,59 +108,62 @@ HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols),
 }
 HessianCuda::~HessianCuda() { delete p_; }
 
-// Per chunk of kChunk tokens, the upper triangle of C = X^T X (column-major; the accumulate
-// kernel reads it as the row-major lower triangle) in column panels of kPanel: panel j0 computes
-// C[j0 : j0+kPanel, j0 : cols], about half a full GEMM's work (SYRK-shaped; cuBLAS has no 16-bit
-// SYRK). kFlush chunks are summed in fp32 (GEMM beta = 1) before the fp64 accumulation, which
-// moves the whole matrix and would otherwise cost more than the GEMMs.
+// The upper triangle of C = X^T X (column-major; read as the row-major lower triangle of the fp64
+// sum) in square blocks of kBlock x kBlock. For one block, kFlush GEMMs of kChunk tokens each
+// (fp32 accumulation inside a GEMM, GEMM beta = 1 across them) sum into an fp32 block of 16 MiB,
+// which stays in L2 between the GEMMs, and then into the fp64 sum. So the fp32 partial sum never
+// goes to DRAM, the fp64 sum is read and written once per kFlush * kChunk tokens, and there is no
+// full-size fp32 copy of H (cuBLAS has no 16-bit SYRK; diagonal blocks compute their full square).
+// Numerics: kChunk products in fp32 per GEMM, kFlush GEMMs summed in fp32, then fp64 (a test
+// checks the result against an fp64 accumulation).
 void HessianCuda::add_device(const void* X, int64_t rows) {
-  constexpr int64_t kPanel = 1024;
-  constexpr int kFlush = 8;
   auto& h = handles();
   const float one = 1.0f, zero = 0.0f;
   const size_t es = dtype_size(dtype_);
-  if (!p_->c.get()) p_->c = DeviceBuffer<float>(size_t(cols_ * cols_), "Hessian (fp32 partial sum)");
-  for (int64_t t0 = 0; t0 < rows; t0 += kChunk) {
-    const int64_t n = std::min(kChunk, rows - t0);
-    const uint8_t* A = static_cast<const uint8_t*>(X) + size_t(t0 * cols_) * es;
-    const float* beta = p_->pending > 0 ? &one : &zero;
-    // row-major X [n, cols] is column-major X^T [cols, n]: C[j0:, j0:] panel = X^T[j0:j0+nb] (X^T[j0:])^T
-    for (int64_t j0 = 0; j0 < cols_; j0 += kPanel) {
-      const int64_t nb = std::min(kPanel, cols_ - j0);
-      PTQ_CUBLAS(cublasGemmEx(h.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(nb), int(cols_ - j0), int(n), &one, A + size_t(j0) * es, cuda_type(dtype_),
-                              int(cols_), A + size_t(j0) * es, cuda_type(dtype_), int(cols_), beta, p_->c.get() + j0 + j0 * cols_, CUDA_R_32F,
-                              int(cols_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    if (++p_->pending == kFlush) flush();
+  const int64_t B = std::min(kBlock, cols_);
+  if (!p_->c.get()) p_->c = DeviceBuffer<float>(size_t(B * B), "Hessian block (fp32 partial sum)");
+  for (int64_t g0 = 0; g0 < rows; g0 += kChunk * kFlush) {
+    const int64_t n = std::min(kChunk * kFlush, rows - g0);
+    // row-major X [n, cols] is column-major X^T [cols, n]: C[i0:, j0:] = X^T[i0:i0+bi] (X^T[j0:j0+bj])^T
+    const uint8_t* A = static_cast<const uint8_t*>(X) + size_t(g0 * cols_) * es;
+    for (int64_t i0 = 0; i0 < cols_; i0 += B)
+      for (int64_t j0 = i0; j0 < cols_; j0 += B) {
+        const int64_t bi = std::min(B, cols_ - i0), bj = std::min(B, cols_ - j0);
+        for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
+          const uint8_t* At = A + size_t(t0 * cols_) * es;
+          PTQ_CUBLAS(cublasGemmEx(h.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(bi), int(bj), int(std::min(kChunk, n - t0)), &one, At + size_t(i0) * es,
+                                  cuda_type(dtype_), int(cols_), At + size_t(j0) * es, cuda_type(dtype_), int(cols_), t0 == 0 ? &zero : &one,
+                                  p_->c.get(), CUDA_R_32F, int(B), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
+        accumulate_block_kernel<<<dim3(unsigned(blocks_for(bi)), unsigned(bj)), 256>>>(p_->c.get(), B, i0, j0, bi, p_->sum.get(), cols_);
+        PTQ_CUDA_LAUNCH("accumulate_block_kernel");
+      }
   }
   n_ += rows;
 }
 
-void HessianCuda::flush() const {
-  if (p_->pending == 0) return;
-  accumulate_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->c.get(), p_->sum.get(), cols_);
-  PTQ_CUDA_LAUNCH("accumulate_kernel");
-  p_->pending = 0;
-}
-
 void HessianCuda::add(const MatF& X) {
+  // Rows go up kChunk at a time and are summed kChunk * kFlush at a time, as add_device does.
   const size_t es = dtype_size(dtype_);
-  for (int64_t t0 = 0; t0 < X.rows(); t0 += kChunk) {
-    const int64_t n = std::min(kChunk, X.rows() - t0);
-    if (p_->x32.size() < size_t(n * cols_)) {
+  const int64_t group = kChunk * kFlush;
+  for (int64_t g0 = 0; g0 < X.rows(); g0 += group) {
+    const int64_t n = std::min(group, X.rows() - g0);
+    if (p_->x16.size() < size_t(n * cols_) * es) {
       p_->x32 = DeviceBuffer<float>(size_t(kChunk * cols_), "Hessian input chunk (fp32)");
-      p_->x16 = DeviceBuffer<uint8_t>(size_t(kChunk * cols_) * es, "Hessian input chunk");
+      p_->x16 = DeviceBuffer<uint8_t>(size_t(group * cols_) * es, "Hessian input rows");
     }
-    PTQ_CUDA(cudaMemcpy(p_->x32.get(), X.row(t0).data(), size_t(n * cols_) * 4, cudaMemcpyHostToDevice));
-    cast_f32_kernel<<<blocks_for(n * cols_), 256>>>(p_->x32.get(), p_->x16.get(), n * cols_, dtype_code(dtype_));
-    PTQ_CUDA_LAUNCH("cast_f32_kernel");
+    for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
+      const int64_t k = std::min(kChunk, n - t0);
+      PTQ_CUDA(cudaMemcpy(p_->x32.get(), X.row(g0 + t0).data(), size_t(k * cols_) * 4, cudaMemcpyHostToDevice));
+      cast_f32_kernel<<<blocks_for(k * cols_), 256>>>(p_->x32.get(), p_->x16.get() + size_t(t0 * cols_) * es, k * cols_, dtype_code(dtype_));
+      PTQ_CUDA_LAUNCH("cast_f32_kernel");
+    }
     add_device(p_->x16.get(), n);
   }
 }
 
 double* HessianCuda::device_sum() {
-  flush();
-  p_->c = DeviceBuffer<float>();   // accumulation is over: the fp32 partial sum is not needed again
+  p_->c = DeviceBuffer<float>();   // accumulation is over: the fp32 block is not needed again
   p_->x16 = DeviceBuffer<uint8_t>();
   p_->x32 = DeviceBuffer<float>();
   symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
@@ -161,7 +172,6 @@ double* HessianCuda::device_sum() {
 }
 
 MatD HessianCuda::finalize() const {
-  flush();
   symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
   PTQ_CUDA_LAUNCH("symmetrize_kernel");
   MatD H(cols_, cols_);
@@ -313,14 +323,41 @@ __global__ void identity_kernel(double* a, int64_t n) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k < n * n) a[k] = (k / n == k % n) ? 1.0 : 0.0;
 }
-// U(i, j) = Linv(n-1-i, n-1-j) for j >= i, 0 below; Linv column-major lower.
-__global__ void make_u_kernel(const double* Linv, int64_t n, float* U, int* bad) {
+// B (column-major, ldb) := the lower triangle of the n x n column-major block a (ld n).
+__global__ void copy_lower_kernel(const double* a, int64_t n, double* B, int64_t ldb) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= n * n) return;
-  const int64_t i = k / n, j = k % n;
-  const double v = j >= i ? Linv[(n - 1 - j) * n + (n - 1 - i)] : 0.0;
-  U[k] = float(v);
-  if (!isfinite(v) || (i == j && !(v > 0))) *bad = 1;
+  const int64_t i = k % n, j = k / n;
+  if (i >= j) B[i + j * ldb] = a[k];
+}
+// U = J Linv J (upper; Linv column-major lower): U(i, j) = Linv(n-1-i, n-1-j) for j >= i. The
+// column loop reads U one block of rows at a time, so U is never stored whole in fp32.
+// bad = 1 when Linv has a non-finite entry or a diagonal that is not positive.
+__global__ void check_linv_kernel(const double* Linv, int64_t n, int* bad) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= n * n) return;
+  const int64_t row = k % n, col = k / n;
+  if (row < col) return;
+  const double v = Linv[k];
+  if (!isfinite(v) || (row == col && !(v > 0))) *bad = 1;
+}
+// Ub [count, n] fp32 (row-major) = rows i1 .. i1+count-1 of U, columns j >= i1 (0 left of the
+// diagonal; columns < i1 are not written). A 32 x 32 tile through shared memory: Linv's row index
+// runs with a (coalesced reads), Ub's column with j (coalesced writes). Block (32, 8).
+__global__ void u_rows_kernel(const double* Linv, int64_t n, int64_t i1, int count, float* Ub) {
+  __shared__ float t[32][33];
+  const int64_t j0 = i1 + blockIdx.x * 32, a0 = blockIdx.y * 32;
+  for (int y = threadIdx.y; y < 32; y += 8) {
+    const int64_t j = j0 + y, a = a0 + threadIdx.x;
+    float v = 0.0f;
+    if (j < n && a < count && j >= i1 + a) v = float(Linv[(n - 1 - j) * n + (n - 1 - i1 - a)]);
+    t[y][threadIdx.x] = v;
+  }
+  __syncthreads();
+  for (int y = threadIdx.y; y < 32; y += 8) {
+    const int64_t a = a0 + y, j = j0 + threadIdx.x;
+    if (a < count && j < n) Ub[a * n + j] = t[threadIdx.x][y];
+  }
 }
 
 // Codes back to the natural column order, and the weights they stand for:
@@ -356,11 +393,12 @@ __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __
                                                                   int64_t n, int64_t i1, int count, int mode, int gs, int maxq, bool sym,
                                                                   bool mse, int dt, const float* row_scale, const int* row_zero,
                                                                   const float* st_scale, const int* st_zero, const int* gidx_perm,
-                                                                  float* grp_scale, int* grp_zero, uint8_t* codes, float* err_out) {
+                                                                  float* grp_scale, int* grp_zero, uint8_t* codes, float* err_out,
+                                                                  double* err2) {
   extern __shared__ float Us[];   // [count][kB]
   for (int k = threadIdx.x; k < count * kB; k += blockDim.x) {
     const int a = k / kB, b = k % kB;
-    Us[k] = b < count ? U[(i1 + a) * n + i1 + b] : 0.0f;
+    Us[k] = b < count ? U[a * n + i1 + b] : 0.0f;   // U: the block's rows (u_rows_kernel)
   }
   __syncthreads();
   const int lane = threadIdx.x % 32;
@@ -373,6 +411,7 @@ __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __
     reg[t] = j < count ? W[r * n + i1 + j] : 0.0f;
   }
   Grid g{mode == 0 ? row_scale[r] : 1.0f, mode == 0 ? row_zero[r] : 0};
+  double e2 = 0;   // this lane's columns' err^2 (the row's damped loss, see solve)
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     for (int l = 0; l < 32; ++l) {
@@ -395,6 +434,7 @@ __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __
       if (lane == l) {
         codes[r * n + col] = uint8_t(q);
         err_out[r * kB + i] = err;
+        e2 += double(err) * double(err);
       }
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
@@ -403,6 +443,21 @@ __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __
       }
     }
   }
+  e2 = warp_sum(e2);
+  if (lane == 0) err2[r] += e2;   // blocks run in order: deterministic
+}
+// e2[r] = sum over live columns j (H_jj != 0) of (W[r, j] - Wq[r, j])^2, fp64; a warp per row.
+__global__ void live_sq_error_kernel(const float* W, const float* Wq, const double* diag, int64_t rows, int64_t n, double* e2) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  double s = 0;
+  for (int64_t j = threadIdx.x % 32; j < n; j += 32)
+    if (diag[j] != 0.0) {
+      const double d = double(W[r * n + j] - Wq[r * n + j]);
+      s += d * d;
+    }
+  s = warp_sum(s);
+  if (threadIdx.x % 32 == 0) e2[r] = s;
 }
 }  // namespace
 
@@ -421,12 +476,48 @@ bool gptq_supported(const QuantSpec& s, std::string* why) {
 
 GptqPhaseTimes last_phase_times() { return g_times; }
 
+double DampedLoss::loss(int64_t r0, int64_t r1) const {
+  double a = 0, b = 0;
+  for (int64_t r = r0; r < r1 && r < int64_t(err2.size()); ++r) { a += err2[size_t(r)]; b += e2[size_t(r)]; }
+  if (err2.empty() || !(lambda * b <= 0.9 * a)) return std::nan("");
+  return (a - lambda * b) / 2.0;
+}
+
 namespace {
 
 // The solve of W (device, fp32, [rows, n]; read only) against the unscaled fp64 sum dH (read only).
 // Leaves GPTQ's dequantized weights in dWq and RTN's in dWr when given (natural column order).
+// A (column-major, lower, n x n, leading dimension lda) := A^-1 in place, as LAPACK's dtrtri:
+// with A = [A11 0; A21 A22], A^-1 = [A11^-1 0; -A22^-1 A21 A11^-1  A22^-1]. A21 is updated by two
+// triangular solves against the blocks before they are inverted (recursively); diagonal blocks of
+// at most kTri columns are inverted by a solve against the identity in a small buffer.
+constexpr int64_t kTri = 256;   // the largest diagonal block inverted against the identity
+void invert_lower_in_place(double* A, int64_t n, int64_t lda, double* work /* kTri x kTri */) {
+  auto& h = handles();
+  const double one = 1.0, minus_one = -1.0;
+  if (n <= kTri) {
+    identity_kernel<<<blocks_for(n * n), 256>>>(work, n);
+    PTQ_CUDA_LAUNCH("identity_kernel");
+    PTQ_CUBLAS(cublasDtrsm(h.blas, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, int(n), int(n), &one, A, int(lda),
+                           work, int(n)));
+    copy_lower_kernel<<<blocks_for(n * n), 256>>>(work, n, A, lda);
+    PTQ_CUDA_LAUNCH("copy_lower_kernel");
+    return;
+  }
+  const int64_t n1 = (n / 2 + kTri - 1) / kTri * kTri, n2 = n - n1;   // A11: whole kTri blocks
+  double *A11 = A, *A21 = A + n1, *A22 = A + n1 + n1 * lda;
+  // A21 := A21 A11^-1 (X A11 = A21), then A21 := -A22^-1 A21 (A22 Y = -A21)
+  PTQ_CUBLAS(cublasDtrsm(h.blas, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, int(n2), int(n1), &one, A11,
+                         int(lda), A21, int(lda)));
+  PTQ_CUBLAS(cublasDtrsm(h.blas, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, int(n2), int(n1), &minus_one, A22,
+                         int(lda), A21, int(lda)));
+  invert_lower_in_place(A11, n1, lda, work);
+  invert_lower_in_place(A22, n2, lda, work);
+}
+
 QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats& S,
-                      DeviceBuffer<float>* Wq_out, DeviceBuffer<float>* Wr_out) {
+                      DeviceBuffer<float>* Wq_out, DeviceBuffer<float>* Wr_out, DampedLoss* dl = nullptr,
+                      const std::vector<int64_t>* part_rows = nullptr, std::vector<QuantizedLinear>* parts = nullptr) {
   using clk = std::chrono::steady_clock;
   const auto t_start = clk::now();
   std::string why;
@@ -435,7 +526,11 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   auto& h = handles();
   const int64_t gs = s.group_size > 0 ? s.group_size : n;
   const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
-  QuantizedLinear q = QuantizedLinear::empty(rows, n, s);
+  // codes: rows x n bytes on the host, allocated (and zeroed) only where they are downloaded
+  QuantizedLinear q = QuantizedLinear::empty(0, n, s);
+  q.rows = rows;
+  q.scales.assign(size_t(q.groups * rows), 0.0f);
+  q.zeros.assign(size_t(q.groups * rows), 0);
 
   // 1. dead columns
   DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights (dead columns zeroed)"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
@@ -488,8 +583,6 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   int lwork = 0;
   PTQ_CUSOLVER(cusolverDnDpotrf_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), &lwork));
   DeviceBuffer<double> dWork(size_t(std::max(lwork, 1)), "cuSOLVER workspace");
-  DeviceBuffer<double> dLinv(size_t(n * n), "inverse Cholesky factor (fp64)");
-  DeviceBuffer<float> dU;
   double damp = s.damp_percent;
   for (;;) {
     // the caller's H (shared by q/k/v) is read, never written
@@ -504,18 +597,13 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
     g_times.potrf += secs(tp);
     if (info[0] == 0) {
       tp = clk::now();
-      // L^-1 by a triangular solve against the identity (cuBLAS DTRSM: much faster than cuSOLVER's trtri here)
-      identity_kernel<<<blocks_for(n * n), 256>>>(dLinv.get(), n);
-      PTQ_CUDA_LAUNCH("identity_kernel");
-      const double one_d = 1.0;
-      PTQ_CUBLAS(cublasDtrsm(h.blas, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, int(n), int(n), &one_d, dA.get(),
-                             int(n), dLinv.get(), int(n)));
+      // L^-1 in place (n^3 / 3 flops, no second n x n buffer)
+      DeviceBuffer<double> work(size_t(kTri * kTri), "triangular inverse (diagonal block)");
+      invert_lower_in_place(dA.get(), n, n, work.get());
       PTQ_CUDA(cudaDeviceSynchronize());
       g_times.trtri += secs(tp);
-      dA = DeviceBuffer<double>();   // (peak memory: the factor or U, beside L^-1, never both)
-      dU = DeviceBuffer<float>(size_t(n * n), "inverse Cholesky factor U");
-      make_u_kernel<<<blocks_for(n * n), 256>>>(dLinv.get(), n, dU.get(), dInfo.get() + 1);
-      PTQ_CUDA_LAUNCH("make_u_kernel");
+      check_linv_kernel<<<blocks_for(n * n), 256>>>(dA.get(), n, dInfo.get() + 1);
+      PTQ_CUDA_LAUNCH("check_linv_kernel");
       PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 8, cudaMemcpyDeviceToHost));
       if (info[0] == 0 && info[1] == 0) break;
     }
@@ -525,7 +613,6 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
     if (damp > 1e4) fail(Errc::numeric, "", "H", "Hessian is not positive definite even with damping 1e4 x mean(diag)");
   }
   S.damp_percent = damp;
-  dLinv = DeviceBuffer<double>();
   PTQ_CUDA(cudaDeviceSynchronize());
   g_times.factorization = secs(t_fact);
 
@@ -540,22 +627,29 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   DeviceBuffer<int> dGrpZero(size_t(q.groups * rows), "group zeros");
   DeviceBuffer<uint8_t> dCodes(size_t(rows * n), "codes");
   DeviceBuffer<float> dErr(size_t(rows * kB), "block errors");
+  DeviceBuffer<double> dErr2(size_t(rows), "sum of err^2 per row");
+  PTQ_CUDA(cudaMemset(dErr2.get(), 0, size_t(rows) * 8));
   const int smem = kB * kB * 4;
   PTQ_CUDA(cudaFuncSetAttribute(gptq_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const float minus_one = -1.0f, one = 1.0f;
+  DeviceBuffer<float> dUb(size_t(kB * n), "inverse Cholesky factor U (one block of rows, fp32)");
   for (int64_t i1 = 0; i1 < n; i1 += kB) {
     const int count = int(std::min<int64_t>(kB, n - i1));
+    u_rows_kernel<<<dim3(unsigned((n - i1 + 31) / 32), unsigned((count + 31) / 32)), dim3(32, 8)>>>(dA.get(), n, i1, count, dUb.get());
+    PTQ_CUDA_LAUNCH("u_rows_kernel");
     gptq_block_kernel<<<int((rows + kWarps - 1) / kWarps), kWarps * 32, smem>>>(
-        dWp.get(), dU.get(), rows, n, i1, count, mode, int(gs), maxq, s.sym, s.mse, dt, dRowScale.get(), dRowZero.get(), dStScale.get(),
-        dStZero.get(), dGidx.get(), dGrpScale.get(), dGrpZero.get(), dCodes.get(), dErr.get());
+        dWp.get(), dUb.get(), rows, n, i1, count, mode, int(gs), maxq, s.sym, s.mse, dt, dRowScale.get(), dRowZero.get(), dStScale.get(),
+        dStZero.get(), dGidx.get(), dGrpScale.get(), dGrpZero.get(), dCodes.get(), dErr.get(), dErr2.get());
     PTQ_CUDA_LAUNCH("gptq_block_kernel");
     const int64_t i2 = i1 + count;
     if (i2 < n)   // W[:, i2:] -= Err1 U[i1:i2, i2:], in column-major terms on the row-major buffers
-      PTQ_CUBLAS(cublasSgemm(h.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(n - i2), int(rows), count, &minus_one, dU.get() + i1 * n + i2, int(n),
+      PTQ_CUBLAS(cublasSgemm(h.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(n - i2), int(rows), count, &minus_one, dUb.get() + i2, int(n),
                              dErr.get(), kB, &one, dWp.get() + i2, int(n)));
   }
   PTQ_CUDA(cudaDeviceSynchronize());
   g_times.column_loop = secs(t_loop);
+  dA = DeviceBuffer<double>();   // before Wq and Wr: the peak holds the factor or them, not both
+  dUb = DeviceBuffer<float>();
 
   // 7. back to the natural column order (codes, and Wq when asked), then to the host
   const auto t_dl = clk::now();
@@ -574,9 +668,38 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero, rows, n,
                                                              dCodesNat.get(), dWq);
   PTQ_CUDA_LAUNCH("unpermute_dequantize_kernel");
-  copy_to_host_staged(q.codes.data(), dCodesNat.get(), size_t(rows * n));
+  if (dl && dWq) {   // the damped loss per row, and what the damping added (see DampedLoss)
+    DeviceBuffer<double> dE2(size_t(rows), "sum of e^2 per row");
+    live_sq_error_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, dWq, dDiag.get(), rows, n, dE2.get());
+    PTQ_CUDA_LAUNCH("live_sq_error_kernel");
+    dl->err2.resize(size_t(rows));
+    dl->e2.resize(size_t(rows));
+    PTQ_CUDA(cudaMemcpy(dl->err2.data(), dErr2.get(), size_t(rows) * 8, cudaMemcpyDeviceToHost));
+    PTQ_CUDA(cudaMemcpy(dl->e2.data(), dE2.get(), size_t(rows) * 8, cudaMemcpyDeviceToHost));
+    dl->lambda = damp * mean_diag;
+  }
   PTQ_CUDA(cudaMemcpy(q.scales.data(), dScale, q.scales.size() * 4, cudaMemcpyDeviceToHost));
   PTQ_CUDA(cudaMemcpy(q.zeros.data(), dZero, q.zeros.size() * 4, cudaMemcpyDeviceToHost));
+  if (parts) {   // each part's rows straight into its own QuantizedLinear (no host copy of the whole)
+    int64_t r0 = 0;
+    for (int64_t pr : *part_rows) {
+      QuantizedLinear pq = q.row_slice(0, 0);
+      pq.rows = pr;
+      pq.scales.clear();
+      pq.zeros.clear();
+      for (int64_t g = 0; g < q.groups; ++g) {
+        pq.scales.insert(pq.scales.end(), q.scales.begin() + g * rows + r0, q.scales.begin() + g * rows + r0 + pr);
+        pq.zeros.insert(pq.zeros.end(), q.zeros.begin() + g * rows + r0, q.zeros.begin() + g * rows + r0 + pr);
+      }
+      pq.codes.resize(size_t(pr * n));
+      copy_to_host_staged(pq.codes.data(), dCodesNat.get() + r0 * n, size_t(pr * n));
+      parts->push_back(std::move(pq));
+      r0 += pr;
+    }
+  } else {
+    q.codes.resize(size_t(rows * n));
+    copy_to_host_staged(q.codes.data(), dCodesNat.get(), size_t(rows * n));
+  }
   // RTN, the report's baseline, from the weights as given (the CPU's rtn_quantize); allocated
   // last, so that the factorization's peak does not hold it
   if (Wr_out) {
@@ -632,7 +755,9 @@ ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64
     }
     r0 += p.rows;
   }
-  out.q = solve(out.W.get(), rows, cols, dH, tokens, s, st ? *st : local, &out.Wq, with_rtn ? &out.Wr : nullptr);
+  std::vector<int64_t> part_rows;
+  for (auto& p : parts) part_rows.push_back(p.rows);
+  solve(out.W.get(), rows, cols, dH, tokens, s, st ? *st : local, &out.Wq, with_rtn ? &out.Wr : nullptr, &out.damped, &part_rows, &out.parts);
   return out;
 }
 

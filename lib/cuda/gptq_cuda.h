@@ -12,8 +12,9 @@ namespace ptq::cuda {
 
 // H = (2/n) sum x x^T on tensor cores: each chunk of <= 1024 tokens is cast to `dtype` (F16 or
 // BF16: 16-bit x 16-bit products are exact in fp32; F32: SGEMM on CUDA cores) and multiplied with
-// fp32 accumulation (upper triangle only, in panels); eight chunks are summed in fp32, then added
-// to an fp64 sum on the device.
+// fp32 accumulation (upper triangle only, in 2048 x 2048 blocks); eight chunks are summed in fp32,
+// then added to an fp64 sum on the device. Each add_device / add call is summed in groups of
+// 8 x 1024 rows from its first row (the forward passes whole 8192-token chunks).
 class HessianCuda {
  public:
   HessianCuda(int64_t cols, DType dtype);
@@ -28,7 +29,6 @@ class HessianCuda {
   Impl* p_;
   int64_t cols_, n_ = 0;
   DType dtype_;
-  void flush() const;   // the fp32 partial sum into the fp64 sum
 };
 
 // Whether the fused kernel serves this spec: groups must start at block boundaries (group_size
@@ -47,10 +47,23 @@ struct WeightRows {
   const void* device = nullptr;
   DType dtype = DType::F32;
 };
+// GPTQ's output error from its own column loop. With H_d = H + lambda I the damped Hessian the
+// solve factors (H_d^-1 = U^T U) and err_j = (w_j - q_j) / U_jj the errors it propagates, the
+// weights' error is e = err U, so e H_d e^T = err U (U^T U)^-1 U^T err^T = |err|^2 for each row,
+// and the output error is e H e^T / 2 = (|err|^2 - lambda |e|^2) / 2 (dead columns: e = 0).
+// err2[r] = |err_r|^2 and e2[r] = |e_r|^2 (live columns), fp64 sums of fp32 terms.
+struct DampedLoss {
+  std::vector<double> err2, e2;
+  double lambda = 0;
+  // (sum err2 - lambda sum e2) / 2 over rows [r0, r1); NaN when the damping term cancels more than
+  // 90% of the sum (then the fp32 rounding of err is amplified past 1e-4: use the exact form).
+  double loss(int64_t r0, int64_t r1) const;
+};
 // A solve whose weights stay on the device for what follows (the loss, the next forward stage).
 struct ResidentSolve {
-  QuantizedLinear q;             // codes and grids on the host, natural column order
+  std::vector<QuantizedLinear> parts;   // per part: codes and grids on the host, natural column order
   DeviceBuffer<float> W, Wq, Wr; // [rows, cols] fp32: W as given, GPTQ's dequantized weights, RTN's (if asked)
+  DampedLoss damped;             // GPTQ's output error by rows, from the column loop
 };
 // One GPTQ solve of the parts stacked by rows (q/k/v, or gate/up: the same Hessian and spec give
 // each row the same result as solving the parts apart — GPTQ treats rows independently).

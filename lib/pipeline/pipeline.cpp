@@ -126,6 +126,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   if (r.device == "cuda") fail(Errc::usage, r.source, "device", "this build has no CUDA (nvcc was not found when it was built); use cpu or auto");
 #endif
   std::map<std::string, double> phase;
+  std::map<std::string, double> solve_phase;   // the GPU solve's parts (inside phase["solve"])
   OutputDir out(r.output, opt.force, opt.resume, /*keep_on_failure=*/opt.resume);   // never destroy what --resume was asked to continue
 
   std::unique_ptr<LlamaModel> model;
@@ -402,20 +403,35 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         {
           PhaseTimer t(phase["solve"]);
           rs = cuda::gptq_quantize_resident(parts, cols, dsum, ntok, spec, true, &st);
+          const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
+          solve_phase["prepare"] += pt.prepare;
+          solve_phase["factorization"] += pt.factorization;
+          solve_phase["column_loop"] += pt.column_loop;
+          solve_phase["codes_and_rtn"] += pt.download;
         }
         int64_t r0 = 0;
+        size_t part = 0;
         for (Proj p : batch) {
           const std::string name = proj_tensor_prefix(l, p);
           const int64_t rows = w[p].W.rows();
-          QuantizedLinear q = rs.q.row_slice(r0, r0 + rows);
+          QuantizedLinear q = std::move(rs.parts[part++]);
           double loss, rtn_loss;
           {
+            // GPTQ's loss from its column loop (DampedLoss: exact up to fp32 rounding), RTN's on TF32
+            // tensor cores (~1e-4); both by fp64 DGEMM where the damping term would cancel most of the first.
             PhaseTimer t(phase["loss"]);
             const int64_t off = r0 * cols;
-            std::tie(loss, rtn_loss) = cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, rows, cols, dsum,
-                                                           ntok > 0 ? 2.0 / double(ntok) : 1.0);
+            const double hs = ntok > 0 ? 2.0 / double(ntok) : 1.0;
+            loss = rs.damped.loss(r0, r0 + rows);
+            if (std::isnan(loss))
+              std::tie(loss, rtn_loss) = cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, rows, cols, dsum, hs);
+            else
+              rtn_loss = cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, rows, cols, dsum, hs);
           }
-          record(name, spec, rows, cols, st, loss, rtn_loss, st.seconds * double(rows) / double(all_rows));
+          {
+            PhaseTimer tb(phase["bookkeeping"]);
+            record(name, spec, rows, cols, st, loss, rtn_loss, st.seconds * double(rows) / double(all_rows));
+          }
           if (gpu_forward) {   // the next stage reads the quantized weights from here; the host copy is not needed
             PhaseTimer t(phase["upload"]);
             fw->set_weight_device(p, rs.Wq.get() + r0 * cols);
@@ -719,6 +735,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                  {"statistics", stats_info},
                  {"layers", layers},
                  {"phases_seconds", phase},
+                 {"solve_phases_seconds", solve_phase},
                  {"background_seconds", {{"load_next_layer", prefetch_seconds}, {"save_layer", save_seconds}}},
                  {"total_seconds", total},
                  {"peak_rss_mb", peak_rss_mb()},
