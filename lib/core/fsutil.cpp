@@ -1,6 +1,5 @@
 #include "core/fsutil.h"
 
-
 #include <fcntl.h>
 #include <malloc.h>
 #include <openssl/evp.h>

@@ -428,10 +428,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
             else
               rtn_loss = cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, rows, cols, dsum, hs);
           }
-          {
-            PhaseTimer tb(phase["bookkeeping"]);
-            record(name, spec, rows, cols, st, loss, rtn_loss, st.seconds * double(rows) / double(all_rows));
-          }
+          record(name, spec, rows, cols, st, loss, rtn_loss, st.seconds * double(rows) / double(all_rows));
           if (gpu_forward) {   // the next stage reads the quantized weights from here; the host copy is not needed
             PhaseTimer t(phase["upload"]);
             fw->set_weight_device(p, rs.Wq.get() + r0 * cols);
