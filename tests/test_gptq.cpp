@@ -7,8 +7,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/bits.h"
 #include "core/rng.h"
+#include "core/safetensors.h"
 #include "gptq/gptq.h"
+#include "gptq/qstore.h"
 #include "testing.h"
 
 using namespace ptq;
@@ -245,4 +248,50 @@ TEST_CASE("row_slice keeps each row's codes, grids and groups (what a stacked q/
   CHECK(part.scales == alone.scales);
   CHECK(part.zeros == alone.zeros);
   CHECK(part.g_idx == alone.g_idx);
+}
+
+TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back exactly, from codes or from packed words") {
+  ptqtest::TempDir d;
+  QuantStore store(d / "layers");
+  std::vector<QuantizedLinear> mods;
+  for (int bits : {3, 4}) {
+    QuantSpec s;
+    s.bits = bits;
+    s.group_size = 32;
+    QuantizedLinear q = QuantizedLinear::empty(5, 70, s);   // 70 columns: 3-bit rows end mid-word
+    q.name = "model.layers.2.mlp.up_proj" + std::to_string(bits);
+    Rng r{uint64_t(bits)};
+    for (auto& c : q.codes) c = uint8_t(int(r.uniform() * (1 << bits)) & ((1 << bits) - 1));
+    for (auto& x : q.scales) x = float(r.uniform());
+    mods.push_back(q);
+  }
+  // the second module as the GPU solve hands it over: packed, no codes
+  QuantizedLinear packed = mods[1];
+  packed.name += "p";
+  packed.packed.resize(size_t(packed.rows * packed_words(packed.cols, 4)));
+  // the stream by hand: value k of a row at bits [4k, 4k + 4)
+  for (int64_t r = 0; r < packed.rows; ++r)
+    for (int64_t c = 0; c < packed.cols; ++c)
+      packed.packed[size_t(r * packed_words(packed.cols, 4) + c / 8)] |= uint32_t(packed.codes[size_t(r * packed.cols + c)]) << (4 * (c % 8));
+  packed.codes.clear();
+  CHECK(packed.dequantize() == mods[1].dequantize());
+  mods.push_back(packed);
+  store.save_layer(2, mods);
+  SafetensorsFile f(store.layer_file(2));
+  CHECK(f.get(mods[0].name + ".qcodes").shape == Shape{5, packed_words(70, 3)});   // 210 bits: 7 words
+  CHECK(f.get(mods[0].name + ".qcodes").shape[1] == 7);
+  CHECK(!f.has(mods[0].name + ".codes"));
+  for (auto& m : mods) {
+    const QuantizedLinear* q = store.get(m.name);
+    REQUIRE(q);
+    CHECK(q->rows == 5);
+    CHECK(q->cols == 70);
+    CHECK(q->codes == (m.codes.empty() ? mods[1].codes : m.codes));
+    CHECK(q->scales == m.scales);
+    QuantStore::Info info;
+    REQUIRE(store.info(m.name, &info));
+    CHECK(info.rows == 5);
+    CHECK(info.cols == 70);
+    CHECK(info.groups == 3);
+  }
 }

@@ -8,23 +8,6 @@
 
 namespace ptq {
 
-void pack_bits(const uint32_t* v, int64_t n, int bits, uint32_t* w) {
-  const int64_t words = (n * bits + 31) / 32;
-  std::memset(w, 0, size_t(words) * 4);
-  for (int64_t k = 0; k < n; ++k) {
-    const uint64_t bit = uint64_t(k) * uint64_t(bits);
-    const uint64_t word = bit / 32, shift = bit % 32;
-    w[word] |= v[k] << shift;
-    if (shift + uint64_t(bits) > 32) w[word + 1] |= v[k] >> (32 - shift);
-  }
-}
-
-uint32_t unpack_bit(const uint32_t* w, int64_t k, int bits) {
-  const uint64_t bit = uint64_t(k) * uint64_t(bits), word = bit / 32, shift = bit % 32;
-  uint64_t x = w[word] >> shift;
-  if (shift + uint64_t(bits) > 32) x |= uint64_t(w[word + 1]) << (32 - shift);
-  return uint32_t(x & ((1u << bits) - 1));
-}
 
 const std::array<float, 16> kNf4Code = {-1.0f,
                                          -0.6961928009986877f,

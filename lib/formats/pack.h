@@ -1,19 +1,14 @@
 // pack.h — the bit layouts of the packed formats (formats.md), with their inverses.
 //
-// Every integer packing here is one little-endian bitstream: value k occupies bits
-// [k*bits, (k+1)*bits) of the stream, word w holds stream bits [32w, 32w+32). For 2/4/8 bits a
-// word holds 16/8/4 whole values; for 3 bits this is exactly GPTQ's "10, one split, 10, one
-// split, 10" layout of 32 values in 3 words.
+// Every integer packing here is one little-endian bitstream (core/bits.h: pack_bits).
 #pragma once
 #include <array>
 #include <cstdint>
 #include <vector>
 
-namespace ptq {
+#include "core/bits.h"
 
-// Packs n values (each < 2^bits) into ceil(n*bits/32) words; the tail is zero-padded.
-void pack_bits(const uint32_t* values, int64_t n, int bits, uint32_t* words);
-uint32_t unpack_bit(const uint32_t* words, int64_t k, int bits);   // value k of the stream
+namespace ptq {
 
 // ---- bitsandbytes NF4 ----
 extern const std::array<float, 16> kNf4Code;   // index -> value, formats.md §3

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/bits.h"
 #include "core/error.h"
 #include "core/safetensors.h"
 
@@ -68,7 +69,15 @@ void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modul
   for (auto& [m, a] : acts) meta["act:" + m] = json({{"mode", int(a.mode)}, {"static_scale", a.static_scale}}).dump();
   if (!report.empty()) meta["report"] = report;
   for (auto& q : modules) {
-    ts.push_back({q.name + ".codes", raw_tensor(DType::U8, {q.rows, q.cols}, q.codes)});
+    const int64_t nw = packed_words(q.cols, q.spec.bits);
+    if (q.packed.empty()) {   // packed here (the GPU solve packs on the device)
+      std::vector<uint32_t> words(size_t(q.rows * nw));
+      pack_rows(q.codes.data(), q.rows, q.cols, q.spec.bits, words.data());
+      ts.push_back({q.name + ".qcodes", raw_tensor(DType::U32, {q.rows, nw}, words)});
+    } else {
+      if (int64_t(q.packed.size()) != q.rows * nw) fail(Errc::usage, layer_file(layer), q.name + ".qcodes", "packed codes of the wrong size");
+      ts.push_back({q.name + ".qcodes", raw_tensor(DType::U32, {q.rows, nw}, q.packed)});
+    }
     ts.push_back({q.name + ".scales", raw_tensor(DType::F32, {q.groups, q.rows}, q.scales)});
     ts.push_back({q.name + ".zeros", raw_tensor(DType::I32, {q.groups, q.rows}, q.zeros)});
     ts.push_back({q.name + ".g_idx", raw_tensor(DType::I32, {q.cols}, q.g_idx)});
@@ -84,9 +93,9 @@ bool QuantStore::info(const std::string& module, Info* out) const {
   auto it = f.metadata().find(module);
   if (it == f.metadata().end()) return false;
   out->spec = spec_from(json::parse(it->second));
-  const Shape cs = f.get(module + ".codes").shape, ss = f.get(module + ".scales").shape;
-  out->rows = cs[0];
-  out->cols = cs[1];
+  const Shape ss = f.get(module + ".scales").shape, gs = f.get(module + ".g_idx").shape;
+  out->rows = ss[1];
+  out->cols = gs[0];
   out->groups = ss[0];
   return true;
 }
@@ -109,11 +118,19 @@ void QuantStore::load(int layer) const {
     QuantizedLinear q;
     q.name = name;
     q.spec = spec_from(json::parse(spec));
-    TensorView codes = f.get(name + ".codes");
-    q.rows = codes.shape[0];
-    q.cols = codes.shape[1];
-    q.codes = raw_vector<uint8_t>(codes);
     TensorView sc = f.get(name + ".scales");
+    q.rows = sc.shape[1];
+    q.cols = f.get(name + ".g_idx").shape[0];
+    if (f.has(name + ".qcodes")) {
+      TensorView w = f.get(name + ".qcodes");
+      if (w.dtype != DType::U32 || w.shape.size() != 2 || w.shape[0] != q.rows || w.shape[1] != packed_words(q.cols, q.spec.bits))
+        fail(Errc::format, layer_file(layer), name + ".qcodes", "expected U32 [rows, packed words of cols]");
+      const std::vector<uint32_t> words = raw_vector<uint32_t>(w);
+      q.codes.resize(size_t(q.rows * q.cols));
+      unpack_rows(words.data(), q.rows, q.cols, q.spec.bits, q.codes.data());
+    } else {   // layer files of earlier versions: one byte per code
+      q.codes = raw_vector<uint8_t>(f.get(name + ".codes"));
+    }
     q.groups = sc.shape[0];
     q.scales = raw_vector<float>(sc);
     q.zeros = raw_vector<int32_t>(f.get(name + ".zeros"));

@@ -1,5 +1,7 @@
 // qstore.h — quantized layers on disk, one safetensors file per decoder layer
-// (layers/layer-00012.safetensors): for each module P, P.codes (U8 [rows, cols]),
+// (layers/layer-00012.safetensors): for each module P, P.qcodes (U32 [rows, w]: each row's codes
+// packed as one core/bits.h stream of w = packed_words(cols, bits) words; earlier versions wrote
+// P.codes, U8 [rows, cols], still read),
 // P.scales (F32 [groups, rows]), P.zeros (I32 [groups, rows]), P.g_idx (I32 [cols]), and the
 // module's QuantSpec as JSON in the metadata. Exporters read it one layer at a time, so memory
 // stays at one layer whatever the model size; a finished layer file is a resume point.

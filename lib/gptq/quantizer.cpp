@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/bits.h"
 #include "core/error.h"
 
 namespace ptq {
@@ -52,13 +53,18 @@ GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec&
   return best;
 }
 
+uint32_t QuantizedLinear::code(int64_t r, int64_t c) const {
+  if (!codes.empty()) return codes[size_t(r * cols + c)];
+  return unpack_bit(packed.data() + r * packed_words(cols, spec.bits), c, spec.bits);
+}
+
 MatF QuantizedLinear::dequantize() const {
   MatF W(rows, cols);
 #pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 20))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t g = g_idx[size_t(c)];
-      W(r, c) = dequantize_code(codes[size_t(r * cols + c)], {scales[size_t(g * rows + r)], zeros[size_t(g * rows + r)]});
+      W(r, c) = dequantize_code(int(code(r, c)), {scales[size_t(g * rows + r)], zeros[size_t(g * rows + r)]});
     }
   return W;
 }
@@ -71,7 +77,9 @@ QuantizedLinear QuantizedLinear::row_slice(int64_t r0, int64_t r1) const {
   q.cols = cols;
   q.groups = groups;
   q.g_idx = g_idx;
-  q.codes.assign(codes.begin() + r0 * cols, codes.begin() + r1 * cols);
+  const int64_t nw = packed_words(cols, spec.bits);
+  if (!codes.empty()) q.codes.assign(codes.begin() + r0 * cols, codes.begin() + r1 * cols);
+  else q.packed.assign(packed.begin() + r0 * nw, packed.begin() + r1 * nw);
   for (int64_t g = 0; g < groups; ++g) {
     q.scales.insert(q.scales.end(), scales.begin() + g * rows + r0, scales.begin() + g * rows + r1);
     q.zeros.insert(q.zeros.end(), zeros.begin() + g * rows + r0, zeros.begin() + g * rows + r1);

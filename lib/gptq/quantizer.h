@@ -52,6 +52,10 @@ struct QuantizedLinear {
   QuantSpec spec;
   int64_t rows = 0, cols = 0, groups = 0;
   std::vector<uint8_t> codes;    // [rows, cols]
+  // Or, instead of codes (the GPU solve packs them there): row r's codes as one core/bits.h
+  // stream of packed_words(cols, bits) words, the layer store's layout.
+  std::vector<uint32_t> packed;
+  uint32_t code(int64_t r, int64_t c) const;   // from codes or packed
   std::vector<float> scales;     // [groups, rows], already rounded to spec.scale_dtype
   std::vector<int32_t> zeros;    // [groups, rows]
   std::vector<int32_t> g_idx;    // [cols]

@@ -1,0 +1,46 @@
+#include "core/bits.h"
+
+#include <cstring>
+#include <vector>
+
+namespace ptq {
+
+void pack_bits(const uint32_t* v, int64_t n, int bits, uint32_t* w) {
+  const int64_t words = packed_words(n, bits);
+  std::memset(w, 0, size_t(words) * 4);
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t bit = uint64_t(k) * uint64_t(bits);
+    const uint64_t word = bit / 32, shift = bit % 32;
+    w[word] |= v[k] << shift;
+    if (shift + uint64_t(bits) > 32) w[word + 1] |= v[k] >> (32 - shift);
+  }
+}
+
+uint32_t unpack_bit(const uint32_t* w, int64_t k, int bits) {
+  const uint64_t bit = uint64_t(k) * uint64_t(bits), word = bit / 32, shift = bit % 32;
+  uint64_t x = w[word] >> shift;
+  if (shift + uint64_t(bits) > 32) x |= uint64_t(w[word + 1]) << (32 - shift);
+  return uint32_t(x & ((1u << bits) - 1));
+}
+
+void pack_rows(const uint8_t* codes, int64_t rows, int64_t cols, int bits, uint32_t* words) {
+  const int64_t nw = packed_words(cols, bits);
+#pragma omp parallel
+  {
+    std::vector<uint32_t> v(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) v[size_t(c)] = codes[r * cols + c];
+      pack_bits(v.data(), cols, bits, words + r * nw);
+    }
+  }
+}
+
+void unpack_rows(const uint32_t* words, int64_t rows, int64_t cols, int bits, uint8_t* codes) {
+  const int64_t nw = packed_words(cols, bits);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = uint8_t(unpack_bit(words + r * nw, c, bits));
+}
+
+}  // namespace ptq
