@@ -29,6 +29,7 @@ TEST_CASE("recipe: unknown keys and wrong types name their path") {
   CHECK(error_of("export:\n  format: ggml\n").find("export.format: unknown format 'ggml'") != std::string::npos);
   CHECK(error_of("export:\n  format: nf4\n").find("nf4 is data-free: it needs quantization.method: nf4") != std::string::npos);
   CHECK(error_of("device: tpu\n").find("device: must be cpu, cuda or auto") != std::string::npos);
+  CHECK(error_of("gpu_activations: disk\n") == "r.yaml: gpu_activations: must be auto, device or host");
 }
 
 TEST_CASE("recipe: --set overrides any field, creating what is missing") {

@@ -66,16 +66,52 @@ __device__ float block_max(float v, float* sh) {
   return sh[0];
 }
 
-// out[r] = (x[r] / sqrt(mean(x[r]^2) + eps)) * w, one block per row (= rmsnorm in llama.cpp).
-template <class T>
+// V consecutive floats from p (V = 4: one 16-byte load; the caller guarantees the alignment), and
+// V values rounded to 16 bits into q (V = 4: one 8-byte store).
+template <int V> struct Floats { float v[V]; };
+template <int V>
+__device__ __forceinline__ Floats<V> load(const float* p) {
+  Floats<V> r;
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r.v[0] = t.x; r.v[1] = t.y; r.v[2] = t.z; r.v[3] = t.w;
+  } else {
+    for (int i = 0; i < V; ++i) r.v[i] = p[i];
+  }
+  return r;
+}
+template <class T> __device__ uint32_t pack2(float a, float b);
+template <> __device__ uint32_t pack2<__half>(float a, float b) { const __half2 h = __floats2half2_rn(a, b); return *reinterpret_cast<const uint32_t*>(&h); }
+template <> __device__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+template <int V, class T>
+__device__ __forceinline__ void store(T* q, const Floats<V>& x) {
+  if constexpr (V == 4) *reinterpret_cast<uint2*>(q) = make_uint2(pack2<T>(x.v[0], x.v[1]), pack2<T>(x.v[2], x.v[3]));
+  else
+    for (int i = 0; i < V; ++i) q[i] = from_f<T>(x.v[i]);
+}
+
+// out[r] = (x[r] / sqrt(mean(x[r]^2) + eps)) * w, one block per row (= rmsnorm in llama.cpp);
+// V = 4 when d % 4 == 0.
+template <class T, int V>
 __global__ void rmsnorm_kernel(const float* x, const float* w, T* out, int d, float eps) {
   __shared__ float sh[32];
   const float* xr = x + int64_t(blockIdx.x) * d;
   float s = 0;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) s += xr[j] * xr[j];
+  for (int j = threadIdx.x * V; j < d; j += blockDim.x * V) {
+    const Floats<V> a = load<V>(xr + j);
+    for (int i = 0; i < V; ++i) s += a.v[i] * a.v[i];
+  }
   s = block_sum(s, sh);
   const float inv = 1.0f / sqrtf(s / float(d) + eps);
-  for (int j = threadIdx.x; j < d; j += blockDim.x) out[int64_t(blockIdx.x) * d + j] = from_f<T>(xr[j] * inv * w[j]);
+  for (int j = threadIdx.x * V; j < d; j += blockDim.x * V) {
+    Floats<V> a = load<V>(xr + j);
+    const Floats<V> g = load<V>(w + j);
+    for (int i = 0; i < V; ++i) a.v[i] = a.v[i] * inv * g.v[i];
+    store<V>(out + int64_t(blockIdx.x) * d + j, a);
+  }
 }
 
 __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int cols) {
@@ -83,27 +119,29 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int cols
   if (i < rows * cols) y[i] += b[i % cols];
 }
 
-// Rotary (HF rotate_half: pairs (k, k + hd/2)) on fp32 projections, written as 16 bits; rows of the
-// chunk start at global row row0, position = row % T. rotate = false: a plain cast (V).
-template <class T>
-__global__ void rope_cast_kernel(const float* y, T* out, const float* cs, const float* sn, int64_t rows, int heads, int hd, int Tlen,
-                                 int64_t row0, bool rotate) {
-  const int half = hd / 2;
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= rows * heads * half) return;
-  const int k = int(i % half);
-  const int64_t rh = i / half, r = rh / heads;
-  const int h = int(rh % heads);
-  const int64_t off = r * int64_t(heads) * hd + int64_t(h) * hd;
-  const float a = y[off + k], b = y[off + k + half];
-  if (rotate) {
-    const int pos = int((row0 + r) % Tlen);
-    const float c = cs[int64_t(pos) * half + k], s = sn[int64_t(pos) * half + k];
-    out[off + k] = from_f<T>(a * c - b * s);
-    out[off + k + half] = from_f<T>(b * c + a * s);
-  } else {
-    out[off + k] = from_f<T>(a);
-    out[off + k + half] = from_f<T>(b);
+// Rotary (HF rotate_half: pairs (k, k + hd/2)) on fp32 projections, written as 16 bits; one block
+// per row of the chunk, whose rows start at global row row0 (position = row % T), V pairs per
+// thread step (V = 4 when hd % 8 == 0). rotate = false: a plain cast (V).
+template <class T, int V>
+__global__ void rope_cast_kernel(const float* y, T* out, const float* cs, const float* sn, int heads, int hd, int Tlen, int64_t row0, bool rotate) {
+  const int half = hd / 2, steps = half / V;
+  const int64_t r = blockIdx.x;
+  const float* yr = y + r * heads * hd;
+  T* qr = out + r * heads * hd;
+  const int pos = int((row0 + r) % Tlen);
+  for (int j = threadIdx.x; j < heads * steps; j += blockDim.x) {
+    const int h = j / steps, k = (j - h * steps) * V;
+    Floats<V> a = load<V>(yr + h * hd + k), b = load<V>(yr + h * hd + k + half);
+    if (rotate) {
+      const Floats<V> c = load<V>(cs + pos * half + k), s = load<V>(sn + pos * half + k);
+      for (int i = 0; i < V; ++i) {
+        const float a0 = a.v[i], b0 = b.v[i];
+        a.v[i] = a0 * c.v[i] - b0 * s.v[i];
+        b.v[i] = b0 * c.v[i] + a0 * s.v[i];
+      }
+    }
+    store<V>(qr + h * hd + k, a);
+    store<V>(qr + h * hd + k + half, b);
   }
 }
 
@@ -125,16 +163,15 @@ __global__ void causal_softmax_kernel(const float* S, T* P, int Tlen, float scal
   for (int j = threadIdx.x; j < Tlen; j += blockDim.x) p[j] = from_f<T>(j >= j0 && j <= i ? expf(s[j] * scale - m) * inv : 0.0f);
 }
 
-template <class T>
+// out = silu(g) * u, V elements per thread (V = 4 when n % 4 == 0).
+template <class T, int V>
 __global__ void silu_mul_kernel(const float* g, const float* u, T* out, int64_t n) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = from_f<T>(g[i] / (1.0f + expf(-g[i])) * u[i]);
-}
-
-template <class T>
-__global__ void cast_kernel(const float* x, T* y, int64_t n) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) y[i] = from_f<T>(x[i]);
+  const int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * V;
+  if (i >= n) return;
+  Floats<V> a = load<V>(g + i);
+  const Floats<V> b = load<V>(u + i);
+  for (int k = 0; k < V; ++k) a.v[k] = a.v[k] / (1.0f + expf(-a.v[k])) * b.v[k];
+  store<V>(out + i, a);
 }
 
 // e = fp64(a - b), the difference taken in fp32.
@@ -202,10 +239,20 @@ bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why) {
 struct LayerForwardCuda::Impl {
   LlamaConfig c;
   int S, T;
-  int64_t N, chunk_rows;
+  int64_t N, chunk_rows, F;   // F: the stage buffer's row width, max(q_dim, ffn)
   DType dt;
   size_t es = 2;
   bool flash = false;   // attention by flash_attention (head_dim 64 or 128), else cuBLAS + softmax
+  // Spill: X and the stage buffer live in page-locked host memory (hX, hStage) and each chunk is
+  // copied into X / stage (then one chunk each) and back, in stream order.
+  bool spill = false;
+  PinnedBuffer hX, hStage;
+  // Resident, when F >= q_dim + d: the stage buffer's last N * d elements hold rmsnorm1(X) (kept
+  // = 1, from norm1 for attention) or rmsnorm2(X) (kept = 2, from o_proj_norm2 for mlp), so each
+  // norm is computed once. The context [N, q_dim] and the MLP activation, written chunk by chunk
+  // from the front, never reach the rows of the tail that are still to be read.
+  bool keep_norm = false;
+  int kept = 0;
   float eps;
   DeviceBuffer<float> X, cs, sn, norm1, norm2, y32, scores;
   DeviceBuffer<float> bias[7];
@@ -243,6 +290,33 @@ struct LayerForwardCuda::Impl {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
   void* at(const DeviceBuffer<uint8_t>& b, int64_t elems) const { return b.get() + size_t(elems) * es; }
+  // Rows [r0, r0 + rows) of X on the device (spill: copied in when `read`); x_back writes them
+  // back to the host when spilled.
+  float* x_rows(int64_t r0, int64_t rows, bool read) {
+    const int64_t d = c.hidden_size;
+    if (!spill) return X.get() + r0 * d;
+    if (read)
+      PTQ_CUDA(cudaMemcpyAsync(X.get(), static_cast<float*>(hX.get()) + r0 * d, size_t(rows * d) * 4, cudaMemcpyHostToDevice));
+    return X.get();
+  }
+  void x_back(int64_t r0, int64_t rows) {
+    const int64_t d = c.hidden_size;
+    if (spill) PTQ_CUDA(cudaMemcpyAsync(static_cast<float*>(hX.get()) + r0 * d, X.get(), size_t(rows * d) * 4, cudaMemcpyDeviceToHost));
+  }
+  // The same for the stage buffer's rows of `width` elements (context: q_dim, activation: ffn).
+  void* stage_rows(int64_t r0, int64_t rows, int64_t width, bool read) {
+    if (!spill) return at(stage, r0 * width);
+    if (read)
+      PTQ_CUDA(cudaMemcpyAsync(stage.get(), static_cast<uint8_t*>(hStage.get()) + size_t(r0 * width) * es, size_t(rows * width) * es,
+                               cudaMemcpyHostToDevice));
+    return stage.get();
+  }
+  void stage_back(int64_t r0, int64_t rows, int64_t width) {
+    if (spill)
+      PTQ_CUDA(cudaMemcpyAsync(static_cast<uint8_t*>(hStage.get()) + size_t(r0 * width) * es, stage.get(), size_t(rows * width) * es,
+                               cudaMemcpyDeviceToHost));
+  }
+  void* kept_rows(int64_t r0) const { return at(stage, N * (F - c.hidden_size) + r0 * c.hidden_size); }
   // y [rows, out_p] fp32 = x [rows, in_p] W_p^T + beta y: the 16-bit weights, or the Linear's override.
   void linear(int p, const void* x, float* y, int64_t rows, float beta) {
     if (override_[p]) return override_[p](x, rows, y, beta);
@@ -266,15 +340,30 @@ struct LayerForwardCuda::Impl {
     }
     ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; }
   };
-  template <class F>
-  void by_chunks(F&& f) {   // f(row0, rows): whole windows, at most chunk_rows tokens
+  template <class F_>
+  void by_chunks(F_&& f) {   // f(row0, rows): whole windows, at most chunk_rows tokens
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) f(r0, std::min(chunk_rows, N - r0));
   }
-  void rmsnorm(const DeviceBuffer<float>& w, int64_t r0, int64_t rows) {
+  // rmsnorm(x rows, w) in 16 bits into out
+  void rmsnorm(const DeviceBuffer<float>& w, const float* x, void* out, int64_t rows) {
     const int d = c.hidden_size;
-    if (dt == DType::F16) rmsnorm_kernel<__half><<<unsigned(rows), 256>>>(X.get() + r0 * d, w.get(), static_cast<__half*>(at(xn, 0)), d, eps);
-    else rmsnorm_kernel<__nv_bfloat16><<<unsigned(rows), 256>>>(X.get() + r0 * d, w.get(), static_cast<__nv_bfloat16*>(at(xn, 0)), d, eps);
+    const bool v4 = d % 4 == 0;
+    if (dt == DType::F16) {
+      if (v4) rmsnorm_kernel<__half, 4><<<unsigned(rows), 256>>>(x, w.get(), static_cast<__half*>(out), d, eps);
+      else rmsnorm_kernel<__half, 1><<<unsigned(rows), 256>>>(x, w.get(), static_cast<__half*>(out), d, eps);
+    } else {
+      if (v4) rmsnorm_kernel<__nv_bfloat16, 4><<<unsigned(rows), 256>>>(x, w.get(), static_cast<__nv_bfloat16*>(out), d, eps);
+      else rmsnorm_kernel<__nv_bfloat16, 1><<<unsigned(rows), 256>>>(x, w.get(), static_cast<__nv_bfloat16*>(out), d, eps);
+    }
     PTQ_CUDA_LAUNCH("rmsnorm_kernel");
+  }
+  // rmsnorm `which` (1 or 2) of the chunk's rows x: where a stage keeps it for the next (keep), or
+  // already kept by the previous stage, or computed into the chunk buffer xn.
+  const void* normed(int which, const float* x, int64_t r0, int64_t rows, bool keep) {
+    if (kept == which) return kept_rows(r0);
+    void* out = keep && keep_norm ? kept_rows(r0) : at(xn, 0);
+    rmsnorm(which == 1 ? norm1 : norm2, x, out, rows);
+    return out;
   }
   void bias_add(int p, float* y, int64_t rows) {
     if (!bias[p].get()) return;
@@ -282,16 +371,38 @@ struct LayerForwardCuda::Impl {
     PTQ_CUDA_LAUNCH("add_bias_kernel");
   }
   void rope_cast(const float* y, DeviceBuffer<uint8_t>& out, int64_t rows, int heads, int64_t r0, bool rotate) {
-    const int64_t n = rows * heads * (c.head_dim / 2);
-    if (dt == DType::F16)
-      rope_cast_kernel<__half><<<blocks(n), 256>>>(y, static_cast<__half*>(at(out, 0)), cs.get(), sn.get(), rows, heads, c.head_dim, T, r0, rotate);
-    else
-      rope_cast_kernel<__nv_bfloat16><<<blocks(n), 256>>>(y, static_cast<__nv_bfloat16*>(at(out, 0)), cs.get(), sn.get(), rows, heads, c.head_dim, T, r0, rotate);
+    const bool v4 = c.head_dim % 8 == 0;
+    const int hd = c.head_dim;
+    if (dt == DType::F16) {
+      __half* o = static_cast<__half*>(at(out, 0));
+      if (v4) rope_cast_kernel<__half, 4><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
+      else rope_cast_kernel<__half, 1><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
+    } else {
+      __nv_bfloat16* o = static_cast<__nv_bfloat16*>(at(out, 0));
+      if (v4) rope_cast_kernel<__nv_bfloat16, 4><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
+      else rope_cast_kernel<__nv_bfloat16, 1><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
+    }
     PTQ_CUDA_LAUNCH("rope_cast_kernel");
+  }
+  void silu_mul(const float* g, const float* u, void* out, int64_t n) {
+    const bool v4 = c.intermediate_size % 4 == 0;
+    if (dt == DType::F16) {
+      if (v4) silu_mul_kernel<__half, 4><<<blocks(n / 4), 256>>>(g, u, static_cast<__half*>(out), n);
+      else silu_mul_kernel<__half, 1><<<blocks(n), 256>>>(g, u, static_cast<__half*>(out), n);
+    } else {
+      if (v4) silu_mul_kernel<__nv_bfloat16, 4><<<blocks(n / 4), 256>>>(g, u, static_cast<__nv_bfloat16*>(out), n);
+      else silu_mul_kernel<__nv_bfloat16, 1><<<blocks(n), 256>>>(g, u, static_cast<__nv_bfloat16*>(out), n);
+    }
+    PTQ_CUDA_LAUNCH("silu_mul_kernel");
   }
 };
 
-LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int samples, int seq_len, DType dtype) : p_(new Impl) {
+size_t activation_bytes(const LlamaConfig& c, int samples, int seq_len) {
+  const int64_t N = int64_t(samples) * seq_len;
+  return size_t(N * c.hidden_size) * 4 + size_t(N * std::max<int64_t>(c.q_dim(), c.intermediate_size)) * 2;
+}
+
+LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int samples, int seq_len, DType dtype, bool spill) : p_(new Impl) {
   Impl& m = *p_;
   std::string why;
   if (!forward_supported(c, seq_len, &why)) fail(Errc::usage, "", "device", "the GPU forward does not serve this model: " + why);
@@ -306,8 +417,18 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim(), half = c.head_dim / 2;
   const int64_t outs[7] = {qd, kv, kv, d, f, f, d}, ins[7] = {d, d, d, qd, d, d, f};
   for (int i = 0; i < 7; ++i) { m.outs[i] = outs[i]; m.ins[i] = ins[i]; }
-  m.X = DeviceBuffer<float>(size_t(m.N * d), "calibration activations (fp32 residual stream; use fewer samples or a shorter seq_len)");
-  m.stage = DeviceBuffer<uint8_t>(size_t(m.N * std::max(qd, f)) * m.es, "calibration activations (attention context / MLP activation)");
+  m.F = std::max(qd, f);
+  m.spill = spill;
+  m.keep_norm = !spill && m.F >= qd + d && (m.N * (m.F - d)) % 4 == 0;   // (the tail aligned for 8-byte stores)
+  if (spill) {   // page-locked host memory for all rows, device memory for one chunk
+    m.hX = PinnedBuffer(size_t(m.N * d) * 4);
+    m.hStage = PinnedBuffer(size_t(m.N * m.F) * m.es);
+    m.X = DeviceBuffer<float>(size_t(std::min(m.N, m.chunk_rows) * d), "calibration activations (one chunk of the residual stream)");
+    m.stage = DeviceBuffer<uint8_t>(size_t(std::min(m.N, m.chunk_rows) * m.F) * m.es, "calibration activations (one chunk of the context / MLP activation)");
+  } else {
+    m.X = DeviceBuffer<float>(size_t(m.N * d), "calibration activations (fp32 residual stream; use fewer samples or a shorter seq_len, or gpu_activations: host)");
+    m.stage = DeviceBuffer<uint8_t>(size_t(m.N * m.F) * m.es, "calibration activations (attention context / MLP activation; or gpu_activations: host)");
+  }
   m.cs = DeviceBuffer<float>(size_t(seq_len * half), "rotary cos");
   m.sn = DeviceBuffer<float>(size_t(seq_len * half), "rotary sin");
   PTQ_CUDA(cudaMemcpy(m.cs.get(), rope.cos.data(), size_t(seq_len * half) * 4, cudaMemcpyHostToDevice));
@@ -324,14 +445,27 @@ double LayerForwardCuda::take_hessian_seconds() {
   return s;
 }
 DType LayerForwardCuda::dtype() const { return p_->dt; }
+bool LayerForwardCuda::spilled() const { return p_->spill; }
 
 void LayerForwardCuda::set_input(const MatF& X) {
-  if (X.rows() != p_->N || X.cols() != p_->c.hidden_size) fail(Errc::usage, "", "set_input", "shape mismatch");
+  Impl& m = *p_;
+  if (X.rows() != m.N || X.cols() != m.c.hidden_size) fail(Errc::usage, "", "set_input", "shape mismatch");
+  m.kept = 0;
+  if (m.spill) {
+    synchronize();
+    parallel_memcpy(m.hX.get(), X.data(), size_t(X.size()) * 4);
+    return;
+  }
   // through page-locked memory (a pageable copy of 4 GiB runs at a third of PCIe's speed)
-  copy_to_device_staged(p_->X.get(), X.data(), size_t(X.size()) * 4);
+  copy_to_device_staged(m.X.get(), X.data(), size_t(X.size()) * 4);
 }
 MatF LayerForwardCuda::input() const {
   MatF X(p_->N, p_->c.hidden_size);
+  if (p_->spill) {
+    synchronize();
+    parallel_memcpy(X.data(), p_->hX.get(), size_t(X.size()) * 4);
+    return X;
+  }
   PTQ_CUDA(cudaMemcpy(X.data(), p_->X.get(), size_t(X.size()) * 4, cudaMemcpyDeviceToHost));
   return X;
 }
@@ -365,6 +499,7 @@ void LayerForwardCuda::convert_weights(const LayerWeights& w, void* dst) const {
 
 void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) {
   Impl& m = *p_;
+  m.kept = 0;
   PTQ_CUDA(cudaMemcpy(m.norm1.get(), w.input_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   PTQ_CUDA(cudaMemcpy(m.norm2.get(), w.post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   const uint8_t* src = static_cast<const uint8_t*>(converted);
@@ -389,10 +524,12 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
 void LayerForwardCuda::norm1(HessianCuda* h) {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
+  m.kept = 0;
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    m.rmsnorm(m.norm1, r0, rows);
-    m.hessian_add(h, m.at(m.xn, 0), rows);
+    const void* xn = m.normed(1, m.x_rows(r0, rows, true), r0, rows, true);
+    m.hessian_add(h, xn, rows);
   });
+  if (m.keep_norm) m.kept = 1;
 }
 
 void LayerForwardCuda::attention(HessianCuda* h) {
@@ -400,93 +537,105 @@ void LayerForwardCuda::attention(HessianCuda* h) {
   Impl::Scratch scratch(m);
   const LlamaConfig& c = m.c;
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, group = nh / nkv, T = m.T;
-  const int64_t d = c.hidden_size, qd = c.q_dim(), kv = c.kv_dim();
+  const int64_t qd = c.q_dim(), kv = c.kv_dim();
   const float one = 1.0f, zero = 0.0f, scale = 1.0f / std::sqrt(float(hd));
   const cudaDataType ct = ctype(m.dt);
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    m.rmsnorm(m.norm1, r0, rows);
+    const void* xn = m.normed(1, m.kept == 1 ? nullptr : m.x_rows(r0, rows, true), r0, rows, false);
     float* yq = m.y32.get();
     float* yk = yq + rows * qd;
     float* yv = yk + rows * kv;
-    m.linear(0, m.at(m.xn, 0), yq, rows, 0.0f);
-    m.linear(1, m.at(m.xn, 0), yk, rows, 0.0f);
-    m.linear(2, m.at(m.xn, 0), yv, rows, 0.0f);
+    m.linear(0, xn, yq, rows, 0.0f);
+    m.linear(1, xn, yk, rows, 0.0f);
+    m.linear(2, xn, yv, rows, 0.0f);
     m.bias_add(0, yq, rows);
     m.bias_add(1, yk, rows);
     m.bias_add(2, yv, rows);
     m.rope_cast(yq, m.q16, rows, nh, r0, true);
     m.rope_cast(yk, m.k16, rows, nkv, r0, true);
     m.rope_cast(yv, m.v16, rows, nkv, r0, false);
+    void* ctx = m.stage_rows(r0, rows, qd, false);
     if (m.flash) {
-      flash_attention(m.dt, m.at(m.q16, 0), m.at(m.k16, 0), m.at(m.v16, 0), m.at(m.stage, r0 * qd), int(rows / T), T, nh, nkv, hd, scale,
-                      c.sliding_window);
-      m.hessian_add(h, m.at(m.stage, r0 * qd), rows);
-      return;
+      flash_attention(m.dt, m.at(m.q16, 0), m.at(m.k16, 0), m.at(m.v16, 0), ctx, int(rows / T), T, nh, nkv, hd, scale, c.sliding_window);
+    } else {
+      for (int64_t s0 = 0; s0 < rows; s0 += T) {   // one window at a time (cuBLAS GEMMs and a softmax kernel)
+        const void* Q = m.at(m.q16, s0 * qd);
+        const void* K = m.at(m.k16, s0 * kv);
+        const void* V = m.at(m.v16, s0 * kv);
+        void* cw = static_cast<uint8_t*>(ctx) + size_t(s0 * qd) * m.es;
+        for (int r = 0; r < group; ++r)   // query heads kvh * group + r, batched over kvh
+          PTQ_CUBLAS(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, &one, K, ct, int(kv), hd,
+                                                static_cast<const uint8_t*>(Q) + size_t(r * hd) * m.es, ct, int(qd), int64_t(group) * hd, &zero,
+                                                m.scores.get() + int64_t(r) * T * T, CUDA_R_32F, T, int64_t(group) * T * T, nkv,
+                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (m.dt == DType::F16) causal_softmax_kernel<__half><<<unsigned(nh * T), 256>>>(m.scores.get(), static_cast<__half*>(m.at(m.P, 0)), T, scale, c.sliding_window);
+        else causal_softmax_kernel<__nv_bfloat16><<<unsigned(nh * T), 256>>>(m.scores.get(), static_cast<__nv_bfloat16*>(m.at(m.P, 0)), T, scale, c.sliding_window);
+        PTQ_CUDA_LAUNCH("causal_softmax_kernel");
+        for (int r = 0; r < group; ++r)
+          PTQ_CUBLAS(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, &one, V, ct, int(kv), hd, m.at(m.P, int64_t(r) * T * T), ct,
+                                                T, int64_t(group) * T * T, &zero, static_cast<uint8_t*>(cw) + size_t(r * hd) * m.es, ct, int(qd),
+                                                int64_t(group) * hd, nkv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
     }
-    for (int64_t s0 = 0; s0 < rows; s0 += T) {   // one window at a time (cuBLAS GEMMs and a softmax kernel)
-      const void* Q = m.at(m.q16, s0 * qd);
-      const void* K = m.at(m.k16, s0 * kv);
-      const void* V = m.at(m.v16, s0 * kv);
-      void* ctx = m.at(m.stage, (r0 + s0) * qd);
-      for (int r = 0; r < group; ++r)   // query heads kvh * group + r, batched over kvh
-        PTQ_CUBLAS(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, &one, K, ct, int(kv), hd,
-                                              static_cast<const uint8_t*>(Q) + size_t(r * hd) * m.es, ct, int(qd), int64_t(group) * hd, &zero,
-                                              m.scores.get() + int64_t(r) * T * T, CUDA_R_32F, T, int64_t(group) * T * T, nkv,
-                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      if (m.dt == DType::F16) causal_softmax_kernel<__half><<<unsigned(nh * T), 256>>>(m.scores.get(), static_cast<__half*>(m.at(m.P, 0)), T, scale, c.sliding_window);
-      else causal_softmax_kernel<__nv_bfloat16><<<unsigned(nh * T), 256>>>(m.scores.get(), static_cast<__nv_bfloat16*>(m.at(m.P, 0)), T, scale, c.sliding_window);
-      PTQ_CUDA_LAUNCH("causal_softmax_kernel");
-      for (int r = 0; r < group; ++r)
-        PTQ_CUBLAS(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, &one, V, ct, int(kv), hd, m.at(m.P, int64_t(r) * T * T), ct,
-                                              T, int64_t(group) * T * T, &zero, static_cast<uint8_t*>(ctx) + size_t(r * hd) * m.es, ct, int(qd),
-                                              int64_t(group) * hd, nkv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    m.hessian_add(h, m.at(m.stage, r0 * qd), rows);
+    m.hessian_add(h, ctx, rows);
+    m.stage_back(r0, rows, qd);
   });
+  m.kept = 0;
 }
 
 void LayerForwardCuda::o_proj_norm2(HessianCuda* h) {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
-  const int64_t d = m.c.hidden_size, qd = m.c.q_dim();
+  const int64_t qd = m.c.q_dim();
+  m.kept = 0;
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    m.linear(3, m.at(m.stage, r0 * qd), m.X.get() + r0 * d, rows, 1.0f);   // X += ctx Wo^T
-    m.bias_add(3, m.X.get() + r0 * d, rows);
-    m.rmsnorm(m.norm2, r0, rows);
-    m.hessian_add(h, m.at(m.xn, 0), rows);
+    const void* ctx = m.stage_rows(r0, rows, qd, true);
+    float* x = m.x_rows(r0, rows, true);
+    m.linear(3, ctx, x, rows, 1.0f);   // X += ctx Wo^T
+    m.bias_add(3, x, rows);
+    const void* xn = m.normed(2, x, r0, rows, true);
+    m.hessian_add(h, xn, rows);
+    m.x_back(r0, rows);
   });
+  if (m.keep_norm) m.kept = 2;
 }
 
 void LayerForwardCuda::mlp(HessianCuda* h) {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
-  const int64_t d = m.c.hidden_size, f = m.c.intermediate_size;
+  const int64_t f = m.c.intermediate_size;
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    m.rmsnorm(m.norm2, r0, rows);
+    const void* xn = m.normed(2, m.kept == 2 ? nullptr : m.x_rows(r0, rows, true), r0, rows, false);
     float* g = m.y32.get();
     float* u = g + rows * f;
-    m.linear(4, m.at(m.xn, 0), g, rows, 0.0f);
-    m.linear(5, m.at(m.xn, 0), u, rows, 0.0f);
+    m.linear(4, xn, g, rows, 0.0f);
+    m.linear(5, xn, u, rows, 0.0f);
     m.bias_add(4, g, rows);
     m.bias_add(5, u, rows);
-    if (m.dt == DType::F16) silu_mul_kernel<__half><<<blocks(rows * f), 256>>>(g, u, static_cast<__half*>(m.at(m.stage, r0 * f)), rows * f);
-    else silu_mul_kernel<__nv_bfloat16><<<blocks(rows * f), 256>>>(g, u, static_cast<__nv_bfloat16*>(m.at(m.stage, r0 * f)), rows * f);
-    PTQ_CUDA_LAUNCH("silu_mul_kernel");
-    m.hessian_add(h, m.at(m.stage, r0 * f), rows);
+    void* act = m.stage_rows(r0, rows, f, false);
+    m.silu_mul(g, u, act, rows * f);
+    m.hessian_add(h, act, rows);
+    m.stage_back(r0, rows, f);
   });
+  m.kept = 0;
 }
 
 void LayerForwardCuda::down_proj() {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
-  const int64_t d = m.c.hidden_size, f = m.c.intermediate_size;
+  const int64_t f = m.c.intermediate_size;
+  m.kept = 0;
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    m.linear(6, m.at(m.stage, r0 * f), m.X.get() + r0 * d, rows, 1.0f);   // X += act Wd^T
-    m.bias_add(6, m.X.get() + r0 * d, rows);
+    const void* act = m.stage_rows(r0, rows, f, true);
+    float* x = m.x_rows(r0, rows, true);
+    m.linear(6, act, x, rows, 1.0f);   // X += act Wd^T
+    m.bias_add(6, x, rows);
+    m.x_back(r0, rows);
   });
 }
 
 void LayerForwardCuda::layer() {
+  p_->kept = 0;
   attention(nullptr);
   o_proj_norm2(nullptr);
   mlp(nullptr);
@@ -579,6 +728,7 @@ void LayerForwardCuda::set_norms(const VecF& input_layernorm, const VecF& post_a
   Impl& m = *p_;
   if (input_layernorm.size() != m.c.hidden_size || post_attention_layernorm.size() != m.c.hidden_size)
     fail(Errc::usage, "", "set_norms", "norm weights of the wrong size");
+  m.kept = 0;
   copy_to_device(m.norm1.get(), input_layernorm.data(), size_t(m.c.hidden_size) * 4);
   copy_to_device(m.norm2.get(), post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4);
 }
@@ -599,7 +749,7 @@ void LayerForwardCuda::logits(const VecF& final_norm, const void* lm_head, int64
   DeviceBuffer<float> nw(size_t(d), "final norm");
   copy_to_device(nw.get(), final_norm.data(), size_t(d) * 4);
   m.by_chunks([&](int64_t r0, int64_t rows) {
-    m.rmsnorm(nw, r0, rows);
+    m.rmsnorm(nw, m.x_rows(r0, rows, true), m.at(m.xn, 0), rows);
     linear_gemm(m.at(m.xn, 0), lm_head, out + r0 * vocab, CUDA_R_32F, rows, d, vocab, m.dt, 0.0f);
   });
 }

@@ -7,7 +7,9 @@
 // (cuBLAS GemmEx, CUBLAS_COMPUTE_32F); RMSNorm statistics, rotary, attention scores and softmax
 // are fp32. The Hessians are accumulated from the same 16-bit activations the GEMMs consume.
 // Memory: X (fp32 [S*T, d]), one 16-bit stage buffer [S*T, max(q_dim, ffn)], the layer's 16-bit
-// weights, and chunk buffers of kChunkTokens tokens.
+// weights, and chunk buffers of kChunkTokens tokens. With `spill`, X and the stage buffer live in
+// page-locked host memory instead and every stage copies its chunks in and out over PCIe (each
+// copy in stream order with the kernels): slower, for calibration sets the GPU cannot hold.
 #pragma once
 #include <functional>
 #include <memory>
@@ -24,12 +26,16 @@ namespace ptq::cuda {
 // CPU forward and accumulates the Hessians on the GPU).
 bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why);
 
+// Bytes of X and the stage buffer (what `spill` moves to the host).
+size_t activation_bytes(const LlamaConfig& c, int samples, int seq_len);
+
 class LayerForwardCuda {
  public:
   // `dtype`: F16 or BF16 (the model's; F32 models compute in BF16).
-  LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int samples, int seq_len, DType dtype);
+  LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int samples, int seq_len, DType dtype, bool spill = false);
   ~LayerForwardCuda();
   DType dtype() const;
+  bool spilled() const;                     // the activations are in page-locked host memory
   void set_input(const MatF& X);            // the embeddings [S*T, d] (host fp32)
   MatF input() const;                       // the residual stream, to the host (tests)
   void load_layer(const LayerWeights& w, const void* converted = nullptr);   // norms, biases, and the seven weights in 16 bits

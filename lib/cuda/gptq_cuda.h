@@ -61,7 +61,7 @@ struct DampedLoss {
 };
 // A solve whose weights stay on the device for what follows (the loss, the next forward stage).
 struct ResidentSolve {
-  std::vector<QuantizedLinear> parts;   // per part: codes and grids on the host, natural column order
+  std::vector<QuantizedLinear> parts;   // per part: codes packed on the device (QuantizedLinear::packed) and grids, natural column order
   DeviceBuffer<float> W, Wq, Wr; // [rows, cols] fp32: W as given, GPTQ's dequantized weights, RTN's (if asked)
   DampedLoss damped;             // GPTQ's output error by rows, from the column loop
 };
@@ -70,8 +70,14 @@ struct ResidentSolve {
 ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64_t cols, const double* H_sum_device, int64_t tokens,
                                      const QuantSpec& s, bool with_rtn, SolveStats* stats = nullptr);
 
+// words [rows, packed_words(n, bits)] = each row of codes [rows, n] packed as core/bits.h's
+// pack_rows does on the host (device pointers; asynchronous).
+void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, uint32_t* words);
+
 // Timings of the last gptq_quantize* call's phases, for benchmarks (seconds).
-struct GptqPhaseTimes { double prepare = 0, factorization = 0, potrf = 0, trtri = 0, column_loop = 0, download = 0; };
+// pack: the codes bit-packed on the device and downloaded (resident solves); download: the rest of
+// the results (natural order, grids, Wq, RTN).
+struct GptqPhaseTimes { double prepare = 0, factorization = 0, potrf = 0, trtri = 0, column_loop = 0, pack = 0, download = 0; };
 GptqPhaseTimes last_phase_times();
 
 // Fills a device buffer with deterministic pseudo-random normal values (benchmarks).

@@ -87,7 +87,8 @@ void* device_alloc(size_t bytes, const char* what) {
       char m[512];
       std::snprintf(m, sizeof m,
                     "out of GPU memory allocating %.1f MiB (%.1f MiB in use by ptqkit, %.1f of %.1f MiB free on the device); "
-                    "reduce calibration.samples or calibration.seq_len, or run with device: cpu",
+                    "reduce calibration.samples or calibration.seq_len, keep the calibration activations on the host "
+                    "(gpu_activations: host), or run with device: cpu",
                     double(b) / (1 << 20), double(P.in_use) / (1 << 20), double(free_b) / (1 << 20), double(total) / (1 << 20));
       fail(Errc::io, "GPU", what, m);
     }
@@ -114,6 +115,15 @@ void pool_release_cached() {
   std::lock_guard<std::mutex> lock(P.mu);
   for (auto& [s, q] : P.free_blocks) { cudaFree(q); P.sizes.erase(q); }
   P.free_blocks.clear();
+}
+
+size_t device_free_bytes() {
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  size_t free_b = 0, total = 0;
+  PTQ_CUDA(cudaMemGetInfo(&free_b, &total));
+  for (auto& [s, q] : P.free_blocks) free_b += s;
+  return free_b;
 }
 
 cublasHandle_t blas_handle() {
@@ -162,8 +172,6 @@ PinnedBuffer::~PinnedBuffer() { if (p_) cudaFreeHost(p_); }
 
 void upload_from_staging(void* dst, size_t bytes) { PTQ_CUDA(cudaMemcpy(dst, g_staging.p, bytes, cudaMemcpyHostToDevice)); }
 
-namespace {
-constexpr size_t kStagedPart = size_t(256) << 20;
 void parallel_memcpy(void* dst, const void* src, size_t n) {
   const int64_t kPiece = int64_t(1) << 22;
   auto* d = static_cast<uint8_t*>(dst);
@@ -172,6 +180,9 @@ void parallel_memcpy(void* dst, const void* src, size_t n) {
   for (int64_t b = 0; b < int64_t((n + kPiece - 1) / kPiece); ++b)
     std::memcpy(d + b * kPiece, s + b * kPiece, std::min<size_t>(size_t(kPiece), n - size_t(b * kPiece)));
 }
+
+namespace {
+constexpr size_t kStagedPart = size_t(256) << 20;
 }  // namespace
 
 void copy_to_device_staged(void* dst, const void* src, size_t bytes) {

@@ -27,6 +27,7 @@ void* device_alloc(size_t bytes, const char* what);
 void device_free(void* p);
 size_t pool_peak_bytes();          // peak bytes handed out (the pipeline's peak GPU memory)
 void pool_release_cached();        // return cached blocks to the driver
+size_t device_free_bytes();        // free on the device plus the pool's cached blocks
 void copy_device(void* dst, const void* src, size_t bytes);   // device to device, synchronous
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
@@ -39,6 +40,7 @@ void upload_from_staging(void* dst, size_t bytes);   // staging -> device, synch
 // every core: PCIe at page-locked speed for pageable host memory (main thread only).
 void copy_to_device_staged(void* dst, const void* src, size_t bytes);
 void copy_to_host_staged(void* dst, const void* src, size_t bytes);
+void parallel_memcpy(void* dst, const void* src, size_t bytes);   // host to host, by every core
 
 // A page-locked host buffer of its own (e.g. the next layer's weights, filled by another thread).
 class PinnedBuffer {

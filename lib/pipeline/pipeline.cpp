@@ -127,6 +127,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
 #endif
   std::map<std::string, double> phase;
   std::map<std::string, double> solve_phase;   // the GPU solve's parts (inside phase["solve"])
+  std::map<std::string, double> upload_phase;  // what phase["upload"] moved (inside it)
   OutputDir out(r.output, opt.force, opt.resume, /*keep_on_failure=*/opt.resume);   // never destroy what --resume was asked to continue
 
   std::unique_ptr<LlamaModel> model;
@@ -232,11 +233,30 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     else if (!cuda::forward_supported(c, T, &why)) {}
     else gpu_forward = true;
     if (gpu_forward) {
-      PhaseTimer t(phase["upload"]);
-      fw = std::make_unique<cuda::LayerForwardCuda>(c, rope, S, T, c.dtype);
+      PhaseTimer t(phase["upload"]), tu(upload_phase["activations"]);
+      // Activations on the device when they fit beside what the rest needs there: the layer's
+      // 16-bit weights, the largest solve (its Hessian sum and factor in fp64, four fp32 copies of
+      // the stacked weights) and 2 GiB of chunk buffers and slack; else in page-locked host memory.
+      const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim();
+      const int64_t solve_n[4] = {d, qd, d, f}, solve_rows[4] = {qd + 2 * kv, d, 2 * f, d};
+      double other = double(c.params_per_layer()) * 2 + double(2u << 30);
+      double largest = 0;
+      for (int k = 0; k < 4; ++k) largest = std::max(largest, 16.0 * double(solve_n[k] * solve_n[k]) + 16.0 * double(solve_rows[k] * solve_n[k]));
+      other += largest;
+      const double acts = double(cuda::activation_bytes(c, S, T)), free_b = double(cuda::device_free_bytes());
+      const bool spill = r.gpu_activations == "host" || (r.gpu_activations == "auto" && acts > free_b - other);
+      if (spill && r.gpu_activations == "auto") {
+        char m[256];
+        std::snprintf(m, sizeof m, "calibration activations (%.1f GiB) do not fit beside the solve (~%.1f GiB) in %.1f GiB free on the GPU: "
+                      "kept in page-locked host memory (slower: every stage copies them over PCIe)", acts / (1u << 30), other / (1u << 30), free_b / (1u << 30));
+        std::fprintf(stderr, "ptqkit: %s\n", m);
+        log_event("warning", {{"message", m}});
+      }
+      fw = std::make_unique<cuda::LayerForwardCuda>(c, rope, S, T, c.dtype, spill);
       fw->set_input(X);
       X = MatF();
-      forward_desc = std::string("cuda (") + (fw->dtype() == DType::F16 ? "f16" : "bf16") + " GEMMs, fp32 accumulation and residual)";
+      forward_desc = std::string("cuda (") + (fw->dtype() == DType::F16 ? "f16" : "bf16") + " GEMMs, fp32 accumulation and residual" +
+                     (spill ? "; activations in page-locked host memory" : "") + ")";
     } else if (use_cuda) {
       forward_desc = "cpu (fp32), Hessians on the GPU: " + why;
     }
@@ -407,7 +427,8 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
           solve_phase["prepare"] += pt.prepare;
           solve_phase["factorization"] += pt.factorization;
           solve_phase["column_loop"] += pt.column_loop;
-          solve_phase["codes_and_rtn"] += pt.download;
+          solve_phase["pack_codes"] += pt.pack;
+          solve_phase["dequantize_and_rtn"] += pt.download;
         }
         int64_t r0 = 0;
         size_t part = 0;
@@ -430,7 +451,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
           }
           record(name, spec, rows, cols, st, loss, rtn_loss, st.seconds * double(rows) / double(all_rows));
           if (gpu_forward) {   // the next stage reads the quantized weights from here; the host copy is not needed
-            PhaseTimer t(phase["upload"]);
+            PhaseTimer t(phase["upload"]), tu(upload_phase["quantized_weights"]);
             fw->set_weight_device(p, rs.Wq.get() + r0 * cols);
             resident[size_t(p)] = true;
             w[p].W = MatF();
@@ -567,11 +588,11 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
         phase["hessian"] += hs;
       };
       auto upload = [&](std::initializer_list<Proj> projs) {
-        PhaseTimer t(phase["upload"]);
+        PhaseTimer t(phase["upload"]), tu(upload_phase["quantized_weights"]);
         for (Proj p : projs)
           if (!resident[size_t(p)] && !r.ignored(proj_tensor_prefix(l, p))) fw->set_weight(p, w[p].W);
       };
-      { PhaseTimer t(phase["upload"]); fw->load_layer(w, w16[l % 2].get()); }
+      { PhaseTimer t(phase["upload"]), tu(upload_phase["layer_weights"]); fw->load_layer(w, w16[l % 2].get()); }
       gpu_stage([&] { fw->norm1(h_qkv.device()); });
       quantize_group({Proj::q, Proj::k, Proj::v}, "qkv", &h_qkv);
       h_qkv.release();
@@ -733,6 +754,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
                  {"layers", layers},
                  {"phases_seconds", phase},
                  {"solve_phases_seconds", solve_phase},
+                 {"upload_phases_seconds", upload_phase},
                  {"background_seconds", {{"load_next_layer", prefetch_seconds}, {"save_layer", save_seconds}}},
                  {"total_seconds", total},
                  {"peak_rss_mb", peak_rss_mb()},

@@ -43,6 +43,7 @@ const Schema kRootSchema = {{"model", {Ty::Str}},
                             {"output", {Ty::Str}},
                             {"device", {Ty::Str}},
                             {"gpu_forward", {Ty::Bool}},
+                            {"gpu_activations", {Ty::Str}},
                             {"calibration", {Ty::Map, &kCalibSchema}},
                             {"quantization", {Ty::Map, &kQuantSchema}},
                             {"export", {Ty::Map, &kExportSchema}}};
@@ -216,6 +217,9 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   if (root["device"]) r.device = root["device"].as<std::string>();
   if (r.device != "cpu" && r.device != "cuda" && r.device != "auto") fail(Errc::usage, file, "device", "must be cpu, cuda or auto");
   if (root["gpu_forward"]) r.gpu_forward = root["gpu_forward"].as<bool>();
+  if (root["gpu_activations"]) r.gpu_activations = root["gpu_activations"].as<std::string>();
+  if (r.gpu_activations != "auto" && r.gpu_activations != "device" && r.gpu_activations != "host")
+    fail(Errc::usage, file, "gpu_activations", "must be auto, device or host");
   if (auto c = root["calibration"]) {
     if (c["dataset"]) r.calibration.dataset = c["dataset"].as<std::string>();
     if (c["samples"]) r.calibration.samples = c["samples"].as<int>();
@@ -320,6 +324,7 @@ YAML::Node Recipe::to_yaml() const {
   n["output"] = output;
   n["device"] = device;
   n["gpu_forward"] = gpu_forward;
+  n["gpu_activations"] = gpu_activations;
   n["calibration"]["dataset"] = calibration.dataset;
   n["calibration"]["samples"] = calibration.samples;
   n["calibration"]["seq_len"] = calibration.seq_len;

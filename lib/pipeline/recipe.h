@@ -17,6 +17,9 @@ struct Recipe {
   std::string source;                       // the recipe file ("" when built in code)
   std::string model, output, device = "auto";
   bool gpu_forward = true;                  // with a GPU: run the forward there too (else only Hessians and solves)
+  // Where the GPU forward keeps the calibration activations: device, host (page-locked memory,
+  // copied in and out by chunks), or auto (device when they fit beside the solve's needs).
+  std::string gpu_activations = "auto";
   CalibSpec calibration;                    // seq_len 0 = min(2048, the model's context)
   QuantSpec quant;                          // defaults for every quantized module
   bool true_sequential = true;
