@@ -6,11 +6,13 @@
 #include <numeric>
 #include <map>
 
+#include "core/bits.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "cuda/attention_cuda.h"
 #include "cuda/forward_cuda.h"
 #include "cuda/gptq_cuda.h"
+#include "kernels/act_quant.h"
 #include "kernels/reference.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
@@ -128,8 +130,13 @@ TEST_CASE("gpu: one resident solve of stacked q/k/v equals the CPU solve of each
     const MatF& Wk = W[size_t(k)];
     const int64_t n = Wk.size();
     const QuantizedLinear &gq = rs.parts[size_t(k)], cq = gptq_quantize(Wk, H, s);
+    // the codes come packed on the device; unpacked here by the host's core/bits.h
+    REQUIRE(gq.codes.empty());
+    REQUIRE(int64_t(gq.packed.size()) == Wk.rows() * packed_words(cols, s.bits));
+    std::vector<uint8_t> gcodes(static_cast<size_t>(n));
+    unpack_rows(gq.packed.data(), Wk.rows(), cols, s.bits, gcodes.data());
     int64_t same = 0;
-    for (size_t i = 0; i < cq.codes.size(); ++i) same += cq.codes[i] == gq.codes[i];
+    for (size_t i = 0; i < cq.codes.size(); ++i) same += cq.codes[i] == gcodes[i];
     const MatF Wq = gq.dequantize(), Wr = rtn_quantize(Wk, s).dequantize();
     MatF dev_Wq(Wk.rows(), cols), dev_Wr(Wk.rows(), cols), dev_W(Wk.rows(), cols);
     cuda::copy_to_host(dev_Wq.data(), rs.Wq.get() + r0 * cols, size_t(n) * 4);
@@ -158,6 +165,28 @@ TEST_CASE("gpu: one resident solve of stacked q/k/v equals the CPU solve of each
     std::cout << "  RTN loss on TF32 " << rtn_tf32 << " (relative to the fp64 form " << (rtn_tf32 - ref_rtn) / ref_rtn << ")\n";
     CHECK(std::abs(rtn_tf32 - ref_rtn) <= 1e-3 * ref_rtn);
   }
+}
+
+TEST_CASE("gpu: codes packed on the device equal the host's bitstream packing (2, 3, 4, 8 bits, odd widths)") {
+  PTQ_REQUIRE_GPU();
+  for (int bits : {2, 3, 4, 8})
+    for (int64_t cols : {int64_t(1), int64_t(31), int64_t(1001), int64_t(4096)}) {
+      const int64_t rows = 37, nw = packed_words(cols, bits);
+      std::vector<uint8_t> codes(size_t(rows * cols));
+      Rng r{uint64_t(bits * 7919 + cols)};
+      for (auto& c : codes) c = uint8_t(int(r.uniform() * (1 << bits)) & ((1 << bits) - 1));
+      std::vector<uint32_t> host(size_t(rows * nw)), dev(size_t(rows * nw));
+      pack_rows(codes.data(), rows, cols, bits, host.data());
+      cuda::DeviceBuffer<uint8_t> dc(codes.size(), "test codes");
+      cuda::DeviceBuffer<uint32_t> dw(dev.size(), "test words");
+      cuda::copy_to_device(dc.get(), codes.data(), codes.size());
+      cuda::pack_rows_device(dc.get(), rows, cols, bits, dw.get());
+      cuda::copy_to_host(dev.data(), dw.get(), dev.size() * 4);
+      INFO("bits " << bits << ", cols " << cols);
+      CHECK(dev == host);
+      // and the stream reads back: value k of row r at bits [k*bits, (k+1)*bits)
+      CHECK(unpack_bit(dev.data() + (rows - 1) * nw, cols - 1, bits) == codes.back());
+    }
 }
 
 TEST_CASE("gpu: the TF32 output error equals the fp64 one within 1e-3 across row chunks and H blocks") {
@@ -324,7 +353,7 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
   for (auto& dir : models) {
     LlamaModel m(dir);
     const LlamaConfig& c = m.config();
-    const int S = 3, T = 128;
+    const int S = 65, T = 128;   // two chunks of the GPU forward (8192 tokens, then one window)
     std::vector<int32_t> tok(size_t(S * T));
     Rng rng(5);
     for (auto& t : tok) t = int32_t(rng.uniform() * (c.vocab_size - 1));
@@ -347,8 +376,12 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
     hd.add(act);
     linear(act, w[Proj::down], y);
     Xc += y;
-    // GPU
-    cuda::LayerForwardCuda fw(c, rope, S, T, c.dtype);
+    // GPU, with the activations on the device and (spill) in page-locked host memory: the same
+    // kernels on the same chunks, so the same bytes
+    MatF X_resident;
+    for (bool spill : {false, true}) {
+    cuda::LayerForwardCuda fw(c, rope, S, T, c.dtype, spill);
+    REQUIRE(fw.spilled() == spill);
     fw.set_input(X);
     fw.load_layer(w);
     cuda::HessianCuda gq(c.hidden_size, fw.dtype()), go(c.q_dim(), fw.dtype()), gm(c.hidden_size, fw.dtype()), gd(c.intermediate_size, fw.dtype());
@@ -362,7 +395,8 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
     auto rel = [](const MatD& a, const MatD& b) { return (a - b).norm() / b.norm(); };
     const double eq = rel(gq.finalize(), hq.finalize()), eo = rel(go.finalize(), ho.finalize()), em = rel(gm.finalize(), hm.finalize()),
                  ed = rel(gd.finalize(), hd.finalize());
-    std::cout << dir << ": layer output rel. error " << ex << "; Hessians qkv " << eq << ", o " << eo << ", mlp " << em << ", down " << ed << "\n";
+    std::cout << dir << (spill ? " (spilled)" : "") << ": layer output rel. error " << ex << "; Hessians qkv " << eq << ", o " << eo << ", mlp " << em
+              << ", down " << ed << "\n";
     // 16-bit operands (~2^-9 relative rounding for f16, 2^-8 for bf16) with fp32 accumulation
     const double tol = fw.dtype() == DType::F16 ? 5e-3 : 1e-2;
     CHECK(ex <= tol);
@@ -370,6 +404,9 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
     CHECK(eo <= tol);
     CHECK(em <= tol);
     CHECK(ed <= tol);
+    if (!spill) X_resident = Xg;
+    else CHECK(std::memcmp(Xg.data(), X_resident.data(), size_t(Xg.size()) * 4) == 0);
+    }
   }
 }
 
@@ -497,7 +534,7 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
   CHECK_THROWS_AS(cuda::W4A16Linear::from_gptq(pack_gptq(QuantizedLinear::empty(64, 256, s3), true), true), Error);
 }
 
-TEST_CASE("gpu: eval on the GPU of gptq and NF4 checkpoints (W4A16, W8A16, NF4 kernels) equals the reference-kernel evaluation within 1e-3") {
+TEST_CASE("gpu: eval on the GPU of gptq, NF4 and W8A8 checkpoints (W4A16, W8A16, NF4, W8A8 kernels) equals the reference-kernel evaluation within 1e-3") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
@@ -512,7 +549,11 @@ TEST_CASE("gpu: eval on the GPU of gptq and NF4 checkpoints (W4A16, W8A16, NF4 k
   const Case cases[] = {{"quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", "gptq"},
                         {"quantization: {bits: 4, group_size: 128, sym: false}\nexport: {format: [gptq_v2]}\n", "gptq_v2"},
                         {"quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "gptq"},
-                        {"quantization: {method: nf4}\nexport: {format: [nf4], nf4_blocksize: 64, nf4_double_quant: true}\n", "bitsandbytes-nf4"}};
+                        {"quantization: {method: nf4}\nexport: {format: [nf4], nf4_blocksize: 64, nf4_double_quant: true}\n", "bitsandbytes-nf4"},
+                        {"quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: 0.5}, activations: {strategy: token, dynamic: true}}\n"
+                         "export: {format: [compressed-tensors]}\n", "compressed-tensors/int-quantized"},
+                        {"quantization: {method: rtn, bits: 8, group_size: -1, activations: {strategy: tensor, dynamic: false}}\n"
+                         "export: {format: [compressed-tensors]}\n", "compressed-tensors/int-quantized"}};
   int k = 0;
   for (const Case& cs : cases) {
     Recipe r = parse_recipe(YAML::Load(cs.yaml), "r.yaml");
@@ -532,6 +573,38 @@ TEST_CASE("gpu: eval on the GPU of gptq and NF4 checkpoints (W4A16, W8A16, NF4 k
     CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
     CHECK(g.scored_tokens == cpu.scored_tokens);
   }
+}
+
+TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activations (per token and per tensor, f16 and bf16)") {
+  PTQ_REQUIRE_GPU();
+  const int64_t rows = 37, cols = 1000;
+  for (DType dt : {DType::F16, DType::BF16})
+    for (ActQuant a : {ActQuant{ActQuant::per_token, 0}, ActQuant{ActQuant::per_tensor, 0.02f}}) {
+      MatF x(rows, cols);
+      Rng r{uint64_t(int(dt) * 10 + a.mode)};
+      for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = round_to(dt, float(r.normal() * (i % 97 == 0 ? 8.0 : 1.0)));
+      x.row(5).setZero();   // a zero row: scale 1
+      std::vector<uint16_t> x16(size_t(x.size()));
+      convert_from_f32(dt, x.data(), x16.data(), x16.size());
+      cuda::DeviceBuffer<uint16_t> dx(x16.size(), "test x");
+      cuda::DeviceBuffer<int8_t> dq(x16.size(), "test q");
+      cuda::DeviceBuffer<float> ds(size_t(rows), "test s");
+      cuda::copy_to_device(dx.get(), x16.data(), x16.size() * 2);
+      cuda::quantize_activations_int8(dx.get(), dt, rows, cols, a, dq.get(), ds.get());
+      std::vector<int8_t> q(x16.size());
+      VecF s(rows);
+      cuda::copy_to_host(q.data(), dq.get(), q.size());
+      cuda::copy_to_host(s.data(), ds.get(), size_t(rows) * 4);
+      MatI qr;
+      VecF sr;
+      quantize_activations(x, a, qr, sr);   // the reference (lib/model/llama.cpp)
+      int64_t same = 0;
+      for (int64_t i = 0; i < qr.size(); ++i) same += qr.data()[i] == q[size_t(i)];
+      INFO("dtype " << dtype_name(dt) << ", mode " << int(a.mode));
+      CHECK(same == qr.size());
+      CHECK(s == sr);
+      CHECK(s[5] == (a.mode == ActQuant::per_token ? 1.0f : 0.02f));
+    }
 }
 
 TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128, nested absmax, odd M and shapes)") {

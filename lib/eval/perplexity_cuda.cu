@@ -9,14 +9,23 @@
 #include "cuda/runtime.h"
 #include "formats/open.h"
 #include "formats/packed.h"
+#include "kernels/act_quant.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
+#include "kernels/w8a8.h"
 
 namespace ptq::cuda {
 
 bool eval_supported(const std::string& format, std::string* why) {
   if (format == "float" || format == "gptq" || format == "gptq_v2" || format == "bitsandbytes-nf4") return true;
-  if (why) *why = "the GPU evaluation reads float, gptq, gptq_v2 and bitsandbytes-nf4 checkpoints, not " + format + " (use --device cpu)";
+  if (format == "compressed-tensors/int-quantized") {
+    if (w8a8_supported()) return true;
+    if (why) *why = "W8A8 (int-quantized) checkpoints run on the GPU's W8A8 GEMM, which needs an sm_90 device (use --device cpu)";
+    return false;
+  }
+  if (why)
+    *why = "the GPU evaluation reads float, gptq, gptq_v2, bitsandbytes-nf4 and compressed-tensors int-quantized checkpoints, not " + format +
+           " (use --device cpu)";
   return false;
 }
 
@@ -27,6 +36,8 @@ struct GpuLogits::Impl {
   std::vector<LayerForwardCuda::LinearFn> linears;       // [layer * 7 + proj]: y = x·Wᵀ + beta·y on the device
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
+  struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
+  std::vector<std::unique_ptr<W8A8>> w8;                  // int8 weights, per-channel scales, the input's int8 spec
   std::vector<DeviceBuffer<uint16_t>> dense;              // 16-bit weights of Linears stored in float
   std::vector<std::pair<VecF, VecF>> norms;
   std::vector<VecF> biases;                               // [layer * 7 + proj], empty where none
@@ -71,10 +82,38 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
       const std::string name = proj_tensor_prefix(l, p);
       const int i = int(p);
       m.biases.push_back(ws.has(name + ".bias") ? read_vector(ws, name + ".bias", outs[i]) : VecF());
+      MatI Wi;
+      VecF sw;
       if (reader && reader->has(name)) {
         m.w4.push_back(W4A16Linear::from_gptq(reader->read(name), reader->v2()));
         const W4A16Linear* q = m.w4.back().get();
         m.linears.push_back([q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
+      } else if (ws.act_quant(name).mode != ActQuant::none && ws.read_int8(name, &Wi, &sw)) {
+        // W8A8: the activations quantized per token (or per tensor) on the device, then the int8 GEMM
+        // with the rescale in its epilogue (lib/kernels/w8a8.cu)
+        auto q = std::make_unique<Impl::W8A8>();
+        if (Wi.rows() != outs[i] || Wi.cols() != ins[i]) fail(Errc::format, ws.file_of(name + ".weight"), name + ".weight", "int8 weight shape does not match the config");
+        std::vector<int8_t> w8(size_t(Wi.size()));
+        for (size_t k = 0; k < w8.size(); ++k) w8[k] = int8_t(Wi.data()[k]);
+        q->w = DeviceBuffer<int8_t>(w8.size(), "evaluation weights (int8)");
+        q->sw = DeviceBuffer<float>(size_t(sw.size()), "evaluation weight scales");
+        copy_to_device(q->w.get(), w8.data(), w8.size());
+        copy_to_device(q->sw.get(), sw.data(), size_t(sw.size()) * 4);
+        q->act = ws.act_quant(name);
+        q->out = outs[i];
+        q->in = ins[i];
+        m.w8.push_back(std::move(q));
+        const Impl::W8A8* w = m.w8.back().get();
+        const DType dt = m.dt;
+        m.linears.push_back([w, dt](const void* x, int64_t rows, float* y, float beta) {
+          DeviceBuffer<int8_t> xq(size_t(rows * w->in), "W8A8 activations (int8)");
+          DeviceBuffer<float> sx(size_t(rows), "W8A8 activation scales");
+          quantize_activations_int8(x, dt, rows, w->in, w->act, xq.get(), sx.get());
+          if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, y, true);
+          DeviceBuffer<float> t(size_t(rows * w->out), "W8A8 output (fp32)");
+          w8a8_gemm(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, t.get(), true);
+          add_scaled(y, t.get(), rows * w->out, beta);
+        });
       } else if (nf4_ck && nf4_ck->has(name + ".weight.quant_state.bitsandbytes__nf4")) {
         Shape sh;
         const Nf4Tensor t = read_nf4(*nf4_ck, name + ".weight", &sh);
@@ -104,9 +143,11 @@ GpuLogits::~GpuLogits() = default;
 double GpuLogits::forward_seconds() const { return p_->seconds; }
 std::string GpuLogits::describe() const {
   const Impl& m = *p_;
-  const size_t packed = m.w4.size() + m.nf4.size();
+  const size_t packed = m.w4.size() + m.nf4.size() + m.w8.size();
   if (packed == 0) return std::string("cuda: ") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS";
-  const char* kernels = m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)" : "the NF4 kernel (lib/kernels/nf4.cu)";
+  const char* kernels = !m.w8.empty()    ? "the W8A8 GEMM with int8 activations per token/tensor (lib/kernels/w8a8.cu)"
+                        : m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)"
+                                        : "the NF4 kernel (lib/kernels/nf4.cu)";
   return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + ", the rest f16 through cuBLAS";
 }
 

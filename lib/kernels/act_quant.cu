@@ -1,0 +1,70 @@
+// act_quant.cu — contract: x [rows, cols] 16-bit row-major (device) -> q int8 [rows, cols], s fp32
+// [rows]; one CTA of 256 threads per row: a max-|x| reduction (per token) or the static scale,
+// then q = rint(x / s) clamped, IEEE fp32 division as on the host. Roofline: reads 2 bytes and
+// writes 1 per element (memory-bound, one pass; the row is re-read from L1/L2 for the codes).
+// Reference: quantize_activations (lib/model/llama.cpp); tests/test_cuda.cpp compares them.
+#include "kernels/act_quant.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+#include "cuda/runtime.h"
+
+namespace ptq::cuda {
+
+namespace {
+template <class T> __device__ float to_f(T v);
+template <> __device__ float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__global__ void quantize_rows_kernel(const T* x, int64_t cols, bool per_token, float static_scale, int8_t* q, float* s) {
+  __shared__ float sh[32];
+  const T* xr = x + int64_t(blockIdx.x) * cols;
+  float scale = static_scale;
+  if (per_token) {
+    float m = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xr[c])));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      m = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0f;
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (threadIdx.x == 0) sh[0] = m;
+    }
+    __syncthreads();
+    scale = sh[0] / 127.0f;
+  }
+  if (!(scale > 0)) scale = 1.0f;
+  if (threadIdx.x == 0) s[blockIdx.x] = scale;
+  int8_t* qr = q + int64_t(blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) qr[c] = int8_t(fminf(127.0f, fmaxf(-128.0f, rintf(__fdiv_rn(to_f(xr[c]), scale)))));
+}
+
+__global__ void add_scaled_kernel(float* y, const float* t, int64_t n, float beta) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = beta == 0.0f ? t[i] : t[i] + beta * y[i];
+}
+}  // namespace
+
+void quantize_activations_int8(const void* x, DType dt, int64_t rows, int64_t cols, const ActQuant& a, int8_t* q, float* s) {
+  if (a.mode == ActQuant::none) fail(Errc::usage, "", "quantize_activations_int8", "no int8 activation spec");
+  if (rows == 0) return;
+  const bool per_token = a.mode == ActQuant::per_token;
+  if (dt == DType::F16) quantize_rows_kernel<__half><<<unsigned(rows), 256>>>(static_cast<const __half*>(x), cols, per_token, a.static_scale, q, s);
+  else if (dt == DType::BF16)
+    quantize_rows_kernel<__nv_bfloat16><<<unsigned(rows), 256>>>(static_cast<const __nv_bfloat16*>(x), cols, per_token, a.static_scale, q, s);
+  else fail(Errc::usage, "", "quantize_activations_int8", "activations must be F16 or BF16");
+  PTQ_CUDA_LAUNCH("quantize_rows_kernel");
+}
+
+void add_scaled(float* y, const float* t, int64_t n, float beta) {
+  if (n == 0) return;
+  add_scaled_kernel<<<unsigned((n + 255) / 256), 256>>>(y, t, n, beta);
+  PTQ_CUDA_LAUNCH("add_scaled_kernel");
+}
+
+}  // namespace ptq::cuda
