@@ -1,35 +1,36 @@
-// a16_mma.cuh — the tensor-core kernel shared by the W4A16 / W8A16 (w4a16.cu) and NF4 (nf4.cu)
-// paths for M = 5..64 activation rows: y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y).
+// a16_mma.cuh — the tensor-core kernel of the 16-bit-activation formats (W4A16, W8A16 in w4a16.cu;
+// NF4 in nf4.cu) for M = 1..64 activation rows: y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32
+// (+ beta y); and the dequantization of the same layout to f16 for larger M (then cuBLAS).
 //
-// Contract. W is read in the GEMV's row-major layout, one uint4 (kCodes codes of consecutive
-// columns, one quantization group / block) at a time; the Format supplies the per-(row, uint4)
-// metadata and turns one 32-bit word of codes into B fragments (f16 weights, dequantized exactly
-// as an f16 dequantized matrix holds them). Accepted: K a multiple of kCodes (the rest is the
-// Format's contract), N any, 1 <= M <= 64. sm_90 (thread-block clusters).
-// Mapping. mma.sync.m16n8k16 (f16 x f16 -> fp32) only needs A and B to agree on the order of K
-// inside a k16 step. Lane (g = lane / 4, t = lane % 4) reads uint4 number 4c + t of row n0 + g for
-// chunk c; each 32-bit word of it holds kPerWord consecutive columns = kPerWord / 4 k16 steps of
-// 4 consecutive columns for this lane, so its A fragment is 4 consecutive columns of x rows
-// g and g + 8, staged in shared memory as ready fragments (one LDS.128 per mma): no re-layout of W.
-// Work. A warp owns kNT n8 tiles (16 rows of W); a CTA (8 warps) owns 128 rows and one of S <= 8
-// K slices, which it walks in batches of kKS chunks: all of a batch's W loads issued before any
-// math (8 KB per warp in flight at 4 bits), the batch's x staged in shared memory meanwhile.
-// The S CTAs of a row tile form a thread-block cluster and sum their fp32 accumulators through
-// distributed shared memory, each CTA finishing 1/S of the tile's outputs in slice order
-// 0..S-1: deterministic, no workspace, one launch. (Measured before, docs/benchmarks.md: x read
-// from global memory and a last-CTA reduction through an fp32 workspace, 1.1-1.3x cuBLAS at
-// M = 16: the last CTA's serial L2 reads were the tail.)
-// Roofline at M = 16, 4096 x 4096, 4 bits: 8.4 MB of codes and metadata + 0.3 MB of x and y ->
-// 2.9 us at the H100's 3.0 TB/s copy bandwidth; cuBLAS f16 reads 33.6 MB (11 us at the floor).
-// Measured 14.9 us (1.48x cuBLAS), 1.7-1.9x on the larger Llama shapes: latency-bound, each CTA
-// loads one batch, then computes (no multi-stage pipeline over K yet).
+// Contract. W is re-laid out at load into "fragment order": the mma.sync.m16n8k16 A operand is 16
+// rows of W (tile t) × 16 columns, x is the B operand (8 activation rows per n8 tile; M <= 8 is
+// one mma per A fragment, M <= 64 up to 8). For tile t, k-step s (64 columns), lane l (g = l / 4,
+// c = l % 4) and fragment f = 0..3, the lane's A fragment holds rows 16t + g and 16t + g + 8 at
+// columns k0 .. k0 + 3, k0 = 64s + 16c + 4f (a0a1 row g k0 k0+1, a2a3 row g+8 k0 k0+1, a4a5 row g
+// k0+2 k0+3, a6a7 row g+8 k0+2 k0+3). The mma only needs A and B to agree on K's order inside a
+// k16 step, so this permutation of K is free, and it makes each lane's x a contiguous 16 columns:
+// two 16-byte loads per n8 tile and k-step. Codes are stored [tiles][KS][kU4][32 lanes] uint4, so
+// each warp's load of a k-step is 512 contiguous bytes; the per-(row, group) metadata is stored
+// [tiles][groups][8 lanes' g] as the pair (row g, row g + 8). Rows past N and columns past K are
+// zero codes with zero scales, and a lane whose 16 columns lie past K reads no x (x rows are K
+// long: K must be a multiple of 16). The Format (w4a16.cu, nf4.cu) supplies kU4 (uint4 per lane per
+// k-step), its Meta, and dequant(words, fragment) -> 4 f16x2 registers.
+// Scales: when a group holds whole k-steps (group size a multiple of 64, or one group per row),
+// the fragments are dequantized unscaled ((q - z) exactly, or the NF4 value), each k-step's four
+// mma sum into a fresh fp32 partial, and the partial is scaled in fp32 (kStepScale); otherwise
+// (groups of 16, 32, 96 ...) each lane scales its fragments in f16, as an f16 dequantized
+// matrix holds its weights. Accumulation is fp32 either way.
+// Work. Grid = row tiles; a CTA of S warps owns one tile, warp w the w-th of S K slices, each
+// walked in batches of 4 uint4 loads per lane issued before their math; the S slices sum in
+// shared memory in slice order (deterministic). S grows with the tiles' shortage: about 2,500
+// warps in flight for M <= 8, 2,000 above (measured, docs/benchmarks.md).
+// Roofline at M = 1, 4096 x 4096 4-bit g128: 8.9 MB of codes and metadata -> 3.0 us at the H100's
+// 3.0 TB/s copy bandwidth; cuBLAS f16 reads 33.6 MB.
 #pragma once
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-
 #include <string>
 
 #include "core/error.h"
@@ -38,210 +39,231 @@
 
 namespace ptq::cuda::a16 {
 
-constexpr int kNT = 2, kWarps = 8, kRows = kWarps * kNT * 8, kMaxSlices = 8;
-constexpr int64_t kMaxM = 64, kGemvMaxM = 4;   // rows served by the tensor-core kernel and by the GEMVs
+constexpr int64_t kMaxM = 64;   // rows served by the tensor-core kernel; above, dequantize + cuBLAS
+constexpr int kMaxSlices = 16;
 
 // The kernel that serves a call (automatic: by M), or Errc::usage when a forced one cannot take M.
-inline A16Path resolve(A16Path path, int64_t M, bool f32, const char* kernel) {
-  if (path == A16Path::automatic) return M <= kGemvMaxM && !f32 ? A16Path::gemv : M <= kMaxM ? A16Path::mma : A16Path::dequant;
-  if (path == A16Path::gemv && (M > kGemvMaxM || f32))
-    fail(Errc::usage, "", "M", std::string("the ") + kernel + " GEMV takes M <= 4 rows and f16 output, got M = " + std::to_string(M));
+inline A16Path resolve(A16Path path, int64_t M, const char* kernel) {
+  if (path == A16Path::automatic) return M <= kMaxM ? A16Path::mma : A16Path::dequant;
   if (path == A16Path::mma && M > kMaxM)
     fail(Errc::usage, "", "M", std::string("the ") + kernel + " tensor-core kernel takes M <= 64 rows, got M = " + std::to_string(M));
   return path;
 }
 
-__device__ __forceinline__ void mma_m16n8k16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_m16n8k16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// What one lane loads for one word and x row: kPerWord consecutive halves (16 or 8 bytes).
-template <int kPerWord> struct XVec;
-template <> struct XVec<8> { using type = uint4; };
-template <> struct XVec<4> { using type = uint2; };
-
-// The A fragment of one k16 step for x rows (lo, hi) = (g, g + 8): {lo c0c1, hi c0c1, lo c2c3,
-// hi c2c3} for the step's 4 columns, from the two rows' loads (step st of the word).
-__device__ __forceinline__ uint4 a_fragment(const uint4& lo, const uint4& hi, int st) {
-  return st == 0 ? make_uint4(lo.x, hi.x, lo.y, hi.y) : make_uint4(lo.z, hi.z, lo.w, hi.w);
-}
-__device__ __forceinline__ uint4 a_fragment(const uint2& lo, const uint2& hi, int) { return make_uint4(lo.x, hi.x, lo.y, hi.y); }
-
-// K chunks per batch: 4 (512 columns at 4 bits) up to 32 rows of x, 2 above (registers).
-template <int MB> __host__ __device__ constexpr int chunks_per_batch() { return MB <= 2 ? 4 : 2; }
-
-// Format: kCodes (codes per uint4), kPerWord; Raw raw(row, j) loads the metadata of uint4 j of
-// row (none(): zero weights); Prep prep(Raw) readies it once per uint4 (after the loads are all
-// issued); void setup() runs first on every thread (may fill shared memory and sync);
-// void dequant(uint32_t word, const Prep&, uint32_t* b) -> kPerWord / 2 f16x2 registers: pair p
-// holds columns 2p, 2p + 1 of the word. cpc: chunks per K slice (gridDim.y slices = the cluster).
-template <int MB, class Format>
-__device__ __forceinline__ void mma_kernel_body(Format f, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh,
-                                                float* __restrict__ yf, float beta, int M, int N, int K, int cpc) {
-  constexpr int kCodes = Format::kCodes, kPerWord = Format::kPerWord, kSteps = kPerWord / 4, kKS = chunks_per_batch<MB>();
-  using Raw = typename Format::Raw;
-  using Vec = typename XVec<kPerWord>::type;
-  // The batch's x in shared memory as ready A fragments: row pair p = 8b + g (x rows 16b + g and
-  // 16b + g + 8), fragment ((c * 4 + wi) * kSteps + st) * 4 + t = step st of word wi of chunk c for
-  // lane t, 16 bytes: one LDS.128 per mma operand, no register shuffling. A quarter warp (pairs
-  // g, g + 1; t = 0..3) reads 2 x 64 consecutive bytes; the pair pitch is padded by 64 bytes so
-  // that the two fall in different banks: conflict-free. After the K loop the same bytes hold the
-  // fp32 accumulators [MB * 16][kRows] for the cluster reduction.
-  constexpr int kSlots = kKS * 16, kFrags = kSlots * kSteps, kPitch = kFrags + 4, kXPer = MB * 8 * kSlots / (kWarps * 32);
-  static_assert(kXPer * kWarps * 32 == MB * 8 * kSlots, "x staging: whole slots per thread");
-  constexpr int kXBytes = MB * 8 * kPitch * 16, kRedBytes = MB * 16 * kRows * 4;
-  __shared__ __align__(16) unsigned char smem[kXBytes > kRedBytes ? kXBytes : kRedBytes];
-  auto xs = reinterpret_cast<uint4(*)[kPitch]>(smem);
-  f.setup();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n16 = K / kCodes, chunks = (n16 + 3) / 4, S = int(gridDim.y), slice = int(blockIdx.y);
-  const int row0 = blockIdx.x * kRows + warp * kNT * 8;
-  const int cbeg = slice * cpc, cend = min(chunks, cbeg + cpc);
-  const uint4* wrow[kNT];
-#pragma unroll
-  for (int i = 0; i < kNT; ++i) wrow[i] = W + int64_t(min(row0 + i * 8 + g, N - 1)) * n16;
-  float acc[MB][kNT][4];
-#pragma unroll
-  for (int b = 0; b < MB; ++b)
-#pragma unroll
-    for (int i = 0; i < kNT; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[b][i][e] = 0.0f;
-  for (int cb = cbeg; cb < cend; cb += kKS) {
-    // x first (a few KB, needed by every warp), then all of the batch's W: the barrier below then
-    // waits for x alone, and chunk c's math starts as soon as chunk c's codes land.
-    const int col0 = cb * 4 * kCodes, colend = min(K, cend * 4 * kCodes);
-    Vec xlo[kXPer], xhi[kXPer];
-#pragma unroll
-    for (int u = 0; u < kXPer; ++u) {
-      const int idx = u * kWarps * 32 + threadIdx.x, p = idx / kSlots, col = col0 + (idx % kSlots) * kPerWord;
-      const int rlo = (p / 8) * 16 + p % 8, rhi = rlo + 8;
-      xlo[u] = Vec{};
-      xhi[u] = Vec{};
-      if (col < colend) {
-        if (rlo < M) xlo[u] = __ldg(reinterpret_cast<const Vec*>(x + int64_t(rlo) * K + col));
-        if (rhi < M) xhi[u] = __ldg(reinterpret_cast<const Vec*>(x + int64_t(rhi) * K + col));
-      }
-    }
-    uint4 w[kKS][kNT];
-    Raw meta[kKS][kNT];
-#pragma unroll
-    for (int c = 0; c < kKS; ++c) {
-      const int j = (cb + c) * 4 + t;
-#pragma unroll
-      for (int i = 0; i < kNT; ++i) {
-        const int row = row0 + i * 8 + g;
-        const bool ok = cb + c < cend && j < n16 && row < N;
-        w[c][i] = ok ? __ldcs(wrow[i] + j) : make_uint4(0, 0, 0, 0);   // streamed once
-        meta[c][i] = ok ? f.raw(row, j) : f.none();
-      }
-    }
-    if (cb != cbeg) __syncthreads();   // the previous batch's reads of xs are done
-#pragma unroll
-    for (int u = 0; u < kXPer; ++u) {
-      const int idx = u * kWarps * 32 + threadIdx.x, p = idx / kSlots, sg = idx % kSlots;   // sg = (c * 4 + t) * 4 + wi
-      const int frag0 = ((sg / 16) * 4 + sg % 4) * kSteps * 4 + (sg / 4) % 4;
-#pragma unroll
-      for (int st = 0; st < kSteps; ++st) xs[p][frag0 + st * 4] = a_fragment(xlo[u], xhi[u], st);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int c = 0; c < kKS; ++c) {
-      typename Format::Prep prep[kNT];
-#pragma unroll
-      for (int i = 0; i < kNT; ++i) prep[i] = f.prep(meta[c][i]);
-#pragma unroll
-      for (int wi = 0; wi < 4; ++wi) {
-        uint4 a[MB][kSteps];
-#pragma unroll
-        for (int b = 0; b < MB; ++b)
-#pragma unroll
-          for (int st = 0; st < kSteps; ++st) a[b][st] = xs[8 * b + g][((c * 4 + wi) * kSteps + st) * 4 + t];
-#pragma unroll
-        for (int i = 0; i < kNT; ++i) {
-          const uint32_t words[4] = {w[c][i].x, w[c][i].y, w[c][i].z, w[c][i].w};
-          uint32_t d[kPerWord / 2];
-          f.dequant(words[wi], prep[i], d);
-#pragma unroll
-          for (int st = 0; st < kSteps; ++st)
-#pragma unroll
-            for (int b = 0; b < MB; ++b) mma_m16n8k16(acc[b][i], a[b][st].x, a[b][st].y, a[b][st].z, a[b][st].w, d[2 * st], d[2 * st + 1]);
-        }
-      }
-    }
+// The group (or NF4 block) of a column: a shift when the size is a power of two, else a division.
+struct GroupOf {
+  int shift, size;
+  __host__ __device__ int operator()(int col) const { return shift >= 0 ? col >> shift : col / size; }
+  static GroupOf make(int64_t groups, int64_t size) {
+    int shift = groups == 1 ? 30 : -1;
+    for (int b = 0; b < 30 && shift < 0; ++b)
+      if ((int64_t(1) << b) == size) shift = b;
+    return {shift, int(size)};
   }
-  auto store = [&](int m, int n, float v) {
-    const int64_t o = int64_t(m) * N + n;
-    if (yf) yf[o] = v + (beta != 0.0f ? beta * yf[o] : 0.0f);
-    else yh[o] = __float2half_rn(v);
-  };
-  // C fragment: e = 0, 1 at (x row 16b + g, W row 2t + e of the n8 tile); e = 2, 3 at x row + 8.
-  if (S == 1) {
-#pragma unroll
-    for (int b = 0; b < MB; ++b)
-#pragma unroll
-      for (int i = 0; i < kNT; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int m = 16 * b + g + (e >= 2 ? 8 : 0), n = row0 + i * 8 + 2 * t + (e & 1);
-          if (m < M && n < N) store(m, n, acc[b][i][e]);
-        }
-    return;
-  }
-  __syncthreads();   // xs no longer read: its bytes become red
-  auto red = reinterpret_cast<float(*)[kRows]>(smem);
-#pragma unroll
-  for (int b = 0; b < MB; ++b)
-#pragma unroll
-    for (int i = 0; i < kNT; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[16 * b + g + (e >= 2 ? 8 : 0)][warp * kNT * 8 + i * 8 + 2 * t + (e & 1)] = acc[b][i][e];
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();   // every slice's accumulators are visible to the cluster
-  const int rows = min(kRows, N - int(blockIdx.x) * kRows);
-  for (int idx = slice * blockDim.x + threadIdx.x; idx < M * kRows; idx += S * blockDim.x) {
-    const int m = idx / kRows, nl = idx % kRows;
-    if (nl >= rows) continue;
-    float v = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxSlices; ++s)   // slice order: the same sum whichever CTA computes it
-      if (s < S) v += cluster.map_shared_rank(&red[0][0], s)[idx];
-    store(m, int(blockIdx.x) * kRows + nl, v);
-  }
-  // No CTA may leave while a peer still reads its shared memory; the reads above have completed
-  // (their values are stored), so the arrive needs no release fence.
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
-// Grid, cluster and chunks per slice of one call: (row tiles, S slices), S a power of two <= 8.
-struct Launch {
-  dim3 grid;
-  int S, cpc;
 };
-inline Launch plan(int64_t N, int64_t K, int kCodes) {
-  const int chunks = int((K / kCodes + 3) / 4);
-  int S = 1;   // measured (docs/benchmarks.md): at most 1, 2, 4 slices ran 0.63-1.54x, 1.05-1.78x, 1.38-2.03x at M = 16
-  while (S * 2 <= kMaxSlices && S * 2 <= chunks) S *= 2;
-  return {dim3(unsigned((N + kRows - 1) / kRows), unsigned(S)), S, (chunks + S - 1) / S};
+
+// Where code (row r, column k) of an N x K matrix goes in fragment order: the lane's uint4 slot
+// (counted in uint32 words), the fragment f, the element e (0..3: columns k0 .. k0 + 3), and hi
+// (row g + 8). Formats turn (f, e, hi) into a word and bit position.
+struct FragmentSlot {
+  int64_t lane_u4;   // index of (tile, k-step, lane) = ((t * KS + s) * 32 + lane)
+  int f, e, hi;
+};
+inline FragmentSlot fragment_slot(int64_t r, int64_t k, int64_t KS) {
+  const int64_t t = r / 16, s = k / 64;
+  const int rr = int(r % 16), kk = int(k % 64);
+  const int g = rr % 8, c = kk / 16;
+  return {(t * KS + s) * 32 + g * 4 + c, (kk % 16) / 4, kk % 4, rr / 8};
 }
 
-// Launches kernel on grid l with l.S CTAs per cluster along y (the default stream).
-template <class Kern, class... Args>
-void launch(const Launch& l, Kern kernel, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = l.grid;
-  cfg.blockDim = dim3(kWarps * 32);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = unsigned(l.S);
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  PTQ_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...));
+// y = x · Wᵀ for M <= 8 * NT rows. Dynamic shared memory: S * 32 * NT * 4 floats.
+template <int NT, bool kStepScale, class Format>
+__global__ void __launch_bounds__(kMaxSlices * 32) mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x,
+                                                              __half* __restrict__ yh, float* __restrict__ yf, float beta, int M, int N, int K,
+                                                              int sps) {
+  constexpr int kU4 = Format::kU4, kBatch = (NT >= 4 ? 2 : 4) / kU4 > 0 ? (NT >= 4 ? 2 : 4) / kU4 : 1;   // 4 uint4 loads per lane in flight (2 for M > 16: registers)
+  using Meta = typename Format::Meta;
+  extern __shared__ float red[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
+  const int g = lane >> 2, c = lane & 3, tile = blockIdx.x, KS = (K + 63) / 64;
+  const int s0 = warp * sps, s1 = min(KS, s0 + sps);
+  const uint4* wp = W + int64_t(tile) * KS * kU4 * 32 + lane;
+  const __half* xr[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) xr[t] = x + int64_t(min(t * 8 + g, M - 1)) * K + 16 * c;   // B column n = g (rows past M: copies, not stored)
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+  auto step = [&](const uint4 (&q)[kU4], const Meta& meta, int s) {
+    const bool in_k = 64 * s + 16 * c < K;   // this lane's 16 columns: all inside K or all past it
+    const auto prep = fmt.template prep<!kStepScale>(meta);
+    float part[NT][4];
+    if constexpr (kStepScale) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) part[t][0] = part[t][1] = part[t][2] = part[t][3] = 0.0f;
+    }
+    auto mma = [&](int t, const uint32_t* a, const uint4 (&xl)[2], int f) {
+      const uint32_t* xb = reinterpret_cast<const uint32_t*>(&xl[f / 2]);   // columns k0 k0+1 | k0+2 k0+3 of x row n
+      if constexpr (kStepScale) mma_m16n8k16(part[t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
+      else mma_m16n8k16(acc[t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
+    };
+    auto load_x = [&](int t, uint4 (&xl)[2]) {
+      xl[0] = in_k ? __ldg(reinterpret_cast<const uint4*>(xr[t] + 64 * s)) : make_uint4(0, 0, 0, 0);
+      xl[1] = in_k ? __ldg(reinterpret_cast<const uint4*>(xr[t] + 64 * s + 8)) : make_uint4(0, 0, 0, 0);
+    };
+    if constexpr (NT <= 2) {   // x first (its latency overlaps the dequantization), each fragment used as soon as it is formed
+      uint4 xv[NT][2];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) load_x(t, xv[t]);
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        uint32_t a[4];
+        fmt.template dequant<!kStepScale>(q, f, prep, a);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) mma(t, a, xv[t], f);
+      }
+    } else {   // all four fragments first, then x one n8 tile at a time (registers)
+      uint32_t a[4][4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) fmt.template dequant<!kStepScale>(q, f, prep, a[f]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        uint4 xl[2];
+        load_x(t, xl);
+#pragma unroll
+        for (int f = 0; f < 4; ++f) mma(t, a[f], xl, f);
+      }
+    }
+    if constexpr (kStepScale) {
+      const float2 sc = fmt.scales(meta);   // rows g, g + 8
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        acc[t][0] = fmaf(part[t][0], sc.x, acc[t][0]);
+        acc[t][1] = fmaf(part[t][1], sc.x, acc[t][1]);
+        acc[t][2] = fmaf(part[t][2], sc.y, acc[t][2]);
+        acc[t][3] = fmaf(part[t][3], sc.y, acc[t][3]);
+      }
+    }
+  };
+  int s = s0;
+  for (; s + kBatch <= s1; s += kBatch) {
+    uint4 q[kBatch][kU4];
+    Meta m[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+      for (int j = 0; j < kU4; ++j) q[b][j] = __ldcs(wp + int64_t((s + b) * kU4 + j) * 32);   // streamed once: not kept in L1
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) m[b] = fmt.meta(tile, s + b, lane, kStepScale);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
+  }
+  for (; s < s1; ++s) {
+    uint4 q[kU4];
+#pragma unroll
+    for (int j = 0; j < kU4; ++j) q[j] = __ldcs(wp + int64_t(s * kU4 + j) * 32);
+    step(q, fmt.meta(tile, s, lane, kStepScale), s);
+  }
+  // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[(warp * 32 + lane) * 4 * NT + t * 4 + e] = acc[t][e];
+  __syncthreads();
+  for (int o = threadIdx.x; o < 16 * M; o += blockDim.x) {
+    const int row = o % 16, n = o / 16, t = n / 8, nn = n % 8;
+    const int src = ((row % 8) * 4 + nn / 2) * 4 * NT + t * 4 + (row / 8) * 2 + nn % 2;
+    float v = 0.0f;
+    for (int w = 0; w < S; ++w) v += red[w * 32 * 4 * NT + src];
+    const int R = tile * 16 + row;
+    if (R >= N) continue;
+    const int64_t i = int64_t(n) * N + R;
+    if (yf) yf[i] = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
+    else yh[i] = __float2half_rn(v);
+  }
+}
+
+// W in f16 ([N, K] row-major, scaled in f16 as an f16 dequantized matrix holds it): a thread per
+// (tile, k-step, lane), its four fragments' 16 values written as f16 pairs.
+template <class Format>
+__global__ void dequant_kernel(Format fmt, const uint4* __restrict__ W, __half* __restrict__ out, int N, int K) {
+  constexpr int kU4 = Format::kU4;
+  const int KS = (K + 63) / 64;
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= int64_t((N + 15) / 16) * KS * 32) return;
+  const int lane = int(i % 32), s = int((i / 32) % KS), tile = int(i / (32 * int64_t(KS)));
+  const int g = lane >> 2, c = lane & 3;
+  if (64 * s + 16 * c >= K) return;
+  uint4 q[kU4];
+  const uint4* wp = W + int64_t(tile) * KS * kU4 * 32 + lane;
+#pragma unroll
+  for (int j = 0; j < kU4; ++j) q[j] = wp[int64_t(s * kU4 + j) * 32];
+  const auto prep = fmt.template prep<true>(fmt.meta(tile, s, lane, false));
+  for (int f = 0; f < 4; ++f) {
+    uint32_t a[4];
+    fmt.template dequant<true>(q, f, prep, a);
+    const int k0 = 64 * s + 16 * c + 4 * f;
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = tile * 16 + g + 8 * hi;
+      if (r >= N) continue;
+      uint32_t* o = reinterpret_cast<uint32_t*>(out + int64_t(r) * K + k0);
+      o[0] = a[hi];       // columns k0, k0 + 1
+      o[1] = a[2 + hi];   // columns k0 + 2, k0 + 3
+    }
+  }
+}
+
+// Slices per tile for M rows: powers of two up to 16 (8 above M = 16) until ~2,500 (M <= 8) or
+// ~2,000 warps are in flight, and no more slices than k-steps.
+struct Plan {
+  int tiles, S, sps, nt;
+  size_t smem;
+};
+inline Plan plan(int64_t N, int64_t K, int64_t M) {
+  Plan p;
+  p.tiles = int((N + 15) / 16);
+  const int KS = int((K + 63) / 64);
+  p.nt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+  const int target = M <= 8 ? 2560 : 2048, cap = p.nt <= 2 ? kMaxSlices : kMaxSlices / 2;
+  p.S = 1;
+  while (p.S < cap && int64_t(p.tiles) * p.S < target && p.S * 2 <= KS) p.S *= 2;
+  p.sps = (KS + p.S - 1) / p.S;
+  p.smem = size_t(p.S) * 32 * 4 * size_t(p.nt) * sizeof(float);
+  return p;
+}
+
+// Runs mma_kernel for M rows on the default stream (kStepScale: the groups hold whole k-steps).
+template <class Format>
+void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
+             int64_t K) {
+  const Plan p = plan(N, K, M);
+  const dim3 grid(unsigned(p.tiles)), block(unsigned(32 * p.S));
+  const int m = int(M), n = int(N), k = int(K);
+#define PTQ_A16_LAUNCH(nt)                                                                                                          \
+  if (k_step_scale) mma_kernel<nt, true><<<grid, block, p.smem>>>(fmt, W, x, yh, yf, beta, m, n, k, p.sps);                        \
+  else mma_kernel<nt, false><<<grid, block, p.smem>>>(fmt, W, x, yh, yf, beta, m, n, k, p.sps);
+  switch (p.nt) {
+    case 1: PTQ_A16_LAUNCH(1) break;
+    case 2: PTQ_A16_LAUNCH(2) break;
+    case 4: PTQ_A16_LAUNCH(4) break;
+    default: PTQ_A16_LAUNCH(8) break;
+  }
+#undef PTQ_A16_LAUNCH
+  PTQ_CUDA_LAUNCH("a16 mma_kernel");
+}
+
+template <class Format>
+void run_dequant(const Format& fmt, const uint4* W, __half* out, int64_t N, int64_t K) {
+  const int64_t threads = (N + 15) / 16 * ((K + 63) / 64) * 32;
+  dequant_kernel<<<unsigned((threads + 255) / 256), 256>>>(fmt, W, out, int(N), int(K));
+  PTQ_CUDA_LAUNCH("a16 dequant_kernel");
 }
 
 }  // namespace ptq::cuda::a16

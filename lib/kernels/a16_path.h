@@ -3,9 +3,8 @@
 
 namespace ptq::cuda {
 
-// automatic picks by M: the GEMV (CUDA cores) for M <= 4, the tensor-core kernel
-// (kernels/a16_mma.cuh) for M <= 64, dequantize + cuBLAS above. The others force one (benchmarks,
-// tests) and refuse an M they do not take (Errc::usage).
-enum class A16Path { automatic, gemv, mma, dequant };
+// automatic picks by M: the tensor-core kernel (kernels/a16_mma.cuh) for M <= 64, dequantize to
+// f16 + cuBLAS above. The others force one (benchmarks, tests); mma refuses M > 64 (Errc::usage).
+enum class A16Path { automatic, mma, dequant };
 
 }  // namespace ptq::cuda

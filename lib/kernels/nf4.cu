@@ -2,16 +2,21 @@
 // x and y in f16.
 //
 // Contract. Operands: x [M, K] f16 row-major (device), y [M, N] f16 (or fp32 with beta) row-major.
-// W [N, K] kept in bitsandbytes' own layout, so no re-layout beyond resolving absmax: codes of the
-// row-major flattening, two per byte, the first element in the high nibble; absmax per block of B
-// consecutive elements (nested double quantization resolved to fp32 at load: absmax =
-// nested_map[q] * nested_absmax + offset). Accepted: K a multiple of 32 and of B; B in {32, 64,
-// 128, 256} (so a lane's 32 codes share one absmax); N any; M any (M <= 4 the GEMV, M <= 64 the
-// tensor-core kernel of kernels/a16_mma.cuh, larger M dequantizes to f16 and calls cuBLAS).
-// Math: a 256-entry shared-memory table maps a code byte to the half2 {NF4[hi], NF4[lo]}; one
-// HFMA2 per byte against the matching x pair, four bytes summed in f16, then fp32, times the
-// block's absmax in fp32. Tolerance against the fp32 reference: the NF4 values rounded to f16
-// (2^-11 relative) and 8-term f16 partial sums (tests: 3e-3 relative, norm-wise).
+// W [N, K] re-laid out at load from bitsandbytes' layout (codes of the row-major flattening, two
+// per byte, the first in the high nibble; absmax per block of B consecutive elements, nested
+// double quantization resolved to fp32: absmax = nested_map[q] * nested_absmax + offset) into the
+// fragment order of kernels/a16_mma.cuh: one uint32 per A fragment, nibbles 0..3 = (row g, k0),
+// (row g, k0+1), (row g+8, k0), (row g+8, k0+1) and nibbles 4..7 the same at k0+2, k0+3; absmax per
+// tile and block as the pairs (row g, row g + 8), fp32. Accepted: K a multiple of 16 and of B;
+// B in {32, 64, 128, 256}; N any; M any (M <= 64 the tensor-core kernel, larger M dequantizes to
+// f16 and calls cuBLAS).
+// Math: the 16 NF4 values in f16 as byte tables in registers; PRMT looks up 4 codes at once
+// (the low 3 bits pick a byte from each half of the table, bit 3 picks the half, two more PRMTs
+// interleave low and high bytes into f16 pairs): 11 instructions per 4 weights, no shared memory,
+// no bank conflicts. The f16 NF4 values times x summed in fp32 by mma.sync; absmax applied in
+// fp32 to each k-step's partial when B >= 64, in f16 to the weights for B = 32. Tolerance against
+// the fp32 reference: the NF4 values rounded to f16 (2^-11 relative), f16 absmax products for
+// B = 32 (tests: 3e-3 relative, norm-wise).
 // Roofline at M = 1: N*K/2 bytes of codes + 4*N*K/B of absmax + 2K of x; 4096 x 4096 with B = 64
 // moves 9.4 MB: 3.1 us at the H100's 3.0 TB/s copy bandwidth.
 #include "kernels/nf4.h"
@@ -31,142 +36,70 @@ namespace ptq::cuda {
 
 namespace {
 
-__constant__ float kCode[16];
-
-__device__ __forceinline__ void fill_table(__half2* lut) {
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = __halves2half2(__float2half_rn(kCode[i >> 4]), __float2half_rn(kCode[i & 15]));
-  __syncthreads();
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
 }
 
-// A warp per kRows rows of W; lane l streams 16-byte chunks l, l+32, ... (32 codes each) of each
-// row, loading the kRows chunks before using any and its x slice once for all of them. (Measured
-// on the H100 at M = 1: 1.53-2.07x cuBLAS against 1.45-1.63x with a warp per row; a register
-// double buffer on top of it measured no better, 1.50-1.79x.)
-template <int M>
-__global__ void nf4_gemv_kernel(const uint4* __restrict__ codes, const float* __restrict__ absmax, const __half* __restrict__ x,
-                                __half* __restrict__ y, int N, int K, int B) {
-  constexpr int kRows = 4;
-  __shared__ __half2 lut[256];
-  fill_table(lut);
-  const int row0 = int((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32) * kRows, lane = threadIdx.x % 32;
-  if (row0 >= N) return;
-  const int chunks = K / 32;
-  float acc[kRows][M];
+// The NF4 format of kernels/a16_mma.cuh. tab: low bytes (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15)
+// and high bytes (hi[0..3]) of the 16 f16 NF4 values, a kernel argument (registers, no table in
+// memory). Meta = the absmax of rows g and g + 8 for the lane's block.
+struct Nf4Format {
+  static constexpr int kU4 = 1;
+  using Meta = float2;
+  using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
+  uint32_t lo[4], hi[4];
+  const float2* absmax;   // [tiles][blocks][8]
+  int blocks;
+  a16::GroupOf block;
+  __device__ Meta meta(int tile, int s, int lane, bool k_step_uniform) const {
+    const int col = 64 * s + (k_step_uniform ? 0 : 16 * (lane & 3));
+    return __ldg(absmax + (int64_t(tile) * blocks + min(block(col), blocks - 1)) * 8 + (lane >> 2));   // past K: the last block
+  }
+  __device__ float2 scales(const Meta& m) const { return m; }
+  template <bool SCALED>
+  __device__ Prep prep(const Meta& m) const { return SCALED ? __floats2half2_rn(m.x, m.y) : __half2{}; }
+  // 4 codes (nibbles n0..n3 of the low 16 bits of v) -> {V(n0), V(n1)}, {V(n2), V(n3)}.
+  __device__ void lookup4(uint32_t v, uint32_t& p01, uint32_t& p23) const {
+    const uint32_t s7 = v & 0x7777u;                          // byte of the table half
+    const uint32_t pick = ((v >> 1) & 0x4444u) | 0x3210u;     // byte i from the upper half when nibble i >= 8
+    const uint32_t l = prmt(prmt(lo[0], lo[1], s7), prmt(lo[2], lo[3], s7), pick);
+    const uint32_t h = prmt(prmt(hi[0], hi[1], s7), prmt(hi[2], hi[3], s7), pick);
+    p01 = prmt(l, h, 0x5140u);   // bytes l0 h0 l1 h1
+    p23 = prmt(l, h, 0x7362u);
+  }
+  template <bool SCALED>
+  __device__ void dequant(const uint4 (&q)[1], int f, const Prep& p, uint32_t* a) const {
+    const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w;
+    lookup4(w, a[0], a[1]);         // a0a1 row g, a2a3 row g + 8 (columns k0, k0 + 1)
+    lookup4(w >> 16, a[2], a[3]);   // columns k0 + 2, k0 + 3
+    if constexpr (SCALED) {
+      const __half2 sg = __low2half2(p), sh = __high2half2(p);
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  int rows[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) rows[r] = min(row0 + r, N - 1);   // a partial last warp re-reads row N - 1, stores nothing for it
-  for (int u = lane; u < chunks; u += 32) {
-    uint4 w[kRows];
-    float s[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      w[r] = __ldcs(codes + int64_t(rows[r]) * chunks + u);
-      s[r] = __ldg(absmax + (int64_t(rows[r]) * K + int64_t(u) * 32) / B);
-    }
-    uint4 xv[M][4];
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) xv[m][q] = __ldg(reinterpret_cast<const uint4*>(x + int64_t(m) * K + int64_t(u) * 32) + q);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const uint32_t words[4] = {w[r].x, w[r].y, w[r].z, w[r].w};
-      __half2 v[16];
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) v[q * 4 + b] = lut[(words[q] >> (8 * b)) & 255u];
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float part = 0.0f;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const __half2* xh = reinterpret_cast<const __half2*>(&xv[m][q]);
-          __half2 h = __hmul2(v[q * 4], xh[0]);
-#pragma unroll
-          for (int b = 1; b < 4; ++b) h = __hfma2(v[q * 4 + b], xh[b], h);
-          const float2 f = __half22float2(h);
-          part += f.x + f.y;
-        }
-        acc[r][m] = fmaf(part, s[r], acc[r][m]);
+      for (int i = 0; i < 4; ++i) {
+        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&a[i]), i % 2 ? sh : sg);
+        a[i] = *reinterpret_cast<const uint32_t*>(&v);
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float a = acc[r][m];
-      for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(~0u, a, o);
-      if (lane == 0 && row0 + r < N) y[int64_t(m) * N + row0 + r] = __float2half_rn(a);
-    }
-}
-
-// The tensor-core path (M = 5..64, kernels/a16_mma.cuh): a word's 4 bytes through the same
-// shared-memory table, times the block's absmax in f16 (the f16 NF4 value times the f16 absmax:
-// two more roundings than the fp32 product of a dequantized f16 matrix, within 3 * 2^-11).
-struct Nf4Format {
-  static constexpr int kCodes = 32, kPerWord = 8;
-  using Raw = float;
-  using Prep = __half2;   // {absmax, absmax}
-  const float* absmax;
-  __half2* lut;
-  int blocks_per_row, shift;   // block of uint4 j in its row: j >> shift (B / 32 a power of two)
-  __device__ void setup() const { fill_table(lut); }
-  __device__ Raw raw(int row, int j) const { return __ldg(absmax + int64_t(row) * blocks_per_row + (j >> shift)); }
-  __device__ Raw none() const { return 0.0f; }
-  __device__ Prep prep(Raw r) const { return __float2half2_rn(r); }
-  __device__ void dequant(uint32_t word, const Prep& m, uint32_t* b) const {
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const __half2 v = __hmul2(lut[(word >> (8 * p)) & 255u], m);   // {first (high nibble), second}
-      b[p] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-  }
 };
-
-template <int MB>
-__global__ void __launch_bounds__(a16::kWarps * 32, MB == 1 ? 3 : 2)
-    nf4_mma_kernel(const float* __restrict__ absmax, int B, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh,
-                   float* __restrict__ yf, float beta, int M, int N, int K, int cpc) {
-  __shared__ __half2 lut[256];
-  a16::mma_kernel_body<MB>(Nf4Format{absmax, lut, K / B, B == 32 ? 0 : B == 64 ? 1 : B == 128 ? 2 : 3}, W, x, yh, yf, beta, M, N, K, cpc);
-}
-
-// W in f16 (fp32 product, one rounding: what a dequantized f16 model holds). A thread per 16 bytes
-// of codes (32 weights, one absmax since B >= 32), four 16-byte stores; the 16 code values in
-// shared memory sit in 16 distinct banks, so the lookups never conflict.
-__global__ void nf4_dequant_kernel(const uint4* __restrict__ codes, const float* __restrict__ absmax, uint4* __restrict__ w, int64_t n_chunks, int B) {
-  __shared__ float code[16];
-  if (threadIdx.x < 16) code[threadIdx.x] = kCode[threadIdx.x];
-  __syncthreads();
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= n_chunks) return;
-  const uint4 c = codes[i];
-  const float s = absmax[(32 * i) / B];
-  const uint32_t words[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    __half2 h[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t byte = (words[q] >> (8 * b)) & 255u;
-      h[b] = __floats2half2_rn(code[byte >> 4] * s, code[byte & 15] * s);   // first weight: high nibble
-    }
-    w[4 * i + q] = *reinterpret_cast<const uint4*>(h);
-  }
-}
 }  // namespace
 
 struct Nf4Linear::Impl {
   int64_t N = 0, K = 0;
   int B = 64;
-  DeviceBuffer<uint8_t> codes;
-  DeviceBuffer<float> absmax;
+  DeviceBuffer<uint32_t> codes;   // fragment order
+  DeviceBuffer<float> absmax;     // [tiles][blocks][8][2]
+  uint32_t lo[4] = {}, hi[4] = {};
+  Nf4Format format() const {
+    Nf4Format f{};
+    for (int i = 0; i < 4; ++i) f.lo[i] = lo[i], f.hi[i] = hi[i];
+    f.absmax = reinterpret_cast<const float2*>(absmax.get());
+    f.blocks = int(K / B);
+    f.block = a16::GroupOf::make(K / B, B);
+    return f;
+  }
 };
 
 Nf4Linear::Nf4Linear() : p_(new Impl) {}
@@ -175,28 +108,55 @@ int64_t Nf4Linear::out() const { return p_->N; }
 int64_t Nf4Linear::in() const { return p_->K; }
 size_t Nf4Linear::weight_bytes() const { return size_t(p_->N * p_->K / 2) + size_t(p_->N * p_->K / p_->B) * 4; }
 
+std::unique_ptr<Nf4Linear> Nf4Linear::clone() const {
+  std::unique_ptr<Nf4Linear> L(new Nf4Linear);
+  Impl& m = *L->p_;
+  const Impl& o = *p_;
+  m.N = o.N; m.K = o.K; m.B = o.B;
+  for (int i = 0; i < 4; ++i) m.lo[i] = o.lo[i], m.hi[i] = o.hi[i];
+  m.codes = DeviceBuffer<uint32_t>(o.codes.size(), "NF4 codes");
+  m.absmax = DeviceBuffer<float>(o.absmax.size(), "NF4 absmax");
+  PTQ_CUDA(cudaMemcpy(m.codes.get(), o.codes.get(), o.codes.size() * 4, cudaMemcpyDeviceToDevice));
+  PTQ_CUDA(cudaMemcpy(m.absmax.get(), o.absmax.get(), o.absmax.size() * 4, cudaMemcpyDeviceToDevice));
+  return L;
+}
+
 std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, int64_t in) {
   const int B = t.blocksize;
   if (B != 32 && B != 64 && B != 128 && B != 256) fail(Errc::usage, "", "blocksize", "the NF4 kernel takes blocks of 32, 64, 128 or 256, got " + std::to_string(B));
-  if (in % 32 || in % B) fail(Errc::usage, "", "in_features", "must be a multiple of 32 and of the block size, got " + std::to_string(in));
-  const int64_t n = out * in, blocks = n / B;
+  if (in % 16 || in % B) fail(Errc::usage, "", "in_features", "must be a multiple of 16 and of the block size, got " + std::to_string(in));
+  const int64_t n = out * in, blocks = in / B;
   if (int64_t(t.packed.size()) != n / 2) fail(Errc::usage, "", "packed", "holds " + std::to_string(t.packed.size()) + " bytes, expected " + std::to_string(n / 2));
-  std::vector<float> am(static_cast<size_t>(blocks));
-  for (int64_t b = 0; b < blocks; ++b)
-    am[size_t(b)] = t.nested ? t.nested_map[t.absmax_q[size_t(b)]] * t.nested_absmax[size_t(b / t.nested_blocksize)] + t.offset : t.absmax[size_t(b)];
-  static bool table = [] {
-    PTQ_CUDA(cudaMemcpyToSymbol(kCode, kNf4Code.data(), 16 * sizeof(float)));
-    return true;
-  }();
-  (void)table;
+  const int64_t tiles = (out + 15) / 16, KS = (in + 63) / 64;
+  std::vector<uint32_t> W(static_cast<size_t>(tiles * KS * 32 * 4), 0);
+  for (int64_t r = 0; r < out; ++r)
+    for (int64_t k = 0; k < in; ++k) {
+      const int64_t e = r * in + k;
+      const uint32_t code = e % 2 ? t.packed[size_t(e / 2)] & 15u : t.packed[size_t(e / 2)] >> 4;   // the first element in the high nibble
+      const a16::FragmentSlot fs = a16::fragment_slot(r, k, KS);
+      W[size_t(fs.lane_u4 * 4 + fs.f)] |= code << (4 * ((fs.e / 2) * 4 + fs.hi * 2 + fs.e % 2));
+    }
+  std::vector<float> am(static_cast<size_t>(tiles * 16 * blocks), 0.0f);
+  for (int64_t r = 0; r < out; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t i = r * blocks + b;   // block i of the flattening (in % B == 0: blocks do not straddle rows)
+      const float v = t.nested ? t.nested_map[t.absmax_q[size_t(i)]] * t.nested_absmax[size_t(i / t.nested_blocksize)] + t.offset : t.absmax[size_t(i)];
+      am[size_t(((r / 16 * blocks + b) * 8 + r % 8) * 2 + (r % 16) / 8)] = v;
+    }
   std::unique_ptr<Nf4Linear> L(new Nf4Linear);
   Impl& m = *L->p_;
   m.N = out;
   m.K = in;
   m.B = B;
-  m.codes = DeviceBuffer<uint8_t>(size_t(n / 2), "NF4 codes");
-  m.absmax = DeviceBuffer<float>(size_t(blocks), "NF4 absmax");
-  copy_to_device(m.codes.get(), t.packed.data(), size_t(n / 2));
+  for (int c = 0; c < 16; ++c) {
+    const __half hv = __float2half_rn(kNf4Code[size_t(c)]);
+    const uint16_t h = reinterpret_cast<const __half_raw&>(hv).x;
+    m.lo[c / 4] |= uint32_t(h & 255u) << (8 * (c % 4));
+    m.hi[c / 4] |= uint32_t(h >> 8) << (8 * (c % 4));
+  }
+  m.codes = DeviceBuffer<uint32_t>(W.size(), "NF4 codes");
+  m.absmax = DeviceBuffer<float>(am.size(), "NF4 absmax");
+  copy_to_device(m.codes.get(), W.data(), W.size() * 4);
   copy_to_device(m.absmax.get(), am.data(), am.size() * 4);
   return L;
 }
@@ -207,40 +167,15 @@ void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const {
 void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
-  path = a16::resolve(path, M, f32, "NF4");
+  path = a16::resolve(path, M, "NF4");
   const auto* xh = static_cast<const __half*>(x);
   auto* cw = reinterpret_cast<const uint4*>(m.codes.get());
   if (path == A16Path::mma) {
-    const a16::Launch l = a16::plan(m.N, m.K, 32);
-    __half* yh = f32 ? nullptr : static_cast<__half*>(y);
-    float* yf = f32 ? static_cast<float*>(y) : nullptr;
-    const int N = int(m.N), K = int(m.K);
-    switch ((M + 15) / 16) {
-#define PTQ_NF4_MMA(mb) \
-  case mb: a16::launch(l, nf4_mma_kernel<mb>, m.absmax.get(), m.B, cw, xh, yh, yf, beta, int(M), N, K, l.cpc); break;
-      PTQ_NF4_MMA(1) PTQ_NF4_MMA(2) PTQ_NF4_MMA(3) PTQ_NF4_MMA(4)
-#undef PTQ_NF4_MMA
-    }
-    PTQ_CUDA_LAUNCH("nf4_mma_kernel");
-    return;
-  }
-  if (path == A16Path::gemv) {
-    const unsigned blocks = unsigned(((m.N + 3) / 4 * 32 + 255) / 256);   // a warp per 4 rows
-    auto* yh = static_cast<__half*>(y);
-    switch (M) {
-      case 1: nf4_gemv_kernel<1><<<blocks, 256>>>(cw, m.absmax.get(), xh, yh, int(m.N), int(m.K), m.B); break;
-      case 2: nf4_gemv_kernel<2><<<blocks, 256>>>(cw, m.absmax.get(), xh, yh, int(m.N), int(m.K), m.B); break;
-      case 3: nf4_gemv_kernel<3><<<blocks, 256>>>(cw, m.absmax.get(), xh, yh, int(m.N), int(m.K), m.B); break;
-      default: nf4_gemv_kernel<4><<<blocks, 256>>>(cw, m.absmax.get(), xh, yh, int(m.N), int(m.K), m.B); break;
-    }
-    PTQ_CUDA_LAUNCH("nf4_gemv_kernel");
+    a16::run_mma(m.format(), m.B % 64 == 0, cw, xh, f32 ? nullptr : static_cast<__half*>(y), f32 ? static_cast<float*>(y) : nullptr, beta, M, m.N, m.K);
     return;
   }
   DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 64)");
-  const int64_t chunks = m.N * m.K / 32;
-  nf4_dequant_kernel<<<unsigned((chunks + 255) / 256), 256>>>(reinterpret_cast<const uint4*>(m.codes.get()), m.absmax.get(),
-                                                              reinterpret_cast<uint4*>(wf.get()), chunks, m.B);
-  PTQ_CUDA_LAUNCH("nf4_dequant_kernel");
+  a16::run_dequant(m.format(), cw, wf.get(), m.N, m.K);
   const float one = 1.0f, b = f32 ? beta : 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xh,
                           CUDA_R_16F, int(m.K), &b, y, f32 ? CUDA_R_32F : CUDA_R_16F, int(m.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

@@ -23,6 +23,8 @@ class Nf4Linear {
   // y [M, out] fp32 = x · Wᵀ + beta · y, fp32 accumulation (tensor cores for M <= 64, dequantize
   // + cuBLAS above).
   void gemm_f32(const void* x, int64_t M, float* y, float beta) const;
+  // A second copy of the device buffers (benchmarks rotate through copies to keep L2 cold).
+  std::unique_ptr<Nf4Linear> clone() const;
   int64_t out() const;
   int64_t in() const;
   size_t weight_bytes() const;   // codes + absmax bytes the kernel reads

@@ -13,16 +13,18 @@ class W4A16Linear {
  public:
   // Converts the canonical GPTQ layout (v1/v2, sym or asym, act-order g_idx; 4 or 8 bits) at load
   // time. Refuses (Errc::usage, naming the reason) other bit widths, in_features or group sizes
-  // not a multiple of 128/bits, or groups of unequal sizes.
+  // not a multiple of 16, or groups of unequal sizes.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
   ~W4A16Linear();
-  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 4: the fused GEMV kernel;
-  // M <= 64: the tensor-core kernel (mma.sync, dequantized in registers); larger M: dequantize to
-  // an f16 workspace and cuBLAS. Calls on one Linear are stream-ordered (the default stream).
+  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 64: the tensor-core kernel
+  // (mma.sync, dequantized in registers); larger M: dequantize to an f16 workspace and cuBLAS.
+  // Calls on one Linear are stream-ordered (the default stream).
   void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
   // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation: the tensor-core kernel for
   // M <= 64, the dequantized f16 weights through cuBLAS above (a prefill, the evaluation forward).
   void gemm_f32(const void* x, int64_t M, float* y, float beta) const;
+  // A second copy of the device buffers (benchmarks rotate through copies to keep L2 cold).
+  std::unique_ptr<W4A16Linear> clone() const;
   int64_t out() const;
   int64_t in() const;
   size_t weight_bytes() const;   // bytes the kernel reads for W (codes + scales/offsets)
