@@ -190,33 +190,41 @@ __global__ void __launch_bounds__(kMaxSlices * 32) mma_kernel(Format fmt, const 
   }
 }
 
-// W in f16 ([N, K] row-major, scaled in f16 as an f16 dequantized matrix holds it): a thread per
-// (tile, k-step, lane), its four fragments' 16 values written as f16 pairs.
+// W in f16 ([N, K] row-major, scaled in f16 as an f16 dequantized matrix holds it): a warp per
+// (tile, k-step); each lane's four fragments go to a 16 x 64 tile in shared memory (rows padded to
+// 33 words: conflict-free), which the warp writes out as 16-byte chunks, 128 bytes per row.
 template <class Format>
-__global__ void dequant_kernel(Format fmt, const uint4* __restrict__ W, __half* __restrict__ out, int N, int K) {
+__global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* __restrict__ W, __half* __restrict__ out, int N, int K) {
   constexpr int kU4 = Format::kU4;
-  const int KS = (K + 63) / 64;
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= int64_t((N + 15) / 16) * KS * 32) return;
-  const int lane = int(i % 32), s = int((i / 32) % KS), tile = int(i / (32 * int64_t(KS)));
-  const int g = lane >> 2, c = lane & 3;
-  if (64 * s + 16 * c >= K) return;
+  __shared__ uint32_t tile_buf[8][16][33];
+  const int KS = (K + 63) / 64, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t unit = blockIdx.x * int64_t(8) + warp;   // (tile, k-step)
+  if (unit >= int64_t((N + 15) / 16) * KS) return;
+  const int s = int(unit % KS), tile = int(unit / KS), g = lane >> 2, c = lane & 3;
   uint4 q[kU4];
   const uint4* wp = W + int64_t(tile) * KS * kU4 * 32 + lane;
 #pragma unroll
   for (int j = 0; j < kU4; ++j) q[j] = wp[int64_t(s * kU4 + j) * 32];
   const auto prep = fmt.template prep<true>(fmt.meta(tile, s, lane, false));
+  auto& buf = tile_buf[warp];
+#pragma unroll
   for (int f = 0; f < 4; ++f) {
     uint32_t a[4];
     fmt.template dequant<true>(q, f, prep, a);
-    const int k0 = 64 * s + 16 * c + 4 * f;
+#pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-      const int r = tile * 16 + g + 8 * hi;
-      if (r >= N) continue;
-      uint32_t* o = reinterpret_cast<uint32_t*>(out + int64_t(r) * K + k0);
-      o[0] = a[hi];       // columns k0, k0 + 1
-      o[1] = a[2 + hi];   // columns k0 + 2, k0 + 3
+      buf[g + 8 * hi][8 * c + 2 * f] = a[hi];           // columns 16c + 4f, +1
+      buf[g + 8 * hi][8 * c + 2 * f + 1] = a[2 + hi];   // columns 16c + 4f + 2, +3
     }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int chunk = lane + 32 * i, row = chunk / 8, part = chunk % 8;   // 8 halves each
+    const int r = tile * 16 + row, col = 64 * s + 8 * part;
+    if (r >= N || col >= K) continue;
+    const uint4 v = make_uint4(buf[row][4 * part], buf[row][4 * part + 1], buf[row][4 * part + 2], buf[row][4 * part + 3]);
+    *reinterpret_cast<uint4*>(out + int64_t(r) * K + col) = v;
   }
 }
 
@@ -261,8 +269,8 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
 
 template <class Format>
 void run_dequant(const Format& fmt, const uint4* W, __half* out, int64_t N, int64_t K) {
-  const int64_t threads = (N + 15) / 16 * ((K + 63) / 64) * 32;
-  dequant_kernel<<<unsigned((threads + 255) / 256), 256>>>(fmt, W, out, int(N), int(K));
+  const int64_t units = (N + 15) / 16 * ((K + 63) / 64);   // a warp each, 8 per block
+  dequant_kernel<<<unsigned((units + 7) / 8), 256>>>(fmt, W, out, int(N), int(K));
   PTQ_CUDA_LAUNCH("a16 dequant_kernel");
 }
 
