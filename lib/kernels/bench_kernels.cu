@@ -153,7 +153,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       const double ours = median_us(runs, flush.get(), flush_bytes, [&] { ours_call(0); });
       const double ours_s = stream_us(runs, R, ours_call);
       const double act = 2.0 * double(M) * double(K + N);
-      const double ob = double(wbytes) + act, cb = 2.0 * double(N * K) + act;
+      const double ob = double(wbytes) + act;
       auto gbs = [](double bytes, double us) { return bytes / (us * 1e-6) / 1e9; };
       char shape[32];
       if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
@@ -161,7 +161,6 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       std::printf("%-17s %5lld %-7s | %8.2f %6.0f %5.1f%% %8.2f %6.2fx | %8.2f %6.0f %5.1f%% %8.2f %6.2fx\n", shape, (long long)M,
                   path == A16Path::mma ? "mma" : "dequant", ours, gbs(ob, ours), 100.0 * gbs(ob, ours) / copy_gbs, cub, cub / ours, ours_s, gbs(ob, ours_s),
                   100.0 * gbs(ob, ours_s) / copy_gbs, cub_s, cub_s / ours_s);
-      (void)cb;
     }
   }
   // W8A8: compute-bound from a few hundred rows; against cuBLAS bf16 and cuBLAS's own int8 GEMM
