@@ -39,6 +39,7 @@ CLI::App* g_bench_kernels = nullptr;
 int g_bk_runs = 100;
 std::vector<std::string> g_bk_kernels{"w4a16", "w8a16", "nf4", "w8a8"};
 std::vector<int64_t> g_bk_m{1, 8, 16, 32, 64, 128, 4096};
+std::vector<std::string> g_bk_shapes{"4096x4096", "11008x4096", "4096x11008", "14336x4096", "4096x14336"};
 struct BenchGptqArgs {
   std::string preset = "llama2-7b";
   int samples = 128, seq_len = 2048, bits = 4, group = 128;
@@ -255,6 +256,7 @@ void register_more_commands(CLI::App& app) {
   g_bench_kernels->add_option("--runs", g_bk_runs, "runs per measurement (median)")->default_val(100);
   g_bench_kernels->add_option("--kernels", g_bk_kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');
   g_bench_kernels->add_option("--m", g_bk_m, "activation rows M (default 1,8,16,32,64,128,4096)")->check(CLI::Range(int64_t(1), int64_t(65536)))->delimiter(',');
+  g_bench_kernels->add_option("--shapes", g_bk_shapes, "weight shapes NxK (default the Llama-7B/8B ones)")->delimiter(',');
   g_bench_gptq->add_option("--layers", g_bg.layers, "run the whole pipeline on a synthetic checkpoint of this many layers (0: one layer's Hessians and solve only)");
   g_bench_gptq->add_option("--workdir", g_bg.workdir, "folder for the synthetic checkpoint and output (default: a temporary one, removed after)");
   g_bench_gptq->add_option("--seq-len", g_bg.seq_len, "tokens per window")->default_val(2048);
@@ -285,8 +287,15 @@ int run_more_commands(CLI::App& app) {
     fail(Errc::usage, "", "bench kernels", "this build has no CUDA");
 #else
     if (!cuda::available()) fail(Errc::usage, "", "bench kernels", "needs a GPU: " + cuda::describe());
-    cuda::bench_kernels({{4096, 4096}, {11008, 4096}, {4096, 11008}, {14336, 4096}, {4096, 14336}}, g_bk_m, g_bk_runs,
-                        g_bk_kernels);
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    for (const auto& s : g_bk_shapes) {
+      long long n = 0, k = 0;
+      char tail = 0;
+      if (std::sscanf(s.c_str(), "%lldx%lld%c", &n, &k, &tail) != 2 || n < 1 || k < 16 || k % 16)
+        fail(Errc::usage, "", "--shapes", "'" + s + "' is not NxK with N >= 1 and K a multiple of 16");
+      shapes.emplace_back(n, k);
+    }
+    cuda::bench_kernels(shapes, g_bk_m, g_bk_runs, g_bk_kernels);
     return 0;
 #endif
   }

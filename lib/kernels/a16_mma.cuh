@@ -20,18 +20,25 @@
 // mma sum into a fresh fp32 partial, and the partial is scaled in fp32 (kStepScale); otherwise
 // (groups of 16, 32, 96 ...) each lane scales its fragments in f16, as an f16 dequantized
 // matrix holds its weights. Accumulation is fp32 either way.
-// Work. Grid = row tiles; a CTA of S warps owns one tile, warp w the w-th of S K slices, each
-// walked in batches of 4 uint4 loads per lane issued before their math; the S slices sum in
-// shared memory in slice order (deterministic). S grows with the tiles' shortage: about 2,500
-// warps in flight for M <= 8, 2,000 above (measured, docs/benchmarks.md).
+// Work. A warp owns RT (1 or 2) row tiles and one of S K slices, walked in batches of up to 4 uint4
+// loads per lane (2 above M = 16) issued before their math; with RT = 2 the x fragments are loaded
+// once for both tiles (at M = 16 x is read 4x more often than W: that halves it). A CTA = the S
+// slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
+// and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
+// second, partial one (measured: docs/benchmarks.md).
 // Roofline at M = 1, 4096 x 4096 4-bit g128: 8.9 MB of codes and metadata -> 3.0 us at the H100's
 // 3.0 TB/s copy bandwidth; cuBLAS f16 reads 33.6 MB.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "cuda/runtime.h"
@@ -82,107 +89,142 @@ inline FragmentSlot fragment_slot(int64_t r, int64_t k, int64_t KS) {
   return {(t * KS + s) * 32 + g * 4 + c, (kk % 16) / 4, kk % 4, rr / 8};
 }
 
-// y = x · Wᵀ for M <= 8 * NT rows. Dynamic shared memory: S * 32 * NT * 4 floats.
-template <int NT, bool kStepScale, class Format>
-__global__ void __launch_bounds__(kMaxSlices * 32) mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x,
-                                                              __half* __restrict__ yh, float* __restrict__ yf, float beta, int M, int N, int K,
-                                                              int sps) {
-  constexpr int kU4 = Format::kU4, kBatch = (NT >= 4 ? 2 : 4) / kU4 > 0 ? (NT >= 4 ? 2 : 4) / kU4 : 1;   // 4 uint4 loads per lane in flight (2 for M > 16: registers)
+// y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
+// memory: S * 32 * 4 * NT * RT floats.
+template <int NT, int RT, bool kStepScale, class Format>
+__global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 32)
+    mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
+               int M, int N, int K, int sps) {
+  constexpr int kU4 = Format::kU4, kLoads = NT >= 4 ? 2 : 4;   // uint4 loads per lane in flight per batch (2 for M > 16: registers)
+  constexpr int kBatch = kLoads / (kU4 * RT) > 0 ? kLoads / (kU4 * RT) : 1;
   using Meta = typename Format::Meta;
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
-  const int g = lane >> 2, c = lane & 3, tile = blockIdx.x, KS = (K + 63) / 64;
+  const int g = lane >> 2, c = lane & 3, tiles = (N + 15) / 16, tile0 = blockIdx.x * RT, KS = (K + 63) / 64;
   const int s0 = warp * sps, s1 = min(KS, s0 + sps);
-  const uint4* wp = W + int64_t(tile) * KS * kU4 * 32 + lane;
-  const __half* xr[NT];
+  int tile[RT];
+  const uint4* wp[RT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) xr[t] = x + int64_t(min(t * 8 + g, M - 1)) * K + 16 * c;   // B column n = g (rows past M: copies, not stored)
-  float acc[NT][4];
+  for (int r = 0; r < RT; ++r) {
+    tile[r] = min(tile0 + r, tiles - 1);   // past the last tile: a copy of it, not stored
+    wp[r] = W + int64_t(tile[r]) * KS * kU4 * 32 + lane;
+  }
+  const __half* xr = x + int64_t(min(g, M - 1)) * K + 16 * c;   // B column n = g of n8 tile 0 (rows past M: copies, not stored)
+  float acc[RT][NT][4];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = acc[r][t][2] = acc[r][t][3] = 0.0f;
 
-  auto step = [&](const uint4 (&q)[kU4], const Meta& meta, int s) {
+  auto step = [&](const uint4 (&q)[RT][kU4], const Meta (&meta)[RT], int s) {
     const bool in_k = 64 * s + 16 * c < K;   // this lane's 16 columns: all inside K or all past it
-    const auto prep = fmt.template prep<!kStepScale>(meta);
-    float part[NT][4];
+    float part[RT][NT][4];
     if constexpr (kStepScale) {
 #pragma unroll
-      for (int t = 0; t < NT; ++t) part[t][0] = part[t][1] = part[t][2] = part[t][3] = 0.0f;
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) part[r][t][0] = part[r][t][1] = part[r][t][2] = part[r][t][3] = 0.0f;
     }
-    auto mma = [&](int t, const uint32_t* a, const uint4 (&xl)[2], int f) {
+    auto mma = [&](int r, int t, const uint32_t* a, const uint4 (&xl)[2], int f) {
       const uint32_t* xb = reinterpret_cast<const uint32_t*>(&xl[f / 2]);   // columns k0 k0+1 | k0+2 k0+3 of x row n
-      if constexpr (kStepScale) mma_m16n8k16(part[t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
-      else mma_m16n8k16(acc[t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
+      if constexpr (kStepScale) mma_m16n8k16(part[r][t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
+      else mma_m16n8k16(acc[r][t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
     };
     auto load_x = [&](int t, uint4 (&xl)[2]) {
-      xl[0] = in_k ? __ldg(reinterpret_cast<const uint4*>(xr[t] + 64 * s)) : make_uint4(0, 0, 0, 0);
-      xl[1] = in_k ? __ldg(reinterpret_cast<const uint4*>(xr[t] + 64 * s + 8)) : make_uint4(0, 0, 0, 0);
+      const __half* xt = xr + int64_t(min(t * 8 + g, M - 1) - min(g, M - 1)) * K + 64 * s;
+      xl[0] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt)) : make_uint4(0, 0, 0, 0);
+      xl[1] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt + 8)) : make_uint4(0, 0, 0, 0);
     };
     if constexpr (NT <= 2) {   // x first (its latency overlaps the dequantization), each fragment used as soon as it is formed
       uint4 xv[NT][2];
 #pragma unroll
       for (int t = 0; t < NT; ++t) load_x(t, xv[t]);
 #pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        uint32_t a[4];
-        fmt.template dequant<!kStepScale>(q, f, prep, a);
+      for (int r = 0; r < RT; ++r) {
+        const auto prep = fmt.template prep<!kStepScale>(meta[r]);
 #pragma unroll
-        for (int t = 0; t < NT; ++t) mma(t, a, xv[t], f);
+        for (int f = 0; f < 4; ++f) {
+          uint32_t a[4];
+          fmt.template dequant<!kStepScale>(q[r], f, prep, a);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) mma(r, t, a, xv[t], f);
+        }
       }
-    } else {   // all four fragments first, then x one n8 tile at a time (registers)
-      uint32_t a[4][4];
+    } else {   // all fragments first, then x one n8 tile at a time (registers)
+      uint32_t a[RT][4][4];
 #pragma unroll
-      for (int f = 0; f < 4; ++f) fmt.template dequant<!kStepScale>(q, f, prep, a[f]);
+      for (int r = 0; r < RT; ++r) {
+        const auto prep = fmt.template prep<!kStepScale>(meta[r]);
+#pragma unroll
+        for (int f = 0; f < 4; ++f) fmt.template dequant<!kStepScale>(q[r], f, prep, a[r][f]);
+      }
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         uint4 xl[2];
         load_x(t, xl);
 #pragma unroll
-        for (int f = 0; f < 4; ++f) mma(t, a[f], xl, f);
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int f = 0; f < 4; ++f) mma(r, t, a[r][f], xl, f);
       }
     }
     if constexpr (kStepScale) {
-      const float2 sc = fmt.scales(meta);   // rows g, g + 8
 #pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        acc[t][0] = fmaf(part[t][0], sc.x, acc[t][0]);
-        acc[t][1] = fmaf(part[t][1], sc.x, acc[t][1]);
-        acc[t][2] = fmaf(part[t][2], sc.y, acc[t][2]);
-        acc[t][3] = fmaf(part[t][3], sc.y, acc[t][3]);
+      for (int r = 0; r < RT; ++r) {
+        const float2 sc = fmt.scales(meta[r]);   // rows g, g + 8
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t][0] = fmaf(part[r][t][0], sc.x, acc[r][t][0]);
+          acc[r][t][1] = fmaf(part[r][t][1], sc.x, acc[r][t][1]);
+          acc[r][t][2] = fmaf(part[r][t][2], sc.y, acc[r][t][2]);
+          acc[r][t][3] = fmaf(part[r][t][3], sc.y, acc[r][t][3]);
+        }
       }
     }
   };
   int s = s0;
   for (; s + kBatch <= s1; s += kBatch) {
-    uint4 q[kBatch][kU4];
-    Meta m[kBatch];
+    uint4 q[kBatch][RT][kU4];
+    Meta m[kBatch][RT];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b)
 #pragma unroll
-      for (int j = 0; j < kU4; ++j) q[b][j] = __ldcs(wp + int64_t((s + b) * kU4 + j) * 32);   // streamed once: not kept in L1
+      for (int r = 0; r < RT; ++r)
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) m[b] = fmt.meta(tile, s + b, lane, kStepScale);
+        for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(wp[r] + int64_t((s + b) * kU4 + j) * 32);   // streamed once: not kept in L1
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+      for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
   }
   for (; s < s1; ++s) {
-    uint4 q[kU4];
+    uint4 q[RT][kU4];
+    Meta m[RT];
 #pragma unroll
-    for (int j = 0; j < kU4; ++j) q[j] = __ldcs(wp + int64_t(s * kU4 + j) * 32);
-    step(q, fmt.meta(tile, s, lane, kStepScale), s);
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < kU4; ++j) q[r][j] = __ldcs(wp[r] + int64_t(s * kU4 + j) * 32);
+#pragma unroll
+    for (int r = 0; r < RT; ++r) m[r] = __ldg(fmt.meta_ptr(tile[r], s, lane, kStepScale));
+    step(q, m, s);
   }
   // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
+  constexpr int kAcc = 4 * NT * RT;
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int r = 0; r < RT; ++r)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[(warp * 32 + lane) * 4 * NT + t * 4 + e] = acc[t][e];
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(warp * 32 + lane) * kAcc + (r * NT + t) * 4 + e] = acc[r][t][e];
   __syncthreads();
-  for (int o = threadIdx.x; o < 16 * M; o += blockDim.x) {
-    const int row = o % 16, n = o / 16, t = n / 8, nn = n % 8;
-    const int src = ((row % 8) * 4 + nn / 2) * 4 * NT + t * 4 + (row / 8) * 2 + nn % 2;
+  for (int o = threadIdx.x; o < 16 * RT * M; o += blockDim.x) {
+    const int rr = o % (16 * RT), n = o / (16 * RT), r = rr / 16, row = rr % 16, t = n / 8, nn = n % 8;
+    const int src = ((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2;
     float v = 0.0f;
-    for (int w = 0; w < S; ++w) v += red[w * 32 * 4 * NT + src];
-    const int R = tile * 16 + row;
+    for (int w = 0; w < S; ++w) v += red[w * 32 * kAcc + src];
+    const int R = (tile0 + r) * 16 + row;
     if (R >= N) continue;
     const int64_t i = int64_t(n) * N + R;
     if (yf) yf[i] = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
@@ -205,7 +247,7 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
   const uint4* wp = W + int64_t(tile) * KS * kU4 * 32 + lane;
 #pragma unroll
   for (int j = 0; j < kU4; ++j) q[j] = wp[int64_t(s * kU4 + j) * 32];
-  const auto prep = fmt.template prep<true>(fmt.meta(tile, s, lane, false));
+  const auto prep = fmt.template prep<true>(__ldg(fmt.meta_ptr(tile, s, lane, false)));
   auto& buf = tile_buf[warp];
 #pragma unroll
   for (int f = 0; f < 4; ++f) {
@@ -228,42 +270,102 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
   }
 }
 
-// Slices per tile for M rows: powers of two up to 16 (8 above M = 16) until ~2,500 (M <= 8) or
-// ~2,000 warps are in flight, and no more slices than k-steps.
+// The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
+// forces it for sweeps and tests; 0 = the planner's choice.
+inline A16Split g_split;
+
+// CTAs of kern with S warps resident per SM (the occupancy calculator; cached).
+inline int resident_ctas(const void* kern, int S, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find({kern, S});
+  if (it != cache.end()) return it->second;
+  int n = 0;
+  PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 32 * S, smem));
+  return cache[{kern, S}] = n;
+}
+
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    PTQ_CUDA(cudaGetDevice(&dev));
+    PTQ_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+constexpr int n8_tiles(int64_t M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
+constexpr int max_slices(int nt, int rt) { return nt * rt >= 4 ? kMaxSlices / 2 : kMaxSlices; }   // the kernel's launch bounds
+inline size_t red_bytes(int S, int nt, int rt) { return size_t(S) * 32 * 4 * size_t(nt * rt) * sizeof(float); }
+
 struct Plan {
-  int tiles, S, sps, nt;
-  size_t smem;
+  int rt, S, ctas, sps;
 };
-inline Plan plan(int64_t N, int64_t K, int64_t M) {
-  Plan p;
-  p.tiles = int((N + 15) / 16);
-  const int KS = int((K + 63) / 64);
-  p.nt = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
-  const int target = M <= 8 ? 2560 : 2048, cap = p.nt <= 2 ? kMaxSlices : kMaxSlices / 2;
-  p.S = 1;
-  while (p.S < cap && int64_t(p.tiles) * p.S < target && p.S * 2 <= KS) p.S *= 2;
-  p.sps = (KS + p.S - 1) / p.S;
-  p.smem = size_t(p.S) * 32 * 4 * size_t(p.nt) * sizeof(float);
-  return p;
+// The split with the least time by a wave model: waves of resident CTAs (the occupancy calculator)
+// times the k-steps each warp walks; ties go to fewer waves (a partial wave costs a whole warp's
+// latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
+// than two waves. On the Llama shapes it picks the best or near-best of the 16 splits measured at
+// M = 1, 16, 32 and 64 (docs/benchmarks.md). kern(rt) gives the kernel of each RT; RT = 2 is tried
+// up to M = 32.
+template <class KernOf>
+Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern) {
+  const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
+  Plan best{1, 1, tiles, KS};
+  int64_t best_cost = INT64_MAX, best_waves = 0, best_pairs = 0, best_warps = 0;
+  for (int rt : {1, 2}) {
+    if (rt == 2 && (nt > 4 || tiles < 2)) continue;
+    if (g_split.rt && rt != g_split.rt) continue;
+    const int ctas = (tiles + rt - 1) / rt;
+    for (int S = 1; S <= max_slices(nt, rt) && S <= KS; S *= 2) {
+      const int per_sm = resident_ctas(kern(rt), S, red_bytes(S, nt, rt));
+      if (per_sm == 0) break;
+      const int64_t waves = (ctas + int64_t(per_sm) * sms - 1) / (int64_t(per_sm) * sms), sps = (KS + S - 1) / S;
+      if (nt <= 2 && S > 1 && waves > 2) break;   // M <= 16: a third wave of latency-bound warps costs more than it saves (NF4 11008 rows: 1.62x vs 1.95x)
+      const int64_t cost = waves * sps, pairs = int64_t(tiles) * S, warps = int64_t(ctas) * S;
+      const bool better = cost != best_cost     ? cost < best_cost
+                          : waves != best_waves ? waves < best_waves
+                          : pairs != best_pairs ? pairs > best_pairs
+                                                : warps > best_warps;
+      if (better) {
+        best = {rt, S, ctas, 0};
+        best_cost = cost, best_waves = waves, best_pairs = pairs, best_warps = warps;
+      }
+    }
+  }
+  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt, best.rt), KS}));
+  best.sps = (KS + best.S - 1) / best.S;
+  return best;
+}
+
+template <class Format>
+using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, int, int, int, int);
+
+template <int NT, class Format>
+MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale) {
+  if constexpr (NT <= 4)
+    if (rt == 2) return k_step_scale ? mma_kernel<NT, 2, true, Format> : mma_kernel<NT, 2, false, Format>;
+  return k_step_scale ? mma_kernel<NT, 1, true, Format> : mma_kernel<NT, 1, false, Format>;
+}
+template <class Format>
+MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale) {
+  switch (nt) {
+    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale);
+    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale);
+    default: return mma_kernel_of<8, Format>(rt, k_step_scale);
+  }
 }
 
 // Runs mma_kernel for M rows on the default stream (kStepScale: the groups hold whole k-steps).
 template <class Format>
 void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
              int64_t K) {
-  const Plan p = plan(N, K, M);
-  const dim3 grid(unsigned(p.tiles)), block(unsigned(32 * p.S));
-  const int m = int(M), n = int(N), k = int(K);
-#define PTQ_A16_LAUNCH(nt)                                                                                                          \
-  if (k_step_scale) mma_kernel<nt, true><<<grid, block, p.smem>>>(fmt, W, x, yh, yf, beta, m, n, k, p.sps);                        \
-  else mma_kernel<nt, false><<<grid, block, p.smem>>>(fmt, W, x, yh, yf, beta, m, n, k, p.sps);
-  switch (p.nt) {
-    case 1: PTQ_A16_LAUNCH(1) break;
-    case 2: PTQ_A16_LAUNCH(2) break;
-    case 4: PTQ_A16_LAUNCH(4) break;
-    default: PTQ_A16_LAUNCH(8) break;
-  }
-#undef PTQ_A16_LAUNCH
+  const int nt = n8_tiles(M);
+  const Plan p = plan(N, K, M, [&](int rt) { return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale)); });
+  mma_kernel_of<Format>(nt, p.rt, k_step_scale)<<<unsigned(p.ctas), unsigned(32 * p.S), red_bytes(p.S, nt, p.rt)>>>(fmt, W, x, yh, yf, beta, int(M),
+                                                                                                                   int(N), int(K), p.sps);
   PTQ_CUDA_LAUNCH("a16 mma_kernel");
 }
 

@@ -8,12 +8,15 @@
 //           >= 256 MiB, so each launch's weights were last touched >= 256 MiB ago), queued behind a
 //           spinning kernel so the host's launch rate does not show; time / R. This is how a
 //           decode step runs its layers. cuBLAS is timed the same way on R copies of f16 weights.
+// PTQKIT_A16_SWEEP="rt:slices,..." adds a row per forced work split of the tensor-core kernel
+// (set_a16_split, a16_path.h) under each M <= 64: how plan()'s choices were checked.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -81,6 +84,15 @@ int rotation(size_t bytes) { return int(std::max<size_t>(2, ((size_t(256) << 20)
 
 void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs, const std::vector<std::string>& kernels) {
   auto wanted = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
+  // PTQKIT_A16_SWEEP="rt:slices,...": each A16 call is also timed with those forced splits (rows labelled rRsS).
+  std::vector<A16Split> sweep{{}};
+  if (const char* e = std::getenv("PTQKIT_A16_SWEEP"))
+    for (const char* q = e; *q;) {
+      A16Split t;
+      if (std::sscanf(q, "%d:%d", &t.rt, &t.slices) == 2) sweep.push_back(t);
+      while (*q && *q != ',') ++q;
+      if (*q) ++q;
+    }
   const size_t flush_bytes = size_t(256) << 20;
   DeviceBuffer<uint8_t> flush(flush_bytes, "L2 flush buffer");
   // Copy bandwidth: 1 GiB device to device, bytes read + written.
@@ -150,17 +162,25 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
         if (kind) L[size_t(i)]->gemm(x.get(), M, y.get(), path);
         else F[size_t(i)]->gemm(x.get(), M, y.get(), path);
       };
-      const double ours = median_us(runs, flush.get(), flush_bytes, [&] { ours_call(0); });
-      const double ours_s = stream_us(runs, R, ours_call);
-      const double act = 2.0 * double(M) * double(K + N);
-      const double ob = double(wbytes) + act;
-      auto gbs = [](double bytes, double us) { return bytes / (us * 1e-6) / 1e9; };
-      char shape[32];
-      if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
-      else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
-      std::printf("%-17s %5lld %-7s | %8.2f %6.0f %5.1f%% %8.2f %6.2fx | %8.2f %6.0f %5.1f%% %8.2f %6.2fx\n", shape, (long long)M,
-                  path == A16Path::mma ? "mma" : "dequant", ours, gbs(ob, ours), 100.0 * gbs(ob, ours) / copy_gbs, cub, cub / ours, ours_s, gbs(ob, ours_s),
-                  100.0 * gbs(ob, ours_s) / copy_gbs, cub_s, cub_s / ours_s);
+      for (const A16Split& split : sweep) {
+        if ((split.rt || split.slices) && path != A16Path::mma) continue;
+        set_a16_split(split);
+        const double ours = median_us(runs, flush.get(), flush_bytes, [&] { ours_call(0); });
+        const double ours_s = stream_us(runs, R, ours_call);
+        const double act = 2.0 * double(M) * double(K + N);
+        const double ob = double(wbytes) + act;
+        auto gbs = [](double bytes, double us) { return bytes / (us * 1e-6) / 1e9; };
+        char shape[32], label[16];
+        if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
+        else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
+        if (split.rt || split.slices) std::snprintf(label, sizeof label, "r%ds%d", split.rt, split.slices);
+        else std::snprintf(label, sizeof label, "%s", path == A16Path::mma ? "mma" : "dequant");
+        std::printf("%-17s %5lld %-7s | %8.2f %6.0f %5.1f%% %8.2f %6.2fx | %8.2f %6.0f %5.1f%% %8.2f %6.2fx\n", shape, (long long)M,
+                    label, ours, gbs(ob, ours), 100.0 * gbs(ob, ours) / copy_gbs, cub, cub / ours, ours_s, gbs(ob, ours_s),
+                    100.0 * gbs(ob, ours_s) / copy_gbs, cub_s, cub_s / ours_s);
+        std::fflush(stdout);
+      }
+      set_a16_split({});
     }
   }
   // W8A8: compute-bound from a few hundred rows; against cuBLAS bf16 and cuBLAS's own int8 GEMM

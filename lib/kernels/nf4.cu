@@ -53,9 +53,9 @@ struct Nf4Format {
   const float2* absmax;   // [tiles][blocks][8]
   int blocks;
   a16::GroupOf block;
-  __device__ Meta meta(int tile, int s, int lane, bool k_step_uniform) const {
+  __device__ const Meta* meta_ptr(int tile, int s, int lane, bool k_step_uniform) const {
     const int col = 64 * s + (k_step_uniform ? 0 : 16 * (lane & 3));
-    return __ldg(absmax + (int64_t(tile) * blocks + min(block(col), blocks - 1)) * 8 + (lane >> 2));   // past K: the last block
+    return absmax + (int64_t(tile) * blocks + min(block(col), blocks - 1)) * 8 + (lane >> 2);   // past K: the last block
   }
   __device__ float2 scales(const Meta& m) const { return m; }
   template <bool SCALED>

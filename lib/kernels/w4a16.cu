@@ -56,10 +56,10 @@ struct GptqFormat {
   const uint2* zs;   // [tiles][groups][8]
   int groups;
   a16::GroupOf group;
-  __device__ Meta meta(int tile, int s, int lane, bool k_step_uniform) const {
+  __device__ const Meta* meta_ptr(int tile, int s, int lane, bool k_step_uniform) const {
     const int col = 64 * s + (k_step_uniform ? 0 : 16 * (lane & 3));
     // A lane whose columns lie past K (K not a multiple of 64) reads the last group: finite weights times zero x.
-    return __ldg(zs + (int64_t(tile) * groups + min(group(col), groups - 1)) * 8 + (lane >> 2));
+    return zs + (int64_t(tile) * groups + min(group(col), groups - 1)) * 8 + (lane >> 2);
   }
   __device__ float2 scales(const Meta& m) const {
     return make_float2(__high2float(*reinterpret_cast<const __half2*>(&m.x)), __high2float(*reinterpret_cast<const __half2*>(&m.y)));
@@ -107,6 +107,8 @@ struct GptqFormat {
   }
 };
 }  // namespace
+
+void set_a16_split(A16Split split) { a16::g_split = split; }
 
 struct W4A16Linear::Impl {
   int64_t N = 0, K = 0, groups = 0, gs = 0;
