@@ -118,7 +118,8 @@ int cmd_eval(const EvalArgs& a) {
     if (ref) gref = std::make_unique<cuda::GpuLogits>(*ref, a.reference);
     const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
     const LogitsFn rfn = [&gref](const std::vector<int32_t>& t, int S, int T) { return (*gref)(t, S, T); };
-    r = evaluate(fn, model.config().max_position_embeddings, ids, o, ref ? &rfn : nullptr);
+    const NllFn nfn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu.nll(t, S, T); };   // no reference: the NLL on the GPU
+    r = evaluate(fn, model.config().max_position_embeddings, ids, o, ref ? &rfn : nullptr, &nfn);
     device = gpu.describe();
     prefill_seconds = gpu.forward_seconds();
 #else

@@ -20,6 +20,7 @@
 #include "cuda/runtime.h"
 #include "eval/data.h"
 #include "eval/perplexity.h"
+#include "eval/nll_cuda.h"
 #include "eval/perplexity_cuda.h"
 #include "formats/open.h"
 #include "model/synth.h"
@@ -567,12 +568,43 @@ TEST_CASE("gpu: eval on the GPU of gptq, NF4 and W8A8 checkpoints (W4A16, W8A16,
     cuda::GpuLogits gpu(*m, r.output);
     const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
     const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
+    const NllFn nfn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu.nll(t, S, T); };
+    const EvalResult gn = evaluate(fn, m->config().max_position_embeddings, ids, o, nullptr, &nfn);   // the NLL on the device (eval --device cuda)
+    INFO("device NLL perplexity " << gn.perplexity << " vs host log-softmax " << g.perplexity);
+    CHECK(std::abs(gn.perplexity / g.perplexity - 1) <= 1e-12);
+    CHECK(gn.scored_tokens == g.scored_tokens);
     std::cout << cs.format << " " << cs.yaml << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative "
               << g.perplexity / cpu.perplexity - 1 << "); " << gpu.describe() << "; GPU forward " << gpu.forward_seconds() << " s\n";
     CHECK(gpu.describe().find("56 of 56") != std::string::npos);   // every decoder Linear through the kernels (distilled-13m: 8 layers x 7 = 56)
     CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
     CHECK(g.scored_tokens == cpu.scored_tokens);
   }
+}
+
+TEST_CASE("gpu: the NLL of each row on the device equals the host's fp64 log-softmax (1e-12)") {
+  PTQ_REQUIRE_GPU();
+  const int S = 3, T = 37;
+  const int64_t V = 32001, N = int64_t(S) * T;   // V not a multiple of the block
+  Rng r{41};
+  std::vector<float> logits(size_t(N * V));
+  for (auto& v : logits) v = float(r.normal() * 4.0);
+  std::vector<int32_t> tokens(static_cast<size_t>(N));
+  for (auto& t : tokens) t = int32_t(r.next() % uint64_t(V));
+  cuda::DeviceBuffer<float> dl(logits.size(), "logits");
+  cuda::copy_to_device(dl.get(), logits.data(), logits.size() * 4);
+  const std::vector<double> nll = cuda::nll_rows(dl.get(), tokens, S, T, V);
+  REQUIRE(nll.size() == size_t(S * (T - 1)));
+  std::vector<double> lp(static_cast<size_t>(V));
+  double worst = 0;
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < T - 1; ++t) {
+      log_softmax(logits.data() + (int64_t(s) * T + t) * V, int(V), lp.data());
+      const double want = -lp[size_t(tokens[size_t(s * T + t + 1)])];
+      worst = std::max(worst, std::abs(nll[size_t(s * (T - 1) + t)] - want) / want);
+    }
+  INFO("worst relative difference " << worst);
+  CHECK(worst <= 1e-12);
+  CHECK(cuda::nll_rows(dl.get(), tokens, S, T, V) == nll);   // fixed reduction order: the same bytes again
 }
 
 TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activations (per token and per tensor, f16 and bf16)") {
@@ -672,6 +704,26 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
   INFO("fp32 out with beta = 1: relative error " << std::sqrt(num / den));
   CHECK(std::sqrt(num / den) <= 1e-3);
   CHECK_THROWS_AS(L->gemm(dx.get(), 65, dy.get(), cuda::A16Path::mma), Error);
+
+  // Every work split the planner can choose gives the reference result: 1 or 2 row tiles per warp
+  // (63 tiles: the last CTA's second tile lies past N), 1, 3 or 16 K slices (3: uneven), fp32 per-k-step
+  // scales (per channel) and f16 scales (groups of 80, act-order), K = 2000 (the last k-step is a quarter full).
+  const int64_t Ks = 2000;
+  for (int gs : {-1, 80}) {
+    const QuantizedLinear qs = random_q(4, N, Ks, gs, gs < 0, gs > 0, 91);
+    const GptqPacked ps = pack_gptq(qs, true);
+    auto Ls = cuda::W4A16Linear::from_gptq(ps, true);
+    for (int64_t Mf : {1, 16, 32})
+      for (int rt : {1, 2})
+        for (int slices : {1, 3, 16}) {
+          cuda::set_a16_split({rt, slices});
+          Rng rs{uint64_t(Mf * 7 + rt)};
+          const double rel = a16_error(*Ls, Mf, Ks, N, rs, cuda::A16Path::mma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, Mf, ps, true, yy); });
+          cuda::set_a16_split({});
+          INFO("g" << gs << " M=" << Mf << " rt=" << rt << " slices=" << slices << ": relative error " << rel);
+          CHECK(rel <= 2e-3);
+        }
+  }
 }
 
 TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equals the exact int32 reference, bf16 and fp32 out") {

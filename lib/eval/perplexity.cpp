@@ -30,7 +30,7 @@ nlohmann::json EvalResult::to_json() const {
 }
 
 EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<int32_t>& tokens, const EvalOptions& opt,
-                    const LogitsFn* reference) {
+                    const LogitsFn* reference, const NllFn* nll_fn) {
   const int L = opt.seq_len;
   if (L < 2) fail(Errc::input, "", "seq_len", "must be at least 2");
   if (L > max_positions)
@@ -52,11 +52,19 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
   for (int64_t w0 = 0; w0 < W; w0 += per_chunk) {
     const int S = int(std::min(per_chunk, W - w0));
     std::vector<int32_t> chunk(tokens.begin() + w0 * L, tokens.begin() + (w0 + S) * L);
+    const int64_t rows = int64_t(S) * (L - 1);
+    if (nll_fn && !reference) {   // the NLL computed where the logits are
+      const std::vector<double> nll = (*nll_fn)(chunk, S, L);
+      if (int64_t(nll.size()) != rows) fail(Errc::input, "", "nll", "the NLL function returned " + std::to_string(nll.size()) + " rows, not " + std::to_string(rows));
+      for (int64_t k = 0; k < rows; ++k) nll_sum += nll[size_t(k)];   // fixed order, as below
+      r.scored_tokens += rows;
+      bar.update(double((w0 + S) * L));
+      continue;
+    }
     const MatF logits = model(chunk, S, L);
     MatF ref_logits;
     if (reference) ref_logits = (*reference)(chunk, S, L);
     const int V = int(logits.cols());
-    const int64_t rows = int64_t(S) * (L - 1);
     std::vector<double> nll(static_cast<size_t>(rows)), ref_nll(reference ? size_t(rows) : 0), kl(reference ? size_t(rows) : 0), dp(kl.size());
     std::vector<uint8_t> agree(kl.size());
 #pragma omp parallel

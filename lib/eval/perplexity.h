@@ -37,8 +37,13 @@ struct EvalResult {
 // quantized one. Evaluation does not care which.
 using LogitsFn = std::function<MatF(const std::vector<int32_t>& tokens, int S, int T)>;
 
+// Or, where the logits need not reach the host (no reference model): the NLL of each scored row
+// (window s, position t < T - 1, target tokens[s*T + t + 1]) in that order, fp64.
+using NllFn = std::function<std::vector<double>(const std::vector<int32_t>& tokens, int S, int T)>;
+
+// nll, when given, serves the runs without a reference (the logits function then serves none).
 EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<int32_t>& tokens, const EvalOptions& opt,
-                    const LogitsFn* reference = nullptr);
+                    const LogitsFn* reference = nullptr, const NllFn* nll = nullptr);
 EvalResult evaluate(const LlamaModel& model, const std::vector<int32_t>& tokens, const EvalOptions& opt,
                     const LlamaModel* reference = nullptr);
 

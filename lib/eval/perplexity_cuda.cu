@@ -13,6 +13,7 @@
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
+#include "eval/nll_cuda.h"
 
 namespace ptq::cuda {
 
@@ -151,7 +152,7 @@ std::string GpuLogits::describe() const {
   return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + ", the rest f16 through cuBLAS";
 }
 
-MatF GpuLogits::operator()(const std::vector<int32_t>& tokens, int S, int T) const {
+DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S, int T) const {
   const Impl& m = *p_;
   const LlamaConfig& c = m.c;
   const int64_t N = int64_t(S) * T, V = c.vocab_size;
@@ -180,9 +181,20 @@ MatF GpuLogits::operator()(const std::vector<int32_t>& tokens, int S, int T) con
   m.seconds += ms / 1000.0;
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  return logits;
+}
+
+MatF GpuLogits::operator()(const std::vector<int32_t>& tokens, int S, int T) const {
+  const int64_t N = int64_t(S) * T, V = p_->c.vocab_size;
+  const DeviceBuffer<float> logits = forward(tokens, S, T);
   MatF out(N, V);
   copy_to_host(out.data(), logits.get(), size_t(N * V) * 4);
   return out;
+}
+
+std::vector<double> GpuLogits::nll(const std::vector<int32_t>& tokens, int S, int T) const {
+  const DeviceBuffer<float> logits = forward(tokens, S, T);
+  return nll_rows(logits.get(), tokens, S, T, p_->c.vocab_size);
 }
 
 }  // namespace ptq::cuda

@@ -1,5 +1,7 @@
 // perplexity_cuda.h — the evaluation forward on the GPU, as a LogitsFn for evaluate() (the
-// protocol, the fp64 log-softmax and the KL statistics stay in perplexity.cpp, shared with the CPU).
+// protocol and the KL statistics stay in perplexity.cpp, shared with the CPU) and, without a
+// reference model, as an NllFn: the fp64 log-softmax of each scored row on the device
+// (eval/nll_cuda.h), so only one double per token comes back to the host.
 //
 // Float checkpoints run through their weights in 16 bits; gptq / gptq_v2 checkpoints (4 or 8
 // bits) through the W4A16 / W8A16 kernels of lib/kernels/w4a16.cu, bitsandbytes NF4 checkpoints
@@ -10,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "cuda/runtime.h"
 #include "eval/perplexity.h"
 
 namespace ptq::cuda {
@@ -22,9 +25,11 @@ class GpuLogits {
   GpuLogits(const LlamaModel& model, const std::string& path);
   ~GpuLogits();
   MatF operator()(const std::vector<int32_t>& tokens, int S, int T) const;   // logits [S*T, vocab] on the host
+  std::vector<double> nll(const std::vector<int32_t>& tokens, int S, int T) const;   // per scored row, evaluate()'s NllFn
   double forward_seconds() const;   // GPU time of the forward passes and the logits GEMMs (the prefill)
   std::string describe() const;     // what runs the Linears
  private:
+  DeviceBuffer<float> forward(const std::vector<int32_t>& tokens, int S, int T) const;   // logits [S*T, vocab] on the device
   struct Impl;
   std::shared_ptr<Impl> p_;
 };
