@@ -306,9 +306,9 @@ struct Plan {
 // The split with the least time by a wave model: waves of resident CTAs (the occupancy calculator)
 // times the k-steps each warp walks; ties go to fewer waves (a partial wave costs a whole warp's
 // latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
-// than two waves. On the Llama shapes it picks the best or near-best of the 16 splits measured at
-// M = 1, 16, 32 and 64 (docs/benchmarks.md). kern(rt) gives the kernel of each RT; RT = 2 is tried
-// up to M = 32.
+// than two waves. Against forced splits on the Llama shapes (docs/benchmarks.md): within 4% (W4) and
+// 8% (NF4) of the best at M <= 16; up to 14% off in three M = 32/64 cells, where fewer warps per SM
+// also slow each k-step (not modelled). kern(rt) gives the kernel of each RT; RT = 2 up to M = 32.
 template <class KernOf>
 Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern) {
   const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
