@@ -38,6 +38,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -274,16 +275,11 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
 
-// CTAs of kern with S warps resident per SM (the occupancy calculator; cached).
+// CTAs of kern with S warps resident per SM (the occupancy calculator).
 inline int resident_ctas(const void* kern, int S, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find({kern, S});
-  if (it != cache.end()) return it->second;
   int n = 0;
   PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 32 * S, smem));
-  return cache[{kern, S}] = n;
+  return n;
 }
 
 inline int sm_count() {
@@ -363,7 +359,17 @@ template <class Format>
 void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
              int64_t K) {
   const int nt = n8_tiles(M);
-  const Plan p = plan(N, K, M, [&](int rt) { return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale)); });
+  auto kern = [&](int rt) { return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale)); };
+  // Plans depend on the kernel (format, n8 tiles, scales), N, K and a forced split only: made once.
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int>, Plan> plans;
+  Plan p;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(kern(1), N, K, g_split.rt, g_split.slices);
+    auto it = plans.find(key);
+    p = it != plans.end() ? it->second : (plans[key] = plan(N, K, M, kern));
+  }
   mma_kernel_of<Format>(nt, p.rt, k_step_scale)<<<unsigned(p.ctas), unsigned(32 * p.S), red_bytes(p.S, nt, p.rt)>>>(fmt, W, x, yh, yf, beta, int(M),
                                                                                                                    int(N), int(K), p.sps);
   PTQ_CUDA_LAUNCH("a16 mma_kernel");
