@@ -53,42 +53,40 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
     const int S = int(std::min(per_chunk, W - w0));
     std::vector<int32_t> chunk(tokens.begin() + w0 * L, tokens.begin() + (w0 + S) * L);
     const int64_t rows = int64_t(S) * (L - 1);
-    if (nll_fn && !reference) {   // the NLL computed where the logits are
-      const std::vector<double> nll = (*nll_fn)(chunk, S, L);
-      if (int64_t(nll.size()) != rows) fail(Errc::input, "", "nll", "the NLL function returned " + std::to_string(nll.size()) + " rows, not " + std::to_string(rows));
-      for (int64_t k = 0; k < rows; ++k) nll_sum += nll[size_t(k)];   // fixed order, as below
-      r.scored_tokens += rows;
-      bar.update(double((w0 + S) * L));
-      continue;
-    }
-    const MatF logits = model(chunk, S, L);
-    MatF ref_logits;
-    if (reference) ref_logits = (*reference)(chunk, S, L);
-    const int V = int(logits.cols());
-    std::vector<double> nll(static_cast<size_t>(rows)), ref_nll(reference ? size_t(rows) : 0), kl(reference ? size_t(rows) : 0), dp(kl.size());
+    std::vector<double> nll, ref_nll(reference ? size_t(rows) : 0), kl(reference ? size_t(rows) : 0), dp(kl.size());
     std::vector<uint8_t> agree(kl.size());
+    if (nll_fn && !reference) {   // the NLL computed where the logits are
+      nll = (*nll_fn)(chunk, S, L);
+      if (int64_t(nll.size()) != rows) fail(Errc::input, "", "nll", "the NLL function returned " + std::to_string(nll.size()) + " rows, not " + std::to_string(rows));
+    } else {
+      nll.resize(static_cast<size_t>(rows));
+      const MatF logits = model(chunk, S, L);
+      MatF ref_logits;
+      if (reference) ref_logits = (*reference)(chunk, S, L);
+      const int V = int(logits.cols());
 #pragma omp parallel
-    {
-      std::vector<double> lp(static_cast<size_t>(V)), lr(static_cast<size_t>(V));
+      {
+        std::vector<double> lp(static_cast<size_t>(V)), lr(static_cast<size_t>(V));
 #pragma omp for schedule(static)
-      for (int64_t k = 0; k < rows; ++k) {
-        const int64_t s = k / (L - 1), t = k % (L - 1), row = s * L + t;
-        const int32_t target = chunk[size_t(row + 1)];
-        log_softmax(logits.row(row).data(), V, lp.data());
-        nll[size_t(k)] = -lp[size_t(target)];
-        if (reference) {
-          log_softmax(ref_logits.row(row).data(), V, lr.data());
-          ref_nll[size_t(k)] = -lr[size_t(target)];
-          double d = 0;
-          int am = 0, ar = 0;
-          for (int v = 0; v < V; ++v) {
-            d += std::exp(lr[size_t(v)]) * (lr[size_t(v)] - lp[size_t(v)]);
-            if (lp[size_t(v)] > lp[size_t(am)]) am = v;
-            if (lr[size_t(v)] > lr[size_t(ar)]) ar = v;
+        for (int64_t k = 0; k < rows; ++k) {
+          const int64_t s = k / (L - 1), t = k % (L - 1), row = s * L + t;
+          const int32_t target = chunk[size_t(row + 1)];
+          log_softmax(logits.row(row).data(), V, lp.data());
+          nll[size_t(k)] = -lp[size_t(target)];
+          if (reference) {
+            log_softmax(ref_logits.row(row).data(), V, lr.data());
+            ref_nll[size_t(k)] = -lr[size_t(target)];
+            double d = 0;
+            int am = 0, ar = 0;
+            for (int v = 0; v < V; ++v) {
+              d += std::exp(lr[size_t(v)]) * (lr[size_t(v)] - lp[size_t(v)]);
+              if (lp[size_t(v)] > lp[size_t(am)]) am = v;
+              if (lr[size_t(v)] > lr[size_t(ar)]) ar = v;
+            }
+            kl[size_t(k)] = std::max(0.0, d);
+            agree[size_t(k)] = am == ar;
+            dp[size_t(k)] = std::exp(lp[size_t(target)]) - std::exp(lr[size_t(target)]);
           }
-          kl[size_t(k)] = std::max(0.0, d);
-          agree[size_t(k)] = am == ar;
-          dp[size_t(k)] = std::exp(lp[size_t(target)]) - std::exp(lr[size_t(target)]);
         }
       }
     }
