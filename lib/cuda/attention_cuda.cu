@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "cuda/attention_cuda.h"
+#include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 
 namespace ptq::cuda {
@@ -33,11 +34,7 @@ constexpr int kBr = 64, kBc = 64, kThreads = 128;
 
 template <class T> struct Mma;
 template <> struct Mma<__half> {
-  static __device__ __forceinline__ void run(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
+  static __device__ __forceinline__ void run(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { ptx::mma_m16n8k16_f16(c, a, b0, b1); }
   static __device__ __forceinline__ uint32_t pack(float x, float y) {
     const __half2 h = __floats2half2_rn(x, y);
     return *reinterpret_cast<const uint32_t*>(&h);
@@ -55,13 +52,10 @@ template <> struct Mma<__nv_bfloat16> {
   }
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-// 16 bytes global -> shared; bytes = 0 fills zeros (rows past the window).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+using ptx::cp_async16;   // bytes = 0 fills zeros (rows past the window)
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::smem_addr;
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }

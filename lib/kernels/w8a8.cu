@@ -28,6 +28,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 
 namespace ptq::cuda {
@@ -42,7 +43,7 @@ constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;      
 #endif
 
 #ifdef PTQ_W8A8_WGMMA
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+using ptx::smem_addr;
 
 // A shared-memory matrix descriptor for a K-major tile in the 128-byte swizzle: start address,
 // stride between 8-row groups (1024 bytes), leading offset unused for this layout (1).
