@@ -461,6 +461,17 @@ namespace {
 // groups (a random column permutation cut into groups) when asked.
 // A16 kernel against its fp32 reference on fresh f16-representable x [M, K]: norm-wise relative
 // error of y [M, N]. ref(x, y) is the reference GEMM; L->gemm the kernel.
+// Norm-wise relative error of f16 results yh against the fp32 reference yr (in fp64).
+double rel_error_f16(const std::vector<uint16_t>& yh, const std::vector<float>& yr) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < yr.size(); ++i) {
+    const double d = double(f16_bits_to_f32(yh[i])) - yr[i];
+    num += d * d;
+    den += double(yr[i]) * yr[i];
+  }
+  return std::sqrt(num / den);
+}
+
 template <class Kernel, class Ref>
 double a16_error(const Kernel& L, int64_t M, int64_t K, int64_t N, Rng& r, cuda::A16Path path, Ref&& ref) {
   std::vector<float> x(size_t(M * K)), yr(size_t(M * N));
@@ -474,13 +485,7 @@ double a16_error(const Kernel& L, int64_t M, int64_t K, int64_t N, Rng& r, cuda:
   cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
   L.gemm(dx.get(), M, dy.get(), path);
   cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < yr.size(); ++i) {
-    const double d = double(f16_bits_to_f32(yh[i])) - yr[i];
-    num += d * d;
-    den += double(yr[i]) * yr[i];
-  }
-  return std::sqrt(num / den);
+  return rel_error_f16(yh, yr);
 }
 
 QuantizedLinear random_q(int bits, int64_t out, int64_t in, int gs, bool sym, bool act_order, uint64_t seed) {
@@ -519,12 +524,13 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
       const GptqPacked pk = pack_gptq(q, v2);
       auto L = cuda::W4A16Linear::from_gptq(pk, v2);
       for (int64_t M : Ms)
-        for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::dequant}) {   // automatic: mma (M <= 64), dequantize (above)
-          if (path == cuda::A16Path::dequant && M != 3) continue;   // the dequantization kernel also checked where mma would serve
+        for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::mma, cuda::A16Path::dequant}) {   // automatic: by a16_auto_path
+          if (path == cuda::A16Path::dequant && M != 3) continue;   // the dequantization kernel also checked where a tensor-core kernel serves
+          if (path == cuda::A16Path::mma && M != 33 && M != 64) continue;   // the x-from-L2 kernel at 4 and 8 n8 tiles, where shared_x serves
           Rng r{uint64_t(M)};
           const double rel = a16_error(*L, M, c.in, c.out, r, path, [&](const float* x, float* y) { ref_gemm_gptq(x, M, pk, v2, y); });
           INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1")
-                    << " M=" << M << (path == cuda::A16Path::dequant ? " (dequant forced)" : "") << ": relative error " << rel);
+                    << " M=" << M << " path " << cuda::a16_path_name(path) << ": relative error " << rel);
           CHECK(rel <= 2e-3);
         }
     }
@@ -651,11 +657,12 @@ TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128,
     const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), sh.B, sh.nested);
     auto L = cuda::Nf4Linear::from_nf4(t, sh.N, sh.K);
     for (int64_t M : {1, 2, 3, 7, 16, 32, 33, 64, 128, 255})
-      for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::dequant}) {
+      for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::dequant, cuda::A16Path::shared_x}) {
         if (path == cuda::A16Path::dequant && M != 3) continue;
+        if (path == cuda::A16Path::shared_x && M != 7 && M != 33 && M != 64) continue;   // x staged in shared memory (automatic only for big layers)
         if (sh.N * sh.K > 4096 * 4096 / 2 && M > 33) continue;   // the reference is slow; big shapes at small M
         const double err = a16_error(*L, M, sh.K, sh.N, r, path, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, sh.N, sh.K, y); });
-        INFO("N " << sh.N << " K " << sh.K << " block " << sh.B << " nested " << sh.nested << " M " << M << (path == cuda::A16Path::dequant ? " (dequant forced)" : "")
+        INFO("N " << sh.N << " K " << sh.K << " block " << sh.B << " nested " << sh.nested << " M " << M << " path " << cuda::a16_path_name(path)
                   << ": relative error " << err);
         CHECK(err <= 3e-3);
         if (M <= 16 && sh.N == 1024) std::cout << "NF4 1024x11008 M=" << M << (path == cuda::A16Path::dequant ? " dequant" : "") << ": relative error " << err << "\n";
@@ -665,34 +672,33 @@ TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128,
   CHECK_THROWS_AS(cuda::Nf4Linear::from_nf4(odd, 64, 96), Error);   // in_features 96: not a multiple of the block
 }
 
-TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 output adds beta y, forced paths refuse M they do not take") {
-  PTQ_REQUIRE_GPU();
-  const int64_t N = 1000, K = 11008, M = 16;   // 63 tiles of 16 rows (the last partial), 172 k-steps in 16 slices
-  const QuantizedLinear q = random_q(4, N, K, 128, false, true, 77);
-  const GptqPacked pk = pack_gptq(q, true);
-  auto L = cuda::W4A16Linear::from_gptq(pk, true);
-  Rng r{5};
+namespace {
+// L through path on fresh x [M, K]: the same bytes four times (its split-K sums do not depend on
+// which warp or CTA finishes first), and its fp32 output with beta = 1 adds y0 (against the
+// reference GEMM + y0, 1e-3 relative, norm-wise).
+void check_repeat_and_beta(const cuda::W4A16Linear& L, const GptqPacked& pk, int64_t M, int64_t K, cuda::A16Path path, uint64_t seed) {
+  const int64_t N = L.out();
+  Rng r{seed};
   std::vector<float> x(size_t(M * K)), y0(size_t(M * N)), yr(size_t(M * N));
-  std::vector<uint16_t> xh(x.size());
+  std::vector<uint16_t> xh(x.size()), first(yr.size()), again(yr.size());
   for (size_t i = 0; i < x.size(); ++i) {
     x[i] = round_to(DType::F16, float(r.normal()));
     xh[i] = f32_to_f16_bits(x[i]);
   }
   for (auto& v : y0) v = float(r.normal());
   ref_gemm_gptq(x.data(), M, pk, true, yr.data());
-  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(size_t(M * N), "y");
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(first.size(), "y");
   cuda::DeviceBuffer<float> df(y0.size(), "y f32");
   cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
-  std::vector<uint16_t> first(size_t(M * N)), again(size_t(M * N));
-  L->gemm(dx.get(), M, dy.get());
+  L.gemm(dx.get(), M, dy.get(), path);
   cuda::copy_to_host(first.data(), dy.get(), first.size() * 2);
-  for (int rep = 0; rep < 3; ++rep) {   // the warps' finishing order differs from run to run; the bytes must not
-    L->gemm(dx.get(), M, dy.get());
+  for (int rep = 0; rep < 3; ++rep) {
+    L.gemm(dx.get(), M, dy.get(), path);
     cuda::copy_to_host(again.data(), dy.get(), again.size() * 2);
     CHECK(again == first);
   }
   cuda::copy_to_device(df.get(), y0.data(), y0.size() * 4);
-  L->gemm_f32(dx.get(), M, df.get(), 1.0f);
+  L.gemm_f32(dx.get(), M, df.get(), 1.0f, path);
   std::vector<float> yf(y0.size());
   cuda::copy_to_host(yf.data(), df.get(), yf.size() * 4);
   double num = 0, den = 0;
@@ -701,8 +707,19 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
     num += (yf[i] - want) * (yf[i] - want);
     den += want * want;
   }
-  INFO("fp32 out with beta = 1: relative error " << std::sqrt(num / den));
+  INFO(cuda::a16_path_name(path) << " M=" << M << ", fp32 out with beta = 1: relative error " << std::sqrt(num / den));
   CHECK(std::sqrt(num / den) <= 1e-3);
+}
+}  // namespace
+
+TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 output adds beta y, forced paths refuse M they do not take") {
+  PTQ_REQUIRE_GPU();
+  const int64_t N = 1000, K = 11008, M = 16;   // 63 tiles of 16 rows (the last partial), 172 k-steps in 16 slices
+  const QuantizedLinear q = random_q(4, N, K, 128, false, true, 77);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  check_repeat_and_beta(*L, pk, M, K, cuda::A16Path::automatic, 5);
+  cuda::DeviceBuffer<uint16_t> dx(size_t(65 * K), "x"), dy(size_t(65 * N), "y");
   CHECK_THROWS_AS(L->gemm(dx.get(), 65, dy.get(), cuda::A16Path::mma), Error);
 
   // Every work split the planner can choose gives the reference result: 1 or 2 row tiles per warp
@@ -724,6 +741,56 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
           CHECK(rel <= 2e-3);
         }
   }
+}
+
+// The kernel with x in shared memory (kernels/a16_shared_x.cuh): every work split it can be given
+// (1, 2 or 4 row tiles per warp, 4, 8 or 16 warps per CTA, 1, 3 or 16 K slices) against the reference
+// GEMM, at M = 9 .. 128 (8 to 128 staged x rows, rows past M zero). N = 1000: 63 tiles, so the last
+// CTA's warps partly lie past N; K = 2000: the last chunk partial and its last k-step a quarter full;
+// per-channel fp32 scales and act-order groups of 80 (f16 scales). Then the split-K sum twice (same
+// bytes), fp32 output with beta, and M past 128 refused.
+TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, its split-K sum is deterministic, M > 128 refused") {
+  PTQ_REQUIRE_GPU();
+  const int64_t N = 1000, K = 2000;
+  for (int gs : {-1, 80}) {
+    const QuantizedLinear q = random_q(4, N, K, gs, gs < 0, gs > 0, 93);
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    for (int64_t M : {9, 17, 33, 64, 65, 128}) {
+      Rng r{uint64_t(M + gs)};
+      std::vector<float> x(size_t(M * K)), yr(size_t(M * N));
+      std::vector<uint16_t> xh(x.size()), yh(yr.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = round_to(DType::F16, float(r.normal()));
+        xh[i] = f32_to_f16_bits(x[i]);
+      }
+      ref_gemm_gptq(x.data(), M, pk, true, yr.data());
+      cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
+      cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+      for (int rt : {1, 2, 4})
+        for (int warps : {4, 8, 16})   // 16: where the kernel is compiled for 512 threads, else the planner takes 8
+          for (int slices : {1, 3, 16}) {
+            const int nt = M <= 16 ? 2 : M <= 32 ? 4 : M <= 64 ? 8 : 16;
+            if ((rt == 2 && nt > 8) || (rt == 4 && nt > 4)) continue;   // no such instantiation (registers)
+            cuda::set_a16_split({rt, slices, warps});
+            L->gemm(dx.get(), M, dy.get(), cuda::A16Path::shared_x);
+            cuda::set_a16_split({});
+            cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
+            const double rel = rel_error_f16(yh, yr);
+            INFO("g" << gs << " M=" << M << " rt=" << rt << " warps=" << warps << " slices=" << slices << ": relative error " << rel);
+            CHECK(rel <= 2e-3);
+          }
+    }
+  }
+  // Split-K: the partials summed in slice order by whichever CTA arrives last: the same bytes every time.
+  const QuantizedLinear q = random_q(4, 4096, 4096, 128, true, false, 94);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  cuda::set_a16_split({2, 16, 4});
+  check_repeat_and_beta(*L, pk, 64, 4096, cuda::A16Path::shared_x, 6);
+  cuda::set_a16_split({});
+  cuda::DeviceBuffer<uint16_t> dx(size_t(129 * 4096), "x"), dy(size_t(129 * 4096), "y");
+  CHECK_THROWS_AS(L->gemm(dx.get(), 129, dy.get(), cuda::A16Path::shared_x), Error);
 }
 
 TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equals the exact int32 reference, bf16 and fp32 out") {

@@ -42,27 +42,26 @@
 #include <utility>
 
 #include "core/error.h"
+#include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 #include "kernels/a16_path.h"
 
 namespace ptq::cuda::a16 {
 
-constexpr int64_t kMaxM = 64;   // rows served by the tensor-core kernel; above, dequantize + cuBLAS
+constexpr int64_t kMaxM = 64;   // rows this kernel serves (a16_shared_x.cuh up to 128; above, dequantize + cuBLAS)
 constexpr int kMaxSlices = 16;
 
-// The kernel that serves a call (automatic: by M), or Errc::usage when a forced one cannot take M.
-inline A16Path resolve(A16Path path, int64_t M, const char* kernel) {
-  if (path == A16Path::automatic) return M <= kMaxM ? A16Path::mma : A16Path::dequant;
-  if (path == A16Path::mma && M > kMaxM)
-    fail(Errc::usage, "", "M", std::string("the ") + kernel + " tensor-core kernel takes M <= 64 rows, got M = " + std::to_string(M));
+// The kernel that serves a call (automatic: a16_auto_path), or Errc::usage when a forced one cannot take M.
+inline A16Path resolve(A16Path path, int64_t M, int64_t N, int64_t K, const char* kernel) {
+  if (path == A16Path::automatic) return a16_auto_path(M, N, K);
+  const int64_t most = path == A16Path::mma ? kMaxM : path == A16Path::shared_x ? kA16SharedXMaxM : INT64_MAX;
+  if (M > most)
+    fail(Errc::usage, "", "M",
+         std::string("the ") + kernel + " " + a16_path_name(path) + " kernel takes M <= " + std::to_string(most) + " rows, got M = " + std::to_string(M));
   return path;
 }
 
-__device__ __forceinline__ void mma_m16n8k16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using ptx::mma_m16n8k16_f16;
 
 // The group (or NF4 block) of a column: a shift when the size is a power of two, else a division.
 struct GroupOf {
@@ -88,6 +87,90 @@ inline FragmentSlot fragment_slot(int64_t r, int64_t k, int64_t KS) {
   const int rr = int(r % 16), kk = int(k % 64);
   const int g = rr % 8, c = kk / 16;
   return {(t * KS + s) * 32 + g * 4 + c, (kk % 16) / 4, kk % 4, rr / 8};
+}
+
+// One k-step (64 columns) of a warp's RT row tiles: dequantize the codes q with their metadata and
+// add W · x to acc (fp32). load_x(t, xl) gives the lane's 16 columns of x row 8t + g (two uint4:
+// columns 16c .. 16c + 15 of the k-step). kStepScale: the k-step's four MMAs sum into a fresh
+// partial, scaled once in fp32; else the fragments are scaled in f16. kInterleave (NT >= 4): MMAs
+// that follow each other go to different accumulators, for kernels with few warps per SM to hide
+// the MMA latency (the asm statements keep their order).
+template <int NT, int RT, bool kStepScale, bool kInterleave = false, class Format, class LoadX>
+__device__ __forceinline__ void k_step(const Format& fmt, const uint4 (&q)[RT][Format::kU4], const typename Format::Meta (&meta)[RT], const LoadX& load_x,
+                                       float (&acc)[RT][NT][4]) {
+  float part[RT][NT][4];
+  if constexpr (kStepScale) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) part[r][t][0] = part[r][t][1] = part[r][t][2] = part[r][t][3] = 0.0f;
+  }
+  auto mma = [&](int r, int t, const uint32_t* a, const uint4 (&xl)[2], int f) {
+    const uint32_t* xb = reinterpret_cast<const uint32_t*>(&xl[f / 2]);   // columns k0 k0+1 | k0+2 k0+3 of x row n
+    if constexpr (kStepScale) mma_m16n8k16_f16(part[r][t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
+    else mma_m16n8k16_f16(acc[r][t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
+  };
+  if constexpr (NT <= 2) {   // x first (its latency overlaps the dequantization), each fragment used as soon as it is formed
+    uint4 xv[NT][2];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) load_x(t, xv[t]);
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      const auto prep = fmt.template prep<!kStepScale>(meta[r]);
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        uint32_t a[4];
+        fmt.template dequant<!kStepScale>(q[r], f, prep, a);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) mma(r, t, a, xv[t], f);
+      }
+    }
+  } else {   // all fragments first, then x one n8 tile at a time (registers)
+    uint32_t a[RT][4][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      const auto prep = fmt.template prep<!kStepScale>(meta[r]);
+#pragma unroll
+      for (int f = 0; f < 4; ++f) fmt.template dequant<!kStepScale>(q[r], f, prep, a[r][f]);
+    }
+    if constexpr (kInterleave) {   // x in blocks of 4 n8 tiles; MMAs back to back on different accumulators (few warps per SM)
+#pragma unroll
+      for (int tb = 0; tb < NT; tb += 4) {
+        uint4 xl[4][2];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) load_x(tb + t, xl[t]);
+#pragma unroll
+        for (int f = 0; f < 4; ++f)
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int t = 0; t < 4; ++t) mma(r, tb + t, a[r][f], xl[t], f);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        uint4 xl[2];
+        load_x(t, xl);
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int f = 0; f < 4; ++f) mma(r, t, a[r][f], xl, f);
+      }
+    }
+  }
+  if constexpr (kStepScale) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      const float2 sc = fmt.scales(meta[r]);   // rows g, g + 8
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        acc[r][t][0] = fmaf(part[r][t][0], sc.x, acc[r][t][0]);
+        acc[r][t][1] = fmaf(part[r][t][1], sc.x, acc[r][t][1]);
+        acc[r][t][2] = fmaf(part[r][t][2], sc.y, acc[r][t][2]);
+        acc[r][t][3] = fmaf(part[r][t][3], sc.y, acc[r][t][3]);
+      }
+    }
+  }
 }
 
 // y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
@@ -119,69 +202,12 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
 
   auto step = [&](const uint4 (&q)[RT][kU4], const Meta (&meta)[RT], int s) {
     const bool in_k = 64 * s + 16 * c < K;   // this lane's 16 columns: all inside K or all past it
-    float part[RT][NT][4];
-    if constexpr (kStepScale) {
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) part[r][t][0] = part[r][t][1] = part[r][t][2] = part[r][t][3] = 0.0f;
-    }
-    auto mma = [&](int r, int t, const uint32_t* a, const uint4 (&xl)[2], int f) {
-      const uint32_t* xb = reinterpret_cast<const uint32_t*>(&xl[f / 2]);   // columns k0 k0+1 | k0+2 k0+3 of x row n
-      if constexpr (kStepScale) mma_m16n8k16(part[r][t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
-      else mma_m16n8k16(acc[r][t], a, xb[(f % 2) * 2], xb[(f % 2) * 2 + 1]);
-    };
     auto load_x = [&](int t, uint4 (&xl)[2]) {
       const __half* xt = xr + int64_t(min(t * 8 + g, M - 1) - min(g, M - 1)) * K + 64 * s;
       xl[0] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt)) : make_uint4(0, 0, 0, 0);
       xl[1] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt + 8)) : make_uint4(0, 0, 0, 0);
     };
-    if constexpr (NT <= 2) {   // x first (its latency overlaps the dequantization), each fragment used as soon as it is formed
-      uint4 xv[NT][2];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) load_x(t, xv[t]);
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const auto prep = fmt.template prep<!kStepScale>(meta[r]);
-#pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          uint32_t a[4];
-          fmt.template dequant<!kStepScale>(q[r], f, prep, a);
-#pragma unroll
-          for (int t = 0; t < NT; ++t) mma(r, t, a, xv[t], f);
-        }
-      }
-    } else {   // all fragments first, then x one n8 tile at a time (registers)
-      uint32_t a[RT][4][4];
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const auto prep = fmt.template prep<!kStepScale>(meta[r]);
-#pragma unroll
-        for (int f = 0; f < 4; ++f) fmt.template dequant<!kStepScale>(q[r], f, prep, a[r][f]);
-      }
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        uint4 xl[2];
-        load_x(t, xl);
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int f = 0; f < 4; ++f) mma(r, t, a[r][f], xl, f);
-      }
-    }
-    if constexpr (kStepScale) {
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const float2 sc = fmt.scales(meta[r]);   // rows g, g + 8
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          acc[r][t][0] = fmaf(part[r][t][0], sc.x, acc[r][t][0]);
-          acc[r][t][1] = fmaf(part[r][t][1], sc.x, acc[r][t][1]);
-          acc[r][t][2] = fmaf(part[r][t][2], sc.y, acc[r][t][2]);
-          acc[r][t][3] = fmaf(part[r][t][3], sc.y, acc[r][t][3]);
-        }
-      }
-    }
+    k_step<NT, RT, kStepScale>(fmt, q, meta, load_x, acc);
   };
   int s = s0;
   for (; s + kBatch <= s1; s += kBatch) {

@@ -8,8 +8,10 @@
 //           >= 256 MiB, so each launch's weights were last touched >= 256 MiB ago), queued behind a
 //           spinning kernel so the host's launch rate does not show; time / R. This is how a
 //           decode step runs its layers. cuBLAS is timed the same way on R copies of f16 weights.
-// PTQKIT_A16_SWEEP="rt:slices,..." adds a row per forced work split of the tensor-core kernel
-// (set_a16_split, a16_path.h) under each M <= 64: how plan()'s choices were checked.
+// PTQKIT_A16_SWEEP="rt:slices[:warps],..." adds a row per forced work split of the tensor-core
+// kernels (set_a16_split, a16_path.h): how the planners' choices were checked.
+// PTQKIT_A16_PATHS="mma,shared_x,dequant" times those paths (where they take M) instead of the
+// automatic one: how the crossovers of a16_auto_path were found.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -89,10 +92,17 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
   if (const char* e = std::getenv("PTQKIT_A16_SWEEP"))
     for (const char* q = e; *q;) {
       A16Split t;
-      if (std::sscanf(q, "%d:%d", &t.rt, &t.slices) == 2) sweep.push_back(t);
+      if (std::sscanf(q, "%d:%d:%d", &t.rt, &t.slices, &t.warps) >= 2) sweep.push_back(t);
       while (*q && *q != ',') ++q;
       if (*q) ++q;
     }
+  std::vector<A16Path> paths{A16Path::automatic};
+  if (const char* e = std::getenv("PTQKIT_A16_PATHS")) {
+    paths.clear();
+    const std::string list = std::string(",") + e + ",";
+    for (A16Path p : {A16Path::mma, A16Path::shared_x, A16Path::dequant})
+      if (list.find(std::string(",") + a16_path_name(p) + ",") != std::string::npos) paths.push_back(p);
+  }
   const size_t flush_bytes = size_t(256) << 20;
   DeviceBuffer<uint8_t> flush(flush_bytes, "L2 flush buffer");
   // Copy bandwidth: 1 GiB device to device, bytes read + written.
@@ -104,8 +114,8 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     copy_gbs = 2.0 * double(n) / (us * 1e-6) / 1e9;
   }
   std::printf("bench kernels on %s: device-to-device copy %.0f GB/s (read + write); cold L2, median of %d runs\n", describe().c_str(), copy_gbs, runs);
-  std::printf("%-17s %5s %-7s | %-38s | %s\n", "", "", "", "single launch after a 256 MiB rewrite", "stream: back to back, rotating weights");
-  std::printf("%-17s %5s %-7s | %8s %6s %6s %8s %7s | %8s %6s %6s %8s %7s\n", "bits N x K", "M", "path", "us", "GB/s", "%copy", "cuBLAS", "speedup", "us",
+  std::printf("%-17s %5s %-11s | %-38s | %s\n", "", "", "", "single launch after a 256 MiB rewrite", "stream: back to back, rotating weights");
+  std::printf("%-17s %5s %-11s | %8s %6s %6s %8s %7s | %8s %6s %6s %8s %7s\n", "bits N x K", "M", "path", "us", "GB/s", "%copy", "cuBLAS", "speedup", "us",
               "GB/s", "%copy", "cuBLAS", "speedup");
   cublasHandle_t h;
   PTQ_CUBLAS(cublasCreate(&h));
@@ -156,31 +166,35 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       };
       const double cub = median_us(runs, flush.get(), flush_bytes, [&] { cublas(0); });
       const double cub_s = stream_us(runs, Rf, cublas);
-      // The kernel that takes this M: tensor cores (M <= 64), dequantize + cuBLAS (M > 64).
-      const A16Path path = M <= 64 ? A16Path::mma : A16Path::dequant;
-      auto ours_call = [&](int i) {
-        if (kind) L[size_t(i)]->gemm(x.get(), M, y.get(), path);
-        else F[size_t(i)]->gemm(x.get(), M, y.get(), path);
-      };
-      for (const A16Split& split : sweep) {
-        if ((split.rt || split.slices) && path != A16Path::mma) continue;
-        set_a16_split(split);
-        const double ours = median_us(runs, flush.get(), flush_bytes, [&] { ours_call(0); });
-        const double ours_s = stream_us(runs, R, ours_call);
-        const double act = 2.0 * double(M) * double(K + N);
-        const double ob = double(wbytes) + act;
-        auto gbs = [](double bytes, double us) { return bytes / (us * 1e-6) / 1e9; };
-        char shape[32], label[16];
-        if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
-        else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
-        if (split.rt || split.slices) std::snprintf(label, sizeof label, "r%ds%d", split.rt, split.slices);
-        else std::snprintf(label, sizeof label, "%s", path == A16Path::mma ? "mma" : "dequant");
-        std::printf("%-17s %5lld %-7s | %8.2f %6.0f %5.1f%% %8.2f %6.2fx | %8.2f %6.0f %5.1f%% %8.2f %6.2fx\n", shape, (long long)M,
-                    label, ours, gbs(ob, ours), 100.0 * gbs(ob, ours) / copy_gbs, cub, cub / ours, ours_s, gbs(ob, ours_s),
-                    100.0 * gbs(ob, ours_s) / copy_gbs, cub_s, cub_s / ours_s);
-        std::fflush(stdout);
+      for (A16Path forced : paths) {
+        if ((forced == A16Path::mma && M > 64) || (forced == A16Path::shared_x && M > kA16SharedXMaxM)) continue;
+        const A16Path path = forced != A16Path::automatic ? forced : kind ? L[0]->path_for(M) : F[0]->path_for(M);
+        auto ours_call = [&](int i) {
+          if (kind) L[size_t(i)]->gemm(x.get(), M, y.get(), path);
+          else F[size_t(i)]->gemm(x.get(), M, y.get(), path);
+        };
+        for (const A16Split& split : sweep) {
+          const bool forced_split = split.rt || split.slices || split.warps;
+          if (forced_split && path == A16Path::dequant) continue;
+          set_a16_split(split);
+          const double ours = median_us(runs, flush.get(), flush_bytes, [&] { ours_call(0); });
+          const double ours_s = stream_us(runs, R, ours_call);
+          const double act = 2.0 * double(M) * double(K + N);
+          const double ob = double(wbytes) + act;
+          auto gbs = [](double bytes, double us) { return bytes / (us * 1e-6) / 1e9; };
+          char shape[32], label[32];
+          if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
+          else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
+          const char* pn = path == A16Path::mma ? "mma" : path == A16Path::shared_x ? "shx" : "deq";
+          if (forced_split) std::snprintf(label, sizeof label, "%s r%ds%dw%d", pn, split.rt, split.slices, split.warps);
+          else std::snprintf(label, sizeof label, "%s", pn);
+          std::printf("%-17s %5lld %-11s | %8.2f %6.0f %5.1f%% %8.2f %6.2fx | %8.2f %6.0f %5.1f%% %8.2f %6.2fx\n", shape, (long long)M,
+                      label, ours, gbs(ob, ours), 100.0 * gbs(ob, ours) / copy_gbs, cub, cub / ours, ours_s, gbs(ob, ours_s),
+                      100.0 * gbs(ob, ours_s) / copy_gbs, cub_s, cub_s / ours_s);
+          std::fflush(stdout);
+        }
+        set_a16_split({});
       }
-      set_a16_split({});
     }
   }
   // W8A8: compute-bound from a few hundred rows; against cuBLAS bf16 and cuBLAS's own int8 GEMM

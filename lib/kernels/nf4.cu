@@ -8,8 +8,8 @@
 // fragment order of kernels/a16_mma.cuh: one uint32 per A fragment, nibbles 0..3 = (row g, k0),
 // (row g, k0+1), (row g+8, k0), (row g+8, k0+1) and nibbles 4..7 the same at k0+2, k0+3; absmax per
 // tile and block as the pairs (row g, row g + 8), fp32. Accepted: K a multiple of 16 and of B;
-// B in {32, 64, 128, 256}; N any; M any (M <= 64 the tensor-core kernel, larger M dequantizes to
-// f16 and calls cuBLAS).
+// B in {32, 64, 128, 256}; N any; M any (M <= 64 the tensor-core kernels, a16_auto_path picks
+// a16_mma.cuh's or a16_shared_x.cuh's; larger M dequantizes to f16 and calls cuBLAS).
 // Math: the 16 NF4 values in f16 as byte tables in registers; PRMT looks up 4 codes at once
 // (the low 3 bits pick a byte from each half of the table, bit 3 picks the half, two more PRMTs
 // interleave low and high bytes into f16 pairs): 11 instructions per 4 weights, no shared memory,
@@ -30,7 +30,7 @@
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
-#include "kernels/a16_mma.cuh"
+#include "kernels/a16_shared_x.cuh"
 
 namespace ptq::cuda {
 
@@ -161,20 +161,21 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   return L;
 }
 
+A16Path Nf4Linear::path_for(int64_t M) const { return a16_auto_path(M, p_->N, p_->K); }
 void Nf4Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
-void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const { run(x, M, y, true, beta, A16Path::automatic); }
+void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path) const { run(x, M, y, true, beta, path); }
 
 void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
-  path = a16::resolve(path, M, "NF4");
+  path = a16::resolve(path, M, m.N, m.K, "NF4");
   const auto* xh = static_cast<const __half*>(x);
   auto* cw = reinterpret_cast<const uint4*>(m.codes.get());
-  if (path == A16Path::mma) {
-    a16::run_mma(m.format(), m.B % 64 == 0, cw, xh, f32 ? nullptr : static_cast<__half*>(y), f32 ? static_cast<float*>(y) : nullptr, beta, M, m.N, m.K);
+  if (path != A16Path::dequant) {
+    a16::run_tensor_cores(path, m.format(), m.B % 64 == 0, cw, xh, f32 ? nullptr : static_cast<__half*>(y), f32 ? static_cast<float*>(y) : nullptr, beta, M, m.N, m.K);
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 64)");
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 128)");
   a16::run_dequant(m.format(), cw, wf.get(), m.N, m.K);
   const float one = 1.0f, b = f32 ? beta : 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xh,

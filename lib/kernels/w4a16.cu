@@ -17,8 +17,9 @@
 // partial when groups hold whole k-steps (groups of 64, 128, per channel), else in f16 to the
 // weights. Tolerance against the fp32 reference: x and s are f16 (exact inputs); (q - z) * s in f16
 // where scaled in f16 (2^-11 relative); fp32 sums (tests: 2e-3 relative, norm-wise).
-// Paths by M: M <= 64 the tensor-core kernel; larger M dequantizes to f16 and calls cuBLAS
-// (correct, slower than cuBLAS on f16 weights). Accepted: K and the group size multiples of 16 (or
+// Paths by M: M <= 64 the tensor-core kernels (a16_auto_path picks a16_mma.cuh's or, for 33..64
+// rows of a layer larger than 4096 x 4096, a16_shared_x.cuh's, which scales weights in f16);
+// larger M dequantizes to f16 and calls cuBLAS (correct, slower than cuBLAS on f16 weights). Accepted: K and the group size multiples of 16 (or
 // one group), groups of equal size, N any; 3-bit weights refused.
 // Roofline at M = 1: reads N*K*BITS/8 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
@@ -33,7 +34,7 @@
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
-#include "kernels/a16_mma.cuh"
+#include "kernels/a16_shared_x.cuh"
 #include "kernels/w4a16.h"
 
 namespace ptq::cuda {
@@ -193,13 +194,14 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
 
 // Workspaces (the gathered x, the dequantized W) come from the pool on each call and go back at
 // its end: one model's Linears share them, and stream order makes the reuse safe.
+A16Path W4A16Linear::path_for(int64_t M) const { return a16_auto_path(M, p_->N, p_->K); }
 void W4A16Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
-void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta) const { run(x, M, y, true, beta, A16Path::automatic); }
+void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path) const { run(x, M, y, true, beta, path); }
 
 void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
-  path = a16::resolve(path, M, "W4A16");
+  path = a16::resolve(path, M, m.N, m.K, "W4A16");
   const __half* xp = static_cast<const __half*>(x);
   DeviceBuffer<__half> xg;
   if (!m.identity) {   // act-order: x in the kernel's column order
@@ -212,14 +214,14 @@ void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A
   auto* zs = reinterpret_cast<const uint2*>(m.zs.get());
   const a16::GroupOf group = a16::GroupOf::make(m.groups, m.gs);
   const bool k_step_scale = m.groups == 1 || m.gs % 64 == 0;
-  if (path == A16Path::mma) {
+  if (path != A16Path::dequant) {
     __half* yh = f32 ? nullptr : static_cast<__half*>(y);
     float* yf = f32 ? static_cast<float*>(y) : nullptr;
-    if (m.bits == 4) a16::run_mma(GptqFormat<4>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
-    else a16::run_mma(GptqFormat<8>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
+    if (m.bits == 4) a16::run_tensor_cores(path, GptqFormat<4>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
+    else a16::run_tensor_cores(path, GptqFormat<8>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 64)");
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 128)");
   if (m.bits == 4) a16::run_dequant(GptqFormat<4>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
   else a16::run_dequant(GptqFormat<8>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
   const float one = 1.0f, b = f32 ? beta : 0.0f;

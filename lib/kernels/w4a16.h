@@ -16,13 +16,16 @@ class W4A16Linear {
   // not a multiple of 16, or groups of unequal sizes.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
   ~W4A16Linear();
-  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 64: the tensor-core kernel
-  // (mma.sync, dequantized in registers); larger M: dequantize to an f16 workspace and cuBLAS.
+  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 64: the tensor-core kernels
+  // (mma.sync, dequantized in registers; x through L1, or staged in shared memory for 33..64
+  // rows of a large layer); larger M: dequantize to an f16 workspace and cuBLAS. path_for(M)
+  // says which.
   // Calls on one Linear are stream-ordered (the default stream).
   void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
-  // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation: the tensor-core kernel for
+  // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation: the tensor-core kernels for
   // M <= 64, the dequantized f16 weights through cuBLAS above (a prefill, the evaluation forward).
-  void gemm_f32(const void* x, int64_t M, float* y, float beta) const;
+  void gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path = A16Path::automatic) const;
+  A16Path path_for(int64_t M) const;   // the kernel automatic picks for M rows
   // A second copy of the device buffers (benchmarks rotate through copies to keep L2 cold).
   std::unique_ptr<W4A16Linear> clone() const;
   int64_t out() const;
