@@ -14,7 +14,8 @@
 // [tiles][groups][8 lanes' g] as the pair (row g, row g + 8). Rows past N and columns past K are
 // zero codes with zero scales, and a lane whose 16 columns lie past K reads no x (x rows are K
 // long: K must be a multiple of 16). The Format (w4a16.cu, nf4.cu) supplies kU4 (uint4 per lane per
-// k-step), its Meta, and dequant(words, fragment) -> 4 f16x2 registers.
+// k-step), kLoadsM8 (uint4 loads per lane per batch at M <= 8), its Meta, and dequant(words,
+// fragment) -> 4 f16x2 registers.
 // Scales: when a group holds whole k-steps (group size a multiple of 64, or one group per row),
 // the fragments are dequantized unscaled ((q - z) exactly, or the NF4 value), each k-step's four
 // mma sum into a fresh fp32 partial, and the partial is scaled in fp32 (kStepScale); otherwise
@@ -179,7 +180,9 @@ template <int NT, int RT, bool kStepScale, class Format>
 __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 32)
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
-  constexpr int kU4 = Format::kU4, kLoads = NT >= 4 ? 2 : 4;   // uint4 loads per lane in flight per batch (2 for M > 16: registers)
+  // uint4 loads per lane in flight per batch: 2 for M > 16 (registers), the format's choice at M <= 8
+  // with two row tiles (NF4: 8, its PRMT dequantization leaves time for deeper batches), else 4.
+  constexpr int kU4 = Format::kU4, kLoads = NT >= 4 ? 2 : NT == 1 && RT == 2 ? Format::kLoadsM8 : 4;
   constexpr int kBatch = kLoads / (kU4 * RT) > 0 ? kLoads / (kU4 * RT) : 1;
   using Meta = typename Format::Meta;
   extern __shared__ float red[];

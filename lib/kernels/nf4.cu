@@ -47,6 +47,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // memory). Meta = the absmax of rows g and g + 8 for the lane's block.
 struct Nf4Format {
   static constexpr int kU4 = 1;
+  static constexpr int kLoadsM8 = 8;   // at M <= 8: 4 k-steps of two tiles per batch (M = 1 4096x14336: 1.93x -> 2.07x)
   using Meta = float2;
   using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
   uint32_t lo[4], hi[4];
