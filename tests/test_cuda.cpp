@@ -744,11 +744,11 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
 }
 
 // The kernel with x in shared memory (kernels/a16_shared_x.cuh): every work split it can be given
-// (1, 2 or 4 row tiles per warp, 4, 8 or 16 warps per CTA, 1, 3 or 16 K slices) against the reference
-// GEMM, at M = 9 .. 128 (8 to 128 staged x rows, rows past M zero). N = 1000: 63 tiles, so the last
-// CTA's warps partly lie past N; K = 2000: the last chunk partial and its last k-step a quarter full;
-// per-channel fp32 scales and act-order groups of 80 (f16 scales). Then the split-K sum twice (same
-// bytes), fp32 output with beta, and M past 128 refused.
+// (4, 8 or 16 warps per CTA, 1, 3 or 16 K slices) against the reference GEMM, at M = 9 .. 128 (16
+// to 128 staged x rows, rows past M zero). N = 1000: 63 tiles, so the last CTA's warps partly lie
+// past N; K = 2000: the last chunk partial and its last k-step a quarter full; per-channel scales
+// and act-order groups of 80. Then a 16-slice split four times (same bytes), fp32 output with beta,
+// and M past 128 refused.
 TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, its split-K sum is deterministic, M > 128 refused") {
   PTQ_REQUIRE_GPU();
   const int64_t N = 1000, K = 2000;
@@ -767,26 +767,23 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
       ref_gemm_gptq(x.data(), M, pk, true, yr.data());
       cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
       cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
-      for (int rt : {1, 2, 4})
-        for (int warps : {4, 8, 16})   // 16: where the kernel is compiled for 512 threads, else the planner takes 8
-          for (int slices : {1, 3, 16}) {
-            const int nt = M <= 16 ? 2 : M <= 32 ? 4 : M <= 64 ? 8 : 16;
-            if ((rt == 2 && nt > 8) || (rt == 4 && nt > 4)) continue;   // no such instantiation (registers)
-            cuda::set_a16_split({rt, slices, warps});
-            L->gemm(dx.get(), M, dy.get(), cuda::A16Path::shared_x);
-            cuda::set_a16_split({});
-            cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
-            const double rel = rel_error_f16(yh, yr);
-            INFO("g" << gs << " M=" << M << " rt=" << rt << " warps=" << warps << " slices=" << slices << ": relative error " << rel);
-            CHECK(rel <= 2e-3);
-          }
+      for (int warps : {4, 8, 16})   // 16: where the kernel is compiled for 512 threads (M <= 64), else the planner takes 8
+        for (int slices : {1, 3, 16}) {
+          cuda::set_a16_split({0, slices, warps});
+          L->gemm(dx.get(), M, dy.get(), cuda::A16Path::shared_x);
+          cuda::set_a16_split({});
+          cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
+          const double rel = rel_error_f16(yh, yr);
+          INFO("g" << gs << " M=" << M << " warps=" << warps << " slices=" << slices << ": relative error " << rel);
+          CHECK(rel <= 2e-3);
+        }
     }
   }
   // Split-K: the partials summed in slice order by whichever CTA arrives last: the same bytes every time.
   const QuantizedLinear q = random_q(4, 4096, 4096, 128, true, false, 94);
   const GptqPacked pk = pack_gptq(q, true);
   auto L = cuda::W4A16Linear::from_gptq(pk, true);
-  cuda::set_a16_split({2, 16, 4});
+  cuda::set_a16_split({0, 16, 4});
   check_repeat_and_beta(*L, pk, 64, 4096, cuda::A16Path::shared_x, 6);
   cuda::set_a16_split({});
   cuda::DeviceBuffer<uint16_t> dx(size_t(129 * 4096), "x"), dy(size_t(129 * 4096), "y");

@@ -24,10 +24,9 @@ constexpr const char* a16_path_name(A16Path p) {
   return p == A16Path::mma ? "mma" : p == A16Path::shared_x ? "shared_x" : p == A16Path::dequant ? "dequant" : "automatic";
 }
 
-// The tensor-core kernels' work split: rt row tiles of 16 per warp (mma: 1 or 2, 2 up to M = 32;
-// shared_x: 1, 2 or 4 as registers allow), slices K slices (mma: warps of one CTA; shared_x: CTAs
-// summed by the last to arrive), warps row warps per CTA (shared_x only: 4 or 8). 0 = the
-// planner's choice. Forcing it is for sweeps (`bench kernels`, PTQKIT_A16_SWEEP) and tests;
+// The tensor-core kernels' work split: rt row tiles of 16 per warp (mma only: 1 or 2, 2 up to
+// M = 32), slices K slices (mma: warps of one CTA; shared_x: CTAs summed by the last to arrive),
+// warps row warps per CTA (shared_x only: 4, 8, or 16 up to M = 64). 0 = the planner's choice. Forcing it is for sweeps (`bench kernels`, PTQKIT_A16_SWEEP) and tests;
 // process-wide, not thread-safe.
 struct A16Split {
   int rt = 0, slices = 0, warps = 0;

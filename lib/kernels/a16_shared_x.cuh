@@ -15,9 +15,9 @@
 // few warps per SM, the latency of global loads must hide behind the warp's own math). Each warp
 // reads its x fragments from there (rows padded by 16 bytes: the 16-byte reads of 8 lanes hit
 // distinct banks), and issues its MMAs interleaved over accumulators (k_step's kInterleave).
-// Scales: applied in f16 to the dequantized weights, whatever the groups (see shared_x_kernel_of).
-// Work. Grid = (row-tile groups of WR warps x RT tiles, Sk K slices); plan_shared_x picks WR = 8,
-// RT = 1 and the fewest Sk that give 3/4 of the SMs a CTA. With Sk = 1 the warps write y directly;
+// Scales: applied in f16 to the dequantized weights, whatever the groups (see the kernel).
+// Work. Grid = (row-tile groups of WR warps, one 16-row tile each, Sk K slices); plan_shared_x
+// picks WR = 8 and the fewest Sk that give 3/4 of the SMs a CTA. With Sk = 1 the warps write y directly;
 // else each CTA writes its fp32 partial [M, its rows] to a workspace [Sk][M][N], and the CTA that
 // arrives last at its row group (an arrival counter per group, reset by that CTA) sums the Sk
 // partials in slice order and writes y: deterministic, whatever order the CTAs finish in.
@@ -26,8 +26,6 @@
 // kernel reaches ~29% tensor-pipe activity (ncu, 14336 x 4096, M = 64): one CTA of 8 warps per
 // SM stalls on the dependent integer/f16 work of the dequantization (docs/benchmarks.md).
 #pragma once
-#include <set>
-
 #include "kernels/a16_mma.cuh"
 
 namespace ptq::cuda::a16 {
@@ -38,16 +36,22 @@ __host__ __device__ constexpr int chunk_steps(int nt, int rt, int u4) {
   const int b = 4 / (u4 * rt) > 0 ? 4 / (u4 * rt) : 1, cap = 16 / nt > 0 ? 16 / nt : 1;
   return b < cap ? b : cap;
 }
-constexpr size_t shared_x_bytes(int nt, int rt, int u4) { return size_t(3) * 8 * nt * (64 * chunk_steps(nt, rt, u4) + 8) * 2; }
+constexpr size_t shared_x_bytes(int nt, int u4) { return size_t(3) * 8 * nt * (64 * chunk_steps(nt, 1, u4) + 8) * 2; }
 
-// Threads per CTA the kernel is compiled for: 16 warps where its registers fit in 128 (one row
-// tile per warp up to NT = 8, or NT = 2 with two), else 8.
-constexpr int shared_x_max_threads(int nt, int rt) { return (rt == 1 && nt <= 8) || (nt == 2 && rt == 2) ? 512 : 256; }
+// Threads per CTA the kernel is compiled for: 16 warps where its registers fit in 128 (up to
+// NT = 8), else 8.
+constexpr int shared_x_max_threads(int nt) { return nt <= 8 ? 512 : 256; }
 
-template <int NT, int RT, bool kStepScale, class Format>
-__global__ void __launch_bounds__(shared_x_max_threads(NT, RT))
+template <int NT, class Format>
+__global__ void __launch_bounds__(shared_x_max_threads(NT))
     shared_x_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                     float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
+  // One row tile per warp (two or four measured slower: registers, docs/benchmarks.md); weights
+  // scaled in f16 as they are dequantized, whatever the groups: the fp32 per-k-step partials would
+  // double the accumulators. That is the rounding of an f16 dequantized matrix ((q - z) s in f16,
+  // 2^-11 relative), the same as the dequantize + cuBLAS path above 64 rows.
+  constexpr int RT = 1;
+  constexpr bool kStepScale = false;
   constexpr int kU4 = Format::kU4, kC = chunk_steps(NT, RT, kU4), kRows = 8 * NT, kStride = 64 * kC + 8, kStages = 3;
   using Meta = typename Format::Meta;
   extern __shared__ __align__(16) __half xs[];   // [kStages][kRows][kStride]
@@ -200,25 +204,14 @@ template <class Format>
 using SharedXKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int);
 
 constexpr int shared_x_nt(int64_t M) { return M <= 16 ? 2 : M <= 32 ? 4 : M <= 64 ? 8 : 16; }
-// Row tiles per warp an instantiation exists for: RT x NT x 4 accumulators <= 64 registers.
-constexpr bool shared_x_has(int nt, int rt) { return rt == 1 || (rt == 2 && nt <= 8) || (rt == 4 && nt <= 4); }
 
-// The weights are scaled in f16 as they are dequantized (kStepScale = false, whatever the groups):
-// the fp32 per-k-step partials would double the accumulator registers, which these tiles cannot
-// spare. That is the rounding of an f16 dequantized matrix ((q - z) s in f16, 2^-11 relative), the
-// same as the dequantize + cuBLAS path this kernel replaces for M <= 128.
 template <class Format>
-SharedXKernel<Format> shared_x_kernel_of(int nt, int rt) {
-  switch (nt * 8 + rt) {
-    case 2 * 8 + 1: return shared_x_kernel<2, 1, false, Format>;
-    case 2 * 8 + 2: return shared_x_kernel<2, 2, false, Format>;
-    case 2 * 8 + 4: return shared_x_kernel<2, 4, false, Format>;
-    case 4 * 8 + 1: return shared_x_kernel<4, 1, false, Format>;
-    case 4 * 8 + 2: return shared_x_kernel<4, 2, false, Format>;
-    case 4 * 8 + 4: return shared_x_kernel<4, 4, false, Format>;
-    case 8 * 8 + 1: return shared_x_kernel<8, 1, false, Format>;
-    case 8 * 8 + 2: return shared_x_kernel<8, 2, false, Format>;
-    default: return shared_x_kernel<16, 1, false, Format>;
+SharedXKernel<Format> shared_x_kernel_of(int nt) {
+  switch (nt) {
+    case 2: return shared_x_kernel<2, Format>;
+    case 4: return shared_x_kernel<4, Format>;
+    case 8: return shared_x_kernel<8, Format>;
+    default: return shared_x_kernel<16, Format>;
   }
 }
 
@@ -235,49 +228,42 @@ inline int* arrival_counters(int64_t n) {
 }
 
 struct SharedXPlan {
-  int rt, warps, slices, groups, sps;
+  int warps, slices, groups, sps;
 };
-// The split: WR warps of RT row tiles per CTA, Sk K slices. Measured (docs/benchmarks.md): one CTA
-// of 8 warps per SM, each warp one row tile, does best: more x reuse per staged chunk than 4 warps,
-// fewer registers than 2 tiles per warp, and split-K only as far as needed to give every SM a CTA
-// (its partials cost L2 traffic and a reduction). So: the fewest slices (powers of two) with CTAs
-// for at least 3/4 of the SMs (4096 rows: 32 groups x 4 slices = 128 CTAs beat 256 at M = 32 and
-// 64). A forced split (g_split) overrides any part.
+// The split: WR warps per CTA, Sk K slices. Measured (docs/benchmarks.md): one CTA of 8 warps per
+// SM does best: more x reuse per staged chunk than 4 warps, the same as 16 with half the slices;
+// and split-K only as far as needed to give the SMs a CTA (its partials cost L2 traffic and a
+// reduction). So: the fewest slices (powers of two) with CTAs for at least 3/4 of the SMs (4096
+// rows: 32 groups x 4 slices = 128 CTAs beat 256 at M = 32 and 64). A forced split (g_split:
+// slices, warps) overrides either.
 inline SharedXPlan plan_shared_x(int64_t N, int64_t K, int64_t M) {
-  const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = shared_x_nt(M), sms = sm_count();
-  int rt = g_split.rt ? g_split.rt : 1;
-  if (!shared_x_has(nt, rt)) rt = 1;
-  int wr = g_split.warps ? g_split.warps : 8;
-  if (32 * wr > shared_x_max_threads(nt, rt)) wr = shared_x_max_threads(nt, rt) / 32;
-  const int groups = (tiles + wr * rt - 1) / (wr * rt);
+  const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), sms = sm_count();
+  const int wr = std::min(g_split.warps ? g_split.warps : 8, shared_x_max_threads(shared_x_nt(M)) / 32), groups = (tiles + wr - 1) / wr;
   int S = 1;
   while (4 * int64_t(groups) * S < 3 * sms && 2 * S <= std::min(kMaxSlices, KS)) S *= 2;
   if (g_split.slices) S = std::max(1, std::min(g_split.slices, KS));
   const int sps = (KS + S - 1) / S;
-  return {rt, wr, (KS + sps - 1) / sps, groups, sps};   // no empty slice
+  return {wr, (KS + sps - 1) / sps, groups, sps};   // no empty slice
 }
 
 template <class Format>
 void run_shared_x(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
                   int64_t K) {
   const int nt = shared_x_nt(M);
+  const auto kern = shared_x_kernel_of<Format>(nt);
+  const size_t smem = shared_x_bytes(nt, Format::kU4);
   static std::mutex mu;
-  // Each kernel is allowed its shared memory (over the 48 KB default) once, before any occupancy query or launch.
-  auto kern = [&](int rt) {
-    static std::set<const void*> ready;
-    const void* k = reinterpret_cast<const void*>(shared_x_kernel_of<Format>(nt, rt));
-    if (ready.insert(k).second)
-      PTQ_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_x_bytes(nt, rt, Format::kU4))));
-    return k;
-  };
-  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int>, SharedXPlan> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int>, SharedXPlan> plans;
   SharedXPlan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1), N, K, g_split.rt, g_split.slices, g_split.warps);   // kern(1): format and n8 tiles
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kern), N, K, g_split.slices, g_split.warps);   // kern: format and n8 tiles
     auto it = plans.find(key);
-    p = it != plans.end() ? it->second : (plans[key] = plan_shared_x(N, K, M));
-    kern(p.rt);
+    if (it == plans.end()) {   // first call of this kernel and shape: its shared memory (over the 48 KB default) allowed once
+      PTQ_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(kern), cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      it = plans.emplace(key, plan_shared_x(N, K, M)).first;
+    }
+    p = it->second;
   }
   DeviceBuffer<float> part;
   int* arrivals = nullptr;
@@ -285,9 +271,8 @@ void run_shared_x(const Format& fmt, const uint4* W, const __half* x, __half* yh
     part = DeviceBuffer<float>(size_t(p.slices * M * N), "A16 split-K partial sums");
     arrivals = arrival_counters(p.groups);
   }
-  const dim3 grid(unsigned(p.groups), unsigned(p.slices));
-  shared_x_kernel_of<Format>(nt, p.rt)<<<grid, unsigned(32 * p.warps), shared_x_bytes(nt, p.rt, Format::kU4)>>>(
-      fmt, W, x, yh, yf, beta, part.get(), arrivals, int(M), int(N), int(K), p.sps);
+  kern<<<dim3(unsigned(p.groups), unsigned(p.slices)), unsigned(32 * p.warps), smem>>>(fmt, W, x, yh, yf, beta, part.get(), arrivals, int(M), int(N),
+                                                                                      int(K), p.sps);
   PTQ_CUDA_LAUNCH("a16 shared_x_kernel");
 }
 
