@@ -239,6 +239,9 @@ TEST_CASE("a GPTQ checkpoint built by hand (as another tool writes it) is read b
   ts.push_back({"m.qzeros", raw(DType::I32, {1, 1}, qzeros.data())});
   ts.push_back({"m.scales", tensor_from_f32(sc.data(), {1, 8}, DType::F16)});
   ts.push_back({"m.g_idx", raw(DType::I32, {8}, g_idx.data())});
+  std::vector<float> emb(5 * 3);   // a float tensor beside them: row r = (r, r + 0.5, -r), exact in f16
+  for (int r = 0; r < 5; ++r) emb[size_t(r * 3)] = float(r), emb[size_t(r * 3 + 1)] = float(r) + 0.5f, emb[size_t(r * 3 + 2)] = -float(r);
+  ts.push_back({"model.embed_tokens.weight", tensor_from_f32(emb.data(), {5, 3}, DType::F16)});
   write_safetensors(d / "model.safetensors", ts);
   auto src = packed_source(d.path.string(), {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 8}, {"sym", true}});
   CHECK(src->shape("m.weight") == Shape{8, 8});
@@ -246,6 +249,16 @@ TEST_CASE("a GPTQ checkpoint built by hand (as another tool writes it) is read b
   src->read_f32("m.weight", W.data());
   for (int o = 0; o < 8; ++o)
     for (int i = 0; i < 8; ++i) CHECK(W[size_t(o * 8 + i)] == 0.25f * float((i + o) % 16 - 8));
+  // Row gathers: the float tensor straight from the file, the packed one through its dequantization.
+  std::vector<float> rows(9), wrows(16);
+  src->read_rows_f32("model.embed_tokens.weight", {4, 0, 4}, rows.data());
+  CHECK(rows == std::vector<float>{4, 4.5f, -4, 0, 0.5f, 0, 4, 4.5f, -4});
+  src->read_rows_f32("m.weight", {7, 2}, wrows.data());
+  for (int i = 0; i < 8; ++i) {
+    CHECK(wrows[size_t(i)] == 0.25f * float((i + 7) % 16 - 8));
+    CHECK(wrows[size_t(8 + i)] == 0.25f * float((i + 2) % 16 - 8));
+  }
+  CHECK_THROWS_AS(src->read_rows_f32("model.embed_tokens.weight", {5}, rows.data()), Error);
 }
 
 TEST_CASE("formats refuse what they cannot hold, before calibration") {

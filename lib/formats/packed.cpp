@@ -183,10 +183,14 @@ QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym) {
   q.groups = p.groups;
   const int64_t nw = p.cols * p.bits / 32, zw = p.rows * p.bits / 32;
   q.codes.resize(size_t(p.rows * p.cols));
-  std::vector<uint32_t> words(static_cast<size_t>(nw + 1));
-  for (int64_t r = 0; r < p.rows; ++r) {
-    for (int64_t w = 0; w < nw; ++w) words[size_t(w)] = uint32_t(p.qweight[size_t(w * p.rows + r)]);
-    for (int64_t c = 0; c < p.cols; ++c) q.codes[size_t(r * p.cols + c)] = uint8_t(unpack_bit(words.data(), c, p.bits));
+#pragma omp parallel if (p.rows * p.cols > (int64_t(1) << 20))
+  {
+    std::vector<uint32_t> words(static_cast<size_t>(nw + 1));   // one row's words, this thread's
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      for (int64_t w = 0; w < nw; ++w) words[size_t(w)] = uint32_t(p.qweight[size_t(w * p.rows + r)]);
+      for (int64_t c = 0; c < p.cols; ++c) q.codes[size_t(r * p.cols + c)] = uint8_t(unpack_bit(words.data(), c, p.bits));
+    }
   }
   const uint32_t mask = (1u << p.bits) - 1;
   q.zeros.resize(size_t(p.groups * p.rows));
@@ -571,6 +575,11 @@ class PackedSource final : public WeightSource {
   }
   void read_f32(const std::string& n, float* out) const override {
     json_guard(file_of(n), [&] { read_f32_impl(n, out); });
+  }
+  // Float tensors (the embedding) row by row from the file; quantized ones through read_f32.
+  void read_rows_f32(const std::string& n, const std::vector<int32_t>& rows, float* out) const override {
+    if (kind(n) == Float) ptq::read_rows_f32(ck_, n, rows, out);
+    else WeightSource::read_rows_f32(n, rows, out);
   }
   Shape shape_impl(const std::string& n) const {
     const std::string m = ends_with(n, ".weight") ? module_of(n) : n;

@@ -130,7 +130,9 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   if (int64_t(t.packed.size()) != n / 2) fail(Errc::usage, "", "packed", "holds " + std::to_string(t.packed.size()) + " bytes, expected " + std::to_string(n / 2));
   const int64_t tiles = (out + 15) / 16, KS = (in + 63) / 64;
   std::vector<uint32_t> W(static_cast<size_t>(tiles * KS * 32 * 4), 0);
-  for (int64_t r = 0; r < out; ++r)
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 20))   // a tile's words are its own
+  for (int64_t tile = 0; tile < tiles; ++tile)
+  for (int64_t r = 16 * tile; r < std::min(out, 16 * tile + 16); ++r)
     for (int64_t k = 0; k < in; ++k) {
       const int64_t e = r * in + k;
       const uint32_t code = e % 2 ? t.packed[size_t(e / 2)] & 15u : t.packed[size_t(e / 2)] >> 4;   // the first element in the high nibble

@@ -27,6 +27,10 @@ class WeightSource {
   virtual bool read_int8(const std::string& module, MatI* q, VecF* scale) const { return false; }
 };
 
+// Rows `rows` of the float (f32/f16/bf16) 2-D tensor n of ck, converted to fp32 row by row (no
+// copy of the whole tensor): the embedding gather of every forward chunk.
+void read_rows_f32(const Checkpoint& ck, const std::string& n, const std::vector<int32_t>& rows, float* out);
+
 // A float (f32/f16/bf16) safetensors checkpoint.
 class SafetensorsSource final : public WeightSource {
  public:
