@@ -317,19 +317,35 @@ const GgufFile::TensorInfo* GgufFile::find(const std::string& name) const {
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
+namespace {
+// Elements [first, first + n) of t, dequantized (first and n multiples of the block for Q4_0 / Q8_0).
+void decode(const GgufFile::TensorInfo& t, int64_t first, int64_t n, float* out) {
+  switch (t.type) {
+    case GgmlType::F32: std::memcpy(out, reinterpret_cast<const float*>(t.data) + first, size_t(n) * 4); break;
+    case GgmlType::F16: convert_to_f32(DType::F16, t.data + size_t(first) * 2, out, size_t(n)); break;
+    case GgmlType::Q4_0:
+      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q4_0(reinterpret_cast<const BlockQ4_0*>(t.data)[first / kQK + b], out + b * kQK);
+      break;
+    case GgmlType::Q8_0:
+      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q8_0(reinterpret_cast<const BlockQ8_0*>(t.data)[first / kQK + b], out + b * kQK);
+      break;
+  }
+}
+}  // namespace
+
 void GgufFile::read_f32(const TensorInfo& t, float* out) const {
   int64_t n = 1;
   for (auto d : t.ne) n *= d;
-  switch (t.type) {
-    case GgmlType::F32: std::memcpy(out, t.data, size_t(n) * 4); break;
-    case GgmlType::F16: convert_to_f32(DType::F16, t.data, out, size_t(n)); break;
-    case GgmlType::Q4_0:
-      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q4_0(reinterpret_cast<const BlockQ4_0*>(t.data)[b], out + b * kQK);
-      break;
-    case GgmlType::Q8_0:
-      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q8_0(reinterpret_cast<const BlockQ8_0*>(t.data)[b], out + b * kQK);
-      break;
-  }
+  decode(t, 0, n, out);
+}
+
+void GgufFile::read_rows_f32(const TensorInfo& t, const std::vector<int32_t>& rows, float* out) const {
+  if (t.ne.size() != 2) fail(Errc::format, path(), t.name, "rows read from a tensor that is not 2-D");
+  const int64_t cols = t.ne[0];   // a row holds whole blocks: ne0 is a multiple of the block for the quantized types
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0 || rows[i] >= t.ne[1]) fail(Errc::input, path(), t.name, "row " + std::to_string(rows[i]) + " outside [0, " + std::to_string(t.ne[1]) + ")");
+#pragma omp parallel for schedule(static) if (rows.size() > 1024)
+  for (int64_t i = 0; i < int64_t(rows.size()); ++i) decode(t, int64_t(rows[size_t(i)]) * cols, cols, out + i * cols);
 }
 
 json gguf_config_json(const GgufFile& f) {
@@ -386,6 +402,11 @@ class GgufSource final : public WeightSource {
     std::vector<float> g(static_cast<size_t>(rows * cols));
     f_.read_f32(t, g.data());
     for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * cols, &g[size_t(gguf_permuted_row(r, hd_) * cols)], size_t(cols) * 4);
+  }
+  void read_rows_f32(const std::string& n, const std::vector<int32_t>& rows, float* out) const override {
+    const bool perm = n.find("q_proj") != std::string::npos || n.find("k_proj") != std::string::npos;
+    if (perm) return WeightSource::read_rows_f32(n, rows, out);   // rows stored in llama.cpp's rotary order
+    f_.read_rows_f32(info(n), rows, out);
   }
  private:
   GgufFile f_;

@@ -42,6 +42,8 @@ class GgufFile {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find(const std::string& name) const;
   void read_f32(const TensorInfo& t, float* out) const;      // dequantized, row-major [ne1, ne0]
+  // Rows `rows` of a 2-D tensor, dequantized (the embedding gather: no decode of the whole table).
+  void read_rows_f32(const TensorInfo& t, const std::vector<int32_t>& rows, float* out) const;
  private:
   MappedFile map_;
   nlohmann::json meta_;
