@@ -9,6 +9,7 @@
 #include "formats/fake.h"
 #include "formats/pack.h"
 #include "model/tokenizer.h"
+#include "model/weights.h"
 
 #include <unistd.h>
 
@@ -342,8 +343,7 @@ void GgufFile::read_f32(const TensorInfo& t, float* out) const {
 void GgufFile::read_rows_f32(const TensorInfo& t, const std::vector<int32_t>& rows, float* out) const {
   if (t.ne.size() != 2) fail(Errc::format, path(), t.name, "rows read from a tensor that is not 2-D");
   const int64_t cols = t.ne[0];   // a row holds whole blocks: ne0 is a multiple of the block for the quantized types
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i] < 0 || rows[i] >= t.ne[1]) fail(Errc::input, path(), t.name, "row " + std::to_string(rows[i]) + " outside [0, " + std::to_string(t.ne[1]) + ")");
+  check_rows(rows, t.ne[1], path(), t.name);
 #pragma omp parallel for schedule(static) if (rows.size() > 1024)
   for (int64_t i = 0; i < int64_t(rows.size()); ++i) decode(t, int64_t(rows[size_t(i)]) * cols, cols, out + i * cols);
 }

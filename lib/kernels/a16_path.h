@@ -16,9 +16,9 @@ enum class A16Path { automatic, mma, shared_x, dequant };
 // on a 4096 x 4096 layer it needs 4 K slices to fill the GPU and loses back to back; at 17..32
 // rows it wins only on some shapes; above 64 rows the dequantized weights through cuBLAS are as
 // fast.
-constexpr int64_t kA16TensorCoreMaxM = 64, kA16SharedXMaxM = 128;   // automatic / what a forced shared_x takes
+constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128;   // what a forced mma / shared_x takes; automatic: tensor cores up to 64
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K) {
-  return M > kA16TensorCoreMaxM ? A16Path::dequant : M >= 33 && N * K > int64_t(4096) * 4096 ? A16Path::shared_x : A16Path::mma;
+  return M > kA16MmaMaxM ? A16Path::dequant : M >= 33 && N * K > int64_t(4096) * 4096 ? A16Path::shared_x : A16Path::mma;
 }
 constexpr const char* a16_path_name(A16Path p) {
   return p == A16Path::mma ? "mma" : p == A16Path::shared_x ? "shared_x" : p == A16Path::dequant ? "dequant" : "automatic";

@@ -72,14 +72,13 @@ __global__ void __launch_bounds__(shared_x_max_threads(NT))
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = acc[r][t][2] = acc[r][t][3] = 0.0f;
 
-  // Chunk i (k-steps s0 + kC i ..) of x rows 0 .. 8 NT - 1 into buffer i % 2, 16 bytes per copy.
   // x rows past M stay zero in every buffer (written once here, never staged; the first barrier
   // below orders these stores before any read).
   for (int o = threadIdx.x; o < kStages * (kRows - M) * (kStride / 8); o += blockDim.x) {
     const int st = o / ((kRows - M) * (kStride / 8)), rest = o % ((kRows - M) * (kStride / 8));
     reinterpret_cast<uint4*>(xs + (st * kRows + M + rest / (kStride / 8)) * kStride)[rest % (kStride / 8)] = make_uint4(0, 0, 0, 0);
   }
-  // Staging: a thread copies the same 16-byte piece (column 8 piece of the chunk) of rows r0,
+  // Staging chunk i (k-steps s0 + kC i ..) into buffer i % kStages: a thread copies the same 16-byte piece (column 8 piece of the chunk) of rows r0,
   // r0 + rstep, ... < M of every chunk (blockDim is a multiple of the 8 kC pieces of a row).
   constexpr int kPieces = 8 * kC;
   const int piece = threadIdx.x % kPieces, r0 = threadIdx.x / kPieces, rstep = blockDim.x / kPieces;

@@ -87,7 +87,7 @@ int rotation(size_t bytes) { return int(std::max<size_t>(2, ((size_t(256) << 20)
 
 void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs, const std::vector<std::string>& kernels) {
   auto wanted = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
-  // PTQKIT_A16_SWEEP="rt:slices,...": each A16 call is also timed with those forced splits (rows labelled rRsS).
+  // PTQKIT_A16_SWEEP="rt:slices[:warps],...": each A16 call is also timed with those forced splits (rows labelled rRsSwW).
   std::vector<A16Split> sweep{{}};
   if (const char* e = std::getenv("PTQKIT_A16_SWEEP"))
     for (const char* q = e; *q;) {
@@ -167,7 +167,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       const double cub = median_us(runs, flush.get(), flush_bytes, [&] { cublas(0); });
       const double cub_s = stream_us(runs, Rf, cublas);
       for (A16Path forced : paths) {
-        if ((forced == A16Path::mma && M > 64) || (forced == A16Path::shared_x && M > kA16SharedXMaxM)) continue;
+        if ((forced == A16Path::mma && M > kA16MmaMaxM) || (forced == A16Path::shared_x && M > kA16SharedXMaxM)) continue;
         const A16Path path = forced != A16Path::automatic ? forced : kind ? L[0]->path_for(M) : F[0]->path_for(M);
         auto ours_call = [&](int i) {
           if (kind) L[size_t(i)]->gemm(x.get(), M, y.get(), path);

@@ -178,7 +178,7 @@ void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16
     a16::run_tensor_cores(path, m.format(), m.B % 64 == 0, cw, xh, f32 ? nullptr : static_cast<__half*>(y), f32 ? static_cast<float*>(y) : nullptr, beta, M, m.N, m.K);
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 128)");
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 64)");
   a16::run_dequant(m.format(), cw, wf.get(), m.N, m.K);
   const float one = 1.0f, b = f32 ? beta : 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xh,

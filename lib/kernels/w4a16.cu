@@ -226,7 +226,7 @@ void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A
     else a16::run_tensor_cores(path, GptqFormat<8>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 128)");
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 64)");
   if (m.bits == 4) a16::run_dequant(GptqFormat<4>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
   else a16::run_dequant(GptqFormat<8>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
   const float one = 1.0f, b = f32 ? beta : 0.0f;

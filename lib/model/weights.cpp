@@ -23,12 +23,16 @@ TensorView float_tensor(const Checkpoint& ck, const std::string& n) {
 }
 }  // namespace
 
+void check_rows(const std::vector<int32_t>& rows, int64_t count, const std::string& file, const std::string& n) {
+  for (int32_t r : rows)
+    if (r < 0 || r >= count) fail(Errc::input, file, n, "row " + std::to_string(r) + " outside [0, " + std::to_string(count) + ")");
+}
+
 void read_rows_f32(const Checkpoint& ck, const std::string& n, const std::vector<int32_t>& rows, float* out) {
   const TensorView t = float_tensor(ck, n);
   if (t.shape.size() != 2) fail(Errc::format, ck.file_of(n), n, "rows read from a tensor that is not 2-D");
   const size_t cols = size_t(t.shape[1]), es = dtype_size(t.dtype);
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i] < 0 || rows[i] >= t.shape[0]) fail(Errc::input, ck.file_of(n), n, "row " + std::to_string(rows[i]) + " outside [0, " + std::to_string(t.shape[0]) + ")");
+  check_rows(rows, t.shape[0], ck.file_of(n), n);
 #pragma omp parallel for schedule(static) if (rows.size() > 1024)
   for (int64_t i = 0; i < int64_t(rows.size()); ++i) convert_to_f32(t.dtype, t.data + size_t(rows[size_t(i)]) * cols * es, out + size_t(i) * cols, cols);
 }

@@ -30,6 +30,8 @@ class WeightSource {
 // Rows `rows` of the float (f32/f16/bf16) 2-D tensor n of ck, converted to fp32 row by row (no
 // copy of the whole tensor): the embedding gather of every forward chunk.
 void read_rows_f32(const Checkpoint& ck, const std::string& n, const std::vector<int32_t>& rows, float* out);
+// Errc::input naming file and tensor n unless every row index lies in [0, count).
+void check_rows(const std::vector<int32_t>& rows, int64_t count, const std::string& file, const std::string& n);
 
 // A float (f32/f16/bf16) safetensors checkpoint.
 class SafetensorsSource final : public WeightSource {
