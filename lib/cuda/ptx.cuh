@@ -1,6 +1,7 @@
 // ptx.cuh — the inline-PTX wrappers the kernels share (sm_80 and up): shared-memory addresses,
-// cp.async copies, and the f16 m16n8k16 tensor-core MMA. One definition each, so the kernels that
-// stage tiles (attention_cuda.cu, kernels/a16_*.cuh, kernels/w8a8.cu) agree on them.
+// cp.async copies, and the f16 m16n8k16 tensor-core MMA; and for the sm_90a kernels (w8a8.cu,
+// a16_wgmma.cu) the wgmma fences and the shared-memory matrix descriptor. One definition each, so
+// the kernels that stage tiles (attention_cuda.cu, kernels/a16_*, kernels/w8a8.cu) agree on them.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,6 +15,13 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cas
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
+// 4 or 8 bytes global -> shared through L1 (cp.async.cg takes 16 only); 4: bytes = 0 writes zeros.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
@@ -26,6 +34,23 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float* c, const uint32_t* a, ui
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared-memory writes of the generic proxy (st.shared, cp.async) made visible to the async proxy
+// that wgmma and the bulk copies read through.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// sm_90a only (wgmma): a shared-memory matrix descriptor for a K-major tile in the 128-byte swizzle
+// (rows of 128 bytes, 8-row groups 1024 bytes apart, the tile 1024-byte aligned; advancing the
+// start by 32 bytes steps K by 32 bytes), and the fences of the asynchronous wgmma.
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 }  // namespace ptq::cuda::ptx

@@ -7,22 +7,28 @@ namespace ptq::cuda {
 // automatic picks by shape (a16_auto_path): the tensor-core kernel with x read through L1/L2
 // (kernels/a16_mma.cuh, `mma`) for small M, the one with x staged in shared memory
 // (kernels/a16_shared_x.cuh, `shared_x`) for 33..64 rows of a layer larger than 4096 x 4096,
-// dequantize to f16 + cuBLAS above 64 rows. The others force one (benchmarks, tests); mma
-// refuses M > 64 and shared_x M > 128 (Errc::usage).
-enum class A16Path { automatic, mma, shared_x, dequant };
+// the Hopper wgmma kernel (kernels/a16_wgmma.cu, `wgmma`) for 65..256 rows on an sm_90 GPU,
+// dequantize to f16 + cuBLAS above (or without sm_90). The others force one (benchmarks, tests);
+// mma refuses M > 64, shared_x M > 128, wgmma M > 256 or a GPU other than sm_90 (Errc::usage).
+enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 
-// Crossovers measured on the H100 (docs/benchmarks.md, "x staged in shared memory"): at 33..64
-// rows shared_x wins on the Llama MLP shapes (W4 M = 64: 0.63-0.71x -> 0.93-1.07x cuBLAS f16);
-// on a 4096 x 4096 layer it needs 4 K slices to fill the GPU and loses back to back; at 17..32
-// rows it wins only on some shapes; above 64 rows the dequantized weights through cuBLAS are as
-// fast.
-constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128;   // what a forced mma / shared_x takes; automatic: tensor cores up to 64
-constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K) {
-  return M > kA16MmaMaxM ? A16Path::dequant : M >= 33 && N * K > int64_t(4096) * 4096 ? A16Path::shared_x : A16Path::mma;
+// Crossovers measured on the H100 (docs/benchmarks.md, "A wgmma kernel for 33..256 rows"): the
+// wgmma kernel beats every other path at 33..128 rows (W4 M = 64: 1.04-1.57x cuBLAS f16 against
+// shared_x's 0.93-1.13x; M = 128: 0.79-1.22x against dequantize + cuBLAS's 0.52-0.68x) and at
+// 129..256 rows on layers larger than 4096 x 4096 (its K slices then fill the GPU without a
+// second wave); elsewhere (or without sm_90): x staged in shared memory for 33..64 rows of a layer
+// larger than 4096 x 4096, the L2-fed kernel below, dequantize + cuBLAS above 64 rows.
+constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
+constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, bool wgmma) {
+  const bool big = N * K > int64_t(4096) * 4096;
+  if (wgmma && M >= 33 && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
+  return M > kA16MmaMaxM ? A16Path::dequant : M >= 33 && big ? A16Path::shared_x : A16Path::mma;
 }
 constexpr const char* a16_path_name(A16Path p) {
-  return p == A16Path::mma ? "mma" : p == A16Path::shared_x ? "shared_x" : p == A16Path::dequant ? "dequant" : "automatic";
+  return p == A16Path::mma ? "mma" : p == A16Path::shared_x ? "shared_x" : p == A16Path::dequant ? "dequant" : p == A16Path::wgmma ? "wgmma" : "automatic";
 }
+// Whether the wgmma kernel runs here (an sm_90 GPU: H100, H200); defined in kernels/a16_wgmma.cu.
+bool a16_wgmma_supported();
 
 // The tensor-core kernels' work split: rt row tiles of 16 per warp (mma only: 1 or 2, 2 up to
 // M = 32), slices K slices (mma: warps of one CTA; shared_x: CTAs summed by the last to arrive),

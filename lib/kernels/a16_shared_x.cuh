@@ -27,6 +27,8 @@
 // SM stalls on the dependent integer/f16 work of the dequantization (docs/benchmarks.md).
 #pragma once
 #include "kernels/a16_mma.cuh"
+#include "kernels/a16_split_k.cuh"
+#include "kernels/a16_wgmma.h"
 
 namespace ptq::cuda::a16 {
 
@@ -55,7 +57,6 @@ __global__ void __launch_bounds__(shared_x_max_threads(NT))
   constexpr int kU4 = Format::kU4, kC = chunk_steps(NT, RT, kU4), kRows = 8 * NT, kStride = 64 * kC + 8, kStages = 3;
   using Meta = typename Format::Meta;
   extern __shared__ __align__(16) __half xs[];   // [kStages][kRows][kStride]
-  __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, WR = blockDim.x >> 5;
   const int g = lane >> 2, c = lane & 3, tiles = (N + 15) / 16, KS = (K + 63) / 64;
   const int tile_base = blockIdx.x * WR * RT, s0 = blockIdx.y * sps, s1 = min(KS, s0 + sps), chunks = (s1 - s0 + kC - 1) / kC;
@@ -153,50 +154,7 @@ __global__ void __launch_bounds__(shared_x_max_threads(NT))
         else if (yf) yf[i] = acc[r][t][e] + (beta != 0.0f ? beta * yf[i] : 0.0f);
         else yh[i] = __float2half_rn(acc[r][t][e]);
       }
-  if (!split) return;
-  __threadfence();   // this CTA's partial is visible device-wide before its arrival counts
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrivals + blockIdx.x, 1) == int(gridDim.y) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // The sum: 4 rows per thread and step (16-byte loads when N % 4 == 0), the Sk loads of 4 such
-  // quads issued before their adds, so one CTA's share of the reduction is a few L2 round trips.
-  const int rows = 16 * WR * RT, R0 = 16 * tile_base, Sk = int(gridDim.y), quads = rows / 4 * M;
-  const bool vec = N % 4 == 0;
-  for (int o0 = threadIdx.x; o0 < quads; o0 += 4 * blockDim.x) {
-    float4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int z = 0; z < Sk; ++z)   // slice order
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int o = o0 + u * blockDim.x, R = R0 + 4 * (o % (rows / 4)), n = o / (rows / 4);
-        if (o >= quads || R >= N) continue;
-        const float* src = part + (int64_t(z) * M + n) * N + R;   // L2, not a stale L1
-        if (vec) {
-          const float4 w = __ldcg(reinterpret_cast<const float4*>(src));
-          v[u].x += w.x, v[u].y += w.y, v[u].z += w.z, v[u].w += w.w;
-        } else {
-          v[u].x += __ldcg(src);
-          if (R + 1 < N) v[u].y += __ldcg(src + 1);
-          if (R + 2 < N) v[u].z += __ldcg(src + 2);
-          if (R + 3 < N) v[u].w += __ldcg(src + 3);
-        }
-      }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int o = o0 + u * blockDim.x, R = R0 + 4 * (o % (rows / 4)), n = o / (rows / 4);
-      if (o >= quads || R >= N) continue;
-      const float vv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-      for (int e = 0; e < 4 && R + e < N; ++e) {
-        const int64_t i = int64_t(n) * N + R + e;
-        if (yf) yf[i] = vv[e] + (beta != 0.0f ? beta * yf[i] : 0.0f);
-        else yh[i] = __float2half_rn(vv[e]);
-      }
-    }
-  }
-  if (threadIdx.x == 0) arrivals[blockIdx.x] = 0;   // ready for the next launch (stream order)
+  if (split) sum_split_k(part, arrivals, 16 * tile_base, 16 * WR * RT, M, N, yh, yf, beta);
 }
 
 template <class Format>
@@ -212,18 +170,6 @@ SharedXKernel<Format> shared_x_kernel_of(int nt) {
     case 8: return shared_x_kernel<8, Format>;
     default: return shared_x_kernel<16, Format>;
   }
-}
-
-// The arrival counters of the split-K reduction: zeroed once, each left at zero by its last CTA.
-inline int* arrival_counters(int64_t n) {
-  static std::mutex mu;
-  static DeviceBuffer<int> buf;
-  std::lock_guard<std::mutex> lock(mu);
-  if (int64_t(buf.size()) < n) {
-    buf = DeviceBuffer<int>(size_t(std::max<int64_t>(n, 4096)), "A16 split-K arrival counters");
-    PTQ_CUDA(cudaMemset(buf.get(), 0, buf.size() * sizeof(int)));
-  }
-  return buf.get();
 }
 
 struct SharedXPlan {
@@ -275,11 +221,13 @@ void run_shared_x(const Format& fmt, const uint4* W, const __half* x, __half* yh
   PTQ_CUDA_LAUNCH("a16 shared_x_kernel");
 }
 
-// The tensor-core kernel the path names: a16_mma.cuh's (x through L1/L2) or this one (x in shared memory).
+// The tensor-core kernel the path names: a16_mma.cuh's (x through L1/L2), this one (x in shared
+// memory) or a16_wgmma.cu's (Hopper).
 template <class Format>
 void run_tensor_cores(A16Path path, const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta,
                       int64_t M, int64_t N, int64_t K) {
-  if (path == A16Path::shared_x) run_shared_x(fmt, W, x, yh, yf, beta, M, N, K);
+  if (path == A16Path::wgmma) run_wgmma(fmt, W, x, yh, yf, beta, M, N, K);
+  else if (path == A16Path::shared_x) run_shared_x(fmt, W, x, yh, yf, beta, M, N, K);
   else run_mma(fmt, k_step_scale, W, x, yh, yf, beta, M, N, K);
 }
 

@@ -10,7 +10,7 @@
 //           decode step runs its layers. cuBLAS is timed the same way on R copies of f16 weights.
 // PTQKIT_A16_SWEEP="rt:slices[:warps],..." adds a row per forced work split of the tensor-core
 // kernels (set_a16_split, a16_path.h): how the planners' choices were checked.
-// PTQKIT_A16_PATHS="mma,shared_x,dequant" times those paths (where they take M) instead of the
+// PTQKIT_A16_PATHS="mma,shared_x,wgmma,dequant" times those paths (where they take M) instead of the
 // automatic one: how the crossovers of a16_auto_path were found.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -100,7 +100,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
   if (const char* e = std::getenv("PTQKIT_A16_PATHS")) {
     paths.clear();
     const std::string list = std::string(",") + e + ",";
-    for (A16Path p : {A16Path::mma, A16Path::shared_x, A16Path::dequant})
+    for (A16Path p : {A16Path::mma, A16Path::shared_x, A16Path::wgmma, A16Path::dequant})
       if (list.find(std::string(",") + a16_path_name(p) + ",") != std::string::npos) paths.push_back(p);
   }
   const size_t flush_bytes = size_t(256) << 20;
@@ -167,7 +167,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       const double cub = median_us(runs, flush.get(), flush_bytes, [&] { cublas(0); });
       const double cub_s = stream_us(runs, Rf, cublas);
       for (A16Path forced : paths) {
-        if ((forced == A16Path::mma && M > kA16MmaMaxM) || (forced == A16Path::shared_x && M > kA16SharedXMaxM)) continue;
+        if ((forced == A16Path::mma && M > kA16MmaMaxM) || (forced == A16Path::shared_x && M > kA16SharedXMaxM) || (forced == A16Path::wgmma && (M > kA16WgmmaMaxM || !a16_wgmma_supported()))) continue;
         const A16Path path = forced != A16Path::automatic ? forced : kind ? L[0]->path_for(M) : F[0]->path_for(M);
         auto ours_call = [&](int i) {
           if (kind) L[size_t(i)]->gemm(x.get(), M, y.get(), path);
@@ -185,7 +185,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
           char shape[32], label[32];
           if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
           else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
-          const char* pn = path == A16Path::mma ? "mma" : path == A16Path::shared_x ? "shx" : "deq";
+          const char* pn = path == A16Path::mma ? "mma" : path == A16Path::shared_x ? "shx" : path == A16Path::wgmma ? "wg" : "deq";
           if (forced_split) std::snprintf(label, sizeof label, "%s r%ds%dw%d", pn, split.rt, split.slices, split.warps);
           else std::snprintf(label, sizeof label, "%s", pn);
           std::printf("%-17s %5lld %-11s | %8.2f %6.0f %5.1f%% %8.2f %6.2fx | %8.2f %6.0f %5.1f%% %8.2f %6.2fx\n", shape, (long long)M,

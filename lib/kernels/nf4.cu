@@ -8,8 +8,8 @@
 // fragment order of kernels/a16_mma.cuh: one uint32 per A fragment, nibbles 0..3 = (row g, k0),
 // (row g, k0+1), (row g+8, k0), (row g+8, k0+1) and nibbles 4..7 the same at k0+2, k0+3; absmax per
 // tile and block as the pairs (row g, row g + 8), fp32. Accepted: K a multiple of 16 and of B;
-// B in {32, 64, 128, 256}; N any; M any (M <= 64 the tensor-core kernels, a16_auto_path picks
-// a16_mma.cuh's or a16_shared_x.cuh's; larger M dequantizes to f16 and calls cuBLAS).
+// B in {32, 64, 128, 256}; N any; M any (the tensor-core kernels a16_mma.cuh, a16_wgmma.cu,
+// a16_shared_x.cuh as a16_path.h picks; else dequantize to f16 and cuBLAS).
 // Math: the 16 NF4 values in f16 as byte tables in registers; PRMT looks up 4 codes at once
 // (the low 3 bits pick a byte from each half of the table, bit 3 picks the half, two more PRMTs
 // interleave low and high bytes into f16 pairs): 11 instructions per 4 weights, no shared memory,
@@ -34,67 +34,14 @@
 
 namespace ptq::cuda {
 
-namespace {
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
-// The NF4 format of kernels/a16_mma.cuh. tab: low bytes (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15)
-// and high bytes (hi[0..3]) of the 16 f16 NF4 values, a kernel argument (registers, no table in
-// memory). Meta = the absmax of rows g and g + 8 for the lane's block.
-struct Nf4Format {
-  static constexpr int kU4 = 1;
-  static constexpr int kLoadsM8 = 8;   // at M <= 8: 4 k-steps of two tiles per batch (M = 1 4096x14336: 1.93x -> 2.07x)
-  using Meta = float2;
-  using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
-  uint32_t lo[4], hi[4];
-  const float2* absmax;   // [tiles][blocks][8]
-  int blocks;
-  a16::GroupOf block;
-  __device__ const Meta* meta_ptr(int tile, int s, int lane, bool k_step_uniform) const {
-    const int col = 64 * s + (k_step_uniform ? 0 : 16 * (lane & 3));
-    return absmax + (int64_t(tile) * blocks + min(block(col), blocks - 1)) * 8 + (lane >> 2);   // past K: the last block
-  }
-  __device__ float2 scales(const Meta& m) const { return m; }
-  template <bool SCALED>
-  __device__ Prep prep(const Meta& m) const { return SCALED ? __floats2half2_rn(m.x, m.y) : __half2{}; }
-  // 4 codes (nibbles n0..n3 of the low 16 bits of v) -> {V(n0), V(n1)}, {V(n2), V(n3)}.
-  __device__ void lookup4(uint32_t v, uint32_t& p01, uint32_t& p23) const {
-    const uint32_t s7 = v & 0x7777u;                          // byte of the table half
-    const uint32_t pick = ((v >> 1) & 0x4444u) | 0x3210u;     // byte i from the upper half when nibble i >= 8
-    const uint32_t l = prmt(prmt(lo[0], lo[1], s7), prmt(lo[2], lo[3], s7), pick);
-    const uint32_t h = prmt(prmt(hi[0], hi[1], s7), prmt(hi[2], hi[3], s7), pick);
-    p01 = prmt(l, h, 0x5140u);   // bytes l0 h0 l1 h1
-    p23 = prmt(l, h, 0x7362u);
-  }
-  template <bool SCALED>
-  __device__ void dequant(const uint4 (&q)[1], int f, const Prep& p, uint32_t* a) const {
-    const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w;
-    lookup4(w, a[0], a[1]);         // a0a1 row g, a2a3 row g + 8 (columns k0, k0 + 1)
-    lookup4(w >> 16, a[2], a[3]);   // columns k0 + 2, k0 + 3
-    if constexpr (SCALED) {
-      const __half2 sg = __low2half2(p), sh = __high2half2(p);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&a[i]), i % 2 ? sh : sg);
-        a[i] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-    }
-  }
-};
-}  // namespace
-
 struct Nf4Linear::Impl {
   int64_t N = 0, K = 0;
   int B = 64;
   DeviceBuffer<uint32_t> codes;   // fragment order
   DeviceBuffer<float> absmax;     // [tiles][blocks][8][2]
   uint32_t lo[4] = {}, hi[4] = {};
-  Nf4Format format() const {
-    Nf4Format f{};
+  a16::Nf4Format format() const {
+    a16::Nf4Format f{};
     for (int i = 0; i < 4; ++i) f.lo[i] = lo[i], f.hi[i] = hi[i];
     f.absmax = reinterpret_cast<const float2*>(absmax.get());
     f.blocks = int(K / B);
@@ -164,7 +111,7 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   return L;
 }
 
-A16Path Nf4Linear::path_for(int64_t M) const { return a16_auto_path(M, p_->N, p_->K); }
+A16Path Nf4Linear::path_for(int64_t M) const { return a16::resolve(A16Path::automatic, M, p_->N, p_->K, ""); }
 void Nf4Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
 void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path) const { run(x, M, y, true, beta, path); }
 
@@ -178,7 +125,7 @@ void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16
     a16::run_tensor_cores(path, m.format(), m.B % 64 == 0, cw, xh, f32 ? nullptr : static_cast<__half*>(y), f32 ? static_cast<float*>(y) : nullptr, beta, M, m.N, m.K);
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace (M > 64)");
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "NF4 dequantized workspace");
   a16::run_dequant(m.format(), cw, wf.get(), m.N, m.K);
   const float one = 1.0f, b = f32 ? beta : 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xh,

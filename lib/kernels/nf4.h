@@ -16,12 +16,11 @@ class Nf4Linear {
   // of 32, and block sizes other than 32, 64, 128 or 256.
   static std::unique_ptr<Nf4Linear> from_nf4(const Nf4Tensor& t, int64_t out, int64_t in);
   ~Nf4Linear();
-  // y [M, out] f16 = x [M, in] f16 · Wᵀ (device). M <= 64: the tensor-core kernels (x through
-  // L1, or staged in shared memory for 33..64 rows of a large layer); larger M: dequantize to
-  // f16 and cuBLAS. path_for(M) says which. Calls on one Linear are stream-ordered (the default stream).
+  // y [M, out] f16 = x [M, in] f16 · Wᵀ (device). The paths of W4A16Linear (kernels/a16_path.h):
+  // tensor cores up to 128 rows on sm_90 (256 on large layers), 64 elsewhere; dequantize to f16 +
+  // cuBLAS above. path_for(M) says which. Calls on one Linear are stream-ordered (the default stream).
   void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
-  // y [M, out] fp32 = x · Wᵀ + beta · y, fp32 accumulation (tensor cores for M <= 64, dequantize
-  // + cuBLAS above).
+  // y [M, out] fp32 = x · Wᵀ + beta · y, fp32 accumulation, by the same paths.
   void gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path = A16Path::automatic) const;
   A16Path path_for(int64_t M) const;   // the kernel automatic picks for M rows
   // A second copy of the device buffers (benchmarks rotate through copies to keep L2 cold).

@@ -17,9 +17,9 @@
 // partial when groups hold whole k-steps (groups of 64, 128, per channel), else in f16 to the
 // weights. Tolerance against the fp32 reference: x and s are f16 (exact inputs); (q - z) * s in f16
 // where scaled in f16 (2^-11 relative); fp32 sums (tests: 2e-3 relative, norm-wise).
-// Paths by M: M <= 64 the tensor-core kernels (a16_auto_path picks a16_mma.cuh's or, for 33..64
-// rows of a layer larger than 4096 x 4096, a16_shared_x.cuh's, which scales weights in f16);
-// larger M dequantizes to f16 and calls cuBLAS (correct, slower than cuBLAS on f16 weights). Accepted: K and the group size multiples of 16 (or
+// Paths by M (a16_path.h): the tensor-core kernels a16_mma.cuh (x through L1), a16_wgmma.cu (sm_90,
+// 33..128 rows, 129..256 on large layers) and a16_shared_x.cuh (33..64 rows of large layers
+// without sm_90), the last two scaling weights in f16; else dequantize to f16 and cuBLAS. Accepted: K and the group size multiples of 16 (or
 // one group), groups of equal size, N any; 3-bit weights refused.
 // Roofline at M = 1: reads N*K*BITS/8 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
@@ -45,69 +45,6 @@ __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int6
   if (i < M * K) xp[i] = x[(i / K) * K + perm[i % K]];
 }
 
-// The GPTQ format of kernels/a16_mma.cuh: Meta = the (1024 + z, s) pairs of rows g and g + 8 for
-// the lane's group; a fragment's codes less z, in f16 (exact), times s in f16 when SCALED.
-template <int BITS>
-struct GptqFormat {
-  static constexpr int kU4 = BITS / 4;   // uint4 per lane per k-step
-  static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
-  using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
-  struct Prep {
-    __half2 z_lo, z_hi, s_lo, s_hi;      // 4-bit: z_hi = -(64 + z) of row g + 8 (the FMA form); 8-bit: {1024 + z} x 2
-  };
-  const uint2* zs;   // [tiles][groups][8]
-  int groups;
-  a16::GroupOf group;
-  __device__ const Meta* meta_ptr(int tile, int s, int lane, bool k_step_uniform) const {
-    const int col = 64 * s + (k_step_uniform ? 0 : 16 * (lane & 3));
-    // A lane whose columns lie past K (K not a multiple of 64) reads the last group: finite weights times zero x.
-    return zs + (int64_t(tile) * groups + min(group(col), groups - 1)) * 8 + (lane >> 2);
-  }
-  __device__ float2 scales(const Meta& m) const {
-    return make_float2(__high2float(*reinterpret_cast<const __half2*>(&m.x)), __high2float(*reinterpret_cast<const __half2*>(&m.y)));
-  }
-  template <bool SCALED>
-  __device__ Prep prep(const Meta& m) const {
-    const __half2 lo = *reinterpret_cast<const __half2*>(&m.x), hi = *reinterpret_cast<const __half2*>(&m.y);
-    Prep p;
-    p.z_lo = __half2half2(__low2half(lo));
-    p.z_hi = BITS == 4 ? __hneg2(__hsub2(__half2half2(__low2half(hi)), __float2half2_rn(960.0f))) : __half2half2(__low2half(hi));
-    if (SCALED) {
-      p.s_lo = __half2half2(__high2half(lo));
-      p.s_hi = __half2half2(__high2half(hi));
-    }
-    return p;
-  }
-  template <bool SCALED>
-  __device__ void dequant(const uint4 (&q)[kU4], int f, const Prep& p, uint32_t* a) const {
-    constexpr uint32_t magic = 0x64006400u;
-    auto h2 = [](uint32_t u) { return *reinterpret_cast<const __half2*>(&u); };
-    __half2 d[4];
-    if constexpr (BITS == 4) {
-      const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w, w8 = w >> 8;
-      const __half2 sixteenth = __float2half2_rn(0.0625f);
-      d[0] = __hsub2(h2((w & 0x000F000Fu) | magic), p.z_lo);                // row g, columns k0 k0+1
-      d[1] = __hfma2(h2((w & 0x00F000F0u) | magic), sixteenth, p.z_hi);     // row g + 8
-      d[2] = __hsub2(h2((w8 & 0x000F000Fu) | magic), p.z_lo);               // row g, columns k0+2 k0+3
-      d[3] = __hfma2(h2((w8 & 0x00F000F0u) | magic), sixteenth, p.z_hi);    // row g + 8
-    } else {
-      const uint4& u = q[f / 2];
-      const uint32_t wa = f % 2 ? u.z : u.x, wb = f % 2 ? u.w : u.y;
-      d[0] = __hsub2(h2((wa & 0x00FF00FFu) | magic), p.z_lo);
-      d[1] = __hsub2(h2(((wa >> 8) & 0x00FF00FFu) | magic), p.z_hi);
-      d[2] = __hsub2(h2((wb & 0x00FF00FFu) | magic), p.z_lo);
-      d[3] = __hsub2(h2(((wb >> 8) & 0x00FF00FFu) | magic), p.z_hi);
-    }
-    if constexpr (SCALED) {
-      d[0] = __hmul2(d[0], p.s_lo);
-      d[1] = __hmul2(d[1], p.s_hi);
-      d[2] = __hmul2(d[2], p.s_lo);
-      d[3] = __hmul2(d[3], p.s_hi);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const uint32_t*>(&d[i]);
-  }
-};
 }  // namespace
 
 void set_a16_split(A16Split split) { a16::g_split = split; }
@@ -199,7 +136,7 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
 
 // Workspaces (the gathered x, the dequantized W) come from the pool on each call and go back at
 // its end: one model's Linears share them, and stream order makes the reuse safe.
-A16Path W4A16Linear::path_for(int64_t M) const { return a16_auto_path(M, p_->N, p_->K); }
+A16Path W4A16Linear::path_for(int64_t M) const { return a16::resolve(A16Path::automatic, M, p_->N, p_->K, ""); }
 void W4A16Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
 void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path) const { run(x, M, y, true, beta, path); }
 
@@ -222,13 +159,13 @@ void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A
   if (path != A16Path::dequant) {
     __half* yh = f32 ? nullptr : static_cast<__half*>(y);
     float* yf = f32 ? static_cast<float*>(y) : nullptr;
-    if (m.bits == 4) a16::run_tensor_cores(path, GptqFormat<4>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
-    else a16::run_tensor_cores(path, GptqFormat<8>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
+    if (m.bits == 4) a16::run_tensor_cores(path, a16::GptqFormat<4>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
+    else a16::run_tensor_cores(path, a16::GptqFormat<8>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
     return;
   }
-  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace (M > 64)");
-  if (m.bits == 4) a16::run_dequant(GptqFormat<4>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
-  else a16::run_dequant(GptqFormat<8>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
+  DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace");
+  if (m.bits == 4) a16::run_dequant(a16::GptqFormat<4>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
+  else a16::run_dequant(a16::GptqFormat<8>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
   const float one = 1.0f, b = f32 ? beta : 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xp,
                           CUDA_R_16F, int(m.K), &b, y, f32 ? CUDA_R_32F : CUDA_R_16F, int(m.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

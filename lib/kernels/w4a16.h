@@ -16,14 +16,14 @@ class W4A16Linear {
   // not a multiple of 16, or groups of unequal sizes.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
   ~W4A16Linear();
-  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. M <= 64: the tensor-core kernels
-  // (mma.sync, dequantized in registers; x through L1, or staged in shared memory for 33..64
-  // rows of a large layer); larger M: dequantize to an f16 workspace and cuBLAS. path_for(M)
-  // says which.
+  // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. Tensor cores, weights dequantized in
+  // registers: mma.sync with x through L1 up to 32 rows; on sm_90 wgmma for 33..128 rows (and
+  // 129..256 rows of layers larger than 4096²); elsewhere x staged in shared memory for 33..64
+  // rows of a large layer, and dequantize to an f16 workspace + cuBLAS above. path_for(M) says which.
   // Calls on one Linear are stream-ordered (the default stream).
   void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
-  // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation: the tensor-core kernels for
-  // M <= 64, the dequantized f16 weights through cuBLAS above (a prefill, the evaluation forward).
+  // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation, by the same paths (a
+  // prefill, the evaluation forward: its M is a whole window, dequantize + cuBLAS).
   void gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path = A16Path::automatic) const;
   A16Path path_for(int64_t M) const;   // the kernel automatic picks for M rows
   // A second copy of the device buffers (benchmarks rotate through copies to keep L2 cold).

@@ -45,11 +45,7 @@ constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;      
 #ifdef PTQ_W8A8_WGMMA
 using ptx::smem_addr;
 
-// A shared-memory matrix descriptor for a K-major tile in the 128-byte swizzle: start address,
-// stride between 8-row groups (1024 bytes), leading offset unused for this layout (1).
-__device__ __forceinline__ uint64_t smem_desc(const void* p) {
-  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
+__device__ __forceinline__ uint64_t smem_desc(const void* p) { return ptx::smem_desc_sw128(smem_addr(p)); }
 
 __device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count));
@@ -178,15 +174,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint8_t* a = smem + s * kStageBytes + c * 64 * kBK;
       const uint8_t* b = smem + s * kStageBytes + kABytes;
       fence_operands(acc);
-      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+      ptx::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kBK / 32; ++k) wgmma_m64n256k32_s8(acc, smem_desc(a + 32 * k), smem_desc(b + 32 * k), 1);
-      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      ptx::wgmma_commit();
       fence_operands(acc);
-      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");   // the previous slice retired
+      ptx::wgmma_wait<1>();   // the previous slice retired
       if (t > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kStages]);
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    ptx::wgmma_wait<0>();
     fence_operands(acc);
     if (threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kStages]);
     // Accumulator layout of m64nNk32: warp q of the warpgroup holds rows 16q + lane/4 (+8); register

@@ -1,0 +1,128 @@
+// a16_formats.cuh — the Formats of the 16-bit-activation tensor-core kernels (kernels/a16_mma.cuh
+// states the concept): GPTQ 4- and 8-bit (w4a16.cu converts to it) and NF4 (nf4.cu). One
+// definition, shared by the sm_90 kernels (a16_mma.cuh, a16_shared_x.cuh) and the sm_90a wgmma
+// kernel (a16_wgmma.cu), which is built in its own library.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/a16_mma.cuh"
+
+namespace ptq::cuda::a16 {
+
+// The GPTQ format of kernels/a16_mma.cuh: Meta = the (1024 + z, s) pairs of rows g and g + 8 for
+// the lane's group; a fragment's codes less z, in f16 (exact), times s in f16 when SCALED.
+template <int BITS>
+struct GptqFormat {
+  static constexpr int kU4 = BITS / 4;   // uint4 per lane per k-step
+  static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
+  using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
+  struct Prep {
+    __half2 z_lo, z_hi, s_lo, s_hi;      // 4-bit: z_hi = -(64 + z) of row g + 8 (the FMA form); 8-bit: {1024 + z} x 2
+  };
+  const uint2* zs;   // [tiles][groups][8]
+  int groups;
+  a16::GroupOf group;
+  __device__ const Meta* meta_ptr(int tile, int s, int lane, bool k_step_uniform) const {
+    const int col = 64 * s + (k_step_uniform ? 0 : 16 * (lane & 3));
+    // A lane whose columns lie past K (K not a multiple of 64) reads the last group: finite weights times zero x.
+    return zs + (int64_t(tile) * groups + min(group(col), groups - 1)) * 8 + (lane >> 2);
+  }
+  __device__ float2 scales(const Meta& m) const {
+    return make_float2(__high2float(*reinterpret_cast<const __half2*>(&m.x)), __high2float(*reinterpret_cast<const __half2*>(&m.y)));
+  }
+  template <bool SCALED>
+  __device__ Prep prep(const Meta& m) const {
+    const __half2 lo = *reinterpret_cast<const __half2*>(&m.x), hi = *reinterpret_cast<const __half2*>(&m.y);
+    Prep p;
+    p.z_lo = __half2half2(__low2half(lo));
+    p.z_hi = BITS == 4 ? __hneg2(__hsub2(__half2half2(__low2half(hi)), __float2half2_rn(960.0f))) : __half2half2(__low2half(hi));
+    if (SCALED) {
+      p.s_lo = __half2half2(__high2half(lo));
+      p.s_hi = __half2half2(__high2half(hi));
+    }
+    return p;
+  }
+  template <bool SCALED>
+  __device__ void dequant(const uint4 (&q)[kU4], int f, const Prep& p, uint32_t* a) const {
+    constexpr uint32_t magic = 0x64006400u;
+    auto h2 = [](uint32_t u) { return *reinterpret_cast<const __half2*>(&u); };
+    __half2 d[4];
+    if constexpr (BITS == 4) {
+      const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w, w8 = w >> 8;
+      const __half2 sixteenth = __float2half2_rn(0.0625f);
+      d[0] = __hsub2(h2((w & 0x000F000Fu) | magic), p.z_lo);                // row g, columns k0 k0+1
+      d[1] = __hfma2(h2((w & 0x00F000F0u) | magic), sixteenth, p.z_hi);     // row g + 8
+      d[2] = __hsub2(h2((w8 & 0x000F000Fu) | magic), p.z_lo);               // row g, columns k0+2 k0+3
+      d[3] = __hfma2(h2((w8 & 0x00F000F0u) | magic), sixteenth, p.z_hi);    // row g + 8
+    } else {
+      const uint4& u = q[f / 2];
+      const uint32_t wa = f % 2 ? u.z : u.x, wb = f % 2 ? u.w : u.y;
+      d[0] = __hsub2(h2((wa & 0x00FF00FFu) | magic), p.z_lo);
+      d[1] = __hsub2(h2(((wa >> 8) & 0x00FF00FFu) | magic), p.z_hi);
+      d[2] = __hsub2(h2((wb & 0x00FF00FFu) | magic), p.z_lo);
+      d[3] = __hsub2(h2(((wb >> 8) & 0x00FF00FFu) | magic), p.z_hi);
+    }
+    if constexpr (SCALED) {
+      d[0] = __hmul2(d[0], p.s_lo);
+      d[1] = __hmul2(d[1], p.s_hi);
+      d[2] = __hmul2(d[2], p.s_lo);
+      d[3] = __hmul2(d[3], p.s_hi);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const uint32_t*>(&d[i]);
+  }
+};
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// The NF4 format of kernels/a16_mma.cuh. tab: low bytes (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15)
+// and high bytes (hi[0..3]) of the 16 f16 NF4 values, a kernel argument (registers, no table in
+// memory). Meta = the absmax of rows g and g + 8 for the lane's block.
+struct Nf4Format {
+  static constexpr int kU4 = 1;
+  static constexpr int kLoadsM8 = 8;   // at M <= 8: 4 k-steps of two tiles per batch (M = 1 4096x14336: 1.93x -> 2.07x)
+  using Meta = float2;
+  using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
+  uint32_t lo[4], hi[4];
+  const float2* absmax;   // [tiles][blocks][8]
+  int blocks;
+  a16::GroupOf block;
+  __device__ const Meta* meta_ptr(int tile, int s, int lane, bool k_step_uniform) const {
+    const int col = 64 * s + (k_step_uniform ? 0 : 16 * (lane & 3));
+    return absmax + (int64_t(tile) * blocks + min(block(col), blocks - 1)) * 8 + (lane >> 2);   // past K: the last block
+  }
+  __device__ float2 scales(const Meta& m) const { return m; }
+  template <bool SCALED>
+  __device__ Prep prep(const Meta& m) const { return SCALED ? __floats2half2_rn(m.x, m.y) : __half2{}; }
+  // 4 codes (nibbles n0..n3 of the low 16 bits of v) -> {V(n0), V(n1)}, {V(n2), V(n3)}.
+  __device__ void lookup4(uint32_t v, uint32_t& p01, uint32_t& p23) const {
+    const uint32_t s7 = v & 0x7777u;                          // byte of the table half
+    const uint32_t pick = ((v >> 1) & 0x4444u) | 0x3210u;     // byte i from the upper half when nibble i >= 8
+    const uint32_t l = prmt(prmt(lo[0], lo[1], s7), prmt(lo[2], lo[3], s7), pick);
+    const uint32_t h = prmt(prmt(hi[0], hi[1], s7), prmt(hi[2], hi[3], s7), pick);
+    p01 = prmt(l, h, 0x5140u);   // bytes l0 h0 l1 h1
+    p23 = prmt(l, h, 0x7362u);
+  }
+  template <bool SCALED>
+  __device__ void dequant(const uint4 (&q)[1], int f, const Prep& p, uint32_t* a) const {
+    const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w;
+    lookup4(w, a[0], a[1]);         // a0a1 row g, a2a3 row g + 8 (columns k0, k0 + 1)
+    lookup4(w >> 16, a[2], a[3]);   // columns k0 + 2, k0 + 3
+    if constexpr (SCALED) {
+      const __half2 sg = __low2half2(p), sh = __high2half2(p);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&a[i]), i % 2 ? sh : sg);
+        a[i] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    }
+  }
+};
+
+}  // namespace ptq::cuda::a16

@@ -1,0 +1,340 @@
+// a16_wgmma.cu — the Hopper kernel of the 16-bit-activation formats (W4A16, W8A16, NF4) for 65..256
+// activation rows (a16_path.h: automatic picks it there on an sm_90 GPU; forced, any M up to 256):
+// y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Reference: ref_gemm_gptq /
+// ref_gemm_nf4 (kernels/reference.h); tests/test_cuda.cpp checks it against them.
+//
+// Contract. W is the fragment order of kernels/a16_mma.cuh, unchanged (one layout serves every
+// kernel): a lane's uint4 of a 16-row tile and 64-column k-step holds its mma A fragments f = 0..3.
+// wgmma.m64nBNk16 takes A from registers in that same per-warp fragment layout (warp q of a
+// warpgroup: rows 16q .. 16q + 15 of the 64), so each warp dequantizes its codes exactly as the
+// mma.sync kernels do, and x is the B operand (BN = 64, 128 or 256 activation rows, rows past M
+// zero) read by wgmma from shared memory. The fragment order permutes K inside a k-step (fragment
+// f of lane quad c holds columns 16c + 4f .. 16c + 4f + 3, as logical k 2c, 2c + 1 | 2c + 8, 2c + 9
+// of the k16 step f), so x is permuted the same way once per call (permute_x_kernel: column pair
+// (c, f, hi) of each 64-column k-step to the 4-byte slot 8f + 4hi + c; rows padded to whole
+// k-steps with zeros) into a workspace, which the kernel copies as it lies.
+// Work. A CTA = 2 warpgroups x RT row tiles of 64 = 128 RT rows of W, one of Sk K slices; one
+// k-step per pipeline stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the
+// codes and metadata of the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages,
+// D - 2 ahead of the math (the stage refilled was read by the wgmmas of two k-steps back, retired
+// before the barrier). Per k-step each warpgroup dequantizes its 4 RT fragments into registers
+// (scales in f16, as the dequantized matrix holds them: numerics.md) and issues 4 RT wgmmas, fp32
+// accumulators in registers (BN / 2 per tile and thread); one warpgroup's dequantization overlaps
+// the other's wgmmas. Split-K partials are summed in slice
+// order by the last CTA to arrive (a16_split_k.cuh): deterministic.
+// Roofline, 4096 x 4096 W4 g128 at M = 128: 8.9 MB of codes (3.0 us at 3.0 TB/s) and 4.3 GFLOP
+// (4.4 us at the H100's dense f16 wgmma peak, 989 TFLOP/s); cuBLAS f16 reads 33.6 MB and does the
+// same flops (21.8 us measured, docs/benchmarks.md).
+#include "kernels/a16_wgmma.h"
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/error.h"
+#include "cuda/ptx.cuh"
+#include "cuda/runtime.h"
+#include "kernels/a16_split_k.cuh"
+#include "kernels/w8a8.h"
+
+namespace ptq::cuda::a16 {
+
+namespace {
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PTQ_A16_WGMMA 1
+#endif
+
+constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
+
+// Bytes of one pipeline stage: x (BN rows of 128 bytes, wgmma's 128-byte swizzle), then the codes
+// ([RT][kU4][256 threads] uint4) and the metadata ([RT][256] of 8 bytes) of the CTA's rows.
+constexpr int stage_bytes(int bn, int rt, int u4) { return bn * 128 + rt * u4 * kThreads * 16 + rt * kThreads * 8; }
+// Stages: as many as fit in 220 KB, 3 to 6.
+constexpr int stages(int bn, int rt, int u4) { return std::min(6, std::max(3, (220 * 1024) / stage_bytes(bn, rt, u4))); }
+constexpr size_t smem_bytes(int bn, int rt, int u4) { return size_t(stages(bn, rt, u4)) * stage_bytes(bn, rt, u4) + 1024; }   // + alignment
+
+// x [M, K] -> xp [M, KP] (KP = K rounded up to 64) in the fragment order's K permutation, zeros
+// past K. A thread per (row, k-step, p): the 16-byte chunks 2c + p (c = 0..3) of the k-step hold
+// 4 column pairs each, (f, hi) = (2p + k / 2, k % 2) at word k; chunk 4p + k of the output is word
+// k of the four (slot 8f + 4hi + c): a 4 x 4 transpose, free in registers.
+__global__ void permute_x_kernel(const __half* __restrict__ x, __half* __restrict__ xp, int M, int K, int KP) {
+  const int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, units = int64_t(M) * (KP / 64) * 2;
+  if (o >= units) return;
+  const int p = int(o % 2), s = int(o / 2 % (KP / 64));
+  const int64_t m = o / 2 / (KP / 64);
+  uint4 v[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int col = 64 * s + 16 * c + 8 * p;
+    v[c] = col < K ? *reinterpret_cast<const uint4*>(x + m * K + col) : make_uint4(0, 0, 0, 0);
+  }
+  uint4* out = reinterpret_cast<uint4*>(xp + m * KP + 64 * s + 32 * p);
+  out[0] = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
+  out[1] = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
+  out[2] = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
+  out[3] = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
+}
+
+// wgmma.m64nBNk16, f32 += f16 (A: 4 registers per thread) x f16 (B: shared-memory descriptor, K-major).
+template <int BN>
+struct Wgmma;
+template <>
+struct Wgmma<64> {
+  __device__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <>
+struct Wgmma<128> {
+  __device__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <>
+struct Wgmma<256> {
+  __device__ static void mma(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma region.
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int BN, int RT, class Format>
+__global__ void __launch_bounds__(kThreads, 1)
+    wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
+                 float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
+#ifdef PTQ_A16_WGMMA
+  constexpr int kU4 = Format::kU4, D = stages(BN, RT, kU4), SB = stage_bytes(BN, RT, kU4);
+  using Meta = typename Format::Meta;
+  static_assert(sizeof(Meta) == 8, "8-byte metadata per lane and tile");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, q = warp & 3;
+  const int tiles = (N + 15) / 16, KS = (K + 63) / 64;
+  const int s0 = blockIdx.y * sps, chunks = min(KS, s0 + sps) - s0;
+  const int m64_0 = blockIdx.x * kWarpgroups * RT;   // the CTA's first 64-row tile
+  int tile[RT];   // this warp's 16-row tile of each of its warpgroup's RT 64-row tiles (past the last: a copy, not stored)
+#pragma unroll
+  for (int r = 0; r < RT; ++r) tile[r] = min((m64_0 + wg * RT + r) * 4 + q, tiles - 1);
+
+  // x rows past M stay zero in every stage (written once; the loop's proxy fence and barrier order
+  // these stores before any wgmma reads them).
+  for (int o = tid; o < D * (BN - M) * 8; o += kThreads) {
+    const int st = o / ((BN - M) * 8), rest = o % ((BN - M) * 8);
+    reinterpret_cast<uint4*>(smem + st * SB + (M + rest / 8) * 128)[rest % 8] = make_uint4(0, 0, 0, 0);
+  }
+  // Staging k-step i of the slice into stage i % D. x: thread tid copies 16-byte chunk u = tid % 8
+  // of rows tid / 8 + 32 j (< M) to chunk u ^ (row % 8) (the swizzle; row % 8 is the thread's own).
+  // Codes and metadata: each thread copies its own.
+  const int KP = 64 * KS, xu = tid & 7, xrow0 = tid >> 3;
+  const __half* xsrc = xp + int64_t(xrow0) * KP + 8 * xu;
+  const uint32_t sbase = ptx::smem_addr(smem), xdst = uint32_t(xrow0 * 128 + ((xu ^ (xrow0 & 7)) << 4));
+  auto stage = [&](int i) {
+    if (i < chunks) {
+      const int s = s0 + i;
+      const uint32_t st = sbase + uint32_t((i % D) * SB);
+#pragma unroll
+      for (int j = 0; j < BN / 32; ++j)
+        if (xrow0 + 32 * j < M) ptx::cp_async16(st + xdst + uint32_t(j * 32 * 128), xsrc + int64_t(32 * j) * KP + 64 * s, 16);
+      const uint32_t cs = st + BN * 128, ms = cs + RT * kU4 * kThreads * 16;
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int j = 0; j < kU4; ++j)
+          ptx::cp_async16(cs + uint32_t(((r * kU4 + j) * kThreads + tid) * 16), W + (int64_t(tile[r]) * KS * kU4 + int64_t(s) * kU4 + j) * 32 + lane, 16);
+        ptx::cp_async8(ms + uint32_t((r * kThreads + tid) * 8), fmt.meta_ptr(tile[r], s, lane, false));
+      }
+    }
+    ptx::cp_async_commit();   // past the last k-step an empty group: the wait below counts groups
+  };
+
+  float acc[RT][BN / 2];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[r][i] = 0.0f;
+
+  // K-step i. The wgmmas of k-step i - 1 retire before its codes are dequantized: dequantizing
+  // into a second register set while they run (as CUTLASS's mixed-input mainloop transforms the
+  // next k-block) made ptxas serialize every wgmma here (C7513), so the overlap is across the two
+  // warpgroups only.
+#pragma unroll
+  for (int i = 0; i < D - 2; ++i) stage(i);
+  for (int i = 0; i < chunks; ++i) {
+    ptx::cp_async_wait<D - 3>();   // this thread's copies of k-step i landed
+    ptx::fence_proxy_async();
+    __syncthreads();               // ... and every thread's; the wgmmas of k-step i - 2 retired everywhere
+    stage(i + D - 2);              // into the stage k-step i - 2 used
+    const uint8_t* st = smem + (i % D) * SB;
+    uint4 cq[RT][kU4];
+    Meta meta[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+      for (int j = 0; j < kU4; ++j) cq[r][j] = reinterpret_cast<const uint4*>(st + BN * 128)[(r * kU4 + j) * kThreads + tid];
+      meta[r] = reinterpret_cast<const Meta*>(st + BN * 128 + RT * kU4 * kThreads * 16)[r * kThreads + tid];
+    }
+    ptx::wgmma_wait<0>();   // k-step i - 1 retired: the A registers are free
+    uint32_t a[RT][4][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      const auto prep = fmt.template prep<true>(meta[r]);
+#pragma unroll
+      for (int f = 0; f < 4; ++f) fmt.template dequant<true>(cq[r], f, prep, a[r][f]);
+    }
+#pragma unroll
+    for (int r = 0; r < RT; ++r) fence_acc(acc[r]);
+    ptx::wgmma_fence();
+    const uint32_t xs = sbase + uint32_t((i % D) * SB);
+#pragma unroll
+    for (int f = 0; f < 4; ++f)
+#pragma unroll
+      for (int r = 0; r < RT; ++r) Wgmma<BN>::mma(acc[r], a[r][f], ptx::smem_desc_sw128(xs + 32 * f));
+    ptx::wgmma_commit();
+#pragma unroll
+    for (int r = 0; r < RT; ++r) fence_acc(acc[r]);
+  }
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int r = 0; r < RT; ++r) fence_acc(acc[r]);
+  ptx::cp_async_wait<0>();
+
+  // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
+  // 8j + 2c + (e & 1) of W row 16q + g + 8 (e >> 1).
+  const int g = lane >> 2, c = lane & 3;
+  const bool split = gridDim.y > 1;
+  float* out = split ? part + int64_t(blockIdx.y) * M * N : yf;
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    const int R0 = 64 * (m64_0 + wg * RT + r) + 16 * q + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      if (8 * j >= M) break;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = 8 * j + 2 * c + (e & 1), R = R0 + 8 * (e >> 1);
+        if (n < M && R < N) {
+          const int64_t o = int64_t(n) * N + R;
+          if (out) out[o] = acc[r][4 * j + e] + (!split && beta != 0.0f ? beta * out[o] : 0.0f);
+          else yh[o] = __float2half_rn(acc[r][4 * j + e]);
+        }
+      }
+    }
+  }
+  if (split) sum_split_k(part, arrivals, 64 * m64_0, 64 * kWarpgroups * RT, M, N, yh, yf, beta);
+#endif  // PTQ_A16_WGMMA (other targets: an empty body, never launched: a16_wgmma_supported())
+}
+
+template <class Format>
+using WgmmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int);
+
+constexpr int wgmma_bn(int64_t M) { return M <= 64 ? 64 : M <= 128 ? 128 : 256; }
+
+template <class Format>
+WgmmaKernel<Format> wgmma_kernel_of(int bn, int rt) {
+  if (bn == 64) return rt == 2 ? wgmma_kernel<64, 2, Format> : wgmma_kernel<64, 1, Format>;
+  if (bn == 128) return rt == 2 ? wgmma_kernel<128, 2, Format> : wgmma_kernel<128, 1, Format>;
+  return wgmma_kernel<256, 1, Format>;
+}
+
+struct WgmmaPlan {
+  int bn, rt, groups, slices, sps;
+};
+// RT 1 (128 rows of W per CTA) unless forced to 2 (x read from L2 half as often, but twice the
+// K slices to fill the GPU: more partial sums; measured slower). K slices: the most (powers of two)
+// that keep one wave of CTAs (one per SM: shared memory): 4096 rows 4 slices, 11008 and 14336 rows
+// none. (A wave model, waves x k-steps per CTA, chose 8 slices in 7 waves at 14336 rows: 1.22x ->
+// 0.63x cuBLAS at M = 128.) A forced split (g_split: rt, slices) overrides.
+inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int64_t M) {
+  const int bn = wgmma_bn(M), KS = int((K + 63) / 64), sms = sm_count();
+  const int rt = bn == 256 ? 1 : g_split.rt == 2 ? 2 : 1, groups = int((N + 128 * rt - 1) / (128 * rt));
+  int S = 1;
+  while (int64_t(groups) * S * 2 <= sms && 2 * S <= std::min(kMaxSlices, KS)) S *= 2;
+  if (g_split.slices) S = std::max(1, std::min(g_split.slices, KS));
+  const int sps = (KS + S - 1) / S;
+  return {bn, rt, groups, (KS + sps - 1) / sps, sps};   // no empty slice
+}
+
+template <class Format>
+void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+  if (M > kA16WgmmaMaxM) fail(Errc::usage, "", "M", "the wgmma A16 kernel takes M <= " + std::to_string(kA16WgmmaMaxM) + " rows, got M = " + std::to_string(M));
+  if (!a16_wgmma_supported()) fail(Errc::usage, "", "device", "the wgmma A16 kernel is built for sm_90 (H100/H200) only: " + describe());
+  static std::mutex mu;
+  static std::map<std::tuple<int, int64_t, int64_t, int, int>, WgmmaPlan> plans;
+  WgmmaPlan p;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(wgmma_bn(M), N, K, g_split.rt, g_split.slices);
+    auto it = plans.find(key);
+    p = it != plans.end() ? it->second : (plans[key] = plan_wgmma(N, K, M));
+  }
+  const auto kern = wgmma_kernel_of<Format>(p.bn, p.rt);
+  const size_t smem = smem_bytes(p.bn, p.rt, Format::kU4);
+  {
+    static std::mutex amu;
+    static std::map<const void*, bool> attr;
+    std::lock_guard<std::mutex> lock(amu);
+    if (!attr[reinterpret_cast<const void*>(kern)]) {   // its shared memory (over the 48 KB default) allowed once
+      PTQ_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(kern), cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      attr[reinterpret_cast<const void*>(kern)] = true;
+    }
+  }
+  const int64_t KP = (K + 63) / 64 * 64, units = M * (KP / 64) * 2;
+  DeviceBuffer<__half> xp(size_t(M * KP), "A16 wgmma permuted activations");
+  permute_x_kernel<<<unsigned((units + 255) / 256), 256>>>(x, xp.get(), int(M), int(K), int(KP));
+  PTQ_CUDA_LAUNCH("a16 permute_x_kernel");
+  DeviceBuffer<float> part;
+  int* arrivals = nullptr;
+  if (p.slices > 1) {
+    part = DeviceBuffer<float>(size_t(p.slices * M * N), "A16 split-K partial sums");
+    arrivals = arrival_counters(p.groups);
+  }
+  kern<<<dim3(unsigned(p.groups), unsigned(p.slices)), kThreads, smem>>>(fmt, W, xp.get(), yh, yf, beta, part.get(), arrivals, int(M), int(N), int(K), p.sps);
+  PTQ_CUDA_LAUNCH("a16 wgmma_kernel");
+}
+
+}  // namespace
+
+void run_wgmma(const GptqFormat<4>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+  run(fmt, W, x, yh, yf, beta, M, N, K);
+}
+void run_wgmma(const GptqFormat<8>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+  run(fmt, W, x, yh, yf, beta, M, N, K);
+}
+void run_wgmma(const Nf4Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+  run(fmt, W, x, yh, yf, beta, M, N, K);
+}
+
+}  // namespace ptq::cuda::a16
+
+namespace ptq::cuda {
+bool a16_wgmma_supported() { return w8a8_supported(); }   // the same target: sm_90a
+}  // namespace ptq::cuda
