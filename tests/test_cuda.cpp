@@ -526,7 +526,7 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
       for (int64_t M : Ms)
         for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::mma, cuda::A16Path::dequant}) {   // automatic: by a16_auto_path
           if (path == cuda::A16Path::dequant && M != 3) continue;   // the dequantization kernel also checked where a tensor-core kernel serves
-          if (path == cuda::A16Path::mma && M != 33 && M != 64) continue;   // the x-from-L2 kernel at 4 and 8 n8 tiles, where shared_x serves
+          if (path == cuda::A16Path::mma && M != 33 && M != 64) continue;   // the x-from-L2 kernel at 4 and 8 n8 tiles, where wgmma or shared_x serves
           Rng r{uint64_t(M)};
           const double rel = a16_error(*L, M, c.in, c.out, r, path, [&](const float* x, float* y) { ref_gemm_gptq(x, M, pk, v2, y); });
           INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1")
@@ -659,7 +659,7 @@ TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128,
     for (int64_t M : {1, 2, 3, 7, 16, 32, 33, 64, 128, 255})
       for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::dequant, cuda::A16Path::shared_x}) {
         if (path == cuda::A16Path::dequant && M != 3) continue;
-        if (path == cuda::A16Path::shared_x && M != 7 && M != 33 && M != 64) continue;   // x staged in shared memory (automatic only for big layers)
+        if (path == cuda::A16Path::shared_x && M != 7 && M != 33 && M != 64) continue;   // x staged in shared memory (automatic only for big layers without sm_90)
         if (sh.N * sh.K > 4096 * 4096 / 2 && M > 33) continue;   // the reference is slow; big shapes at small M
         const double err = a16_error(*L, M, sh.K, sh.N, r, path, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, sh.N, sh.K, y); });
         INFO("N " << sh.N << " K " << sh.K << " block " << sh.B << " nested " << sh.nested << " M " << M << " path " << cuda::a16_path_name(path)

@@ -1,6 +1,6 @@
 // a16_shared_x.cuh — the tensor-core kernel of the 16-bit-activation formats with x staged in
 // shared memory, for up to 128 activation rows (automatic: 33..64 rows of layers larger than
-// 4096 x 4096; a16_path.h): y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Same weights, fragment
+// 4096 x 4096 where the GPU is not sm_90, which takes a16_wgmma.cu; a16_path.h): y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Same weights, fragment
 // order and Format as kernels/a16_mma.cuh (its contract holds: W is the A operand, x the B operand
 // in n8 tiles, one k-step = 64 columns, k_step() does the math). Reference: ref_gemm_gptq /
 // ref_gemm_nf4 (kernels/reference.h); tests/test_cuda.cpp checks every split against them.
