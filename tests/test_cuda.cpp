@@ -790,33 +790,30 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
   CHECK_THROWS_AS(L->gemm(dx.get(), 129, dy.get(), cuda::A16Path::shared_x), Error);
 }
 
-// The Hopper kernel (kernels/a16_wgmma.cu): every split it can be given (64-row tiles 1 or 2 per
-// warpgroup, 1, 3 or 16 K slices) against the reference GEMMs at M = 1 .. 256 (64, 128 and 256
-// staged x rows, rows past M zero). N = 1000: the last CTA's rows partly past N; K = 2000: the last
-// k-step a quarter full; GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and
-// groups of 16; NF4 blocks of 64. Then a 16-slice split four times (same bytes), fp32 output with
-// beta, and M past 256 refused.
+// The Hopper kernel (kernels/a16_wgmma.cu): every split it can be given (1, 3 or 16 K slices)
+// against the reference GEMMs at M = 1 .. 256 (8, 16, 32, 64, 128 and 256 staged x rows, rows past M
+// zero). N = 1000: the last CTA's rows partly past N; K = 2000: the last k-step a quarter full;
+// GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
+// 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
   const int64_t N = 1000, K = 2000;
-  const int64_t Ms[] = {1, 7, 33, 64, 65, 128, 129, 200, 256};
+  const int64_t Ms[] = {1, 7, 16, 30, 33, 64, 65, 128, 129, 200, 256};
   struct Case { int bits, gs; };
   for (const Case& cs : {Case{4, -1}, Case{4, 80}, Case{8, 16}, Case{8, -1}}) {
     const QuantizedLinear q = random_q(cs.bits, N, K, cs.gs, cs.gs < 0, cs.gs == 80, uint64_t(95 + cs.bits + cs.gs));
     const GptqPacked pk = pack_gptq(q, true);
     auto L = cuda::W4A16Linear::from_gptq(pk, true);
     for (int64_t M : Ms)
-      for (int rt : {1, 2})
-        for (int slices : {1, 3, 16}) {
-          if (rt == 2 && slices != 3 && M != 128 && M != 33) continue;   // the 2-tile split at a few M: the test's time
-          cuda::set_a16_split({rt, slices});
-          Rng r{uint64_t(M * 3 + rt)};
-          const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
-          cuda::set_a16_split({});
-          INFO(cs.bits << "-bit g" << cs.gs << " M=" << M << " rt=" << rt << " slices=" << slices << ": relative error " << rel);
-          CHECK(rel <= 2e-3);
-        }
+      for (int slices : {1, 3, 16}) {
+        cuda::set_a16_split({0, slices});
+        Rng r{uint64_t(M * 3 + 1)};
+        const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+        cuda::set_a16_split({});
+        INFO(cs.bits << "-bit g" << cs.gs << " M=" << M << " slices=" << slices << ": relative error " << rel);
+        CHECK(rel <= 2e-3);
+      }
   }
   {
     const int64_t Kn = 1984;   // NF4: a multiple of the block
@@ -825,7 +822,7 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
     for (auto& v : W) v = float(r.normal() * 0.02);
     const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
     auto F = cuda::Nf4Linear::from_nf4(t, N, Kn);
-    for (int64_t M : {1, 65, 128, 256})
+    for (int64_t M : {1, 16, 32, 65, 128, 256})
       for (int slices : {1, 3}) {
         cuda::set_a16_split({0, slices});
         const double err = a16_error(*F, M, Kn, N, r, cuda::A16Path::wgmma, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, N, Kn, y); });
@@ -843,6 +840,12 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
   check_repeat_and_beta(*L, pk, 100, 4096, cuda::A16Path::automatic, 8);   // automatic: wgmma at 33..128 on sm_90
   CHECK(L->path_for(100) == cuda::A16Path::wgmma);
   CHECK(L->path_for(200) == cuda::A16Path::dequant);   // 4096 x 4096 above 128 rows: dequantize + cuBLAS (faster there)
+  CHECK(L->path_for(32) == cuda::A16Path::mma);        // 17..32 rows: wgmma only for 4-bit codes of larger layers
+  for (int bits : {4, 8}) {
+    auto Lb = cuda::W4A16Linear::from_gptq(pack_gptq(random_q(bits, 4112, 4096, 128, true, false, 97), true), true);
+    CHECK(Lb->path_for(17) == (bits == 4 ? cuda::A16Path::wgmma : cuda::A16Path::mma));
+    CHECK(Lb->path_for(16) == cuda::A16Path::mma);
+  }
   cuda::DeviceBuffer<uint16_t> dx(size_t(257 * 4096), "x"), dy(size_t(257 * 4096), "y");
   CHECK_THROWS_AS(L->gemm(dx.get(), 257, dy.get(), cuda::A16Path::wgmma), Error);
 }

@@ -4,24 +4,29 @@
 
 namespace ptq::cuda {
 
-// automatic picks by shape (a16_auto_path): the tensor-core kernel with x read through L1/L2
-// (kernels/a16_mma.cuh, `mma`) for small M, the one with x staged in shared memory
-// (kernels/a16_shared_x.cuh, `shared_x`) for 33..64 rows of a layer larger than 4096 x 4096,
-// the Hopper wgmma kernel (kernels/a16_wgmma.cu, `wgmma`) for 65..256 rows on an sm_90 GPU,
-// dequantize to f16 + cuBLAS above (or without sm_90). The others force one (benchmarks, tests);
-// mma refuses M > 64, shared_x M > 128, wgmma M > 256 or a GPU other than sm_90 (Errc::usage).
+// automatic picks by shape and code width (a16_auto_path): the tensor-core kernel with x read
+// through L1/L2 (kernels/a16_mma.cuh, `mma`) for small M, the one with x staged in shared memory
+// (kernels/a16_shared_x.cuh, `shared_x`) for 33..64 rows of a layer larger than 4096 x 4096 without
+// sm_90, the Hopper wgmma kernel (kernels/a16_wgmma.cu, `wgmma`) on an sm_90 GPU from 33 rows (17
+// for 4-bit codes on large layers), dequantize to f16 + cuBLAS above. The others force one
+// (benchmarks, tests); mma refuses M > 64, shared_x M > 128, wgmma M > 256 or a GPU other than
+// sm_90 (Errc::usage).
 enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 
-// Crossovers measured on the H100 (docs/benchmarks.md, "A wgmma kernel for 33..256 rows"): the
-// wgmma kernel beats every other path at 33..128 rows (W4 M = 64: 1.04-1.57x cuBLAS f16 against
-// shared_x's 0.93-1.13x; M = 128: 0.79-1.22x against dequantize + cuBLAS's 0.52-0.68x) and at
-// 129..256 rows on layers larger than 4096 x 4096 (its K slices then fill the GPU without a
-// second wave); elsewhere (or without sm_90): x staged in shared memory for 33..64 rows of a layer
-// larger than 4096 x 4096, the L2-fed kernel below, dequantize + cuBLAS above 64 rows.
+// Crossovers measured on the H100 (docs/benchmarks.md, "A wgmma kernel for 33..256 rows" and "The
+// wgmma kernel at 17..32 rows"): the wgmma kernel beats every other path at 33..128 rows (W4 M = 64:
+// 1.04-1.57x cuBLAS f16 against shared_x's 0.93-1.13x; M = 128: 0.79-1.22x against dequantize +
+// cuBLAS's 0.52-0.68x), at 129..256 rows on layers larger than 4096 x 4096 (its K slices then fill
+// the GPU without a second wave), and at 17..32 rows for 4-bit codes (W4, NF4) on layers larger
+// than 4096 x 4096 (W4 M = 32: 1.64-1.78x against the L2-fed kernel's 1.05-1.51x; NF4 1.37-1.45x
+// against 0.80-1.16x; 8-bit codes and 4096 x 4096 stay faster on the L2-fed kernel); elsewhere (or
+// without sm_90): x staged in shared memory for 33..64 rows of a layer larger than 4096 x 4096, the
+// L2-fed kernel below, dequantize + cuBLAS above 64 rows. bits: the code width (4: GPTQ 4-bit or
+// NF4, 8).
 constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
-constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, bool wgmma) {
+constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
   const bool big = N * K > int64_t(4096) * 4096;
-  if (wgmma && M >= 33 && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
+  if (wgmma && (M >= 33 || (M >= 17 && big && bits == 4)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
   return M > kA16MmaMaxM ? A16Path::dequant : M >= 33 && big ? A16Path::shared_x : A16Path::mma;
 }
 constexpr const char* a16_path_name(A16Path p) {

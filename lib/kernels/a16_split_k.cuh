@@ -5,6 +5,8 @@
 // last at its row group (an arrival counter per group, left at zero by that CTA for the next launch
 // in stream order) add the Sk partials in slice order and write y [M, N] (f16, or fp32 + beta y).
 // The order of the sum does not depend on which CTA finishes first: the same bytes on every run.
+// U: quads (4 rows) per thread and step, each with 4 slices' loads in flight (4 U float4 registers:
+// kernels with few registers otherwise take U = 1, so that the sum does not set their occupancy).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,6 +19,7 @@
 
 namespace ptq::cuda::a16 {
 
+template <int U = 4>
 __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, int R0, int rows, int M, int N, __half* yh, float* yf, float beta) {
   __shared__ int last;
   __threadfence();   // this CTA's partial is visible device-wide before its arrival counts
@@ -26,26 +29,26 @@ __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, in
   if (!last) return;
   __threadfence();
   // The sum: 4 rows per thread and step (16-byte loads when N % 4 == 0); the loads of 4 slices of
-  // 4 such quads (16 in flight per thread) are issued before their adds, which run in slice order.
+  // U such quads (4 U in flight per thread) are issued before their adds, which run in slice order.
   const int Sk = int(gridDim.y), quads = rows / 4 * M;
   const bool vec = N % 4 == 0;
-  for (int o0 = threadIdx.x; o0 < quads; o0 += 4 * blockDim.x) {
-    float4 v[4];
-    const float* src[4];
-    int lim[4];   // valid rows of each quad (0: none)
+  for (int o0 = threadIdx.x; o0 < quads; o0 += U * blockDim.x) {
+    float4 v[U];
+    const float* src[U];
+    int lim[U];   // valid rows of each quad (0: none)
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       const int o = o0 + u * blockDim.x, R = R0 + 4 * (o % (rows / 4)), n = o / (rows / 4);
       lim[u] = o < quads && R < N ? min(4, N - R) : 0;
       src[u] = part + int64_t(n) * N + R;
     }
     for (int z0 = 0; z0 < Sk; z0 += 4) {
-      float4 w[4][4];
+      float4 w[4][U];
 #pragma unroll
       for (int dz = 0; dz < 4; ++dz)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < U; ++u) {
           const float* p = src[u] + int64_t(z0 + dz) * M * N;   // L2, not a stale L1
           float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           if (z0 + dz < Sk && lim[u]) {
@@ -62,10 +65,10 @@ __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, in
 #pragma unroll
       for (int dz = 0; dz < 4; ++dz)   // slice order (slices past Sk add zeros: exact)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) v[u].x += w[dz][u].x, v[u].y += w[dz][u].y, v[u].z += w[dz][u].z, v[u].w += w[dz][u].w;
+        for (int u = 0; u < U; ++u) v[u].x += w[dz][u].x, v[u].y += w[dz][u].y, v[u].z += w[dz][u].z, v[u].w += w[dz][u].w;
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int o = o0 + u * blockDim.x, R = R0 + 4 * (o % (rows / 4)), n = o / (rows / 4);
       const float vv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll

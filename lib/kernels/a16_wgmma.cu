@@ -52,11 +52,12 @@ namespace {
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
 
 // Bytes of one pipeline stage: x (BN rows of 128 bytes, wgmma's 128-byte swizzle), then the codes
-// ([RT][kU4][256 threads] uint4) and the metadata ([RT][256] of 8 bytes) of the CTA's rows.
-constexpr int stage_bytes(int bn, int rt, int u4) { return bn * 128 + rt * u4 * kThreads * 16 + rt * kThreads * 8; }
+// ([kU4][256 threads] uint4) and the metadata ([256] of 8 bytes) of the CTA's rows; a multiple of
+// 1024 (the swizzle's alignment) for every BN.
+constexpr int stage_bytes(int bn, int u4) { return bn * 128 + u4 * kThreads * 16 + kThreads * 8; }
 // Stages: as many as fit in 220 KB, 3 to 6.
-constexpr int stages(int bn, int rt, int u4) { return std::min(6, std::max(3, (220 * 1024) / stage_bytes(bn, rt, u4))); }
-constexpr size_t smem_bytes(int bn, int rt, int u4) { return size_t(stages(bn, rt, u4)) * stage_bytes(bn, rt, u4) + 1024; }   // + alignment
+constexpr int stages(int bn, int u4) { return std::min(6, std::max(3, (220 * 1024) / stage_bytes(bn, u4))); }
+constexpr size_t smem_bytes(int bn, int u4) { return size_t(stages(bn, u4)) * stage_bytes(bn, u4) + 1024; }   // + alignment
 
 // x [M, K] -> xp [M, KP] (KP = K rounded up to 64) in the fragment order's K permutation, zeros
 // past K. A thread per (row, k-step, p): the 16-byte chunks 2c + p (c = 0..3) of the k-step hold
@@ -83,6 +84,42 @@ __global__ void permute_x_kernel(const __half* __restrict__ x, __half* __restric
 // wgmma.m64nBNk16, f32 += f16 (A: 4 registers per thread) x f16 (B: shared-memory descriptor, K-major).
 template <int BN>
 struct Wgmma;
+template <>
+struct Wgmma<8> {
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+        "{%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <>
+struct Wgmma<16> {
+  __device__ static void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
+template <>
+struct Wgmma<32> {
+  __device__ static void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
 template <>
 struct Wgmma<64> {
   __device__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
@@ -120,19 +157,12 @@ struct Wgmma<256> {
   }
 };
 
-// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma region.
-template <int R>
-__device__ __forceinline__ void fence_acc(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-template <int BN, int RT, class Format>
+template <int BN, class Format>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                  float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
 #ifdef PTQ_A16_WGMMA
-  constexpr int kU4 = Format::kU4, D = stages(BN, RT, kU4), SB = stage_bytes(BN, RT, kU4);
+  constexpr int kU4 = Format::kU4, D = stages(BN, kU4), SB = stage_bytes(BN, kU4);
   using Meta = typename Format::Meta;
   static_assert(sizeof(Meta) == 8, "8-byte metadata per lane and tile");
   extern __shared__ uint8_t smem_raw[];
@@ -140,10 +170,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, q = warp & 3;
   const int tiles = (N + 15) / 16, KS = (K + 63) / 64;
   const int s0 = blockIdx.y * sps, chunks = min(KS, s0 + sps) - s0;
-  const int m64_0 = blockIdx.x * kWarpgroups * RT;   // the CTA's first 64-row tile
-  int tile[RT];   // this warp's 16-row tile of each of its warpgroup's RT 64-row tiles (past the last: a copy, not stored)
-#pragma unroll
-  for (int r = 0; r < RT; ++r) tile[r] = min((m64_0 + wg * RT + r) * 4 + q, tiles - 1);
+  const int m64 = blockIdx.x * kWarpgroups + wg;      // this warpgroup's 64-row tile
+  const int tile = min(m64 * 4 + q, tiles - 1);       // this warp's 16-row tile (past the last: a copy, not stored)
 
   // x rows past M stay zero in every stage (written once; the loop's proxy fence and barrier order
   // these stores before any wgmma reads them).
@@ -162,25 +190,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int s = s0 + i;
       const uint32_t st = sbase + uint32_t((i % D) * SB);
 #pragma unroll
-      for (int j = 0; j < BN / 32; ++j)
+      for (int j = 0; j < (BN + 31) / 32; ++j)
         if (xrow0 + 32 * j < M) ptx::cp_async16(st + xdst + uint32_t(j * 32 * 128), xsrc + int64_t(32 * j) * KP + 64 * s, 16);
-      const uint32_t cs = st + BN * 128, ms = cs + RT * kU4 * kThreads * 16;
+      const uint32_t cs = st + BN * 128, ms = cs + kU4 * kThreads * 16;
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
-#pragma unroll
-        for (int j = 0; j < kU4; ++j)
-          ptx::cp_async16(cs + uint32_t(((r * kU4 + j) * kThreads + tid) * 16), W + (int64_t(tile[r]) * KS * kU4 + int64_t(s) * kU4 + j) * 32 + lane, 16);
-        ptx::cp_async8(ms + uint32_t((r * kThreads + tid) * 8), fmt.meta_ptr(tile[r], s, lane, false));
-      }
+      for (int j = 0; j < kU4; ++j)
+        ptx::cp_async16(cs + uint32_t((j * kThreads + tid) * 16), W + (int64_t(tile) * KS * kU4 + int64_t(s) * kU4 + j) * 32 + lane, 16);
+      ptx::cp_async8(ms + uint32_t(tid * 8), fmt.meta_ptr(tile, s, lane, false));
     }
     ptx::cp_async_commit();   // past the last k-step an empty group: the wait below counts groups
   };
 
-  float acc[RT][BN / 2];
+  float acc[BN / 2];
 #pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[r][i] = 0.0f;
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
 
   // K-step i. The wgmmas of k-step i - 1 retire before its codes are dequantized: dequantizing
   // into a second register set while they run (as CUTLASS's mixed-input mainloop transforms the
@@ -194,37 +217,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();               // ... and every thread's; the wgmmas of k-step i - 2 retired everywhere
     stage(i + D - 2);              // into the stage k-step i - 2 used
     const uint8_t* st = smem + (i % D) * SB;
-    uint4 cq[RT][kU4];
-    Meta meta[RT];
+    uint4 cq[kU4];
 #pragma unroll
-    for (int r = 0; r < RT; ++r) {
-#pragma unroll
-      for (int j = 0; j < kU4; ++j) cq[r][j] = reinterpret_cast<const uint4*>(st + BN * 128)[(r * kU4 + j) * kThreads + tid];
-      meta[r] = reinterpret_cast<const Meta*>(st + BN * 128 + RT * kU4 * kThreads * 16)[r * kThreads + tid];
-    }
+    for (int j = 0; j < kU4; ++j) cq[j] = reinterpret_cast<const uint4*>(st + BN * 128)[j * kThreads + tid];
+    const Meta meta = reinterpret_cast<const Meta*>(st + BN * 128 + kU4 * kThreads * 16)[tid];
     ptx::wgmma_wait<0>();   // k-step i - 1 retired: the A registers are free
-    uint32_t a[RT][4][4];
+    uint32_t a[4][4];
+    const auto prep = fmt.template prep<true>(meta);
 #pragma unroll
-    for (int r = 0; r < RT; ++r) {
-      const auto prep = fmt.template prep<true>(meta[r]);
-#pragma unroll
-      for (int f = 0; f < 4; ++f) fmt.template dequant<true>(cq[r], f, prep, a[r][f]);
-    }
-#pragma unroll
-    for (int r = 0; r < RT; ++r) fence_acc(acc[r]);
+    for (int f = 0; f < 4; ++f) fmt.template dequant<true>(cq, f, prep, a[f]);
+    ptx::fence_regs(acc);
     ptx::wgmma_fence();
     const uint32_t xs = sbase + uint32_t((i % D) * SB);
 #pragma unroll
-    for (int f = 0; f < 4; ++f)
-#pragma unroll
-      for (int r = 0; r < RT; ++r) Wgmma<BN>::mma(acc[r], a[r][f], ptx::smem_desc_sw128(xs + 32 * f));
+    for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
     ptx::wgmma_commit();
-#pragma unroll
-    for (int r = 0; r < RT; ++r) fence_acc(acc[r]);
+    ptx::fence_regs(acc);
   }
   ptx::wgmma_wait<0>();
-#pragma unroll
-  for (int r = 0; r < RT; ++r) fence_acc(acc[r]);
+  ptx::fence_regs(acc);
   ptx::cp_async_wait<0>();
 
   // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
@@ -232,80 +243,80 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, c = lane & 3;
   const bool split = gridDim.y > 1;
   float* out = split ? part + int64_t(blockIdx.y) * M * N : yf;
+  const int R0 = 64 * m64 + 16 * q + g;
 #pragma unroll
-  for (int r = 0; r < RT; ++r) {
-    const int R0 = 64 * (m64_0 + wg * RT + r) + 16 * q + g;
+  for (int j = 0; j < BN / 8; ++j) {
+    if (8 * j >= M) break;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      if (8 * j >= M) break;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = 8 * j + 2 * c + (e & 1), R = R0 + 8 * (e >> 1);
-        if (n < M && R < N) {
-          const int64_t o = int64_t(n) * N + R;
-          if (out) out[o] = acc[r][4 * j + e] + (!split && beta != 0.0f ? beta * out[o] : 0.0f);
-          else yh[o] = __float2half_rn(acc[r][4 * j + e]);
-        }
+    for (int e = 0; e < 4; ++e) {
+      const int n = 8 * j + 2 * c + (e & 1), R = R0 + 8 * (e >> 1);
+      if (n < M && R < N) {
+        const int64_t o = int64_t(n) * N + R;
+        if (out) out[o] = acc[4 * j + e] + (!split && beta != 0.0f ? beta * out[o] : 0.0f);
+        else yh[o] = __float2half_rn(acc[4 * j + e]);
       }
     }
   }
-  if (split) sum_split_k(part, arrivals, 64 * m64_0, 64 * kWarpgroups * RT, M, N, yh, yf, beta);
+  if (split) sum_split_k<BN <= 32 ? 1 : 4>(part, arrivals, 64 * kWarpgroups * blockIdx.x, 64 * kWarpgroups, M, N, yh, yf, beta);
 #endif  // PTQ_A16_WGMMA (other targets: an empty body, never launched: a16_wgmma_supported())
 }
 
 template <class Format>
 using WgmmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int);
 
-constexpr int wgmma_bn(int64_t M) { return M <= 64 ? 64 : M <= 128 ? 128 : 256; }
+// x rows staged per k-step (wgmma's N): the next of 8, 16, 32, 64, 128, 256 at or above M.
+constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
 
 template <class Format>
-WgmmaKernel<Format> wgmma_kernel_of(int bn, int rt) {
-  if (bn == 64) return rt == 2 ? wgmma_kernel<64, 2, Format> : wgmma_kernel<64, 1, Format>;
-  if (bn == 128) return rt == 2 ? wgmma_kernel<128, 2, Format> : wgmma_kernel<128, 1, Format>;
-  return wgmma_kernel<256, 1, Format>;
+WgmmaKernel<Format> wgmma_kernel_of(int bn) {
+  switch (bn) {
+    case 8: return wgmma_kernel<8, Format>;
+    case 16: return wgmma_kernel<16, Format>;
+    case 32: return wgmma_kernel<32, Format>;
+    case 64: return wgmma_kernel<64, Format>;
+    case 128: return wgmma_kernel<128, Format>;
+    default: return wgmma_kernel<256, Format>;
+  }
 }
 
 struct WgmmaPlan {
-  int bn, rt, groups, slices, sps;
+  int bn, groups, slices, sps;
 };
-// RT 1 (128 rows of W per CTA) unless forced to 2 (x read from L2 half as often, but twice the
-// K slices to fill the GPU: more partial sums; measured slower). K slices: the most (powers of two)
-// that keep one wave of CTAs (one per SM: shared memory): 4096 rows 4 slices, 11008 and 14336 rows
-// none. (A wave model, waves x k-steps per CTA, chose 8 slices in 7 waves at 14336 rows: 1.22x ->
-// 0.63x cuBLAS at M = 128.) A forced split (g_split: rt, slices) overrides.
-inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int64_t M) {
-  const int bn = wgmma_bn(M), KS = int((K + 63) / 64), sms = sm_count();
-  const int rt = bn == 256 ? 1 : g_split.rt == 2 ? 2 : 1, groups = int((N + 128 * rt - 1) / (128 * rt));
+// 128 rows of W per CTA (two 64-row tiles per warpgroup, half the x traffic, measured slower in
+// every forced split and were dropped). K slices: the most (powers of two) that keep one wave of
+// the CTAs resident at once (the occupancy calculator: shared memory and registers; 1 per SM from
+// 64 staged x rows), e.g. at 64..256 rows: 4096 rows 4 slices, 11008 and 14336 rows none. (A wave
+// model, waves x k-steps per CTA, chose 8 slices in 7 waves at 14336 rows: 1.22x -> 0.63x cuBLAS at
+// M = 128.) A forced split (g_split: slices) overrides.
+inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int64_t M, int per_sm) {
+  const int bn = wgmma_bn(M), KS = int((K + 63) / 64), groups = int((N + 127) / 128);
+  const int64_t resident = int64_t(sm_count()) * std::max(1, per_sm);
   int S = 1;
-  while (int64_t(groups) * S * 2 <= sms && 2 * S <= std::min(kMaxSlices, KS)) S *= 2;
+  while (int64_t(groups) * S * 2 <= resident && 2 * S <= std::min(kMaxSlices, KS)) S *= 2;
   if (g_split.slices) S = std::max(1, std::min(g_split.slices, KS));
   const int sps = (KS + S - 1) / S;
-  return {bn, rt, groups, (KS + sps - 1) / sps, sps};   // no empty slice
+  return {bn, groups, (KS + sps - 1) / sps, sps};   // no empty slice
 }
 
 template <class Format>
 void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
   if (M > kA16WgmmaMaxM) fail(Errc::usage, "", "M", "the wgmma A16 kernel takes M <= " + std::to_string(kA16WgmmaMaxM) + " rows, got M = " + std::to_string(M));
   if (!a16_wgmma_supported()) fail(Errc::usage, "", "device", "the wgmma A16 kernel is built for sm_90 (H100/H200) only: " + describe());
+  const int bn = wgmma_bn(M);
+  const auto kern = wgmma_kernel_of<Format>(bn);
+  const size_t smem = smem_bytes(bn, Format::kU4);
   static std::mutex mu;
-  static std::map<std::tuple<int, int64_t, int64_t, int, int>, WgmmaPlan> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int>, WgmmaPlan> plans;
   WgmmaPlan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(wgmma_bn(M), N, K, g_split.rt, g_split.slices);
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kern), N, K, g_split.slices);   // kern: format and BN
     auto it = plans.find(key);
-    p = it != plans.end() ? it->second : (plans[key] = plan_wgmma(N, K, M));
-  }
-  const auto kern = wgmma_kernel_of<Format>(p.bn, p.rt);
-  const size_t smem = smem_bytes(p.bn, p.rt, Format::kU4);
-  {
-    static std::mutex amu;
-    static std::map<const void*, bool> attr;
-    std::lock_guard<std::mutex> lock(amu);
-    if (!attr[reinterpret_cast<const void*>(kern)]) {   // its shared memory (over the 48 KB default) allowed once
+    if (it == plans.end()) {   // first call of this kernel and shape: its shared memory (over the 48 KB default) allowed once
       PTQ_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(kern), cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      attr[reinterpret_cast<const void*>(kern)] = true;
+      it = plans.emplace(key, plan_wgmma(N, K, M, resident_ctas(reinterpret_cast<const void*>(kern), kThreads / 32, smem))).first;
     }
+    p = it->second;
   }
   const int64_t KP = (K + 63) / 64 * 64, units = M * (KP / 64) * 2;
   DeviceBuffer<__half> xp(size_t(M * KP), "A16 wgmma permuted activations");

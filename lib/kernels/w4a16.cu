@@ -136,14 +136,14 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
 
 // Workspaces (the gathered x, the dequantized W) come from the pool on each call and go back at
 // its end: one model's Linears share them, and stream order makes the reuse safe.
-A16Path W4A16Linear::path_for(int64_t M) const { return a16::resolve(A16Path::automatic, M, p_->N, p_->K, ""); }
+A16Path W4A16Linear::path_for(int64_t M) const { return a16::resolve(A16Path::automatic, M, p_->N, p_->K, p_->bits, ""); }
 void W4A16Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
 void W4A16Linear::gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path) const { run(x, M, y, true, beta, path); }
 
 void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
-  path = a16::resolve(path, M, m.N, m.K, "W4A16");
+  path = a16::resolve(path, M, m.N, m.K, m.bits, "W4A16");
   const __half* xp = static_cast<const __half*>(x);
   DeviceBuffer<__half> xg;
   if (!m.identity) {   // act-order: x in the kernel's column order

@@ -69,12 +69,6 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
                ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)) : "memory");
 }
 
-// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma region.
-__device__ __forceinline__ void fence_operands(int (&d)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
 __device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n"
@@ -173,17 +167,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&full[s], (it / kStages) & 1);
       const uint8_t* a = smem + s * kStageBytes + c * 64 * kBK;
       const uint8_t* b = smem + s * kStageBytes + kABytes;
-      fence_operands(acc);
+      ptx::fence_regs(acc);
       ptx::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kBK / 32; ++k) wgmma_m64n256k32_s8(acc, smem_desc(a + 32 * k), smem_desc(b + 32 * k), 1);
       ptx::wgmma_commit();
-      fence_operands(acc);
+      ptx::fence_regs(acc);
       ptx::wgmma_wait<1>();   // the previous slice retired
       if (t > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kStages]);
     }
     ptx::wgmma_wait<0>();
-    fence_operands(acc);
+    ptx::fence_regs(acc);
     if (threadIdx.x % 128 == 0) mbar_arrive(&empty[(it - 1) % kStages]);
     // Accumulator layout of m64nNk32: warp q of the warpgroup holds rows 16q + lane/4 (+8); register
     // 4j + {0, 1} columns 8j + 2(lane mod 4) + {0, 1} of the first row, 4j + {2, 3} of the second.
