@@ -334,15 +334,16 @@ struct Plan {
 // latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
 // than two waves. Against forced splits on the Llama shapes (docs/benchmarks.md): within 4% (W4) and
 // 8% (NF4) of the best at M <= 16; up to 14% off in three M = 32/64 cells, where fewer warps per SM
-// also slow each k-step (not modelled). kern(rt) gives the kernel of each RT; RT = 2 up to M = 32.
+// also slow each k-step (not modelled). kern(rt) gives the kernel of each RT; RT = 2 up to M = 32;
+// rt_only: the RT the caller measured best (where the layer has that many tiles), 0: the model's.
 template <class KernOf>
-Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern) {
+Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, int rt_only = 0) {
   const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
   Plan best{1, 1, tiles, KS};
   int64_t best_cost = INT64_MAX, best_waves = 0, best_pairs = 0, best_warps = 0;
   for (int rt : {1, 2}) {
     if (rt == 2 && (nt > 4 || tiles < 2)) continue;
-    if (g_split.rt && rt != g_split.rt) continue;
+    if ((g_split.rt && rt != g_split.rt) || (!g_split.rt && rt_only && tiles >= rt_only && rt != rt_only)) continue;
     const int ctas = (tiles + rt - 1) / rt;
     for (int S = 1; S <= max_slices(nt, rt) && S <= KS; S *= 2) {
       const int per_sm = resident_ctas(kern(rt), S, red_bytes(S, nt, rt));
@@ -398,7 +399,11 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_tuple(kern(1), N, K, g_split.rt, g_split.slices);
     auto it = plans.find(key);
-    p = it != plans.end() ? it->second : (plans[key] = plan(N, K, M, kern));
+    // 8-bit codes at 9..16 rows: two row tiles per warp. The wave model picks one (more CTAs in
+    // flight), which runs as fast back to back but 24-41% slower as a single launch on four of the
+    // five Llama shapes (docs/benchmarks.md, tenth part).
+    const int rt_only = Format::kU4 == 2 && nt == 2 ? 2 : 0;
+    p = it != plans.end() ? it->second : (plans[key] = plan(N, K, M, kern, rt_only));
   }
   mma_kernel_of<Format>(nt, p.rt, k_step_scale)<<<unsigned(p.ctas), unsigned(32 * p.S), red_bytes(p.S, nt, p.rt)>>>(fmt, W, x, yh, yf, beta, int(M),
                                                                                                                    int(N), int(K), p.sps);

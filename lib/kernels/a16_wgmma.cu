@@ -1,5 +1,6 @@
-// a16_wgmma.cu — the Hopper kernel of the 16-bit-activation formats (W4A16, W8A16, NF4) for 65..256
-// activation rows (a16_path.h: automatic picks it there on an sm_90 GPU; forced, any M up to 256):
+// a16_wgmma.cu — the Hopper kernel of the 16-bit-activation formats (W4A16, W8A16, NF4) for 17..256
+// activation rows (a16_path.h: automatic picks it on an sm_90 GPU at 33..128 rows, 129..256 on
+// large layers, 17..32 for 4-bit codes on large layers; forced, any M up to 256):
 // y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Reference: ref_gemm_gptq /
 // ref_gemm_nf4 (kernels/reference.h); tests/test_cuda.cpp checks it against them.
 //
@@ -7,20 +8,21 @@
 // kernel): a lane's uint4 of a 16-row tile and 64-column k-step holds its mma A fragments f = 0..3.
 // wgmma.m64nBNk16 takes A from registers in that same per-warp fragment layout (warp q of a
 // warpgroup: rows 16q .. 16q + 15 of the 64), so each warp dequantizes its codes exactly as the
-// mma.sync kernels do, and x is the B operand (BN = 64, 128 or 256 activation rows, rows past M
-// zero) read by wgmma from shared memory. The fragment order permutes K inside a k-step (fragment
-// f of lane quad c holds columns 16c + 4f .. 16c + 4f + 3, as logical k 2c, 2c + 1 | 2c + 8, 2c + 9
-// of the k16 step f), so x is permuted the same way once per call (permute_x_kernel: column pair
-// (c, f, hi) of each 64-column k-step to the 4-byte slot 8f + 4hi + c; rows padded to whole
-// k-steps with zeros) into a workspace, which the kernel copies as it lies.
-// Work. A CTA = 2 warpgroups x RT row tiles of 64 = 128 RT rows of W, one of Sk K slices; one
-// k-step per pipeline stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the
-// codes and metadata of the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages,
-// D - 2 ahead of the math (the stage refilled was read by the wgmmas of two k-steps back, retired
-// before the barrier). Per k-step each warpgroup dequantizes its 4 RT fragments into registers
-// (scales in f16, as the dequantized matrix holds them: numerics.md) and issues 4 RT wgmmas, fp32
-// accumulators in registers (BN / 2 per tile and thread); one warpgroup's dequantization overlaps
-// the other's wgmmas. Split-K partials are summed in slice
+// mma.sync kernels do, and x is the B operand (BN = 8, 16, 32, 64, 128 or 256 activation rows, the
+// next at or above M, rows past M zero) read by wgmma from shared memory. The fragment order
+// permutes K inside a k-step (fragment f of lane quad c holds columns 16c + 4f .. 16c + 4f + 3, as
+// logical k 2c, 2c + 1 | 2c + 8, 2c + 9 of the k16 step f), so x is permuted the same way once per
+// call (permute_x_kernel: column pair (c, f, hi) of each 64-column k-step to the 4-byte slot
+// 8f + 4hi + c; rows padded to whole k-steps with zeros) into a workspace, which the kernel copies
+// as it lies.
+// Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
+// stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
+// the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math
+// (the stage refilled was read by the wgmmas of two k-steps back, retired before the barrier). Per
+// k-step each warpgroup dequantizes its 4 fragments into registers (scales in f16, as the
+// dequantized matrix holds them: numerics.md) and issues 4 wgmmas, fp32 accumulators in registers
+// (BN / 2 per thread); one warpgroup's dequantization overlaps the other's wgmmas (and, at BN <=
+// 32, other CTAs': 60-71 registers, several CTAs per SM). Split-K partials are summed in slice
 // order by the last CTA to arrive (a16_split_k.cuh): deterministic.
 // Roofline, 4096 x 4096 W4 g128 at M = 128: 8.9 MB of codes (3.0 us at 3.0 TB/s) and 4.3 GFLOP
 // (4.4 us at the H100's dense f16 wgmma peak, 989 TFLOP/s); cuBLAS f16 reads 33.6 MB and does the
