@@ -282,22 +282,22 @@ WgmmaKernel<Format> wgmma_kernel_of(int bn) {
 }
 
 struct WgmmaPlan {
-  int bn, groups, slices, sps;
+  int groups, slices, sps;
 };
-// 128 rows of W per CTA (two 64-row tiles per warpgroup, half the x traffic, measured slower in
-// every forced split and were dropped). K slices: the most (powers of two) that keep one wave of
+// 128 rows of W per CTA (two 64-row tiles per warpgroup, which halve the x traffic, measured slower
+// in every forced split and were dropped). K slices: the most (powers of two) that keep one wave of
 // the CTAs resident at once (the occupancy calculator: shared memory and registers; 1 per SM from
 // 64 staged x rows), e.g. at 64..256 rows: 4096 rows 4 slices, 11008 and 14336 rows none. (A wave
 // model, waves x k-steps per CTA, chose 8 slices in 7 waves at 14336 rows: 1.22x -> 0.63x cuBLAS at
 // M = 128.) A forced split (g_split: slices) overrides.
-inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int64_t M, int per_sm) {
-  const int bn = wgmma_bn(M), KS = int((K + 63) / 64), groups = int((N + 127) / 128);
+inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm) {
+  const int KS = int((K + 63) / 64), groups = int((N + 127) / 128);
   const int64_t resident = int64_t(sm_count()) * std::max(1, per_sm);
   int S = 1;
   while (int64_t(groups) * S * 2 <= resident && 2 * S <= std::min(kMaxSlices, KS)) S *= 2;
   if (g_split.slices) S = std::max(1, std::min(g_split.slices, KS));
   const int sps = (KS + S - 1) / S;
-  return {bn, groups, (KS + sps - 1) / sps, sps};   // no empty slice
+  return {groups, (KS + sps - 1) / sps, sps};   // no empty slice
 }
 
 template <class Format>
@@ -316,7 +316,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     auto it = plans.find(key);
     if (it == plans.end()) {   // first call of this kernel and shape: its shared memory (over the 48 KB default) allowed once
       PTQ_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(kern), cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      it = plans.emplace(key, plan_wgmma(N, K, M, resident_ctas(reinterpret_cast<const void*>(kern), kThreads / 32, smem))).first;
+      it = plans.emplace(key, plan_wgmma(N, K, resident_ctas(reinterpret_cast<const void*>(kern), kThreads / 32, smem))).first;
     }
     p = it->second;
   }
