@@ -743,6 +743,60 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
   }
 }
 
+// The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start
+// while the one before it runs, reading only W before it waits. A chain of calls queued without a
+// host sync, each reading the previous call's output and overwriting the buffer the call before
+// it read (ping-pong), must equal the reference chain (fp32 GEMMs, each output rounded to f16 as
+// the kernels store it): a read of x or a write of y before the wait would read stale activations
+// (the chain's input two steps back) or clobber the previous call's input. Six square layers
+// alternating two modules (g128 symmetric, per-channel asymmetric), at M = 1 and 16 (the L2-fed
+// kernel) and 64 (wgmma on sm_90: permute_x then the GEMM, both with PDL).
+TEST_CASE("gpu: A16 calls chained without a host sync (PDL) equal the reference chain") {
+  PTQ_REQUIRE_GPU();
+  const int64_t D = 2048;
+  for (int bits : {4, 8}) {
+    // Scales brought down so that each layer keeps |y| ~ |x| (rms of W ~ 1/sqrt(D)): six f16 layers
+    // must not overflow.
+    auto contractive = [&](QuantizedLinear q) {
+      double ss = 0;
+      for (int64_t o = 0; o < D; ++o)
+        for (int64_t i = 0; i < D; ++i) {
+          const int64_t gi = int64_t(q.g_idx[size_t(i)]) * D + o;
+          const double w = (double(q.codes[size_t(o * D + i)]) - q.zeros[size_t(gi)]) * q.scales[size_t(gi)];
+          ss += w * w;
+        }
+      const double f = 1.0 / std::sqrt(ss / double(D));   // rms(W) * sqrt(D) -> 1
+      for (auto& v : q.scales) v = round_to(DType::F16, float(v * f));
+      return q;
+    };
+    const GptqPacked pk[2] = {pack_gptq(contractive(random_q(bits, D, D, 128, true, false, 5)), true),
+                              pack_gptq(contractive(random_q(bits, D, D, -1, false, false, 6)), true)};
+    const std::unique_ptr<cuda::W4A16Linear> L[2] = {cuda::W4A16Linear::from_gptq(pk[0], true), cuda::W4A16Linear::from_gptq(pk[1], true)};
+    for (int64_t M : {1, 16, 64}) {
+      Rng r{uint64_t(M + bits)};
+      std::vector<float> cur(size_t(M * D)), next(cur.size());
+      std::vector<uint16_t> xh(cur.size()), yh(cur.size());
+      for (size_t i = 0; i < cur.size(); ++i) {
+        cur[i] = round_to(DType::F16, float(r.normal()));
+        xh[i] = f32_to_f16_bits(cur[i]);
+      }
+      cuda::DeviceBuffer<uint16_t> buf[2] = {cuda::DeviceBuffer<uint16_t>(xh.size(), "x"), cuda::DeviceBuffer<uint16_t>(xh.size(), "y")};
+      cuda::copy_to_device(buf[0].get(), xh.data(), xh.size() * 2);
+      constexpr int kSteps = 6;
+      for (int i = 0; i < kSteps; ++i) L[i % 2]->gemm(buf[i % 2].get(), M, buf[1 - i % 2].get());   // no sync between calls
+      for (int i = 0; i < kSteps; ++i) {
+        ref_gemm_gptq(cur.data(), M, pk[i % 2], true, next.data());
+        for (size_t j = 0; j < next.size(); ++j) cur[j] = round_to(DType::F16, next[j]);
+      }
+      cuda::copy_to_host(yh.data(), buf[kSteps % 2].get(), yh.size() * 2);
+      const double rel = rel_error_f16(yh, cur);
+      INFO(bits << "-bit M=" << M << " path " << cuda::a16_path_name(L[0]->path_for(M)) << " (PDL " << (cuda::pdl_enabled() ? "on" : "off")
+                << "): relative error after " << kSteps << " chained calls " << rel);
+      CHECK(rel <= 5e-3);   // one call: <= 2e-3; rounding differences of the intermediates compound
+    }
+  }
+}
+
 // The kernel with x in shared memory (kernels/a16_shared_x.cuh): every work split it can be given
 // (4, 8 or 16 warps per CTA, 1, 3 or 16 K slices) against the reference GEMM, at M = 9 .. 128 (16
 // to 128 staged x rows, rows past M zero). N = 1000: 63 tiles, so the last CTA's warps partly lie

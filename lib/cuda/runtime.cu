@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -37,6 +38,16 @@ bool available() {
 }
 
 void synchronize() { PTQ_CUDA(cudaDeviceSynchronize()); }
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("PTQKIT_PDL");
+    if (e && std::string(e) == "0") return false;
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return on;
+}
 
 std::string describe() {
   int n = 0;

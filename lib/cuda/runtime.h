@@ -13,6 +13,9 @@ namespace ptq::cuda {
 bool available();
 void synchronize();               // cudaDeviceSynchronize, checked                 // a usable GPU is present (false, not an error, without one)
 std::string describe();           // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.2 GiB" or why none
+// Whether kernels launched with launch_pdl (cuda/pdl.cuh) may overlap the one before them: an
+// sm_90+ GPU and PTQKIT_PDL not "0". Decided once per process.
+bool pdl_enabled();
 
 void check(int err, const char* what, const char* file, int line);          // cudaError_t
 void check_cublas(int st, const char* what, const char* file, int line);    // cublasStatus_t

@@ -27,6 +27,11 @@
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
 // second, partial one (measured: docs/benchmarks.md).
+// Launch: programmatic dependent launch (cuda/pdl.cuh): the kernel may start while the previous one
+// in the stream runs; each warp issues its first batch of codes and metadata, then waits for that
+// kernel before it reads x or writes y. A grid smaller than the GPU holds is spread (spread()): at
+// most ceil(CTAs / SMs) per SM, by padding shared memory within a small carveout, so the CTAs that
+// start while the previous kernel drains do not pile up on the SMs it freed first.
 // Roofline at M = 1, 4096 x 4096 4-bit g128: 8.9 MB of codes and metadata -> 3.0 us at the H100's
 // 3.0 TB/s copy bandwidth; cuBLAS f16 reads 33.6 MB.
 #pragma once
@@ -43,6 +48,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 #include "kernels/a16_path.h"
@@ -198,6 +204,15 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
     wp[r] = W + int64_t(tile[r]) * KS * kU4 * 32 + lane;
   }
   const __half* xr = x + int64_t(min(g, M - 1)) * K + 16 * c;   // B column n = g of n8 tile 0 (rows past M: copies, not stored)
+  // Launched with PDL (cuda/pdl.cuh): the next kernel may take this one's SMs as its CTAs exit, and
+  // this one's first batch of codes and metadata (never written by a kernel) is in flight before
+  // it waits for the previous kernel; x is read and y written after the wait.
+  pdl::allow_dependents();
+  bool waited = false;
+  auto wait_prior = [&] {
+    if (!waited) pdl::wait_prior_grid();
+    waited = true;
+  };
   float acc[RT][NT][4];
 #pragma unroll
   for (int r = 0; r < RT; ++r)
@@ -227,6 +242,7 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
     for (int b = 0; b < kBatch; ++b)
 #pragma unroll
       for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
+    wait_prior();
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
   }
@@ -239,8 +255,10 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
       for (int j = 0; j < kU4; ++j) q[r][j] = __ldcs(wp[r] + int64_t(s * kU4 + j) * 32);
 #pragma unroll
     for (int r = 0; r < RT; ++r) m[r] = __ldg(fmt.meta_ptr(tile[r], s, lane, kStepScale));
+    wait_prior();
     step(q, m, s);
   }
+  wait_prior();   // every path waits (a slice with no k-steps too): a kernel completes after the one before it
   // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
   constexpr int kAcc = 4 * NT * RT;
 #pragma unroll
@@ -312,6 +330,16 @@ inline int resident_ctas(const void* kern, int S, size_t smem) {
   return n;
 }
 
+// The most dynamic shared memory a CTA of kern may ask for (the opt-in limit less its static shared memory).
+inline int max_dynamic_smem(const void* kern) {
+  cudaFuncAttributes a{};
+  int dev = 0, optin = 0;
+  PTQ_CUDA(cudaFuncGetAttributes(&a, kern));
+  PTQ_CUDA(cudaGetDevice(&dev));
+  PTQ_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return optin - int(a.sharedSizeBytes);
+}
+
 inline int sm_count() {
   static const int n = [] {
     int dev = 0, v = 0;
@@ -328,7 +356,35 @@ inline size_t red_bytes(int S, int nt, int rt) { return size_t(S) * 32 * 4 * siz
 
 struct Plan {
   int rt, S, ctas, sps;
+  size_t smem = 0;     // dynamic shared memory per CTA at launch
+  int carveout = -1;   // shared-memory carveout at launch (percent), -1: the driver's choice
 };
+
+// Spreads the plan's CTAs: no SM takes more than cap = ceil(ctas / SMs) of them. A grid smaller
+// than the GPU holds, launched while the previous kernel's CTAs still occupy SMs (PDL), otherwise
+// piles up on the SMs that freed first. The launch asks for the smallest shared-memory carveout
+// that holds cap CTAs (the rest of the 256 KB stays L1, which caches x) and pads each CTA to 1/cap
+// of it (each CTA also takes 1 KB reserved by the system); the occupancy calculator confirms.
+inline void spread(const void* kern, Plan& p) {
+  const int per_sm = resident_ctas(kern, p.S, p.smem), cap = (p.ctas + sm_count() - 1) / sm_count();
+  if (cap >= per_sm) return;
+  int dev = 0, sm_bytes = 0;
+  PTQ_CUDA(cudaGetDevice(&dev));
+  PTQ_CUDA(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  int carve = sm_bytes;
+  for (int kb : {64, 100, 132, 164, 196})   // the sm_90 carveouts below the largest
+    if (kb * 1024 < sm_bytes && size_t(cap) * (p.smem + 1024) <= size_t(kb) * 1024) { carve = kb * 1024; break; }
+  const size_t padded = std::max<size_t>(p.smem, size_t(carve / cap - 1024) / 256 * 256);   // whole 256-byte units: the allocation rounds up
+  if (padded > size_t(max_dynamic_smem(kern))) return;
+  const int percent = int(int64_t(carve) * 100 / sm_bytes);
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic_smem(kern)));   // the kernel serves other shapes: the most
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, percent));   // for the calculator only
+  const int now = resident_ctas(kern, p.S, padded);
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, -1));
+  if (now != cap) return;
+  p.smem = padded;
+  p.carveout = percent;
+}
 // The split with the least time by a wave model: waves of resident CTAs (the occupancy calculator)
 // times the k-steps each warp walks; ties go to fewer waves (a partial wave costs a whole warp's
 // latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
@@ -403,11 +459,16 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // flight), which runs as fast back to back but 24-41% slower as a single launch on four of the
     // five Llama shapes (docs/benchmarks.md, tenth part).
     const int rt_only = Format::kU4 == 2 && nt == 2 ? 2 : 0;
-    p = it != plans.end() ? it->second : (plans[key] = plan(N, K, M, kern, rt_only));
+    if (it == plans.end()) {
+      Plan q = plan(N, K, M, kern, rt_only);
+      q.smem = red_bytes(q.S, nt, q.rt);
+      spread(kern(q.rt), q);
+      it = plans.emplace(key, q).first;
+    }
+    p = it->second;
   }
-  mma_kernel_of<Format>(nt, p.rt, k_step_scale)<<<unsigned(p.ctas), unsigned(32 * p.S), red_bytes(p.S, nt, p.rt)>>>(fmt, W, x, yh, yf, beta, int(M),
-                                                                                                                   int(N), int(K), p.sps);
-  PTQ_CUDA_LAUNCH("a16 mma_kernel");
+  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
+             W, x, yh, yf, beta, int(M), int(N), int(K), p.sps);
 }
 
 template <class Format>

@@ -38,6 +38,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 #include "kernels/a16_split_k.cuh"
@@ -67,6 +68,8 @@ constexpr size_t smem_bytes(int bn, int u4) { return size_t(stages(bn, u4)) * st
 // k of the four (slot 8f + 4hi + c): a 4 x 4 transpose, free in registers.
 __global__ void permute_x_kernel(const __half* __restrict__ x, __half* __restrict__ xp, int M, int K, int KP) {
   const int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, units = int64_t(M) * (KP / 64) * 2;
+  pdl::allow_dependents();   // the GEMM's CTAs may start their weight loads meanwhile
+  pdl::wait_prior_grid();    // x is the previous kernel's output; xp may still be read by the one before
   if (o >= units) return;
   const int p = int(o % 2), s = int(o / 2 % (KP / 64));
   const int64_t m = o / 2 / (KP / 64);
@@ -187,18 +190,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int KP = 64 * KS, xu = tid & 7, xrow0 = tid >> 3;
   const __half* xsrc = xp + int64_t(xrow0) * KP + 8 * xu;
   const uint32_t sbase = ptx::smem_addr(smem), xdst = uint32_t(xrow0 * 128 + ((xu ^ (xrow0 & 7)) << 4));
-  auto stage = [&](int i) {
+  auto stage_w = [&](int i) {
+    if (i >= chunks) return;
+    const int s = s0 + i;
+    const uint32_t cs = sbase + uint32_t((i % D) * SB + BN * 128), ms = cs + kU4 * kThreads * 16;
+#pragma unroll
+    for (int j = 0; j < kU4; ++j)
+      ptx::cp_async16(cs + uint32_t((j * kThreads + tid) * 16), W + (int64_t(tile) * KS * kU4 + int64_t(s) * kU4 + j) * 32 + lane, 16);
+    ptx::cp_async8(ms + uint32_t(tid * 8), fmt.meta_ptr(tile, s, lane, false));
+  };
+  auto stage_x = [&](int i) {
     if (i < chunks) {
-      const int s = s0 + i;
       const uint32_t st = sbase + uint32_t((i % D) * SB);
 #pragma unroll
       for (int j = 0; j < (BN + 31) / 32; ++j)
-        if (xrow0 + 32 * j < M) ptx::cp_async16(st + xdst + uint32_t(j * 32 * 128), xsrc + int64_t(32 * j) * KP + 64 * s, 16);
-      const uint32_t cs = st + BN * 128, ms = cs + kU4 * kThreads * 16;
-#pragma unroll
-      for (int j = 0; j < kU4; ++j)
-        ptx::cp_async16(cs + uint32_t((j * kThreads + tid) * 16), W + (int64_t(tile) * KS * kU4 + int64_t(s) * kU4 + j) * 32 + lane, 16);
-      ptx::cp_async8(ms + uint32_t(tid * 8), fmt.meta_ptr(tile, s, lane, false));
+        if (xrow0 + 32 * j < M) ptx::cp_async16(st + xdst + uint32_t(j * 32 * 128), xsrc + int64_t(32 * j) * KP + 64 * (s0 + i), 16);
     }
     ptx::cp_async_commit();   // past the last k-step an empty group: the wait below counts groups
   };
@@ -211,13 +217,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   // into a second register set while they run (as CUTLASS's mixed-input mainloop transforms the
   // next k-block) made ptxas serialize every wgmma here (C7513), so the overlap is across the two
   // warpgroups only.
+  // Launched with PDL (cuda/pdl.cuh): the first stages' codes and metadata (never written by a
+  // kernel) are in flight before the wait for the previous kernel (permute_x); x, the split-K
+  // workspace and y come after it. The group of the first commit holds them all.
+  pdl::allow_dependents();
 #pragma unroll
-  for (int i = 0; i < D - 2; ++i) stage(i);
+  for (int i = 0; i < D - 2; ++i) stage_w(i);
+  pdl::wait_prior_grid();
+#pragma unroll
+  for (int i = 0; i < D - 2; ++i) stage_x(i);
   for (int i = 0; i < chunks; ++i) {
     ptx::cp_async_wait<D - 3>();   // this thread's copies of k-step i landed
     ptx::fence_proxy_async();
     __syncthreads();               // ... and every thread's; the wgmmas of k-step i - 2 retired everywhere
-    stage(i + D - 2);              // into the stage k-step i - 2 used
+    stage_w(i + D - 2);            // into the stage k-step i - 2 used
+    stage_x(i + D - 2);
     const uint8_t* st = smem + (i % D) * SB;
     uint4 cq[kU4];
 #pragma unroll
@@ -322,16 +336,19 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   }
   const int64_t KP = (K + 63) / 64 * 64, units = M * (KP / 64) * 2;
   DeviceBuffer<__half> xp(size_t(M * KP), "A16 wgmma permuted activations");
-  permute_x_kernel<<<unsigned((units + 255) / 256), 256>>>(x, xp.get(), int(M), int(K), int(KP));
-  PTQ_CUDA_LAUNCH("a16 permute_x_kernel");
+  launch_pdl("a16 permute_x_kernel", true, -1, permute_x_kernel, dim3(unsigned((units + 255) / 256)), dim3(256), 0, x, xp.get(), int(M), int(K), int(KP));
   DeviceBuffer<float> part;
   int* arrivals = nullptr;
   if (p.slices > 1) {
     part = DeviceBuffer<float>(size_t(p.slices * M * N), "A16 split-K partial sums");
     arrivals = arrival_counters(p.groups);
   }
-  kern<<<dim3(unsigned(p.groups), unsigned(p.slices)), kThreads, smem>>>(fmt, W, xp.get(), yh, yf, beta, part.get(), arrivals, int(M), int(N), int(K), p.sps);
-  PTQ_CUDA_LAUNCH("a16 wgmma_kernel");
+  // PDL for the GEMM from 64 staged x rows (one CTA per SM). With x tiles of 8..32 rows (several
+  // CTAs per SM, fewer CTAs than the GPU holds) it lost 7-20% on the 4096-row layers with K of
+  // 11008 and 14336 and back to back at 14336 x 4096, won 11% at 11008 x 4096: off there
+  // (docs/benchmarks.md, eleventh part). permute_x always takes it.
+  launch_pdl("a16 wgmma_kernel", bn >= 64, -1, kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xp.get(), yh, yf, beta, part.get(), arrivals,
+             int(M), int(N), int(K), p.sps);
 }
 
 }  // namespace

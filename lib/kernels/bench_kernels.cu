@@ -8,6 +8,8 @@
 //           >= 256 MiB, so each launch's weights were last touched >= 256 MiB ago), queued behind a
 //           spinning kernel so the host's launch rate does not show; time / R. This is how a
 //           decode step runs its layers. cuBLAS is timed the same way on R copies of f16 weights.
+//           The A16 kernels are launched with PDL (cuda/pdl.cuh), so here each starts its weight
+//           loads during the previous launch's tail; PTQKIT_PDL=0 times them without it.
 // PTQKIT_A16_SWEEP="rt:slices[:warps],..." adds a row per forced work split of the tensor-core
 // kernels (set_a16_split, a16_path.h): how the planners' choices were checked.
 // PTQKIT_A16_PATHS="mma,shared_x,wgmma,dequant" times those paths (where they take M) instead of the
@@ -113,7 +115,8 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     const double us = median_us(20, flush.get(), flush_bytes, [&] { PTQ_CUDA(cudaMemcpyAsync(b.get(), a.get(), n, cudaMemcpyDeviceToDevice)); });
     copy_gbs = 2.0 * double(n) / (us * 1e-6) / 1e9;
   }
-  std::printf("bench kernels on %s: device-to-device copy %.0f GB/s (read + write); cold L2, median of %d runs\n", describe().c_str(), copy_gbs, runs);
+  std::printf("bench kernels on %s: device-to-device copy %.0f GB/s (read + write); cold L2, median of %d runs; A16 kernels launched with PDL: %s\n",
+              describe().c_str(), copy_gbs, runs, pdl_enabled() ? "yes" : "no (PTQKIT_PDL=0 or no sm_90)");
   std::printf("%-17s %5s %-11s | %-38s | %s\n", "", "", "", "single launch after a 256 MiB rewrite", "stream: back to back, rotating weights");
   std::printf("%-17s %5s %-11s | %8s %6s %6s %8s %7s | %8s %6s %6s %8s %7s\n", "bits N x K", "M", "path", "us", "GB/s", "%copy", "cuBLAS", "speedup", "us",
               "GB/s", "%copy", "cuBLAS", "speedup");

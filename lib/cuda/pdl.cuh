@@ -1,0 +1,63 @@
+// pdl.cuh — programmatic dependent launch (Hopper): a kernel launched with launch_pdl may be
+// scheduled while the kernel before it in the stream still runs, so a layer's weight stream starts
+// during the previous kernel's tail instead of after it and its launch gap.
+//
+// Contract for a kernel launched with launch_pdl:
+//   - before wait_prior_grid() it reads only what no kernel writes (packed weights: written by
+//     synchronous host copies when a Linear is built, never by a kernel);
+//   - wait_prior_grid() returns once the previous kernel in the stream has completed and its
+//     writes are visible: every read of activations or workspaces, and every write, comes after it;
+//   - allow_dependents() lets the next such kernel be scheduled as this grid's CTAs exit (once
+//     every CTA has called it or exited). Without it the next kernel starts at this one's end.
+// Below sm_90 both are no-ops and launch_pdl is a plain launch. PTQKIT_PDL=0 turns the attribute
+// off (benchmarks compare the two).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/runtime.h"
+
+namespace ptq::cuda {
+
+namespace pdl {
+__device__ __forceinline__ void wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+}  // namespace pdl
+
+// kern<<<grid, block, smem>>>(args...) on the default stream, with programmatic stream
+// serialization where `pdl` and pdl_enabled(), and a shared-memory carveout (percent of the
+// largest) when carveout >= 0; a launch error names `what`.
+template <class... P, class... A>
+void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl && pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (carveout >= 0) {
+    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attr[n++].val.sharedMemCarveout = unsigned(carveout);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = nullptr;
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);
+  if (e != cudaSuccess) cudaGetLastError();   // a refused launch: not left for the next launch's check
+  check(int(e), what, __FILE__, __LINE__);
+}
+
+}  // namespace ptq::cuda
