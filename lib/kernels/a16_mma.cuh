@@ -375,9 +375,10 @@ inline void spread(const void* kern, Plan& p) {
   for (int kb : {64, 100, 132, 164, 196})   // the sm_90 carveouts below the largest
     if (kb * 1024 < sm_bytes && size_t(cap) * (p.smem + 1024) <= size_t(kb) * 1024) { carve = kb * 1024; break; }
   const size_t padded = std::max<size_t>(p.smem, size_t(carve / cap - 1024) / 256 * 256);   // whole 256-byte units: the allocation rounds up
-  if (padded > size_t(max_dynamic_smem(kern))) return;
+  const int most = max_dynamic_smem(kern);
+  if (padded > size_t(most)) return;
   const int percent = int(int64_t(carve) * 100 / sm_bytes);
-  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic_smem(kern)));   // the kernel serves other shapes: the most
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most));   // the kernel serves other shapes: the most
   PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, percent));   // for the calculator only
   const int now = resident_ctas(kern, p.S, padded);
   PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, -1));
