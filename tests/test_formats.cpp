@@ -382,4 +382,25 @@ TEST_CASE("a malformed GGUF file is refused naming the field") {
   h += std::string(10, 'x');
   write_file_atomic(d / "y.gguf", h);
   CHECK_THROWS_WITH(GgufFile(d / "y.gguf"), Catch::Contains("runs past the end of the file"));
+  // One F32 tensor of one element at offset 2^64 - 1: data_start + offset wraps to just before the
+  // data, which a naive "start + offset + bytes <= size" check accepts (found by the GGUF fuzzer).
+  auto u64 = [](uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); };
+  auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  auto one_tensor = [&](uint64_t offset, const std::string& kv, uint64_t nkv) {
+    std::string f = "GGUF" + u32(3) + u64(1) + u64(nkv) + kv + u64(1) + "w" + u32(1) + u64(1) + u32(0) + u64(offset);
+    f.resize((f.size() + 31) / 32 * 32 + 64, '\0');
+    return f;
+  };
+  write_file_atomic(d / "wrap.gguf", one_tensor(~uint64_t(0), "", 0));
+  CHECK_THROWS_WITH(GgufFile(d / "wrap.gguf"), Catch::Contains("w: data lies outside the file"));
+  write_file_atomic(d / "ok.gguf", one_tensor(60, "", 0));   // the last 4 bytes: accepted
+  CHECK(GgufFile(d / "ok.gguf").tensors().size() == 1);
+  write_file_atomic(d / "past.gguf", one_tensor(61, "", 0));
+  CHECK_THROWS_WITH(GgufFile(d / "past.gguf"), Catch::Contains("data lies outside the file"));
+  const std::string align_str = u64(17) + "general.alignment" + u32(8) + u64(2) + "32";   // a string value
+  write_file_atomic(d / "align.gguf", one_tensor(0, align_str, 1));
+  CHECK_THROWS_WITH(GgufFile(d / "align.gguf"), Catch::Contains("general.alignment: must be an unsigned integer"));
+  const std::string align_huge = u64(17) + "general.alignment" + u32(10) + u64(uint64_t(1) << 63);   // u64, wraps the rounding
+  write_file_atomic(d / "align2.gguf", one_tensor(0, align_huge, 1));
+  CHECK_THROWS_WITH(GgufFile(d / "align2.gguf"), Catch::Contains("must be a power of two no larger than the file"));
 }

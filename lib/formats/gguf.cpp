@@ -304,11 +304,18 @@ GgufFile::GgufFile(const std::string& path) : map_(path) {
     by_name_[t.name] = tensors_.size();
     tensors_.push_back(t);
   }
-  const uint64_t align = meta_.contains("general.alignment") ? meta_["general.alignment"].get<uint64_t>() : kAlign;
-  if (align == 0 || (align & (align - 1))) fail(Errc::format, path, "general.alignment", "must be a power of two");
-  const uint64_t data_start = (uint64_t(r.p - map_.data()) + align - 1) / align * align;
+  uint64_t align = kAlign;
+  if (meta_.contains("general.alignment")) {
+    const json& a = meta_["general.alignment"];
+    if (!a.is_number_unsigned()) fail(Errc::format, path, "general.alignment", "must be an unsigned integer");
+    align = a.get<uint64_t>();
+  }
+  if (align == 0 || (align & (align - 1)) || align > map_.size()) fail(Errc::format, path, "general.alignment", "must be a power of two no larger than the file");
+  // Every sum below is bounded by the file size before it is formed: offsets come from the file and may be anything.
+  const uint64_t size = map_.size(), data_start = (uint64_t(r.p - map_.data()) + align - 1) / align * align;
   for (auto& t : tensors_) {
-    if (data_start + t.offset + t.nbytes > map_.size()) fail(Errc::format, path, t.name, "data lies outside the file");
+    if (data_start > size || t.offset > size - data_start || t.nbytes > size - data_start - t.offset)
+      fail(Errc::format, path, t.name, "data lies outside the file (offset " + std::to_string(t.offset) + ", " + std::to_string(t.nbytes) + " bytes)");
     t.data = map_.data() + data_start + t.offset;
   }
 }
