@@ -16,6 +16,7 @@ namespace ptq::cuda::a16 {
 template <int BITS>
 struct GptqFormat {
   static constexpr int kU4 = BITS / 4;   // uint4 per lane per k-step
+  static constexpr bool kPairTable = false;
   static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
   using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
   struct Prep {
@@ -81,12 +82,13 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// The NF4 format of kernels/a16_mma.cuh. tab: low bytes (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15)
-// and high bytes (hi[0..3]) of the 16 f16 NF4 values, a kernel argument (registers, no table in
-// memory). Meta = the absmax of rows g and g + 8 for the lane's block.
+// The NF4 format of the shared-x, wgmma and dequantize kernels (the L2-fed kernel runs
+// Nf4PairFormat below). tab: low bytes (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15) and high bytes
+// (hi[0..3]) of the 16 f16 NF4 values, a kernel argument (registers, no table in memory).
+// Meta = the absmax of rows g and g + 8 for the lane's block.
 struct Nf4Format {
   static constexpr int kU4 = 1;
-  static constexpr int kLoadsM8 = 8;   // at M <= 8: 4 k-steps of two tiles per batch (M = 1 4096x14336: 1.93x -> 2.07x)
+  static constexpr bool kPairTable = false;
   using Meta = float2;
   using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
   uint32_t lo[4], hi[4];
@@ -114,15 +116,58 @@ struct Nf4Format {
     const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w;
     lookup4(w, a[0], a[1]);         // a0a1 row g, a2a3 row g + 8 (columns k0, k0 + 1)
     lookup4(w >> 16, a[2], a[3]);   // columns k0 + 2, k0 + 3
-    if constexpr (SCALED) {
-      const __half2 sg = __low2half2(p), sh = __high2half2(p);
+    if constexpr (SCALED) scale(p, a);
+  }
+  __device__ static void scale(const Prep& p, uint32_t* a) {
+    const __half2 sg = __low2half2(p), sh = __high2half2(p);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&a[i]), i % 2 ? sh : sg);
-        a[i] = *reinterpret_cast<const uint32_t*>(&v);
-      }
+    for (int i = 0; i < 4; ++i) {
+      const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&a[i]), i % 2 ? sh : sg);
+      a[i] = *reinterpret_cast<const uint32_t*>(&v);
     }
   }
 };
+
+// NF4 for the L2-fed kernel (a16_mma.cuh), which holds a pair table in shared memory: word
+// [b][lane] = {V(b & 15), V(b >> 4)} for each byte b of codes, one copy per lane (a lane reads only
+// its own column: no bank conflicts), 32 KB. A byte of codes is one fragment register: per 2
+// codes a shift, a mask, an add and an LDS, where the PRMT lookup takes 11 integer instructions per
+// 4 codes (docs/benchmarks.md, twelfth part). The kernel fills the table once per CTA.
+struct Nf4PairFormat : Nf4Format {
+  static constexpr bool kPairTable = true;
+  static constexpr int kPairWords = 256 * 32;
+  static constexpr int kLoadsM8 = 4;   // 8 (the PRMT lookup's choice): 78 -> 109 registers, M = 1 single launch 3-15% slower
+  explicit Nf4PairFormat(const Nf4Format& f) : Nf4Format(f) {}
+  __device__ static uint32_t* pair_table() {
+    __shared__ __align__(16) uint32_t table[kPairWords];
+    return table;
+  }
+  // Fills the table with the CTA's threads; the caller syncs before the first dequant.
+  __device__ void fill_pairs() const {
+    for (int i = threadIdx.x; i < kPairWords / 4; i += blockDim.x) {   // 4 lanes' copies per 16-byte store
+      uint32_t p, unused;
+      lookup4(uint32_t(i >> 3), p, unused);
+      reinterpret_cast<uint4*>(pair_table())[i] = make_uint4(p, p, p, p);
+    }
+  }
+  template <bool SCALED>
+  __device__ void dequant(const uint4 (&q)[1], int f, const Prep& p, uint32_t* a) const {
+    const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w, lane4 = (threadIdx.x & 31) * 4;
+    const char* t = reinterpret_cast<const char*>(pair_table());
+    auto at = [&](uint32_t byte_x128) { return *reinterpret_cast<const uint32_t*>(t + (byte_x128 | lane4)); };
+    a[0] = at((w << 7) & 0x7F80u);   // byte i of w -> a[i]: a0a1 row g, a2a3 row g + 8 at k0, k0 + 1; a4..a7 at k0 + 2, k0 + 3
+    a[1] = at((w >> 1) & 0x7F80u);
+    a[2] = at((w >> 9) & 0x7F80u);
+    a[3] = at((w >> 17) & 0x7F80u);
+    if constexpr (SCALED) scale(p, a);
+  }
+};
+
+// The format the L2-fed kernel runs: NF4 with its pair table, the others as they are.
+template <class Format>
+Format mma_format(const Format& f) {
+  return f;
+}
+inline Nf4PairFormat mma_format(const Nf4Format& f) { return Nf4PairFormat(f); }
 
 }  // namespace ptq::cuda::a16

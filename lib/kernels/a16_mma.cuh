@@ -22,7 +22,8 @@
 // (groups of 16, 32, 96 ...) each lane scales its fragments in f16, as an f16 dequantized
 // matrix holds its weights. Accumulation is fp32 either way.
 // Work. A warp owns RT (1 or 2) row tiles and one of S K slices, walked in batches of up to 4 uint4
-// loads per lane (2 above M = 16) issued before their math; with RT = 2 the x fragments are loaded
+// loads per lane (2 above M = 16) issued before their math (4-bit codes at 9..16 rows with RT = 2:
+// the next batch issued while this one's MMAs run); with RT = 2 the x fragments are loaded
 // once for both tiles (at M = 16 x is read 4x more often than W: that halves it). A CTA = the S
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
@@ -40,6 +41,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -188,9 +191,14 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
   // uint4 loads per lane in flight per batch: 2 for M > 16 (registers), the format's choice at M <= 8
-  // with two row tiles (NF4: 8, its PRMT dequantization leaves time for deeper batches), else 4.
+  // with two row tiles, else 4.
   constexpr int kU4 = Format::kU4, kLoads = NT >= 4 ? 2 : NT == 1 && RT == 2 ? Format::kLoadsM8 : 4;
   constexpr int kBatch = kLoads / (kU4 * RT) > 0 ? kLoads / (kU4 * RT) : 1;
+  // 4-bit codes at 9..16 rows, two row tiles: the next batch's loads follow this batch's steps in
+  // program order, so the compiler issues them while the MMAs run (W4: 102 -> 124 registers, 11008 x
+  // 4096 1.81x -> 2.37x). Elsewhere each batch is loaded, then used: as fast or faster (8-bit codes,
+  // one row tile; docs/benchmarks.md, twelfth part).
+  constexpr bool kOverlapBatches = NT == 2 && RT == 2 && kU4 == 1;
   using Meta = typename Format::Meta;
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
@@ -208,11 +216,6 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
   // this one's first batch of codes and metadata (never written by a kernel) is in flight before
   // it waits for the previous kernel; x is read and y written after the wait.
   pdl::allow_dependents();
-  bool waited = false;
-  auto wait_prior = [&] {
-    if (!waited) pdl::wait_prior_grid();
-    waited = true;
-  };
   float acc[RT][NT][4];
 #pragma unroll
   for (int r = 0; r < RT; ++r)
@@ -228,37 +231,93 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
     };
     k_step<NT, RT, kStepScale>(fmt, q, meta, load_x, acc);
   };
-  int s = s0;
-  for (; s + kBatch <= s1; s += kBatch) {
-    uint4 q[kBatch][RT][kU4];
-    Meta m[kBatch][RT];
+  // NF4's pair table: filled before any load (the fill needs a barrier every warp reaches), before
+  // the wait for the previous kernel.
+  if constexpr (Format::kPairTable) {
+    fmt.fill_pairs();
+    __syncthreads();
+  }
+  if constexpr (kOverlapBatches) {
+    using Codes = uint4[kBatch][RT][kU4];
+    using Metas = Meta[kBatch][RT];
+    // The first nb k-steps of a batch; a whole batch as straight-line code (its steps interleave).
+    auto issue = [&](Codes& q, Metas& m, int s, int nb) {
+      auto one = [&](int b) {
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b)
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(wp[r] + int64_t((s + b) * kU4 + j) * 32);
+#pragma unroll
+        for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
+      };
+      if (nb == kBatch) {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) one(b);
+      } else {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+          if (b < nb) one(b);
+      }
+    };
+    auto use = [&](const Codes& q, const Metas& m, int s, int nb) {
+      if (nb == kBatch) {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
+      } else {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+          if (b < nb) step(q[b], m[b], s + b);
+      }
+    };
+    Codes q;
+    Metas m;
+    int s = s0, nb = min(kBatch, s1 - s0);
+    issue(q, m, s, nb);
+    pdl::wait_prior_grid();   // every warp waits, one with no k-steps too: a kernel completes after the one before it
+    while (nb > 0) {
+      use(q, m, s, nb);
+      s += nb;
+      nb = min(kBatch, s1 - s);
+      issue(q, m, s, nb);
+    }
+  } else {   // whole batches loaded, then used; the rest one k-step at a time
+    bool waited = false;
+    auto wait_prior = [&] {
+      if (!waited) pdl::wait_prior_grid();
+      waited = true;
+    };
+    int s = s0;
+    for (; s + kBatch <= s1; s += kBatch) {
+      uint4 q[kBatch][RT][kU4];
+      Meta m[kBatch][RT];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(wp[r] + int64_t((s + b) * kU4 + j) * 32);   // streamed once: not kept in L1
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
+      wait_prior();
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
+    }
+    for (; s < s1; ++s) {
+      uint4 q[RT][kU4];
+      Meta m[RT];
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(wp[r] + int64_t((s + b) * kU4 + j) * 32);   // streamed once: not kept in L1
+        for (int j = 0; j < kU4; ++j) q[r][j] = __ldcs(wp[r] + int64_t(s * kU4 + j) * 32);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b)
-#pragma unroll
-      for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
-    wait_prior();
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
+      for (int r = 0; r < RT; ++r) m[r] = __ldg(fmt.meta_ptr(tile[r], s, lane, kStepScale));
+      wait_prior();
+      step(q, m, s);
+    }
+    wait_prior();   // every warp waits, one with no k-steps too: a kernel completes after the one before it
   }
-  for (; s < s1; ++s) {
-    uint4 q[RT][kU4];
-    Meta m[RT];
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-      for (int j = 0; j < kU4; ++j) q[r][j] = __ldcs(wp[r] + int64_t(s * kU4 + j) * 32);
-#pragma unroll
-    for (int r = 0; r < RT; ++r) m[r] = __ldg(fmt.meta_ptr(tile[r], s, lane, kStepScale));
-    wait_prior();
-    step(q, m, s);
-  }
-  wait_prior();   // every path waits (a slice with no k-steps too): a kernel completes after the one before it
   // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
   constexpr int kAcc = 4 * NT * RT;
 #pragma unroll
@@ -330,14 +389,18 @@ inline int resident_ctas(const void* kern, int S, size_t smem) {
   return n;
 }
 
+inline int static_smem(const void* kern) {
+  cudaFuncAttributes a{};
+  PTQ_CUDA(cudaFuncGetAttributes(&a, kern));
+  return int(a.sharedSizeBytes);
+}
+
 // The most dynamic shared memory a CTA of kern may ask for (the opt-in limit less its static shared memory).
 inline int max_dynamic_smem(const void* kern) {
-  cudaFuncAttributes a{};
   int dev = 0, optin = 0;
-  PTQ_CUDA(cudaFuncGetAttributes(&a, kern));
   PTQ_CUDA(cudaGetDevice(&dev));
   PTQ_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return optin - int(a.sharedSizeBytes);
+  return optin - static_smem(kern);
 }
 
 inline int sm_count() {
@@ -371,10 +434,12 @@ inline void spread(const void* kern, Plan& p) {
   int dev = 0, sm_bytes = 0;
   PTQ_CUDA(cudaGetDevice(&dev));
   PTQ_CUDA(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  const size_t fixed = size_t(static_smem(kern)) + 1024;   // static shared memory and the system's 1 KB
   int carve = sm_bytes;
   for (int kb : {64, 100, 132, 164, 196})   // the sm_90 carveouts below the largest
-    if (kb * 1024 < sm_bytes && size_t(cap) * (p.smem + 1024) <= size_t(kb) * 1024) { carve = kb * 1024; break; }
-  const size_t padded = std::max<size_t>(p.smem, size_t(carve / cap - 1024) / 256 * 256);   // whole 256-byte units: the allocation rounds up
+    if (kb * 1024 < sm_bytes && size_t(cap) * (p.smem + fixed) <= size_t(kb) * 1024) { carve = kb * 1024; break; }
+  if (size_t(carve / cap) < p.smem + fixed) return;
+  const size_t padded = std::max<size_t>(p.smem, (size_t(carve / cap) - fixed) / 256 * 256);   // whole 256-byte units: the allocation rounds up
   const int most = max_dynamic_smem(kern);
   if (padded > size_t(most)) return;
   const int percent = int(int64_t(carve) * 100 / sm_bytes);
@@ -456,15 +521,23 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_tuple(kern(1), N, K, g_split.rt, g_split.slices);
     auto it = plans.find(key);
-    // 8-bit codes at 9..16 rows: two row tiles per warp. The wave model picks one (more CTAs in
-    // flight), which runs as fast back to back but 24-41% slower as a single launch on four of the
-    // five Llama shapes (docs/benchmarks.md, tenth part).
-    const int rt_only = Format::kU4 == 2 && nt == 2 ? 2 : 0;
+    // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model picks one on the 4096-row
+    // layers (more CTAs in flight), which for 8-bit codes runs as fast back to back but 24-41% slower
+    // as a single launch (docs/benchmarks.md, tenth part), for 4-bit codes 4-21% slower both ways
+    // since two tiles overlap their batches (twelfth part). NF4: mixed (single faster, stream slower).
+    const int rt_only = !Format::kPairTable && nt == 2 ? 2 : 0;   // the GPTQ formats (NF4 runs with its pair table)
     if (it == plans.end()) {
       Plan q = plan(N, K, M, kern, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);
       spread(kern(q.rt), q);
       it = plans.emplace(key, q).first;
+      if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
+        cudaFuncAttributes a{};
+        PTQ_CUDA(cudaFuncGetAttributes(&a, kern(q.rt)));
+        std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d\n",
+                     (long long)M, (long long)N, (long long)K, nt, q.rt, q.S, q.ctas, q.sps, a.sharedSizeBytes, q.smem, q.carveout, a.numRegs,
+                     resident_ctas(kern(q.rt), q.S, q.smem));
+      }
     }
     p = it->second;
   }

@@ -228,7 +228,7 @@ void run_tensor_cores(A16Path path, const Format& fmt, bool k_step_scale, const 
                       int64_t M, int64_t N, int64_t K) {
   if (path == A16Path::wgmma) run_wgmma(fmt, W, x, yh, yf, beta, M, N, K);
   else if (path == A16Path::shared_x) run_shared_x(fmt, W, x, yh, yf, beta, M, N, K);
-  else run_mma(fmt, k_step_scale, W, x, yh, yf, beta, M, N, K);
+  else run_mma(mma_format(fmt), k_step_scale, W, x, yh, yf, beta, M, N, K);
 }
 
 }  // namespace ptq::cuda::a16

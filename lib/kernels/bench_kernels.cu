@@ -14,6 +14,8 @@
 // kernels (set_a16_split, a16_path.h): how the planners' choices were checked.
 // PTQKIT_A16_PATHS="mma,shared_x,wgmma,dequant" times those paths (where they take M) instead of the
 // automatic one: how the crossovers of a16_auto_path were found.
+// PTQKIT_A16_PLAN_LOG=1 prints each plan of the L2-fed kernel to stderr when it is made (rows
+// tiles, slices, CTAs, shared memory, registers, resident CTAs per SM).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

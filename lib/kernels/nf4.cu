@@ -10,10 +10,13 @@
 // tile and block as the pairs (row g, row g + 8), fp32. Accepted: K a multiple of 16 and of B;
 // B in {32, 64, 128, 256}; N any; M any (the tensor-core kernels a16_mma.cuh, a16_wgmma.cu,
 // a16_shared_x.cuh as a16_path.h picks; else dequantize to f16 and cuBLAS).
-// Math: the 16 NF4 values in f16 as byte tables in registers; PRMT looks up 4 codes at once
-// (the low 3 bits pick a byte from each half of the table, bit 3 picks the half, two more PRMTs
-// interleave low and high bytes into f16 pairs): 11 instructions per 4 weights, no shared memory,
-// no bank conflicts. The f16 NF4 values times x summed in fp32 by mma.sync; absmax applied in
+// Math: the L2-fed kernel (M <= 16) looks each byte of codes up in a shared-memory table of f16
+// pairs, one copy per lane (a16_formats.cuh, Nf4PairFormat: 32 KB, no bank conflicts): 2 integer
+// instructions and an LDS per 2 weights. The other kernels keep the 16 NF4 values in f16 as byte
+// tables in registers; PRMT looks up 4 codes at once (the low 3 bits pick a byte from each half of
+// the table, bit 3 picks the half, two more PRMTs interleave low and high bytes into f16 pairs): 11
+// instructions per 4 weights, which bounded the L2-fed kernel at M = 1 to 38-49% of the copy
+// bandwidth. The f16 NF4 values times x summed in fp32 by mma.sync; absmax applied in
 // fp32 to each k-step's partial when B >= 64, in f16 to the weights for B = 32. Tolerance against
 // the fp32 reference: the NF4 values rounded to f16 (2^-11 relative), f16 absmax products for
 // B = 32 (tests: 3e-3 relative, norm-wise).
