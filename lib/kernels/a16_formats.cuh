@@ -136,7 +136,7 @@ struct Nf4Format {
 struct Nf4PairFormat : Nf4Format {
   static constexpr bool kPairTable = true;
   static constexpr int kPairWords = 256 * 32;
-  static constexpr int kLoadsM8 = 4;   // 8 (the PRMT lookup's choice): 78 -> 109 registers, M = 1 single launch 3-15% slower
+  static constexpr int kLoadsM8 = 4;   // 8 (the PRMT lookup's choice): 78 -> 109 registers, M = 1 single launch 5-15% slower
   explicit Nf4PairFormat(const Nf4Format& f) : Nf4Format(f) {}
   __device__ static uint32_t* pair_table() {
     __shared__ __align__(16) uint32_t table[kPairWords];
