@@ -259,6 +259,14 @@ TEST_CASE("a GPTQ checkpoint built by hand (as another tool writes it) is read b
     CHECK(wrows[size_t(8 + i)] == 0.25f * float((i + 2) % 16 - 8));
   }
   CHECK_THROWS_AS(src->read_rows_f32("model.embed_tokens.weight", {5}, rows.data()), Error);
+  // A qweight shorter than scales and g_idx say (found by fuzzing: it was read past its end), and a
+  // bit width GPTQ does not pack, are refused naming the tensor / the field.
+  ts[0] = {"m.qweight", raw(DType::I32, {1, 4}, qweight.data())};
+  write_safetensors(d / "model.safetensors", ts);
+  auto short_q = packed_source(d.path.string(), {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 8}, {"sym", true}});
+  CHECK_THROWS_WITH(short_q->read_f32("m.weight", W.data()), Catch::Contains("m.qweight: size does not match scales [1, 8] and g_idx [8]"));
+  auto five = packed_source(d.path.string(), {{"quant_method", "gptq"}, {"bits", 5}, {"group_size", 8}, {"sym", true}});
+  CHECK_THROWS_WITH(five->read_f32("m.weight", W.data()), Catch::Contains("quantization_config.bits: must be 2, 3, 4 or 8, got 5"));
 }
 
 TEST_CASE("formats refuse what they cannot hold, before calibration") {

@@ -43,6 +43,36 @@ std::vector<T> read_raw(const Checkpoint& ck, const std::string& name, DType wan
 }
 std::vector<float> read_floats(const Checkpoint& ck, const std::string& name) { return tensor_to_f32(ck.get(name)); }
 
+// Module m of a GPTQ checkpoint, every size checked against scales [groups, out] and g_idx [in]
+// before anything is unpacked (the reader of `ptqkit eval` and of the GPU kernels alike; a short
+// qweight once read past its end: found by fuzzing).
+GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits) {
+  GptqPacked p;
+  const std::string file = ck.file_of(m + ".qweight");
+  if (bits != 2 && bits != 3 && bits != 4 && bits != 8) fail(Errc::format, file, "quantization_config.bits", "must be 2, 3, 4 or 8, got " + std::to_string(bits));
+  p.bits = bits;
+  const Shape ss = ck.get(m + ".scales").shape, gs = ck.get(m + ".g_idx").shape;
+  if (ss.size() != 2 || gs.size() != 1) fail(Errc::format, ck.file_of(m + ".scales"), m + ".scales", "expected scales [groups, out] and g_idx [in]");
+  p.groups = ss[0];
+  p.rows = ss[1];
+  p.cols = gs[0];
+  const int64_t mult = 32 / std::gcd(32, bits);   // whole int32 words along both dimensions, as check_format writes them
+  if (p.rows % mult || p.cols % mult || p.groups < 1)
+    fail(Errc::format, file, m + ".qweight", std::to_string(bits) + "-bit codes pack into int32 along both dimensions: [" + std::to_string(p.rows) + ", " +
+                                               std::to_string(p.cols) + "] needs multiples of " + std::to_string(mult) + " and at least one group");
+  p.qweight = read_raw<int32_t>(ck, m + ".qweight", DType::I32);
+  p.qzeros = read_raw<int32_t>(ck, m + ".qzeros", DType::I32);
+  p.scales = read_floats(ck, m + ".scales");
+  p.g_idx = read_raw<int32_t>(ck, m + ".g_idx", DType::I32);
+  if (int64_t(p.qweight.size()) != p.cols * bits / 32 * p.rows || int64_t(p.qzeros.size()) != p.groups * (p.rows * bits / 32) ||
+      int64_t(p.scales.size()) != p.groups * p.rows)
+    fail(Errc::format, file, m + ".qweight", "size does not match scales [" + std::to_string(p.groups) + ", " + std::to_string(p.rows) + "] and g_idx [" +
+                                               std::to_string(p.cols) + "]");
+  for (int32_t g : p.g_idx)
+    if (g < 0 || g >= p.groups) fail(Errc::format, ck.file_of(m + ".g_idx"), m + ".g_idx", "group index out of range");
+  return p;
+}
+
 // The Linears of the decoder layers with what the store holds for them.
 std::vector<ModulePlan> plan(const ExportJob& job) {
   std::vector<ModulePlan> p;
@@ -584,8 +614,16 @@ class PackedSource final : public WeightSource {
   Shape shape_impl(const std::string& n) const {
     const std::string m = ends_with(n, ".weight") ? module_of(n) : n;
     switch (kind(n)) {
-      case Gptq: return {ck_.get(m + ".scales").shape[1], ck_.get(m + ".g_idx").shape[0]};
-      case Ct: { auto s = read_raw<int32_t>(ck_, m + ".weight_shape", DType::I32); return {s[0], s[1]}; }
+      case Gptq: {
+        const Shape ss = ck_.get(m + ".scales").shape, gs = ck_.get(m + ".g_idx").shape;
+        if (ss.size() != 2 || gs.size() != 1) fail(Errc::format, ck_.file_of(m + ".scales"), m + ".scales", "expected scales [groups, out] and g_idx [in]");
+        return {ss[1], gs[0]};
+      }
+      case Ct: {
+        auto s = read_raw<int32_t>(ck_, m + ".weight_shape", DType::I32);
+        if (s.size() != 2 || s[0] < 1 || s[1] < 1) fail(Errc::format, ck_.file_of(m + ".weight_shape"), m + ".weight_shape", "expected [out, in], both positive");
+        return {s[0], s[1]};
+      }
       case Nf4: return nf4_quant_state(ck_, n)["shape"].get<Shape>();
       default: return ck_.get(n).shape;   // float, and Int8 ([out, in] as stored)
     }
@@ -614,28 +652,33 @@ class PackedSource final : public WeightSource {
     }
     QuantizedLinear q;
     if (k == Gptq) {
-      GptqPacked p;
-      p.bits = bits_;
-      p.rows = s[0];
-      p.cols = s[1];
-      p.qweight = read_raw<int32_t>(ck_, m + ".qweight", DType::I32);
-      p.qzeros = read_raw<int32_t>(ck_, m + ".qzeros", DType::I32);
-      p.scales = read_floats(ck_, m + ".scales");
-      p.groups = ck_.get(m + ".scales").shape[0];
-      p.g_idx = read_raw<int32_t>(ck_, m + ".g_idx", DType::I32);
-      q = unpack_gptq(p, v2_, sym_);
+      q = unpack_gptq(read_gptq_packed(ck_, m, bits_), v2_, sym_);
     } else {
       CtPacked p;
       p.bits = bits_;
       p.rows = s[0];
       p.cols = s[1];
-      p.packed_cols = ck_.get(m + ".weight_packed").shape[1];
+      const std::string file = ck_.file_of(m + ".weight_packed");
+      if (bits_ < 1 || bits_ > 8) fail(Errc::format, file, "quantization_config.config_groups.*.weights.num_bits", "must be 1..8, got " + std::to_string(bits_));
+      // Every size checked before unpacking (the GPTQ path once read past a short qweight: found by fuzzing).
+      const Shape ps = ck_.get(m + ".weight_packed").shape, ss = ck_.get(m + ".weight_scale").shape;
+      if (ps.size() != 2 || ps[0] != p.rows || ps[1] * 32 < p.cols * bits_)
+        fail(Errc::format, file, m + ".weight_packed", "expected [" + std::to_string(p.rows) + ", >= " + std::to_string((p.cols * bits_ + 31) / 32) + "] int32");
+      if (ss.size() != 2 || ss[0] != p.rows || ss[1] < 1)
+        fail(Errc::format, ck_.file_of(m + ".weight_scale"), m + ".weight_scale", "expected [" + std::to_string(p.rows) + ", groups]");
+      p.packed_cols = ps[1];
       p.weight_packed = read_raw<int32_t>(ck_, m + ".weight_packed", DType::I32);
       p.scale = read_floats(ck_, m + ".weight_scale");
-      p.groups = ck_.get(m + ".weight_scale").shape[1];
-      if (!sym_) p.zero_point = read_raw<int32_t>(ck_, m + ".weight_zero_point", DType::I32);
-      if (ck_.has(m + ".weight_g_idx")) p.g_idx = read_raw<int32_t>(ck_, m + ".weight_g_idx", DType::I32);
-      else {
+      p.groups = ss[1];
+      if (!sym_) {
+        p.zero_point = read_raw<int32_t>(ck_, m + ".weight_zero_point", DType::I32);
+        if (int64_t(p.zero_point.size()) != (p.rows * bits_ + 31) / 32 * p.groups)
+          fail(Errc::format, ck_.file_of(m + ".weight_zero_point"), m + ".weight_zero_point", "size does not match weight_scale");
+      }
+      if (ck_.has(m + ".weight_g_idx")) {
+        p.g_idx = read_raw<int32_t>(ck_, m + ".weight_g_idx", DType::I32);
+        if (int64_t(p.g_idx.size()) != p.cols) fail(Errc::format, ck_.file_of(m + ".weight_g_idx"), m + ".weight_g_idx", "expected one group index per input feature");
+      } else {
         const int64_t gs = group_ > 0 ? group_ : p.cols;
         for (int64_t c = 0; c < p.cols; ++c) p.g_idx.push_back(int32_t(c / gs));
       }
@@ -687,23 +730,6 @@ GptqReader::GptqReader(const std::string& dir) {
 
 bool GptqReader::has(const std::string& m) const { return ck_->has(m + ".qweight"); }
 
-GptqPacked GptqReader::read(const std::string& m) const {
-  GptqPacked p;
-  p.bits = bits_;
-  const Shape ss = ck_->get(m + ".scales").shape, gs = ck_->get(m + ".g_idx").shape;
-  if (ss.size() != 2 || gs.size() != 1) fail(Errc::format, ck_->file_of(m + ".scales"), m + ".scales", "expected scales [groups, out] and g_idx [in]");
-  p.groups = ss[0];
-  p.rows = ss[1];
-  p.cols = gs[0];
-  p.qweight = read_raw<int32_t>(*ck_, m + ".qweight", DType::I32);
-  p.qzeros = read_raw<int32_t>(*ck_, m + ".qzeros", DType::I32);
-  p.scales = read_floats(*ck_, m + ".scales");
-  p.g_idx = read_raw<int32_t>(*ck_, m + ".g_idx", DType::I32);
-  if (int64_t(p.qweight.size()) != p.cols * bits_ / 32 * p.rows || int64_t(p.qzeros.size()) != p.groups * (p.rows * bits_ / 32))
-    fail(Errc::format, ck_->file_of(m + ".qweight"), m + ".qweight", "size does not match scales and g_idx");
-  for (int32_t g : p.g_idx)
-    if (g < 0 || g >= p.groups) fail(Errc::format, ck_->file_of(m + ".g_idx"), m + ".g_idx", "group index out of range");
-  return p;
-}
+GptqPacked GptqReader::read(const std::string& m) const { return read_gptq_packed(*ck_, m, bits_); }
 
 }  // namespace ptq
