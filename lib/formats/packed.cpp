@@ -43,6 +43,16 @@ std::vector<T> read_raw(const Checkpoint& ck, const std::string& name, DType wan
 }
 std::vector<float> read_floats(const Checkpoint& ck, const std::string& name) { return tensor_to_f32(ck.get(name)); }
 
+// The dimensions of GPTQ module m as its tensors give them: scales [groups, out], g_idx [in].
+struct GptqDims {
+  int64_t groups, rows, cols;
+};
+GptqDims gptq_dims(const Checkpoint& ck, const std::string& m) {
+  const Shape ss = ck.get(m + ".scales").shape, gs = ck.get(m + ".g_idx").shape;
+  if (ss.size() != 2 || gs.size() != 1) fail(Errc::format, ck.file_of(m + ".scales"), m + ".scales", "expected scales [groups, out] and g_idx [in]");
+  return {ss[0], ss[1], gs[0]};
+}
+
 // Module m of a GPTQ checkpoint, every size checked against scales [groups, out] and g_idx [in]
 // before anything is unpacked (the reader of `ptqkit eval` and of the GPU kernels alike; a short
 // qweight once read past its end: found by fuzzing).
@@ -51,11 +61,10 @@ GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits
   const std::string file = ck.file_of(m + ".qweight");
   if (bits != 2 && bits != 3 && bits != 4 && bits != 8) fail(Errc::format, file, "quantization_config.bits", "must be 2, 3, 4 or 8, got " + std::to_string(bits));
   p.bits = bits;
-  const Shape ss = ck.get(m + ".scales").shape, gs = ck.get(m + ".g_idx").shape;
-  if (ss.size() != 2 || gs.size() != 1) fail(Errc::format, ck.file_of(m + ".scales"), m + ".scales", "expected scales [groups, out] and g_idx [in]");
-  p.groups = ss[0];
-  p.rows = ss[1];
-  p.cols = gs[0];
+  const GptqDims d = gptq_dims(ck, m);
+  p.groups = d.groups;
+  p.rows = d.rows;
+  p.cols = d.cols;
   const int64_t mult = 32 / std::gcd(32, bits);   // whole int32 words along both dimensions, as check_format writes them
   if (p.rows % mult || p.cols % mult || p.groups < 1)
     fail(Errc::format, file, m + ".qweight", std::to_string(bits) + "-bit codes pack into int32 along both dimensions: [" + std::to_string(p.rows) + ", " +
@@ -615,9 +624,8 @@ class PackedSource final : public WeightSource {
     const std::string m = ends_with(n, ".weight") ? module_of(n) : n;
     switch (kind(n)) {
       case Gptq: {
-        const Shape ss = ck_.get(m + ".scales").shape, gs = ck_.get(m + ".g_idx").shape;
-        if (ss.size() != 2 || gs.size() != 1) fail(Errc::format, ck_.file_of(m + ".scales"), m + ".scales", "expected scales [groups, out] and g_idx [in]");
-        return {ss[1], gs[0]};
+        const GptqDims d = gptq_dims(ck_, m);
+        return {d.rows, d.cols};
       }
       case Ct: {
         auto s = read_raw<int32_t>(ck_, m + ".weight_shape", DType::I32);
