@@ -276,7 +276,11 @@ int run_more_commands(CLI::App& app) {
     }
     if (!rep.is_object() || !rep.contains("modules")) fail(Errc::format, g_report_in, "modules", "missing: not a ptqkit report.json");
     const std::string out = g_report_out.empty() ? std::filesystem::path(g_report_in).replace_extension(".html").string() : g_report_out;
-    write_file_atomic(out, report_html(rep));
+    std::string html;
+    try { html = report_html(rep); } catch (const nlohmann::json::exception& e) {   // a field of another type than ptqkit writes
+      fail(Errc::format, g_report_in, "", std::string("unexpected JSON structure (not a report ptqkit wrote?): ") + e.what());
+    }
+    write_file_atomic(out, html);
     std::printf("wrote %s\n", out.c_str());
     return 0;
   }

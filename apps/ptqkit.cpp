@@ -78,7 +78,8 @@ std::string gate_reason(const EvalArgs& a, const json& run) {
       fail(Errc::format, a.baseline, "", std::string("malformed JSON: ") + e.what());
     }
     for (const char* k : {"perplexity", "data_sha256", "seq_len", "windows"})
-      if (!base.contains(k)) fail(Errc::format, a.baseline, k, "missing (write baselines with --write-baseline)");
+      if (!base.is_object() || !base.contains(k)) fail(Errc::format, a.baseline, k, "missing (write baselines with --write-baseline)");
+    if (!base["perplexity"].is_number()) fail(Errc::format, a.baseline, "perplexity", "must be a number");
     for (const char* k : {"data_sha256", "seq_len", "windows"})
       if (base[k] != run[k])
         fail(Errc::input, a.baseline, k, "differs from this run (" + base[k].dump() + " vs " + run[k].dump() + "): the baseline measured something else");

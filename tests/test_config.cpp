@@ -79,4 +79,23 @@ TEST_CASE("bad configs are refused naming the field") {
   j = base();
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   CHECK(error_of(j).find("rope_scaling.rope_type") != std::string::npos);
+  // Fields of the wrong JSON type are Errors naming the field, not nlohmann type errors (the CI fuzz
+  // run of 2026-11-23 found torch_dtype: <number> escaping as a type_error).
+  j = base();
+  j["torch_dtype"] = 16;
+  CHECK(error_of(j).find("config.json: torch_dtype: must be a string") != std::string::npos);
+  j = base();
+  j.erase("torch_dtype");
+  j["dtype"] = json::array();
+  CHECK(error_of(j).find("config.json: dtype: must be a string") != std::string::npos);
+  j["dtype"] = "bfloat16";
+  CHECK(parse_config(j, "x").dtype == DType::BF16);
+  j = base();
+  j["rope_scaling"] = {{"rope_type", 3}};
+  CHECK(error_of(j).find("rope_scaling.rope_type: must be a string") != std::string::npos);
+  j["rope_scaling"] = {{"type", false}};
+  CHECK(error_of(j).find("rope_scaling.type: must be a string") != std::string::npos);
+  j = base();
+  j["quantization_config"] = "gptq";
+  CHECK(error_of(j).find("quantization_config: must be an object") != std::string::npos);
 }

@@ -267,6 +267,19 @@ TEST_CASE("a GPTQ checkpoint built by hand (as another tool writes it) is read b
   CHECK_THROWS_WITH(short_q->read_f32("m.weight", W.data()), Catch::Contains("m.qweight: size does not match scales [1, 8] and g_idx [8]"));
   auto five = packed_source(d.path.string(), {{"quant_method", "gptq"}, {"bits", 5}, {"group_size", 8}, {"sym", true}});
   CHECK_THROWS_WITH(five->read_f32("m.weight", W.data()), Catch::Contains("quantization_config.bits: must be 2, 3, 4 or 8, got 5"));
+  // quantization_config fields of the wrong JSON type are Errors naming the field (model_format and
+  // GptqReader read them before PackedSource's guard).
+  const std::string cfg = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "vocab_size": 5, "torch_dtype": "float16", "quantization_config": )";
+  write_file_atomic(d / "config.json", cfg + R"({"quant_method": 4}})");
+  CHECK_THROWS_WITH(model_format(d.path.string()), Catch::Contains("config.json: quantization_config.quant_method: must be a string"));
+  CHECK_THROWS_WITH(GptqReader(d.path.string()), Catch::Contains("quantization_config.quant_method: must be a string"));
+  write_file_atomic(d / "config.json", cfg + R"({"quant_method": "gptq", "checkpoint_format": ["gptq_v2"]}})");
+  CHECK_THROWS_WITH(model_format(d.path.string()), Catch::Contains("quantization_config.checkpoint_format: must be a string"));
+  write_file_atomic(d / "config.json", cfg + R"({"quant_method": "gptq", "bits": "4"}})");
+  CHECK_THROWS_WITH(GptqReader(d.path.string()), Catch::Contains("quantization_config.bits: must be an integer"));
+  write_file_atomic(d / "config.json", cfg + R"({"quant_method": "gptq", "bits": 4}})");
+  CHECK(model_format(d.path.string()) == "gptq");
 }
 
 TEST_CASE("formats refuse what they cannot hold, before calibration") {

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/json_field.h"
 #include "formats/gguf.h"
 #include "formats/packed.h"
 
@@ -57,10 +58,14 @@ std::string model_format(const std::string& path) {
   if (c.raw.contains("ptqkit_w8a8")) return "fake-w8a8";
   if (!c.raw.contains("quantization_config")) return "float";
   const auto& q = c.raw["quantization_config"];
-  const std::string m = q.value("quant_method", "");
-  if (m == "gptq") return q.value("checkpoint_format", "gptq");
+  const std::string file = path + "/config.json";
+  auto field = [&](const char* k, const char* def) {
+    return json_field<std::string>(q, k, def, Errc::config, file, std::string("quantization_config.") + k);
+  };
+  const std::string m = field("quant_method", "");
+  if (m == "gptq") return field("checkpoint_format", "gptq");
   if (m == "bitsandbytes") return "bitsandbytes-nf4";
-  if (m == "compressed-tensors") return "compressed-tensors/" + q.value("format", std::string("?"));
+  if (m == "compressed-tensors") return "compressed-tensors/" + field("format", "?");
   return m;
 }
 

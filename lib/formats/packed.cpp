@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/json_field.h"
 #include "formats/fake.h"
 #include "formats/pack.h"
 #include "core/dtype.h"
@@ -729,10 +730,11 @@ std::unique_ptr<WeightSource> packed_source(const std::string& dir, const json& 
 GptqReader::GptqReader(const std::string& dir) {
   const LlamaConfig c = load_config(dir);
   const json qc = c.raw.value("quantization_config", json::object());
-  if (!qc.is_object() || qc.value("quant_method", "") != "gptq")
-    fail(Errc::format, dir + "/config.json", "quantization_config.quant_method", "not a gptq checkpoint");
-  v2_ = qc.value("checkpoint_format", "gptq") == "gptq_v2";
-  bits_ = qc.value("bits", 4);
+  const std::string file = dir + "/config.json";
+  if (json_field<std::string>(qc, "quant_method", "", Errc::format, file, "quantization_config.quant_method") != "gptq")
+    fail(Errc::format, file, "quantization_config.quant_method", "not a gptq checkpoint");
+  v2_ = json_field<std::string>(qc, "checkpoint_format", "gptq", Errc::format, file, "quantization_config.checkpoint_format") == "gptq_v2";
+  bits_ = json_field<int>(qc, "bits", 4, Errc::format, file, "quantization_config.bits");
   ck_ = std::make_unique<Checkpoint>(dir);
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/json_field.h"
 
 namespace ptq {
 
@@ -72,7 +73,8 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
     const json& rs = j["rope_scaling"];
     if (!rs.is_object()) fail(Errc::config, file, "rope_scaling", "must be an object or null");
-    std::string type = rs.value("rope_type", rs.value("type", std::string()));
+    const std::string type = json_field<std::string>(rs, "rope_type", json_field<std::string>(rs, "type", "", Errc::config, file, "rope_scaling.type"),
+                                                      Errc::config, file, "rope_scaling.rope_type");
     if (type == "default") {
     } else if (type == "llama3") {
       RopeScaling r;
@@ -87,7 +89,9 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
       fail(Errc::config, file, "rope_scaling.rope_type", "unsupported rope scaling '" + type + "' (supported: llama3)");
     }
   }
-  std::string td = j.value("torch_dtype", j.value("dtype", std::string("float32")));
+  for (const char* k : {"quantization_config", "ptqkit_w8a8"})
+    if (j.contains(k) && !j[k].is_object()) fail(Errc::config, file, k, "must be an object");
+  const std::string td = json_field<std::string>(j, "torch_dtype", json_field<std::string>(j, "dtype", "float32", Errc::config, file), Errc::config, file);
   if (td == "float16") c.dtype = DType::F16;
   else if (td == "bfloat16") c.dtype = DType::BF16;
   else if (td == "float32") c.dtype = DType::F32;
@@ -103,7 +107,13 @@ LlamaConfig load_config(const std::string& model_dir) {
   } catch (const json::exception& e) {
     fail(Errc::format, file, "", std::string("malformed JSON: ") + e.what());
   }
-  return parse_config(j, file);
+  // Every field parse_config reads is type-checked; this catch is the backstop that keeps a JSON type
+  // error it missed an Error naming the file.
+  try {
+    return parse_config(j, file);
+  } catch (const json::exception& e) {
+    fail(Errc::config, file, "", std::string("unexpected JSON structure: ") + e.what());
+  }
 }
 
 }  // namespace ptq

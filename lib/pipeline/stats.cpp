@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/json_field.h"
 
 namespace ptq {
 
@@ -82,14 +83,15 @@ StatsReader::StatsReader(const std::string& dir, const json& expected) : dir_(di
   }
   json j;
   try { j = json::parse(read_text_file(f)); } catch (const json::exception& e) { fail(Errc::format, f, "", std::string("malformed JSON: ") + e.what()); }
-  if (!j.is_object() || j.value("ptqkit_stats", 0) != 1 || !j.contains("key") || !j.contains("layers"))
+  if (!j.is_object() || json_field<int>(j, "ptqkit_stats", 0, Errc::format, f) != 1 || !j.contains("key") || !j.contains("layers"))
     fail(Errc::format, f, "ptqkit_stats", "not a ptqkit statistics file (version 1)");
+  if (json_field<int>(j, "layers", -1, Errc::format, f) < 0) fail(Errc::format, f, "layers", "must be a non-negative integer");
   const std::string d = first_difference(j["key"], expected);
   if (!d.empty()) {
     std::string what = d.rfind("key.model", 0) == 0 ? "another model" : d.rfind("key.calibration", 0) == 0 ? "other calibration data" : "other collection settings";
     fail(Errc::input, f, d, "the statistics were collected from " + what + " than this run's; recollect them (--save-stats) or use the recipe they were saved with");
   }
-  layers_ = j["layers"];
+  layers_ = j["layers"].get<int>();
 }
 
 LayerStats StatsReader::load_layer(int layer) const {
