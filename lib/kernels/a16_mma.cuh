@@ -185,16 +185,21 @@ __device__ __forceinline__ void k_step(const Format& fmt, const uint4 (&q)[RT][F
   }
 }
 
+// k-steps per batch of loads in flight: uint4 loads per lane of 2 for M > 16 (registers), the
+// format's choice at M <= 8 with two row tiles, else 4; divided among the row tiles.
+template <class Format>
+constexpr int batch_steps(int nt, int rt) {
+  const int loads = nt >= 4 ? 2 : nt == 1 && rt == 2 ? Format::kLoadsM8 : 4;
+  return loads / (Format::kU4 * rt) > 0 ? loads / (Format::kU4 * rt) : 1;
+}
+
 // y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
 // memory: S * 32 * 4 * NT * RT floats.
 template <int NT, int RT, bool kStepScale, class Format>
 __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 32)
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
-  // uint4 loads per lane in flight per batch: 2 for M > 16 (registers), the format's choice at M <= 8
-  // with two row tiles, else 4.
-  constexpr int kU4 = Format::kU4, kLoads = NT >= 4 ? 2 : NT == 1 && RT == 2 ? Format::kLoadsM8 : 4;
-  constexpr int kBatch = kLoads / (kU4 * RT) > 0 ? kLoads / (kU4 * RT) : 1;
+  constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
   // 4-bit codes at 9..16 rows, two row tiles: the next batch's loads follow this batch's steps in
   // program order, so the compiler issues them while the MMAs run (W4: 102 -> 124 registers, 11008 x
   // 4096 1.81x -> 2.37x). Elsewhere each batch is loaded, then used: as fast or faster (8-bit codes,
@@ -459,8 +464,9 @@ inline void spread(const void* kern, Plan& p) {
 // 8% (NF4) of the best at M <= 16; up to 14% off in three M = 32/64 cells, where fewer warps per SM
 // also slow each k-step (not modelled). kern(rt) gives the kernel of each RT; RT = 2 up to M = 32;
 // rt_only: the RT the caller measured best (where the layer has that many tiles), 0: the model's.
-template <class KernOf>
-Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, int rt_only = 0) {
+// batch_of(rt): the kernel's batch_steps.
+template <class KernOf, class BatchOf>
+Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, BatchOf batch_of, int rt_only = 0) {
   const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
   Plan best{1, 1, tiles, KS};
   int64_t best_cost = INT64_MAX, best_waves = 0, best_pairs = 0, best_warps = 0;
@@ -486,6 +492,16 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, int rt_only = 0) {
   }
   if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt, best.rt), KS}));
   best.sps = (KS + best.S - 1) / best.S;
+  // One row: each slice rounded up to whole batches (the last slice shorter) where that saves round
+  // trips to memory: a warp walks sps / B batches and sps % B single k-steps, and a round trip costs
+  // about two k-steps of streaming. W4 4096 x 11008: 11 k-steps in batches of 4 walk 5 round trips, 12
+  // walk 3: back to back 2.93x -> 3.09x cuBLAS f16 (three sessions); 14 -> 16 (5 -> 4 trips) is even,
+  // and batches of 2 (W8, NF4 with two row tiles) save no trip. Not at 2..8 rows, which run the same
+  // kernel: there the longer slices cost more than the trips save (docs/benchmarks.md, twelfth part).
+  const int batch = batch_of(best.rt);
+  auto trips = [batch](int sps) { return sps / batch + sps % batch; };
+  if (const int whole = (best.sps + batch - 1) / batch * batch; M == 1 && 2 * (trips(best.sps) - trips(whole)) > whole - best.sps)
+    best.sps = whole;
   return best;
 }
 
@@ -514,13 +530,13 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
              int64_t K) {
   const int nt = n8_tiles(M);
   auto kern = [&](int rt) { return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale)); };
-  // Plans depend on the kernel (format, n8 tiles, scales), N, K and a forced split only: made once.
+  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split and M = 1 only: made once.
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int, int>, Plan> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, bool>, Plan> plans;
   Plan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1), N, K, g_split.rt, g_split.slices);
+    const auto key = std::make_tuple(kern(1), N, K, g_split.rt, g_split.slices, M == 1);
     auto it = plans.find(key);
     // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model picks one on the 4096-row
     // layers (more CTAs in flight), which for 8-bit codes runs as fast back to back but 24-41% slower
@@ -528,7 +544,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // since two tiles overlap their batches (twelfth part). NF4: mixed (single faster, stream slower).
     const int rt_only = !Format::kPairTable && nt == 2 ? 2 : 0;   // the GPTQ formats (NF4 runs with its pair table)
     if (it == plans.end()) {
-      Plan q = plan(N, K, M, kern, rt_only);
+      Plan q = plan(N, K, M, kern, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);
       spread(kern(q.rt), q);
       it = plans.emplace(key, q).first;
