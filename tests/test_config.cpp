@@ -95,6 +95,13 @@ TEST_CASE("bad configs are refused naming the field") {
   CHECK(error_of(j).find("rope_scaling.rope_type: must be a string") != std::string::npos);
   j["rope_scaling"] = {{"type", false}};
   CHECK(error_of(j).find("rope_scaling.type: must be a string") != std::string::npos);
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", "8"}};
+  CHECK(error_of(j).find("rope_scaling.factor: must be a number") != std::string::npos);
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"original_max_position_embeddings", 0}};
+  CHECK(error_of(j).find("rope_scaling.original_max_position_embeddings: must be a positive integer") != std::string::npos);
+  j = base();
+  j["tie_word_embeddings"] = "yes";
+  CHECK(error_of(j).find("config.json: tie_word_embeddings: must be true or false") != std::string::npos);
   j = base();
   j["quantization_config"] = "gptq";
   CHECK(error_of(j).find("quantization_config: must be an object") != std::string::npos);

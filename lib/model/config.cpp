@@ -9,25 +9,17 @@ namespace ptq {
 using nlohmann::json;
 
 namespace {
-int get_int(const json& j, const std::string& file, const char* key, std::optional<int> def = std::nullopt) {
+// `where` names the field in errors when `j` is nested (rope_scaling.factor), default `key`.
+int get_int(const json& j, const std::string& file, const char* key, std::optional<int> def = std::nullopt, std::string where = "") {
+  if (where.empty()) where = key;
   if (!j.contains(key) || j[key].is_null()) {
     if (def) return *def;
-    fail(Errc::config, file, key, "missing");
+    fail(Errc::config, file, where, "missing");
   }
-  if (!j[key].is_number_integer()) fail(Errc::config, file, key, "must be an integer");
+  if (!j[key].is_number_integer()) fail(Errc::config, file, where, "must be an integer");
   const int64_t v = j[key].get<int64_t>();
-  if (v <= 0 || v > (int64_t(1) << 30)) fail(Errc::config, file, key, "must be a positive integer, got " + std::to_string(v));
+  if (v <= 0 || v > (int64_t(1) << 30)) fail(Errc::config, file, where, "must be a positive integer, got " + std::to_string(v));
   return int(v);
-}
-double get_num(const json& j, const std::string& file, const char* key, double def) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  if (!j[key].is_number()) fail(Errc::config, file, key, "must be a number");
-  return j[key].get<double>();
-}
-bool get_bool(const json& j, const std::string& file, const char* key, bool def) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  if (!j[key].is_boolean()) fail(Errc::config, file, key, "must be true or false");
-  return j[key].get<bool>();
 }
 }  // namespace
 
@@ -57,17 +49,17 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
   if (c.head_dim % 2) fail(Errc::config, file, "head_dim", "must be even for rotary embeddings");
   if (c.num_attention_heads % c.num_key_value_heads)
     fail(Errc::config, file, "num_key_value_heads", "must divide num_attention_heads (" + std::to_string(c.num_attention_heads) + ")");
-  c.rope_theta = get_num(j, file, "rope_theta", 10000.0);
-  c.rms_norm_eps = get_num(j, file, "rms_norm_eps", 1e-6);
+  c.rope_theta = json_field<double>(j, "rope_theta", 10000.0, Errc::config, file);
+  c.rms_norm_eps = json_field<double>(j, "rms_norm_eps", 1e-6, Errc::config, file);
   if (c.rope_theta <= 0) fail(Errc::config, file, "rope_theta", "must be positive");
   if (c.rms_norm_eps <= 0) fail(Errc::config, file, "rms_norm_eps", "must be positive");
-  c.tie_word_embeddings = get_bool(j, file, "tie_word_embeddings", false);
-  const bool attention_bias = get_bool(j, file, "attention_bias", false);
+  c.tie_word_embeddings = json_field<bool>(j, "tie_word_embeddings", false, Errc::config, file);
+  const bool attention_bias = json_field<bool>(j, "attention_bias", false, Errc::config, file);
   c.qkv_bias = c.model_type == "qwen2" ? true : attention_bias;
   c.o_bias = c.model_type == "qwen2" ? false : attention_bias;
-  c.mlp_bias = get_bool(j, file, "mlp_bias", false);
+  c.mlp_bias = json_field<bool>(j, "mlp_bias", false, Errc::config, file);
   if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
-      (c.model_type == "mistral" || get_bool(j, file, "use_sliding_window", false)))
+      (c.model_type == "mistral" || json_field<bool>(j, "use_sliding_window", false, Errc::config, file)))
     c.sliding_window = get_int(j, file, "sliding_window");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
@@ -78,10 +70,10 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
     if (type == "default") {
     } else if (type == "llama3") {
       RopeScaling r;
-      r.factor = get_num(rs, file, "factor", 8.0);
-      r.low_freq_factor = get_num(rs, file, "low_freq_factor", 1.0);
-      r.high_freq_factor = get_num(rs, file, "high_freq_factor", 4.0);
-      r.original_max_position_embeddings = get_int(rs, file, "original_max_position_embeddings", 8192);
+      r.factor = json_field<double>(rs, "factor", 8.0, Errc::config, file, "rope_scaling.factor");
+      r.low_freq_factor = json_field<double>(rs, "low_freq_factor", 1.0, Errc::config, file, "rope_scaling.low_freq_factor");
+      r.high_freq_factor = json_field<double>(rs, "high_freq_factor", 4.0, Errc::config, file, "rope_scaling.high_freq_factor");
+      r.original_max_position_embeddings = get_int(rs, file, "original_max_position_embeddings", 8192, "rope_scaling.original_max_position_embeddings");
       if (r.high_freq_factor <= r.low_freq_factor)
         fail(Errc::config, file, "rope_scaling.high_freq_factor", "must exceed low_freq_factor");
       c.rope_scaling = r;
