@@ -495,7 +495,7 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, BatchOf batch_of, int rt
   // One row: each slice rounded up to whole batches (the last slice shorter) where that saves round
   // trips to memory: a warp walks sps / B batches and sps % B single k-steps, and a round trip costs
   // about two k-steps of streaming. W4 4096 x 11008: 11 k-steps in batches of 4 walk 5 round trips, 12
-  // walk 3: back to back 2.93x -> 3.09x cuBLAS f16 (three sessions); 14 -> 16 (5 -> 4 trips) is even,
+  // walk 3: back to back 2.93x -> 3.07-3.09x cuBLAS f16 (four runs); 14 -> 16 (5 -> 4 trips) is even,
   // and batches of 2 (W8, NF4 with two row tiles) save no trip. Not at 2..8 rows, which run the same
   // kernel: there the longer slices cost more than the trips save (docs/benchmarks.md, twelfth part).
   const int batch = batch_of(best.rt);

@@ -85,13 +85,14 @@ StatsReader::StatsReader(const std::string& dir, const json& expected) : dir_(di
   try { j = json::parse(read_text_file(f)); } catch (const json::exception& e) { fail(Errc::format, f, "", std::string("malformed JSON: ") + e.what()); }
   if (!j.is_object() || json_field<int>(j, "ptqkit_stats", 0, Errc::format, f) != 1 || !j.contains("key") || !j.contains("layers"))
     fail(Errc::format, f, "ptqkit_stats", "not a ptqkit statistics file (version 1)");
-  if (json_field<int>(j, "layers", -1, Errc::format, f) < 0) fail(Errc::format, f, "layers", "must be a non-negative integer");
+  const int layers = json_field<int>(j, "layers", -1, Errc::format, f);
+  if (layers < 0) fail(Errc::format, f, "layers", "must be a non-negative integer");
   const std::string d = first_difference(j["key"], expected);
   if (!d.empty()) {
     std::string what = d.rfind("key.model", 0) == 0 ? "another model" : d.rfind("key.calibration", 0) == 0 ? "other calibration data" : "other collection settings";
     fail(Errc::input, f, d, "the statistics were collected from " + what + " than this run's; recollect them (--save-stats) or use the recipe they were saved with");
   }
-  layers_ = j["layers"].get<int>();
+  layers_ = layers;
 }
 
 LayerStats StatsReader::load_layer(int layer) const {
