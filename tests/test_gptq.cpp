@@ -294,4 +294,13 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back ex
     CHECK(info.cols == 70);
     CHECK(info.groups == 3);
   }
+  // A damaged layer file: metadata that is not the spec JSON ptqkit writes is an Error naming the
+  // file and the entry (a missing key, a wrong type, not JSON at all).
+  const std::string m3 = "model.layers.3.mlp.up_proj";
+  for (const char* meta : {R"({"bits": 4})", R"({"method": "gptq", "bits": "4"})", "not json"}) {
+    write_safetensors(store.layer_file(3), std::vector<NamedTensor>{}, {{"format", "pt"}, {m3, meta}});
+    QuantStore::Info bad;
+    CHECK_THROWS_WITH(store.info(m3, &bad), Catch::Contains("layer-00003.safetensors: __metadata__." + m3 + ": unexpected JSON"));
+    CHECK_THROWS_WITH(store.get(m3), Catch::Contains("__metadata__." + m3 + ": unexpected JSON"));
+  }
 }

@@ -18,19 +18,30 @@ json spec_json(const QuantSpec& s) {
           {"static_groups", s.static_groups}, {"damp_percent", s.damp_percent}, {"block_size", s.block_size}, {"mse", s.mse},
           {"scale_dtype", dtype_name(s.scale_dtype)}};
 }
+// at(): a missing key throws (operator[] on a const json would be undefined).
 QuantSpec spec_from(const json& j) {
   QuantSpec s;
-  s.method = j["method"];
-  s.bits = j["bits"];
-  s.group_size = j["group_size"];
-  s.sym = j["sym"];
-  s.act_order = j["act_order"];
-  s.static_groups = j["static_groups"];
-  s.damp_percent = j["damp_percent"];
-  s.block_size = j["block_size"];
-  s.mse = j["mse"];
-  parse_dtype(j["scale_dtype"].get<std::string>(), &s.scale_dtype);
+  s.method = j.at("method");
+  s.bits = j.at("bits");
+  s.group_size = j.at("group_size");
+  s.sym = j.at("sym");
+  s.act_order = j.at("act_order");
+  s.static_groups = j.at("static_groups");
+  s.damp_percent = j.at("damp_percent");
+  s.block_size = j.at("block_size");
+  s.mse = j.at("mse");
+  parse_dtype(j.at("scale_dtype").get<std::string>(), &s.scale_dtype);
   return s;
+}
+// Parses a module's metadata in a layer file: the store is ptqkit's own, but a damaged file is
+// named with the entry, never a bare JSON error.
+template <class F>
+auto from_metadata(const std::string& file, const std::string& name, const std::string& text, F&& read) {
+  try {
+    return read(json::parse(text));
+  } catch (const json::exception& e) {
+    fail(Errc::format, file, "__metadata__." + name, std::string("unexpected JSON: ") + e.what());
+  }
 }
 template <class T>
 Tensor raw_tensor(DType t, Shape s, const std::vector<T>& v) {
@@ -92,7 +103,7 @@ bool QuantStore::info(const std::string& module, Info* out) const {
   SafetensorsFile f(layer_file(layer));
   auto it = f.metadata().find(module);
   if (it == f.metadata().end()) return false;
-  out->spec = spec_from(json::parse(it->second));
+  out->spec = from_metadata(f.path(), module, it->second, spec_from);
   const Shape ss = f.get(module + ".scales").shape, gs = f.get(module + ".g_idx").shape;
   out->rows = ss[1];
   out->cols = gs[0];
@@ -105,19 +116,23 @@ void QuantStore::load(int layer) const {
   cache_.clear();
   floats_.clear();
   acts_.clear();
-  cached_layer_ = layer;
-  if (!has_layer(layer)) return;
+  cached_layer_ = -1;   // the layer counts as loaded only once all of it is (a damaged file fails again)
+  if (!has_layer(layer)) {
+    cached_layer_ = layer;
+    return;
+  }
   SafetensorsFile f(layer_file(layer));
   for (auto& [name, spec] : f.metadata()) {
     if (name == "format" || name == "report") continue;
     if (name.rfind("act:", 0) == 0) {
-      json a = json::parse(spec);
-      acts_[name.substr(4)] = {ActQuant::Mode(a["mode"].get<int>()), a["static_scale"].get<float>()};
+      acts_[name.substr(4)] = from_metadata(f.path(), name, spec, [](const json& a) {
+        return ActQuant{ActQuant::Mode(a.at("mode").get<int>()), a.at("static_scale").get<float>()};
+      });
       continue;
     }
     QuantizedLinear q;
     q.name = name;
-    q.spec = spec_from(json::parse(spec));
+    q.spec = from_metadata(f.path(), name, spec, spec_from);
     TensorView sc = f.get(name + ".scales");
     q.rows = sc.shape[1];
     q.cols = f.get(name + ".g_idx").shape[0];
@@ -142,6 +157,7 @@ void QuantStore::load(int layer) const {
     auto v = tensor_to_f32(f.get(n));
     floats_[n] = Eigen::Map<VecF>(v.data(), Eigen::Index(v.size()));
   }
+  cached_layer_ = layer;
 }
 
 const QuantizedLinear* QuantStore::get(const std::string& module) const {
