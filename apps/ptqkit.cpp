@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/json_field.h"
 #include "core/progress.h"
 #include "core/safetensors.h"
 #include "eval/data.h"
@@ -198,11 +199,12 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
     return 0;
   }
   const json& m = f.metadata();
-  std::printf("%s\n  format        GGUF v3, %s\n", path.c_str(), m.value("general.architecture", std::string("?")).c_str());
-  std::printf("  architecture  %d layers, hidden %d, ffn %d, heads %d/%d, context %d\n", m.value("llama.block_count", 0),
-              m.value("llama.embedding_length", 0), m.value("llama.feed_forward_length", 0), m.value("llama.attention.head_count", 0),
-              m.value("llama.attention.head_count_kv", 0), m.value("llama.context_length", 0));
-  std::printf("  tokenizer     %s\n", m.value("tokenizer.ggml.model", std::string("none")).c_str());
+  auto n = [&](const char* k) { return (long long)json_field<int64_t>(m, k, 0, Errc::format, path); };
+  std::printf("%s\n  format        GGUF v3, %s\n", path.c_str(), json_field<std::string>(m, "general.architecture", "?", Errc::format, path).c_str());
+  std::printf("  architecture  %lld layers, hidden %lld, ffn %lld, heads %lld/%lld, context %lld\n", n("llama.block_count"),
+              n("llama.embedding_length"), n("llama.feed_forward_length"), n("llama.attention.head_count"),
+              n("llama.attention.head_count_kv"), n("llama.context_length"));
+  std::printf("  tokenizer     %s\n", json_field<std::string>(m, "tokenizer.ggml.model", "none", Errc::format, path).c_str());
   std::printf("  tensors       %zu, %s\n", f.tensors().size(), human_bytes(double(total)).c_str());
   for (auto& [d, e] : by_type) std::printf("    %-8s %6lld tensors  %s\n", d.c_str(), (long long)e.first, human_bytes(double(e.second)).c_str());
   if (a.tensors)

@@ -107,6 +107,7 @@ int gguf(const uint8_t* data, size_t size) {
     for (auto& t : f.tensors())
       for (size_t i = 0; i < t.nbytes; i += 4096) sum += t.data[i];   // every tensor's bytes are inside the file
     (void)sum;
+    (void)ptq::parse_config(ptq::gguf_config_json(f), f.path());   // the metadata a GGUF model is opened with
   });
 }
 

@@ -424,4 +424,10 @@ TEST_CASE("a malformed GGUF file is refused naming the field") {
   const std::string align_huge = u64(17) + "general.alignment" + u32(10) + u64(uint64_t(1) << 63);   // u64, wraps the rounding
   write_file_atomic(d / "align2.gguf", one_tensor(0, align_huge, 1));
   CHECK_THROWS_WITH(GgufFile(d / "align2.gguf"), Catch::Contains("must be a power of two no larger than the file"));
+  // The model metadata a GGUF is opened with: keys of the wrong type are refused naming the key.
+  auto str_kv = [&](const std::string& k, const std::string& v) { return u64(k.size()) + k + u32(8) + u64(v.size()) + v; };
+  write_file_atomic(d / "arch.gguf", one_tensor(0, str_kv("general.architecture", "llama") + str_kv("llama.attention.head_count", "8"), 2));
+  CHECK_THROWS_WITH(gguf_config_json(GgufFile(d / "arch.gguf")), Catch::Contains("llama.attention.head_count: must be a number"));
+  write_file_atomic(d / "arch2.gguf", one_tensor(0, u64(20) + "general.architecture" + u32(4) + u32(7), 1));   // a uint32
+  CHECK_THROWS_WITH(gguf_config_json(GgufFile(d / "arch2.gguf")), Catch::Contains("general.architecture: must be a string"));
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json_field.h"
 #include "core/progress.h"
 #include "formats/fake.h"
 #include "formats/pack.h"
@@ -357,28 +358,34 @@ void GgufFile::read_rows_f32(const TensorInfo& t, const std::vector<int32_t>& ro
 
 json gguf_config_json(const GgufFile& f) {
   const json& m = f.metadata();
-  auto need = [&](const char* k) -> const json& {
-    if (!m.contains(k)) fail(Errc::format, f.path(), k, "missing");
+  // Each key's type checked: a GGUF of another architecture's conventions is refused naming the key.
+  auto num = [&](const char* k, const json& def = nullptr) -> json {   // def null: required
+    if (!m.contains(k)) {
+      if (def.is_null()) fail(Errc::format, f.path(), k, "missing");
+      return def;
+    }
+    if (!m[k].is_number()) fail(Errc::format, f.path(), k, "must be a number");
     return m[k];
   };
-  if (need("general.architecture") != "llama") fail(Errc::format, f.path(), "general.architecture", "only llama is read");
-  const int heads = need("llama.attention.head_count");
+  if (json_field<std::string>(m, "general.architecture", "", Errc::format, f.path()) != "llama")
+    fail(Errc::format, f.path(), "general.architecture", "only llama is read");
+  const json heads = num("llama.attention.head_count");
   json c = {{"model_type", "llama"},
-            {"hidden_size", need("llama.embedding_length")},
-            {"intermediate_size", need("llama.feed_forward_length")},
-            {"num_hidden_layers", need("llama.block_count")},
+            {"hidden_size", num("llama.embedding_length")},
+            {"intermediate_size", num("llama.feed_forward_length")},
+            {"num_hidden_layers", num("llama.block_count")},
             {"num_attention_heads", heads},
-            {"num_key_value_heads", m.value("llama.attention.head_count_kv", heads)},
-            {"max_position_embeddings", need("llama.context_length")},
-            {"rms_norm_eps", need("llama.attention.layer_norm_rms_epsilon")},
-            {"rope_theta", m.value("llama.rope.freq_base", 10000.0)},
+            {"num_key_value_heads", m.contains("llama.attention.head_count_kv") ? num("llama.attention.head_count_kv") : heads},
+            {"max_position_embeddings", num("llama.context_length")},
+            {"rms_norm_eps", num("llama.attention.layer_norm_rms_epsilon")},
+            {"rope_theta", num("llama.rope.freq_base", 10000.0)},
             {"tie_word_embeddings", f.find("output.weight") == nullptr},
-            {"bos_token_id", m.value("tokenizer.ggml.bos_token_id", 1)},
+            {"bos_token_id", num("tokenizer.ggml.bos_token_id", 1)},
             {"torch_dtype", "float16"}};
   const auto* emb = f.find("token_embd.weight");
   if (!emb || emb->ne.size() != 2) fail(Errc::format, f.path(), "token_embd.weight", "missing");
   c["vocab_size"] = emb->ne[1];
-  if (m.contains("llama.rope.dimension_count")) c["head_dim"] = m["llama.rope.dimension_count"];
+  if (m.contains("llama.rope.dimension_count")) c["head_dim"] = num("llama.rope.dimension_count");
   return c;
 }
 
