@@ -28,7 +28,7 @@ for t in "${targets[@]}"; do
   log="build-fuzz/fuzz_$t.log"
   if ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 "build-fuzz/bin/fuzz_$t" "build-fuzz/corpus/$t" "${seeds[@]}" \
        -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=131072 -artifact_prefix="build-fuzz/crashes/${t}-" >"$log" 2>&1; then
-    echo "fuzz $t: $(grep -Eo '#[0-9]+' "$log" | tail -1 | tr -d '#') runs in ${secs}s, no crash"
+    echo "fuzz $t: $(grep -aEo '#[0-9]+' "$log" | tail -1 | tr -d '#') runs in ${secs}s, no crash"
   else
     echo "fuzz $t: FAILED (see $log; inputs in build-fuzz/crashes/)"; tail -30 "$log"; status=1
   fi
