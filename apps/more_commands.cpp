@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/json_field.h"
 #include "core/fsutil.h"
 #include "report/report_html.h"
 #include <filesystem>
@@ -276,11 +277,7 @@ int run_more_commands(CLI::App& app) {
     }
     if (!rep.is_object() || !rep.contains("modules")) fail(Errc::format, g_report_in, "modules", "missing: not a ptqkit report.json");
     const std::string out = g_report_out.empty() ? std::filesystem::path(g_report_in).replace_extension(".html").string() : g_report_out;
-    std::string html;
-    try { html = report_html(rep); } catch (const nlohmann::json::exception& e) {   // a field of another type than ptqkit writes
-      fail(Errc::format, g_report_in, "", std::string("unexpected JSON structure (not a report ptqkit wrote?): ") + e.what());
-    }
-    write_file_atomic(out, html);
+    write_file_atomic(out, json_errors_named(Errc::format, g_report_in, "", [&] { return report_html(rep); }));
     std::printf("wrote %s\n", out.c_str());
     return 0;
   }

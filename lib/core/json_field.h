@@ -1,4 +1,5 @@
-// json_field.h — one optional field of a JSON object, read with its type checked. A field of the
+// json_field.h — one optional field of a JSON object, read with its type checked; and the backstop
+// that names the file of any JSON error a reader lets through. A field of the
 // wrong type is an Error naming the file and the field (nlohmann's own type_error names neither and
 // is not an Error: found by fuzzing config.json). A missing or null field gives `def`.
 #pragma once
@@ -32,6 +33,17 @@ T json_field(const nlohmann::json& j, const char* key, T def, Errc code, const s
     if (!v.is_number()) fail(code, file, name, "must be a number");
   }
   return v.get<T>();
+}
+
+// Runs f(); a JSON error it throws (a type or key error, a parse error) becomes an Error naming the
+// file and field: the backstop of readers that walk JSON of outside or damaged origin.
+template <class F>
+auto json_errors_named(Errc code, const std::string& file, const std::string& field, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const nlohmann::json::exception& e) {
+    fail(code, file, field, std::string("unexpected JSON structure: ") + e.what());
+  }
 }
 
 }  // namespace ptq

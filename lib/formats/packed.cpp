@@ -548,16 +548,8 @@ class PackedSource final : public WeightSource {
  public:
   // JSON of the wrong type anywhere in quantization_config or a quant_state is a format error naming
   // the file (found by fuzzing: nlohmann's type errors used to escape unnamed).
-  template <class F>
-  auto json_guard(const std::string& file, F&& f) const {
-    try {
-      return f();
-    } catch (const json::exception& e) {
-      fail(Errc::format, file, "", std::string("unexpected JSON structure: ") + e.what());
-    }
-  }
   PackedSource(const std::string& dir, const json& qc) : ck_(dir), qc_(qc) {
-    json_guard(dir + "/config.json", [&] { init(dir, qc); });
+    json_errors_named(Errc::format, dir + "/config.json", "", [&] { init(dir, qc); });
   }
   void init(const std::string& dir, const json& qc) {
     method_ = qc.value("quant_method", "");
@@ -611,10 +603,10 @@ class PackedSource final : public WeightSource {
     }
   }
   Shape shape(const std::string& n) const override {
-    return json_guard(file_of(n), [&] { return shape_impl(n); });
+    return json_errors_named(Errc::format, file_of(n), "", [&] { return shape_impl(n); });
   }
   void read_f32(const std::string& n, float* out) const override {
-    json_guard(file_of(n), [&] { read_f32_impl(n, out); });
+    json_errors_named(Errc::format, file_of(n), "", [&] { read_f32_impl(n, out); });
   }
   // Float tensors (the embedding) row by row from the file; quantized ones through read_f32.
   void read_rows_f32(const std::string& n, const std::vector<int32_t>& rows, float* out) const override {

@@ -6,6 +6,7 @@
 
 #include "core/bits.h"
 #include "core/error.h"
+#include "core/json_field.h"
 #include "core/safetensors.h"
 
 namespace ptq {
@@ -33,15 +34,11 @@ QuantSpec spec_from(const json& j) {
   parse_dtype(j.at("scale_dtype").get<std::string>(), &s.scale_dtype);
   return s;
 }
-// Parses a module's metadata in a layer file: the store is ptqkit's own, but a damaged file is
-// named with the entry, never a bare JSON error.
+// A module's metadata in a layer file: the store is ptqkit's own, but a damaged file is named with
+// the entry, never a bare JSON error.
 template <class F>
 auto from_metadata(const std::string& file, const std::string& name, const std::string& text, F&& read) {
-  try {
-    return read(json::parse(text));
-  } catch (const json::exception& e) {
-    fail(Errc::format, file, "__metadata__." + name, std::string("unexpected JSON: ") + e.what());
-  }
+  return json_errors_named(Errc::format, file, "__metadata__." + name, [&] { return read(json::parse(text)); });
 }
 template <class T>
 Tensor raw_tensor(DType t, Shape s, const std::vector<T>& v) {

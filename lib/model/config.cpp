@@ -101,11 +101,7 @@ LlamaConfig load_config(const std::string& model_dir) {
   }
   // Every field parse_config reads is type-checked; this catch is the backstop that keeps a JSON type
   // error it missed an Error naming the file.
-  try {
-    return parse_config(j, file);
-  } catch (const json::exception& e) {
-    fail(Errc::config, file, "", std::string("unexpected JSON structure: ") + e.what());
-  }
+  return json_errors_named(Errc::config, file, "", [&] { return parse_config(j, file); });
 }
 
 }  // namespace ptq

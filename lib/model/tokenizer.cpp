@@ -13,6 +13,7 @@
 #include <wctype.h>
 
 #include "core/error.h"
+#include "core/json_field.h"
 #include "core/fsutil.h"
 
 namespace fs = std::filesystem;
@@ -378,11 +379,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int bos_hint)
     else fail(Errc::io, dir, "tokenizer", "no tokenizer.model, tokenizer.json or vocab.json + merges.txt in this folder");
   }
   // A field of the wrong JSON type deep in a tokenizer file is a format error naming the file.
-  try {
-    return load_tokenizer_file(dir, file, bos_hint);
-  } catch (const json::exception& e) {
-    fail(Errc::format, file, "", std::string("unexpected JSON structure: ") + e.what());
-  }
+  return json_errors_named(Errc::format, file, "", [&] { return load_tokenizer_file(dir, file, bos_hint); });
 }
 
 namespace {
