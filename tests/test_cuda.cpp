@@ -730,16 +730,17 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
     const QuantizedLinear qs = random_q(4, N, Ks, gs, gs < 0, gs > 0, 91);
     const GptqPacked ps = pack_gptq(qs, true);
     auto Ls = cuda::W4A16Linear::from_gptq(ps, true);
-    for (int64_t Mf : {1, 16, 32})
+    for (int64_t Mf : {1, 5, 16, 32})
       for (int rt : {1, 2})
-        for (int slices : {1, 3, 16}) {
-          cuda::set_a16_split({rt, slices});
-          Rng rs{uint64_t(Mf * 7 + rt)};
-          const double rel = a16_error(*Ls, Mf, Ks, N, rs, cuda::A16Path::mma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, Mf, ps, true, yy); });
-          cuda::set_a16_split({});
-          INFO("g" << gs << " M=" << Mf << " rt=" << rt << " slices=" << slices << ": relative error " << rel);
-          CHECK(rel <= 2e-3);
-        }
+        for (int slices : {1, 3, 16})
+          for (int loop : {1, 2}) {   // at M <= 8 with two row tiles, 4-bit: the plain loop and the overlapped batches (elsewhere one of them)
+            cuda::set_a16_split({rt, slices, 0, loop});
+            Rng rs{uint64_t(Mf * 7 + rt)};
+            const double rel = a16_error(*Ls, Mf, Ks, N, rs, cuda::A16Path::mma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, Mf, ps, true, yy); });
+            cuda::set_a16_split({});
+            INFO("g" << gs << " M=" << Mf << " rt=" << rt << " slices=" << slices << " loop=" << loop << ": relative error " << rel);
+            CHECK(rel <= 2e-3);
+          }
   }
 }
 

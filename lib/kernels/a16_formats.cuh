@@ -17,6 +17,9 @@ template <int BITS>
 struct GptqFormat {
   static constexpr int kU4 = BITS / 4;   // uint4 per lane per k-step
   static constexpr bool kPairTable = false;
+  // One row tile at M <= 8 overlaps its batches too (a16_mma.cuh, overlap_variants): measured for
+  // 4-bit codes (docs/benchmarks.md, fourteenth part); 8-bit codes were not tried.
+  static constexpr bool kOverlapM8 = BITS == 4;
   static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
   using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
   struct Prep {
@@ -89,6 +92,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 struct Nf4Format {
   static constexpr int kU4 = 1;
   static constexpr bool kPairTable = false;
+  static constexpr bool kOverlapM8 = false;   // not tried for NF4
   using Meta = float2;
   using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
   uint32_t lo[4], hi[4];

@@ -23,8 +23,9 @@
 // (groups of 16, 32, 96 ...) each lane scales its fragments in f16, as an f16 dequantized
 // matrix holds its weights. Accumulation is fp32 either way.
 // Work. A warp owns RT (1 or 2) row tiles and one of S K slices, walked in batches of up to 4 uint4
-// loads per lane (2 above M = 16) issued before their math (4-bit codes at 9..16 rows with RT = 2:
-// the next batch issued while this one's MMAs run); with RT = 2 the x fragments are loaded
+// loads per lane (2 above M = 16) issued before their math (4-bit codes at 9..16 rows with RT = 2,
+// and GPTQ 4-bit at M <= 8: the next batch issued while this one's MMAs run; at M <= 8 with RT = 2
+// the planner picks that loop or the plain one, overlap_variants); with RT = 2 the x fragments are loaded
 // once for both tiles (at M = 16 x is read 4x more often than W: that halves it). A CTA = the S
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
@@ -193,18 +194,33 @@ constexpr int batch_steps(int nt, int rt) {
   return loads / (Format::kU4 * rt) > 0 ? loads / (Format::kU4 * rt) : 1;
 }
 
+// Which loops a kernel of NT n8 tiles and RT row tiles comes in: kOverlapOnly (the batches
+// overlapped, below), kBoth (the planner picks, overlap_variants), else the plain loop only.
+enum class Overlap { plain_only, overlap_only, both };
+template <class Format>
+constexpr Overlap overlap_variants(int nt, int rt) {
+  if (Format::kU4 != 1) return Overlap::plain_only;
+  if (nt == 2 && rt == 2) return Overlap::overlap_only;
+  if (nt == 1 && Format::kOverlapM8) return rt == 1 ? Overlap::overlap_only : Overlap::both;
+  return Overlap::plain_only;
+}
+
 // y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
-// memory: S * 32 * 4 * NT * RT floats.
-template <int NT, int RT, bool kStepScale, class Format>
-__global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 32)
+// memory: S * 32 * 4 * NT * RT floats. kOverlap: the next batch's loads follow this batch's steps
+// in program order (see below). The overlapped one-row-tile kernel at M <= 8 is held to 64
+// registers (two CTAs of 512 threads per SM): free, it takes 68, and its plans (resident CTAs) are
+// those of the plain loop's 62 (docs/benchmarks.md, fourteenth part).
+template <int NT, int RT, bool kStepScale, class Format, bool kOverlap>
+__global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 32, NT == 1 && RT == 1 && kOverlap ? 2 : 0)
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
-  // 4-bit codes at 9..16 rows, two row tiles: the next batch's loads follow this batch's steps in
-  // program order, so the compiler issues them while the MMAs run (W4: 102 -> 124 registers, 11008 x
-  // 4096 1.81x -> 2.37x). Elsewhere each batch is loaded, then used: as fast or faster (8-bit codes,
-  // one row tile; docs/benchmarks.md, twelfth part).
-  constexpr bool kOverlapBatches = NT == 2 && RT == 2 && kU4 == 1;
+  // kOverlap: the next batch's loads follow this batch's steps in program order, so the compiler
+  // issues them while the MMAs run. 4-bit codes at 9..16 rows with two row tiles (W4: 102 -> 124
+  // registers, 11008 x 4096 1.81x -> 2.37x; twelfth part) and GPTQ 4-bit at M <= 8 (W4 M = 1 4096 x
+  // 14336 back to back 2.95x -> 3.29x; fourteenth part). Elsewhere each batch is loaded, then used:
+  // as fast or faster (8-bit codes, one row tile at 9..16 rows).
+  constexpr bool kOverlapBatches = kOverlap;
   using Meta = typename Format::Meta;
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
@@ -425,6 +441,7 @@ inline size_t red_bytes(int S, int nt, int rt) { return size_t(S) * 32 * 4 * siz
 
 struct Plan {
   int rt, S, ctas, sps;
+  bool overlap = false;   // the kernel with overlapped batches (overlap_variants)
   size_t smem = 0;     // dynamic shared memory per CTA at launch
   int carveout = -1;   // shared-memory carveout at launch (percent), -1: the driver's choice
 };
@@ -462,20 +479,26 @@ inline void spread(const void* kern, Plan& p) {
 // latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
 // than two waves. Against forced splits on the Llama shapes (docs/benchmarks.md): within 4% (W4) and
 // 8% (NF4) of the best at M <= 16; up to 14% off in three M = 32/64 cells, where fewer warps per SM
-// also slow each k-step (not modelled). kern(rt) gives the kernel of each RT; RT = 2 up to M = 32;
-// rt_only: the RT the caller measured best (where the layer has that many tiles), 0: the model's.
-// batch_of(rt): the kernel's batch_steps.
-template <class KernOf, class BatchOf>
-Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, BatchOf batch_of, int rt_only = 0) {
+// also slow each k-step (not modelled). kern(rt, overlap) gives the kernel of each RT and loop
+// (variants(rt): overlap_variants); where both loops exist the overlapped one is tried first, so it
+// wins ties: it is faster at the same plan, and its extra registers count through the occupancy
+// calculator (W4 M = 1 14336 x 4096: 80 registers, 3 CTAs per SM, two waves, so the plain loop's one
+// wave wins). RT = 2 up to M = 32; rt_only: the RT the caller measured best (where the layer has that
+// many tiles), 0: the model's. batch_of(rt): the kernel's batch_steps.
+template <class KernOf, class VariantsOf, class BatchOf>
+Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, BatchOf batch_of, int rt_only = 0) {
   const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
-  Plan best{1, 1, tiles, KS};
+  Plan best{1, 1, tiles, KS, variants(1) == Overlap::overlap_only};
   int64_t best_cost = INT64_MAX, best_waves = 0, best_pairs = 0, best_warps = 0;
-  for (int rt : {1, 2}) {
+  for (int rt : {1, 2})
+  for (bool overlap : {true, false}) {
     if (rt == 2 && (nt > 4 || tiles < 2)) continue;
     if ((g_split.rt && rt != g_split.rt) || (!g_split.rt && rt_only && tiles >= rt_only && rt != rt_only)) continue;
+    if (overlap ? variants(rt) == Overlap::plain_only : variants(rt) == Overlap::overlap_only) continue;
+    if (g_split.loop && variants(rt) == Overlap::both && overlap != (g_split.loop == 2)) continue;
     const int ctas = (tiles + rt - 1) / rt;
     for (int S = 1; S <= max_slices(nt, rt) && S <= KS; S *= 2) {
-      const int per_sm = resident_ctas(kern(rt), S, red_bytes(S, nt, rt));
+      const int per_sm = resident_ctas(kern(rt, overlap), S, red_bytes(S, nt, rt));
       if (per_sm == 0) break;
       const int64_t waves = (ctas + int64_t(per_sm) * sms - 1) / (int64_t(per_sm) * sms), sps = (KS + S - 1) / S;
       if (nt <= 2 && S > 1 && waves > 2) break;   // M <= 16: a third wave of latency-bound warps costs more than it saves (NF4 11008 rows: 1.62x vs 1.95x)
@@ -485,7 +508,7 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, BatchOf batch_of, int rt
                           : pairs != best_pairs ? pairs > best_pairs
                                                 : warps > best_warps;
       if (better) {
-        best = {rt, S, ctas, 0};
+        best = {rt, S, ctas, 0, overlap};
         best_cost = cost, best_waves = waves, best_pairs = pairs, best_warps = warps;
       }
     }
@@ -508,19 +531,25 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, BatchOf batch_of, int rt
 template <class Format>
 using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, int, int, int, int);
 
+template <int NT, int RT, bool kStepScale, class Format>
+MmaKernel<Format> mma_kernel_of(bool overlap) {
+  constexpr Overlap v = overlap_variants<Format>(NT, RT);
+  if constexpr (v == Overlap::both) return overlap ? mma_kernel<NT, RT, kStepScale, Format, true> : mma_kernel<NT, RT, kStepScale, Format, false>;
+  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only>;
+}
 template <int NT, class Format>
-MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale) {
+MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap) {
   if constexpr (NT <= 4)
-    if (rt == 2) return k_step_scale ? mma_kernel<NT, 2, true, Format> : mma_kernel<NT, 2, false, Format>;
-  return k_step_scale ? mma_kernel<NT, 1, true, Format> : mma_kernel<NT, 1, false, Format>;
+    if (rt == 2) return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap) : mma_kernel_of<NT, 2, false, Format>(overlap);
+  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap) : mma_kernel_of<NT, 1, false, Format>(overlap);
 }
 template <class Format>
-MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale) {
+MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap) {
   switch (nt) {
-    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale);
-    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale);
-    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale);
-    default: return mma_kernel_of<8, Format>(rt, k_step_scale);
+    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap);
+    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap);
+    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap);
   }
 }
 
@@ -529,14 +558,14 @@ template <class Format>
 void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
              int64_t K) {
   const int nt = n8_tiles(M);
-  auto kern = [&](int rt) { return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale)); };
+  auto kern = [&](int rt, bool overlap) { return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap)); };
   // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split and M = 1 only: made once.
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, bool>, Plan> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool>, Plan> plans;
   Plan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1), N, K, g_split.rt, g_split.slices, M == 1);
+    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1);
     auto it = plans.find(key);
     // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model picks one on the 4096-row
     // layers (more CTAs in flight), which for 8-bit codes runs as fast back to back but 24-41% slower
@@ -544,21 +573,21 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // since two tiles overlap their batches (twelfth part). NF4: mixed (single faster, stream slower).
     const int rt_only = !Format::kPairTable && nt == 2 ? 2 : 0;   // the GPTQ formats (NF4 runs with its pair table)
     if (it == plans.end()) {
-      Plan q = plan(N, K, M, kern, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
+      Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);
-      spread(kern(q.rt), q);
+      spread(kern(q.rt, q.overlap), q);
       it = plans.emplace(key, q).first;
       if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
         cudaFuncAttributes a{};
-        PTQ_CUDA(cudaFuncGetAttributes(&a, kern(q.rt)));
-        std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d\n",
+        PTQ_CUDA(cudaFuncGetAttributes(&a, kern(q.rt, q.overlap)));
+        std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d%s\n",
                      (long long)M, (long long)N, (long long)K, nt, q.rt, q.S, q.ctas, q.sps, a.sharedSizeBytes, q.smem, q.carveout, a.numRegs,
-                     resident_ctas(kern(q.rt), q.S, q.smem));
+                     resident_ctas(kern(q.rt, q.overlap), q.S, q.smem), q.overlap ? " overlap" : "");
       }
     }
     p = it->second;
   }
-  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
+  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
              W, x, yh, yf, beta, int(M), int(N), int(K), p.sps);
 }
 

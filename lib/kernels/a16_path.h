@@ -37,10 +37,11 @@ bool a16_wgmma_supported();
 
 // The tensor-core kernels' work split: rt row tiles of 16 per warp (mma only: 1 or 2, 2 up to
 // M = 32), slices K slices (mma: warps of one CTA; shared_x: CTAs summed by the last to arrive),
-// warps row warps per CTA (shared_x only: 4, 8, or 16 up to M = 64). 0 = the planner's choice. Forcing it is for sweeps (`bench kernels`, PTQKIT_A16_SWEEP) and tests;
-// process-wide, not thread-safe.
+// warps row warps per CTA (shared_x only: 4, 8, or 16 up to M = 64), loop (mma only, where both
+// exist: 1 the plain loop, 2 the overlapped batches). 0 = the planner's choice. Forcing it is for
+// sweeps (`bench kernels`, PTQKIT_A16_SWEEP) and tests; process-wide, not thread-safe.
 struct A16Split {
-  int rt = 0, slices = 0, warps = 0;
+  int rt = 0, slices = 0, warps = 0, loop = 0;
 };
 void set_a16_split(A16Split split);
 
