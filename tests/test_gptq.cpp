@@ -5,6 +5,8 @@
 #include <Eigen/Cholesky>
 #include <Eigen/LU>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "core/bits.h"
@@ -302,5 +304,43 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back ex
     QuantStore::Info bad;
     CHECK_THROWS_WITH(store.info(m3, &bad), Catch::Contains("layer-00003.safetensors: __metadata__." + m3 + ": unexpected JSON"));
     CHECK_THROWS_WITH(store.get(m3), Catch::Contains("__metadata__." + m3 + ": unexpected JSON"));
+  }
+  // Damaged tensors: the layer-2 file's 4-bit module copied into layer 4 with one thing wrong each
+  // (scales of rank 1, zeros of another shape, a g_idx naming a group past the last, a code width
+  // the codes cannot have): an Error naming the file and the tensor, never a misread.
+  const std::string src = mods[1].name, m4 = "model.layers.4.mlp.up_proj";
+  auto copy_of = [&](const std::string& suffix) {
+    const TensorView v = f.get(src + suffix);
+    Tensor t(v.dtype, v.shape);
+    std::memcpy(t.bytes.data(), v.data, v.nbytes);
+    return t;
+  };
+  auto write4 = [&](const std::function<void(std::map<std::string, Tensor>&, std::string&)>& damage) {
+    std::map<std::string, Tensor> ts;
+    for (const char* sfx : {".qcodes", ".scales", ".zeros", ".g_idx"}) ts.emplace(sfx, copy_of(sfx));
+    std::string meta = f.metadata().at(src);
+    damage(ts, meta);
+    std::vector<NamedTensor> named;
+    for (auto& [sfx, t] : ts) named.push_back({m4 + sfx, t});
+    write_safetensors(store.layer_file(4), named, {{"format", "pt"}, {m4, meta}});
+  };
+  write4([](auto&, std::string&) {});
+  REQUIRE(store.get(m4));
+  CHECK(store.get(m4)->codes == mods[1].codes);   // the copy as such reads back
+  struct Damage {
+    std::function<void(std::map<std::string, Tensor>&, std::string&)> apply;
+    std::string message;
+  };
+  const Damage damages[] = {
+      {[](auto& ts, std::string&) { ts.at(".scales").shape = {15}; }, m4 + ".scales: expected F32 of rank 2, got F32 [15]"},
+      {[](auto& ts, std::string&) { ts.at(".zeros").shape = {5, 3}; }, m4 + ".zeros: expected I32 [3, 5], got I32 [5, 3]"},
+      {[](auto& ts, std::string&) { reinterpret_cast<int32_t*>(ts.at(".g_idx").bytes.data())[69] = 7; }, m4 + ".g_idx: column 69 names group 7 of 3"},
+      {[](auto&, std::string& meta) { meta.replace(meta.find("\"bits\":4"), 8, "\"bits\":12"); }, "__metadata__." + m4 + ".bits: must be 1..8, got 12"},
+  };
+  for (const Damage& dmg : damages) {
+    REQUIRE(store.get(mods[0].name));   // another layer in the cache: layer 4 is read again
+    write4(dmg.apply);
+    INFO(dmg.message);
+    CHECK_THROWS_WITH(store.get(m4), Catch::Contains("layer-00004.safetensors: " + dmg.message));
   }
 }

@@ -40,12 +40,31 @@ template <class F>
 auto from_metadata(const std::string& file, const std::string& name, const std::string& text, F&& read) {
   return json_errors_named(Errc::format, file, "__metadata__." + name, [&] { return read(json::parse(text)); });
 }
+// A module's spec, its code width checked (the codes are unpacked and range-checked with it).
+QuantSpec spec_of(const std::string& file, const std::string& name, const std::string& text) {
+  const QuantSpec s = from_metadata(file, name, text, spec_from);
+  if (s.bits < 1 || s.bits > 8) fail(Errc::format, file, "__metadata__." + name + ".bits", "must be 1..8, got " + std::to_string(s.bits));
+  return s;
+}
 template <class T>
 Tensor raw_tensor(DType t, Shape s, const std::vector<T>& v) {
   Tensor x(t, std::move(s));
   std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
   return x;
 }
+// A tensor of a layer file with the dtype and shape write_layer gives it: a damaged or
+// hand-edited file fails naming the file and the tensor instead of being misread. rank_only: the
+// rank alone is known yet (the tensors the others' shapes are taken from).
+TensorView layer_tensor(const SafetensorsFile& f, const std::string& name, DType dt, const Shape& shape, bool rank_only = false) {
+  const TensorView t = f.get(name);
+  const bool ok = t.dtype == dt && (rank_only ? t.shape.size() == shape.size() : t.shape == shape);
+  if (!ok)
+    fail(Errc::format, f.path(), name,
+         "expected " + std::string(dtype_name(dt)) + (rank_only ? " of rank " + std::to_string(shape.size()) : " " + shape_str(shape)) + ", got " +
+             std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape));
+  return t;
+}
+
 template <class T>
 std::vector<T> raw_vector(const TensorView& t) {
   std::vector<T> v(t.nbytes / sizeof(T));
@@ -100,10 +119,10 @@ bool QuantStore::info(const std::string& module, Info* out) const {
   SafetensorsFile f(layer_file(layer));
   auto it = f.metadata().find(module);
   if (it == f.metadata().end()) return false;
-  out->spec = from_metadata(f.path(), module, it->second, spec_from);
-  const Shape ss = f.get(module + ".scales").shape, gs = f.get(module + ".g_idx").shape;
+  out->spec = spec_of(f.path(), module, it->second);
+  const Shape ss = layer_tensor(f, module + ".scales", DType::F32, {0, 0}, true).shape;
   out->rows = ss[1];
-  out->cols = gs[0];
+  out->cols = layer_tensor(f, module + ".g_idx", DType::I32, {0}, true).shape[0];
   out->groups = ss[0];
   return true;
 }
@@ -129,24 +148,30 @@ void QuantStore::load(int layer) const {
     }
     QuantizedLinear q;
     q.name = name;
-    q.spec = from_metadata(f.path(), name, spec, spec_from);
-    TensorView sc = f.get(name + ".scales");
+    q.spec = spec_of(f.path(), name, spec);
+    const TensorView sc = layer_tensor(f, name + ".scales", DType::F32, {0, 0}, true);   // [groups, rows]
+    q.groups = sc.shape[0];
     q.rows = sc.shape[1];
-    q.cols = f.get(name + ".g_idx").shape[0];
+    q.cols = layer_tensor(f, name + ".g_idx", DType::I32, {0}, true).shape[0];
     if (f.has(name + ".qcodes")) {
-      TensorView w = f.get(name + ".qcodes");
-      if (w.dtype != DType::U32 || w.shape.size() != 2 || w.shape[0] != q.rows || w.shape[1] != packed_words(q.cols, q.spec.bits))
-        fail(Errc::format, layer_file(layer), name + ".qcodes", "expected U32 [rows, packed words of cols]");
+      const TensorView w = layer_tensor(f, name + ".qcodes", DType::U32, {q.rows, packed_words(q.cols, q.spec.bits)});
       const std::vector<uint32_t> words = raw_vector<uint32_t>(w);
       q.codes.resize(size_t(q.rows * q.cols));
       unpack_rows(words.data(), q.rows, q.cols, q.spec.bits, q.codes.data());
     } else {   // layer files of earlier versions: one byte per code
-      q.codes = raw_vector<uint8_t>(f.get(name + ".codes"));
+      q.codes = raw_vector<uint8_t>(layer_tensor(f, name + ".codes", DType::U8, {q.rows * q.cols}, true));
+      if (int64_t(q.codes.size()) != q.rows * q.cols)
+        fail(Errc::format, f.path(), name + ".codes", "expected " + std::to_string(q.rows * q.cols) + " codes (rows x cols), got " + std::to_string(q.codes.size()));
     }
-    q.groups = sc.shape[0];
     q.scales = raw_vector<float>(sc);
-    q.zeros = raw_vector<int32_t>(f.get(name + ".zeros"));
-    q.g_idx = raw_vector<int32_t>(f.get(name + ".g_idx"));
+    q.zeros = raw_vector<int32_t>(layer_tensor(f, name + ".zeros", DType::I32, {q.groups, q.rows}));
+    q.g_idx = raw_vector<int32_t>(layer_tensor(f, name + ".g_idx", DType::I32, {q.cols}));
+    for (size_t k = 0; k < q.g_idx.size(); ++k)
+      if (q.g_idx[k] < 0 || q.g_idx[k] >= q.groups)
+        fail(Errc::format, f.path(), name + ".g_idx", "column " + std::to_string(k) + " names group " + std::to_string(q.g_idx[k]) + " of " + std::to_string(q.groups));
+    const int levels = 1 << q.spec.bits;
+    for (uint8_t c : q.codes)
+      if (c >= levels) fail(Errc::format, f.path(), name + ".codes", "a code of " + std::to_string(int(c)) + " does not fit " + std::to_string(q.spec.bits) + " bits");
     cache_[name] = std::move(q);
   }
   for (auto& n : f.names()) {   // replaced float tensors are the ".weight" ones (smoothed norms)
