@@ -219,8 +219,7 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
   // issues them while the MMAs run. 4-bit codes at 9..16 rows with two row tiles (W4: 102 -> 124
   // registers, 11008 x 4096 1.81x -> 2.37x; twelfth part) and GPTQ 4-bit at M <= 8 (W4 M = 1 4096 x
   // 14336 back to back 2.95x -> 3.29x; fourteenth part). Elsewhere each batch is loaded, then used:
-  // as fast or faster (8-bit codes, one row tile at 9..16 rows).
-  constexpr bool kOverlapBatches = kOverlap;
+  // as fast or faster (8-bit codes, one row tile at 9..16 rows). Both loops sum in the same order.
   using Meta = typename Format::Meta;
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
@@ -259,7 +258,7 @@ __global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 
     fmt.fill_pairs();
     __syncthreads();
   }
-  if constexpr (kOverlapBatches) {
+  if constexpr (kOverlap) {
     using Codes = uint4[kBatch][RT][kU4];
     using Metas = Meta[kBatch][RT];
     // The first nb k-steps of a batch; a whole batch as straight-line code (its steps interleave).
