@@ -336,6 +336,14 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back ex
       {[](auto& ts, std::string&) { ts.at(".zeros").shape = {5, 3}; }, m4 + ".zeros: expected I32 [3, 5], got I32 [5, 3]"},
       {[](auto& ts, std::string&) { reinterpret_cast<int32_t*>(ts.at(".g_idx").bytes.data())[69] = 7; }, m4 + ".g_idx: column 69 names group 7 of 3"},
       {[](auto&, std::string& meta) { meta.replace(meta.find("\"bits\":4"), 8, "\"bits\":12"); }, "__metadata__." + m4 + ".bits: must be 1..8, got 12"},
+      {[&](auto& ts, std::string&) {   // an earlier version's byte per code, one of them 16 at 4 bits
+         ts.erase(".qcodes");
+         Tensor c(DType::U8, {5 * 70});
+         std::memcpy(c.bytes.data(), mods[1].codes.data(), c.bytes.size());
+         c.bytes[123] = 16;
+         ts.emplace(".codes", c);
+       },
+       m4 + ".codes: a code of 16 does not fit 4 bits"},
   };
   for (const Damage& dmg : damages) {
     REQUIRE(store.get(mods[0].name));   // another layer in the cache: layer 4 is read again

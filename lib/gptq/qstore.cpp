@@ -162,6 +162,9 @@ void QuantStore::load(int layer) const {
       q.codes = raw_vector<uint8_t>(layer_tensor(f, name + ".codes", DType::U8, {q.rows * q.cols}, true));
       if (int64_t(q.codes.size()) != q.rows * q.cols)
         fail(Errc::format, f.path(), name + ".codes", "expected " + std::to_string(q.rows * q.cols) + " codes (rows x cols), got " + std::to_string(q.codes.size()));
+      const int levels = 1 << q.spec.bits;   // unpacked words fit by construction; bytes need not
+      for (uint8_t c : q.codes)
+        if (c >= levels) fail(Errc::format, f.path(), name + ".codes", "a code of " + std::to_string(int(c)) + " does not fit " + std::to_string(q.spec.bits) + " bits");
     }
     q.scales = raw_vector<float>(sc);
     q.zeros = raw_vector<int32_t>(layer_tensor(f, name + ".zeros", DType::I32, {q.groups, q.rows}));
@@ -169,9 +172,6 @@ void QuantStore::load(int layer) const {
     for (size_t k = 0; k < q.g_idx.size(); ++k)
       if (q.g_idx[k] < 0 || q.g_idx[k] >= q.groups)
         fail(Errc::format, f.path(), name + ".g_idx", "column " + std::to_string(k) + " names group " + std::to_string(q.g_idx[k]) + " of " + std::to_string(q.groups));
-    const int levels = 1 << q.spec.bits;
-    for (uint8_t c : q.codes)
-      if (c >= levels) fail(Errc::format, f.path(), name + ".codes", "a code of " + std::to_string(int(c)) + " does not fit " + std::to_string(q.spec.bits) + " bits");
     cache_[name] = std::move(q);
   }
   for (auto& n : f.names()) {   // replaced float tensors are the ".weight" ones (smoothed norms)

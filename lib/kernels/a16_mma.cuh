@@ -194,8 +194,8 @@ constexpr int batch_steps(int nt, int rt) {
   return loads / (Format::kU4 * rt) > 0 ? loads / (Format::kU4 * rt) : 1;
 }
 
-// Which loops a kernel of NT n8 tiles and RT row tiles comes in: kOverlapOnly (the batches
-// overlapped, below), kBoth (the planner picks, overlap_variants), else the plain loop only.
+// Which loops a kernel of NT n8 tiles and RT row tiles comes in: overlap_only (the batches
+// overlapped, mma_kernel's kOverlap), both (the planner picks), plain_only.
 enum class Overlap { plain_only, overlap_only, both };
 template <class Format>
 constexpr Overlap overlap_variants(int nt, int rt) {
