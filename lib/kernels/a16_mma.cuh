@@ -61,6 +61,12 @@
 namespace ptq::cuda::a16 {
 
 constexpr int kMaxSlices = 16;
+// The most K slices (warps) a CTA of NT n8 tiles and RT row tiles is compiled for: 16 up to 16 rows
+// (registers: at most 128 each, W4 with two row tiles 124), else 8. 16 slices at 9..16 rows: the
+// 4096-row layers keep 16 warps per SM with two row tiles (W4 4096 x 14336 2.21x -> 2.56x cuBLAS f16;
+// docs/benchmarks.md, fifteenth part); at 17..32 rows (4 n8 tiles, one row tile) the launch bound of
+// 512 threads cost W4 / W8 5-35% (fewer registers, other schedules), so it stays at 256.
+constexpr int max_slices(int nt, int rt) { return nt <= 2 && nt * rt <= 4 ? kMaxSlices : kMaxSlices / 2; }
 
 // The kernel that serves a call (automatic: a16_auto_path), or Errc::usage when a forced one cannot take M.
 inline A16Path resolve(A16Path path, int64_t M, int64_t N, int64_t K, int bits, const char* kernel) {
@@ -211,7 +217,7 @@ constexpr Overlap overlap_variants(int nt, int rt) {
 // registers (two CTAs of 512 threads per SM): free, it takes 68, and its plans (resident CTAs) are
 // those of the plain loop's 62 (docs/benchmarks.md, fourteenth part).
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap>
-__global__ void __launch_bounds__(NT * RT >= 4 ? kMaxSlices * 16 : kMaxSlices * 32, NT == 1 && RT == 1 && kOverlap ? 2 : 0)
+__global__ void __launch_bounds__(32 * max_slices(NT, RT), NT == 1 && RT == 1 && kOverlap ? 2 : 0)
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
@@ -435,7 +441,6 @@ inline int sm_count() {
 }
 
 constexpr int n8_tiles(int64_t M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
-constexpr int max_slices(int nt, int rt) { return nt * rt >= 4 ? kMaxSlices / 2 : kMaxSlices; }   // the kernel's launch bounds
 inline size_t red_bytes(int S, int nt, int rt) { return size_t(S) * 32 * 4 * size_t(nt * rt) * sizeof(float); }
 
 struct Plan {
