@@ -61,12 +61,12 @@
 namespace ptq::cuda::a16 {
 
 constexpr int kMaxSlices = 16;
-// The most K slices (warps) a CTA of NT n8 tiles and RT row tiles is compiled for: 16 up to 16 rows
-// (registers: at most 128 each, W4 with two row tiles 124), else 8. 16 slices at 9..16 rows: the
-// 4096-row layers keep 16 warps per SM with two row tiles (W4 4096 x 14336 2.21x -> 2.56x cuBLAS f16;
-// docs/benchmarks.md, fifteenth part); at 17..32 rows (4 n8 tiles, one row tile) the launch bound of
-// 512 threads cost W4 / W8 5-35% (fewer registers, other schedules), so it stays at 256.
-constexpr int max_slices(int nt, int rt) { return nt <= 2 && nt * rt <= 4 ? kMaxSlices : kMaxSlices / 2; }
+// The most K slices (warps) a CTA of NT n8 tiles is compiled for: 16 up to 16 rows (registers: at
+// most 128 each; W4 with two row tiles 124), else 8. 16 slices at 9..16 rows: the 4096-row layers
+// keep 16 warps per SM with two row tiles (W4 4096 x 14336 2.21x -> 2.56x cuBLAS f16;
+// docs/benchmarks.md, fifteenth part); at 17..32 rows the launch bound of 512 threads cost W4 / W8
+// 5-57% single (fewer registers, other schedules), so it stays at 256 threads there.
+constexpr int max_slices(int nt) { return nt <= 2 ? kMaxSlices : kMaxSlices / 2; }
 
 // The kernel that serves a call (automatic: a16_auto_path), or Errc::usage when a forced one cannot take M.
 inline A16Path resolve(A16Path path, int64_t M, int64_t N, int64_t K, int bits, const char* kernel) {
@@ -217,7 +217,7 @@ constexpr Overlap overlap_variants(int nt, int rt) {
 // registers (two CTAs of 512 threads per SM): free, it takes 68, and its plans (resident CTAs) are
 // those of the plain loop's 62 (docs/benchmarks.md, fourteenth part).
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap>
-__global__ void __launch_bounds__(32 * max_slices(NT, RT), NT == 1 && RT == 1 && kOverlap ? 2 : 0)
+__global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && RT == 1 && kOverlap ? 2 : 0)
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
@@ -501,7 +501,7 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
     if (overlap ? variants(rt) == Overlap::plain_only : variants(rt) == Overlap::overlap_only) continue;
     if (g_split.loop && variants(rt) == Overlap::both && overlap != (g_split.loop == 2)) continue;
     const int ctas = (tiles + rt - 1) / rt;
-    for (int S = 1; S <= max_slices(nt, rt) && S <= KS; S *= 2) {
+    for (int S = 1; S <= max_slices(nt) && S <= KS; S *= 2) {
       const int per_sm = resident_ctas(kern(rt, overlap), S, red_bytes(S, nt, rt));
       if (per_sm == 0) break;
       const int64_t waves = (ctas + int64_t(per_sm) * sms - 1) / (int64_t(per_sm) * sms), sps = (KS + S - 1) / S;
@@ -517,7 +517,7 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
       }
     }
   }
-  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt, best.rt), KS}));
+  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt), KS}));
   best.sps = (KS + best.S - 1) / best.S;
   // One row: each slice rounded up to whole batches (the last slice shorter) where that saves round
   // trips to memory: a warp walks sps / B batches and sps % B single k-steps, and a round trip costs
