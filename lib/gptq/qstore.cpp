@@ -159,9 +159,7 @@ void QuantStore::load(int layer) const {
       q.codes.resize(size_t(q.rows * q.cols));
       unpack_rows(words.data(), q.rows, q.cols, q.spec.bits, q.codes.data());
     } else {   // layer files of earlier versions: one byte per code
-      q.codes = raw_vector<uint8_t>(layer_tensor(f, name + ".codes", DType::U8, {q.rows * q.cols}, true));
-      if (int64_t(q.codes.size()) != q.rows * q.cols)
-        fail(Errc::format, f.path(), name + ".codes", "expected " + std::to_string(q.rows * q.cols) + " codes (rows x cols), got " + std::to_string(q.codes.size()));
+      q.codes = raw_vector<uint8_t>(layer_tensor(f, name + ".codes", DType::U8, {q.rows * q.cols}));
       const int levels = 1 << q.spec.bits;   // unpacked words fit by construction; bytes need not
       for (uint8_t c : q.codes)
         if (c >= levels) fail(Errc::format, f.path(), name + ".codes", "a code of " + std::to_string(int(c)) + " does not fit " + std::to_string(q.spec.bits) + " bits");
