@@ -733,7 +733,8 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
     for (int64_t Mf : {1, 5, 16, 32})
       for (int rt : {1, 2})
         for (int slices : {1, 3, 16})
-          for (int loop : {1, 2}) {   // at M <= 8 with two row tiles, 4-bit: the plain loop and the overlapped batches (elsewhere one of them)
+          for (int loop : {1, 2}) {   // at M <= 8 with two row tiles, 4-bit: the plain loop and the overlapped batches (elsewhere one loop: run once)
+            if (loop == 2 && !(Mf <= 8 && rt == 2)) continue;
             cuda::set_a16_split({rt, slices, 0, loop});
             Rng rs{uint64_t(Mf * 7 + rt)};
             const double rel = a16_error(*Ls, Mf, Ks, N, rs, cuda::A16Path::mma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, Mf, ps, true, yy); });
