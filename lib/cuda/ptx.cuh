@@ -36,6 +36,20 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float* c, const uint32_t* a, ui
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// (a & b) | c in one LOP3. Written as C, (w & mask) | magic with both constants immediates takes two:
+// a SASS LOP3 holds one immediate (the A16 dequantization: docs/benchmarks.md, sixteenth part).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));   // 0xEA = (0xF0 & 0xCC) | 0xAA
+  return d;
+}
+// The bytes of {b, a} picked by sel (PTX prmt, default mode).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
 // Shared-memory writes of the generic proxy (st.shared, cp.async) made visible to the async proxy
 // that wgmma and the bulk copies read through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }

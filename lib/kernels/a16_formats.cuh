@@ -11,6 +11,9 @@
 
 namespace ptq::cuda::a16 {
 
+using ptx::and_or;
+using ptx::prmt;
+
 // The GPTQ format of kernels/a16_mma.cuh: Meta = the (1024 + z, s) pairs of rows g and g + 8 for
 // the lane's group; a fragment's codes less z, in f16 (exact), times s in f16 when SCALED.
 template <int BITS>
@@ -53,20 +56,20 @@ struct GptqFormat {
     constexpr uint32_t magic = 0x64006400u;
     auto h2 = [](uint32_t u) { return *reinterpret_cast<const __half2*>(&u); };
     __half2 d[4];
-    if constexpr (BITS == 4) {
+    if constexpr (BITS == 4) {   // (w & mask) | magic: one LOP3 each (and_or)
       const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w, w8 = w >> 8;
       const __half2 sixteenth = __float2half2_rn(0.0625f);
-      d[0] = __hsub2(h2((w & 0x000F000Fu) | magic), p.z_lo);                // row g, columns k0 k0+1
-      d[1] = __hfma2(h2((w & 0x00F000F0u) | magic), sixteenth, p.z_hi);     // row g + 8
-      d[2] = __hsub2(h2((w8 & 0x000F000Fu) | magic), p.z_lo);               // row g, columns k0+2 k0+3
-      d[3] = __hfma2(h2((w8 & 0x00F000F0u) | magic), sixteenth, p.z_hi);    // row g + 8
-    } else {
+      d[0] = __hsub2(h2(and_or(w, 0x000F000Fu, magic)), p.z_lo);               // row g, columns k0 k0+1
+      d[1] = __hfma2(h2(and_or(w, 0x00F000F0u, magic)), sixteenth, p.z_hi);    // row g + 8
+      d[2] = __hsub2(h2(and_or(w8, 0x000F000Fu, magic)), p.z_lo);              // row g, columns k0+2 k0+3
+      d[3] = __hfma2(h2(and_or(w8, 0x00F000F0u, magic)), sixteenth, p.z_hi);   // row g + 8
+    } else {   // bytes 0, 2 (row g) or 1, 3 (row g + 8) of a word, each under byte 1 of magic (0x64): one PRMT
       const uint4& u = q[f / 2];
       const uint32_t wa = f % 2 ? u.z : u.x, wb = f % 2 ? u.w : u.y;
-      d[0] = __hsub2(h2((wa & 0x00FF00FFu) | magic), p.z_lo);
-      d[1] = __hsub2(h2(((wa >> 8) & 0x00FF00FFu) | magic), p.z_hi);
-      d[2] = __hsub2(h2((wb & 0x00FF00FFu) | magic), p.z_lo);
-      d[3] = __hsub2(h2(((wb >> 8) & 0x00FF00FFu) | magic), p.z_hi);
+      d[0] = __hsub2(h2(prmt(wa, magic, 0x5250u)), p.z_lo);
+      d[1] = __hsub2(h2(prmt(wa, magic, 0x5351u)), p.z_hi);
+      d[2] = __hsub2(h2(prmt(wb, magic, 0x5250u)), p.z_lo);
+      d[3] = __hsub2(h2(prmt(wb, magic, 0x5351u)), p.z_hi);
     }
     if constexpr (SCALED) {
       d[0] = __hmul2(d[0], p.s_lo);
@@ -78,12 +81,6 @@ struct GptqFormat {
     for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const uint32_t*>(&d[i]);
   }
 };
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
 
 // The NF4 format of the shared-x, wgmma and dequantize kernels (the L2-fed kernel runs
 // Nf4PairFormat below). tab: low bytes (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15) and high bytes

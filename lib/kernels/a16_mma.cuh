@@ -213,11 +213,14 @@ constexpr Overlap overlap_variants(int nt, int rt) {
 
 // y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
 // memory: S * 32 * 4 * NT * RT floats. kOverlap: the next batch's loads follow this batch's steps
-// in program order (see below). The overlapped one-row-tile kernel at M <= 8 is held to 64
-// registers (two CTAs of 512 threads per SM): free, it takes 68, and its plans (resident CTAs) are
-// those of the plain loop's 62 (docs/benchmarks.md, fourteenth part).
+// in program order (see below). Held to 64 registers (two CTAs of 512 threads per SM) at M <= 8:
+// the overlapped one-row-tile kernel (free, it takes 68, and its plans are those of the plain
+// loop's 62; docs/benchmarks.md, fourteenth part) and the plain two-row-tile kernel of the GPTQ
+// formats with whole-k-step scales (free, 70 / 66 since the one-LOP3 dequantization, 3 CTAs of 256
+// threads resident instead of 4: W4 14336 x 4096 left its one-wave plan, M = 8 15.2 -> 16.0 us;
+// held, 4 bytes of spill, 14.4 us; sixteenth part).
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap>
-__global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && RT == 1 && kOverlap ? 2 : 0)
+__global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && (RT == 1 ? kOverlap : !kOverlap && kStepScale && !Format::kPairTable) ? 2 : 0)
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
@@ -239,6 +242,20 @@ __global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && RT == 1 && kOv
     wp[r] = W + int64_t(tile[r]) * KS * kU4 * 32 + lane;
   }
   const __half* xr = x + int64_t(min(g, M - 1)) * K + 16 * c;   // B column n = g of n8 tile 0 (rows past M: copies, not stored)
+  // Two n8 tiles and two row tiles (9..16 rows): n8 tile t's x row from xr is set once, and the
+  // code loads of a batch share their base (computed at each load, x's addresses took about 35
+  // instructions a k-step and the codes' 12 a batch; W4 M = 16 14336 x 4096 16.8 -> 16.3 us). Not
+  // elsewhere: there the same change moved register counts and plans (W8 M = 32 up to 44% and NF4
+  // M = 1 up to 15% slower). The form matters: with xs folded into load_x, ptxas gives the W4 kernel
+  // 100 registers instead of 124 and it runs 5-7% slower (docs/benchmarks.md, sixteenth part).
+  constexpr bool kHoist = NT == 2 && RT == 2;
+  int xoff[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) xoff[t] = kHoist ? (min(t * 8 + g, M - 1) - min(g, M - 1)) * K : 0;
+  auto code_at = [&](int r, int s, int b, int j) {   // uint4 j of k-step s + b of row tile r
+    if constexpr (kHoist) return wp[r] + int64_t(s) * (kU4 * 32) + (b * kU4 + j) * 32;
+    else return wp[r] + int64_t((s + b) * kU4 + j) * 32;
+  };
   // Launched with PDL (cuda/pdl.cuh): the next kernel may take this one's SMs as its CTAs exit, and
   // this one's first batch of codes and metadata (never written by a kernel) is in flight before
   // it waits for the previous kernel; x is read and y written after the wait.
@@ -251,8 +268,9 @@ __global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && RT == 1 && kOv
 
   auto step = [&](const uint4 (&q)[RT][kU4], const Meta (&meta)[RT], int s) {
     const bool in_k = 64 * s + 16 * c < K;   // this lane's 16 columns: all inside K or all past it
+    const __half* xs = xr + 64 * s;
     auto load_x = [&](int t, uint4 (&xl)[2]) {
-      const __half* xt = xr + int64_t(min(t * 8 + g, M - 1) - min(g, M - 1)) * K + 64 * s;
+      const __half* xt = kHoist ? xs + xoff[t] : xr + int64_t(min(t * 8 + g, M - 1) - min(g, M - 1)) * K + 64 * s;
       xl[0] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt)) : make_uint4(0, 0, 0, 0);
       xl[1] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt + 8)) : make_uint4(0, 0, 0, 0);
     };
@@ -273,7 +291,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && RT == 1 && kOv
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
-          for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(wp[r] + int64_t((s + b) * kU4 + j) * 32);
+          for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(code_at(r, s, b, j));
 #pragma unroll
         for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
       };
@@ -322,7 +340,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && RT == 1 && kOv
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
-          for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(wp[r] + int64_t((s + b) * kU4 + j) * 32);   // streamed once: not kept in L1
+          for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(code_at(r, s, b, j));   // streamed once: not kept in L1
 #pragma unroll
       for (int b = 0; b < kBatch; ++b)
 #pragma unroll
