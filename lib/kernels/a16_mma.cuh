@@ -218,7 +218,7 @@ constexpr Overlap overlap_variants(int nt, int rt) {
 // loop's 62; docs/benchmarks.md, fourteenth part) and the plain two-row-tile kernel of the GPTQ
 // formats with whole-k-step scales (free, 70 / 66 since the one-LOP3 dequantization, 3 CTAs of 256
 // threads resident instead of 4: W4 14336 x 4096 left its one-wave plan, M = 8 15.2 -> 16.0 us;
-// held, 4 bytes of spill, 14.4 us; sixteenth part).
+// held, 4 / 8 bytes of spill (W4 / W8), 14.4 us; sixteenth part).
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap>
 __global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && (RT == 1 ? kOverlap : !kOverlap && kStepScale && !Format::kPairTable) ? 2 : 0)
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
