@@ -211,6 +211,14 @@ constexpr Overlap overlap_variants(int nt, int rt) {
   return Overlap::plain_only;
 }
 
+// The launch bound's CTAs per SM: 2 (64 registers at 512 threads) for the kernels mma_kernel's
+// comment names, else 0 (no bound).
+template <class Format>
+constexpr int min_ctas(int nt, int rt, bool k_step_scale, bool overlap) {
+  const bool held = nt == 1 && (rt == 1 ? overlap : !overlap && k_step_scale && !Format::kPairTable);
+  return held ? 2 : 0;
+}
+
 // y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
 // memory: S * 32 * 4 * NT * RT floats. kOverlap: the next batch's loads follow this batch's steps
 // in program order (see below). Held to 64 registers (two CTAs of 512 threads per SM) at M <= 8:
@@ -220,7 +228,7 @@ constexpr Overlap overlap_variants(int nt, int rt) {
 // threads resident instead of 4: W4 14336 x 4096 left its one-wave plan, M = 8 15.2 -> 16.0 us;
 // held, 4 / 8 bytes of spill (W4 / W8), 14.4 us; sixteenth part).
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap>
-__global__ void __launch_bounds__(32 * max_slices(NT), NT == 1 && (RT == 1 ? kOverlap : !kOverlap && kStepScale && !Format::kPairTable) ? 2 : 0)
+__global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
