@@ -256,7 +256,14 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   // elsewhere: there the same change moved register counts and plans (W8 M = 32 up to 44% and NF4
   // M = 1 up to 15% slower). The form matters: with xs folded into load_x, ptxas gives the W4 kernel
   // 100 registers instead of 124 and it runs 5-7% slower (docs/benchmarks.md, sixteenth part).
+  // One n8 tile and one row tile of GPTQ 4-bit codes (the M <= 8 kernel held to 64 registers):
+  // x's address from one 32-bit element offset, both loads off one base. ptxas rematerializes it
+  // at each k-step either way (registers), but from the offset in about 20 instructions, not 30
+  // (the 64-bit row pointer and a second base for the second load): W4 M = 1..8 1-2.5% faster back
+  // to back where the planner picks one row tile; other kernels unchanged (seventeenth part).
   constexpr bool kHoist = NT == 2 && RT == 2;
+  constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8;
+  const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) xoff[t] = kHoist ? (min(t * 8 + g, M - 1) - min(g, M - 1)) * K : 0;
@@ -278,6 +285,12 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     const bool in_k = 64 * s + 16 * c < K;   // this lane's 16 columns: all inside K or all past it
     const __half* xs = xr + 64 * s;
     auto load_x = [&](int t, uint4 (&xl)[2]) {
+      if constexpr (kLeanX) {
+        const uint4* xt = reinterpret_cast<const uint4*>(x + (xo + 64 * s));
+        xl[0] = in_k ? __ldg(xt) : make_uint4(0, 0, 0, 0);
+        xl[1] = in_k ? __ldg(xt + 1) : make_uint4(0, 0, 0, 0);
+        return;
+      }
       const __half* xt = kHoist ? xs + xoff[t] : xr + int64_t(min(t * 8 + g, M - 1) - min(g, M - 1)) * K + 64 * s;
       xl[0] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt)) : make_uint4(0, 0, 0, 0);
       xl[1] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt + 8)) : make_uint4(0, 0, 0, 0);
