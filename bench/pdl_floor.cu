@@ -1,0 +1,334 @@
+// pdl_floor.cu — what bounds a small layer's weight stream when kernels run back to back with
+// programmatic dependent launch (PDL), measured without ptqkit's kernels. ptqkit's A16 kernels
+// (lib/kernels/a16_mma.cuh) read their codes before they wait for the previous kernel and read
+// x after it; at 4096 x 4096 (8.9 MB of 4-bit codes and metadata) they stream at 60% of the copy
+// bandwidth back to back. This program measures, on the same number of bytes, stand-in kernels
+// that do only that (docs/benchmarks.md, seventeenth part):
+//   1. read floors by launch mode: plain launches; PDL with every read before the wait; PDL with
+//      every read after it; PDL with an L2 bulk prefetch of the CTA's bytes before the wait and
+//      the reads after it. Best over grid x block x loads in flight, and the geometry that won.
+//   2. reads before the wait, then a dependent tail after it (an x load, a block reduction) and
+//      `work` added FMAs per thread (ptqkit's dequantization and MMAs run there): weights in
+//      registers, 256 CTAs of 512 threads held to 2 per SM as the W4 M = 1 4096² plan is (its
+//      registers), or bulk-copied (cp.async.bulk) into shared memory by CTAs small enough for the
+//      next kernel's CTAs to be resident beside them.
+//   3. a timeline of (2) at work 0 from %globaltimer stamps per CTA: how long after the previous
+//      grid's last CTA ends the wait returns (release), and how long the tail after it takes.
+// Timing as `ptqkit bench kernels`' stream column: R launches on R copies of the bytes (R copies
+// span 256 MiB, so each launch reads from DRAM), queued behind a spinning kernel, median of runs.
+// Usage: pdl_floor [bytes] [runs]   (default 8912896 = W4 g128 4096 x 4096, 50 runs); sm_90 only.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                      \
+  do {                                                                                             \
+    const cudaError_t e_ = (x);                                                                    \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "pdl_floor: %s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+namespace {
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void wait_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ unsigned fold(const uint4& v) { return v.x ^ v.y ^ v.z ^ v.w; }
+
+__global__ void spin_kernel(long long ns) {
+  for (const unsigned long long t0 = global_ns(); global_ns() - t0 < (unsigned long long)ns;) {
+  }
+}
+
+// 1. Reads of the CTA's contiguous share, U uint4 in flight per thread. mode: 0 plain, 1 PDL reads
+// before the wait, 2 PDL reads after it, 3 as 2 with an L2 bulk prefetch of the share before the wait.
+template <int U>
+__global__ void read_kernel(const uint4* __restrict__ w, size_t n16, unsigned* out, int mode) {
+  if (mode) allow_dependents();
+  const size_t per = (n16 + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = min(n16, lo + per);
+  if (mode == 3 && threadIdx.x == 0)
+    for (size_t a = lo; a < hi; a += 4096)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + a), "r"(unsigned((min(hi, a + 4096) - a) * 16)) : "memory");
+  if (mode >= 2) wait_prior_grid();
+  unsigned acc = 0;
+  for (size_t b = lo + threadIdx.x; b < hi; b += size_t(blockDim.x) * U) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = b + size_t(u) * blockDim.x;
+      v[u] = i < hi ? __ldcs(w + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= fold(v[u]);
+  }
+  if (mode == 1) wait_prior_grid();
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;   // never true: keeps the reads
+}
+
+// The dependent tail of 2: x (written by the previous kernel in a real step) read after the wait,
+// `work` x 4 FMAs per thread, a block reduction through shared memory. Stamps (3): started, data in,
+// wait returned, tail done; j: the launch's index in the stream.
+struct Stamps {
+  unsigned long long* at;   // [launch][CTA][4], or null
+  int j;
+};
+__device__ void tail(unsigned acc, const uint4* x, unsigned* out, int work, unsigned* red, const Stamps& st, const unsigned long long (&t)[3]) {
+  acc ^= fold(__ldg(x + (threadIdx.x & 255)));
+  float a0 = __uint_as_float(acc & 0xffffu), a1 = a0 + 1.0f, a2 = a0 + 2.0f, a3 = a0 + 3.0f;
+  for (int i = 0; i < work; ++i) {
+    a0 = fmaf(a0, 1.0001f, 0.5f);
+    a1 = fmaf(a1, 1.0001f, 0.5f);
+    a2 = fmaf(a2, 1.0001f, 0.5f);
+    a3 = fmaf(a3, 1.0001f, 0.5f);
+  }
+  acc ^= __float_as_uint(a0 + a1 + a2 + a3);
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    unsigned s = 0;
+    for (int i = threadIdx.x; i < blockDim.x; i += 32) s += red[i];
+    if (s == 0x12345678u) out[blockIdx.x] = s;
+  }
+  __syncthreads();
+  if (st.at && threadIdx.x == 0) {
+    unsigned long long* p = st.at + (size_t(st.j) * gridDim.x + blockIdx.x) * 4;
+    p[0] = t[0], p[1] = t[1], p[2] = t[2], p[3] = global_ns();
+  }
+}
+
+// 2, weights in registers: 4 uint4 per thread before the wait (the W4 M = 1 4096² plan's batch), the rest after.
+__global__ void reg_kernel(const uint4* __restrict__ w, size_t n16, const uint4* x, unsigned* out, int work, Stamps st) {
+  extern __shared__ unsigned red[];
+  allow_dependents();
+  unsigned long long t[3];
+  t[0] = global_ns();
+  const size_t per = n16 / gridDim.x, lo = blockIdx.x * per;
+  uint4 v[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const size_t i = threadIdx.x + size_t(u) * blockDim.x;
+    v[u] = i < per ? __ldcs(w + lo + i) : make_uint4(0, 0, 0, 0);
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) acc ^= fold(v[u]);
+  __syncthreads();
+  t[1] = global_ns();
+  wait_prior_grid();
+  t[2] = global_ns();
+  for (size_t i = threadIdx.x + 4 * size_t(blockDim.x); i < per; i += blockDim.x) acc ^= fold(__ldcs(w + lo + i));
+  tail(acc, x, out, work, red, st, t);
+}
+
+// 2, weights bulk-copied into shared memory (one mbarrier, copies of 16 KB) before the wait.
+__global__ void smem_kernel(const uint4* __restrict__ w, size_t n16, const uint4* x, unsigned* out, int work, Stamps st) {
+  extern __shared__ __align__(128) uint4 buf[];
+  __shared__ __align__(8) unsigned long long bar;
+  __shared__ unsigned red[1024];
+  allow_dependents();
+  unsigned long long t[3];
+  t[0] = global_ns();
+  const size_t per = n16 / gridDim.x, lo = blockIdx.x * per;
+  const unsigned b = unsigned(__cvta_generic_to_shared(&bar));
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+    asm volatile("fence.proxy.async.shared::cta;");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(unsigned(per * 16)) : "memory");
+    for (size_t a = 0; a < per; a += 1024)
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       unsigned(__cvta_generic_to_shared(buf + a))),
+                   "l"(w + lo + a), "r"(unsigned(min(per - a, size_t(1024)) * 16)), "r"(b)
+                   : "memory");
+  }
+  __syncthreads();
+  asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0; @!p bra W; }" ::"r"(b) : "memory");
+  t[1] = global_ns();
+  wait_prior_grid();
+  t[2] = global_ns();
+  unsigned acc = 0;
+  for (size_t i = threadIdx.x; i < per; i += blockDim.x) acc ^= fold(buf[i]);
+  tail(acc, x, out, work, red, st, t);
+}
+
+template <class F>
+double stream_us(int runs, int R, F&& f) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < runs; ++i) {
+    spin_kernel<<<1, 1>>>(20000LL * R);
+    CK(cudaEventRecord(a));
+    for (int j = 0; j < R; ++j) f(j);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float m = 0;
+    CK(cudaEventElapsedTime(&m, a, b));
+    ms.push_back(m / float(R));
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return 1000.0 * ms[ms.size() / 2];
+}
+
+template <class... P, class... A>
+void launch(void (*kern)(P...), bool pdl, int grid, int block, size_t smem, A... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(unsigned(block));
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&cfg, kern, args...));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) / 16 * 16 : 8912896;
+  const int runs = argc > 2 ? std::atoi(argv[2]) : 50;
+  int dev = 0, major = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (major < 9 || bytes < (size_t(1) << 20) || runs < 1) {
+    std::fprintf(stderr, "pdl_floor: needs an sm_90 GPU (PDL, bulk copies), bytes >= 1 MiB and runs >= 1\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  const size_t n16 = bytes / 16, span = size_t(256) << 20;
+  const int R = int(std::max<size_t>(2, (span + bytes - 1) / bytes));
+  uint4 *w = nullptr, *x = nullptr;
+  unsigned* out = nullptr;
+  CK(cudaMalloc(&w, size_t(R) * bytes));
+  CK(cudaMemset(w, 1, size_t(R) * bytes));
+  CK(cudaMalloc(&x, 1 << 16));
+  CK(cudaMemset(x, 2, 1 << 16));
+  CK(cudaMalloc(&out, 1 << 20));
+  // Copy bandwidth (bytes read + written) of a 1 GiB device-to-device copy, median of 20 (as ptqkit bench kernels).
+  double copy_gbs = 0;
+  {
+    const size_t half = size_t(1) << 30;
+    uint4* c = nullptr;
+    CK(cudaMalloc(&c, 2 * half));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    for (int i = 0; i < 20; ++i) {
+      CK(cudaEventRecord(a));
+      CK(cudaMemcpyAsync(reinterpret_cast<char*>(c) + half, c, half, cudaMemcpyDeviceToDevice));
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      float m = 0;
+      CK(cudaEventElapsedTime(&m, a, b));
+      ms.push_back(m);
+    }
+    std::sort(ms.begin(), ms.end());
+    copy_gbs = 2.0 * double(half) / (double(ms[10]) * 1e-3) / 1e9;
+    CK(cudaFree(c));
+  }
+  auto pct = [&](double us) { return 100.0 * double(bytes) / (us * 1e-6) / 1e9 / copy_gbs; };
+  std::printf("pdl_floor on %s, %d SMs: %zu bytes back to back on %d rotating copies, median of %d; copy %.0f GB/s (read + write)\n", prop.name, sms,
+              bytes, R, runs, copy_gbs);
+
+  // 1. Read floors by launch mode.
+  const char* modes[] = {"plain launches", "PDL, reads before the wait", "PDL, reads after the wait", "PDL, L2 prefetch before the wait, reads after"};
+  for (int mode = 0; mode < 4; ++mode) {
+    double best = 1e30;
+    int bg = 0, bb = 0, bu = 0;
+    for (int grid : {sms, 2 * sms, 4 * sms, 8 * sms})
+      for (int block : {256, 512, 1024})
+        for (int U : {4, 8}) {
+          if (size_t(grid) * block > size_t(sms) * 2048) continue;
+          auto f = [&](int j) {
+            const uint4* p = w + size_t(j) * n16;
+            if (U == 4) launch(read_kernel<4>, mode > 0, grid, block, 0, p, n16, out, mode);
+            else launch(read_kernel<8>, mode > 0, grid, block, 0, p, n16, out, mode);
+          };
+          const double us = stream_us(runs, R, f);
+          if (us < best) best = us, bg = grid, bb = block, bu = U;
+        }
+    std::printf("1. %-46s %6.2f us  %5.1f%% of copy  (grid %d, block %d, %d uint4 in flight)\n", modes[mode], best, pct(best), bg, bb, bu);
+  }
+
+  // 2. Reads before the wait, a dependent tail after it.
+  CK(cudaFuncSetAttribute(reg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  struct Cfg {
+    const char* name;
+    bool smem;
+    int grid, block;
+  };
+  const Cfg cfgs[] = {{"registers, 2 CTAs per SM", false, 256, 512}, {"shared memory, 1 CTA per SM per kernel", true, sms, 512},
+                      {"shared memory, 2 CTAs per SM per kernel", true, 2 * sms, 256}};
+  unsigned long long* at = nullptr;
+  CK(cudaMalloc(&at, size_t(R) * 4096 * 4 * sizeof(unsigned long long)));
+  for (const Cfg& c : cfgs) {
+    const size_t per = n16 / size_t(c.grid), smem = c.smem ? per * 16 : 100 * 1024;   // registers: 100 KB holds it to 2 CTAs per SM
+    if (smem > 200 * 1024) {
+      std::printf("2. %-40s skipped: %zu bytes of shared memory per CTA\n", c.name, smem);
+      continue;
+    }
+    const int per_sm = c.block * ((c.grid + sms - 1) / sms);
+    std::printf("2. %-40s", c.name);
+    for (int work : {0, 25, 50, 100}) {   // FMAs x 4 per thread at 1024 threads per SM: the same work per SM in each layout
+      const int iters = int(int64_t(work) * 1024 / per_sm);
+      auto f = [&](int j) {
+        const uint4* p = w + size_t(j) * n16;
+        if (c.smem) launch(smem_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, iters, Stamps{nullptr, j});
+        else launch(reg_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, iters, Stamps{nullptr, j});
+      };
+      const double us = stream_us(runs, R, f);
+      std::printf(" | work %3d: %5.2f us %5.1f%%", work, us, pct(us));
+    }
+    std::printf("\n");
+    // 3. Timeline at work 0: the middle launches (from max(2, R / 4) to R - 2) of three streams.
+    std::vector<unsigned long long> h(size_t(R) * c.grid * 4);
+    double release = 0, tail_ns = 0, period = 0;
+    int n = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      spin_kernel<<<1, 1>>>(20000LL * R);
+      for (int j = 0; j < R; ++j) {
+        const uint4* p = w + size_t(j) * n16;
+        if (c.smem) launch(smem_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, 0, Stamps{at, j});
+        else launch(reg_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, 0, Stamps{at, j});
+      }
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(h.data(), at, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
+      auto stamp = [&](int j, int b, int k) { return double(h[(size_t(j) * c.grid + b) * 4 + k]); };
+      for (int j = std::max(2, R / 4); j + 1 < R - 1; ++j) {
+        double last_end = 0, next_release = 1e30, release_j = 1e30, end_j = 0, prev_end = 0;
+        for (int b = 0; b < c.grid; ++b) {
+          last_end = std::max(last_end, stamp(j, b, 3));
+          next_release = std::min(next_release, stamp(j + 1, b, 2));
+          release_j = std::min(release_j, stamp(j, b, 2));
+          end_j = std::max(end_j, stamp(j, b, 3));
+          prev_end = std::max(prev_end, stamp(j - 1, b, 3));
+        }
+        release += next_release - last_end, tail_ns += end_j - release_j, period += end_j - prev_end, ++n;
+      }
+    }
+    std::printf("3. %-40s release %4.0f ns after the previous grid's last CTA, tail %4.0f ns, period %4.0f ns (work 0, mean of %d launches)\n", c.name,
+                release / n, tail_ns / n, period / n, n);
+  }
+  CK(cudaFree(at));
+  CK(cudaFree(w));
+  CK(cudaFree(x));
+  CK(cudaFree(out));
+  return 0;
+}
