@@ -15,7 +15,8 @@
 //   3. a timeline of (2) at work 0 from %globaltimer stamps per CTA: how long after the previous
 //      grid's last CTA ends the wait returns (release), and how long the tail after it takes.
 // Timing as `ptqkit bench kernels`' stream column: R launches on R copies of the bytes (R copies
-// span 256 MiB, so each launch reads from DRAM), queued behind a spinning kernel, median of runs.
+// span 256 MiB, so each launch reads from DRAM), queued behind a spinning kernel, median of runs;
+// and the same R launches as one CUDA graph (as decode loops run them).
 // Usage: pdl_floor [bytes] [runs]   (default 8912896 = W4 g128 4096 x 4096, 50 runs); sm_90 only.
 #include <cuda_runtime.h>
 
@@ -34,6 +35,8 @@
   } while (0)
 
 namespace {
+
+cudaStream_t g_stream;   // every launch, capture and event: default streams cannot be captured
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -166,10 +169,10 @@ double stream_us(int runs, int R, F&& f) {
   CK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < runs; ++i) {
-    spin_kernel<<<1, 1>>>(20000LL * R);
-    CK(cudaEventRecord(a));
+    spin_kernel<<<1, 1, 0, g_stream>>>(20000LL * R);
+    CK(cudaEventRecord(a, g_stream));
     for (int j = 0; j < R; ++j) f(j);
-    CK(cudaEventRecord(b));
+    CK(cudaEventRecord(b, g_stream));
     CK(cudaEventSynchronize(b));
     float m = 0;
     CK(cudaEventElapsedTime(&m, a, b));
@@ -178,6 +181,38 @@ double stream_us(int runs, int R, F&& f) {
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
+  return 1000.0 * ms[ms.size() / 2];
+}
+
+// The same R launches captured once into a CUDA graph (PDL launches become programmatic edges), the
+// graph launched behind a short spinning kernel; median over runs of time / R.
+template <class F>
+double graph_us(int runs, int R, F&& f) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+  for (int j = 0; j < R; ++j) f(j);
+  CK(cudaStreamEndCapture(g_stream, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i <= runs; ++i) {   // the first run warms up
+    spin_kernel<<<1, 1, 0, g_stream>>>(20000LL);
+    CK(cudaEventRecord(a, g_stream));
+    CK(cudaGraphLaunch(ge, g_stream));
+    CK(cudaEventRecord(b, g_stream));
+    CK(cudaEventSynchronize(b));
+    float m = 0;
+    CK(cudaEventElapsedTime(&m, a, b));
+    if (i > 0) ms.push_back(m / float(R));
+  }
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
   return 1000.0 * ms[ms.size() / 2];
 }
 
@@ -191,6 +226,7 @@ void launch(void (*kern)(P...), bool pdl, int grid, int block, size_t smem, A...
   cfg.blockDim = dim3(unsigned(block));
   cfg.dynamicSmemBytes = smem;
   cfg.attrs = attr;
+  cfg.stream = g_stream;
   cfg.numAttrs = pdl ? 1 : 0;
   CK(cudaLaunchKernelEx(&cfg, kern, args...));
 }
@@ -210,6 +246,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   const size_t n16 = bytes / 16, span = size_t(256) << 20;
   const int R = int(std::max<size_t>(2, (span + bytes - 1) / bytes));
   uint4 *w = nullptr, *x = nullptr;
@@ -263,7 +300,14 @@ int main(int argc, char** argv) {
           const double us = stream_us(runs, R, f);
           if (us < best) best = us, bg = grid, bb = block, bu = U;
         }
-    std::printf("1. %-46s %6.2f us  %5.1f%% of copy  (grid %d, block %d, %d uint4 in flight)\n", modes[mode], best, pct(best), bg, bb, bu);
+    auto fb = [&](int j) {
+      const uint4* p = w + size_t(j) * n16;
+      if (bu == 4) launch(read_kernel<4>, mode > 0, bg, bb, 0, p, n16, out, mode);
+      else launch(read_kernel<8>, mode > 0, bg, bb, 0, p, n16, out, mode);
+    };
+    const double gu = graph_us(runs, R, fb);
+    std::printf("1. %-46s %6.2f us %5.1f%% of copy | graph %6.2f us %5.1f%%  (grid %d, block %d, %d uint4 in flight)\n", modes[mode], best, pct(best), gu, pct(gu),
+                bg, bb, bu);
   }
 
   // 2. Reads before the wait, a dependent tail after it.
@@ -293,8 +337,8 @@ int main(int argc, char** argv) {
         if (c.smem) launch(smem_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, iters, Stamps{nullptr, j});
         else launch(reg_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, iters, Stamps{nullptr, j});
       };
-      const double us = stream_us(runs, R, f);
-      std::printf(" | work %3d: %5.2f us %5.1f%%", work, us, pct(us));
+      const double us = stream_us(runs, R, f), gu = graph_us(runs, R, f);
+      std::printf(" | work %3d: %5.2f us %5.1f%%, graph %5.2f us %5.1f%%", work, us, pct(us), gu, pct(gu));
     }
     std::printf("\n");
     // 3. Timeline at work 0: the middle launches (from max(2, R / 4) to R - 2) of three streams.
@@ -302,13 +346,13 @@ int main(int argc, char** argv) {
     double release = 0, tail_ns = 0, period = 0;
     int n = 0;
     for (int rep = 0; rep < 3; ++rep) {
-      spin_kernel<<<1, 1>>>(20000LL * R);
+      spin_kernel<<<1, 1, 0, g_stream>>>(20000LL * R);
       for (int j = 0; j < R; ++j) {
         const uint4* p = w + size_t(j) * n16;
         if (c.smem) launch(smem_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, 0, Stamps{at, j});
         else launch(reg_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, 0, Stamps{at, j});
       }
-      CK(cudaDeviceSynchronize());
+      CK(cudaStreamSynchronize(g_stream));
       CK(cudaMemcpy(h.data(), at, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
       auto stamp = [&](int j, int b, int k) { return double(h[(size_t(j) * c.grid + b) * 4 + k]); };
       for (int j = std::max(2, R / 4); j + 1 < R - 1; ++j) {
