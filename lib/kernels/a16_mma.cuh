@@ -26,7 +26,9 @@
 // loads per lane (2 above M = 16) issued before their math (4-bit codes at 9..16 rows with RT = 2,
 // and GPTQ 4-bit at M <= 8: the next batch issued while this one's MMAs run; at M <= 8 with RT = 2
 // the planner picks that loop or the plain one, overlap_variants); with RT = 2 the x fragments are loaded
-// once for both tiles (at M = 16 x is read 4x more often than W: that halves it). A CTA = the S
+// once for both tiles (at M = 16 x is read 4x more often than W: that halves it). At M = 1 with one
+// row tile (GPTQ 4-bit), warps that walk more than one batch copy each batch's x into shared memory
+// by cp.async first (kStageX: one L2 round trip a batch). A CTA = the S
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
 // second, partial one (measured: docs/benchmarks.md).
@@ -227,7 +229,7 @@ constexpr int min_ctas(int nt, int rt, bool k_step_scale, bool overlap) {
 // formats with whole-k-step scales (free, 70 / 66 since the one-LOP3 dequantization, 3 CTAs of 256
 // threads resident instead of 4: W4 14336 x 4096 left its one-wave plan, M = 8 15.2 -> 16.0 us;
 // held, 4 / 8 bytes of spill (W4 / W8), 14.4 us; sixteenth part).
-template <int NT, int RT, bool kStepScale, class Format, bool kOverlap>
+template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
@@ -263,6 +265,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   // to back where the planner picks one row tile; other kernels unchanged (seventeenth part).
   constexpr bool kHoist = NT == 2 && RT == 2;
   constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8;
+  static_assert(!kStageX || (kLeanX && kOverlap && kBatch == 4), "x staged: the one-row-tile GPTQ 4-bit kernel, one 16-byte chunk per lane");
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
 #pragma unroll
@@ -325,7 +328,42 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
           if (b < nb) one(b);
       }
     };
+    // kStageX (M = 1, one row tile, GPTQ 4-bit, warps that walk more than one batch): the batch's x
+    // (4 k-steps of 64 columns, 512 bytes) is copied into the warp's own 512 bytes of red by one
+    // 16-byte cp.async per lane (zeros past K and past the batch), so each batch takes one L2 round
+    // trip for x, not the one or two per k-step that ptxas schedules within 64 registers; the MMAs
+    // read it with two shared-memory loads per k-step and no address arithmetic.
+    auto stage_x = [&](int s, int nb) {
+      uint4* xst = reinterpret_cast<uint4*>(red) + warp * 32;
+      const int b = lane >> 3, col = 64 * (s + b) + 8 * (lane & 7);
+      const bool ok = b < nb && col < K;
+      __syncwarp();   // the previous batch's reads are done
+      ptx::cp_async16(ptx::smem_addr(xst + lane), ok ? x + col : x, ok ? 16 : 0);
+      ptx::cp_async_commit();
+      ptx::cp_async_wait<0>();
+      __syncwarp();
+      return xst;
+    };
     auto use = [&](const Codes& q, const Metas& m, int s, int nb) {
+      if constexpr (kStageX) {
+        const uint4* xst = stage_x(s, nb);
+        auto one = [&](int b) {
+          auto lx = [&](int, uint4 (&xl)[2]) {
+            xl[0] = xst[b * 8 + 2 * c];
+            xl[1] = xst[b * 8 + 2 * c + 1];
+          };
+          k_step<NT, RT, kStepScale>(fmt, q[b], m[b], lx, acc);
+        };
+        if (nb == kBatch) {
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) one(b);
+        } else {
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+            if (b < nb) one(b);
+        }
+        return;
+      }
       if (nb == kBatch) {
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
@@ -386,6 +424,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   }
   // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
   constexpr int kAcc = 4 * NT * RT;
+  if constexpr (kStageX) __syncwarp();   // the warp's staged x (its part of red) is read
 #pragma unroll
   for (int r = 0; r < RT; ++r)
 #pragma unroll
@@ -397,7 +436,17 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     const int rr = o % (16 * RT), n = o / (16 * RT), r = rr / 16, row = rr % 16, t = n / 8, nn = n % 8;
     const int src = ((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2;
     float v = 0.0f;
-    for (int w = 0; w < S; ++w) v += red[w * 32 * kAcc + src];
+    // The one-row-tile GPTQ 4-bit kernel: unrolled to the compiled bound, so the S loads issue
+    // together and the adds follow in slice order (the same sums): W4 4096² M = 1..8 3-4% faster back
+    // to back. Not elsewhere: the same unroll moved the registers of the other kernels, and at 9..16
+    // rows (two n8 and row tiles) it was 0-1% faster for W4, 2-3% slower for W8 (eighteenth part).
+    if constexpr (kLeanX) {
+#pragma unroll
+      for (int w = 0; w < max_slices(NT); ++w)
+        if (w < S) v += red[w * 32 * kAcc + src];
+    } else {
+      for (int w = 0; w < S; ++w) v += red[w * 32 * kAcc + src];
+    }
     const int R = (tile0 + r) * 16 + row;
     if (R >= N) continue;
     const int64_t i = int64_t(n) * N + R;
@@ -485,6 +534,7 @@ inline size_t red_bytes(int S, int nt, int rt) { return size_t(S) * 32 * 4 * siz
 struct Plan {
   int rt, S, ctas, sps;
   bool overlap = false;   // the kernel with overlapped batches (overlap_variants)
+  bool stage_x = false;   // the kernel that stages x in shared memory (mma_kernel's kStageX)
   size_t smem = 0;     // dynamic shared memory per CTA at launch
   int carveout = -1;   // shared-memory carveout at launch (percent), -1: the driver's choice
 };
@@ -575,24 +625,26 @@ template <class Format>
 using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, int, int, int, int);
 
 template <int NT, int RT, bool kStepScale, class Format>
-MmaKernel<Format> mma_kernel_of(bool overlap) {
+MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x) {
   constexpr Overlap v = overlap_variants<Format>(NT, RT);
+  if constexpr (NT == 1 && RT == 1 && Format::kOverlapM8 && v == Overlap::overlap_only)
+    if (stage_x) return mma_kernel<NT, RT, kStepScale, Format, true, true>;
   if constexpr (v == Overlap::both) return overlap ? mma_kernel<NT, RT, kStepScale, Format, true> : mma_kernel<NT, RT, kStepScale, Format, false>;
   else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only>;
 }
 template <int NT, class Format>
-MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap) {
+MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x) {
   if constexpr (NT <= 4)
-    if (rt == 2) return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap) : mma_kernel_of<NT, 2, false, Format>(overlap);
-  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap) : mma_kernel_of<NT, 1, false, Format>(overlap);
+    if (rt == 2) return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, false) : mma_kernel_of<NT, 2, false, Format>(overlap, false);
+  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x) : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x);
 }
 template <class Format>
-MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap) {
+MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false) {
   switch (nt) {
-    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap);
-    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap);
-    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap);
-    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap);
+    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x);
+    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false);
+    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false);
   }
 }
 
@@ -618,19 +670,24 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     if (it == plans.end()) {
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);
-      spread(kern(q.rt, q.overlap), q);
+      // One row, warps that walk more than one batch: x staged per batch (kStageX; W4 M = 1 back to
+      // back 4096 x 11008 10.49 -> 9.90 us, 4096 x 14336 13.01 -> 12.54; at 4096 x 4096, one batch a
+      // warp, 2% slower: docs/benchmarks.md, eighteenth part).
+      q.stage_x = M == 1 && nt == 1 && q.rt == 1 && q.overlap && Format::kOverlapM8 && q.sps > batch_steps<Format>(1, 1);
+      spread(reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x)), q);
       it = plans.emplace(key, q).first;
       if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
         cudaFuncAttributes a{};
-        PTQ_CUDA(cudaFuncGetAttributes(&a, kern(q.rt, q.overlap)));
-        std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d%s\n",
+        const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x));
+        PTQ_CUDA(cudaFuncGetAttributes(&a, k));
+        std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d%s%s\n",
                      (long long)M, (long long)N, (long long)K, nt, q.rt, q.S, q.ctas, q.sps, a.sharedSizeBytes, q.smem, q.carveout, a.numRegs,
-                     resident_ctas(kern(q.rt, q.overlap), q.S, q.smem), q.overlap ? " overlap" : "");
+                     resident_ctas(k, q.S, q.smem), q.overlap ? " overlap" : "", q.stage_x ? " x-staged" : "");
       }
     }
     p = it->second;
   }
-  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
+  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
              W, x, yh, yf, beta, int(M), int(N), int(K), p.sps);
 }
 
