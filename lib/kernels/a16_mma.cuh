@@ -309,24 +309,26 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   if constexpr (kOverlap) {
     using Codes = uint4[kBatch][RT][kU4];
     using Metas = Meta[kBatch][RT];
-    // The first nb k-steps of a batch; a whole batch as straight-line code (its steps interleave).
+    // f(b) for the first nb k-steps of a batch; a whole batch as straight-line code (its steps interleave).
+    auto each_step = [](int nb, auto&& f) {
+      if (nb == kBatch) {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) f(b);
+      } else {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+          if (b < nb) f(b);
+      }
+    };
     auto issue = [&](Codes& q, Metas& m, int s, int nb) {
-      auto one = [&](int b) {
+      each_step(nb, [&](int b) {
 #pragma unroll
         for (int r = 0; r < RT; ++r)
 #pragma unroll
           for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(code_at(r, s, b, j));
 #pragma unroll
         for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
-      };
-      if (nb == kBatch) {
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) one(b);
-      } else {
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b)
-          if (b < nb) one(b);
-      }
+      });
     };
     // kStageX (M = 1, one row tile, GPTQ 4-bit, warps that walk more than one batch): the batch's x
     // (4 k-steps of 64 columns, 512 bytes) is copied into the warp's own 512 bytes of red by one
@@ -347,30 +349,15 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     auto use = [&](const Codes& q, const Metas& m, int s, int nb) {
       if constexpr (kStageX) {
         const uint4* xst = stage_x(s, nb);
-        auto one = [&](int b) {
+        each_step(nb, [&](int b) {
           auto lx = [&](int, uint4 (&xl)[2]) {
             xl[0] = xst[b * 8 + 2 * c];
             xl[1] = xst[b * 8 + 2 * c + 1];
           };
           k_step<NT, RT, kStepScale>(fmt, q[b], m[b], lx, acc);
-        };
-        if (nb == kBatch) {
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b) one(b);
-        } else {
-#pragma unroll
-          for (int b = 0; b < kBatch; ++b)
-            if (b < nb) one(b);
-        }
-        return;
-      }
-      if (nb == kBatch) {
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) step(q[b], m[b], s + b);
+        });
       } else {
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b)
-          if (b < nb) step(q[b], m[b], s + b);
+        each_step(nb, [&](int b) { step(q[b], m[b], s + b); });
       }
     };
     Codes q;
