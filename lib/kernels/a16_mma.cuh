@@ -661,11 +661,11 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       // back 4096 x 11008 10.49 -> 9.90 us, 4096 x 14336 13.01 -> 12.54; at 4096 x 4096, one batch a
       // warp, 2% slower: docs/benchmarks.md, eighteenth part).
       q.stage_x = M == 1 && nt == 1 && q.rt == 1 && q.overlap && Format::kOverlapM8 && q.sps > batch_steps<Format>(1, 1);
-      spread(reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x)), q);
+      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x));   // the kernel launched
+      spread(k, q);
       it = plans.emplace(key, q).first;
       if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
         cudaFuncAttributes a{};
-        const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x));
         PTQ_CUDA(cudaFuncGetAttributes(&a, k));
         std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d%s%s\n",
                      (long long)M, (long long)N, (long long)K, nt, q.rt, q.S, q.ctas, q.sps, a.sharedSizeBytes, q.smem, q.carveout, a.numRegs,
