@@ -3,7 +3,7 @@
 // (lib/kernels/a16_mma.cuh) read their codes before they wait for the previous kernel and read
 // x after it; at 4096 x 4096 (8.9 MB of 4-bit codes and metadata) they stream at 60% of the copy
 // bandwidth back to back. This program measures, on the same number of bytes, stand-in kernels
-// that do only that (docs/benchmarks.md, seventeenth part):
+// that do only that (docs/benchmarks.md, seventeenth and nineteenth parts):
 //   1. read floors by launch mode: plain launches; PDL with every read before the wait; PDL with
 //      every read after it; PDL with an L2 bulk prefetch of the CTA's bytes before the wait and
 //      the reads after it. Best over grid x block x loads in flight, and the geometry that won.
@@ -14,6 +14,10 @@
 //      next kernel's CTAs to be resident beside them.
 //   3. a timeline of (2) at work 0 from %globaltimer stamps per CTA: how long after the previous
 //      grid's last CTA ends the wait returns (release), and how long the tail after it takes.
+//   4. (2) with the wait replaced by a counter in global memory: each CTA adds 1 when done
+//      (release), each launch spins until the CTAs before it are all done (acquire).
+//   5. (2) in registers, each CTA prefetching its share of the next launch's bytes into L2 once its
+//      own are in (before the wait): DRAM streams the next layer during this one's wait and tail.
 // Timing as `ptqkit bench kernels`' stream column: R launches on R copies of the bytes (R copies
 // span 256 MiB, so each launch reads from DRAM), queued behind a spinning kernel, median of runs;
 // and the same R launches as one CUDA graph (as decode loops run them).
@@ -108,8 +112,34 @@ __device__ void tail(unsigned acc, const uint4* x, unsigned* out, int work, unsi
   }
 }
 
+// The wait for the previous launch: griddepcontrol.wait, or with `done` (4) a counter instead. Every
+// CTA of every launch adds 1 to *done after its last read and write (signal_done, after tail's
+// closing barrier: a gpu-scope release), and a launch waits until *done reaches the CTAs launched
+// before it (`before`; an acquire spin of one thread). Deadlock-free because a PDL launch comes only
+// after every CTA of the previous grid has started (they call allow_dependents first): the CTAs it
+// waits for are resident.
+__device__ __forceinline__ void wait_for(unsigned* done, unsigned before) {
+  if (!done) {
+    wait_prior_grid();
+    return;
+  }
+  if (threadIdx.x == 0) {
+    unsigned d;
+    do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(d) : "l"(done) : "memory");
+    while (d < before);
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ void signal_done(unsigned* done) {
+  if (done && threadIdx.x == 0) asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(done) : "memory");
+}
+
 // 2, weights in registers: 4 uint4 per thread before the wait (the W4 M = 1 4096² plan's batch), the rest after.
-__global__ void reg_kernel(const uint4* __restrict__ w, size_t n16, const uint4* x, unsigned* out, int work, Stamps st) {
+// 5, with `next` (the next launch's bytes): once this CTA's own loads are in, its thread 0 prefetches
+// the same share of them into L2 (cp.async.bulk.prefetch.L2), so DRAM streams them during the wait
+// and the tail.
+__global__ void reg_kernel(const uint4* __restrict__ w, size_t n16, const uint4* x, unsigned* out, int work, Stamps st, const uint4* next,
+                           unsigned* done, unsigned before) {
   extern __shared__ unsigned red[];
   allow_dependents();
   unsigned long long t[3];
@@ -126,14 +156,18 @@ __global__ void reg_kernel(const uint4* __restrict__ w, size_t n16, const uint4*
   for (int u = 0; u < 4; ++u) acc ^= fold(v[u]);
   __syncthreads();
   t[1] = global_ns();
-  wait_prior_grid();
+  if (next && threadIdx.x == 0)
+    for (size_t a = 0; a < per; a += 4096)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(next + lo + a), "r"(unsigned((min(per, a + 4096) - a) * 16)) : "memory");
+  wait_for(done, before);
   t[2] = global_ns();
   for (size_t i = threadIdx.x + 4 * size_t(blockDim.x); i < per; i += blockDim.x) acc ^= fold(__ldcs(w + lo + i));
   tail(acc, x, out, work, red, st, t);
+  signal_done(done);
 }
 
 // 2, weights bulk-copied into shared memory (one mbarrier, copies of 16 KB) before the wait.
-__global__ void smem_kernel(const uint4* __restrict__ w, size_t n16, const uint4* x, unsigned* out, int work, Stamps st) {
+__global__ void smem_kernel(const uint4* __restrict__ w, size_t n16, const uint4* x, unsigned* out, int work, Stamps st, unsigned* done, unsigned before) {
   extern __shared__ __align__(128) uint4 buf[];
   __shared__ __align__(8) unsigned long long bar;
   __shared__ unsigned red[1024];
@@ -155,20 +189,23 @@ __global__ void smem_kernel(const uint4* __restrict__ w, size_t n16, const uint4
   __syncthreads();
   asm volatile("{ .reg .pred p; W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0; @!p bra W; }" ::"r"(b) : "memory");
   t[1] = global_ns();
-  wait_prior_grid();
+  wait_for(done, before);
   t[2] = global_ns();
   unsigned acc = 0;
   for (size_t i = threadIdx.x; i < per; i += blockDim.x) acc ^= fold(buf[i]);
   tail(acc, x, out, work, red, st, t);
+  signal_done(done);
 }
 
-template <class F>
-double stream_us(int runs, int R, F&& f) {
+// reset: called before each run's spinning kernel, outside the timed span (4's counter).
+template <class F, class Reset = void (*)()>
+double stream_us(int runs, int R, F&& f, Reset reset = [] {}) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < runs; ++i) {
+    reset();
     spin_kernel<<<1, 1, 0, g_stream>>>(20000LL * R);
     CK(cudaEventRecord(a, g_stream));
     for (int j = 0; j < R; ++j) f(j);
@@ -186,11 +223,13 @@ double stream_us(int runs, int R, F&& f) {
 
 // The same R launches captured once into a CUDA graph (PDL launches become programmatic edges), the
 // graph launched behind a short spinning kernel; median over runs of time / R.
-template <class F>
-double graph_us(int runs, int R, F&& f) {
+// reset: captured first (a memset node: 4's counter back to 0 at each replay).
+template <class F, class Reset = void (*)()>
+double graph_us(int runs, int R, F&& f, Reset reset = [] {}) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+  reset();
   for (int j = 0; j < R; ++j) f(j);
   CK(cudaStreamEndCapture(g_stream, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
@@ -315,13 +354,22 @@ int main(int argc, char** argv) {
   CK(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
   struct Cfg {
     const char* name;
-    bool smem;
+    bool smem, flag;
     int grid, block;
+    bool prefetch = false;
   };
-  const Cfg cfgs[] = {{"registers, 2 CTAs per SM", false, 256, 512}, {"shared memory, 1 CTA per SM per kernel", true, sms, 512},
-                      {"shared memory, 2 CTAs per SM per kernel", true, 2 * sms, 256}};
+  const Cfg cfgs[] = {{"registers, 2 CTAs per SM", false, false, 256, 512},
+                      {"shared memory, 1 CTA per SM per kernel", true, false, sms, 512},
+                      {"shared memory, 2 CTAs per SM per kernel", true, false, 2 * sms, 256},
+                      {"registers, 2 per SM, a counter for the wait", false, true, 256, 512},
+                      {"shared memory, 1 per SM, a counter for the wait", true, true, sms, 512},
+                      {"shared memory, 2 per SM, a counter for the wait", true, true, 2 * sms, 256},
+                      {"registers, 2 per SM, next launch's bytes to L2", false, false, 256, 512, true}};
   unsigned long long* at = nullptr;
+  unsigned* done = nullptr;   // 4's counter
   CK(cudaMalloc(&at, size_t(R) * 4096 * 4 * sizeof(unsigned long long)));
+  CK(cudaMalloc(&done, sizeof(unsigned)));
+  auto reset = [&] { CK(cudaMemsetAsync(done, 0, sizeof(unsigned), g_stream)); };
   for (const Cfg& c : cfgs) {
     const size_t per = n16 / size_t(c.grid), smem = c.smem ? per * 16 : 100 * 1024;   // registers: 100 KB holds it to 2 CTAs per SM
     if (smem > 200 * 1024) {
@@ -329,15 +377,18 @@ int main(int argc, char** argv) {
       continue;
     }
     const int per_sm = c.block * ((c.grid + sms - 1) / sms);
-    std::printf("2. %-40s", c.name);
+    auto one = [&](const Cfg& k, int j, int iters, Stamps st) {
+      const uint4* p = w + size_t(j) * n16;
+      if (k.smem) launch(smem_kernel, true, k.grid, k.block, smem, p, n16, (const uint4*)x, out, iters, st, k.flag ? done : nullptr, unsigned(j * k.grid));
+      else
+        launch(reg_kernel, true, k.grid, k.block, smem, p, n16, (const uint4*)x, out, iters, st, k.prefetch && j + 1 < R ? p + n16 : nullptr,
+               k.flag ? done : nullptr, unsigned(j * k.grid));
+    };
+    std::printf("%s %-40s", c.flag ? "4." : c.prefetch ? "5." : "2.", c.name);
     for (int work : {0, 25, 50, 100}) {   // FMAs x 4 per thread at 1024 threads per SM: the same work per SM in each layout
       const int iters = int(int64_t(work) * 1024 / per_sm);
-      auto f = [&](int j) {
-        const uint4* p = w + size_t(j) * n16;
-        if (c.smem) launch(smem_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, iters, Stamps{nullptr, j});
-        else launch(reg_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, iters, Stamps{nullptr, j});
-      };
-      const double us = stream_us(runs, R, f), gu = graph_us(runs, R, f);
+      auto f = [&](int j) { one(c, j, iters, Stamps{nullptr, j}); };
+      const double us = stream_us(runs, R, f, reset), gu = graph_us(runs, R, f, reset);
       std::printf(" | work %3d: %5.2f us %5.1f%%, graph %5.2f us %5.1f%%", work, us, pct(us), gu, pct(gu));
     }
     std::printf("\n");
@@ -346,12 +397,9 @@ int main(int argc, char** argv) {
     double release = 0, tail_ns = 0, period = 0;
     int n = 0;
     for (int rep = 0; rep < 3; ++rep) {
+      reset();
       spin_kernel<<<1, 1, 0, g_stream>>>(20000LL * R);
-      for (int j = 0; j < R; ++j) {
-        const uint4* p = w + size_t(j) * n16;
-        if (c.smem) launch(smem_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, 0, Stamps{at, j});
-        else launch(reg_kernel, true, c.grid, c.block, smem, p, n16, (const uint4*)x, out, 0, Stamps{at, j});
-      }
+      for (int j = 0; j < R; ++j) one(c, j, 0, Stamps{at, j});
       CK(cudaStreamSynchronize(g_stream));
       CK(cudaMemcpy(h.data(), at, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
       auto stamp = [&](int j, int b, int k) { return double(h[(size_t(j) * c.grid + b) * 4 + k]); };
@@ -371,6 +419,7 @@ int main(int argc, char** argv) {
                   release / n, tail_ns / n, period / n, n);
   }
   CK(cudaFree(at));
+  CK(cudaFree(done));
   CK(cudaFree(w));
   CK(cudaFree(x));
   CK(cudaFree(out));
