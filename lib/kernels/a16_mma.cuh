@@ -26,9 +26,9 @@
 // loads per lane (2 above M = 16) issued before their math (4-bit codes at 9..16 rows with RT = 2,
 // and GPTQ 4-bit at M <= 8: the next batch issued while this one's MMAs run; at M <= 8 with RT = 2
 // the planner picks that loop or the plain one, overlap_variants); with RT = 2 the x fragments are loaded
-// once for both tiles (at M = 16 x is read 4x more often than W: that halves it). At M = 1 with one
-// row tile (GPTQ 4-bit), warps that walk more than one batch copy each batch's x into shared memory
-// by cp.async first (kStageX: one L2 round trip a batch). A CTA = the S
+// once for both tiles (at M = 16 x is read 4x more often than W: that halves it). At M = 1 the
+// overlapped GPTQ 4-bit kernels (one row tile: where a warp walks more than one batch) copy each
+// batch's x into shared memory by cp.async first (kStageX: one L2 round trip a batch). A CTA = the S
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
 // second, partial one (measured: docs/benchmarks.md).
@@ -265,7 +265,8 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   // to back where the planner picks one row tile; other kernels unchanged (seventeenth part).
   constexpr bool kHoist = NT == 2 && RT == 2;
   constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8;
-  static_assert(!kStageX || (kLeanX && kOverlap && kBatch == 4), "x staged: the one-row-tile GPTQ 4-bit kernel, one 16-byte chunk per lane");
+  static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the GPTQ 4-bit kernel at M = 1, one 16-byte chunk per lane");
+  constexpr int kAcc = 4 * NT * RT;   // fp32 sums per lane (the C fragments of RT row tiles x NT n8 tiles)
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
 #pragma unroll
@@ -330,13 +331,13 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
         for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
       });
     };
-    // kStageX (M = 1, one row tile, GPTQ 4-bit, warps that walk more than one batch): the batch's x
-    // (4 k-steps of 64 columns, 512 bytes) is copied into the warp's own 512 bytes of red by one
+    // kStageX (M = 1, GPTQ 4-bit, overlapped batches; run_mma says where): the batch's x (its 4 or 2
+    // k-steps of 64 columns, 512 or 256 bytes) is copied into the warp's own rows of red by one
     // 16-byte cp.async per lane (zeros past K and past the batch), so each batch takes one L2 round
     // trip for x, not the one or two per k-step that ptxas schedules within 64 registers; the MMAs
     // read it with two shared-memory loads per k-step and no address arithmetic.
     auto stage_x = [&](int s, int nb) {
-      uint4* xst = reinterpret_cast<uint4*>(red) + warp * 32;
+      uint4* xst = reinterpret_cast<uint4*>(red + warp * 32 * kAcc);   // the warp's slice-sum rows (512 bytes at least)
       const int b = lane >> 3, col = 64 * (s + b) + 8 * (lane & 7);
       const bool ok = b < nb && col < K;
       __syncwarp();   // the previous batch's reads are done
@@ -410,7 +411,6 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     wait_prior();   // every warp waits, one with no k-steps too: a kernel completes after the one before it
   }
   // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
-  constexpr int kAcc = 4 * NT * RT;
   if constexpr (kStageX) __syncwarp();   // the warp's staged x (its part of red) is read
 #pragma unroll
   for (int r = 0; r < RT; ++r)
@@ -614,15 +614,15 @@ using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*,
 template <int NT, int RT, bool kStepScale, class Format>
 MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x) {
   constexpr Overlap v = overlap_variants<Format>(NT, RT);
-  if constexpr (NT == 1 && RT == 1 && Format::kOverlapM8 && v == Overlap::overlap_only)
-    if (stage_x) return mma_kernel<NT, RT, kStepScale, Format, true, true>;
+  if constexpr (NT == 1 && Format::kOverlapM8 && v != Overlap::plain_only)
+    if (stage_x && overlap) return mma_kernel<NT, RT, kStepScale, Format, true, true>;
   if constexpr (v == Overlap::both) return overlap ? mma_kernel<NT, RT, kStepScale, Format, true> : mma_kernel<NT, RT, kStepScale, Format, false>;
   else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only>;
 }
 template <int NT, class Format>
 MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x) {
   if constexpr (NT <= 4)
-    if (rt == 2) return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, false) : mma_kernel_of<NT, 2, false, Format>(overlap, false);
+    if (rt == 2) return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x) : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x);
   return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x) : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x);
 }
 template <class Format>
@@ -640,7 +640,12 @@ template <class Format>
 void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
              int64_t K) {
   const int nt = n8_tiles(M);
-  auto kern = [&](int rt, bool overlap) { return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap)); };
+  // At M = 1 the planner weighs the overlapped GPTQ 4-bit kernels in their x-staged form (kStageX),
+  // the one it launches where their warps walk more than one batch; with two row tiles that form
+  // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
+  auto kern = [&](int rt, bool overlap) {
+    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap));
+  };
   // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split and M = 1 only: made once.
   static std::mutex mu;
   static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool>, Plan> plans;
@@ -657,10 +662,12 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     if (it == plans.end()) {
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);
-      // One row, warps that walk more than one batch: x staged per batch (kStageX; W4 M = 1 back to
-      // back 4096 x 11008 10.49 -> 9.90 us, 4096 x 14336 13.01 -> 12.54; at 4096 x 4096, one batch a
-      // warp, 2% slower: docs/benchmarks.md, eighteenth part).
-      q.stage_x = M == 1 && nt == 1 && q.rt == 1 && q.overlap && Format::kOverlapM8 && q.sps > batch_steps<Format>(1, 1);
+      // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks
+      // more than one batch (W4 M = 1 back to back 4096 x 11008 10.49 -> 9.90 us, 4096 x 14336 13.01
+      // -> 12.54; at 4096 x 4096, one batch a warp, 2% slower; eighteenth part), the unstaged kernel
+      // otherwise (the same launch bound, 64 registers). Two row tiles: always, as planned (11008 x
+      // 4096 now takes it, one wave: 10.69-10.74 -> 10.50 us; nineteenth part).
+      q.stage_x = M == 1 && nt == 1 && q.overlap && Format::kOverlapM8 && (q.rt == 2 || q.sps > batch_steps<Format>(1, 1));
       const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x));   // the kernel launched
       spread(k, q);
       it = plans.emplace(key, q).first;
