@@ -4,6 +4,7 @@
 set -euo pipefail
 pkgs=(g++ cmake ninja-build pkg-config libomp-dev libeigen3-dev libcli11-dev catch2
       libyaml-cpp-dev nlohmann-json3-dev libsentencepiece-dev libssl-dev
+      jq                  # normalizes report.json before hashing (scripts/output-hashes.sh)
       chromium            # renders report.html in a test (tests/test_report.cpp)
       clang libclang-rt-14-dev)   # libFuzzer + ASan/UBSan targets (fuzz/)
 missing=()
