@@ -13,12 +13,14 @@
 #include "eval/data.h"
 #include "eval/perplexity.h"
 #include "model/llama.h"
+#include "model/schedule.h"
 #include "model/synth.h"
 #include "pipeline/pipeline.h"
 #include <unistd.h>
 #include "core/rng.h"
 #ifdef PTQKIT_HAVE_CUDA
-#include "cuda/gptq_cuda.h"
+#include "gptq/gptq_cuda.h"
+#include "cuda/random.h"
 #include "cuda/runtime.h"
 #include "kernels/bench_kernels.h"
 #endif
@@ -175,24 +177,25 @@ int bench_gptq() {
   std::printf("bench gptq: %s layer (hidden %lld, ffn %lld), %d x %d calibration tokens, %d-bit g%d%s, on %s\n", g_bg.preset.c_str(),
               (long long)d, (long long)f, g_bg.samples, g_bg.seq_len, g_bg.bits, g_bg.group, g_bg.act_order ? " act-order" : "", cuda::describe().c_str());
   using clk = std::chrono::steady_clock;
-  const int64_t widths[4] = {d, c.q_dim(), d, f};
+  const LayerSchedule& sched = layer_schedule(c);
   std::vector<std::unique_ptr<cuda::HessianCuda>> H;
   double t_hess = 0, hess_flop = 0;
   {
     const int64_t chunk = 16384;
     cuda::DeviceBuffer<uint16_t> x(size_t(chunk * f), "bench activations");
-    for (int k = 0; k < 4; ++k) {
-      H.push_back(std::make_unique<cuda::HessianCuda>(widths[k], DType::F16));
+    for (int k = 0; k < int(sched.groups.size()); ++k) {
+      const int64_t width = linear_shape(c, sched.groups[size_t(k)].linears[0]).in;
+      H.push_back(std::make_unique<cuda::HessianCuda>(width, DType::F16));
       for (int64_t t0 = 0; t0 < N; t0 += chunk) {
         const int64_t n = std::min(chunk, N - t0);
-        cuda::fill_random_normal(x.get(), DType::F16, n * widths[k], uint64_t(k * 1000 + t0), 1.0f);
+        cuda::fill_random_normal(x.get(), DType::F16, n * width, uint64_t(k * 1000 + t0), 1.0f);
         cuda::synchronize();
         auto t = clk::now();
         H.back()->add_device(x.get(), n);
         cuda::synchronize();
         t_hess += std::chrono::duration<double>(clk::now() - t).count();
       }
-      hess_flop += 2.0 * double(N) * double(widths[k]) * double(widths[k]);
+      hess_flop += 2.0 * double(N) * double(width) * double(width);
     }
   }
   QuantSpec s;
@@ -200,27 +203,31 @@ int bench_gptq() {
   s.group_size = g_bg.group;
   s.act_order = g_bg.act_order;
   s.static_groups = g_bg.act_order;
-  const int64_t outs[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, ins[7] = {d, d, d, c.q_dim(), d, d, f};
-  const int hidx[7] = {0, 0, 0, 1, 2, 2, 3};
   cuda::GptqPhaseTimes sum;
   double t_solve = 0;
-  for (int m = 0; m < 7; ++m) {
-    MatF W(outs[m], ins[m]);
+  for (size_t k = 0; k < sched.groups.size(); ++k)
+    for (Proj p : sched.groups[k].linears) {
+    const int m = int(p);
+    const LinearShape sh = linear_shape(c, p);
+    MatF W(sh.out, sh.in);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < W.rows(); ++r) {
       Rng rng{uint64_t(m), uint64_t(r)};
-      for (int64_t k = 0; k < W.cols(); ++k) W(r, k) = float(rng.normal() / std::sqrt(double(ins[m])));
+      for (int64_t j = 0; j < W.cols(); ++j) W(r, j) = float(rng.normal() / std::sqrt(double(sh.in)));
     }
     auto t = clk::now();
-    cuda::gptq_quantize_device(W, H[size_t(hidx[m])]->device_sum(), N, s);
+    cuda::WeightRows rows;
+    rows.rows = W.rows();
+    rows.host = &W;
+    cuda::gptq_solve_cuda({rows}, W.cols(), H[k]->device(), s, cuda::SolveKeep::codes);
     t_solve += std::chrono::duration<double>(clk::now() - t).count();
-    auto p = cuda::last_phase_times();
-    sum.prepare += p.prepare;
-    sum.factorization += p.factorization;
-    sum.potrf += p.potrf;
-    sum.trtri += p.trtri;
-    sum.column_loop += p.column_loop;
-    sum.download += p.download;
+    auto pt = cuda::last_phase_times();
+    sum.prepare += pt.prepare;
+    sum.factorization += pt.factorization;
+    sum.potrf += pt.potrf;
+    sum.trtri += pt.trtri;
+    sum.column_loop += pt.column_loop;
+    sum.download += pt.download;
   }
   const double layer = t_hess + t_solve;
   std::printf("  %-34s %8.3f s  (%.0f TFLOP/s as GEMM)\n", "Hessians (4 inputs, tensor cores)", t_hess, hess_flop / t_hess / 1e12);

@@ -25,6 +25,13 @@ void check_cusolver(int st, const char* what, const char* file, int line);  // c
 #define PTQ_CUSOLVER(call) ::ptq::cuda::check_cusolver(int(call), #call, __FILE__, __LINE__)
 #define PTQ_CUDA_LAUNCH(what) ::ptq::cuda::check(int(cudaGetLastError()), what, __FILE__, __LINE__)
 
+// A consumer of device rows [rows, width] in a 16-bit (or fp32) dtype: the GPU forward hands each
+// stage's output to one (a Hessian) without knowing what it computes.
+struct DeviceRowSink {
+  virtual ~DeviceRowSink() = default;
+  virtual void add_device(const void* rows_data, int64_t rows) = 0;
+};
+
 // Device memory from the pool. `what` names the buffer in the out-of-memory message.
 void* device_alloc(size_t bytes, const char* what);
 void device_free(void* p);

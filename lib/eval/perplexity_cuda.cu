@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "cuda/blas.h"
-#include "cuda/forward_cuda.h"
+#include "model/forward_cuda.h"
 #include "cuda/runtime.h"
 #include "formats/open.h"
 #include "formats/packed.h"
@@ -14,6 +14,7 @@
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
 #include "eval/nll_cuda.h"
+#include "model/schedule.h"
 
 namespace ptq::cuda {
 
@@ -73,16 +74,15 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   std::unique_ptr<Checkpoint> nf4_ck;
   if (nf4) nf4_ck = std::make_unique<Checkpoint>(path);
   const LlamaConfig& c = m.c;
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t outs[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, ins[7] = {d, d, d, c.q_dim(), d, d, f};
+  const int64_t d = c.hidden_size;
   const WeightSource& ws = model.weights();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     m.norms.emplace_back(read_vector(ws, pre + "input_layernorm.weight", d), read_vector(ws, pre + "post_attention_layernorm.weight", d));
     for (Proj p : kAllProj) {
       const std::string name = proj_tensor_prefix(l, p);
-      const int i = int(p);
-      m.biases.push_back(ws.has(name + ".bias") ? read_vector(ws, name + ".bias", outs[i]) : VecF());
+      const int64_t out_i = linear_shape(c, p).out, in_i = linear_shape(c, p).in;
+      m.biases.push_back(ws.has(name + ".bias") ? read_vector(ws, name + ".bias", out_i) : VecF());
       MatI Wi;
       VecF sw;
       if (reader && reader->has(name)) {
@@ -93,7 +93,7 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
         // W8A8: the activations quantized per token (or per tensor) on the device, then the int8 GEMM
         // with the rescale in its epilogue (lib/kernels/w8a8.cu)
         auto q = std::make_unique<Impl::W8A8>();
-        if (Wi.rows() != outs[i] || Wi.cols() != ins[i]) fail(Errc::format, ws.file_of(name + ".weight"), name + ".weight", "int8 weight shape does not match the config");
+        if (Wi.rows() != out_i || Wi.cols() != in_i) fail(Errc::format, ws.file_of(name + ".weight"), name + ".weight", "int8 weight shape does not match the config");
         std::vector<int8_t> w8(size_t(Wi.size()));
         for (size_t k = 0; k < w8.size(); ++k) w8[k] = int8_t(Wi.data()[k]);
         q->w = DeviceBuffer<int8_t>(w8.size(), "evaluation weights (int8)");
@@ -101,8 +101,8 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
         copy_to_device(q->w.get(), w8.data(), w8.size());
         copy_to_device(q->sw.get(), sw.data(), size_t(sw.size()) * 4);
         q->act = ws.act_quant(name);
-        q->out = outs[i];
-        q->in = ins[i];
+        q->out = out_i;
+        q->in = in_i;
         m.w8.push_back(std::move(q));
         const Impl::W8A8* w = m.w8.back().get();
         const DType dt = m.dt;
@@ -118,14 +118,14 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
       } else if (nf4_ck && nf4_ck->has(name + ".weight.quant_state.bitsandbytes__nf4")) {
         Shape sh;
         const Nf4Tensor t = read_nf4(*nf4_ck, name + ".weight", &sh);
-        if (sh != Shape{outs[i], ins[i]}) fail(Errc::format, nf4_ck->file_of(name + ".weight"), name + ".weight", "NF4 quant_state shape does not match the config");
-        m.nf4.push_back(Nf4Linear::from_nf4(t, outs[i], ins[i]));
+        if (sh != Shape{out_i, in_i}) fail(Errc::format, nf4_ck->file_of(name + ".weight"), name + ".weight", "NF4 quant_state shape does not match the config");
+        m.nf4.push_back(Nf4Linear::from_nf4(t, out_i, in_i));
         const Nf4Linear* q = m.nf4.back().get();
         m.linears.push_back([q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
       } else {
-        m.dense.push_back(upload16(read_matrix(ws, name + ".weight", outs[i], ins[i]), m.dt, "evaluation weights (16-bit)"));
+        m.dense.push_back(upload16(read_matrix(ws, name + ".weight", out_i, in_i), m.dt, "evaluation weights (16-bit)"));
         const void* w = m.dense.back().get();
-        const int64_t in = ins[i], out = outs[i];
+        const int64_t in = in_i, out = out_i;
         const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
         m.linears.push_back([w, in, out, ct](const void* x, int64_t rows, float* y, float beta) {
           const float one = 1.0f;

@@ -10,6 +10,7 @@
 #include "core/json_field.h"
 #include "formats/fake.h"
 #include "formats/pack.h"
+#include "model/schedule.h"
 #include "core/dtype.h"
 
 namespace ptq {
@@ -87,11 +88,10 @@ GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits
 std::vector<ModulePlan> plan(const ExportJob& job) {
   std::vector<ModulePlan> p;
   const auto& c = job.model->config();
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t out[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d}, in[7] = {d, d, d, c.q_dim(), d, d, f};
   for (int l = 0; l < c.num_hidden_layers; ++l)
     for (Proj pr : kAllProj) {
-      ModulePlan m{proj_tensor_prefix(l, pr), out[int(pr)], in[int(pr)], {}, false};
+      const LinearShape sh = linear_shape(c, pr);
+      ModulePlan m{proj_tensor_prefix(l, pr), sh.out, sh.in, {}, false};
       QuantStore::Info info;
       if (job.store && job.store->info(m.name, &info)) { m.spec = info.spec; m.quantized = true; }
       p.push_back(m);

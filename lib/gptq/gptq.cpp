@@ -10,26 +10,6 @@
 
 namespace ptq {
 
-void Hessian::add(const MatF& X) {
-  constexpr int64_t kChunk = 1024;   // the same chunking as the GPU (lib/cuda): fp32 within, fp64 across
-  Eigen::MatrixXf part;   // column-major: selfadjointView rank updates want it
-  for (int64_t t0 = 0; t0 < X.rows(); t0 += kChunk) {
-    const int64_t n = std::min(kChunk, X.rows() - t0);
-    part.setZero(X.cols(), X.cols());
-    part.selfadjointView<Eigen::Lower>().rankUpdate(X.middleRows(t0, n).transpose());   // SYRK in fp32
-    H_.triangularView<Eigen::Lower>() += part.cast<double>();
-  }
-  n_ += X.rows();
-}
-
-MatD Hessian::finalize() const {
-  MatD H = H_.selfadjointView<Eigen::Lower>();
-  if (n_ > 0) H *= 2.0 / double(n_);
-  return H;
-}
-
-MatD Hessian::diag_sum_x2() const { return H_.diagonal().transpose(); }
-
 double output_error(const MatF& W, const MatF& Wq, const MatD& H) {
   const MatD dW = (W - Wq).cast<double>();
   return (dW * H).cwiseProduct(dW).sum() / 2.0;

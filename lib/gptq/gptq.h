@@ -1,32 +1,16 @@
-// gptq.h — the GPTQ solve for one Linear (algorithms.md), and the Hessian it needs.
+// gptq.h — the GPTQ solve for one Linear (algorithms.md); its Hessian is gptq/hessian.h.
 //
-// Precision: H is accumulated as fp32 GEMMs over chunks of at most 1024 tokens, summed in fp64
-// (16-bit inputs times 16-bit inputs are exact in fp32; the chunked fp64 sum keeps the error of
-// 10^5-10^6 terms out). Damping and the factorization are fp64. The column loop and the trailing
+// Precision: H arrives in fp64 (hessian.h). Damping and the factorization are fp64. The column loop and the trailing
 // GEMM are fp32, as in the reference and the GPU path, so the two paths round alike.
 #pragma once
 #include <Eigen/Core>
 #include <string>
 #include <vector>
 
+#include "gptq/hessian.h"
 #include "gptq/quantizer.h"
 
 namespace ptq {
-
-using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// H = (2/n) sum_t x_t x_t^T over the rows x_t of the Linear's inputs.
-class Hessian {
- public:
-  explicit Hessian(int64_t cols) : H_(MatD::Zero(cols, cols)) {}
-  void add(const MatF& X);                // X [tokens, cols]
-  MatD finalize() const;                  // symmetric, scaled by 2/n
-  int64_t tokens() const { return n_; }
-  MatD diag_sum_x2() const;               // sum_t x_t^2 per column: llama.cpp's importance matrix
- private:
-  MatD H_;                                // lower triangle of sum x x^T
-  int64_t n_ = 0;
-};
 
 struct SolveStats {
   double damp_percent = 0;   // the damping finally used (fraction of mean diag H)

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "cuda/gptq_cuda.h"
+#include "cuda/random.h"
 #include "cuda/runtime.h"
 #include "kernels/bench_kernels.h"
 #include "kernels/nf4.h"

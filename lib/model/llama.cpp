@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "model/schedule.h"
 
 namespace ptq {
 
@@ -227,12 +228,10 @@ void LlamaModel::validate() const {
     const std::string p = "model.layers." + std::to_string(i);
     expect(p + ".input_layernorm.weight", {d});
     expect(p + ".post_attention_layernorm.weight", {d});
-    const int64_t out[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d};
-    const int64_t in[7] = {d, d, d, c.q_dim(), d, d, f};
     for (Proj pr : kAllProj) {
-      expect(proj_tensor_prefix(i, pr) + ".weight", {out[int(pr)], in[int(pr)]});
-      const bool bias = (pr <= Proj::v && c.qkv_bias) || (pr == Proj::o && c.o_bias) || (pr >= Proj::gate && c.mlp_bias);
-      if (bias) expect(proj_tensor_prefix(i, pr) + ".bias", {out[int(pr)]});
+      const LinearShape sh = linear_shape(c, pr);
+      expect(proj_tensor_prefix(i, pr) + ".weight", {sh.out, sh.in});
+      if (linear_has_bias(c, pr)) expect(proj_tensor_prefix(i, pr) + ".bias", {sh.out});
     }
   }
 }
@@ -257,14 +256,12 @@ LayerWeights LlamaModel::load_layer(int i) const {
   LayerWeights w;
   w.input_layernorm = read_vector(*src_, p + ".input_layernorm.weight", c.hidden_size);
   w.post_attention_layernorm = read_vector(*src_, p + ".post_attention_layernorm.weight", c.hidden_size);
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t out[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d};
-  const int64_t in[7] = {d, d, d, c.q_dim(), d, d, f};
   for (Proj pr : kAllProj) {
     const std::string n = proj_tensor_prefix(i, pr);
-    w[pr].W = read_matrix(*src_, n + ".weight", out[int(pr)], in[int(pr)]);
+    const LinearShape sh = linear_shape(c, pr);
+    w[pr].W = read_matrix(*src_, n + ".weight", sh.out, sh.in);
     src_->release(n + ".weight");
-    if (src_->has(n + ".bias")) w[pr].b = read_vector(*src_, n + ".bias", out[int(pr)]);
+    if (src_->has(n + ".bias")) w[pr].b = read_vector(*src_, n + ".bias", sh.out);
     w[pr].act = src_->act_quant(n);
     if (w[pr].act.mode != ActQuant::none && integer_path_) src_->read_int8(n, &w[pr].Wi, &w[pr].w_scale);
   }

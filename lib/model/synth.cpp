@@ -10,6 +10,7 @@
 #include "core/safetensors.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "model/schedule.h"
 
 namespace ptq {
 
@@ -93,11 +94,13 @@ void synth_model(const SynthOptions& opt, const std::string& out_dir) {
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i);
     specs.push_back({p + ".input_layernorm.weight", opt.dtype, {d}});
-    const int64_t out[7] = {c.q_dim(), c.kv_dim(), c.kv_dim(), d, f, f, d};
-    const int64_t in[7] = {d, d, d, c.q_dim(), d, d, f};
-    for (Proj pr : {Proj::q, Proj::k, Proj::v, Proj::o}) specs.push_back({proj_tensor_prefix(i, pr) + ".weight", opt.dtype, {out[int(pr)], in[int(pr)]}});
+    auto linear = [&](Proj pr) {
+      const LinearShape sh = linear_shape(c, pr);
+      specs.push_back({proj_tensor_prefix(i, pr) + ".weight", opt.dtype, {sh.out, sh.in}});
+    };
+    for (Proj pr : {Proj::q, Proj::k, Proj::v, Proj::o}) linear(pr);
     specs.push_back({p + ".post_attention_layernorm.weight", opt.dtype, {d}});
-    for (Proj pr : {Proj::gate, Proj::up, Proj::down}) specs.push_back({proj_tensor_prefix(i, pr) + ".weight", opt.dtype, {out[int(pr)], in[int(pr)]}});
+    for (Proj pr : {Proj::gate, Proj::up, Proj::down}) linear(pr);
   }
   specs.push_back({"model.norm.weight", opt.dtype, {d}});
   specs.push_back({"lm_head.weight", opt.dtype, {c.vocab_size, d}});

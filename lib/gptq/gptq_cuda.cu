@@ -1,10 +1,5 @@
-// gptq_cuda.cu — contract:
-//   HessianCuda: X [n, cols] row-major fp32 (host) or 16-bit (device) -> H [cols, cols] fp64.
-//     The upper triangle of C = X^T X in 2048 x 2048 blocks: per block, eight GEMMs of <= 1024
-//     tokens (cublasGemmEx, fp32 accumulation) summed in an L2-resident fp32 block, then added to
-//     an fp64 sum. Roofline: about n cols^2 FLOP on tensor cores (SYRK-shaped; diagonal blocks
-//     computed whole), the fp64 sum moved once per 8192 tokens.
-//   gptq_quantize_device: W [rows, cols] fp32 (host), H fp64 [cols, cols] (device).
+// gptq_cuda.cu — contract (reference: lib/gptq/gptq.cpp, the same steps in the same precisions):
+//   gptq_solve_cuda: W [rows, cols] fp32 (host or device), H = hscale * sum, the sum fp64 [cols, cols] (device).
 //     Factorization: J H J = L L^T (cusolverDnDpotrf, fp64), L^-1 in place (recursive, by cublasDtrmm, fp64),
 //     U = J L^-1 J (upper), narrowed to fp32 one block of 128 rows at a time as the loop reaches
 //     it (no fp32 copy of the whole U). fp64 because the factorization is where conditioning bites
@@ -31,7 +26,7 @@
 
 #include "core/bits.h"
 #include "core/error.h"
-#include "cuda/gptq_cuda.h"
+#include "gptq/gptq_cuda.h"
 #include "cuda/runtime.h"
 
 namespace ptq::cuda {
@@ -39,9 +34,6 @@ namespace ptq::cuda {
 namespace {
 constexpr int kB = 128;          // columns per block
 constexpr int kWarps = 16;       // rows per CTA of the column kernel
-constexpr int64_t kChunk = 1024; // tokens per Hessian GEMM (fp32 accumulation inside)
-constexpr int64_t kFlush = 8;    // GEMMs summed in fp32 before the fp64 sum
-constexpr int64_t kBlock = 2048; // side of the fp32 block of H (16 MiB: L2-resident)
 
 struct Handles {
   cublasHandle_t blas = nullptr;
@@ -59,133 +51,8 @@ GptqPhaseTimes g_times;
 double secs(std::chrono::steady_clock::time_point a) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count(); }
 int blocks_for(int64_t n, int t = 256) { return int((n + t - 1) / t); }
 
-// ---------------------------------------------------------------- Hessian kernels
-__global__ void cast_f32_kernel(const float* x, void* y, int64_t n, int dtype) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  if (dtype == 1) static_cast<__half*>(y)[i] = __float2half_rn(x[i]);
-  else if (dtype == 2) static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
-  else static_cast<float*>(y)[i] = x[i];
-}
-// acc (row-major [cols, cols], lower triangle) += the column-major block c [bi, bj] (ld ldc) of
-// C at (i0, j0), j0 >= i0: element (ii, jj) is acc[j0 + jj][i0 + ii], kept where i0 + ii <= j0 + jj.
-// The upper triangle is filled by symmetrize_kernel when read.
-__global__ void accumulate_block_kernel(const float* c, int64_t ldc, int64_t i0, int64_t j0, int64_t bi, double* acc, int64_t cols) {
-  const int64_t jj = blockIdx.y, ii = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (ii < bi && i0 + ii <= j0 + jj) acc[(j0 + jj) * cols + i0 + ii] += double(c[ii + jj * ldc]);
-}
-__global__ void symmetrize_kernel(double* a, int64_t cols) {
-  const int64_t i = blockIdx.y, j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j < i) a[j * cols + i] = a[i * cols + j];
-}
-__device__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-__global__ void random_normal_kernel(void* y, int dtype, int64_t n, uint64_t seed, float sd) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const uint64_t a = mix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i) * 2 + 1), b = mix64(a + 0x632BE59BD9B4E019ull);
-  const float u1 = (float(a >> 40) + 1.0f) / 16777217.0f, u2 = float(b >> 40) / 16777216.0f;
-  const float v = sd * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-  if (dtype == 1) static_cast<__half*>(y)[i] = __float2half_rn(v);
-  else if (dtype == 2) static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(v);
-  else static_cast<float*>(y)[i] = v;
-}
 int dtype_code(DType t) { return t == DType::F16 ? 1 : t == DType::BF16 ? 2 : 0; }
-cudaDataType cuda_type(DType t) { return t == DType::F16 ? CUDA_R_16F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 }  // namespace
-
-struct HessianCuda::Impl {
-  DeviceBuffer<double> sum;
-  DeviceBuffer<float> c;
-  DeviceBuffer<uint8_t> x16;
-  DeviceBuffer<float> x32;
-};
-
-HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols), dtype_(dtype) {
-  p_->sum = DeviceBuffer<double>(size_t(cols * cols), "Hessian (fp64 sum)");
-  PTQ_CUDA(cudaMemset(p_->sum.get(), 0, size_t(cols * cols) * 8));
-}
-HessianCuda::~HessianCuda() { delete p_; }
-
-// The upper triangle of C = X^T X (column-major; read as the row-major lower triangle of the fp64
-// sum) in square blocks of kBlock x kBlock. For one block, kFlush GEMMs of kChunk tokens each
-// (fp32 accumulation inside a GEMM, GEMM beta = 1 across them) sum into an fp32 block of 16 MiB,
-// which stays in L2 between the GEMMs, and then into the fp64 sum. So the fp32 partial sum never
-// goes to DRAM, the fp64 sum is read and written once per kFlush * kChunk tokens, and there is no
-// full-size fp32 copy of H (cuBLAS has no 16-bit SYRK; diagonal blocks compute their full square).
-// Numerics: kChunk products in fp32 per GEMM, kFlush GEMMs summed in fp32, then fp64 (a test
-// checks the result against an fp64 accumulation).
-void HessianCuda::add_device(const void* X, int64_t rows) {
-  auto& h = handles();
-  const float one = 1.0f, zero = 0.0f;
-  const size_t es = dtype_size(dtype_);
-  const int64_t B = std::min(kBlock, cols_);
-  if (!p_->c.get()) p_->c = DeviceBuffer<float>(size_t(B * B), "Hessian block (fp32 partial sum)");
-  for (int64_t g0 = 0; g0 < rows; g0 += kChunk * kFlush) {
-    const int64_t n = std::min(kChunk * kFlush, rows - g0);
-    // row-major X [n, cols] is column-major X^T [cols, n]: C[i0:, j0:] = X^T[i0:i0+bi] (X^T[j0:j0+bj])^T
-    const uint8_t* A = static_cast<const uint8_t*>(X) + size_t(g0 * cols_) * es;
-    for (int64_t i0 = 0; i0 < cols_; i0 += B)
-      for (int64_t j0 = i0; j0 < cols_; j0 += B) {
-        const int64_t bi = std::min(B, cols_ - i0), bj = std::min(B, cols_ - j0);
-        for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
-          const uint8_t* At = A + size_t(t0 * cols_) * es;
-          PTQ_CUBLAS(cublasGemmEx(h.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(bi), int(bj), int(std::min(kChunk, n - t0)), &one, At + size_t(i0) * es,
-                                  cuda_type(dtype_), int(cols_), At + size_t(j0) * es, cuda_type(dtype_), int(cols_), t0 == 0 ? &zero : &one,
-                                  p_->c.get(), CUDA_R_32F, int(B), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        }
-        accumulate_block_kernel<<<dim3(unsigned(blocks_for(bi)), unsigned(bj)), 256>>>(p_->c.get(), B, i0, j0, bi, p_->sum.get(), cols_);
-        PTQ_CUDA_LAUNCH("accumulate_block_kernel");
-      }
-  }
-  n_ += rows;
-}
-
-void HessianCuda::add(const MatF& X) {
-  // Rows go up kChunk at a time and are summed kChunk * kFlush at a time, as add_device does.
-  const size_t es = dtype_size(dtype_);
-  const int64_t group = kChunk * kFlush;
-  for (int64_t g0 = 0; g0 < X.rows(); g0 += group) {
-    const int64_t n = std::min(group, X.rows() - g0);
-    if (p_->x16.size() < size_t(n * cols_) * es) {
-      p_->x32 = DeviceBuffer<float>(size_t(kChunk * cols_), "Hessian input chunk (fp32)");
-      p_->x16 = DeviceBuffer<uint8_t>(size_t(group * cols_) * es, "Hessian input rows");
-    }
-    for (int64_t t0 = 0; t0 < n; t0 += kChunk) {
-      const int64_t k = std::min(kChunk, n - t0);
-      PTQ_CUDA(cudaMemcpy(p_->x32.get(), X.row(g0 + t0).data(), size_t(k * cols_) * 4, cudaMemcpyHostToDevice));
-      cast_f32_kernel<<<blocks_for(k * cols_), 256>>>(p_->x32.get(), p_->x16.get() + size_t(t0 * cols_) * es, k * cols_, dtype_code(dtype_));
-      PTQ_CUDA_LAUNCH("cast_f32_kernel");
-    }
-    add_device(p_->x16.get(), n);
-  }
-}
-
-double* HessianCuda::device_sum() {
-  p_->c = DeviceBuffer<float>();   // accumulation is over: the fp32 block is not needed again
-  p_->x16 = DeviceBuffer<uint8_t>();
-  p_->x32 = DeviceBuffer<float>();
-  symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
-  PTQ_CUDA_LAUNCH("symmetrize_kernel");
-  return p_->sum.get();
-}
-
-MatD HessianCuda::finalize() const {
-  symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
-  PTQ_CUDA_LAUNCH("symmetrize_kernel");
-  MatD H(cols_, cols_);
-  PTQ_CUDA(cudaMemcpy(H.data(), p_->sum.get(), size_t(cols_ * cols_) * 8, cudaMemcpyDeviceToHost));
-  if (n_ > 0) H *= 2.0 / double(n_);
-  return H;
-}
-
-void fill_random_normal(void* dst, DType dtype, int64_t n, uint64_t seed, float sd) {
-  random_normal_kernel<<<blocks_for(n), 256>>>(dst, dtype_code(dtype), n, seed, sd);
-  PTQ_CUDA_LAUNCH("random_normal_kernel");
-}
 
 // ---------------------------------------------------------------- the solve
 namespace {
@@ -536,7 +403,7 @@ void invert_lower_in_place(double* A, int64_t n, int64_t lda, double* work /* kT
                          int(lda), A21, int(lda), A21, int(lda)));
 }
 
-QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats& S,
+QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* dH, double hscale, const QuantSpec& s, SolveStats& S,
                       DeviceBuffer<float>* Wq_out, DeviceBuffer<float>* Wr_out, DampedLoss* dl = nullptr,
                       const std::vector<int64_t>* part_rows = nullptr, std::vector<QuantizedLinear>* parts = nullptr) {
   using clk = std::chrono::steady_clock;
@@ -556,7 +423,6 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   // 1. dead columns
   DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights (dead columns zeroed)"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
   copy_device(dW.get(), dW0, size_t(rows * n) * 4);
-  const double hscale = tokens > 0 ? 2.0 / double(tokens) : 1.0;   // the device sum is unscaled
   DeviceBuffer<double> dDiag(size_t(n), "Hessian diagonal");
   diag_kernel<<<blocks_for(n), 256>>>(dH, n, dDiag.get());
   PTQ_CUDA_LAUNCH("diag_kernel");
@@ -756,22 +622,8 @@ void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, u
   PTQ_CUDA_LAUNCH("pack_rows_kernel");
 }
 
-QuantizedLinear gptq_quantize_device(const MatF& W, const double* dH, int64_t tokens, const QuantSpec& s, SolveStats* st) {
-  SolveStats local;
-  DeviceBuffer<float> dW(size_t(W.size()), "GPTQ weights");
-  copy_to_device_staged(dW.get(), W.data(), size_t(W.size()) * 4);
-  return solve(dW.get(), W.rows(), W.cols(), dH, tokens, s, st ? *st : local, nullptr, nullptr);
-}
-
-QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* st) {
-  const int64_t n = H.rows();
-  DeviceBuffer<double> dH(size_t(n * n), "Hessian");
-  PTQ_CUDA(cudaMemcpy(dH.get(), H.data(), size_t(n * n) * 8, cudaMemcpyHostToDevice));
-  return gptq_quantize_device(W, dH.get(), 2, s, st);   // tokens = 2: the scale 2/n is already in H
-}
-
-ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64_t cols, const double* dH, int64_t tokens, const QuantSpec& s,
-                                     bool with_rtn, SolveStats* st) {
+ResidentSolve gptq_solve_cuda(const std::vector<WeightRows>& parts, int64_t cols, HessianRef H, const QuantSpec& s, SolveKeep keep,
+                             SolveStats* st) {
   SolveStats local;
   ResidentSolve out;
   int64_t rows = 0;
@@ -781,7 +633,7 @@ ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64
   for (auto& p : parts) {
     float* dst = out.W.get() + r0 * cols;
     if (p.host) {
-      if (p.host->rows() != p.rows || p.host->cols() != cols) fail(Errc::usage, "", "gptq_quantize_resident", "weight shape mismatch");
+      if (p.host->rows() != p.rows || p.host->cols() != cols) fail(Errc::usage, "", "gptq_solve_cuda", "weight shape mismatch");
       copy_to_device_staged(dst, p.host->data(), size_t(p.host->size()) * 4);
     } else {   // 16-bit or fp32 device rows, widened exactly
       widen_to_f32_kernel<<<blocks_for(p.rows * cols), 256>>>(p.device, dtype_code(p.dtype), p.rows * cols, dst);
@@ -789,9 +641,21 @@ ResidentSolve gptq_quantize_resident(const std::vector<WeightRows>& parts, int64
     }
     r0 += p.rows;
   }
+  if (keep == SolveKeep::codes) {   // codes and grids to the host, nothing kept on the device
+    QuantizedLinear q = solve(out.W.get(), rows, cols, H.sum, H.scale, s, st ? *st : local, nullptr, nullptr);
+    out.W = DeviceBuffer<float>();
+    if (parts.size() == 1) {
+      out.parts.push_back(std::move(q));
+    } else {
+      int64_t a = 0;
+      for (auto& p : parts) { out.parts.push_back(q.row_slice(a, a + p.rows)); a += p.rows; }
+    }
+    return out;
+  }
   std::vector<int64_t> part_rows;
   for (auto& p : parts) part_rows.push_back(p.rows);
-  solve(out.W.get(), rows, cols, dH, tokens, s, st ? *st : local, &out.Wq, with_rtn ? &out.Wr : nullptr, &out.damped, &part_rows, &out.parts);
+  solve(out.W.get(), rows, cols, H.sum, H.scale, s, st ? *st : local, &out.Wq, keep == SolveKeep::weights_and_rtn ? &out.Wr : nullptr,
+        &out.damped, &part_rows, &out.parts);
   return out;
 }
 

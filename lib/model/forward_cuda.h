@@ -1,5 +1,5 @@
 // forward_cuda.h — the calibration forward pass of one decoder layer on the GPU, stage by stage
-// in the order of pipeline.h, with the activations resident on the device.
+// in the order of the layer schedule (model/schedule.h), with the activations resident on the device.
 //
 // Precision (docs/numerics.md): the residual stream X stays fp32, as in the CPU reference; every
 // GEMM operand (normalized activations, attention context, MLP activation, weights, Q/K/V, the
@@ -17,8 +17,9 @@
 #include <string>
 
 #include "core/dtype.h"
-#include "cuda/gptq_cuda.h"
+#include "cuda/runtime.h"
 #include "model/llama.h"
+#include "model/schedule.h"
 
 namespace ptq::cuda {
 
@@ -54,28 +55,18 @@ class LayerForwardCuda {
   void set_bias(Proj p, const VecF& b);     // empty: none
   // out [S*T, vocab] fp32 (device) = rmsnorm(X, final_norm) · lm_headᵀ (lm_head [vocab, d] in dtype()).
   void logits(const VecF& final_norm, const void* lm_head, int64_t vocab, float* out);
-  // Stages; each adds its output (the next Linears' input) to `h` when given.
-  void norm1(HessianCuda* h);          // xn = rmsnorm1(X)                      -> H_qkv
-  void attention(HessianCuda* h);      // ctx = attn(q, k, v of rmsnorm1(X))    -> H_o
-  void o_proj_norm2(HessianCuda* h);   // X += ctx Wo^T (+b); xn2 = rmsnorm2(X) -> H_mlp
-  void mlp(HessianCuda* h);            // act = silu(xn2 Wg^T) * (xn2 Wu^T)     -> H_down
-  void down_proj();                    // X += act Wd^T
-  void layer();                        // all five, no Hessians (replaying a finished layer)
-  double take_hessian_seconds();       // GPU time of the Hessian GEMMs since the last call
+  // Stages; each hands its output (the next Linears' input) to `sink` when given (a Hessian).
+  void norm1(DeviceRowSink* sink);          // xn = rmsnorm1(X)
+  void attention(DeviceRowSink* sink);      // ctx = attn(q, k, v of rmsnorm1(X))
+  void o_proj_norm2(DeviceRowSink* sink);   // X += ctx Wo^T (+b); xn2 = rmsnorm2(X)
+  void mlp(DeviceRowSink* sink);            // act = silu(xn2 Wg^T) * (xn2 Wu^T)
+  void down_proj();                         // X += act Wd^T
+  void stage(Stage s, DeviceRowSink* sink); // the schedule's stage s (the first four above)
+  void layer();                             // all five, no sinks (replaying a finished layer)
+  double take_sink_seconds();               // GPU time spent in the sinks since the last call
  private:
   struct Impl;
   std::unique_ptr<Impl> p_;
 };
-
-// The CPU's output_error (lib/gptq) for GPTQ's Wq and, when given, RTN's Wr (else the second is
-// the first): sum(E H E^T) / 2 with E = W - Wq (fp32, as on the CPU), H = hscale * dH (fp64,
-// device, symmetric); fp64 DGEMMs on the device. W, Wq, Wr: fp32 [rows, cols] on the device.
-std::pair<double, double> output_errors(const float* W, const float* Wq, const float* Wr, int64_t rows, int64_t cols, const double* dH, double hscale);
-// sum(E H E^T) / 2 with the products on TF32 tensor cores (E and H rounded to 10-bit mantissas,
-// fp32 accumulation, fp64 row sums): ~1e-4 relative, an order of magnitude faster than fp64; for
-// the report's RTN baseline, whose errors are not fitted to H (GPTQ's are, and cancel: not for them).
-double output_error_tf32(const float* W, const float* Wq, int64_t rows, int64_t cols, const double* dH, double hscale);
-// The same from host matrices (uploaded).
-std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, double hscale);
 
 }  // namespace ptq::cuda

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/attention_cuda.h"
+#include "model/attention_cuda.h"
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 

@@ -22,8 +22,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/attention_cuda.h"
-#include "cuda/forward_cuda.h"
+#include "model/attention_cuda.h"
+#include "model/forward_cuda.h"
+#include "model/schedule.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
 
@@ -174,29 +175,6 @@ __global__ void silu_mul_kernel(const float* g, const float* u, T* out, int64_t 
   store<V>(out + i, a);
 }
 
-// e = fp64(a - b), the difference taken in fp32.
-__global__ void diff_widen_kernel(const float* a, const float* b, int64_t n, double* e) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) e[i] = double(a[i] - b[i]);
-}
-__global__ void diff_kernel(const float* a, const float* b, int64_t n, float* e) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) e[i] = a[i] - b[i];
-}
-__global__ void narrow_scaled_kernel(const double* x, int64_t n, double scale, float* y) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) y[i] = float(scale * x[i]);
-}
-// acc[r] += sum_j E[r, j] G[r, j] for j < nc (E row stride lde, G rows of nc), fp64; a warp per row.
-__global__ void block_row_dot_kernel(const float* E, int64_t lde, const float* G, int64_t nc, int64_t rows, double* acc) {
-  const int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  double s = 0;
-  for (int64_t j = lane; j < nc; j += 32) s += double(E[r * lde + j]) * double(G[r * nc + j]);
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (lane == 0) acc[r] += s;
-}
 // fp32 weights to the forward's 16-bit dtype (1: f16, 2: bf16), round to nearest even.
 __global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -204,21 +182,6 @@ __global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
   if (dt == 1) static_cast<__half*>(y)[i] = __float2half_rn(x[i]);
   else static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
 }
-// partial[block] = sum over the block's rows of dot(G[r], E[r]) (deterministic: fixed order).
-__global__ void row_dot_kernel(const double* G, const double* E, int64_t rows, int64_t n, double* partial) {
-  __shared__ double sh[256];
-  double s = 0;
-  const int64_t r = blockIdx.x;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += G[r * n + j] * E[r * n + j];
-  sh[threadIdx.x] = s;
-  __syncthreads();
-  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-    if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[r] = sh[0];
-}
-
 // Row-major Y[rows, out] = alpha * X[rows, in] W[out, in]^T + beta * Y (fp32 accumulation).
 void linear_gemm(const void* X, const void* W, void* Y, cudaDataType ytype, int64_t rows, int64_t in, int64_t out, DType dt, float beta) {
   const float alpha = 1.0f;
@@ -261,12 +224,12 @@ struct LayerForwardCuda::Impl {
   int64_t outs[7], ins[7];
   std::vector<cudaEvent_t> events;   // pairs around each Hessian accumulation, read when asked
   size_t events_used = 0;
-  double hessian_seconds = 0;
-  // h += rows of x, timed with events (the Hessian GEMMs are reported apart from the forward); the
+  double sink_seconds = 0;
+  // sink += rows of x, timed with events (a Hessian's GEMMs are reported apart from the forward); the
   // host does not wait here, so the next chunk's kernels queue behind the GEMMs.
-  void hessian_add(HessianCuda* h, const void* x, int64_t rows) {
+  void sink_add(DeviceRowSink* h, const void* x, int64_t rows) {
     if (!h) return;
-    if (events_used >= 512) collect_hessian_times();   // callers that never ask
+    if (events_used >= 512) collect_sink_times();   // callers that never ask
     while (events.size() < events_used + 2) {
       cudaEvent_t e;
       PTQ_CUDA(cudaEventCreate(&e));
@@ -277,12 +240,12 @@ struct LayerForwardCuda::Impl {
     PTQ_CUDA(cudaEventRecord(events[events_used + 1]));
     events_used += 2;
   }
-  void collect_hessian_times() {
+  void collect_sink_times() {
     for (size_t i = 0; i < events_used; i += 2) {
       PTQ_CUDA(cudaEventSynchronize(events[i + 1]));
       float ms = 0;
       PTQ_CUDA(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
-      hessian_seconds += ms / 1000.0;
+      sink_seconds += ms / 1000.0;
     }
     events_used = 0;
   }
@@ -415,8 +378,7 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   m.chunk_rows = std::max<int64_t>(1, kChunkTokens / seq_len) * seq_len;
   m.flash = flash_attention_supported(c.head_dim);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim(), half = c.head_dim / 2;
-  const int64_t outs[7] = {qd, kv, kv, d, f, f, d}, ins[7] = {d, d, d, qd, d, d, f};
-  for (int i = 0; i < 7; ++i) { m.outs[i] = outs[i]; m.ins[i] = ins[i]; }
+  for (Proj p : kAllProj) { m.outs[int(p)] = linear_shape(c, p).out; m.ins[int(p)] = linear_shape(c, p).in; }
   m.F = std::max(qd, f);
   m.spill = spill;
   m.keep_norm = !spill && m.F >= qd + d && (m.N * (m.F - d)) % 4 == 0;   // (the tail aligned for 8-byte stores)
@@ -435,13 +397,13 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   PTQ_CUDA(cudaMemcpy(m.sn.get(), rope.sin.data(), size_t(seq_len * half) * 4, cudaMemcpyHostToDevice));
   m.norm1 = DeviceBuffer<float>(size_t(d), "input_layernorm");
   m.norm2 = DeviceBuffer<float>(size_t(d), "post_attention_layernorm");
-  for (int i = 0; i < 7; ++i) m.W[i] = DeviceBuffer<uint8_t>(size_t(outs[i] * ins[i]) * m.es, "layer weights (16-bit)");
+  for (int i = 0; i < 7; ++i) m.W[i] = DeviceBuffer<uint8_t>(size_t(m.outs[i] * m.ins[i]) * m.es, "layer weights (16-bit)");
 }
 LayerForwardCuda::~LayerForwardCuda() = default;
-double LayerForwardCuda::take_hessian_seconds() {
-  p_->collect_hessian_times();
-  const double s = p_->hessian_seconds;
-  p_->hessian_seconds = 0;
+double LayerForwardCuda::take_sink_seconds() {
+  p_->collect_sink_times();
+  const double s = p_->sink_seconds;
+  p_->sink_seconds = 0;
   return s;
 }
 DType LayerForwardCuda::dtype() const { return p_->dt; }
@@ -521,18 +483,18 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
   }
 }
 
-void LayerForwardCuda::norm1(HessianCuda* h) {
+void LayerForwardCuda::norm1(DeviceRowSink* h) {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
   m.kept = 0;
   m.by_chunks([&](int64_t r0, int64_t rows) {
     const void* xn = m.normed(1, m.x_rows(r0, rows, true), r0, rows, true);
-    m.hessian_add(h, xn, rows);
+    m.sink_add(h, xn, rows);
   });
   if (m.keep_norm) m.kept = 1;
 }
 
-void LayerForwardCuda::attention(HessianCuda* h) {
+void LayerForwardCuda::attention(DeviceRowSink* h) {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
   const LlamaConfig& c = m.c;
@@ -577,13 +539,13 @@ void LayerForwardCuda::attention(HessianCuda* h) {
                                                 int64_t(group) * hd, nkv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
     }
-    m.hessian_add(h, ctx, rows);
+    m.sink_add(h, ctx, rows);
     m.stage_back(r0, rows, qd);
   });
   m.kept = 0;
 }
 
-void LayerForwardCuda::o_proj_norm2(HessianCuda* h) {
+void LayerForwardCuda::o_proj_norm2(DeviceRowSink* h) {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
   const int64_t qd = m.c.q_dim();
@@ -594,13 +556,13 @@ void LayerForwardCuda::o_proj_norm2(HessianCuda* h) {
     m.linear(3, ctx, x, rows, 1.0f);   // X += ctx Wo^T
     m.bias_add(3, x, rows);
     const void* xn = m.normed(2, x, r0, rows, true);
-    m.hessian_add(h, xn, rows);
+    m.sink_add(h, xn, rows);
     m.x_back(r0, rows);
   });
   if (m.keep_norm) m.kept = 2;
 }
 
-void LayerForwardCuda::mlp(HessianCuda* h) {
+void LayerForwardCuda::mlp(DeviceRowSink* h) {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
   const int64_t f = m.c.intermediate_size;
@@ -614,7 +576,7 @@ void LayerForwardCuda::mlp(HessianCuda* h) {
     m.bias_add(5, u, rows);
     void* act = m.stage_rows(r0, rows, f, false);
     m.silu_mul(g, u, act, rows * f);
-    m.hessian_add(h, act, rows);
+    m.sink_add(h, act, rows);
     m.stage_back(r0, rows, f);
   });
   m.kept = 0;
@@ -634,84 +596,22 @@ void LayerForwardCuda::down_proj() {
   });
 }
 
+void LayerForwardCuda::stage(Stage s, DeviceRowSink* sink) {
+  switch (s) {
+    case Stage::norm1: return norm1(sink);
+    case Stage::attention: return attention(sink);
+    case Stage::norm2: return o_proj_norm2(sink);
+    case Stage::mlp_act: return mlp(sink);
+    default: fail(Errc::usage, "", "LayerForwardCuda::stage", std::string("the GPU forward has no stage ") + stage_name(s));
+  }
+}
+
 void LayerForwardCuda::layer() {
   p_->kept = 0;
   attention(nullptr);
   o_proj_norm2(nullptr);
   mlp(nullptr);
   down_proj();
-}
-
-std::pair<double, double> output_errors(const float* W, const float* Wq, const float* Wr, int64_t rows, int64_t cols, const double* dH,
-                                        double hscale) {
-  // 1024 rows at a time: E = W - Wq in fp32 (as lib/gptq's output_error forms it), widened to
-  // fp64, G = E H by DGEMM, then the row dots; the device needs ~0.2 GB whatever the layer.
-  constexpr int64_t kRows = 1024;
-  const int64_t rc = std::min(kRows, rows);
-  DeviceBuffer<double> E64(size_t(rc * cols), "output error: W - Wq (fp64 rows)"), G(size_t(rc * cols), "output error: (W - Wq) H (rows)"),
-      part(size_t(2 * rows), "output error: sums");
-  const double zero = 0.0;
-  for (int k = 0; k < (Wr ? 2 : 1); ++k) {
-    const float* B = k == 0 ? Wq : Wr;
-    for (int64_t r0 = 0; r0 < rows; r0 += rc) {
-      const int64_t nr = std::min(rc, rows - r0);
-      diff_widen_kernel<<<blocks(nr * cols), 256>>>(W + r0 * cols, B + r0 * cols, nr * cols, E64.get());
-      PTQ_CUDA_LAUNCH("diff_widen_kernel");
-      // row-major G = E H (H symmetric): column-major G^T = H E^T
-      PTQ_CUBLAS(cublasDgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, int(cols), int(nr), int(cols), &hscale, dH, int(cols), E64.get(), int(cols), &zero,
-                             G.get(), int(cols)));
-      row_dot_kernel<<<unsigned(nr), 256>>>(G.get(), E64.get(), nr, cols, part.get() + k * rows + r0);
-      PTQ_CUDA_LAUNCH("row_dot_kernel");
-    }
-  }
-  std::vector<double> p(static_cast<size_t>(2 * rows));
-  PTQ_CUDA(cudaMemcpy(p.data(), part.get(), size_t(Wr ? 2 : 1) * size_t(rows) * 8, cudaMemcpyDeviceToHost));
-  double a = 0, b = 0;
-  for (int64_t r = 0; r < rows; ++r) a += p[size_t(r)];
-  for (int64_t r = 0; Wr && r < rows; ++r) b += p[size_t(rows + r)];
-  return {a / 2.0, Wr ? b / 2.0 : a / 2.0};
-}
-
-double output_error_tf32(const float* W, const float* Wq, int64_t rows, int64_t cols, const double* dH, double hscale) {
-  // Rows of E = W - Wq (fp32) in chunks of kRows, H in blocks of kCols of its rows (symmetric:
-  // = columns) narrowed to fp32; G = E H_blk^T on TF32 tensor cores (fp32 accumulation), then
-  // sum over the block of E (.) G per row in fp64, in a fixed order.
-  constexpr int64_t kRows = 2048, kCols = 2048;
-  const int64_t rc = std::min(kRows, rows), cb = std::min(kCols, cols);
-  DeviceBuffer<float> E(size_t(rc * cols), "output error: W - Wq (fp32 rows)"), Hb(size_t(cb * cols), "output error: H (fp32 block)"),
-      G(size_t(rc * cb), "output error: (W - Wq) H (block)");
-  DeviceBuffer<double> part(size_t(rows), "output error: sums");
-  PTQ_CUDA(cudaMemset(part.get(), 0, size_t(rows) * 8));
-  const float one = 1.0f, zero = 0.0f;
-  for (int64_t r0 = 0; r0 < rows; r0 += rc) {
-    const int64_t nr = std::min(rc, rows - r0);
-    diff_kernel<<<blocks(nr * cols), 256>>>(W + r0 * cols, Wq + r0 * cols, nr * cols, E.get());
-    PTQ_CUDA_LAUNCH("diff_kernel");
-    for (int64_t c0 = 0; c0 < cols; c0 += cb) {
-      const int64_t nc = std::min(cb, cols - c0);
-      narrow_scaled_kernel<<<blocks(nc * cols), 256>>>(dH + c0 * cols, nc * cols, hscale, Hb.get());
-      PTQ_CUDA_LAUNCH("narrow_scaled_kernel");
-      // column-major G^T [nc, nr] = Hb (row-major [nc, cols])^T^T . E^T
-      PTQ_CUBLAS(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(nr), int(cols), &one, Hb.get(), CUDA_R_32F, int(cols), E.get(),
-                              CUDA_R_32F, int(cols), &zero, G.get(), CUDA_R_32F, int(nc), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
-      block_row_dot_kernel<<<blocks(nr * 32), 256>>>(E.get() + c0, cols, G.get(), nc, nr, part.get() + r0);
-      PTQ_CUDA_LAUNCH("block_row_dot_kernel");
-    }
-  }
-  std::vector<double> p(static_cast<size_t>(rows));
-  PTQ_CUDA(cudaMemcpy(p.data(), part.get(), size_t(rows) * 8, cudaMemcpyDeviceToHost));
-  double a = 0;
-  for (double v : p) a += v;
-  return a / 2.0;
-}
-
-std::pair<double, double> output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const double* dH, double hscale) {
-  const int64_t rows = W.rows(), cols = W.cols(), n = rows * cols;
-  DeviceBuffer<float> d(size_t(Wr ? 3 : 2) * size_t(n), "output error: W, Wq, Wr");
-  copy_to_device(d.get(), W.data(), size_t(n) * 4);
-  copy_to_device(d.get() + n, Wq.data(), size_t(n) * 4);
-  if (Wr) copy_to_device(d.get() + 2 * n, Wr->data(), size_t(n) * 4);
-  return output_errors(d.get(), d.get() + n, Wr ? d.get() + 2 * n : nullptr, rows, cols, dH, hscale);
 }
 
 void LayerForwardCuda::set_weight_device(Proj p, const float* W) {

@@ -1,0 +1,61 @@
+// schedule.h — a decoder layer as calibration sees it: the groups of Linears that share an input,
+// in execution order, and the stage of the forward that produces each group's input. One table
+// per architecture family; the CPU forward, the GPU forward, the quantization pipeline, the
+// exporters and the tests iterate it instead of naming Linears.
+//
+// For the dense Llama family (llama, mistral, qwen2) it is the GPTQ reference's
+// `sequential = [[k, v, q], [o], [up, gate], [down]]`:
+//
+//   group  input stage  Linears           produced by                       smoothed by
+//   qkv    norm1        q_proj k_proj v_proj   xn  = rmsnorm1(X)            input_layernorm
+//   o      attention    o_proj            ctx = attention(q, k, v of xn)
+//   mlp    norm2        gate_proj up_proj X += o(ctx); xn2 = rmsnorm2(X)    post_attention_layernorm
+//   down   mlp_act      down_proj         act = silu(gate(xn2)) * up(xn2)
+//   (then X += down(act): the layer's output, the next layer's input)
+//
+// Extensions the table is shaped for (the families that need them add their rows):
+//   - MoE: a group per expert whose input is that expert's routed tokens (Stage::expert_in, the
+//     normed rows the router sent to `expert`) or its own activation (Stage::expert_act); the
+//     router itself stays float.
+//   - Fused Linears (Phi-3's qkv_proj, gate_up_proj): one group of one Linear whose rows hold the
+//     parts; the Linear is quantized as the checkpoint stores it, with one Hessian.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/llama.h"
+
+namespace ptq {
+
+// The stage of the forward whose output is a group's input.
+enum class Stage { norm1, attention, norm2, mlp_act, expert_in, expert_act };
+const char* stage_name(Stage s);
+
+struct LinearGroup {
+  std::string name;            // "qkv", "o", "mlp", "down": its key in reports and saved statistics
+  Stage input;                 // what produces the group's input
+  std::vector<Proj> linears;   // the Linears that read it, in quantization order
+  std::string smooth_norm;     // SmoothQuant: the norm folded into the group ("" if none precedes it)
+  int expert = -1;             // MoE groups: the expert (Stage::expert_in / expert_act)
+};
+
+struct LayerSchedule {
+  std::vector<LinearGroup> groups;   // execution order
+};
+
+// The schedule of the model's decoder layers (every layer of a dense family alike).
+const LayerSchedule& layer_schedule(const LlamaConfig& c);
+
+// Linear p's weight shape [out, in] under config c (written once: readers, synthetic models,
+// format checks and the GPU buffers take it from here).
+struct LinearShape {
+  int64_t out = 0, in = 0;
+};
+LinearShape linear_shape(const LlamaConfig& c, Proj p);
+// Whether the checkpoint carries a bias for Linear p (qwen2: q, k, v).
+bool linear_has_bias(const LlamaConfig& c, Proj p);
+
+}  // namespace ptq

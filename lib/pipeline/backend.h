@@ -1,0 +1,135 @@
+// backend.h — what the quantization pipeline asks of the machine, chosen once per run
+// (backend.cpp, the one file of lib/pipeline that knows whether CUDA was built):
+//
+//   LayerForward  the calibration forward of one decoder layer over every window, stage by stage
+//                 in the layer schedule's order, producing each group's Hessian: on the CPU (fp32,
+//                 the reference), on the GPU (16-bit GEMMs, activations resident), as one float
+//                 pass before any solve (true_sequential: false), or replayed from saved statistics.
+//   GroupSolver   quantizes the Linears of one group from their shared Hessian: on the CPU, or on
+//                 the GPU (one stacked solve, weights left on the device for the next stage).
+//
+// Every implementation computes what its reference computes (backend_cpu.cpp): the GPU ones are
+// compared against it in tests/test_cuda.cpp, the CPU ones byte for byte against earlier trees
+// (tests/baselines/output-hashes.txt).
+#pragma once
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gptq/gptq.h"
+#include "model/llama.h"
+#include "model/schedule.h"
+#include "pipeline/recipe.h"
+
+namespace ptq {
+
+// Seconds by phase, for report.json: `phase` adds up to the run; `solve` and `upload` split two
+// of its entries.
+struct PhaseTimes {
+  std::map<std::string, double> phase, solve, upload;
+};
+// Adds the time of a scope to a named phase.
+struct PhaseTimer {
+  double& acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  explicit PhaseTimer(double& a) : acc(a) {}
+  ~PhaseTimer() { acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+// SmoothQuant's hook between a norm stage and its Hessian: x_in is the residual stream the norm
+// read, x its output; it may fold factors into the norm and recompute x.
+using Smoother = std::function<void(const MatF& x_in, MatF& x)>;
+
+class LayerForward {
+ public:
+  virtual ~LayerForward() = default;
+  // The loading thread's work on layer `layer`'s float weights before begin_layer (the GPU
+  // forward rounds them to 16 bits into a page-locked buffer there).
+  virtual void prepare(const LayerWeights& w, int layer) {}
+  // w: the layer's float weights; the solver replaces the quantized Linears in it.
+  virtual void begin_layer(int layer, LayerWeights& w) = 0;
+  // Runs the layer up to group g's input and returns g's Hessian. `smooth` (only where
+  // smoothing_on_host()) runs before the Hessian sees the input.
+  virtual std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) = 0;
+  // The last collected group's input on the host (W8A8's static scales), or null.
+  virtual const MatF* group_input() const { return nullptr; }
+  // Group g's Linears `done` are quantized; those in w still hold their weights (the others the
+  // solver left on the device).
+  virtual void quantized(const std::vector<Proj>& done, const LayerWeights& w) {}
+  virtual void end_layer() = 0;                    // the residual stream <- the layer's output
+  virtual void replay_layer(LayerWeights& w) = 0;  // the same for a finished layer (resume)
+  virtual bool smoothing_on_host() const { return false; }
+};
+
+// One Linear of a group, as the recipe quantizes it.
+struct LinearJob {
+  Proj proj;
+  std::string name;   // "model.layers.3.self_attn.q_proj"
+  QuantSpec spec;
+};
+// Its result: the codes, the report's numbers, and where its quantized weights are.
+struct SolvedLinear {
+  Proj proj;
+  QuantizedLinear q;
+  SolveStats stats;
+  int64_t rows = 0, cols = 0;
+  double loss = 0, rtn_loss = 0, seconds = 0;
+};
+
+class GroupSolver {
+ public:
+  virtual ~GroupSolver() = default;
+  // Quantizes `jobs` (one group's Linears, all reading the input whose Hessian is H). `H_host`:
+  // H already finalized on the host (saved or to be saved statistics: the solve must use exactly
+  // it), else null. Each w[p].W becomes the dequantized weights, or is emptied where the solver
+  // left them on the device for the forward. Results in quantization order.
+  virtual std::vector<SolvedLinear> solve(const std::vector<LinearJob>& jobs, LayerWeights& w, HessianSum& H, const MatD* H_host,
+                                          PhaseTimes& t) = 0;
+};
+
+// The device a run uses, decided before anything is read (recipe `device`: auto, cpu, cuda).
+struct Device {
+  bool cuda = false;         // GPU Hessians and solves (and, where it serves, the GPU forward)
+  bool cuda_built = false;   // this build has CUDA (report.json then has peak_gpu_mb)
+  std::string description;   // report.json's "device"
+  double peak_gpu_mb() const;
+};
+Device select_device(const Recipe& r);
+
+// What the forward runs on: S windows of T tokens, embeddings X (taken: the forward owns the
+// residual stream from here).
+struct LayerStats;
+struct CalibrationPass {
+  const LlamaConfig* config = nullptr;
+  const Rope* rope = nullptr;
+  int S = 0, T = 0;
+  // --load-stats: no forward at all; each group's Hessian is taken from *saved (the current
+  // layer's statistics, loaded by the pipeline) and errors name `saved_path`.
+  LayerStats* saved = nullptr;
+  std::string saved_path;
+};
+struct Backend {
+  std::unique_ptr<LayerForward> forward;
+  std::unique_ptr<GroupSolver> solver;
+  std::string forward_description;   // report.json's "forward": where it runs, in what precision, and why
+};
+Backend make_backend(const Device& dev, const Recipe& r, const CalibrationPass& pass, MatF&& X, PhaseTimes& t);
+// The GPU's half of the factory (backend_cuda.cpp, built with CUDA only).
+Device select_cuda_device(const Recipe& r);
+Backend make_cuda_backend(const Device& dev, const Recipe& r, const CalibrationPass& pass, MatF&& X, PhaseTimes& t);
+double cuda_peak_mb();
+
+// The CPU implementations (backend_cpu.cpp), which the GPU backend also falls back to.
+// `make_hessian` gives each group's accumulator (on the GPU where the run has one).
+using HessianFactory = std::function<std::unique_ptr<HessianSum>(int64_t cols)>;
+std::unique_ptr<LayerForward> cpu_forward(const CalibrationPass& pass, MatF&& X, bool true_sequential, HessianFactory make_hessian,
+                                          PhaseTimes& t);
+std::unique_ptr<LayerForward> saved_statistics_forward(const CalibrationPass& pass);
+std::unique_ptr<GroupSolver> cpu_solver();
+// One Linear solved on the host from the finalized H (GPTQ or RTN), with the report's losses.
+SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTimes& t);
+
+}  // namespace ptq

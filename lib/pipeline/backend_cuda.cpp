@@ -1,0 +1,286 @@
+// backend_cuda.cpp — the GPU backend (backend.h); built only with CUDA. Its reference is
+// backend_cpu.cpp: the same schedule, the same Hessians in fp64, the same solve (tests/test_cuda.cpp).
+//
+// With the GPU forward (true-sequential, weight-only), activations stay on the device, each
+// group's Hessian is accumulated there from the 16-bit activations the GEMMs consume, the group
+// is solved as one stacked matrix read from the forward's own 16-bit weights, and the quantized
+// weights go straight back into the forward: the host receives only the codes and grids it
+// stores. Otherwise the CPU forward runs (fp32) and the GPU accumulates its Hessians and solves.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "cuda/runtime.h"
+#include "gptq/gptq_cuda.h"
+#include "gptq/hessian_cuda.h"
+#include "model/forward_cuda.h"
+#include "pipeline/backend.h"
+
+namespace ptq {
+
+namespace {
+
+class CudaForward final : public LayerForward {
+ public:
+  CudaForward(const CalibrationPass& p, MatF&& X, bool spill, PhaseTimes& t)
+      : c_(*p.config), fw_(*p.config, *p.rope, p.S, p.T, p.config->dtype, spill), t_(t) {
+    // Each layer's weights rounded to 16 bits by the thread that reads them, into one of two
+    // page-locked buffers (layer k in buffer k % 2), so that the upload is a plain DMA.
+    for (auto& b : w16_) b = cuda::PinnedBuffer(fw_.weight_bytes());
+    fw_.set_input(X);
+    X = MatF();
+  }
+  cuda::LayerForwardCuda& device() { return fw_; }
+  void prepare(const LayerWeights& w, int layer) override { fw_.convert_weights(w, w16_[layer % 2].get()); }
+  void begin_layer(int layer, LayerWeights& w) override {
+    PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
+    fw_.load_layer(w, w16_[layer % 2].get());
+  }
+  std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother&) override {
+    auto H = std::make_unique<cuda::HessianCuda>(linear_shape(c_, g.linears[0]).in, fw_.dtype());
+    timed_stage([&] { fw_.stage(g.input, H.get()); });
+    return H;
+  }
+  void quantized(const std::vector<Proj>& done, const LayerWeights& w) override {
+    PhaseTimer a(t_.phase["upload"]), b(t_.upload["quantized_weights"]);
+    for (Proj p : done)
+      if (w[p].W.size()) fw_.set_weight(p, w[p].W);   // solved on the host (the others are on the device already)
+  }
+  void end_layer() override { timed_stage([&] { fw_.down_proj(); }); }
+  void replay_layer(LayerWeights& w) override {
+    PhaseTimer a(t_.phase["forward"]);
+    fw_.load_layer(w);
+    fw_.layer();
+    cuda::synchronize();
+  }
+
+ private:
+  const LlamaConfig& c_;
+  cuda::LayerForwardCuda fw_;
+  cuda::PinnedBuffer w16_[2];
+  PhaseTimes& t_;
+  // A stage's GPU time, less its Hessian GEMMs (reported as "hessian").
+  template <class F> void timed_stage(F&& f) {
+    {
+      PhaseTimer a(t_.phase["forward"]);
+      f();
+      cuda::synchronize();
+    }
+    const double hs = fw_.take_sink_seconds();
+    t_.phase["forward"] -= hs;
+    t_.phase["hessian"] += hs;
+  }
+};
+
+class CudaSolver final : public GroupSolver {
+ public:
+  // fw: the GPU forward whose weights a solve reads and replaces (null: the CPU forward's run).
+  CudaSolver(cuda::LayerForwardCuda* fw, DType model_dtype) : fw_(fw), model_dtype_(model_dtype) {}
+  std::vector<SolvedLinear> solve(const std::vector<LinearJob>& jobs, LayerWeights& w, HessianSum& H, const MatD* H_host, PhaseTimes& t) override {
+    HessianRef dev;   // the sum stays on the device unless the host copy is what the run keeps
+    MatD own;
+    if (!H_host) {
+      PhaseTimer a(t.phase["hessian"]);
+      dev = H.device();
+      if (!dev.sum) { own = H.finalize(); H_host = &own; }
+    }
+    auto host_H = [&]() -> const MatD& {
+      if (!H_host) { PhaseTimer a(t.phase["hessian"]); own = H.finalize(); H_host = &own; }
+      return *H_host;
+    };
+    std::vector<SolvedLinear> out;
+    std::vector<LinearJob> todo = jobs;
+    if (dev.sum) solve_resident(todo, w, dev, t, out);
+    for (const LinearJob& j : todo) out.push_back(solve_apart(j, w[j.proj].W, dev, host_H, t));
+    return out;
+  }
+
+ private:
+  cuda::LayerForwardCuda* fw_;
+  DType model_dtype_;
+
+  // The Linears that share the Hessian and a spec the fused kernel serves, as one stacked solve;
+  // its weights stay on the device for the loss and (with the GPU forward) the next stage.
+  void solve_resident(std::vector<LinearJob>& todo, LayerWeights& w, HessianRef dev, PhaseTimes& t, std::vector<SolvedLinear>& out) {
+    auto resident_ok = [](const LinearJob& j) { return j.spec.method == "gptq" && cuda::gptq_supported(j.spec, nullptr); };
+    for (auto first = todo.begin(); (first = std::find_if(todo.begin(), todo.end(), resident_ok)) != todo.end();) {
+      const QuantSpec spec = first->spec;
+      std::vector<LinearJob> batch;
+      for (const LinearJob& j : todo)
+        if (j.spec == spec) batch.push_back(j);
+      const bool from_forward = fw_ && fw_->dtype() == model_dtype_;   // 16-bit weights that are the model's exactly
+      std::vector<cuda::WeightRows> parts;
+      int64_t all_rows = 0;
+      const int64_t cols = w[batch[0].proj].W.cols();
+      for (const LinearJob& j : batch) {
+        cuda::WeightRows part;
+        part.rows = w[j.proj].W.rows();
+        if (from_forward) { part.device = fw_->weight(j.proj); part.dtype = fw_->dtype(); }
+        else part.host = &w[j.proj].W;
+        parts.push_back(part);
+        all_rows += part.rows;
+      }
+      SolveStats st;
+      cuda::ResidentSolve rs;
+      {
+        PhaseTimer a(t.phase["solve"]);
+        rs = cuda::gptq_solve_cuda(parts, cols, dev, spec, cuda::SolveKeep::weights_and_rtn, &st);
+        const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
+        t.solve["prepare"] += pt.prepare;
+        t.solve["factorization"] += pt.factorization;
+        t.solve["column_loop"] += pt.column_loop;
+        t.solve["pack_codes"] += pt.pack;
+        t.solve["dequantize_and_rtn"] += pt.download;
+      }
+      int64_t r0 = 0;
+      size_t part = 0;
+      for (const LinearJob& j : batch) {
+        SolvedLinear s{j.proj, std::move(rs.parts[part++]), st};
+        s.rows = w[j.proj].W.rows();
+        s.cols = cols;
+        {
+          // GPTQ's loss from its column loop (DampedLoss: exact up to fp32 rounding), RTN's on TF32
+          // tensor cores (~1e-4); both by fp64 DGEMM where the damping term would cancel most of the first.
+          PhaseTimer a(t.phase["loss"]);
+          const int64_t off = r0 * cols;
+          s.loss = rs.damped.loss(r0, r0 + s.rows);
+          if (std::isnan(s.loss))
+            std::tie(s.loss, s.rtn_loss) = cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, s.rows, cols, dev);
+          else
+            s.rtn_loss = cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, s.rows, cols, dev);
+        }
+        s.seconds = st.seconds * double(s.rows) / double(all_rows);
+        if (fw_) {   // the next stage reads the quantized weights from here; the host copy is not needed
+          PhaseTimer a(t.phase["upload"]), b(t.upload["quantized_weights"]);
+          fw_->set_weight_device(j.proj, rs.Wq.get() + r0 * cols);
+          w[j.proj].W = MatF();
+        } else {
+          PhaseTimer a(t.phase["solve"]);
+          w[j.proj].W = s.q.dequantize();
+        }
+        out.push_back(std::move(s));
+        r0 += out.back().rows;
+        st.log.clear();   // said once, for the first module of the batch
+        todo.erase(std::find_if(todo.begin(), todo.end(), [&](const LinearJob& x) { return x.proj == j.proj; }));
+      }
+    }
+  }
+
+  // One Linear on its own: RTN, specs the fused kernel refuses, or a host Hessian (statistics).
+  template <class HostH>
+  SolvedLinear solve_apart(const LinearJob& j, MatF& W, HessianRef dev, HostH&& host_H, PhaseTimes& t) {
+    const QuantSpec& spec = j.spec;
+    const bool gptq = spec.method == "gptq";
+    if (!dev.sum && !(gptq && cuda::gptq_supported(spec, nullptr))) return solve_on_host(j, W, host_H(), t);
+    SolvedLinear s{j.proj};
+    QuantizedLinear rtn;
+    {
+      PhaseTimer a(t.phase["solve"]);
+      if (gptq && cuda::gptq_supported(spec, nullptr)) {   // the host H, uploaded (already scaled)
+        const MatD& H = host_H();
+        cuda::DeviceBuffer<double> dH(size_t(H.size()), "Hessian");
+        cuda::copy_to_device(dH.get(), H.data(), size_t(H.size()) * 8);
+        cuda::WeightRows rows;
+        rows.rows = W.rows();
+        rows.host = &W;
+        s.q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &s.stats).parts[0]);
+      } else {
+        s.q = gptq ? gptq_quantize(W, host_H(), spec, &s.stats) : rtn_quantize(W, spec);
+      }
+      rtn = gptq ? rtn_quantize(W, spec) : s.q;
+    }
+    MatF Wq = s.q.dequantize();
+    {
+      PhaseTimer a(t.phase["loss"]);
+      if (dev.sum) {   // fp64 on the device (cuBLAS DGEMM), as output_error does on the CPU
+        const MatF Wr = gptq ? rtn.dequantize() : MatF();
+        std::tie(s.loss, s.rtn_loss) = cuda::output_errors(W, Wq, gptq ? &Wr : nullptr, dev);
+      } else {
+        const MatD& H = host_H();
+        s.loss = output_error(W, Wq, H);
+        s.rtn_loss = gptq ? output_error(W, rtn.dequantize(), H) : s.loss;
+      }
+    }
+    s.rows = W.rows();
+    s.cols = W.cols();
+    s.seconds = s.stats.seconds;
+    W = std::move(Wq);
+    return s;
+  }
+};
+
+// Activations on the device when they fit beside what the rest needs there: the layer's 16-bit
+// weights, the largest solve (its Hessian sum and factor in fp64, four fp32 copies of the stacked
+// weights) and 2 GiB of chunk buffers and slack; else in page-locked host memory.
+bool activations_spill(const Recipe& r, const LlamaConfig& c, int S, int T) {
+  double other = double(c.params_per_layer()) * 2 + double(2u << 30), largest = 0;
+  for (const LinearGroup& g : layer_schedule(c).groups) {
+    const int64_t n = linear_shape(c, g.linears[0]).in;
+    int64_t rows = 0;
+    for (Proj p : g.linears) rows += linear_shape(c, p).out;
+    largest = std::max(largest, 16.0 * double(n * n) + 16.0 * double(rows * n));
+  }
+  other += largest;
+  const double acts = double(cuda::activation_bytes(c, S, T)), free_b = double(cuda::device_free_bytes());
+  const bool spill = r.gpu_activations == "host" || (r.gpu_activations == "auto" && acts > free_b - other);
+  if (spill && r.gpu_activations == "auto") {
+    char m[256];
+    std::snprintf(m, sizeof m, "calibration activations (%.1f GiB) do not fit beside the solve (~%.1f GiB) in %.1f GiB free on the GPU: "
+                  "kept in page-locked host memory (slower: every stage copies them over PCIe)", acts / (1u << 30), other / (1u << 30), free_b / (1u << 30));
+    std::fprintf(stderr, "ptqkit: %s\n", m);
+    log_event("warning", {{"message", m}});
+  }
+  return spill;
+}
+
+}  // namespace
+
+Device select_cuda_device(const Recipe& r) {
+  Device d{false, true, "cpu"};
+  d.cuda = r.device != "cpu" && cuda::available();
+  if (r.device == "cuda" && !d.cuda) fail(Errc::usage, r.source, "device", "cuda requested, but " + cuda::describe());
+  if (d.cuda) d.description = "cuda: " + cuda::describe();
+  return d;
+}
+
+double cuda_peak_mb() { return double(cuda::pool_peak_bytes()) / (1 << 20); }
+
+Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass& pass, MatF&& X, PhaseTimes& t) {
+  const LlamaConfig& c = *pass.config;
+  // The forward on the GPU (true-sequential GPTQ/RTN, weight-only), or why not.
+  std::string why;
+  if (r.quant.method == "nf4") why = "data-free";
+  else if (!r.true_sequential) why = "true_sequential: false";
+  else if (r.smooth.enabled || r.act_mode != ActQuant::none) why = "SmoothQuant/W8A8 statistics are collected on the CPU";
+  else if (pass.saved) why = "statistics loaded";
+  else if (!r.gpu_forward) why = "gpu_forward: false in the recipe";
+  else cuda::forward_supported(c, pass.T, &why);
+  Backend b;
+  if (why.empty()) {
+    bool spill;
+    std::unique_ptr<CudaForward> fw;
+    {
+      PhaseTimer a(t.phase["upload"]), u(t.upload["activations"]);
+      spill = activations_spill(r, c, pass.S, pass.T);
+      fw = std::make_unique<CudaForward>(pass, std::move(X), spill, t);
+    }
+    const DType fdt = fw->device().dtype();
+    b.solver = std::make_unique<CudaSolver>(&fw->device(), c.dtype);
+    b.forward = std::move(fw);
+    b.forward_description = std::string("cuda (") + (fdt == DType::F16 ? "f16" : "bf16") + " GEMMs, fp32 accumulation and residual" +
+                            (spill ? "; activations in page-locked host memory" : "") + ")";
+    return b;
+  }
+  // Hessians on the GPU: the forward still runs on the CPU in fp32, so the GPU accumulates the same
+  // fp32 activations (SGEMM, fp64 sums) rather than rounding them to 16 bits for the tensor cores.
+  if (pass.saved) b.forward = saved_statistics_forward(pass);
+  else b.forward = cpu_forward(pass, std::move(X), r.true_sequential, [](int64_t cols) { return std::make_unique<cuda::HessianCuda>(cols, DType::F32); }, t);
+  b.solver = std::make_unique<CudaSolver>(nullptr, c.dtype);
+  b.forward_description = "cpu (fp32), Hessians on the GPU: " + why;
+  return b;
+}
+
+}  // namespace ptq

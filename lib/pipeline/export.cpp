@@ -1,0 +1,65 @@
+#include "pipeline/export.h"
+
+#include <filesystem>
+
+#include "core/fsutil.h"
+#include "formats/fake.h"
+#include "formats/gguf.h"
+#include "formats/packed.h"
+
+namespace ptq {
+
+using nlohmann::json;
+
+namespace {
+
+// Dequantized weights (for NF4: the NF4 values) in the source dtype; W8A8 runs record their int8
+// activations in config.json, so that ptqkit evaluates the checkpoint as W8A8.
+std::vector<std::string> export_fake_dir(const Recipe& r, const ExportJob& job, const std::vector<std::string>& known) {
+  const bool nf4 = r.quant.method == "nf4";
+  const LlamaModel& model = *job.model;
+  std::vector<std::string> files = export_fake(model.checkpoint(), nf4 ? nf4_dequantized(job) : dequantized_from(*job.store), job.out_dir, job.max_shard_bytes);
+  for (auto& s : copy_side_files(r.model, job.out_dir)) files.push_back(s);
+  if (r.act_mode != ActQuant::none) {
+    json cfg = model.config().raw, scales = json::object();
+    for (auto& m : known)
+      if (layer_of(m) >= 0 && job.store->act_quant(m).mode != ActQuant::none) scales[m] = job.store->act_quant(m).static_scale;
+    cfg["ptqkit_w8a8"] = {{"strategy", r.act_mode == ActQuant::per_token ? "token" : "tensor"}, {"input_scales", scales}};
+    write_file_atomic(job.out_dir + "/config.json", cfg.dump(2) + "\n");
+  }
+  return files;
+}
+
+}  // namespace
+
+json export_formats(const Recipe& r, const LlamaModel& model, const QuantStore& store, const std::string& out_dir,
+                    const std::vector<std::string>& known, json& modules) {
+  const bool nf4 = r.quant.method == "nf4";
+  ExportJob job;
+  job.model = &model;
+  job.store = &store;
+  job.max_shard_bytes = size_t(r.max_shard_mb) << 20;
+  job.true_sequential = r.true_sequential;
+  job.nf4_blocksize = r.nf4_blocksize;
+  job.nf4_double_quant = r.nf4_double_quant;
+  for (auto& m : known)
+    if (nf4 && layer_of(m) >= 0 && !r.ignored(m)) {
+      job.nf4_modules.push_back(m);
+      modules.push_back({{"name", m}, {"method", "nf4"}, {"blocksize", r.nf4_blocksize}, {"double_quant", r.nf4_double_quant}});
+    }
+  json outputs = json::array();
+  for (auto& f : r.formats) {
+    job.out_dir = r.formats.size() == 1 ? out_dir : out_dir + "/" + f;
+    std::filesystem::create_directories(job.out_dir);
+    std::vector<std::string> files;
+    if (f == "fake") files = export_fake_dir(r, job, known);
+    else if (f == "gptq" || f == "gptq_v2") files = export_gptq(job, f == "gptq_v2");
+    else if (f == "compressed-tensors") files = r.act_mode != ActQuant::none ? export_ct_int8(job) : export_compressed_tensors(job);
+    else if (f == "nf4") files = export_nf4(job);
+    else if (f == "gguf") files = export_gguf(job);
+    outputs.push_back({{"format", f}, {"dir", r.formats.size() == 1 ? "." : f}, {"files", files}});
+  }
+  return outputs;
+}
+
+}  // namespace ptq

@@ -1,0 +1,147 @@
+// The GPU calibration forward and flash attention (lib/model/*_cuda.cu) against the fp32 CPU
+// forward and an fp64 attention.
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <map>
+
+#include "core/bits.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/attention_cuda.h"
+#include "model/forward_cuda.h"
+#include "gptq/gptq_cuda.h"
+#include "cuda/random.h"
+#include "kernels/act_quant.h"
+#include "kernels/reference.h"
+#include "kernels/nf4.h"
+#include "kernels/w4a16.h"
+#include "kernels/w8a8.h"
+#include "cuda/runtime.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#include "eval/nll_cuda.h"
+#include "eval/perplexity_cuda.h"
+#include "formats/open.h"
+#include "model/synth.h"
+#include "pipeline/pipeline.h"
+#include "testing.h"
+#include "testing_cuda.h"
+
+using namespace ptq;
+using nlohmann::json;
+
+TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU reference, and so do its Hessians") {
+  PTQ_REQUIRE_GPU();
+  ptqtest::TempDir d;
+  std::vector<std::string> models;
+  SynthOptions o;
+  o.preset = "tiny";   // 4 heads over 2 KV heads: GQA
+  o.seed = 11;
+  synth_model(o, d / "tiny");
+  models.push_back(d / "tiny");
+  if (ptqtest::have_assets()) models.push_back(ptqtest::assets() + "/models/distilled-13m");
+  for (auto& dir : models) {
+    LlamaModel m(dir);
+    const LlamaConfig& c = m.config();
+    const int S = 65, T = 128;   // two chunks of the GPU forward (8192 tokens, then one window)
+    std::vector<int32_t> tok(size_t(S * T));
+    Rng rng(5);
+    for (auto& t : tok) t = int32_t(rng.uniform() * (c.vocab_size - 1));
+    MatF X = m.embed(tok);
+    const Rope& rope = m.rope(T);
+    LayerWeights w = m.load_layer(0);
+    // CPU reference: the stage inputs (fp32) and their Hessians, accumulated in fp64
+    MatF xn, ctx, y, act, Xc = X;
+    const float eps = float(c.rms_norm_eps);
+    Hessian hq(c.hidden_size), ho(c.q_dim()), hm(c.hidden_size), hd(c.intermediate_size);
+    rmsnorm(Xc, w.input_layernorm, eps, xn);
+    hq.add(xn);
+    attention_core(w, c, rope, xn, S, T, ctx);
+    ho.add(ctx);
+    linear(ctx, w[Proj::o], y);
+    Xc += y;
+    rmsnorm(Xc, w.post_attention_layernorm, eps, xn);
+    hm.add(xn);
+    mlp_act(w, xn, act);
+    hd.add(act);
+    linear(act, w[Proj::down], y);
+    Xc += y;
+    // GPU, with the activations on the device and (spill) in page-locked host memory: the same
+    // kernels on the same chunks, so the same bytes
+    MatF X_resident;
+    for (bool spill : {false, true}) {
+    cuda::LayerForwardCuda fw(c, rope, S, T, c.dtype, spill);
+    REQUIRE(fw.spilled() == spill);
+    fw.set_input(X);
+    fw.load_layer(w);
+    cuda::HessianCuda gq(c.hidden_size, fw.dtype()), go(c.q_dim(), fw.dtype()), gm(c.hidden_size, fw.dtype()), gd(c.intermediate_size, fw.dtype());
+    fw.norm1(&gq);
+    fw.attention(&go);
+    fw.o_proj_norm2(&gm);
+    fw.mlp(&gd);
+    fw.down_proj();
+    const MatF Xg = fw.input();
+    const double ex = (Xg - Xc).norm() / (Xc - X).norm();   // relative to what the layer added
+    auto rel = [](const MatD& a, const MatD& b) { return (a - b).norm() / b.norm(); };
+    const double eq = rel(gq.finalize(), hq.finalize()), eo = rel(go.finalize(), ho.finalize()), em = rel(gm.finalize(), hm.finalize()),
+                 ed = rel(gd.finalize(), hd.finalize());
+    std::cout << dir << (spill ? " (spilled)" : "") << ": layer output rel. error " << ex << "; Hessians qkv " << eq << ", o " << eo << ", mlp " << em
+              << ", down " << ed << "\n";
+    // 16-bit operands (~2^-9 relative rounding for f16, 2^-8 for bf16) with fp32 accumulation
+    const double tol = fw.dtype() == DType::F16 ? 5e-3 : 1e-2;
+    CHECK(ex <= tol);
+    CHECK(eq <= tol);
+    CHECK(eo <= tol);
+    CHECK(em <= tol);
+    CHECK(ed <= tol);
+    if (!spill) X_resident = Xg;
+    else CHECK(std::memcmp(Xg.data(), X_resident.data(), size_t(Xg.size()) * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim 64 and 128, GQA, ragged T, sliding window)") {
+  PTQ_REQUIRE_GPU();
+  struct Case { DType dt; int windows, T, heads, kv, hd, window; };
+  const Case cases[] = {{DType::F16, 2, 100, 4, 2, 64, 0},  {DType::F16, 1, 300, 2, 1, 128, 0}, {DType::BF16, 2, 130, 4, 4, 128, 0},
+                        {DType::F16, 1, 257, 4, 2, 64, 50}, {DType::BF16, 1, 200, 2, 2, 64, 64}, {DType::F16, 3, 64, 2, 2, 128, 0}};
+  Rng r(17);
+  for (const Case& k : cases) {
+    const int64_t rows = int64_t(k.windows) * k.T, nq = rows * k.heads * k.hd, nk = rows * k.kv * k.hd;
+    // q . k / sqrt(hd) ~ N(0, 2.25): peaked and flat rows alike; inputs exactly 16-bit
+    std::vector<float> q(static_cast<size_t>(nq)), kk(static_cast<size_t>(nk)), v(static_cast<size_t>(nk));
+    for (auto* a : {&q, &kk, &v})
+      for (auto& x : *a) x = round_to(k.dt, float(r.normal() * (a == &v ? 1.0 : 1.22)));
+    std::vector<double> ref(q.size());
+    const double scale = 1.0 / std::sqrt(double(k.hd));
+    cuda::attention_reference(q.data(), kk.data(), v.data(), ref.data(), k.windows, k.T, k.heads, k.kv, k.hd, scale, k.window);
+    cuda::DeviceBuffer<uint16_t> dq(q.size(), "q"), dk(kk.size(), "k"), dv(v.size(), "v"), dc(q.size(), "ctx"), dc2(q.size(), "ctx again");
+    std::vector<uint16_t> h(q.size()), h2(q.size());
+    for (auto [src, dst] : {std::pair{&q, &dq}, std::pair{&kk, &dk}, std::pair{&v, &dv}}) {
+      std::vector<uint16_t> b(src->size());
+      convert_from_f32(k.dt, src->data(), b.data(), b.size());
+      cuda::copy_to_device(dst->get(), b.data(), b.size() * 2);
+    }
+    cuda::flash_attention(k.dt, dq.get(), dk.get(), dv.get(), dc.get(), k.windows, k.T, k.heads, k.kv, k.hd, float(scale), k.window);
+    cuda::flash_attention(k.dt, dq.get(), dk.get(), dv.get(), dc2.get(), k.windows, k.T, k.heads, k.kv, k.hd, float(scale), k.window);
+    cuda::copy_to_host(h.data(), dc.get(), h.size() * 2);
+    cuda::copy_to_host(h2.data(), dc2.get(), h2.size() * 2);
+    std::vector<float> got(h.size());
+    convert_to_f32(k.dt, h.data(), got.data(), got.size());
+    double num = 0, den = 0, worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+      worst = std::max(worst, std::abs(got[i] - ref[i]));
+    }
+    const double rel = std::sqrt(num / den);
+    std::cout << "flash attention " << (k.dt == DType::F16 ? "f16" : "bf16") << " windows " << k.windows << " T " << k.T << " heads "
+              << k.heads << "/" << k.kv << " hd " << k.hd << " window " << k.window << ": relative error " << rel << ", max abs " << worst << "\n";
+    // P and ctx rounded to 16 bits (2^-11 relative for f16, 2^-8 for bf16); |v| ~ 1
+    CHECK(rel <= (k.dt == DType::F16 ? 1e-3 : 8e-3));
+    CHECK(worst <= (k.dt == DType::F16 ? 4e-3 : 3e-2));
+    CHECK(h == h2);   // deterministic
+  }
+  CHECK_THROWS_AS(cuda::flash_attention(DType::F16, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 2, 96, 0.1f, 0), Error);
+}

@@ -1,0 +1,473 @@
+// The packed-weight kernels (lib/kernels/*.cu) against the reference kernels of lib/kernels:
+// W4A16/W8A16, NF4, W8A8, int8 activations, split-K, PDL chains, shared-x and wgmma paths.
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <map>
+
+#include "core/bits.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/attention_cuda.h"
+#include "model/forward_cuda.h"
+#include "gptq/gptq_cuda.h"
+#include "cuda/random.h"
+#include "kernels/act_quant.h"
+#include "kernels/reference.h"
+#include "kernels/nf4.h"
+#include "kernels/w4a16.h"
+#include "kernels/w8a8.h"
+#include "cuda/runtime.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#include "eval/nll_cuda.h"
+#include "eval/perplexity_cuda.h"
+#include "formats/open.h"
+#include "model/synth.h"
+#include "pipeline/pipeline.h"
+#include "testing.h"
+#include "testing_cuda.h"
+
+using namespace ptq;
+using nlohmann::json;
+
+namespace {
+// A random 4-bit GPTQ module: codes, f16-representable scales, zeros (sym: 8), and act-order
+// groups (a random column permutation cut into groups) when asked.
+// A16 kernel against its fp32 reference on fresh f16-representable x [M, K]: norm-wise relative
+// error of y [M, N]. ref(x, y) is the reference GEMM; L->gemm the kernel.
+// Norm-wise relative error of f16 results yh against the fp32 reference yr (in fp64).
+double rel_error_f16(const std::vector<uint16_t>& yh, const std::vector<float>& yr) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < yr.size(); ++i) {
+    const double d = double(f16_bits_to_f32(yh[i])) - yr[i];
+    num += d * d;
+    den += double(yr[i]) * yr[i];
+  }
+  return std::sqrt(num / den);
+}
+
+template <class Kernel, class Ref>
+double a16_error(const Kernel& L, int64_t M, int64_t K, int64_t N, Rng& r, cuda::A16Path path, Ref&& ref) {
+  std::vector<float> x(size_t(M * K)), yr(size_t(M * N));
+  std::vector<uint16_t> xh(x.size()), yh(yr.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = round_to(DType::F16, float(r.normal()));
+    xh[i] = f32_to_f16_bits(x[i]);
+  }
+  ref(x.data(), yr.data());
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  L.gemm(dx.get(), M, dy.get(), path);
+  cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
+  return rel_error_f16(yh, yr);
+}
+
+QuantizedLinear random_q(int bits, int64_t out, int64_t in, int gs, bool sym, bool act_order, uint64_t seed) {
+  QuantSpec s;
+  s.bits = bits;
+  s.group_size = gs;
+  s.sym = sym;
+  QuantizedLinear q = QuantizedLinear::empty(out, in, s);
+  Rng r(seed);
+  const int levels = 1 << bits;
+  for (auto& c : q.codes) c = uint8_t(int(r.uniform() * levels) & (levels - 1));
+  for (auto& v : q.scales) v = round_to(DType::F16, float((0.002 + 0.02 * r.uniform()) * 16 / levels));
+  for (auto& z : q.zeros) z = sym ? levels / 2 : int32_t(r.uniform() * levels) & (levels - 1);
+  if (act_order && gs > 0) {
+    std::vector<int> perm(static_cast<size_t>(in));
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t i = in - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(r.uniform() * double(i + 1)) % size_t(i + 1)]);
+    for (int64_t i = 0; i < in; ++i) q.g_idx[size_t(perm[size_t(i)])] = int32_t(i / gs);
+  }
+  return q;
+}
+}  // namespace
+
+TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym, g128/per-channel, act-order, odd M and shapes)") {
+  PTQ_REQUIRE_GPU();
+  struct Case { int64_t out, in; int gs; bool sym, act; };
+  const Case cases[] = {{96, 160, 32, false, true}, {4096, 4096, 128, true, false}, {4097, 4096, 128, false, true},
+                        {1024, 11008, 128, false, false}, {512, 4096, -1, true, false}, {768, 2048, 64, true, true},
+                        {64, 384, 96, false, true}};   // groups of 96: 3 (4-bit) or 6 (8-bit) uint4s, the division path
+  const int64_t Ms[] = {1, 2, 3, 7, 16, 32, 33, 64, 128, 255};
+  for (int bits : {4, 8})
+  for (const Case& c : cases) {
+    const QuantizedLinear q = random_q(bits, c.out, c.in, c.gs, c.sym, c.act, uint64_t(c.out * 31 + c.in + bits));
+    for (bool v2 : {false, true}) {
+      if (!v2 && !c.sym) continue;   // v1 is written for symmetric grids only
+      const GptqPacked pk = pack_gptq(q, v2);
+      auto L = cuda::W4A16Linear::from_gptq(pk, v2);
+      for (int64_t M : Ms)
+        for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::mma, cuda::A16Path::dequant}) {   // automatic: by a16_auto_path
+          if (path == cuda::A16Path::dequant && M != 3) continue;   // the dequantization kernel also checked where a tensor-core kernel serves
+          if (path == cuda::A16Path::mma && M != 33 && M != 64) continue;   // the x-from-L2 kernel at 4 and 8 n8 tiles, where wgmma or shared_x serves
+          Rng r{uint64_t(M)};
+          const double rel = a16_error(*L, M, c.in, c.out, r, path, [&](const float* x, float* y) { ref_gemm_gptq(x, M, pk, v2, y); });
+          INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1")
+                    << " M=" << M << " path " << cuda::a16_path_name(path) << ": relative error " << rel);
+          CHECK(rel <= 2e-3);
+        }
+    }
+  }
+  QuantSpec s3;
+  s3.bits = 3;
+  s3.group_size = 128;
+  CHECK_THROWS_AS(cuda::W4A16Linear::from_gptq(pack_gptq(QuantizedLinear::empty(64, 256, s3), true), true), Error);
+}
+
+TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activations (per token and per tensor, f16 and bf16)") {
+  PTQ_REQUIRE_GPU();
+  const int64_t rows = 37, cols = 1000;
+  for (DType dt : {DType::F16, DType::BF16})
+    for (ActQuant a : {ActQuant{ActQuant::per_token, 0}, ActQuant{ActQuant::per_tensor, 0.02f}}) {
+      MatF x(rows, cols);
+      Rng r{uint64_t(int(dt) * 10 + a.mode)};
+      for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = round_to(dt, float(r.normal() * (i % 97 == 0 ? 8.0 : 1.0)));
+      x.row(5).setZero();   // a zero row: scale 1
+      std::vector<uint16_t> x16(size_t(x.size()));
+      convert_from_f32(dt, x.data(), x16.data(), x16.size());
+      cuda::DeviceBuffer<uint16_t> dx(x16.size(), "test x");
+      cuda::DeviceBuffer<int8_t> dq(x16.size(), "test q");
+      cuda::DeviceBuffer<float> ds(size_t(rows), "test s");
+      cuda::copy_to_device(dx.get(), x16.data(), x16.size() * 2);
+      cuda::quantize_activations_int8(dx.get(), dt, rows, cols, a, dq.get(), ds.get());
+      std::vector<int8_t> q(x16.size());
+      VecF s(rows);
+      cuda::copy_to_host(q.data(), dq.get(), q.size());
+      cuda::copy_to_host(s.data(), ds.get(), size_t(rows) * 4);
+      MatI qr;
+      VecF sr;
+      quantize_activations(x, a, qr, sr);   // the reference (lib/model/llama.cpp)
+      int64_t same = 0;
+      for (int64_t i = 0; i < qr.size(); ++i) same += qr.data()[i] == q[size_t(i)];
+      INFO("dtype " << dtype_name(dt) << ", mode " << int(a.mode));
+      CHECK(same == qr.size());
+      CHECK(s == sr);
+      CHECK(s[5] == (a.mode == ActQuant::per_token ? 1.0f : 0.02f));
+    }
+}
+
+TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128, nested absmax, odd M and shapes)") {
+  PTQ_REQUIRE_GPU();
+  struct Shape { int64_t N, K; int B; bool nested; };
+  const Shape shapes[] = {{96, 128, 64, false}, {333, 512, 64, true}, {1024, 11008, 64, false}, {4097, 4096, 128, true}, {257, 256, 32, false}, {70, 96, 32, true}};   // K = 96: the last k-step half past K
+  int k = 0;
+  for (const Shape& sh : shapes) {
+    Rng r{uint64_t(500 + k++)};
+    std::vector<float> W(size_t(sh.N * sh.K));
+    for (auto& v : W) v = float(r.normal() * 0.02);
+    const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), sh.B, sh.nested);
+    auto L = cuda::Nf4Linear::from_nf4(t, sh.N, sh.K);
+    for (int64_t M : {1, 2, 3, 7, 16, 32, 33, 64, 128, 255})
+      for (cuda::A16Path path : {cuda::A16Path::automatic, cuda::A16Path::dequant, cuda::A16Path::shared_x}) {
+        if (path == cuda::A16Path::dequant && M != 3) continue;
+        if (path == cuda::A16Path::shared_x && M != 7 && M != 33 && M != 64) continue;   // x staged in shared memory (automatic only for big layers without sm_90)
+        if (sh.N * sh.K > 4096 * 4096 / 2 && M > 33) continue;   // the reference is slow; big shapes at small M
+        const double err = a16_error(*L, M, sh.K, sh.N, r, path, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, sh.N, sh.K, y); });
+        INFO("N " << sh.N << " K " << sh.K << " block " << sh.B << " nested " << sh.nested << " M " << M << " path " << cuda::a16_path_name(path)
+                  << ": relative error " << err);
+        CHECK(err <= 3e-3);
+        if (M <= 16 && sh.N == 1024) std::cout << "NF4 1024x11008 M=" << M << (path == cuda::A16Path::dequant ? " dequant" : "") << ": relative error " << err << "\n";
+      }
+  }
+  Nf4Tensor odd = nf4_quantize(std::vector<float>(64 * 96, 0.5f).data(), 64 * 96, 64, false);
+  CHECK_THROWS_AS(cuda::Nf4Linear::from_nf4(odd, 64, 96), Error);   // in_features 96: not a multiple of the block
+}
+
+namespace {
+// L through path on fresh x [M, K]: the same bytes four times (its split-K sums do not depend on
+// which warp or CTA finishes first), and its fp32 output with beta = 1 adds y0 (against the
+// reference GEMM + y0, 1e-3 relative, norm-wise).
+void check_repeat_and_beta(const cuda::W4A16Linear& L, const GptqPacked& pk, int64_t M, int64_t K, cuda::A16Path path, uint64_t seed) {
+  const int64_t N = L.out();
+  Rng r{seed};
+  std::vector<float> x(size_t(M * K)), y0(size_t(M * N)), yr(size_t(M * N));
+  std::vector<uint16_t> xh(x.size()), first(yr.size()), again(yr.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = round_to(DType::F16, float(r.normal()));
+    xh[i] = f32_to_f16_bits(x[i]);
+  }
+  for (auto& v : y0) v = float(r.normal());
+  ref_gemm_gptq(x.data(), M, pk, true, yr.data());
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(first.size(), "y");
+  cuda::DeviceBuffer<float> df(y0.size(), "y f32");
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  L.gemm(dx.get(), M, dy.get(), path);
+  cuda::copy_to_host(first.data(), dy.get(), first.size() * 2);
+  for (int rep = 0; rep < 3; ++rep) {
+    L.gemm(dx.get(), M, dy.get(), path);
+    cuda::copy_to_host(again.data(), dy.get(), again.size() * 2);
+    CHECK(again == first);
+  }
+  cuda::copy_to_device(df.get(), y0.data(), y0.size() * 4);
+  L.gemm_f32(dx.get(), M, df.get(), 1.0f, path);
+  std::vector<float> yf(y0.size());
+  cuda::copy_to_host(yf.data(), df.get(), yf.size() * 4);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < yf.size(); ++i) {
+    const double want = double(yr[i]) + y0[i];
+    num += (yf[i] - want) * (yf[i] - want);
+    den += want * want;
+  }
+  INFO(cuda::a16_path_name(path) << " M=" << M << ", fp32 out with beta = 1: relative error " << std::sqrt(num / den));
+  CHECK(std::sqrt(num / den) <= 1e-3);
+}
+}  // namespace
+
+TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 output adds beta y, forced paths refuse M they do not take") {
+  PTQ_REQUIRE_GPU();
+  const int64_t N = 1000, K = 11008, M = 16;   // 63 tiles of 16 rows (the last partial), 172 k-steps in 16 slices
+  const QuantizedLinear q = random_q(4, N, K, 128, false, true, 77);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  check_repeat_and_beta(*L, pk, M, K, cuda::A16Path::automatic, 5);
+  cuda::DeviceBuffer<uint16_t> dx(size_t(65 * K), "x"), dy(size_t(65 * N), "y");
+  CHECK_THROWS_AS(L->gemm(dx.get(), 65, dy.get(), cuda::A16Path::mma), Error);
+
+  // Every work split the planner can choose gives the reference result: 1 or 2 row tiles per warp
+  // (63 tiles: the last CTA's second tile lies past N), 1, 3 or 16 K slices (3: uneven), fp32 per-k-step
+  // scales (per channel) and f16 scales (groups of 80, act-order), K = 2000 (the last k-step is a quarter full).
+  const int64_t Ks = 2000;
+  for (int gs : {-1, 80}) {
+    const QuantizedLinear qs = random_q(4, N, Ks, gs, gs < 0, gs > 0, 91);
+    const GptqPacked ps = pack_gptq(qs, true);
+    auto Ls = cuda::W4A16Linear::from_gptq(ps, true);
+    for (int64_t Mf : {1, 5, 16, 32})
+      for (int rt : {1, 2})
+        for (int slices : {1, 3, 16})
+          for (int loop : {1, 2}) {   // at M <= 8 with two row tiles, 4-bit: the plain loop and the overlapped batches (elsewhere one loop: run once)
+            if (loop == 2 && !(Mf <= 8 && rt == 2)) continue;
+            cuda::set_a16_split({rt, slices, 0, loop});
+            Rng rs{uint64_t(Mf * 7 + rt)};
+            const double rel = a16_error(*Ls, Mf, Ks, N, rs, cuda::A16Path::mma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, Mf, ps, true, yy); });
+            cuda::set_a16_split({});
+            INFO("g" << gs << " M=" << Mf << " rt=" << rt << " slices=" << slices << " loop=" << loop << ": relative error " << rel);
+            CHECK(rel <= 2e-3);
+          }
+  }
+}
+
+// The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start
+// while the one before it runs, reading only W before it waits. A chain of calls queued without a
+// host sync, each reading the previous call's output and overwriting the buffer the call before
+// it read (ping-pong), must equal the reference chain (fp32 GEMMs, each output rounded to f16 as
+// the kernels store it): a read of x or a write of y before the wait would read stale activations
+// (the chain's input two steps back) or clobber the previous call's input. Six square layers
+// alternating two modules (g128 symmetric, per-channel asymmetric), at M = 1 and 16 (the L2-fed
+// kernel) and 64 (wgmma on sm_90: permute_x then the GEMM, both with PDL).
+TEST_CASE("gpu: A16 calls chained without a host sync (PDL) equal the reference chain") {
+  PTQ_REQUIRE_GPU();
+  const int64_t D = 2048;
+  for (int bits : {4, 8}) {
+    // Scales brought down so that each layer keeps |y| ~ |x| (rms of W ~ 1/sqrt(D)): six f16 layers
+    // must not overflow.
+    auto contractive = [&](QuantizedLinear q) {
+      double ss = 0;
+      for (int64_t o = 0; o < D; ++o)
+        for (int64_t i = 0; i < D; ++i) {
+          const int64_t gi = int64_t(q.g_idx[size_t(i)]) * D + o;
+          const double w = (double(q.codes[size_t(o * D + i)]) - q.zeros[size_t(gi)]) * q.scales[size_t(gi)];
+          ss += w * w;
+        }
+      const double f = 1.0 / std::sqrt(ss / double(D));   // rms(W) * sqrt(D) -> 1
+      for (auto& v : q.scales) v = round_to(DType::F16, float(v * f));
+      return q;
+    };
+    const GptqPacked pk[2] = {pack_gptq(contractive(random_q(bits, D, D, 128, true, false, 5)), true),
+                              pack_gptq(contractive(random_q(bits, D, D, -1, false, false, 6)), true)};
+    const std::unique_ptr<cuda::W4A16Linear> L[2] = {cuda::W4A16Linear::from_gptq(pk[0], true), cuda::W4A16Linear::from_gptq(pk[1], true)};
+    for (int64_t M : {1, 16, 64}) {
+      Rng r{uint64_t(M + bits)};
+      std::vector<float> cur(size_t(M * D)), next(cur.size());
+      std::vector<uint16_t> xh(cur.size()), yh(cur.size());
+      for (size_t i = 0; i < cur.size(); ++i) {
+        cur[i] = round_to(DType::F16, float(r.normal()));
+        xh[i] = f32_to_f16_bits(cur[i]);
+      }
+      cuda::DeviceBuffer<uint16_t> buf[2] = {cuda::DeviceBuffer<uint16_t>(xh.size(), "x"), cuda::DeviceBuffer<uint16_t>(xh.size(), "y")};
+      cuda::copy_to_device(buf[0].get(), xh.data(), xh.size() * 2);
+      constexpr int kSteps = 6;
+      for (int i = 0; i < kSteps; ++i) L[i % 2]->gemm(buf[i % 2].get(), M, buf[1 - i % 2].get());   // no sync between calls
+      for (int i = 0; i < kSteps; ++i) {
+        ref_gemm_gptq(cur.data(), M, pk[i % 2], true, next.data());
+        for (size_t j = 0; j < next.size(); ++j) cur[j] = round_to(DType::F16, next[j]);
+      }
+      cuda::copy_to_host(yh.data(), buf[kSteps % 2].get(), yh.size() * 2);
+      const double rel = rel_error_f16(yh, cur);
+      INFO(bits << "-bit M=" << M << " path " << cuda::a16_path_name(L[0]->path_for(M)) << " (PDL " << (cuda::pdl_enabled() ? "on" : "off")
+                << "): relative error after " << kSteps << " chained calls " << rel);
+      CHECK(rel <= 5e-3);   // one call: <= 2e-3; rounding differences of the intermediates compound
+    }
+  }
+}
+
+// The kernel with x in shared memory (kernels/a16_shared_x.cuh): every work split it can be given
+// (4, 8 or 16 warps per CTA, 1, 3 or 16 K slices) against the reference GEMM, at M = 9 .. 128 (16
+// to 128 staged x rows, rows past M zero). N = 1000: 63 tiles, so the last CTA's warps partly lie
+// past N; K = 2000: the last chunk partial and its last k-step a quarter full; per-channel scales
+// and act-order groups of 80. Then a 16-slice split four times (same bytes), fp32 output with beta,
+// and M past 128 refused.
+TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, its split-K sum is deterministic, M > 128 refused") {
+  PTQ_REQUIRE_GPU();
+  const int64_t N = 1000, K = 2000;
+  for (int gs : {-1, 80}) {
+    const QuantizedLinear q = random_q(4, N, K, gs, gs < 0, gs > 0, 93);
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    for (int64_t M : {9, 17, 33, 64, 65, 128}) {
+      Rng r{uint64_t(M + gs)};
+      std::vector<float> x(size_t(M * K)), yr(size_t(M * N));
+      std::vector<uint16_t> xh(x.size()), yh(yr.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = round_to(DType::F16, float(r.normal()));
+        xh[i] = f32_to_f16_bits(x[i]);
+      }
+      ref_gemm_gptq(x.data(), M, pk, true, yr.data());
+      cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(yh.size(), "y");
+      cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+      for (int warps : {4, 8, 16})   // 16: where the kernel is compiled for 512 threads (M <= 64), else the planner takes 8
+        for (int slices : {1, 3, 16}) {
+          cuda::set_a16_split({0, slices, warps});
+          L->gemm(dx.get(), M, dy.get(), cuda::A16Path::shared_x);
+          cuda::set_a16_split({});
+          cuda::copy_to_host(yh.data(), dy.get(), yh.size() * 2);
+          const double rel = rel_error_f16(yh, yr);
+          INFO("g" << gs << " M=" << M << " warps=" << warps << " slices=" << slices << ": relative error " << rel);
+          CHECK(rel <= 2e-3);
+        }
+    }
+  }
+  // Split-K: the partials summed in slice order by whichever CTA arrives last: the same bytes every time.
+  const QuantizedLinear q = random_q(4, 4096, 4096, 128, true, false, 94);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  cuda::set_a16_split({0, 16, 4});
+  check_repeat_and_beta(*L, pk, 64, 4096, cuda::A16Path::shared_x, 6);
+  cuda::set_a16_split({});
+  cuda::DeviceBuffer<uint16_t> dx(size_t(129 * 4096), "x"), dy(size_t(129 * 4096), "y");
+  CHECK_THROWS_AS(L->gemm(dx.get(), 129, dy.get(), cuda::A16Path::shared_x), Error);
+}
+
+// The Hopper kernel (kernels/a16_wgmma.cu): every split it can be given (1, 3 or 16 K slices)
+// against the reference GEMMs at M = 1 .. 256 (8, 16, 32, 64, 128 and 256 staged x rows, rows past M
+// zero). N = 1000: the last CTA's rows partly past N; K = 2000: the last k-step a quarter full;
+// GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
+// 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
+TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t N = 1000, K = 2000;
+  const int64_t Ms[] = {1, 7, 16, 30, 33, 64, 65, 128, 129, 200, 256};
+  struct Case { int bits, gs; };
+  for (const Case& cs : {Case{4, -1}, Case{4, 80}, Case{8, 16}, Case{8, -1}}) {
+    const QuantizedLinear q = random_q(cs.bits, N, K, cs.gs, cs.gs < 0, cs.gs == 80, uint64_t(95 + cs.bits + cs.gs));
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    for (int64_t M : Ms)
+      for (int slices : {1, 3, 16}) {
+        cuda::set_a16_split({0, slices});
+        Rng r{uint64_t(M * 3 + 1)};
+        const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+        cuda::set_a16_split({});
+        INFO(cs.bits << "-bit g" << cs.gs << " M=" << M << " slices=" << slices << ": relative error " << rel);
+        CHECK(rel <= 2e-3);
+      }
+  }
+  {
+    const int64_t Kn = 1984;   // NF4: a multiple of the block
+    Rng r{501};
+    std::vector<float> W(size_t(N * Kn));
+    for (auto& v : W) v = float(r.normal() * 0.02);
+    const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+    auto F = cuda::Nf4Linear::from_nf4(t, N, Kn);
+    for (int64_t M : {1, 16, 32, 65, 128, 256})
+      for (int slices : {1, 3}) {
+        cuda::set_a16_split({0, slices});
+        const double err = a16_error(*F, M, Kn, N, r, cuda::A16Path::wgmma, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, N, Kn, y); });
+        cuda::set_a16_split({});
+        INFO("NF4 M=" << M << " slices=" << slices << ": relative error " << err);
+        CHECK(err <= 3e-3);
+      }
+  }
+  const QuantizedLinear q = random_q(4, 4096, 4096, 128, true, false, 96);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  cuda::set_a16_split({0, 16});
+  check_repeat_and_beta(*L, pk, 128, 4096, cuda::A16Path::wgmma, 7);
+  cuda::set_a16_split({});
+  check_repeat_and_beta(*L, pk, 100, 4096, cuda::A16Path::automatic, 8);   // automatic: wgmma at 33..128 on sm_90
+  CHECK(L->path_for(100) == cuda::A16Path::wgmma);
+  CHECK(L->path_for(200) == cuda::A16Path::dequant);   // 4096 x 4096 above 128 rows: dequantize + cuBLAS (faster there)
+  CHECK(L->path_for(32) == cuda::A16Path::mma);        // 17..32 rows: wgmma only for 4-bit codes of larger layers
+  for (int bits : {4, 8}) {
+    auto Lb = cuda::W4A16Linear::from_gptq(pack_gptq(random_q(bits, 4112, 4096, 128, true, false, 97), true), true);
+    CHECK(Lb->path_for(17) == (bits == 4 ? cuda::A16Path::wgmma : cuda::A16Path::mma));
+    CHECK(Lb->path_for(16) == cuda::A16Path::mma);
+  }
+  cuda::DeviceBuffer<uint16_t> dx(size_t(257 * 4096), "x"), dy(size_t(257 * 4096), "y");
+  CHECK_THROWS_AS(L->gemm(dx.get(), 257, dy.get(), cuda::A16Path::wgmma), Error);
+}
+
+TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equals the exact int32 reference, bf16 and fp32 out") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::w8a8_supported()) PTQ_SKIP("the W8A8 kernel needs sm_90: " + cuda::describe());
+  struct Shape { int64_t N, K; };
+  // 2050x272 at M = 4000: 32 x 9 = 288 tiles, more than the 132 CTAs of the persistent grid on
+  // an H100, so CTAs take several tiles, the 4-deep ring (3 slices a tile) wraps across tiles, and
+  // the row-tile groups of 8 and the last partial tiles are all walked.
+  const Shape shapes[] = {{256, 128}, {96, 48}, {334, 2064}, {2050, 272}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
+  int seed = 900;
+  for (const Shape& sh : shapes) {
+    Rng r{uint64_t(seed++)};
+    std::vector<int8_t> w(size_t(sh.N * sh.K));
+    std::vector<float> sw(size_t(sh.N));
+    for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
+    for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
+    cuda::DeviceBuffer<int8_t> dw(w.size(), "w"), dx(size_t(4000 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsw(sw.size(), "sw"), dsx(4000, "sx"), dy(size_t(4000 * sh.N), "y");
+    cuda::copy_to_device(dw.get(), w.data(), w.size());
+    cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
+    for (int64_t M : {1, 2, 3, 7, 16, 33, 128, 255, 1000, 4000}) {
+      if (sh.N * sh.K > 4096 * 4096 && M > 128) continue;   // the reference is slow
+      if (M == 1000 && sh.N * sh.K > 1024 * 4096) continue;
+      if (M == 4000 && sh.N * sh.K > 2050 * 272) continue;
+      std::vector<int8_t> x(static_cast<size_t>(M * sh.K));
+      std::vector<float> sx(static_cast<size_t>(M));
+      for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
+      for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
+      std::vector<float> ref(static_cast<size_t>(M * sh.N));
+      ref_gemm_w8a8(x.data(), sx.data(), w.data(), sw.data(), M, sh.N, sh.K, ref.data());
+      cuda::copy_to_device(dx.get(), x.data(), x.size());
+      cuda::copy_to_device(dsx.get(), sx.data(), sx.size() * 4);
+      for (bool f32 : {true, false}) {
+        cuda::fill_bytes(dy.get(), 0xff, size_t(M * sh.N) * 4);   // NaN: every output must be written
+        cuda::w8a8_gemm(dx.get(), dsx.get(), dw.get(), dsw.get(), M, sh.N, sh.K, dy.get(), f32);
+        std::vector<float> y(static_cast<size_t>(M * sh.N));
+        if (f32) {
+          cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+        } else {
+          std::vector<uint16_t> b(y.size());
+          cuda::copy_to_host(b.data(), dy.get(), b.size() * 2);
+          for (size_t i = 0; i < b.size(); ++i) { const uint32_t u = uint32_t(b[i]) << 16; std::memcpy(&y[i], &u, 4); }
+        }
+        // Elementwise: fp32 out within 4 ulp of the fp64 product (float(acc) rounds above 2^24,
+        // then two fp32 products); bf16 out within its half-ulp rounding (2^-8 relative) of that.
+        const double tol = f32 ? 4.8e-7 : 1.0 / 256 + 4.8e-7;
+        size_t bad = 0;
+        double worst = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          const double e = std::abs(double(y[i]) - double(ref[i])), lim = tol * std::abs(double(ref[i])) + 1e-30;
+          if (!(e <= lim)) ++bad;
+          if (std::isfinite(e)) worst = std::max(worst, e / (std::abs(double(ref[i])) + 1e-30));
+        }
+        INFO("N " << sh.N << " K " << sh.K << " M " << M << (f32 ? " fp32" : " bf16") << ": " << bad << " elements off, worst relative " << worst);
+        CHECK(bad == 0);
+      }
+    }
+  }
+  cuda::DeviceBuffer<int8_t> a(64 * 64, "a");
+  cuda::DeviceBuffer<float> s(64, "s"), y(64 * 64, "y");
+  CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 64, 24, y.get(), true), Error);   // K not a multiple of 16
+  CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 63, 32, y.get(), true), Error);   // N odd
+}

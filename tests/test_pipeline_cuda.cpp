@@ -1,0 +1,186 @@
+// Whole runs on the GPU against the same runs on the CPU: quantize with device: cuda against
+// device: cpu, and evaluation through the packed kernels against the reference kernels.
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <map>
+
+#include "core/bits.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/attention_cuda.h"
+#include "model/forward_cuda.h"
+#include "gptq/gptq_cuda.h"
+#include "cuda/random.h"
+#include "kernels/act_quant.h"
+#include "kernels/reference.h"
+#include "kernels/nf4.h"
+#include "kernels/w4a16.h"
+#include "kernels/w8a8.h"
+#include "cuda/runtime.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#include "eval/nll_cuda.h"
+#include "eval/perplexity_cuda.h"
+#include "formats/open.h"
+#include "model/synth.h"
+#include "pipeline/pipeline.h"
+#include "testing.h"
+#include "testing_cuda.h"
+
+using namespace ptq;
+using nlohmann::json;
+
+TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0.2%, module loss 1%)") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 128, act_order: true, static_groups: true}\n"), "r.yaml");
+  r.model = a + "/models/distilled-13m";
+  r.calibration = {a + "/text/tinystories/calib.txt", 32, 512, 0};
+  r.device = "cpu";
+  r.output = d / "cpu";
+  json rc = run_quantize(r, {});
+  r.device = "cuda";
+  r.gpu_forward = GENERATE(false, true);
+  r.output = d / "gpu";
+  json rg = run_quantize(r, {});
+  std::cout << "--- GPU forward: " << rg["forward"] << "\n";
+  CHECK(rg["device"].get<std::string>().rfind("cuda", 0) == 0);
+  CHECK((rg["forward"].get<std::string>().rfind("cuda", 0) == 0) == r.gpu_forward);
+  // Module losses. The CPU forward (gpu_forward false) feeds the GPU the same fp32 activations:
+  // each loss within 1%. The GPU forward rounds GEMM operands to 16 bits, so from layer 1 on every
+  // module sees slightly different inputs (and the code flips they cause): there the loss is on a
+  // slightly different H, and the measure that compares like with like is GPTQ's loss over RTN's
+  // on the same H, with the raw losses and that ratio within 2% and no systematic drift (mean
+  // relative difference within 0.3%). Measured on the H100: worst ratio difference 0.94% with the
+  // unfused attention, 1.45% with flash attention (layer 1 q/k_proj; the layer's output is as
+  // accurate as before, 1.9e-4 against fp32, and the mean drift is -0.07%): which codes flip in
+  // layer 0 moves the next layer's H, so the worst single module is a draw, not a bias.
+  double drift = 0, worst_raw = 0, worst_ratio = 0;
+  for (size_t i = 0; i < rc["modules"].size(); ++i) {
+    const json &mc = rc["modules"][i], &mg = rg["modules"][i];
+    const double lc = mc["loss"], lg = mg["loss"], rcr = mc["loss_ratio_vs_rtn"], rgr = mg["loss_ratio_vs_rtn"];
+    INFO(mc["name"] << ": loss GPU " << lg << " CPU " << lc << "; ratio to RTN GPU " << rgr << " CPU " << rcr);
+    drift += (lg - lc) / lc;
+    worst_raw = std::max(worst_raw, std::abs(lg - lc) / lc);
+    worst_ratio = std::max(worst_ratio, std::abs(rgr - rcr) / rcr);
+    if (!r.gpu_forward) {
+      CHECK(std::abs(lg - lc) <= 0.01 * lc);
+    } else {
+      CHECK(std::abs(lg - lc) <= 0.02 * lc);
+      CHECK(std::abs(rgr - rcr) <= 0.02 * rcr);
+    }
+  }
+  drift /= double(rc["modules"].size());
+  std::cout << "module losses GPU vs CPU: worst " << 100 * worst_raw << "%, mean signed " << 100 * drift << "%; GPTQ/RTN ratio worst " << 100 * worst_ratio << "%\n";
+  CHECK(std::abs(drift) <= 0.003);
+  // Share of identical codes (through the dequantized weights). q/k/v of layer 0 see identical
+  // inputs (their Hessians differ by summation order, ~2.5e-7), so their codes must agree. Every
+  // module after them takes inputs computed with the quantized modules before it, and a single
+  // flipped code moves those inputs by a quantization step: measured on the H100, q/k/v 99.9-100%,
+  // o 99.3%, gate/up 87%, down 72% — GPTQ's sequential cascade, seen on the CPU alone too (a 1e-8
+  // change of the damping: identical until one code flips, ~85% after). Perplexity and the
+  // per-module losses are the end-to-end measures.
+  std::map<int, std::pair<int64_t, int64_t>> share;
+  int64_t qkv_same = 0, qkv_total = 0;
+  {
+    Checkpoint cc(d / "cpu"), cg(d / "gpu");
+    for (auto& n : cc.names()) {
+      if (n.find("_proj.weight") == std::string::npos) continue;
+      auto x = tensor_to_f32(cc.get(n)), y = tensor_to_f32(cg.get(n));
+      auto& e = share[std::atoi(n.c_str() + 13)];
+      int64_t same_here = 0;
+      for (size_t i = 0; i < x.size(); ++i) same_here += x[i] == y[i];
+      e.first += same_here;
+      e.second += int64_t(x.size());
+      if (n.rfind("model.layers.0.", 0) == 0) std::cout << "  " << n << ": " << 100.0 * double(same_here) / double(x.size()) << "%\n";
+      if (n.rfind("model.layers.0.self_attn.", 0) == 0 && n.find("o_proj") == std::string::npos) { qkv_same += same_here; qkv_total += int64_t(x.size()); }
+    }
+  }
+  for (auto& [l, e] : share) std::cout << "identical codes GPU vs CPU, layer " << l << ": " << 100.0 * double(e.first) / double(e.second) << "%\n";
+  // With the GPU forward the layer-0 inputs are rounded to 16 bits before the Hessian (as the
+  // GEMMs consume them), so even q/k/v see a slightly different H: a looser bound there.
+  CHECK(double(qkv_same) / double(qkv_total) >= (r.gpu_forward ? 0.95 : 0.99));
+  auto tok = load_tokenizer(r.model, 1);
+  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
+  EvalOptions o;
+  o.seq_len = 512;
+  o.max_windows = 100;
+  const double pc = evaluate(*open_model(d / "cpu"), ids, o).perplexity, pg = evaluate(*open_model(d / "gpu"), ids, o).perplexity;
+  std::cout << "distilled-13m GPTQ 4-bit g128: perplexity GPU " << pg << ", CPU " << pc << "; GPU peak " << rg["peak_gpu_mb"] << " MiB\n";
+  CHECK(std::abs(pg - pc) <= 0.002 * pc);
+}
+
+TEST_CASE("gpu: eval on the GPU of gptq, NF4 and W8A8 checkpoints (W4A16, W8A16, NF4, W8A8 kernels) equals the reference-kernel evaluation within 1e-3") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  const std::string model = a + "/models/distilled-13m";
+  auto tok = load_tokenizer(model, 1);
+  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
+  EvalOptions o;
+  o.seq_len = 512;
+  o.max_windows = 16;
+  struct Case { const char* yaml; const char* format; };
+  const Case cases[] = {{"quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", "gptq"},
+                        {"quantization: {bits: 4, group_size: 128, sym: false}\nexport: {format: [gptq_v2]}\n", "gptq_v2"},
+                        {"quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "gptq"},
+                        {"quantization: {method: nf4}\nexport: {format: [nf4], nf4_blocksize: 64, nf4_double_quant: true}\n", "bitsandbytes-nf4"},
+                        {"quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: 0.5}, activations: {strategy: token, dynamic: true}}\n"
+                         "export: {format: [compressed-tensors]}\n", "compressed-tensors/int-quantized"},
+                        {"quantization: {method: rtn, bits: 8, group_size: -1, activations: {strategy: tensor, dynamic: false}}\n"
+                         "export: {format: [compressed-tensors]}\n", "compressed-tensors/int-quantized"}};
+  int k = 0;
+  for (const Case& cs : cases) {
+    Recipe r = parse_recipe(YAML::Load(cs.yaml), "r.yaml");
+    r.model = model;
+    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+    r.output = d / ("q" + std::to_string(k++));
+    run_quantize(r, {});
+    REQUIRE(model_format(r.output) == cs.format);
+    auto m = open_model(r.output);
+    const EvalResult cpu = evaluate(*m, ids, o);   // the reference path: weights dequantized by the reference unpacking, fp32 GEMMs
+    cuda::GpuLogits gpu(*m, r.output);
+    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
+    const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
+    const NllFn nfn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu.nll(t, S, T); };
+    const EvalResult gn = evaluate(fn, m->config().max_position_embeddings, ids, o, nullptr, &nfn);   // the NLL on the device (eval --device cuda)
+    INFO("device NLL perplexity " << gn.perplexity << " vs host log-softmax " << g.perplexity);
+    CHECK(std::abs(gn.perplexity / g.perplexity - 1) <= 1e-12);
+    CHECK(gn.scored_tokens == g.scored_tokens);
+    std::cout << cs.format << " " << cs.yaml << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative "
+              << g.perplexity / cpu.perplexity - 1 << "); " << gpu.describe() << "; GPU forward " << gpu.forward_seconds() << " s\n";
+    CHECK(gpu.describe().find("56 of 56") != std::string::npos);   // every decoder Linear through the kernels (distilled-13m: 8 layers x 7 = 56)
+    CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
+    CHECK(g.scored_tokens == cpu.scored_tokens);
+  }
+}
+
+TEST_CASE("gpu: the NLL of each row on the device equals the host's fp64 log-softmax (1e-12)") {
+  PTQ_REQUIRE_GPU();
+  const int S = 3, T = 37;
+  const int64_t V = 32001, N = int64_t(S) * T;   // V not a multiple of the block
+  Rng r{41};
+  std::vector<float> logits(size_t(N * V));
+  for (auto& v : logits) v = float(r.normal() * 4.0);
+  std::vector<int32_t> tokens(static_cast<size_t>(N));
+  for (auto& t : tokens) t = int32_t(r.next() % uint64_t(V));
+  cuda::DeviceBuffer<float> dl(logits.size(), "logits");
+  cuda::copy_to_device(dl.get(), logits.data(), logits.size() * 4);
+  const std::vector<double> nll = cuda::nll_rows(dl.get(), tokens, S, T, V);
+  REQUIRE(nll.size() == size_t(S * (T - 1)));
+  std::vector<double> lp(static_cast<size_t>(V));
+  double worst = 0;
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < T - 1; ++t) {
+      log_softmax(logits.data() + (int64_t(s) * T + t) * V, int(V), lp.data());
+      const double want = -lp[size_t(tokens[size_t(s * T + t + 1)])];
+      worst = std::max(worst, std::abs(nll[size_t(s * (T - 1) + t)] - want) / want);
+    }
+  INFO("worst relative difference " << worst);
+  CHECK(worst <= 1e-12);
+  CHECK(cuda::nll_rows(dl.get(), tokens, S, T, V) == nll);   // fixed reduction order: the same bytes again
+}
