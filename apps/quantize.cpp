@@ -1,7 +1,8 @@
 // quantize.cpp — `ptqkit quantize RECIPE.yaml`: run a recipe, print a summary.
 #include <cstdio>
+#include <memory>
 
-#include "commands.h"
+#include "command.h"
 #include "core/progress.h"
 #include "pipeline/pipeline.h"
 
@@ -12,35 +13,18 @@ struct QuantizeArgs {
   std::string recipe, model, output, save_stats, load_stats;
   std::vector<std::string> sets;
   bool force = false, resume = false;
-} g_qa;
-CLI::App* g_quantize = nullptr;
-}  // namespace
+};
 
-void register_quantize(CLI::App& app) {
-  g_quantize = app.add_subcommand("quantize", "calibrate and quantize a model with a YAML recipe (GPTQ or RTN)");
-  g_quantize->add_option("recipe", g_qa.recipe, "recipe file (configs/*.yaml)")->required();
-  g_quantize->add_option("--model", g_qa.model, "model folder (overrides the recipe's model)");
-  g_quantize->add_option("--output", g_qa.output, "output folder (overrides the recipe's output)");
-  g_quantize->add_option("--set", g_qa.sets, "override a recipe field: key.path=value (repeatable)");
-  g_quantize->add_flag("--force", g_qa.force, "replace an existing output folder");
-  g_quantize->add_option("--save-stats", g_qa.save_stats, "keep the Hessians and activation statistics in this folder");
-  g_quantize->add_option("--load-stats", g_qa.load_stats,
-                         "quantize from statistics saved with --save-stats (same model and calibration) without running the model");
-  g_quantize->add_flag("--resume", g_qa.resume, "continue an interrupted run of the same recipe from its last finished layer");
-}
-
-bool quantize_parsed() { return g_quantize && g_quantize->parsed(); }
-
-int run_quantize_command() {
-  std::vector<std::string> sets = g_qa.sets;
-  if (!g_qa.model.empty()) sets.push_back("model=" + g_qa.model);
-  if (!g_qa.output.empty()) sets.push_back("output=" + g_qa.output);
-  Recipe r = load_recipe(g_qa.recipe, sets);
+int run(const QuantizeArgs& a) {
+  std::vector<std::string> sets = a.sets;
+  if (!a.model.empty()) sets.push_back("model=" + a.model);
+  if (!a.output.empty()) sets.push_back("output=" + a.output);
+  Recipe r = load_recipe(a.recipe, sets);
   QuantizeOptions o;
-  o.force = g_qa.force;
-  o.resume = g_qa.resume;
-  o.save_stats = g_qa.save_stats;
-  o.load_stats = g_qa.load_stats;
+  o.force = a.force;
+  o.resume = a.resume;
+  o.save_stats = a.save_stats;
+  o.load_stats = a.load_stats;
   nlohmann::json rep = run_quantize(r, o);
   log_event("result", {{"command", "quantize"}, {"output", r.output}, {"total_seconds", rep["total_seconds"]},
                        {"phases_seconds", rep["phases_seconds"]}, {"modules", rep["modules"].size()}, {"outputs", rep["outputs"]},
@@ -67,6 +51,23 @@ int run_quantize_command() {
   std::printf("; peak memory %.0f MiB\n", rep["peak_rss_mb"].get<double>());
   std::printf("  report: %s/report.json, %s/report.html\n", r.output.c_str(), r.output.c_str());
   return 0;
+}
+
+}  // namespace
+
+Command add_quantize(CLI::App& app) {
+  auto a = std::make_shared<QuantizeArgs>();
+  CLI::App* sub = app.add_subcommand("quantize", "calibrate and quantize a model with a YAML recipe (GPTQ or RTN)");
+  sub->add_option("recipe", a->recipe, "recipe file (configs/*.yaml)")->required();
+  sub->add_option("--model", a->model, "model folder (overrides the recipe's model)");
+  sub->add_option("--output", a->output, "output folder (overrides the recipe's output)");
+  sub->add_option("--set", a->sets, "override a recipe field: key.path=value (repeatable)");
+  sub->add_flag("--force", a->force, "replace an existing output folder");
+  sub->add_option("--save-stats", a->save_stats, "keep the Hessians and activation statistics in this folder");
+  sub->add_option("--load-stats", a->load_stats,
+                  "quantize from statistics saved with --save-stats (same model and calibration) without running the model");
+  sub->add_flag("--resume", a->resume, "continue an interrupted run of the same recipe from its last finished layer");
+  return {sub, [a] { return run(*a); }};
 }
 
 }  // namespace ptq

@@ -1,0 +1,134 @@
+// bench.cpp — `ptqkit bench eval | gptq | kernels`: throughput against the machine's measured
+// limits (the numbers in docs/benchmarks.md come from these).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "command.h"
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/rng.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#include "model/llama.h"
+#include "model/schedule.h"
+#include "model/synth.h"
+#include "model/tokenizer.h"
+#include "pipeline/pipeline.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include "cuda/random.h"
+#include "cuda/runtime.h"
+#include "gptq/gptq_cuda.h"
+#include "kernels/bench_kernels.h"
+#endif
+#include "bench.h"
+
+namespace ptq {
+
+namespace {
+
+struct BenchEvalArgs {
+  std::string model, data;
+  int seq_len = 0;
+  int64_t windows = 16;
+};
+struct BenchKernelsArgs {
+  int runs = 100;
+  std::vector<std::string> kernels{"w4a16", "w8a16", "nf4", "w8a8"};
+  std::vector<int64_t> m{1, 8, 16, 32, 64, 128, 4096};
+  std::vector<std::string> shapes{"4096x4096", "11008x4096", "4096x11008", "14336x4096", "4096x14336"};
+};
+
+// Eigen's fp32 GEMM rate at a shape like the model's MLP, measured now: the CPU's practical roof.
+double eigen_gemm_gflops(int64_t m, int64_t k, int64_t n) {
+  MatF x = MatF::Random(m, k), w = MatF::Random(n, k), y;
+  double best = 0;
+  for (int it = 0; it < 4; ++it) {
+    auto t0 = std::chrono::steady_clock::now();
+    y.noalias() = x * w.transpose();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (it > 0) best = std::max(best, 2.0 * double(m * k * n) / s / 1e9);
+  }
+  return best;
+}
+
+int run_bench_eval(const BenchEvalArgs& a) {
+  LlamaModel m(a.model);
+  const auto& c = m.config();
+  const int L = a.seq_len > 0 ? a.seq_len : c.max_position_embeddings;
+  auto tok = load_tokenizer(m.dir(), c.bos_token_id);
+  auto ids = encode_corpus(*tok, a.data);
+  const double gemm = eigen_gemm_gflops(16384, c.hidden_size, c.intermediate_size);
+  EvalOptions o;
+  o.seq_len = L;
+  o.max_windows = a.windows;
+  EvalResult r = evaluate(m, ids, o);
+  // Useful FLOPs per token: 2 x linear weights (+ lm_head) + causal attention (QK^T and PV).
+  const double linear = double(c.params_per_layer() - 2 * c.hidden_size) * c.num_hidden_layers + double(c.vocab_size) * c.hidden_size;
+  const double attn = 2.0 * 2.0 * c.q_dim() * (L + 1) / 2.0 * c.num_hidden_layers;
+  const double flop_per_token = 2.0 * linear + attn;
+  const double tok_s = double(r.windows * L) / r.seconds;
+  const double gflops = tok_s * flop_per_token / 1e9;
+  std::printf("bench eval: %s, %lld windows x %d tokens\n", a.model.c_str(), (long long)r.windows, L);
+  std::printf("  %-28s %10.0f tok/s\n", "evaluation throughput", tok_s);
+  std::printf("  %-28s %10.1f GFLOP/s  (%.1f MFLOP/token)\n", "achieved", gflops, flop_per_token / 1e6);
+  std::printf("  %-28s %10.1f GFLOP/s  (fp32 %d x %d x %d, same run)\n", "Eigen GEMM", gemm, 16384, c.hidden_size, c.intermediate_size);
+  std::printf("  %-28s %10.1f %%\n", "ratio to the GEMM rate", 100 * gflops / gemm);
+  std::printf("  perplexity %.6f over %lld tokens\n", r.perplexity, (long long)r.scored_tokens);
+  return 0;
+}
+
+int run_bench_kernels(const BenchKernelsArgs& a) {
+#ifndef PTQKIT_HAVE_CUDA
+  fail(Errc::usage, "", "bench kernels", "this build has no CUDA");
+#else
+  if (!cuda::available()) fail(Errc::usage, "", "bench kernels", "needs a GPU: " + cuda::describe());
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& s : a.shapes) {
+    long long n = 0, k = 0;
+    char tail = 0;
+    if (std::sscanf(s.c_str(), "%lldx%lld%c", &n, &k, &tail) != 2 || n < 1 || k < 16 || k % 16)
+      fail(Errc::usage, "", "--shapes", "'" + s + "' is not NxK with N >= 1 and K a multiple of 16");
+    shapes.emplace_back(n, k);
+  }
+  cuda::bench_kernels(shapes, a.m, a.runs, a.kernels);
+  return 0;
+#endif
+}
+
+}  // namespace
+
+std::vector<Command> add_bench(CLI::App& app) {
+  auto ea = std::make_shared<BenchEvalArgs>();
+  auto ga = std::make_shared<BenchGptqArgs>();
+  auto ka = std::make_shared<BenchKernelsArgs>();
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks (throughput against the machine's measured limits)");
+  bench->require_subcommand(1);
+  CLI::App* be = bench->add_subcommand("eval", "CPU evaluation throughput beside an Eigen GEMM measured in the same run");
+  be->add_option("--model", ea->model, "model folder")->required();
+  be->add_option("--data", ea->data, "text file")->required();
+  be->add_option("--seq-len", ea->seq_len, "window length (default: the model's context)");
+  be->add_option("--windows", ea->windows, "windows to evaluate")->default_val(16);
+  CLI::App* bg = bench->add_subcommand("gptq", "Hessians and the GPTQ solve of one decoder layer on the GPU, by phase");
+  bg->add_option("--preset", ga->preset, "llama2-7b | llama3-8b | llama2-70b | small")->default_val("llama2-7b");
+  bg->add_option("--samples", ga->samples, "calibration windows")->default_val(128);
+  CLI::App* bk = bench->add_subcommand("kernels", "W4A16, W8A16, NF4 (against cuBLAS f16) and W8A8 (against cuBLAS bf16 and int8) GPU kernels: llama shapes, M = 1..4096, cold L2");
+  bk->add_option("--runs", ka->runs, "runs per measurement (median)")->default_val(100);
+  bk->add_option("--kernels", ka->kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');
+  bk->add_option("--m", ka->m, "activation rows M (default 1,8,16,32,64,128,4096)")->check(CLI::Range(int64_t(1), int64_t(65536)))->delimiter(',');
+  bk->add_option("--shapes", ka->shapes, "weight shapes NxK (default the Llama-7B/8B ones)")->delimiter(',');
+  bg->add_option("--layers", ga->layers, "run the whole pipeline on a synthetic checkpoint of this many layers (0: one layer's Hessians and solve only)");
+  bg->add_option("--workdir", ga->workdir, "folder for the synthetic checkpoint and output (default: a temporary one, removed after)");
+  bg->add_option("--seq-len", ga->seq_len, "tokens per window")->default_val(2048);
+  bg->add_option("--gpu-activations", ga->gpu_activations, "where the pipeline keeps the calibration activations")
+      ->check(CLI::IsMember({"auto", "device", "host"}))->default_val("auto");
+  bg->add_option("--bits", ga->bits)->default_val(4);
+  bg->add_option("--group-size", ga->group)->default_val(128);
+  bg->add_option("--act-order", ga->act_order, "act-order with static groups")->default_val(true);
+  return {{be, [ea] { return run_bench_eval(*ea); }}, {bg, [ga] { return run_bench_gptq(*ga); }}, {bk, [ka] { return run_bench_kernels(*ka); }}};
+}
+
+}  // namespace ptq

@@ -1,0 +1,27 @@
+// command.h — the CLI is one file per subcommand: add_<name>(app) registers the subcommand and
+// its options, bound to arguments the returned Command owns, and gives the function that runs it
+// once parsed. main.cpp holds the global flags and runs whichever subcommand was parsed.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace ptq {
+
+struct Command {
+  CLI::App* app = nullptr;        // the subcommand (parsed() says whether it was asked for)
+  std::function<int()> run;       // its exit code (core/error.h)
+};
+
+Command add_quantize(CLI::App& app);
+Command add_eval(CLI::App& app);
+Command add_synth(CLI::App& app);
+Command add_inspect(CLI::App& app);
+Command add_report(CLI::App& app);
+// `bench` and its subcommands (eval, gptq, kernels): one Command per leaf.
+std::vector<Command> add_bench(CLI::App& app);
+
+// Shared by several commands.
+std::string human_bytes(double bytes);
+
+}  // namespace ptq

@@ -1,0 +1,172 @@
+// eval.cpp — `ptqkit eval`: perplexity (and KL divergence against a reference) of a checkpoint on
+// a text, on the CPU (the reference path) or the GPU; the regression gate of CI jobs.
+#include <cstdio>
+#include <memory>
+
+#include "command.h"
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/progress.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include "eval/perplexity_cuda.h"
+#endif
+#include "formats/open.h"
+#include "model/tokenizer.h"
+
+namespace ptq {
+
+using nlohmann::json;
+
+namespace {
+
+struct EvalArgs {
+  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu";
+  int seq_len = 0;
+  int64_t max_windows = -1, batch_tokens = 16384;
+  // regression gate
+  std::string baseline, write_baseline;
+  double max_ppl_delta = -1, max_kl = -1, min_top1 = -1;
+  bool relative = false;
+};
+
+void print_eval(const EvalResult& r) {
+  std::printf("perplexity %.6f  (mean NLL %.6f over %lld scored tokens; %lld windows of %d; %.1f s, %.0f tok/s)\n", r.perplexity,
+              r.mean_nll, (long long)r.scored_tokens, (long long)r.windows, r.seq_len, r.seconds, r.tokens_per_second);
+  if (r.kl)
+    std::printf("vs reference: perplexity %.6f; KL mean %.6f, median %.6f, p99 %.6f, max %.6f; top-1 agreement %.4f%%; mean dp %+.6f\n",
+                r.kl->reference_perplexity, r.kl->mean, r.kl->median, r.kl->p99, r.kl->max, 100 * r.kl->top1_agreement, r.kl->mean_delta_p);
+}
+
+
+// The regression gate: the run's numbers against a baseline written by --write-baseline.
+// Returns the reason a threshold was crossed, or "" when none was.
+std::string gate_reason(const EvalArgs& a, const json& run) {
+  if (a.max_kl >= 0 || a.min_top1 >= 0) {
+    if (!run.contains("kl")) fail(Errc::usage, "", "--max-kl/--min-top1", "need --reference MODEL_DIR");
+    const double kl = run["kl"]["mean"], top1 = run["kl"]["top1_agreement"];
+    char b[256];
+    if (a.max_kl >= 0 && kl > a.max_kl) { std::snprintf(b, sizeof b, "mean KL divergence %.6g exceeds --max-kl %.6g", kl, a.max_kl); return b; }
+    if (a.min_top1 >= 0 && top1 < a.min_top1) { std::snprintf(b, sizeof b, "top-1 agreement %.6g is below --min-top1 %.6g", top1, a.min_top1); return b; }
+  }
+  if (a.max_ppl_delta >= 0) {
+    if (a.baseline.empty()) fail(Errc::usage, "", "--max-ppl-delta", "needs --baseline FILE");
+    json base;
+    try { base = json::parse(read_text_file(a.baseline)); } catch (const json::exception& e) {
+      fail(Errc::format, a.baseline, "", std::string("malformed JSON: ") + e.what());
+    }
+    for (const char* k : {"perplexity", "data_sha256", "seq_len", "windows"})
+      if (!base.is_object() || !base.contains(k)) fail(Errc::format, a.baseline, k, "missing (write baselines with --write-baseline)");
+    if (!base["perplexity"].is_number()) fail(Errc::format, a.baseline, "perplexity", "must be a number");
+    for (const char* k : {"data_sha256", "seq_len", "windows"})
+      if (base[k] != run[k])
+        fail(Errc::input, a.baseline, k, "differs from this run (" + base[k].dump() + " vs " + run[k].dump() + "): the baseline measured something else");
+    const double b = base["perplexity"], p = run["perplexity"];
+    const double delta = a.relative ? p / b - 1 : p - b;
+    char m[256];
+    if (delta > a.max_ppl_delta) {
+      std::snprintf(m, sizeof m, "perplexity %.6f exceeds baseline %.6f by %.6g%s > --max-ppl-delta %.6g%s", p, b, a.relative ? 100 * delta : delta,
+                    a.relative ? "%" : "", a.relative ? 100 * a.max_ppl_delta : a.max_ppl_delta, a.relative ? "%" : "");
+      return m;
+    }
+  }
+  return "";
+}
+
+
+int run_eval(const EvalArgs& a) {
+  std::unique_ptr<LlamaModel> mp = open_model(a.model);
+  if (a.w8a8_path != "int" && a.w8a8_path != "fake") fail(Errc::usage, "", "--w8a8-path", "must be int or fake");
+  mp->set_integer_path(a.w8a8_path == "int");
+  const LlamaModel& model = *mp;
+  std::unique_ptr<LlamaModel> ref;
+  if (!a.reference.empty()) ref = open_model(a.reference);
+  auto tok = load_tokenizer(a.tokenizer.empty() ? model.dir() : a.tokenizer, model.config().bos_token_id);
+  const std::vector<int32_t> ids = encode_corpus(*tok, a.data);
+  EvalOptions o;
+  o.seq_len = a.seq_len > 0 ? a.seq_len : model.config().max_position_embeddings;
+  o.max_windows = a.max_windows;
+  o.batch_tokens = a.batch_tokens;
+  EvalResult r;
+  std::string device = "cpu";
+  double prefill_seconds = 0;
+  if (a.device != "cpu" && a.device != "cuda") fail(Errc::usage, "", "--device", "must be cpu or cuda");
+  if (a.device == "cuda") {
+#ifdef PTQKIT_HAVE_CUDA
+    cuda::GpuLogits gpu(model, a.model);
+    std::unique_ptr<cuda::GpuLogits> gref;
+    if (ref) gref = std::make_unique<cuda::GpuLogits>(*ref, a.reference);
+    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
+    const LogitsFn rfn = [&gref](const std::vector<int32_t>& t, int S, int T) { return (*gref)(t, S, T); };
+    const NllFn nfn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu.nll(t, S, T); };   // no reference: the NLL on the GPU
+    r = evaluate(fn, model.config().max_position_embeddings, ids, o, ref ? &rfn : nullptr, &nfn);
+    device = gpu.describe();
+    prefill_seconds = gpu.forward_seconds();
+#else
+    fail(Errc::usage, "", "--device", "this build has no CUDA (nvcc was not found when it was built)");
+#endif
+  } else {
+    r = evaluate(model, ids, o, ref.get());
+  }
+  print_eval(r);
+  json j = r.to_json();
+  j["device"] = device;
+  if (prefill_seconds > 0) {
+    const double tok = double(r.windows) * r.seq_len;
+    std::printf("GPU forward (prefill with logits): %.3f s, %.0f tok/s; %s\n", prefill_seconds, tok / prefill_seconds, device.c_str());
+    j["prefill_seconds"] = prefill_seconds;
+    j["prefill_tokens_per_second"] = tok / prefill_seconds;
+  }
+  j["model"] = a.model;
+  j["model_format"] = model_format(a.model);
+  j["data"] = a.data;
+  j["data_sha256"] = sha256_file(a.data);
+  if (ref) j["reference"] = a.reference;
+  if (!a.json_out.empty()) write_file_atomic(a.json_out, j.dump(2) + "\n");
+  if (!a.write_baseline.empty()) {
+    json b = {{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"scored_tokens", r.scored_tokens}, {"windows", r.windows},
+              {"seq_len", r.seq_len}, {"data", a.data}, {"data_sha256", j["data_sha256"]}, {"model", a.model}};
+    if (r.kl) b["kl"] = j["kl"];
+    write_file_atomic(a.write_baseline, b.dump(2) + "\n");
+  }
+  log_event("result", {{"command", "eval"}, {"result", j}});
+  const std::string why = gate_reason(a, j);
+  if (!why.empty()) {
+    std::fprintf(stderr, "ptqkit: gate failed: %s\n", why.c_str());
+    log_event("gate", {{"passed", false}, {"reason", why}, {"exit_code", int(Errc::gate)}});
+    return int(Errc::gate);
+  }
+  if (!a.baseline.empty() || a.max_kl >= 0 || a.min_top1 >= 0) {
+    std::printf("gate passed\n");
+    log_event("gate", {{"passed", true}});
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_eval(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* ev = app.add_subcommand("eval", "perplexity (and KL divergence against a reference) on a text or .jsonl file");
+  ev->add_option("--model", a->model, "model folder (HF layout)")->required();
+  ev->add_option("--data", a->data, "text file, or .jsonl with a \"text\" field")->required();
+  ev->add_option("--seq-len", a->seq_len, "window length L (default: max_position_embeddings)");
+  ev->add_option("--max-windows", a->max_windows, "evaluate at most K windows");
+  ev->add_option("--json", a->json_out, "write the result as JSON here");
+  ev->add_option("--reference", a->reference, "reference model folder: adds KL divergence and top-1 agreement");
+  ev->add_option("--tokenizer", a->tokenizer, "tokenizer file or folder (default: the model folder)");
+  ev->add_option("--batch-tokens", a->batch_tokens, "tokens per forward chunk (memory bound)")->default_val(16384);
+  ev->add_option("--baseline", a->baseline, "regression gate: a baseline written by --write-baseline");
+  ev->add_option("--max-ppl-delta", a->max_ppl_delta, "fail (exit 10) when perplexity exceeds the baseline's by more than this");
+  ev->add_flag("--relative", a->relative, "--max-ppl-delta is a fraction of the baseline (0.005 = 0.5%)");
+  ev->add_option("--max-kl", a->max_kl, "fail when the mean KL divergence against --reference exceeds this");
+  ev->add_option("--min-top1", a->min_top1, "fail when the top-1 agreement with --reference is below this (0..1)");
+  ev->add_option("--write-baseline", a->write_baseline, "record this run as a baseline");
+  ev->add_option("--device", a->device, "cpu (the reference path) or cuda (float, gptq and bitsandbytes-nf4 checkpoints; the W4A16/W8A16/NF4 kernels)")->default_val("cpu");
+  ev->add_option("--w8a8-path", a->w8a8_path, "W8A8 models: int (int8 GEMM, int32 accumulation) or fake (float)")->default_val("int");
+
+  return {ev, [a] { return run_eval(*a); }};
+}
+
+}  // namespace ptq
