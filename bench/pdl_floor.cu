@@ -3,7 +3,7 @@
 // (lib/kernels/a16_mma.cuh) read their codes before they wait for the previous kernel and read
 // x after it; at 4096 x 4096 (8.9 MB of 4-bit codes and metadata) they stream at 60% of the copy
 // bandwidth back to back. This program measures, on the same number of bytes, stand-in kernels
-// that do only that (docs/benchmarks.md, seventeenth and nineteenth parts):
+// that do only that (docs/lab/kernels.md has what they showed):
 //   1. read floors by launch mode: plain launches; PDL with every read before the wait; PDL with
 //      every read after it; PDL with an L2 bulk prefetch of the CTA's bytes before the wait and
 //      the reads after it. Best over grid x block x loads in flight, and the geometry that won.

@@ -10,6 +10,9 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTQKIT_NATIVE=O
 cmake --build build-device --parallel "$(nproc)" --target ptqkit test_cuda
 rm -rf .device && mkdir -p .device/bin .device/lib .device/assets/models .device/assets/text/tinystories .device/assets/golden
 cp build-device/bin/ptqkit build-device/bin/test_cuda .device/bin/
+# A base build to compare against on the GPU (scripts/device-compare.sh): BASE_PTQKIT=path/to/ptqkit,
+# built the same way (-DPTQKIT_NATIVE=OFF -DPTQKIT_MARCH=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES=90).
+if [ -n "${BASE_PTQKIT:-}" ]; then mkdir -p .device/base && cp "$BASE_PTQKIT" .device/base/ptqkit; fi
 for l in libyaml-cpp.so.0.7 libsentencepiece.so.0 libcrypto.so.3 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" .device/lib/; done
 A=${PTQKIT_ASSETS:-../shared/assets}
 cp -r "$A/models/distilled-13m" .device/assets/models/

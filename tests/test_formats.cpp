@@ -12,7 +12,7 @@
 #include "eval/perplexity.h"
 #include "formats/gguf.h"
 #include "formats/open.h"
-#include "formats/pack.h"
+#include "formats/nf4.h"
 #include "formats/packed.h"
 #include "kernels/reference.h"
 #include "pipeline/pipeline.h"
@@ -37,7 +37,7 @@ QuantizedLinear random_quantized(int64_t rows, int64_t cols, int bits, int group
   return q;
 }
 void check_same(const QuantizedLinear& a, const QuantizedLinear& b) {
-  CHECK(a.codes == b.codes);
+  CHECK(a.unpacked_codes() == b.unpacked_codes());
   CHECK(a.zeros == b.zeros);
   CHECK(a.scales == b.scales);
   CHECK(a.g_idx == b.g_idx);
@@ -69,8 +69,10 @@ TEST_CASE("GPTQ packing of a hand matrix: qweight along the input, v1 qzeros 0x7
   q.rows = 8;
   q.cols = 8;
   q.groups = 1;
+  std::vector<uint8_t> codes;
   for (int r = 0; r < 8; ++r)
-    for (int c = 0; c < 8; ++c) q.codes.push_back(uint8_t((r + c) % 16));
+    for (int c = 0; c < 8; ++c) codes.push_back(uint8_t((r + c) % 16));
+  q.set_codes(codes.data());
   q.scales.assign(8, 0.5f);
   q.zeros.assign(8, 8);
   q.g_idx.assign(8, 0);

@@ -95,7 +95,8 @@ void compare_with_reference(const QuantSpec& s, int rows, int cols, uint64_t see
   QuantizedLinear q = gptq_quantize(p.W, p.H, s);
   RefResult ref = reference_gptq(p.W, p.H, s);
   int64_t same = 0;
-  for (size_t i = 0; i < ref.codes.size(); ++i) same += q.codes[i] == ref.codes[i];
+  const std::vector<uint8_t> qc = q.unpacked_codes();
+  for (size_t i = 0; i < ref.codes.size(); ++i) same += qc[i] == ref.codes[i];
   const double share = double(same) / double(ref.codes.size());
   const double loss = output_error(p.W, q.dequantize(), p.H);
   const double ref_loss = output_error(p.W, ref.Q.cast<float>(), p.H);
@@ -246,13 +247,13 @@ TEST_CASE("row_slice keeps each row's codes, grids and groups (what a stacked q/
   CHECK(part.dequantize() == q.dequantize().middleRows(3, 4));
   // the slice is the RTN of those rows alone: RTN is per row, so the codes and grids must agree
   const QuantizedLinear alone = rtn_quantize(MatF(W.middleRows(3, 4)), s);
-  CHECK(part.codes == alone.codes);
+  CHECK(part.packed == alone.packed);   // rows are separate bitstreams: a row slice is a slice of the words
   CHECK(part.scales == alone.scales);
   CHECK(part.zeros == alone.zeros);
   CHECK(part.g_idx == alone.g_idx);
 }
 
-TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back exactly, from codes or from packed words") {
+TEST_CASE("layer store: codes are written bit-packed (P.qcodes), each row the documented bitstream, and read back exactly") {
   ptqtest::TempDir d;
   QuantStore store(d / "layers");
   std::vector<QuantizedLinear> mods;
@@ -263,19 +264,21 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back ex
     QuantizedLinear q = QuantizedLinear::empty(5, 70, s);   // 70 columns: 3-bit rows end mid-word
     q.name = "model.layers.2.mlp.up_proj" + std::to_string(bits);
     Rng r{uint64_t(bits)};
-    for (auto& c : q.codes) c = uint8_t(int(r.uniform() * (1 << bits)) & ((1 << bits) - 1));
+    std::vector<uint8_t> codes(size_t(q.rows * q.cols));
+    for (auto& c : codes) c = uint8_t(int(r.uniform() * (1 << bits)) & ((1 << bits) - 1));
+    q.set_codes(codes.data());
     for (auto& x : q.scales) x = float(r.uniform());
     mods.push_back(q);
   }
-  // the second module as the GPU solve hands it over: packed, no codes
+  // the 4-bit module's words against the stream by hand: value k of a row at bits [4k, 4k + 4)
+  const std::vector<uint8_t> codes1 = mods[1].unpacked_codes();
   QuantizedLinear packed = mods[1];
   packed.name += "p";
-  packed.packed.resize(size_t(packed.rows * packed_words(packed.cols, 4)));
-  // the stream by hand: value k of a row at bits [4k, 4k + 4)
+  packed.packed.assign(size_t(packed.rows * packed_words(packed.cols, 4)), 0);
   for (int64_t r = 0; r < packed.rows; ++r)
     for (int64_t c = 0; c < packed.cols; ++c)
-      packed.packed[size_t(r * packed_words(packed.cols, 4) + c / 8)] |= uint32_t(packed.codes[size_t(r * packed.cols + c)]) << (4 * (c % 8));
-  packed.codes.clear();
+      packed.packed[size_t(r * packed_words(packed.cols, 4) + c / 8)] |= uint32_t(codes1[size_t(r * packed.cols + c)]) << (4 * (c % 8));
+  CHECK(packed.packed == mods[1].packed);
   CHECK(packed.dequantize() == mods[1].dequantize());
   mods.push_back(packed);
   store.save_layer(2, mods);
@@ -288,7 +291,7 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back ex
     REQUIRE(q);
     CHECK(q->rows == 5);
     CHECK(q->cols == 70);
-    CHECK(q->codes == (m.codes.empty() ? mods[1].codes : m.codes));
+    CHECK(q->packed == m.packed);
     CHECK(q->scales == m.scales);
     QuantStore::Info info;
     REQUIRE(store.info(m.name, &info));
@@ -326,7 +329,7 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back ex
   };
   write4([](auto&, std::string&) {});
   REQUIRE(store.get(m4));
-  CHECK(store.get(m4)->codes == mods[1].codes);   // the copy as such reads back
+  CHECK(store.get(m4)->packed == mods[1].packed);   // the copy as such reads back
   struct Damage {
     std::function<void(std::map<std::string, Tensor>&, std::string&)> apply;
     std::string message;
@@ -339,7 +342,7 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes) and read back ex
       {[&](auto& ts, std::string&) {   // an earlier version's byte per code, one of them 16 at 4 bits
          ts.erase(".qcodes");
          Tensor c(DType::U8, {5 * 70});
-         std::memcpy(c.bytes.data(), mods[1].codes.data(), c.bytes.size());
+         std::memcpy(c.bytes.data(), codes1.data(), c.bytes.size());
          c.bytes[123] = 16;
          ts.emplace(".codes", c);
        },

@@ -85,8 +85,9 @@ TEST_CASE("gpu: the GPTQ solve reproduces the CPU solve (codes, loss) across spe
     REQUIRE(cuda::gptq_supported(s, nullptr));
     QuantizedLinear cpu = gptq_quantize(p.W, p.H, s), gpu = ptqtest::gpu_gptq(p.W, p.H, s);
     int64_t same = 0;
-    for (size_t i = 0; i < cpu.codes.size(); ++i) same += cpu.codes[i] == gpu.codes[i];
-    const double share = double(same) / double(cpu.codes.size());
+    const std::vector<uint8_t> cc = cpu.unpacked_codes(), gc = gpu.unpacked_codes();
+    for (size_t i = 0; i < cc.size(); ++i) same += cc[i] == gc[i];
+    const double share = double(same) / double(cc.size());
     const double lc = output_error(p.W, cpu.dequantize(), p.H), lg = output_error(p.W, gpu.dequantize(), p.H);
     std::cout << c.bits << "-bit group " << c.group << " sym " << c.sym << " act_order " << c.act_order << " static " << c.static_groups << " mse " << c.mse
               << ": identical codes " << 100 * share << "%, loss GPU " << lg << " CPU " << lc << "\n";
@@ -130,12 +131,12 @@ TEST_CASE("gpu: one resident solve of stacked q/k/v equals the CPU solve of each
     const int64_t n = Wk.size();
     const QuantizedLinear &gq = rs.parts[size_t(k)], cq = gptq_quantize(Wk, H, s);
     // the codes come packed on the device; unpacked here by the host's core/bits.h
-    REQUIRE(gq.codes.empty());
     REQUIRE(int64_t(gq.packed.size()) == Wk.rows() * packed_words(cols, s.bits));
     std::vector<uint8_t> gcodes(static_cast<size_t>(n));
     unpack_rows(gq.packed.data(), Wk.rows(), cols, s.bits, gcodes.data());
+    const std::vector<uint8_t> ccodes = cq.unpacked_codes();
     int64_t same = 0;
-    for (size_t i = 0; i < cq.codes.size(); ++i) same += cq.codes[i] == gcodes[i];
+    for (size_t i = 0; i < ccodes.size(); ++i) same += ccodes[i] == gcodes[i];
     const MatF Wq = gq.dequantize(), Wr = rtn_quantize(Wk, s).dequantize();
     MatF dev_Wq(Wk.rows(), cols), dev_Wr(Wk.rows(), cols), dev_W(Wk.rows(), cols);
     cuda::copy_to_host(dev_Wq.data(), rs.Wq.get() + r0 * cols, size_t(n) * 4);
@@ -143,10 +144,10 @@ TEST_CASE("gpu: one resident solve of stacked q/k/v equals the CPU solve of each
     cuda::copy_to_host(dev_W.data(), rs.W.get() + r0 * cols, size_t(n) * 4);
     const auto [loss, rtn_loss] = cuda::output_errors(rs.W.get() + r0 * cols, rs.Wq.get() + r0 * cols, rs.Wr.get() + r0 * cols, Wk.rows(), cols, dsum);
     const double ref_loss = output_error(Wk, Wq, H), ref_rtn = output_error(Wk, Wr, H), cpu_loss = output_error(Wk, cq.dequantize(), H);
-    std::cout << "part " << k << ": identical codes with the CPU's separate solve " << 100.0 * double(same) / double(cq.codes.size())
+    std::cout << "part " << k << ": identical codes with the CPU's separate solve " << 100.0 * double(same) / double(ccodes.size())
               << "%, loss " << loss << " (fp64 CPU of the same Wq " << ref_loss << ", CPU solve " << cpu_loss << "), RTN " << rtn_loss << " (CPU "
               << ref_rtn << ")\n";
-    CHECK(double(same) / double(cq.codes.size()) >= 0.99);
+    CHECK(double(same) / double(ccodes.size()) >= 0.99);
     CHECK(dev_W == Wk);              // 16-bit rows widened exactly
     CHECK(dev_Wq == Wq);             // the device's dequantized weights are the codes' (host dequantize)
     CHECK(dev_Wr == Wr);             // RTN on the device equals lib/gptq's rtn_quantize
@@ -247,10 +248,11 @@ TEST_CASE("gpu: the layer-0 Hessian of distilled-13m matches the CPU's (fp32) an
     s.static_groups = true;
     auto a = gptq_quantize(w[Proj::q].W, Hc, s), b = ptqtest::gpu_gptq(w[Proj::q].W, Hg, s), c = ptqtest::gpu_gptq(w[Proj::q].W, Hc, s);
     int64_t same_b = 0, same_c = 0;
-    for (size_t i = 0; i < a.codes.size(); ++i) { same_b += a.codes[i] == b.codes[i]; same_c += a.codes[i] == c.codes[i]; }
+    const std::vector<uint8_t> ac = a.unpacked_codes(), bc = b.unpacked_codes(), cc = c.unpacked_codes();
+    for (size_t i = 0; i < ac.size(); ++i) { same_b += ac[i] == bc[i]; same_c += ac[i] == cc[i]; }
     std::cout << "layer 0 H, GPU " << dtype_name(dt) << " vs CPU: relative difference " << (Hg - Hc).norm() / Hc.norm()
-              << "; codes CPU(H_cpu) vs GPU(H_gpu) " << 100.0 * same_b / a.codes.size() << "%, vs GPU(H_cpu) " << 100.0 * same_c / a.codes.size() << "%\n";
+              << "; codes CPU(H_cpu) vs GPU(H_gpu) " << 100.0 * same_b / ac.size() << "%, vs GPU(H_cpu) " << 100.0 * same_c / ac.size() << "%\n";
     if (dt == DType::F32) CHECK((Hg - Hc).norm() <= 1e-6 * Hc.norm());
-    CHECK(same_c == int64_t(a.codes.size()));   // the same H: the same codes
+    CHECK(same_c == int64_t(ac.size()));   // the same H: the same codes
   }
 }

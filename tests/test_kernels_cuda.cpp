@@ -71,7 +71,9 @@ QuantizedLinear random_q(int bits, int64_t out, int64_t in, int gs, bool sym, bo
   QuantizedLinear q = QuantizedLinear::empty(out, in, s);
   Rng r(seed);
   const int levels = 1 << bits;
-  for (auto& c : q.codes) c = uint8_t(int(r.uniform() * levels) & (levels - 1));
+  std::vector<uint8_t> codes(size_t(out * in));
+  for (auto& c : codes) c = uint8_t(int(r.uniform() * levels) & (levels - 1));
+  q.set_codes(codes.data());
   for (auto& v : q.scales) v = round_to(DType::F16, float((0.002 + 0.02 * r.uniform()) * 16 / levels));
   for (auto& z : q.zeros) z = sym ? levels / 2 : int32_t(r.uniform() * levels) & (levels - 1);
   if (act_order && gs > 0) {
@@ -267,7 +269,7 @@ TEST_CASE("gpu: A16 calls chained without a host sync (PDL) equal the reference 
       for (int64_t o = 0; o < D; ++o)
         for (int64_t i = 0; i < D; ++i) {
           const int64_t gi = int64_t(q.g_idx[size_t(i)]) * D + o;
-          const double w = (double(q.codes[size_t(o * D + i)]) - q.zeros[size_t(gi)]) * q.scales[size_t(gi)];
+          const double w = (double(q.code(o, i)) - q.zeros[size_t(gi)]) * q.scales[size_t(gi)];
           ss += w * w;
         }
       const double f = 1.0 / std::sqrt(ss / double(D));   // rms(W) * sqrt(D) -> 1

@@ -79,7 +79,7 @@ TEST_CASE("the integer W8A8 path equals the reference int8 GEMM with int32 accum
   std::vector<int8_t> wi(24 * 40);
   for (int o = 0; o < 24; ++o) {
     l.w_scale[o] = q.scales[size_t(o)];
-    for (int i = 0; i < 40; ++i) l.Wi(o, i) = wi[size_t(o * 40 + i)] = int8_t(int(q.codes[size_t(o * 40 + i)]) - 128);
+    for (int i = 0; i < 40; ++i) l.Wi(o, i) = wi[size_t(o * 40 + i)] = int8_t(int(q.code(o, i)) - 128);
   }
   MatF y;
   linear(X, l, y);

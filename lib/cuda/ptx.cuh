@@ -37,7 +37,7 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float* c, const uint32_t* a, ui
 }
 
 // (a & b) | c in one LOP3. Written as C, (w & mask) | magic with both constants immediates takes two:
-// a SASS LOP3 holds one immediate (the A16 dequantization: docs/benchmarks.md, sixteenth part).
+// a SASS LOP3 holds one immediate (the A16 dequantization).
 __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));   // 0xEA = (0xF0 & 0xCC) | 0xAA

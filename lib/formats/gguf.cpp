@@ -1,5 +1,6 @@
 #include "formats/gguf.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -8,7 +9,6 @@
 #include "core/json_field.h"
 #include "core/progress.h"
 #include "formats/fake.h"
-#include "formats/pack.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 
@@ -183,7 +183,8 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
           for (int64_t b = 0; b < t.cols / kQK; ++b) {
             const int64_t g = q.g_idx[size_t(b * kQK)];
             const uint16_t d = f32_to_f16_bits(q.scales[size_t(g * q.rows + r)]);
-            const uint8_t* code = &q.codes[size_t(r * q.cols + b * kQK)];
+            uint8_t code[kQK];
+            for (int j = 0; j < kQK; ++j) code[j] = uint8_t(q.code(r, b * kQK + j));
             if (t.type == GgmlType::Q4_0) {
               BlockQ4_0 blk{d, {}};
               for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = uint8_t(code[j] | (code[j + kQK / 2] << 4));
@@ -429,5 +430,60 @@ class GgufSource final : public WeightSource {
 }  // namespace
 
 std::unique_ptr<WeightSource> gguf_source(const std::string& path, const LlamaConfig& c) { return std::make_unique<GgufSource>(path, c); }
+
+void check_gguf_module(const ModulePlan& m) {
+  const QuantSpec& b = m.spec;
+  if (!b.sym || b.group_size != 32 || (b.bits != 4 && b.bits != 8) || (b.act_order && !b.static_groups))
+    fail(Errc::usage, "", m.name, "gguf: holds quantized weights as Q4_0/Q8_0 blocks: symmetric 4- or 8-bit, group_size 32, no act-order permutation of groups (use static_groups)");
+  if (m.cols % kQK) fail(Errc::usage, "", m.name, "gguf: blocks of 32 need in_features divisible by 32, got " + std::to_string(m.cols));
+}
+
+void check_gguf_model(const LlamaConfig& c) {
+  auto refuse = [](const std::string& why) { fail(Errc::usage, "", "export.format", "gguf: " + why); };
+  if (c.model_type == "qwen2" || c.qkv_bias || c.o_bias || c.mlp_bias) refuse("only bias-free llama/mistral models are written so far");
+  if (c.rope_scaling) refuse("llama3 rope scaling (rope_freqs) is not written yet");
+  if (c.sliding_window) refuse("sliding-window models are not written yet");
+  if (c.dtype == DType::BF16) refuse("block scales are f16; this bf16 model's scales are bf16");
+}
+
+// ------------------------------------------------------------------ blocks
+
+BlockQ4_0 quantize_block_q4_0(const float* x) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < kQK; ++j)
+    if (std::abs(x[j]) > amax) { amax = std::abs(x[j]); max = x[j]; }
+  const float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
+  BlockQ4_0 b;
+  b.d = f32_to_f16_bits(d);
+  for (int j = 0; j < kQK / 2; ++j) {
+    const uint8_t x0 = uint8_t(std::min(15, int(int8_t(x[j] * id + 8.5f))));
+    const uint8_t x1 = uint8_t(std::min(15, int(int8_t(x[kQK / 2 + j] * id + 8.5f))));
+    b.qs[j] = uint8_t(x0 | (x1 << 4));
+  }
+  return b;
+}
+
+BlockQ8_0 quantize_block_q8_0(const float* x) {
+  float amax = 0;
+  for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::abs(x[j]));
+  const float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
+  BlockQ8_0 b;
+  b.d = f32_to_f16_bits(d);
+  for (int j = 0; j < kQK; ++j) b.qs[j] = int8_t(std::round(x[j] * id));   // roundf: half away from zero, as llama.cpp
+  return b;
+}
+
+void dequantize_block_q4_0(const BlockQ4_0& b, float* y) {
+  const float d = f16_bits_to_f32(b.d);
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = float(int(b.qs[j] & 15) - 8) * d;
+    y[j + kQK / 2] = float(int(b.qs[j] >> 4) - 8) * d;
+  }
+}
+
+void dequantize_block_q8_0(const BlockQ8_0& b, float* y) {
+  const float d = f16_bits_to_f32(b.d);
+  for (int j = 0; j < kQK; ++j) y[j] = float(b.qs[j]) * d;
+}
 
 }  // namespace ptq

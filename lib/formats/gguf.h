@@ -18,12 +18,28 @@
 #include <vector>
 
 #include "core/fsutil.h"
-#include "formats/packed.h"
+#include "formats/common.h"
 
 namespace ptq {
 
+// llama.cpp's blocks (ggml-common.h), sizes checked.
+constexpr int kQK = 32;                         // elements per Q4_0 / Q8_0 block
+struct BlockQ4_0 { uint16_t d; uint8_t qs[kQK / 2]; };   // 4.5 bits per weight
+struct BlockQ8_0 { uint16_t d; int8_t qs[kQK]; };       // 8.5 bits per weight
+static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block is 18 bytes");
+static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block is 34 bytes");
+// llama.cpp's reference quantizers (quantize_row_q4_0_ref, quantize_row_q8_0_ref) of one block.
+BlockQ4_0 quantize_block_q4_0(const float* x);
+BlockQ8_0 quantize_block_q8_0(const float* x);
+void dequantize_block_q4_0(const BlockQ4_0& b, float* y);
+void dequantize_block_q8_0(const BlockQ8_0& b, float* y);
+
 enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8 };
 
+// The plan checks (common.h's check_format): a module's spec must be Q4_0's or Q8_0's grid, the
+// model one the writer covers.
+void check_gguf_module(const ModulePlan& m);
+void check_gguf_model(const LlamaConfig& c);
 std::vector<std::string> export_gguf(const ExportJob& job);
 
 class GgufFile {

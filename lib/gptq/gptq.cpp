@@ -125,6 +125,7 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
     }
   };
   const int64_t B = std::max(1, s.block_size);
+  std::vector<uint8_t> codes(size_t(rows * cols));   // one byte each while the loop writes them, packed after
   MatF W1, Err1, Gcur;
   for (int64_t i1 = 0; i1 < cols; i1 += B) {
     const int64_t i2 = std::min(i1 + B, cols), count = i2 - i1;
@@ -162,7 +163,7 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
       for (int64_t r = 0; r < rows; ++r) {
         const float w = W1(r, i);
         const int32_t code = quantize_code(w, params[size_t(r)], maxq);
-        q.codes[size_t(r * cols + pc)] = uint8_t(code);
+        codes[size_t(r * cols + pc)] = uint8_t(code);
         const float err = (w - dequantize_code(code, params[size_t(r)])) / d;
         Err1(r, i) = err;
         float* w1 = &W1(r, 0);
@@ -172,6 +173,7 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
     }
     if (i2 < cols) W.rightCols(cols - i2).noalias() -= Err1 * U.block(i1, i2, count, cols - i2);
   }
+  q.set_codes(codes.data());
   S.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return std::move(q);
 }

@@ -11,6 +11,9 @@
 //     (128 x 128 fp32, 64 KiB) in shared memory; then one SGEMM W[:, i2:] -= Err1 U[i1:i2, i2:].
 //     Accepts: groups that start at block boundaries (group_size | 128), static groups, one group
 //     per row; bits 2..8. Anything else is refused by gptq_supported and solved on the CPU.
+// Size (~660 lines): one algorithm, the solve's numbered steps and the kernel each step launches,
+// kept together so that each step reads beside its kernel (the Hessians and the losses, which
+// stand alone, are hessian_cuda.cu and loss_cuda.cu).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -414,7 +417,7 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   auto& h = handles();
   const int64_t gs = s.group_size > 0 ? s.group_size : n;
   const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
-  // codes: rows x n bytes on the host, allocated (and zeroed) only where they are downloaded
+  // codes: packed words on the host, allocated only where they are downloaded
   QuantizedLinear q = QuantizedLinear::empty(0, n, s);
   q.rows = rows;
   q.scales.assign(size_t(q.groups * rows), 0.0f);
@@ -567,12 +570,14 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   }
   PTQ_CUDA(cudaMemcpy(q.scales.data(), dScale, q.scales.size() * 4, cudaMemcpyDeviceToHost));
   PTQ_CUDA(cudaMemcpy(q.zeros.data(), dZero, q.zeros.size() * 4, cudaMemcpyDeviceToHost));
-  if (parts) {   // each part's rows, packed on the device, straight into its own QuantizedLinear
-    const auto t_pack = clk::now();
-    const int64_t nw = packed_words(n, s.bits);
-    DeviceBuffer<uint32_t> dWords(size_t(rows * nw), "packed codes");
-    pack_rows_kernel<<<blocks_for(rows * nw), 256>>>(dCodesNat.get(), rows, n, s.bits, nw, dWords.get());
-    PTQ_CUDA_LAUNCH("pack_rows_kernel");
+  // The codes packed on the device (QuantizedLinear's one representation), then to the host: whole,
+  // or each part's rows straight into its own QuantizedLinear.
+  const auto t_pack = clk::now();
+  const int64_t nw = packed_words(n, s.bits);
+  DeviceBuffer<uint32_t> dWords(size_t(rows * nw), "packed codes");
+  pack_rows_kernel<<<blocks_for(rows * nw), 256>>>(dCodesNat.get(), rows, n, s.bits, nw, dWords.get());
+  PTQ_CUDA_LAUNCH("pack_rows_kernel");
+  if (parts) {
     int64_t r0 = 0;
     for (int64_t pr : *part_rows) {
       QuantizedLinear pq = q.row_slice(0, 0);
@@ -583,17 +588,16 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
         pq.scales.insert(pq.scales.end(), q.scales.begin() + g * rows + r0, q.scales.begin() + g * rows + r0 + pr);
         pq.zeros.insert(pq.zeros.end(), q.zeros.begin() + g * rows + r0, q.zeros.begin() + g * rows + r0 + pr);
       }
-      pq.codes.clear();
       pq.packed.resize(size_t(pr * nw));
       copy_to_host_staged(pq.packed.data(), dWords.get() + r0 * nw, size_t(pr * nw) * 4);
       parts->push_back(std::move(pq));
       r0 += pr;
     }
-    g_times.pack = secs(t_pack);
   } else {
-    q.codes.resize(size_t(rows * n));
-    copy_to_host_staged(q.codes.data(), dCodesNat.get(), size_t(rows * n));
+    q.packed.resize(size_t(rows * nw));
+    copy_to_host_staged(q.packed.data(), dWords.get(), size_t(rows * nw) * 4);
   }
+  g_times.pack = secs(t_pack);
   // RTN, the report's baseline, from the weights as given (the CPU's rtn_quantize); allocated
   // last, so that the factorization's peak does not hold it
   if (Wr_out) {

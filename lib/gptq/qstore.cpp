@@ -97,14 +97,8 @@ void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modul
   if (!report.empty()) meta["report"] = report;
   for (auto& q : modules) {
     const int64_t nw = packed_words(q.cols, q.spec.bits);
-    if (q.packed.empty()) {   // packed here (the GPU solve packs on the device)
-      std::vector<uint32_t> words(size_t(q.rows * nw));
-      pack_rows(q.codes.data(), q.rows, q.cols, q.spec.bits, words.data());
-      ts.push_back({q.name + ".qcodes", raw_tensor(DType::U32, {q.rows, nw}, words)});
-    } else {
-      if (int64_t(q.packed.size()) != q.rows * nw) fail(Errc::usage, layer_file(layer), q.name + ".qcodes", "packed codes of the wrong size");
-      ts.push_back({q.name + ".qcodes", raw_tensor(DType::U32, {q.rows, nw}, q.packed)});
-    }
+    if (int64_t(q.packed.size()) != q.rows * nw) fail(Errc::usage, layer_file(layer), q.name + ".qcodes", "packed codes of the wrong size");
+    ts.push_back({q.name + ".qcodes", raw_tensor(DType::U32, {q.rows, nw}, q.packed)});
     ts.push_back({q.name + ".scales", raw_tensor(DType::F32, {q.groups, q.rows}, q.scales)});
     ts.push_back({q.name + ".zeros", raw_tensor(DType::I32, {q.groups, q.rows}, q.zeros)});
     ts.push_back({q.name + ".g_idx", raw_tensor(DType::I32, {q.cols}, q.g_idx)});
@@ -155,14 +149,13 @@ void QuantStore::load(int layer) const {
     q.cols = layer_tensor(f, name + ".g_idx", DType::I32, {0}, true).shape[0];
     if (f.has(name + ".qcodes")) {
       const TensorView w = layer_tensor(f, name + ".qcodes", DType::U32, {q.rows, packed_words(q.cols, q.spec.bits)});
-      const std::vector<uint32_t> words = raw_vector<uint32_t>(w);
-      q.codes.resize(size_t(q.rows * q.cols));
-      unpack_rows(words.data(), q.rows, q.cols, q.spec.bits, q.codes.data());
+      q.packed = raw_vector<uint32_t>(w);   // kept as stored: the exporters read these words
     } else {   // layer files of earlier versions: one byte per code
-      q.codes = raw_vector<uint8_t>(layer_tensor(f, name + ".codes", DType::U8, {q.rows * q.cols}));
-      const int levels = 1 << q.spec.bits;   // unpacked words fit by construction; bytes need not
-      for (uint8_t c : q.codes)
+      const std::vector<uint8_t> codes = raw_vector<uint8_t>(layer_tensor(f, name + ".codes", DType::U8, {q.rows * q.cols}));
+      const int levels = 1 << q.spec.bits;   // packed words fit by construction; bytes need not
+      for (uint8_t c : codes)
         if (c >= levels) fail(Errc::format, f.path(), name + ".codes", "a code of " + std::to_string(int(c)) + " does not fit " + std::to_string(q.spec.bits) + " bits");
+      q.set_codes(codes.data());
     }
     q.scales = raw_vector<float>(sc);
     q.zeros = raw_vector<int32_t>(layer_tensor(f, name + ".zeros", DType::I32, {q.groups, q.rows}));

@@ -54,8 +54,18 @@ GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec&
 }
 
 uint32_t QuantizedLinear::code(int64_t r, int64_t c) const {
-  if (!codes.empty()) return codes[size_t(r * cols + c)];
   return unpack_bit(packed.data() + r * packed_words(cols, spec.bits), c, spec.bits);
+}
+
+void QuantizedLinear::set_codes(const uint8_t* c) {
+  packed.assign(size_t(rows * packed_words(cols, spec.bits)), 0);
+  pack_rows(c, rows, cols, spec.bits, packed.data());
+}
+
+std::vector<uint8_t> QuantizedLinear::unpacked_codes() const {
+  std::vector<uint8_t> c(size_t(rows * cols));
+  unpack_rows(packed.data(), rows, cols, spec.bits, c.data());
+  return c;
 }
 
 MatF QuantizedLinear::dequantize() const {
@@ -78,8 +88,7 @@ QuantizedLinear QuantizedLinear::row_slice(int64_t r0, int64_t r1) const {
   q.groups = groups;
   q.g_idx = g_idx;
   const int64_t nw = packed_words(cols, spec.bits);
-  if (!codes.empty()) q.codes.assign(codes.begin() + r0 * cols, codes.begin() + r1 * cols);
-  else q.packed.assign(packed.begin() + r0 * nw, packed.begin() + r1 * nw);
+  q.packed.assign(packed.begin() + r0 * nw, packed.begin() + r1 * nw);
   for (int64_t g = 0; g < groups; ++g) {
     q.scales.insert(q.scales.end(), scales.begin() + g * rows + r0, scales.begin() + g * rows + r1);
     q.zeros.insert(q.zeros.end(), zeros.begin() + g * rows + r0, zeros.begin() + g * rows + r1);
@@ -94,7 +103,7 @@ QuantizedLinear QuantizedLinear::empty(int64_t rows, int64_t cols, const QuantSp
   q.cols = cols;
   const int64_t gs = s.group_size > 0 ? s.group_size : cols;
   q.groups = (cols + gs - 1) / gs;
-  q.codes.assign(size_t(rows * cols), 0);
+  q.packed.assign(size_t(rows * packed_words(cols, s.bits)), 0);
   q.scales.assign(size_t(q.groups * rows), 0.0f);
   q.zeros.assign(size_t(q.groups * rows), 0);
   q.g_idx.resize(size_t(cols));
@@ -105,6 +114,7 @@ QuantizedLinear QuantizedLinear::empty(int64_t rows, int64_t cols, const QuantSp
 QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s) {
   QuantizedLinear q = QuantizedLinear::empty(W.rows(), W.cols(), s);
   const int64_t gs = s.group_size > 0 ? s.group_size : q.cols;
+  std::vector<uint8_t> codes(size_t(q.rows * q.cols));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < q.rows; ++r)
     for (int64_t g = 0; g < q.groups; ++g) {
@@ -112,8 +122,9 @@ QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s) {
       const GridParams p = find_grid(&W(r, c0), n, 1, s);
       q.scales[size_t(g * q.rows + r)] = p.scale;
       q.zeros[size_t(g * q.rows + r)] = p.zero;
-      for (int64_t c = c0; c < c0 + n; ++c) q.codes[size_t(r * q.cols + c)] = uint8_t(quantize_code(W(r, c), p, s.maxq()));
+      for (int64_t c = c0; c < c0 + n; ++c) codes[size_t(r * q.cols + c)] = uint8_t(quantize_code(W(r, c), p, s.maxq()));
     }
+  q.set_codes(codes.data());
   return q;
 }
 

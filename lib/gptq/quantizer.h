@@ -51,11 +51,14 @@ struct QuantizedLinear {
   std::string name;              // "model.layers.0.self_attn.q_proj"
   QuantSpec spec;
   int64_t rows = 0, cols = 0, groups = 0;
-  std::vector<uint8_t> codes;    // [rows, cols]
-  // Or, instead of codes (the GPU solve packs them there): row r's codes as one core/bits.h
-  // stream of packed_words(cols, bits) words, the layer store's layout.
+  // The codes: row r as one core/bits.h stream of packed_words(cols, spec.bits) words [rows, words].
+  // The one representation from the solve to the exporters: the layer store keeps these words as
+  // they are, gptq's qweight is their transpose, compressed-tensors' weight_packed the words
+  // themselves (the kernels' fragment order is kernels/relayout.h).
   std::vector<uint32_t> packed;
-  uint32_t code(int64_t r, int64_t c) const;   // from codes or packed
+  uint32_t code(int64_t r, int64_t c) const;
+  void set_codes(const uint8_t* codes);        // from one byte per code [rows, cols] (rows, cols, spec.bits set)
+  std::vector<uint8_t> unpacked_codes() const; // one byte per code [rows, cols]
   std::vector<float> scales;     // [groups, rows], already rounded to spec.scale_dtype
   std::vector<int32_t> zeros;    // [groups, rows]
   std::vector<int32_t> g_idx;    // [cols]

@@ -21,7 +21,7 @@ struct GptqFormat {
   static constexpr int kU4 = BITS / 4;   // uint4 per lane per k-step
   static constexpr bool kPairTable = false;
   // One row tile at M <= 8 overlaps its batches too (a16_mma.cuh, overlap_variants): measured for
-  // 4-bit codes (docs/benchmarks.md, fourteenth part); 8-bit codes were not tried.
+  // 4-bit codes (docs/lab/kernels.md); 8-bit codes were not tried.
   static constexpr bool kOverlapM8 = BITS == 4;
   static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
   using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
@@ -133,7 +133,7 @@ struct Nf4Format {
 // [b][lane] = {V(b & 15), V(b >> 4)} for each byte b of codes, one copy per lane (a lane reads only
 // its own column: no bank conflicts), 32 KB. A byte of codes is one fragment register: per 2
 // codes a shift, a mask, an add and an LDS, where the PRMT lookup takes 11 integer instructions per
-// 4 codes (docs/benchmarks.md, twelfth part). The kernel fills the table once per CTA.
+// 4 codes. The kernel fills the table once per CTA.
 struct Nf4PairFormat : Nf4Format {
   static constexpr bool kPairTable = true;
   static constexpr int kPairWords = 256 * 32;

@@ -31,7 +31,7 @@
 // batch's x into shared memory by cp.async first (kStageX: one L2 round trip a batch). A CTA = the S
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
-// second, partial one (measured: docs/benchmarks.md).
+// second, partial one (measured: docs/lab/kernels.md).
 // Launch: programmatic dependent launch (cuda/pdl.cuh): the kernel may start while the previous one
 // in the stream runs; each warp issues its first batch of codes and metadata, then waits for that
 // kernel before it reads x or writes y. A grid smaller than the GPU holds is spread (spread()): at
@@ -65,22 +65,9 @@ namespace ptq::cuda::a16 {
 constexpr int kMaxSlices = 16;
 // The most K slices (warps) a CTA of NT n8 tiles is compiled for: 16 up to 16 rows (registers: at
 // most 128 each; W4 with two row tiles 124), else 8. 16 slices at 9..16 rows: the 4096-row layers
-// keep 16 warps per SM with two row tiles (W4 4096 x 14336 2.21x -> 2.56x cuBLAS f16;
-// docs/benchmarks.md, fifteenth part); at 17..32 rows the launch bound of 512 threads cost W4 / W8
-// 5-57% single (fewer registers, other schedules), so it stays at 256 threads there.
+// keep 16 warps per SM with two row tiles; at 17..32 rows a launch bound of 512 threads measured
+// slower (fewer registers, other schedules), so it stays at 256 threads there (docs/lab/kernels.md).
 constexpr int max_slices(int nt) { return nt <= 2 ? kMaxSlices : kMaxSlices / 2; }
-
-// The kernel that serves a call (automatic: a16_auto_path), or Errc::usage when a forced one cannot take M.
-inline A16Path resolve(A16Path path, int64_t M, int64_t N, int64_t K, int bits, const char* kernel) {
-  if (path == A16Path::automatic) return a16_auto_path(M, N, K, bits, a16_wgmma_supported());
-  if (path == A16Path::wgmma && !a16_wgmma_supported())
-    fail(Errc::usage, "", "device", std::string("the ") + kernel + " wgmma kernel is built for sm_90 (H100/H200) only: " + describe());
-  const int64_t most = path == A16Path::mma ? kA16MmaMaxM : path == A16Path::shared_x ? kA16SharedXMaxM : path == A16Path::wgmma ? kA16WgmmaMaxM : INT64_MAX;
-  if (M > most)
-    fail(Errc::usage, "", "M",
-         std::string("the ") + kernel + " " + a16_path_name(path) + " kernel takes M <= " + std::to_string(most) + " rows, got M = " + std::to_string(M));
-  return path;
-}
 
 using ptx::mma_m16n8k16_f16;
 
@@ -95,20 +82,6 @@ struct GroupOf {
     return {shift, int(size)};
   }
 };
-
-// Where code (row r, column k) of an N x K matrix goes in fragment order: the lane's uint4 slot
-// (counted in uint32 words), the fragment f, the element e (0..3: columns k0 .. k0 + 3), and hi
-// (row g + 8). Formats turn (f, e, hi) into a word and bit position.
-struct FragmentSlot {
-  int64_t lane_u4;   // index of (tile, k-step, lane) = ((t * KS + s) * 32 + lane)
-  int f, e, hi;
-};
-inline FragmentSlot fragment_slot(int64_t r, int64_t k, int64_t KS) {
-  const int64_t t = r / 16, s = k / 64;
-  const int rr = int(r % 16), kk = int(k % 64);
-  const int g = rr % 8, c = kk / 16;
-  return {(t * KS + s) * 32 + g * 4 + c, (kk % 16) / 4, kk % 4, rr / 8};
-}
 
 // One k-step (64 columns) of a warp's RT row tiles: dequantize the codes q with their metadata and
 // add W · x to acc (fp32). load_x(t, xl) gives the lane's 16 columns of x row 8t + g (two uint4:
@@ -224,21 +197,19 @@ constexpr int min_ctas(int nt, int rt, bool k_step_scale, bool overlap) {
 // y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
 // memory: S * 32 * 4 * NT * RT floats. kOverlap: the next batch's loads follow this batch's steps
 // in program order (see below). Held to 64 registers (two CTAs of 512 threads per SM) at M <= 8:
-// the overlapped one-row-tile kernel (free, it takes 68, and its plans are those of the plain
-// loop's 62; docs/benchmarks.md, fourteenth part) and the plain two-row-tile kernel of the GPTQ
-// formats with whole-k-step scales (free, 70 / 66 since the one-LOP3 dequantization, 3 CTAs of 256
-// threads resident instead of 4: W4 14336 x 4096 left its one-wave plan, M = 8 15.2 -> 16.0 us;
-// held, 4 / 8 bytes of spill (W4 / W8), 14.4 us; sixteenth part).
+// the overlapped one-row-tile kernel (free, it takes 68, and its plans would differ from those of
+// the plain loop) and the plain two-row-tile kernel of the GPTQ formats with whole-k-step scales
+// (free, 70 / 66: 3 CTAs of 256 threads resident instead of 4, and W4 14336 x 4096 would leave its
+// one-wave plan; held, it spills 4 / 8 bytes (W4 / W8) and is faster).
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps) {
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
   // kOverlap: the next batch's loads follow this batch's steps in program order, so the compiler
-  // issues them while the MMAs run. 4-bit codes at 9..16 rows with two row tiles (W4: 102 -> 124
-  // registers, 11008 x 4096 1.81x -> 2.37x; twelfth part) and GPTQ 4-bit at M <= 8 (W4 M = 1 4096 x
-  // 14336 back to back 2.95x -> 3.29x; fourteenth part). Elsewhere each batch is loaded, then used:
-  // as fast or faster (8-bit codes, one row tile at 9..16 rows). Both loops sum in the same order.
+  // issues them while the MMAs run: 4-bit codes at 9..16 rows with two row tiles, and GPTQ 4-bit at
+  // M <= 8. Elsewhere each batch is loaded, then used: as fast or faster (8-bit codes, one row tile
+  // at 9..16 rows). Both loops sum in the same order.
   using Meta = typename Format::Meta;
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
@@ -254,15 +225,13 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   const __half* xr = x + int64_t(min(g, M - 1)) * K + 16 * c;   // B column n = g of n8 tile 0 (rows past M: copies, not stored)
   // Two n8 tiles and two row tiles (9..16 rows): n8 tile t's x row from xr is set once, and the
   // code loads of a batch share their base (computed at each load, x's addresses took about 35
-  // instructions a k-step and the codes' 12 a batch; W4 M = 16 14336 x 4096 16.8 -> 16.3 us). Not
-  // elsewhere: there the same change moved register counts and plans (W8 M = 32 up to 44% and NF4
-  // M = 1 up to 15% slower). The form matters: with xs folded into load_x, ptxas gives the W4 kernel
-  // 100 registers instead of 124 and it runs 5-7% slower (docs/benchmarks.md, sixteenth part).
+  // instructions a k-step and the codes' 12 a batch). Not elsewhere: there the same change moved
+  // register counts and plans, and measured slower. The form matters: with xs folded into load_x,
+  // ptxas gives the W4 kernel 100 registers instead of 124 and it runs slower.
   // One n8 tile and one row tile of GPTQ 4-bit codes (the M <= 8 kernel held to 64 registers):
   // x's address from one 32-bit element offset, both loads off one base. ptxas rematerializes it
   // at each k-step either way (registers), but from the offset in about 20 instructions, not 30
-  // (the 64-bit row pointer and a second base for the second load): W4 M = 1..8 1-2.5% faster back
-  // to back where the planner picks one row tile; other kernels unchanged (seventeenth part).
+  // (the 64-bit row pointer and a second base for the second load); other kernels unchanged.
   constexpr bool kHoist = NT == 2 && RT == 2;
   constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8;
   static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the GPTQ 4-bit kernel at M = 1, one 16-byte chunk per lane");
@@ -424,9 +393,9 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     const int src = ((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2;
     float v = 0.0f;
     // The one-row-tile GPTQ 4-bit kernel: unrolled to the compiled bound, so the S loads issue
-    // together and the adds follow in slice order (the same sums): W4 4096² M = 1..8 3-4% faster back
-    // to back. Not elsewhere: the same unroll moved the registers of the other kernels, and at 9..16
-    // rows (two n8 and row tiles) it was 0-1% faster for W4, 2-3% slower for W8 (eighteenth part).
+    // together and the adds follow in slice order (the same sums). Not elsewhere: the same unroll
+    // moved the registers of the other kernels, and at 9..16 rows it gained nothing for W4 and lost
+    // for W8.
     if constexpr (kLeanX) {
 #pragma unroll
       for (int w = 0; w < max_slices(NT); ++w)
@@ -480,6 +449,8 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
   }
 }
 
+// ---- shared by the three tensor-core kernels' planners (a16_dispatch.cuh, a16_shared_x.cuh, a16_wgmma.cu)
+
 // The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
@@ -513,183 +484,6 @@ inline int sm_count() {
     return v;
   }();
   return n;
-}
-
-constexpr int n8_tiles(int64_t M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
-inline size_t red_bytes(int S, int nt, int rt) { return size_t(S) * 32 * 4 * size_t(nt * rt) * sizeof(float); }
-
-struct Plan {
-  int rt, S, ctas, sps;
-  bool overlap = false;   // the kernel with overlapped batches (overlap_variants)
-  bool stage_x = false;   // the kernel that stages x in shared memory (mma_kernel's kStageX)
-  size_t smem = 0;     // dynamic shared memory per CTA at launch
-  int carveout = -1;   // shared-memory carveout at launch (percent), -1: the driver's choice
-};
-
-// Spreads the plan's CTAs: no SM takes more than cap = ceil(ctas / SMs) of them. A grid smaller
-// than the GPU holds, launched while the previous kernel's CTAs still occupy SMs (PDL), otherwise
-// piles up on the SMs that freed first. The launch asks for the smallest shared-memory carveout
-// that holds cap CTAs (the rest of the 256 KB stays L1, which caches x) and pads each CTA to 1/cap
-// of it (each CTA also takes 1 KB reserved by the system); the occupancy calculator confirms.
-inline void spread(const void* kern, Plan& p) {
-  const int per_sm = resident_ctas(kern, p.S, p.smem), cap = (p.ctas + sm_count() - 1) / sm_count();
-  if (cap >= per_sm) return;
-  int dev = 0, sm_bytes = 0;
-  PTQ_CUDA(cudaGetDevice(&dev));
-  PTQ_CUDA(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  const size_t fixed = size_t(static_smem(kern)) + 1024;   // static shared memory and the system's 1 KB
-  int carve = sm_bytes;
-  for (int kb : {64, 100, 132, 164, 196})   // the sm_90 carveouts below the largest
-    if (kb * 1024 < sm_bytes && size_t(cap) * (p.smem + fixed) <= size_t(kb) * 1024) { carve = kb * 1024; break; }
-  if (size_t(carve / cap) < p.smem + fixed) return;
-  const size_t padded = std::max<size_t>(p.smem, (size_t(carve / cap) - fixed) / 256 * 256);   // whole 256-byte units: the allocation rounds up
-  const int most = max_dynamic_smem(kern);
-  if (padded > size_t(most)) return;
-  const int percent = int(int64_t(carve) * 100 / sm_bytes);
-  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most));   // the kernel serves other shapes: the most
-  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, percent));   // for the calculator only
-  const int now = resident_ctas(kern, p.S, padded);
-  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, -1));
-  if (now != cap) return;
-  p.smem = padded;
-  p.carveout = percent;
-}
-// The split with the least time by a wave model: waves of resident CTAs (the occupancy calculator)
-// times the k-steps each warp walks; ties go to fewer waves (a partial wave costs a whole warp's
-// latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
-// than two waves. Against forced splits on the Llama shapes (docs/benchmarks.md): within 4% (W4) and
-// 8% (NF4) of the best at M <= 16; up to 14% off in three M = 32/64 cells, where fewer warps per SM
-// also slow each k-step (not modelled). kern(rt, overlap) gives the kernel of each RT and loop
-// (variants(rt): overlap_variants); where both loops exist the overlapped one is tried first, so it
-// wins ties: it is faster at the same plan, and its extra registers count through the occupancy
-// calculator (W4 M = 1 14336 x 4096: 80 registers, 3 CTAs per SM, two waves, so the plain loop's one
-// wave wins). RT = 2 up to M = 32; rt_only: the RT the caller measured best (where the layer has that
-// many tiles), 0: the model's. batch_of(rt): the kernel's batch_steps.
-template <class KernOf, class VariantsOf, class BatchOf>
-Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, BatchOf batch_of, int rt_only = 0) {
-  const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
-  Plan best{1, 1, tiles, KS, variants(1) == Overlap::overlap_only};
-  int64_t best_cost = INT64_MAX, best_waves = 0, best_pairs = 0, best_warps = 0;
-  for (int rt : {1, 2})
-  for (bool overlap : {true, false}) {
-    if (rt == 2 && (nt > 4 || tiles < 2)) continue;
-    if ((g_split.rt && rt != g_split.rt) || (!g_split.rt && rt_only && tiles >= rt_only && rt != rt_only)) continue;
-    if (overlap ? variants(rt) == Overlap::plain_only : variants(rt) == Overlap::overlap_only) continue;
-    if (g_split.loop && variants(rt) == Overlap::both && overlap != (g_split.loop == 2)) continue;
-    const int ctas = (tiles + rt - 1) / rt;
-    for (int S = 1; S <= max_slices(nt) && S <= KS; S *= 2) {
-      const int per_sm = resident_ctas(kern(rt, overlap), S, red_bytes(S, nt, rt));
-      if (per_sm == 0) break;
-      const int64_t waves = (ctas + int64_t(per_sm) * sms - 1) / (int64_t(per_sm) * sms), sps = (KS + S - 1) / S;
-      if (nt <= 2 && S > 1 && waves > 2) break;   // M <= 16: a third wave of latency-bound warps costs more than it saves (NF4 11008 rows: 1.62x vs 1.95x)
-      const int64_t cost = waves * sps, pairs = int64_t(tiles) * S, warps = int64_t(ctas) * S;
-      const bool better = cost != best_cost     ? cost < best_cost
-                          : waves != best_waves ? waves < best_waves
-                          : pairs != best_pairs ? pairs > best_pairs
-                                                : warps > best_warps;
-      if (better) {
-        best = {rt, S, ctas, 0, overlap};
-        best_cost = cost, best_waves = waves, best_pairs = pairs, best_warps = warps;
-      }
-    }
-  }
-  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt), KS}));
-  best.sps = (KS + best.S - 1) / best.S;
-  // One row: each slice rounded up to whole batches (the last slice shorter) where that saves round
-  // trips to memory: a warp walks sps / B batches and sps % B single k-steps, and a round trip costs
-  // about two k-steps of streaming. W4 4096 x 11008: 11 k-steps in batches of 4 walk 5 round trips, 12
-  // walk 3: back to back 2.93x -> 3.07-3.09x cuBLAS f16 (four runs); 14 -> 16 (5 -> 4 trips) is even,
-  // and batches of 2 (W8, NF4 with two row tiles) save no trip. Not at 2..8 rows, which run the same
-  // kernel: there the longer slices cost more than the trips save (docs/benchmarks.md, twelfth part).
-  const int batch = batch_of(best.rt);
-  auto trips = [batch](int sps) { return sps / batch + sps % batch; };
-  if (const int whole = (best.sps + batch - 1) / batch * batch; M == 1 && 2 * (trips(best.sps) - trips(whole)) > whole - best.sps)
-    best.sps = whole;
-  return best;
-}
-
-template <class Format>
-using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, int, int, int, int);
-
-template <int NT, int RT, bool kStepScale, class Format>
-MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x) {
-  constexpr Overlap v = overlap_variants<Format>(NT, RT);
-  if constexpr (NT == 1 && Format::kOverlapM8 && v != Overlap::plain_only)
-    if (stage_x && overlap) return mma_kernel<NT, RT, kStepScale, Format, true, true>;
-  if constexpr (v == Overlap::both) return overlap ? mma_kernel<NT, RT, kStepScale, Format, true> : mma_kernel<NT, RT, kStepScale, Format, false>;
-  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only>;
-}
-template <int NT, class Format>
-MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x) {
-  if constexpr (NT <= 4)
-    if (rt == 2) return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x) : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x);
-  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x) : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x);
-}
-template <class Format>
-MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false) {
-  switch (nt) {
-    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x);
-    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false);
-    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false);
-    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false);
-  }
-}
-
-// Runs mma_kernel for M rows on the default stream (kStepScale: the groups hold whole k-steps).
-template <class Format>
-void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
-             int64_t K) {
-  const int nt = n8_tiles(M);
-  // At M = 1 the planner weighs the overlapped GPTQ 4-bit kernels in their x-staged form (kStageX),
-  // the one it launches where their warps walk more than one batch; with two row tiles that form
-  // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
-  auto kern = [&](int rt, bool overlap) {
-    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap));
-  };
-  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split and M = 1 only: made once.
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool>, Plan> plans;
-  Plan p;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1);
-    auto it = plans.find(key);
-    // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model picks one on the 4096-row
-    // layers (more CTAs in flight), which for 8-bit codes runs as fast back to back but 24-41% slower
-    // as a single launch (docs/benchmarks.md, tenth part), for 4-bit codes 4-21% slower both ways
-    // since two tiles overlap their batches (twelfth part). NF4: mixed (single faster, stream slower).
-    const int rt_only = !Format::kPairTable && nt == 2 ? 2 : 0;   // the GPTQ formats (NF4 runs with its pair table)
-    if (it == plans.end()) {
-      Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
-      q.smem = red_bytes(q.S, nt, q.rt);
-      // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks
-      // more than one batch (W4 M = 1 back to back 4096 x 11008 10.49 -> 9.90 us, 4096 x 14336 13.01
-      // -> 12.54; at 4096 x 4096, one batch a warp, 2% slower; eighteenth part), the unstaged kernel
-      // otherwise (the same launch bound, 64 registers). Two row tiles: always, as planned (11008 x
-      // 4096 now takes it, one wave: 10.69-10.74 -> 10.50 us; nineteenth part).
-      q.stage_x = M == 1 && nt == 1 && q.overlap && Format::kOverlapM8 && (q.rt == 2 || q.sps > batch_steps<Format>(1, 1));
-      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x));   // the kernel launched
-      spread(k, q);
-      it = plans.emplace(key, q).first;
-      if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
-        cudaFuncAttributes a{};
-        PTQ_CUDA(cudaFuncGetAttributes(&a, k));
-        std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d%s%s\n",
-                     (long long)M, (long long)N, (long long)K, nt, q.rt, q.S, q.ctas, q.sps, a.sharedSizeBytes, q.smem, q.carveout, a.numRegs,
-                     resident_ctas(k, q.S, q.smem), q.overlap ? " overlap" : "", q.stage_x ? " x-staged" : "");
-      }
-    }
-    p = it->second;
-  }
-  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
-             W, x, yh, yf, beta, int(M), int(N), int(K), p.sps);
-}
-
-template <class Format>
-void run_dequant(const Format& fmt, const uint4* W, __half* out, int64_t N, int64_t K) {
-  const int64_t units = (N + 15) / 16 * ((K + 63) / 64);   // a warp each, 8 per block
-  dequant_kernel<<<unsigned((units + 7) / 8), 256>>>(fmt, W, out, int(N), int(K));
-  PTQ_CUDA_LAUNCH("a16 dequant_kernel");
 }
 
 }  // namespace ptq::cuda::a16

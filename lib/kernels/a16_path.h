@@ -13,8 +13,7 @@ namespace ptq::cuda {
 // sm_90 (Errc::usage).
 enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 
-// Crossovers measured on the H100 (docs/benchmarks.md, "A wgmma kernel for 33..256 rows" and "The
-// wgmma kernel at 17..32 rows"): the wgmma kernel beats every other path at 33..128 rows (W4 M = 64:
+// Crossovers measured on the H100 (docs/lab/kernels.md): the wgmma kernel beats every other path at 33..128 rows (W4 M = 64:
 // 1.04-1.57x cuBLAS f16 against shared_x's 0.93-1.13x; M = 128: 0.79-1.22x against dequantize +
 // cuBLAS's 0.52-0.68x), at 129..256 rows on layers larger than 4096 x 4096 (its K slices then fill
 // the GPU without a second wave), and at 17..32 rows for 4-bit codes (W4, NF4) on layers larger

@@ -24,7 +24,7 @@
 // Roofline, 4096 x 4096 W4 g128: M = 64, 8.9 MB of codes (3.0 us at 3.0 TB/s) and 2.1 GFLOP
 // (mma.sync at ~65% of the tensor peak: ~3.3 us); cuBLAS f16 reads 33.6 MB (21 us measured). The
 // kernel reaches ~29% tensor-pipe activity (ncu, 14336 x 4096, M = 64): one CTA of 8 warps per
-// SM stalls on the dependent integer/f16 work of the dequantization (docs/benchmarks.md).
+// SM stalls on the dependent integer/f16 work of the dequantization (docs/lab/kernels.md).
 #pragma once
 #include "kernels/a16_mma.cuh"
 #include "kernels/a16_split_k.cuh"
@@ -48,7 +48,7 @@ template <int NT, class Format>
 __global__ void __launch_bounds__(shared_x_max_threads(NT))
     shared_x_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                     float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
-  // One row tile per warp (two or four measured slower: registers, docs/benchmarks.md); weights
+  // One row tile per warp (two or four measured slower: registers, docs/lab/kernels.md); weights
   // scaled in f16 as they are dequantized, whatever the groups: the fp32 per-k-step partials would
   // double the accumulators. That is the rounding of an f16 dequantized matrix ((q - z) s in f16,
   // 2^-11 relative), the same as the dequantize + cuBLAS path above 64 rows.
@@ -175,7 +175,7 @@ SharedXKernel<Format> shared_x_kernel_of(int nt) {
 struct SharedXPlan {
   int warps, slices, groups, sps;
 };
-// The split: WR warps per CTA, Sk K slices. Measured (docs/benchmarks.md): one CTA of 8 warps per
+// The split: WR warps per CTA, Sk K slices. Measured (docs/lab/kernels.md): one CTA of 8 warps per
 // SM does best: more x reuse per staged chunk than 4 warps, the same as 16 with half the slices;
 // and split-K only as far as needed to give the SMs a CTA (its partials cost L2 traffic and a
 // reduction). So: the fewest slices (powers of two) with CTAs for at least 3/4 of the SMs (4096
@@ -219,16 +219,6 @@ void run_shared_x(const Format& fmt, const uint4* W, const __half* x, __half* yh
   kern<<<dim3(unsigned(p.groups), unsigned(p.slices)), unsigned(32 * p.warps), smem>>>(fmt, W, x, yh, yf, beta, part.get(), arrivals, int(M), int(N),
                                                                                       int(K), p.sps);
   PTQ_CUDA_LAUNCH("a16 shared_x_kernel");
-}
-
-// The tensor-core kernel the path names: a16_mma.cuh's (x through L1/L2), this one (x in shared
-// memory) or a16_wgmma.cu's (Hopper).
-template <class Format>
-void run_tensor_cores(A16Path path, const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta,
-                      int64_t M, int64_t N, int64_t K) {
-  if (path == A16Path::wgmma) run_wgmma(fmt, W, x, yh, yf, beta, M, N, K);
-  else if (path == A16Path::shared_x) run_shared_x(fmt, W, x, yh, yf, beta, M, N, K);
-  else run_mma(mma_format(fmt), k_step_scale, W, x, yh, yf, beta, M, N, K);
 }
 
 }  // namespace ptq::cuda::a16

@@ -26,7 +26,7 @@
 // order by the last CTA to arrive (a16_split_k.cuh): deterministic.
 // Roofline, 4096 x 4096 W4 g128 at M = 128: 8.9 MB of codes (3.0 us at 3.0 TB/s) and 4.3 GFLOP
 // (4.4 us at the H100's dense f16 wgmma peak, 989 TFLOP/s); cuBLAS f16 reads 33.6 MB and does the
-// same flops (21.8 us measured, docs/benchmarks.md).
+// same flops (21.8 us measured, docs/lab/kernels.md).
 #include "kernels/a16_wgmma.h"
 
 #include <cuda_fp16.h>
@@ -344,9 +344,8 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     arrivals = arrival_counters(p.groups);
   }
   // PDL for the GEMM from 64 staged x rows (one CTA per SM). With x tiles of 8..32 rows (several
-  // CTAs per SM, fewer CTAs than the GPU holds) it lost 7-20% on the 4096-row layers with K of
-  // 11008 and 14336 and back to back at 14336 x 4096, won 11% at 11008 x 4096: off there
-  // (docs/benchmarks.md, eleventh part). permute_x always takes it.
+  // CTAs per SM, fewer CTAs than the GPU holds) it lost on most layers (the next kernel's CTAs
+  // crowd SMs this one still holds): off there. permute_x always takes it.
   launch_pdl("a16 wgmma_kernel", bn >= 64, -1, kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xp.get(), yh, yf, beta, part.get(), arrivals,
              int(M), int(N), int(K), p.sps);
 }

@@ -138,7 +138,9 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       s.group_size = kind == 4 ? 128 : -1;
       s.sym = true;
       QuantizedLinear q = QuantizedLinear::empty(N, K, s);
-      for (auto& c : q.codes) c = uint8_t(r.next() & ((1u << kind) - 1));
+      std::vector<uint8_t> codes(size_t(N * K));
+      for (auto& c : codes) c = uint8_t(r.next() & ((1u << kind) - 1));
+      q.set_codes(codes.data());
       for (auto& v : q.scales) v = 0.01f;
       L.push_back(W4A16Linear::from_gptq(pack_gptq(q, true), true));
     } else {

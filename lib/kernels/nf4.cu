@@ -33,7 +33,8 @@
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
-#include "kernels/a16_shared_x.cuh"
+#include "kernels/a16_dispatch.cuh"
+#include "kernels/relayout.h"
 
 namespace ptq::cuda {
 
@@ -78,17 +79,11 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   if (in % 16 || in % B) fail(Errc::usage, "", "in_features", "must be a multiple of 16 and of the block size, got " + std::to_string(in));
   const int64_t n = out * in, blocks = in / B;
   if (int64_t(t.packed.size()) != n / 2) fail(Errc::usage, "", "packed", "holds " + std::to_string(t.packed.size()) + " bytes, expected " + std::to_string(n / 2));
-  const int64_t tiles = (out + 15) / 16, KS = (in + 63) / 64;
-  std::vector<uint32_t> W(static_cast<size_t>(tiles * KS * 32 * 4), 0);
-#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 20))   // a tile's words are its own
-  for (int64_t tile = 0; tile < tiles; ++tile)
-  for (int64_t r = 16 * tile; r < std::min(out, 16 * tile + 16); ++r)
-    for (int64_t k = 0; k < in; ++k) {
-      const int64_t e = r * in + k;
-      const uint32_t code = e % 2 ? t.packed[size_t(e / 2)] & 15u : t.packed[size_t(e / 2)] >> 4;   // the first element in the high nibble
-      const a16::FragmentSlot fs = a16::fragment_slot(r, k, KS);
-      W[size_t(fs.lane_u4 * 4 + fs.f)] |= code << (4 * ((fs.e / 2) * 4 + fs.hi * 2 + fs.e % 2));
-    }
+  const int64_t tiles = (out + 15) / 16;
+  const std::vector<uint32_t> W = relayout_codes(out, in, FragmentCodes::nf4, [&](int64_t r, int64_t k) {
+    const int64_t e = r * in + k;
+    return e % 2 ? t.packed[size_t(e / 2)] & 15u : uint32_t(t.packed[size_t(e / 2)] >> 4);   // the first element in the high nibble
+  });
   std::vector<float> am(static_cast<size_t>(tiles * 16 * blocks), 0.0f);
   for (int64_t r = 0; r < out; ++r)
     for (int64_t b = 0; b < blocks; ++b) {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "formats/pack.h"
+#include "formats/nf4.h"
 #include "kernels/a16_path.h"
 
 namespace ptq::cuda {

@@ -6,7 +6,9 @@
 #pragma once
 #include <cstdint>
 
-#include "formats/pack.h"
+#include "core/bits.h"
+#include "formats/gguf.h"
+#include "formats/nf4.h"
 #include "formats/packed.h"
 
 namespace ptq {

@@ -34,7 +34,8 @@
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
-#include "kernels/a16_shared_x.cuh"
+#include "kernels/a16_dispatch.cuh"
+#include "kernels/relayout.h"
 #include "kernels/w4a16.h"
 
 namespace ptq::cuda {
@@ -93,29 +94,10 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
   if (G * gs != K || (G > 1 && gs % 16)) fail(Errc::usage, "", "group_size", "groups must hold a multiple of 16 columns each, equally");
   for (int64_t k = 0; k < K; ++k)
     if (q.g_idx[size_t(perm[size_t(k)])] != k / gs) fail(Errc::usage, "", "g_idx", "groups of unequal sizes are not served by the W4A16 kernel");
-  // Fragment order (kernels/a16_mma.cuh); rows past N and columns past K stay zero codes.
-  const int64_t tiles = (N + 15) / 16, KS = (K + 63) / 64, u4 = bits / 4;
-  std::vector<uint32_t> W(static_cast<size_t>(tiles * KS * u4 * 32 * 4), 0);
-  // A tile's 16 rows fill words no other tile touches: tiles in parallel (a 7B layer's re-layout
-  // is the bulk of `eval --device cuda`'s load time).
-#pragma omp parallel for schedule(static) if (N * K > (int64_t(1) << 20))
-  for (int64_t t = 0; t < tiles; ++t)
-  for (int64_t r = 16 * t; r < std::min(N, 16 * t + 16); ++r)
-    for (int64_t k = 0; k < K; ++k) {
-      const a16::FragmentSlot fs = a16::fragment_slot(r, k, KS);
-      const uint32_t code = q.codes[size_t(r * K + perm[size_t(k)])];
-      size_t word;
-      int shift;
-      if (bits == 4) {   // pair hi + 2 (e / 2): first column at bits 4p, second at 16 + 4p
-        word = size_t(fs.lane_u4 * 4 + fs.f);
-        shift = (fs.e % 2 ? 16 : 0) + 4 * (fs.hi + 2 * (fs.e / 2));
-      } else {   // fragment f in uint4 f / 2 of the lane's two, words (f % 2) * 2 + e / 2; byte hi (+2 for the second column)
-        const int64_t t_s = fs.lane_u4 / 32, lane = fs.lane_u4 % 32;
-        word = size_t(((t_s * 2 + fs.f / 2) * 32 + lane) * 4 + (fs.f % 2) * 2 + fs.e / 2);
-        shift = (fs.e % 2 ? 16 : 0) + 8 * fs.hi;
-      }
-      W[word] |= code << shift;
-    }
+  // Fragment order (kernels/relayout.h), columns in the sorted order.
+  const int64_t tiles = (N + 15) / 16;
+  const std::vector<uint32_t> W = relayout_codes(N, K, bits == 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8,
+                                                 [&](int64_t r, int64_t k) { return q.code(r, perm[size_t(k)]); });
   std::vector<__half2> zs(static_cast<size_t>(tiles * 16 * G), __halves2half2(__float2half_rn(1024.0f), __float2half_rn(0.0f)));
   for (int64_t r = 0; r < N; ++r)
     for (int64_t g = 0; g < G; ++g)

@@ -10,6 +10,9 @@
 // (attention_core, mlp_act, rmsnorm, apply_rope) in fp32; tests/test_cuda.cpp compares the two.
 // Roofline: GEMM-bound (2 * params * tokens + 4 * T^2 * q_dim * S FLOPs per layer on tensor
 // cores); the elementwise kernels move each activation once.
+// Size (~660 lines): the stages of one decoder layer and the elementwise kernels only they launch
+// (RMSNorm, rotary, softmax, SiLU-gate, bias), each beside the stage that uses it; attention, the
+// one kernel that stands alone, is attention_cuda.cu.
 #include <cublas_v2.h>
 #include <cstring>
 

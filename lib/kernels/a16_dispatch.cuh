@@ -1,0 +1,218 @@
+// a16_dispatch.cuh — the A16 dispatcher (W4A16, W8A16, NF4): which kernel serves a call
+// (a16_path.h's choice, checked), and for the L2-fed kernel of a16_mma.cuh the work split: a wave
+// model over the occupancy calculator that picks the row tiles per warp, the K slices per CTA, the
+// plain or the overlapped batch loop, and spreads the CTAs over the SMs. Plans are made once per
+// kernel and shape. The kernels themselves: a16_mma.cuh (x through L1/L2), a16_shared_x.cuh (x in
+// shared memory), a16_wgmma.cu (Hopper); their weight layout: relayout.h.
+#pragma once
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "kernels/a16_mma.cuh"
+#include "kernels/a16_shared_x.cuh"
+
+namespace ptq::cuda::a16 {
+
+// The kernel that serves a call (automatic: a16_auto_path), or Errc::usage when a forced one cannot take M.
+inline A16Path resolve(A16Path path, int64_t M, int64_t N, int64_t K, int bits, const char* kernel) {
+  if (path == A16Path::automatic) return a16_auto_path(M, N, K, bits, a16_wgmma_supported());
+  if (path == A16Path::wgmma && !a16_wgmma_supported())
+    fail(Errc::usage, "", "device", std::string("the ") + kernel + " wgmma kernel is built for sm_90 (H100/H200) only: " + describe());
+  const int64_t most = path == A16Path::mma ? kA16MmaMaxM : path == A16Path::shared_x ? kA16SharedXMaxM : path == A16Path::wgmma ? kA16WgmmaMaxM : INT64_MAX;
+  if (M > most)
+    fail(Errc::usage, "", "M",
+         std::string("the ") + kernel + " " + a16_path_name(path) + " kernel takes M <= " + std::to_string(most) + " rows, got M = " + std::to_string(M));
+  return path;
+}
+
+constexpr int n8_tiles(int64_t M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
+inline size_t red_bytes(int S, int nt, int rt) { return size_t(S) * 32 * 4 * size_t(nt * rt) * sizeof(float); }
+
+struct Plan {
+  int rt, S, ctas, sps;
+  bool overlap = false;   // the kernel with overlapped batches (overlap_variants)
+  bool stage_x = false;   // the kernel that stages x in shared memory (mma_kernel's kStageX)
+  size_t smem = 0;     // dynamic shared memory per CTA at launch
+  int carveout = -1;   // shared-memory carveout at launch (percent), -1: the driver's choice
+};
+
+// Spreads the plan's CTAs: no SM takes more than cap = ceil(ctas / SMs) of them. A grid smaller
+// than the GPU holds, launched while the previous kernel's CTAs still occupy SMs (PDL), otherwise
+// piles up on the SMs that freed first. The launch asks for the smallest shared-memory carveout
+// that holds cap CTAs (the rest of the 256 KB stays L1, which caches x) and pads each CTA to 1/cap
+// of it (each CTA also takes 1 KB reserved by the system); the occupancy calculator confirms.
+inline void spread(const void* kern, Plan& p) {
+  const int per_sm = resident_ctas(kern, p.S, p.smem), cap = (p.ctas + sm_count() - 1) / sm_count();
+  if (cap >= per_sm) return;
+  int dev = 0, sm_bytes = 0;
+  PTQ_CUDA(cudaGetDevice(&dev));
+  PTQ_CUDA(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  const size_t fixed = size_t(static_smem(kern)) + 1024;   // static shared memory and the system's 1 KB
+  int carve = sm_bytes;
+  for (int kb : {64, 100, 132, 164, 196})   // the sm_90 carveouts below the largest
+    if (kb * 1024 < sm_bytes && size_t(cap) * (p.smem + fixed) <= size_t(kb) * 1024) { carve = kb * 1024; break; }
+  if (size_t(carve / cap) < p.smem + fixed) return;
+  const size_t padded = std::max<size_t>(p.smem, (size_t(carve / cap) - fixed) / 256 * 256);   // whole 256-byte units: the allocation rounds up
+  const int most = max_dynamic_smem(kern);
+  if (padded > size_t(most)) return;
+  const int percent = int(int64_t(carve) * 100 / sm_bytes);
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most));   // the kernel serves other shapes: the most
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, percent));   // for the calculator only
+  const int now = resident_ctas(kern, p.S, padded);
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, -1));
+  if (now != cap) return;
+  p.smem = padded;
+  p.carveout = percent;
+}
+// The split with the least time by a wave model: waves of resident CTAs (the occupancy calculator)
+// times the k-steps each warp walks; ties go to fewer waves (a partial wave costs a whole warp's
+// latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
+// than two waves. Against forced splits on the Llama shapes (docs/lab/kernels.md): within 4% (W4) and
+// 8% (NF4) of the best at M <= 16; up to 14% off in three M = 32/64 cells, where fewer warps per SM
+// also slow each k-step (not modelled). kern(rt, overlap) gives the kernel of each RT and loop
+// (variants(rt): overlap_variants); where both loops exist the overlapped one is tried first, so it
+// wins ties: it is faster at the same plan, and its extra registers count through the occupancy
+// calculator (W4 M = 1 14336 x 4096: 80 registers, 3 CTAs per SM, two waves, so the plain loop's one
+// wave wins). RT = 2 up to M = 32; rt_only: the RT the caller measured best (where the layer has that
+// many tiles), 0: the model's. batch_of(rt): the kernel's batch_steps.
+template <class KernOf, class VariantsOf, class BatchOf>
+Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, BatchOf batch_of, int rt_only = 0) {
+  const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
+  Plan best{1, 1, tiles, KS, variants(1) == Overlap::overlap_only};
+  int64_t best_cost = INT64_MAX, best_waves = 0, best_pairs = 0, best_warps = 0;
+  for (int rt : {1, 2})
+  for (bool overlap : {true, false}) {
+    if (rt == 2 && (nt > 4 || tiles < 2)) continue;
+    if ((g_split.rt && rt != g_split.rt) || (!g_split.rt && rt_only && tiles >= rt_only && rt != rt_only)) continue;
+    if (overlap ? variants(rt) == Overlap::plain_only : variants(rt) == Overlap::overlap_only) continue;
+    if (g_split.loop && variants(rt) == Overlap::both && overlap != (g_split.loop == 2)) continue;
+    const int ctas = (tiles + rt - 1) / rt;
+    for (int S = 1; S <= max_slices(nt) && S <= KS; S *= 2) {
+      const int per_sm = resident_ctas(kern(rt, overlap), S, red_bytes(S, nt, rt));
+      if (per_sm == 0) break;
+      const int64_t waves = (ctas + int64_t(per_sm) * sms - 1) / (int64_t(per_sm) * sms), sps = (KS + S - 1) / S;
+      if (nt <= 2 && S > 1 && waves > 2) break;   // M <= 16: a third wave of latency-bound warps costs more than it saves (NF4 11008 rows: 1.62x vs 1.95x)
+      const int64_t cost = waves * sps, pairs = int64_t(tiles) * S, warps = int64_t(ctas) * S;
+      const bool better = cost != best_cost     ? cost < best_cost
+                          : waves != best_waves ? waves < best_waves
+                          : pairs != best_pairs ? pairs > best_pairs
+                                                : warps > best_warps;
+      if (better) {
+        best = {rt, S, ctas, 0, overlap};
+        best_cost = cost, best_waves = waves, best_pairs = pairs, best_warps = warps;
+      }
+    }
+  }
+  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt), KS}));
+  best.sps = (KS + best.S - 1) / best.S;
+  // One row: each slice rounded up to whole batches (the last slice shorter) where that saves round
+  // trips to memory: a warp walks sps / B batches and sps % B single k-steps, and a round trip costs
+  // about two k-steps of streaming (W4 4096 x 11008: 12 k-steps in batches of 4 walk 3 round trips
+  // where 11 walk 5). Batches of 2 (W8, NF4 with two row tiles) save no trip. Not at 2..8 rows, which
+  // run the same kernel: there the longer slices cost more than the trips save.
+  const int batch = batch_of(best.rt);
+  auto trips = [batch](int sps) { return sps / batch + sps % batch; };
+  if (const int whole = (best.sps + batch - 1) / batch * batch; M == 1 && 2 * (trips(best.sps) - trips(whole)) > whole - best.sps)
+    best.sps = whole;
+  return best;
+}
+
+template <class Format>
+using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, int, int, int, int);
+
+template <int NT, int RT, bool kStepScale, class Format>
+MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x) {
+  constexpr Overlap v = overlap_variants<Format>(NT, RT);
+  if constexpr (NT == 1 && Format::kOverlapM8 && v != Overlap::plain_only)
+    if (stage_x && overlap) return mma_kernel<NT, RT, kStepScale, Format, true, true>;
+  if constexpr (v == Overlap::both) return overlap ? mma_kernel<NT, RT, kStepScale, Format, true> : mma_kernel<NT, RT, kStepScale, Format, false>;
+  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only>;
+}
+template <int NT, class Format>
+MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x) {
+  if constexpr (NT <= 4)
+    if (rt == 2) return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x) : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x);
+  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x) : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x);
+}
+template <class Format>
+MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false) {
+  switch (nt) {
+    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x);
+    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false);
+    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false);
+  }
+}
+
+// Runs mma_kernel for M rows on the default stream (kStepScale: the groups hold whole k-steps).
+template <class Format>
+void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
+             int64_t K) {
+  const int nt = n8_tiles(M);
+  // At M = 1 the planner weighs the overlapped GPTQ 4-bit kernels in their x-staged form (kStageX),
+  // the one it launches where their warps walk more than one batch; with two row tiles that form
+  // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
+  auto kern = [&](int rt, bool overlap) {
+    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap));
+  };
+  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split and M = 1 only: made once.
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool>, Plan> plans;
+  Plan p;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1);
+    auto it = plans.find(key);
+    // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
+    // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
+    // codes both ways (two tiles overlap their batches). NF4 is mixed and keeps the model's choice.
+    const int rt_only = !Format::kPairTable && nt == 2 ? 2 : 0;   // the GPTQ formats (NF4 runs with its pair table)
+    if (it == plans.end()) {
+      Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
+      q.smem = red_bytes(q.S, nt, q.rt);
+      // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks
+      // more than one batch (staging takes the x loads off each batch's critical path; with one
+      // batch a warp it only adds a copy), the unstaged kernel otherwise (the same launch bound, 64
+      // registers). Two row tiles: always, as planned (the staged form takes fewer registers: one
+      // wave where the unstaged overlapped loop needs two).
+      q.stage_x = M == 1 && nt == 1 && q.overlap && Format::kOverlapM8 && (q.rt == 2 || q.sps > batch_steps<Format>(1, 1));
+      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x));   // the kernel launched
+      spread(k, q);
+      it = plans.emplace(key, q).first;
+      if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
+        cudaFuncAttributes a{};
+        PTQ_CUDA(cudaFuncGetAttributes(&a, k));
+        std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d%s%s\n",
+                     (long long)M, (long long)N, (long long)K, nt, q.rt, q.S, q.ctas, q.sps, a.sharedSizeBytes, q.smem, q.carveout, a.numRegs,
+                     resident_ctas(k, q.S, q.smem), q.overlap ? " overlap" : "", q.stage_x ? " x-staged" : "");
+      }
+    }
+    p = it->second;
+  }
+  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
+             W, x, yh, yf, beta, int(M), int(N), int(K), p.sps);
+}
+
+template <class Format>
+void run_dequant(const Format& fmt, const uint4* W, __half* out, int64_t N, int64_t K) {
+  const int64_t units = (N + 15) / 16 * ((K + 63) / 64);   // a warp each, 8 per block
+  dequant_kernel<<<unsigned((units + 7) / 8), 256>>>(fmt, W, out, int(N), int(K));
+  PTQ_CUDA_LAUNCH("a16 dequant_kernel");
+}
+
+// The tensor-core kernel the path names: a16_mma.cuh's (x through L1/L2), this one (x in shared
+// memory) or a16_wgmma.cu's (Hopper).
+template <class Format>
+void run_tensor_cores(A16Path path, const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta,
+                      int64_t M, int64_t N, int64_t K) {
+  if (path == A16Path::wgmma) run_wgmma(fmt, W, x, yh, yf, beta, M, N, K);
+  else if (path == A16Path::shared_x) run_shared_x(fmt, W, x, yh, yf, beta, M, N, K);
+  else run_mma(mma_format(fmt), k_step_scale, W, x, yh, yf, beta, M, N, K);
+}
+
+}  // namespace ptq::cuda::a16

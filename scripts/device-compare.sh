@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the GPU machine: this tree's ptqkit (.device/bin) against a build of an earlier tree
+# (.device/base/ptqkit, gathered by `BASE_PTQKIT=... scripts/device-build.sh`), alternating in one
+# session so that both see the same GPU state. Logs into $OUT (or runs/device).
+#   scripts/device-compare.sh gptq [ROUNDS]      bench gptq: one layer, and the pipeline with --layers 4
+#   scripts/device-compare.sh kernels [ROUNDS]   bench kernels (W4A16, W8A16, NF4, W8A8), default M list
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-gptq}; rounds=${2:-2}
+out=${OUT:-runs/device}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PTQKIT_ASSETS=$PWD/.device/assets
+[ -x .device/base/ptqkit ] || { echo "no .device/base/ptqkit: build with BASE_PTQKIT set"; exit 2; }
+for i in $(seq "$rounds"); do
+  for b in base new; do
+    bin=.device/bin/ptqkit; [ $b = base ] && bin=.device/base/ptqkit
+    if [ "$what" = gptq ]; then
+      for p in ${BENCH_PRESETS:-llama2-7b}; do
+        $bin bench gptq --preset "$p" 2>&1 | tee "$out/gptq-layer-$p-$b-$i.log"
+        $bin bench gptq --preset "$p" --layers "${BENCH_LAYERS:-4}" 2>&1 | tee "$out/gptq-pipeline-$p-$b-$i.log"
+      done
+    else
+      $bin bench kernels ${BENCH_KERNEL_ARGS:-} 2>&1 | tee "$out/kernels-$b-$i.log"
+    fi
+  done
+done
