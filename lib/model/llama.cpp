@@ -220,7 +220,7 @@ void LlamaModel::validate() const {
     const Shape got = src_->shape(name);
     if (got != s) fail(Errc::format, src_->file_of(name), name, "shape " + shape_str(got) + " does not match the config's " + shape_str(s));
   };
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  const int64_t d = c.hidden_size;
   expect("model.embed_tokens.weight", {c.vocab_size, d});
   expect("model.norm.weight", {d});
   if (!c.tie_word_embeddings) expect("lm_head.weight", {c.vocab_size, d});
@@ -272,7 +272,8 @@ void LlamaModel::logits(const MatF& x, MatF& out) const {
   MatF xn;
   rmsnorm(x, read_vector(*src_, "model.norm.weight", cfg_.hidden_size), float(cfg_.rms_norm_eps), xn);
   const std::string head = cfg_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  Linear l{read_matrix(*src_, head, cfg_.vocab_size, cfg_.hidden_size), {}};
+  Linear l;
+  l.W = read_matrix(*src_, head, cfg_.vocab_size, cfg_.hidden_size);
   linear(xn, l, out);
 }
 

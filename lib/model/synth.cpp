@@ -89,7 +89,7 @@ void synth_model(const SynthOptions& opt, const std::string& out_dir) {
   const std::vector<int> outliers = outlier_channels(c.hidden_size, opt.seed);
 
   std::vector<TensorSpec> specs;
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  const int64_t d = c.hidden_size;
   specs.push_back({"model.embed_tokens.weight", opt.dtype, {c.vocab_size, d}});
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i);

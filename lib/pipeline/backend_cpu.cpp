@@ -154,7 +154,8 @@ class CpuSolver final : public GroupSolver {
 }  // namespace
 
 SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTimes& t) {
-  SolvedLinear s{job.proj};
+  SolvedLinear s;
+  s.proj = job.proj;
   const QuantSpec& spec = job.spec;
   const bool gptq = spec.method == "gptq";
   QuantizedLinear rtn;

@@ -138,7 +138,10 @@ class CudaSolver final : public GroupSolver {
       int64_t r0 = 0;
       size_t part = 0;
       for (const LinearJob& j : batch) {
-        SolvedLinear s{j.proj, std::move(rs.parts[part++]), st};
+        SolvedLinear s;
+        s.proj = j.proj;
+        s.q = std::move(rs.parts[part++]);
+        s.stats = st;
         s.rows = w[j.proj].W.rows();
         s.cols = cols;
         {
@@ -175,7 +178,8 @@ class CudaSolver final : public GroupSolver {
     const QuantSpec& spec = j.spec;
     const bool gptq = spec.method == "gptq";
     if (!dev.sum && !(gptq && cuda::gptq_supported(spec, nullptr))) return solve_on_host(j, W, host_H(), t);
-    SolvedLinear s{j.proj};
+    SolvedLinear s;
+    s.proj = j.proj;
     QuantizedLinear rtn;
     {
       PhaseTimer a(t.phase["solve"]);
