@@ -12,13 +12,23 @@ export PTQKIT_ASSETS=$PWD/.device/assets
 A=$PTQKIT_ASSETS
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$out/gpu.txt"
 .device/bin/test_cuda 2>&1 | tee "$out/test_cuda.log" | tail -4
+# Runs: the GPU forward and stacked solve (gptq, compressed-tensors); RTN (solved apart); the
+# statistics saved, then reloaded at 3 bits (host Hessians uploaded to the GPU solve).
 for b in base bin; do
   bin=.device/$b/ptqkit; [ -x "$bin" ] || continue
-  for f in gptq compressed-tensors; do
-    "$bin" -q quantize configs/ci-distilled-13m.yaml --model "$A/models/distilled-13m" --output "/tmp/q-$b-$f" --force \
-      --set calibration.dataset="$A/text/tinystories/calib.txt" --set export.format=$f --set device=cuda > "$out/quantize-$b-$f.log" 2>&1
-    (cd "/tmp/q-$b-$f" && sha256sum model.safetensors config.json) | sed "s|^|$b $f |" | tee -a "$out/gpu-hashes.txt"
-  done
+  q() {   # name [--set ...]
+    local name=$1; shift
+    "$bin" -q quantize configs/ci-distilled-13m.yaml --model "$A/models/distilled-13m" --output "/tmp/q-$b-$name" --force \
+      --set calibration.dataset="$A/text/tinystories/calib.txt" --set device=cuda "$@" > "$out/quantize-$b-$name.log" 2>&1
+    (cd "/tmp/q-$b-$name" && sha256sum model.safetensors config.json) | sed "s|^|$b $name |" | tee -a "$out/gpu-hashes.txt"
+  }
+  q gptq --set export.format=gptq
+  q compressed-tensors --set export.format=compressed-tensors
+  q rtn --set quantization.method=rtn
+  rm -rf "/tmp/stats-$b"
+  q saved --save-stats "/tmp/stats-$b"
+  (cd "/tmp/stats-$b" && sha256sum layer-*.safetensors) | sed "s|^|$b stats |" | tee -a "$out/gpu-hashes.txt"
+  q loaded --set quantization.bits=3 --load-stats "/tmp/stats-$b"
 done
 .device/bin/ptqkit eval --model /tmp/q-bin-gptq --data "$A/text/tinystories/eval.txt" --device cuda --max-windows 64 2>&1 | tee "$out/eval-cuda.log"
 .device/bin/ptqkit eval --model /tmp/q-bin-gptq --data "$A/text/tinystories/eval.txt" --max-windows 64 2>&1 | tee "$out/eval-cpu.log"

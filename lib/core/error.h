@@ -5,7 +5,7 @@
 
 namespace ptq {
 
-// Each kind maps to a distinct CLI exit code (apps/ptqkit.cpp), so batch jobs can tell them apart.
+// Each kind maps to a distinct CLI exit code (apps/main.cpp), so batch jobs can tell them apart.
 enum class Errc {
   usage = 2,     // bad command line or recipe
   io = 3,        // a file that cannot be read or written

@@ -7,7 +7,7 @@
 // bits) through the W4A16 / W8A16 kernels of lib/kernels/w4a16.cu, bitsandbytes NF4 checkpoints
 // through lib/kernels/nf4.cu, converted once at load time and resident; Linears a checkpoint
 // keeps in float run as 16-bit GEMMs. Activations: the fp32 residual stream and 16-bit GEMM
-// operands of lib/cuda/forward_cuda (docs/numerics.md).
+// operands of lib/model/forward_cuda (docs/numerics.md).
 #pragma once
 #include <memory>
 #include <string>

@@ -28,6 +28,16 @@ Tensor copy_of(const Checkpoint& ck, const std::string& name) {
 }
 }  // namespace
 
+QuantizedLinear unpacked_shape(int bits, bool sym, int64_t rows, int64_t cols, int64_t groups) {
+  QuantizedLinear q;
+  q.spec.bits = bits;
+  q.spec.sym = sym;
+  q.rows = rows;
+  q.cols = cols;
+  q.groups = groups;
+  return q;
+}
+
 std::vector<float> read_floats(const Checkpoint& ck, const std::string& name) { return tensor_to_f32(ck.get(name)); }
 
 

@@ -58,6 +58,8 @@ std::vector<T> read_raw(const Checkpoint& ck, const std::string& name, DType wan
   return v;
 }
 std::vector<float> read_floats(const Checkpoint& ck, const std::string& name);
+// What an unpacker fills: a QuantizedLinear of this shape and grid, its codes and grids still empty.
+QuantizedLinear unpacked_shape(int bits, bool sym, int64_t rows, int64_t cols, int64_t groups);
 // The Linears of the decoder layers with what the store holds for them.
 std::vector<ModulePlan> plan(const ExportJob& job);
 int64_t groups_of(const ModulePlan& m);

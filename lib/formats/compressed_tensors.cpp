@@ -44,12 +44,7 @@ CtPacked pack_ct(const QuantizedLinear& q) {
 }
 
 QuantizedLinear unpack_ct(const CtPacked& p, bool sym) {
-  QuantizedLinear q;
-  q.spec.bits = p.bits;
-  q.spec.sym = sym;
-  q.rows = p.rows;
-  q.cols = p.cols;
-  q.groups = p.groups;
+  QuantizedLinear q = unpacked_shape(p.bits, sym, p.rows, p.cols, p.groups);
   const int64_t nw = packed_words(p.cols, p.bits);   // read_ct_packed: packed_cols >= nw
   q.packed.resize(size_t(p.rows * nw));
   for (int64_t r = 0; r < p.rows; ++r)

@@ -85,12 +85,7 @@ GptqPacked pack_gptq(const QuantizedLinear& q, bool v2) {
 }
 
 QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym) {
-  QuantizedLinear q;
-  q.spec.bits = p.bits;
-  q.spec.sym = sym;
-  q.rows = p.rows;
-  q.cols = p.cols;
-  q.groups = p.groups;
+  QuantizedLinear q = unpacked_shape(p.bits, sym, p.rows, p.cols, p.groups);
   const int64_t nw = p.cols * p.bits / 32, zw = p.rows * p.bits / 32;   // read_gptq_packed: whole words
   // The transpose of pack_gptq: column r of qweight is row r's words.
   q.packed.resize(size_t(p.rows * nw));

@@ -3,7 +3,7 @@
 // 4096 x 4096 where the GPU is not sm_90, which takes a16_wgmma.cu; a16_path.h): y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Same weights, fragment
 // order and Format as kernels/a16_mma.cuh (its contract holds: W is the A operand, x the B operand
 // in n8 tiles, one k-step = 64 columns, k_step() does the math). Reference: ref_gemm_gptq /
-// ref_gemm_nf4 (kernels/reference.h); tests/test_cuda.cpp checks every split against them.
+// ref_gemm_nf4 (kernels/reference.h); tests/test_kernels_cuda.cpp checks every split against them.
 //
 // Why a second kernel. In a16_mma.cuh every warp reads x from L1/L2 for its own row tiles and the
 // warps of a CTA are K slices, so at M = 64 each tile re-reads all of x (8 KB per k-step against

@@ -2,7 +2,7 @@
 // activation rows (a16_path.h: automatic picks it on an sm_90 GPU at 33..128 rows, 129..256 on
 // large layers, 17..32 for 4-bit codes on large layers; forced, any M up to 256):
 // y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Reference: ref_gemm_gptq /
-// ref_gemm_nf4 (kernels/reference.h); tests/test_cuda.cpp checks it against them.
+// ref_gemm_nf4 (kernels/reference.h); tests/test_kernels_cuda.cpp checks it against them.
 //
 // Contract. W is the fragment order of kernels/a16_mma.cuh, unchanged (one layout serves every
 // kernel): a lane's uint4 of a 16-row tile and 64-column k-step holds its mma A fragments f = 0..3.

@@ -2,7 +2,7 @@
 // [rows]; one CTA of 256 threads per row: a max-|x| reduction (per token) or the static scale,
 // then q = rint(x / s) clamped, IEEE fp32 division as on the host. Roofline: reads 2 bytes and
 // writes 1 per element (memory-bound, one pass; the row is re-read from L1/L2 for the codes).
-// Reference: quantize_activations (lib/model/llama.cpp); tests/test_cuda.cpp compares them.
+// Reference: quantize_activations (lib/model/llama.cpp); tests/test_kernels_cuda.cpp compares them.
 #include "kernels/act_quant.h"
 
 #include <cuda_bf16.h>

@@ -4,7 +4,7 @@
 // h*hd .. h*hd+hd-1 (hd = 64 or 128; row strides heads*hd and kv_heads*hd, so 16-byte aligned);
 // causal within each window of T tokens (any T >= 1), optional sliding window; GQA by h / group.
 // Reference: attention_reference (fp64, below) and lib/model/llama.cpp's attention_core (fp32);
-// tests/test_cuda.cpp compares against both.
+// tests/test_forward_cuda.cpp compares against both.
 // Mapping (FlashAttention-2). A CTA (4 warps) owns 64 query rows of one head of one window, a
 // warp 16 of them; it walks the key tiles of 64 the rows may see (causal: up to the diagonal),
 // K and V tiles double-buffered in shared memory by cp.async (XOR-swizzled 16-byte chunks, so

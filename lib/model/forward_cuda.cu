@@ -7,7 +7,7 @@
 // otherwise per window, scores = Q K^T for all heads (strided-batched GEMM, fp32 out; GQA by one
 // batched call per query head of a KV group), causal (and sliding-window) softmax in fp32 to
 // 16-bit P, ctx = P V in 16-bit. The reference is lib/model/llama.cpp
-// (attention_core, mlp_act, rmsnorm, apply_rope) in fp32; tests/test_cuda.cpp compares the two.
+// (attention_core, mlp_act, rmsnorm, apply_rope) in fp32; tests/test_forward_cuda.cpp compares the two.
 // Roofline: GEMM-bound (2 * params * tokens + 4 * T^2 * q_dim * S FLOPs per layer on tensor
 // cores); the elementwise kernels move each activation once.
 // Size (~660 lines): the stages of one decoder layer and the elementwise kernels only they launch

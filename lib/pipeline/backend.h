@@ -9,7 +9,7 @@
 //                 the GPU (one stacked solve, weights left on the device for the next stage).
 //
 // Every implementation computes what its reference computes (backend_cpu.cpp): the GPU ones are
-// compared against it in tests/test_cuda.cpp, the CPU ones byte for byte against earlier trees
+// compared against it in the GPU tests (tests/test_*_cuda.cpp), the CPU ones byte for byte against earlier trees
 // (tests/baselines/output-hashes.txt).
 #pragma once
 #include <chrono>
@@ -131,5 +131,10 @@ std::unique_ptr<LayerForward> saved_statistics_forward(const CalibrationPass& pa
 std::unique_ptr<GroupSolver> cpu_solver();
 // One Linear solved on the host from the finalized H (GPTQ or RTN), with the report's losses.
 SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTimes& t);
+// The end of a Linear solved on its own: the report's losses of GPTQ's weights and (GPTQ runs)
+// RTN's, by `losses(W, Wq, Wr or null)`, then W replaced by the dequantized weights.
+using LossFn = std::function<std::pair<double, double>(const MatF& W, const MatF& Wq, const MatF* Wr)>;
+SolvedLinear finish_apart(const LinearJob& job, QuantizedLinear q, const QuantizedLinear& rtn, const SolveStats& stats, MatF& W,
+                          const LossFn& losses, PhaseTimes& t);
 
 }  // namespace ptq

@@ -3,6 +3,7 @@
 // Precision: the forward is fp32 (lib/model/llama.h), Hessians are fp32 SYRK chunks summed in
 // fp64 (lib/gptq/hessian.h), the solve is gptq.h's, losses are fp64.
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -153,28 +154,40 @@ class CpuSolver final : public GroupSolver {
 
 }  // namespace
 
-SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTimes& t) {
+SolvedLinear finish_apart(const LinearJob& job, QuantizedLinear q, const QuantizedLinear& rtn, const SolveStats& stats, MatF& W,
+                          const LossFn& losses, PhaseTimes& t) {
   SolvedLinear s;
   s.proj = job.proj;
-  const QuantSpec& spec = job.spec;
-  const bool gptq = spec.method == "gptq";
-  QuantizedLinear rtn;
-  {
-    PhaseTimer tt(t.phase["solve"]);
-    s.q = gptq ? gptq_quantize(W, H, spec, &s.stats) : rtn_quantize(W, spec);
-    rtn = gptq ? rtn_quantize(W, spec) : s.q;
-  }
+  s.q = std::move(q);
+  s.stats = stats;
+  const bool gptq = job.spec.method == "gptq";
   MatF Wq = s.q.dequantize();
   {
     PhaseTimer tt(t.phase["loss"]);
-    s.loss = output_error(W, Wq, H);
-    s.rtn_loss = gptq ? output_error(W, rtn.dequantize(), H) : s.loss;
+    const MatF Wr = gptq ? rtn.dequantize() : MatF();
+    std::tie(s.loss, s.rtn_loss) = losses(W, Wq, gptq ? &Wr : nullptr);
   }
   s.rows = W.rows();
   s.cols = W.cols();
-  s.seconds = s.stats.seconds;
+  s.seconds = stats.seconds;
   W = std::move(Wq);
   return s;
+}
+
+SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTimes& t) {
+  const QuantSpec& spec = job.spec;
+  const bool gptq = spec.method == "gptq";
+  SolveStats st;
+  QuantizedLinear q, rtn;
+  {
+    PhaseTimer tt(t.phase["solve"]);
+    q = gptq ? gptq_quantize(W, H, spec, &st) : rtn_quantize(W, spec);
+    if (gptq) rtn = rtn_quantize(W, spec);
+  }
+  return finish_apart(job, std::move(q), rtn, st, W, [&H](const MatF& W0, const MatF& Wq, const MatF* Wr) {
+    const double loss = output_error(W0, Wq, H);
+    return std::make_pair(loss, Wr ? output_error(W0, *Wr, H) : loss);
+  }, t);
 }
 
 std::unique_ptr<LayerForward> cpu_forward(const CalibrationPass& pass, MatF&& X, bool true_sequential, HessianFactory make_hessian,

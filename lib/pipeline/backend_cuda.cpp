@@ -1,5 +1,5 @@
 // backend_cuda.cpp — the GPU backend (backend.h); built only with CUDA. Its reference is
-// backend_cpu.cpp: the same schedule, the same Hessians in fp64, the same solve (tests/test_cuda.cpp).
+// backend_cpu.cpp: the same schedule, the same Hessians in fp64, the same solve (tests/test_gptq_cuda.cpp, test_forward_cuda.cpp, test_pipeline_cuda.cpp).
 //
 // With the GPU forward (true-sequential, weight-only), activations stay on the device, each
 // group's Hessian is accumulated there from the 16-bit activations the GEMMs consume, the group
@@ -178,9 +178,8 @@ class CudaSolver final : public GroupSolver {
     const QuantSpec& spec = j.spec;
     const bool gptq = spec.method == "gptq";
     if (!dev.sum && !(gptq && cuda::gptq_supported(spec, nullptr))) return solve_on_host(j, W, host_H(), t);
-    SolvedLinear s;
-    s.proj = j.proj;
-    QuantizedLinear rtn;
+    SolveStats st;
+    QuantizedLinear q, rtn;
     {
       PhaseTimer a(t.phase["solve"]);
       if (gptq && cuda::gptq_supported(spec, nullptr)) {   // the host H, uploaded (already scaled)
@@ -190,29 +189,18 @@ class CudaSolver final : public GroupSolver {
         cuda::WeightRows rows;
         rows.rows = W.rows();
         rows.host = &W;
-        s.q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &s.stats).parts[0]);
+        q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &st).parts[0]);
       } else {
-        s.q = gptq ? gptq_quantize(W, host_H(), spec, &s.stats) : rtn_quantize(W, spec);
+        q = gptq ? gptq_quantize(W, host_H(), spec, &st) : rtn_quantize(W, spec);
       }
-      rtn = gptq ? rtn_quantize(W, spec) : s.q;
+      if (gptq) rtn = rtn_quantize(W, spec);
     }
-    MatF Wq = s.q.dequantize();
-    {
-      PhaseTimer a(t.phase["loss"]);
-      if (dev.sum) {   // fp64 on the device (cuBLAS DGEMM), as output_error does on the CPU
-        const MatF Wr = gptq ? rtn.dequantize() : MatF();
-        std::tie(s.loss, s.rtn_loss) = cuda::output_errors(W, Wq, gptq ? &Wr : nullptr, dev);
-      } else {
-        const MatD& H = host_H();
-        s.loss = output_error(W, Wq, H);
-        s.rtn_loss = gptq ? output_error(W, rtn.dequantize(), H) : s.loss;
-      }
-    }
-    s.rows = W.rows();
-    s.cols = W.cols();
-    s.seconds = s.stats.seconds;
-    W = std::move(Wq);
-    return s;
+    return finish_apart(j, std::move(q), rtn, st, W, [&](const MatF& W0, const MatF& Wq, const MatF* Wr) {
+      if (dev.sum) return cuda::output_errors(W0, Wq, Wr, dev);   // fp64 on the device (cuBLAS DGEMM), as output_error on the CPU
+      const MatD& H = host_H();
+      const double loss = output_error(W0, Wq, H);
+      return std::make_pair(loss, Wr ? output_error(W0, *Wr, H) : loss);
+    }, t);
   }
 };
 
