@@ -4,13 +4,8 @@
 # (.device/base/ptqkit), with the SHA-256 of what each wrote (a restructuring must not move a byte
 # there either), then `eval --device cuda` of the packed result. Logs into $OUT (or runs/device).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${OUT:-runs/device}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export PTQKIT_ASSETS=$PWD/.device/assets
+source "$(dirname "$0")/device-env.sh"
 A=$PTQKIT_ASSETS
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$out/gpu.txt"
 .device/bin/test_cuda 2>&1 | tee "$out/test_cuda.log" | tail -4
 # Runs: the GPU forward and stacked solve (gptq, compressed-tensors); RTN (solved apart); the
 # statistics saved, then reloaded at 3 bits (host Hessians uploaded to the GPU solve).

@@ -5,12 +5,8 @@
 #   scripts/device-compare.sh gptq [ROUNDS]      bench gptq: one layer, and the pipeline with --layers 4
 #   scripts/device-compare.sh kernels [ROUNDS]   bench kernels (W4A16, W8A16, NF4, W8A8), default M list
 set -uo pipefail
-cd "$(dirname "$0")/.."
 what=${1:-gptq}; rounds=${2:-2}
-out=${OUT:-runs/device}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export PTQKIT_ASSETS=$PWD/.device/assets
+source "$(dirname "$0")/device-env.sh"
 [ -x .device/base/ptqkit ] || { echo "no .device/base/ptqkit: build with BASE_PTQKIT set"; exit 2; }
 for i in $(seq "$rounds"); do
   for b in base new; do

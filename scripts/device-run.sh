@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the GPU tests, then the GPTQ benchmarks; logs into $OUT (or runs/device).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${OUT:-runs/device}
-mkdir -p "$out"
-export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export PTQKIT_ASSETS=$PWD/.device/assets
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$out/gpu.txt"
+source "$(dirname "$0")/device-env.sh"
 .device/bin/test_cuda 2>&1 | tee "$out/test_cuda.log"
 for p in ${BENCH_PRESETS:-llama2-7b llama3-8b}; do
   .device/bin/ptqkit bench gptq --preset "$p" 2>&1 | tee "$out/bench-gptq-$p.log"

@@ -15,31 +15,16 @@
 #include "gptq/gptq.h"
 #include "gptq/qstore.h"
 #include "testing.h"
+#include "testing_gptq.h"
 
 using namespace ptq;
 
 namespace {
-struct Problem {
-  MatF W;
-  MatD H;
-  MatF X;
-};
-
-// Correlated inputs with unequal column scales (a few large, like activation outliers).
+using ptqtest::Problem;
 Problem make_problem(int rows, int cols, int tokens, uint64_t seed, bool dead_column = false) {
-  Rng r(seed);
-  MatF Z(tokens, cols), A(cols, cols);
-  for (int i = 0; i < Z.size(); ++i) Z.data()[i] = float(r.normal());
-  for (int i = 0; i < A.size(); ++i) A.data()[i] = float(r.normal() / std::sqrt(double(cols)));
-  A.diagonal().array() += 1.0f;
-  MatF X = Z * A;
-  for (int c = 0; c < cols; ++c) X.col(c) *= float(c % 17 == 3 ? 8.0 : 0.5 + r.uniform());
-  if (dead_column) X.col(5).setZero();
-  MatF W(rows, cols);
-  for (int i = 0; i < W.size(); ++i) W.data()[i] = float(r.normal() * 0.05);
-  Hessian h(cols);
-  h.add(X);
-  return {W, h.finalize(), X};
+  ptqtest::ProblemShape sh;
+  sh.dead_column = dead_column;
+  return ptqtest::correlated_problem(rows, cols, tokens, seed, sh);
 }
 
 struct RefResult {

@@ -27,29 +27,20 @@
 #include "pipeline/pipeline.h"
 #include "testing.h"
 #include "testing_cuda.h"
+#include "testing_gptq.h"
 
 using namespace ptq;
 using nlohmann::json;
 
 namespace {
-struct Problem {
-  MatF W, X;
-  MatD H;
-};
+using ptqtest::Problem;
 Problem problem(int rows, int cols, int tokens, uint64_t seed) {
-  Rng r(seed);
-  MatF Z(tokens, cols), A(cols, cols);
-  for (int i = 0; i < Z.size(); ++i) Z.data()[i] = float(r.normal());
-  for (int i = 0; i < A.size(); ++i) A.data()[i] = float(r.normal() / std::sqrt(double(cols)));
-  A.diagonal().array() += 1.0f;
-  MatF X = Z * A;
-  for (int c = 0; c < cols; ++c) X.col(c) *= float(c % 29 == 5 ? 10.0 : 0.5 + r.uniform());
-  for (int i = 0; i < X.size(); ++i) X.data()[i] = round_to(DType::F16, X.data()[i]);   // 16-bit activations
-  MatF W(rows, cols);
-  for (int i = 0; i < W.size(); ++i) W.data()[i] = float(r.normal() * 0.05);
-  Hessian h(cols);
-  h.add(X);
-  return {W, X, h.finalize()};
+  ptqtest::ProblemShape sh;
+  sh.outlier_every = 29;
+  sh.outlier_at = 5;
+  sh.outlier_scale = 10.0;
+  sh.f16_inputs = true;   // 16-bit activations
+  return ptqtest::correlated_problem(rows, cols, tokens, seed, sh);
 }
 }  // namespace
 
