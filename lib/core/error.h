@@ -5,6 +5,14 @@
 
 namespace ptq {
 
+// Debug builds (no NDEBUG) run extra self-checks (`if constexpr (kDebugChecks)`), e.g. that GPTQ's
+// output error never exceeds RTN's.
+#ifdef NDEBUG
+inline constexpr bool kDebugChecks = false;
+#else
+inline constexpr bool kDebugChecks = true;
+#endif
+
 // Each kind maps to a distinct CLI exit code (apps/main.cpp), so batch jobs can tell them apart.
 enum class Errc {
   usage = 2,     // bad command line or recipe

@@ -196,10 +196,9 @@ struct LayerResult {
 };
 
 void record(Run& R, const std::string& name, const QuantSpec& spec, const SolvedLinear& s) {
-#ifndef NDEBUG
-  if (spec.method == "gptq" && s.loss > s.rtn_loss * (1 + 1e-6) + 1e-12)
-    fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(s.loss) + " exceeds RTN's " + std::to_string(s.rtn_loss) + " (debug check)");
-#endif
+  if constexpr (kDebugChecks)
+    if (spec.method == "gptq" && s.loss > s.rtn_loss * (1 + 1e-6) + 1e-12)
+      fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(s.loss) + " exceeds RTN's " + std::to_string(s.rtn_loss) + " (debug check)");
   for (auto& line : s.stats.log) {
     std::fprintf(stderr, "ptqkit: %s: %s\n", name.c_str(), line.c_str());
     log_event("warning", {{"module", name}, {"message", line}});
