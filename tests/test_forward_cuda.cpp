@@ -4,6 +4,8 @@
 #include <cstring>
 #include <numeric>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "core/bits.h"
 #include "core/error.h"
@@ -26,6 +28,7 @@
 #include "model/synth.h"
 #include "pipeline/pipeline.h"
 #include "testing.h"
+#include "model/schedule.h"
 #include "testing_cuda.h"
 
 using namespace ptq;
@@ -75,11 +78,14 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
     REQUIRE(fw.spilled() == spill);
     fw.set_input(X);
     fw.load_layer(w);
-    cuda::HessianCuda gq(c.hidden_size, fw.dtype()), go(c.q_dim(), fw.dtype()), gm(c.hidden_size, fw.dtype()), gd(c.intermediate_size, fw.dtype());
-    fw.norm1(&gq);
-    fw.attention(&go);
-    fw.o_proj_norm2(&gm);
-    fw.mlp(&gd);
+    // the stages as the pipeline runs them: the layer schedule's groups in order, then down_proj
+    std::vector<std::unique_ptr<cuda::HessianCuda>> gh;
+    for (const LinearGroup& g : layer_schedule(c).groups) {
+      gh.push_back(std::make_unique<cuda::HessianCuda>(linear_shape(c, g.linears[0]).in, fw.dtype()));
+      fw.stage(g.input, gh.back().get());
+    }
+    REQUIRE(gh.size() == 4);
+    cuda::HessianCuda &gq = *gh[0], &go = *gh[1], &gm = *gh[2], &gd = *gh[3];
     fw.down_proj();
     const MatF Xg = fw.input();
     const double ex = (Xg - Xc).norm() / (Xc - X).norm();   // relative to what the layer added

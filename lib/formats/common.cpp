@@ -45,8 +45,9 @@ std::vector<float> read_floats(const Checkpoint& ck, const std::string& name) { 
 std::vector<ModulePlan> plan(const ExportJob& job) {
   std::vector<ModulePlan> p;
   const auto& c = job.model->config();
+  const std::vector<Proj> linears = layer_schedule(c).linears();
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (Proj pr : kAllProj) {
+    for (Proj pr : linears) {
       const LinearShape sh = linear_shape(c, pr);
       ModulePlan m{proj_tensor_prefix(l, pr), sh.out, sh.in, {}, false};
       QuantStore::Info info;

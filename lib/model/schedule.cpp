@@ -16,6 +16,12 @@ const char* stage_name(Stage s) {
   return "?";
 }
 
+std::vector<Proj> LayerSchedule::linears() const {
+  std::vector<Proj> all;
+  for (const LinearGroup& g : groups) all.insert(all.end(), g.linears.begin(), g.linears.end());
+  return all;
+}
+
 const LayerSchedule& layer_schedule(const LlamaConfig& c) {
   static const LayerSchedule dense = {{
       {"qkv", Stage::norm1, {Proj::q, Proj::k, Proj::v}, "input_layernorm"},

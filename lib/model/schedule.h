@@ -44,6 +44,7 @@ struct LinearGroup {
 
 struct LayerSchedule {
   std::vector<LinearGroup> groups;   // execution order
+  std::vector<Proj> linears() const; // every quantizable Linear of the layer, group by group
 };
 
 // The schedule of the model's decoder layers (every layer of a dense family alike).

@@ -105,8 +105,9 @@ void load_model(Run& R) {
   if (r.calibration.seq_len > c.max_position_embeddings)
     fail(Errc::input, r.source, "calibration.seq_len",
          std::to_string(r.calibration.seq_len) + " exceeds the model's max_position_embeddings " + std::to_string(c.max_position_embeddings));
+  const std::vector<Proj> linears = layer_schedule(c).linears();
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (Proj p : kAllProj) R.known.push_back(proj_tensor_prefix(l, p));
+    for (Proj p : linears) R.known.push_back(proj_tensor_prefix(l, p));
   for (const char* n : {"lm_head", "model.embed_tokens", "model.norm"}) R.known.push_back(n);
   auto check = [&](const std::string& pat, const std::string& field) {
     for (auto& m : R.known)
@@ -121,7 +122,7 @@ void load_model(Run& R) {
   // Every format must be able to hold what the recipe asks for: refuse before calibrating.
   std::vector<ModulePlan> plan;
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (Proj p : kAllProj) {
+    for (Proj p : linears) {
       const std::string m = proj_tensor_prefix(l, p);
       const LinearShape sh = linear_shape(c, p);
       plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
@@ -309,14 +310,14 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
 
 // A layer the interrupted run finished: its quantized weights replayed for the next layer's input.
 void replay_layer(Run& R, Backend& B, const QuantStore& store, int l, LayerWeights& w) {
-  for (Proj p : kAllProj) {
+  for (Proj p : layer_schedule(R.c()).linears()) {
     const std::string name = proj_tensor_prefix(l, p);
     if (const QuantizedLinear* q = store.get(name)) w[p].W = q->dequantize();
     w[p].act = store.act_quant(name);
   }
   VecF v;
-  for (const char* norm : {"input_layernorm", "post_attention_layernorm"})
-    if (store.float_override(layer_prefix(l) + norm + ".weight", &v)) norm_weights(w, norm) = v;
+  for (const LinearGroup& g : layer_schedule(R.c()).groups)   // norms SmoothQuant folded factors into
+    if (!g.smooth_norm.empty() && store.float_override(layer_prefix(l) + g.smooth_norm + ".weight", &v)) norm_weights(w, g.smooth_norm) = v;
   json rep = json::parse(store.layer_report(l));
   for (auto& m : rep["modules"]) R.modules.push_back(m);
   for (auto& e : rep["smoothquant"]) R.smoothing.push_back(e);
