@@ -63,6 +63,33 @@ TEST_CASE("llama3 rope scaling matches the published formula (values from an fp6
   CHECK(r.sin(1000, 63) == Approx(0.0003068925940741034).margin(1e-9));
 }
 
+TEST_CASE("transformers 5 spellings: rope_parameters and dtype read as rope_theta, rope_scaling and torch_dtype (every family)") {
+  for (const char* family : {"llama", "mistral", "qwen2", "qwen3"}) {
+    json old = base(), now = base();
+    old["model_type"] = now["model_type"] = family;
+    old["rope_theta"] = 500000.0;
+    old["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 8192}};
+    old["torch_dtype"] = "bfloat16";
+    now.erase("rope_theta");
+    now.erase("torch_dtype");
+    now["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                              {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+    now["dtype"] = "bfloat16";
+    const LlamaConfig a = parse_config(old, "x"), b = parse_config(now, "x");
+    CHECK(b.rope_theta == 500000.0);
+    REQUIRE(b.rope_scaling);
+    CHECK(b.rope_scaling->factor == a.rope_scaling->factor);
+    CHECK(b.rope_scaling->original_max_position_embeddings == 8192);
+    CHECK(b.dtype == DType::BF16);
+    CHECK(b.qk_norm == (std::string(family) == "qwen3"));
+    now["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+    CHECK_FALSE(parse_config(now, "x").rope_scaling);
+    now["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "yarn"}};
+    CHECK_THAT(error_of(now), Catch::Contains("rope_parameters.rope_type") && Catch::Contains("yarn"));
+  }
+}
+
 TEST_CASE("bad configs are refused naming the field") {
   json j = base();
   j["model_type"] = "gpt_neox";

@@ -433,3 +433,35 @@ TEST_CASE("a malformed GGUF file is refused naming the field") {
   write_file_atomic(d / "arch2.gguf", one_tensor(0, u64(20) + "general.architecture" + u32(4) + u32(7), 1));   // a uint32
   CHECK_THROWS_WITH(gguf_config_json(GgufFile(d / "arch2.gguf")), Catch::Contains("general.architecture: must be a string"));
 }
+
+TEST_CASE("tiny-qwen3 quantized, exported in every weight-only format and read back: packed forward equals the fake export's, GPTQ beats RTN") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, sym: false, act_order: true, static_groups: true}\n"), "r.yaml");
+  r.model = a + "/models/tiny-qwen3";   // no tokenizer: random calibration tokens
+  r.output = d / "q";
+  r.device = "cpu";
+  r.calibration = {"random", 16, 48, 0};
+  r.formats = {"fake", "gptq_v2", "compressed-tensors"};
+  const json rep = run_quantize(r, {});
+  REQUIRE(rep["modules"].size() == 14);   // 2 layers x 7 Linears; q_norm / k_norm stay float
+  for (auto& m : rep["modules"]) CHECK(m["loss"].get<double>() <= m["rtn_loss"].get<double>() * (1 + 1e-6));
+  SafetensorsFile g(a + "/golden/golden-tiny-qwen3.safetensors");
+  const TensorView iv = g.get("input_ids");
+  const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
+  const int S = int(iv.shape[0]), T = int(iv.shape[1]);
+  const MatF fake = open_model(d / "q/fake")->forward(ids, S, T), flt = LlamaModel(r.model).forward(ids, S, T);
+  CHECK((fake - flt).norm() > 0);   // the weights did change
+  std::vector<MatF> packed;
+  for (const char* f : {"gptq_v2", "compressed-tensors"}) {
+    auto m = open_model(d / ("q/" + std::string(f)));
+    CHECK(m->config().qk_norm);
+    packed.push_back(m->forward(ids, S, T));
+    // The packed readers dequantize s * (q - z) in fp32; the fake export stored those weights
+    // rounded to the checkpoint's bf16 (2^-9 relative), which moves these logits by ~0.5%.
+    INFO(f << ": relative difference to the fake export " << (packed.back() - fake).norm() / fake.norm());
+    CHECK((packed.back() - fake).norm() <= 1e-2 * fake.norm());
+  }
+  CHECK(packed[0] == packed[1]);   // the same codes and bf16 scales in two layouts: the same model
+}

@@ -29,6 +29,24 @@ void check_golden(const std::string& model) {
   CHECK(maxd < 1e-3);
 }
 
+// The tiny checkpoints written by transformers 5 (bf16 weights, hub names): input_ids [S, T] and
+// fp32 logits [S, T, vocab] from transformers' own forward.
+void check_golden_tiny(const std::string& family) {
+  const std::string a = ptqtest::assets();
+  LlamaModel m(a + "/models/tiny-" + family);
+  SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
+  auto ids_v = g.get("input_ids");
+  REQUIRE(ids_v.shape.size() == 2);
+  std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(ids_v.data), reinterpret_cast<const int32_t*>(ids_v.data) + ids_v.numel());
+  auto want = tensor_to_f32(g.get("logits"));
+  MatF got = m.forward(ids, int(ids_v.shape[0]), int(ids_v.shape[1]));
+  REQUIRE(size_t(got.size()) == want.size());
+  double maxd = 0;
+  for (size_t i = 0; i < want.size(); ++i) maxd = std::max(maxd, double(std::abs(got.data()[i] - want[i])));
+  INFO("tiny-" << family << ": max |logit - golden| = " << maxd);
+  CHECK(maxd < 1e-3);
+}
+
 // ---- naive fp64 reference ----
 using D = std::vector<double>;
 struct RefModel {
@@ -188,6 +206,10 @@ json small_cfg(const std::string& type) {
 TEST_CASE("logits match HF transformers' golden logits: stories260k") { PTQ_REQUIRE_ASSETS(); check_golden("stories260k"); }
 TEST_CASE("logits match HF transformers' golden logits: llama2xs") { PTQ_REQUIRE_ASSETS(); check_golden("llama2xs"); }
 TEST_CASE("logits match HF transformers' golden logits: distilled-13m (f16, sharded)") { PTQ_REQUIRE_ASSETS(); check_golden("distilled-13m"); }
+TEST_CASE("logits match HF transformers' golden logits: tiny-qwen3 (per-head q/k norms, head_dim 32 with hidden 64, rope_parameters)") {
+  PTQ_REQUIRE_ASSETS();
+  check_golden_tiny("qwen3");
+}
 
 TEST_CASE("forward matches an fp64 reference: llama with GQA and head_dim != hidden/heads") { check_against_fp64(small_cfg("llama")); }
 TEST_CASE("forward matches an fp64 reference: qwen2 q/k/v bias") { check_against_fp64(small_cfg("qwen2")); }

@@ -443,6 +443,7 @@ void check_gguf_model(const LlamaConfig& c) {
   if (c.model_type == "qwen2" || c.qkv_bias || c.o_bias || c.mlp_bias) refuse("only bias-free llama/mistral models are written so far");
   if (c.rope_scaling) refuse("llama3 rope scaling (rope_freqs) is not written yet");
   if (c.sliding_window) refuse("sliding-window models are not written yet");
+  if (c.qk_norm) refuse("per-head q/k norms (qwen3) are not written yet");
   if (c.dtype == DType::BF16) refuse("block scales are f16; this bf16 model's scales are bf16");
 }
 

@@ -34,8 +34,9 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
   c.raw = j;
   if (!j.contains("model_type") || !j["model_type"].is_string()) fail(Errc::config, file, "model_type", "missing");
   c.model_type = j["model_type"].get<std::string>();
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2")
-    fail(Errc::config, file, "model_type", "unsupported model_type '" + c.model_type + "' (supported: llama, mistral, qwen2)");
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3")
+    fail(Errc::config, file, "model_type", "unsupported model_type '" + c.model_type + "' (supported: llama, mistral, qwen2, qwen3)");
+  c.qk_norm = c.model_type == "qwen3";
   c.hidden_size = get_int(j, file, "hidden_size");
   c.intermediate_size = get_int(j, file, "intermediate_size");
   c.num_hidden_layers = get_int(j, file, "num_hidden_layers");
@@ -49,7 +50,13 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
   if (c.head_dim % 2) fail(Errc::config, file, "head_dim", "must be even for rotary embeddings");
   if (c.num_attention_heads % c.num_key_value_heads)
     fail(Errc::config, file, "num_key_value_heads", "must divide num_attention_heads (" + std::to_string(c.num_attention_heads) + ")");
-  c.rope_theta = json_field<double>(j, "rope_theta", 10000.0, Errc::config, file);
+  // transformers 5 writes rope_theta and the scaling into one rope_parameters object; earlier
+  // versions write a top-level rope_theta and rope_scaling. Both spellings are read.
+  const bool rope_params = j.contains("rope_parameters") && !j["rope_parameters"].is_null();
+  if (rope_params && !j["rope_parameters"].is_object()) fail(Errc::config, file, "rope_parameters", "must be an object or null");
+  c.rope_theta = rope_params ? json_field<double>(j["rope_parameters"], "rope_theta", json_field<double>(j, "rope_theta", 10000.0, Errc::config, file),
+                                                  Errc::config, file, "rope_parameters.rope_theta")
+                             : json_field<double>(j, "rope_theta", 10000.0, Errc::config, file);
   c.rms_norm_eps = json_field<double>(j, "rms_norm_eps", 1e-6, Errc::config, file);
   if (c.rope_theta <= 0) fail(Errc::config, file, "rope_theta", "must be positive");
   if (c.rms_norm_eps <= 0) fail(Errc::config, file, "rms_norm_eps", "must be positive");
@@ -62,23 +69,25 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
       (c.model_type == "mistral" || json_field<bool>(j, "use_sliding_window", false, Errc::config, file)))
     c.sliding_window = get_int(j, file, "sliding_window");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& rs = j["rope_scaling"];
-    if (!rs.is_object()) fail(Errc::config, file, "rope_scaling", "must be an object or null");
-    const std::string type = json_field<std::string>(rs, "rope_type", json_field<std::string>(rs, "type", "", Errc::config, file, "rope_scaling.type"),
-                                                      Errc::config, file, "rope_scaling.rope_type");
+  const char* rs_key = rope_params ? "rope_parameters" : "rope_scaling";
+  if (j.contains(rs_key) && !j[rs_key].is_null()) {
+    const json& rs = j[rs_key];
+    const std::string at = std::string(rs_key) + ".";
+    if (!rs.is_object()) fail(Errc::config, file, rs_key, "must be an object or null");
+    const std::string type = json_field<std::string>(rs, "rope_type", json_field<std::string>(rs, "type", rope_params ? "default" : "", Errc::config, file, at + "type"),
+                                                      Errc::config, file, at + "rope_type");
     if (type == "default") {
     } else if (type == "llama3") {
       RopeScaling r;
-      r.factor = json_field<double>(rs, "factor", 8.0, Errc::config, file, "rope_scaling.factor");
-      r.low_freq_factor = json_field<double>(rs, "low_freq_factor", 1.0, Errc::config, file, "rope_scaling.low_freq_factor");
-      r.high_freq_factor = json_field<double>(rs, "high_freq_factor", 4.0, Errc::config, file, "rope_scaling.high_freq_factor");
-      r.original_max_position_embeddings = get_int(rs, file, "original_max_position_embeddings", 8192, "rope_scaling.original_max_position_embeddings");
+      r.factor = json_field<double>(rs, "factor", 8.0, Errc::config, file, at + "factor");
+      r.low_freq_factor = json_field<double>(rs, "low_freq_factor", 1.0, Errc::config, file, at + "low_freq_factor");
+      r.high_freq_factor = json_field<double>(rs, "high_freq_factor", 4.0, Errc::config, file, at + "high_freq_factor");
+      r.original_max_position_embeddings = get_int(rs, file, "original_max_position_embeddings", 8192, at + "original_max_position_embeddings");
       if (r.high_freq_factor <= r.low_freq_factor)
-        fail(Errc::config, file, "rope_scaling.high_freq_factor", "must exceed low_freq_factor");
+        fail(Errc::config, file, at + "high_freq_factor", "must exceed low_freq_factor");
       c.rope_scaling = r;
     } else {
-      fail(Errc::config, file, "rope_scaling.rope_type", "unsupported rope scaling '" + type + "' (supported: llama3)");
+      fail(Errc::config, file, at + "rope_type", "unsupported rope scaling '" + type + "' (supported: llama3)");
     }
   }
   for (const char* k : {"quantization_config", "ptqkit_w8a8"})

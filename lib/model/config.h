@@ -1,4 +1,4 @@
-// config.h — the Llama-family config.json (llama, mistral, qwen2) as ptqkit uses it.
+// config.h — the Llama-family config.json (llama, mistral, qwen2, qwen3) as ptqkit uses it.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -14,7 +14,7 @@ struct RopeScaling {          // rope_scaling of type "llama3" (Llama 3.1+)
 };
 
 struct LlamaConfig {
-  std::string model_type;     // llama | mistral | qwen2
+  std::string model_type;     // llama | mistral | qwen2 | qwen3
   int hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   int vocab_size = 0, max_position_embeddings = 0;
@@ -24,6 +24,7 @@ struct LlamaConfig {
   bool qkv_bias = false;      // qwen2 always, llama with attention_bias
   bool o_bias = false;        // llama attention_bias also biases o_proj
   bool mlp_bias = false;
+  bool qk_norm = false;       // qwen3: RMSNorm of each head of q and k (self_attn.q_norm, k_norm, [head_dim]) before rotary
   std::optional<RopeScaling> rope_scaling;
   int bos_token_id = 1;
   DType dtype = DType::F32;   // torch_dtype: the checkpoint's float dtype

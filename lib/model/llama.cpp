@@ -21,7 +21,7 @@ std::string proj_tensor_prefix(int layer, Proj p) {
 }
 
 size_t LayerWeights::bytes() const {
-  size_t s = size_t(input_layernorm.size() + post_attention_layernorm.size()) * 4;
+  size_t s = size_t(input_layernorm.size() + post_attention_layernorm.size() + q_norm.size() + k_norm.size()) * 4;
   for (auto& l : proj) s += size_t(l.W.size() + l.b.size()) * 4;
   return s;
 }
@@ -77,6 +77,16 @@ void rmsnorm(const MatF& x, const VecF& w, float eps, MatF& out) {
     const float inv = 1.0f / std::sqrt(ms + eps);
     out.row(r) = (x.row(r) * inv).cwiseProduct(w.transpose());
   }
+}
+
+void head_rmsnorm(MatF& y, int heads, int hd, const VecF& w, float eps) {
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index r = 0; r < y.rows(); ++r)
+    for (int h = 0; h < heads; ++h) {
+      auto seg = y.row(r).segment(Eigen::Index(h) * hd, hd);
+      const float inv = 1.0f / std::sqrt(seg.squaredNorm() / float(hd) + eps);
+      seg = (seg * inv).cwiseProduct(w.transpose());
+    }
 }
 
 void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale) {
@@ -141,6 +151,10 @@ void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rop
   linear(xn, w[Proj::k], k);
   linear(xn, w[Proj::v], v);
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, group = nh / nkv;
+  if (c.qk_norm) {   // Qwen3: each head of q and k RMS-normalized over head_dim, then rotated
+    head_rmsnorm(q, nh, hd, w.q_norm, float(c.rms_norm_eps));
+    head_rmsnorm(k, nkv, hd, w.k_norm, float(c.rms_norm_eps));
+  }
   apply_rope(q, nh, hd, rope, S, T);
   apply_rope(k, nkv, hd, rope, S, T);
   ctx.resize(Eigen::Index(S) * T, Eigen::Index(nh) * hd);
@@ -228,6 +242,10 @@ void LlamaModel::validate() const {
     const std::string p = "model.layers." + std::to_string(i);
     expect(p + ".input_layernorm.weight", {d});
     expect(p + ".post_attention_layernorm.weight", {d});
+    if (c.qk_norm) {
+      expect(p + ".self_attn.q_norm.weight", {c.head_dim});
+      expect(p + ".self_attn.k_norm.weight", {c.head_dim});
+    }
     for (Proj pr : kAllProj) {
       const LinearShape sh = linear_shape(c, pr);
       expect(proj_tensor_prefix(i, pr) + ".weight", {sh.out, sh.in});
@@ -256,6 +274,10 @@ LayerWeights LlamaModel::load_layer(int i) const {
   LayerWeights w;
   w.input_layernorm = read_vector(*src_, p + ".input_layernorm.weight", c.hidden_size);
   w.post_attention_layernorm = read_vector(*src_, p + ".post_attention_layernorm.weight", c.hidden_size);
+  if (c.qk_norm) {
+    w.q_norm = read_vector(*src_, p + ".self_attn.q_norm.weight", c.head_dim);
+    w.k_norm = read_vector(*src_, p + ".self_attn.k_norm.weight", c.head_dim);
+  }
   for (Proj pr : kAllProj) {
     const std::string n = proj_tensor_prefix(i, pr);
     const LinearShape sh = linear_shape(c, pr);

@@ -38,6 +38,7 @@ void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale
 
 struct LayerWeights {
   VecF input_layernorm, post_attention_layernorm;
+  VecF q_norm, k_norm;   // [head_dim], per-head RMSNorm of q and k (qk_norm models: Qwen3); else empty
   std::array<Linear, 7> proj;
   Linear& operator[](Proj p) { return proj[size_t(p)]; }
   const Linear& operator[](Proj p) const { return proj[size_t(p)]; }
@@ -52,6 +53,8 @@ Rope make_rope(const LlamaConfig& c, int max_len);
 
 // ---- stages (all fp32) ----
 void rmsnorm(const MatF& x, const VecF& w, float eps, MatF& out);
+// y [rows, heads * hd]: each head's hd values RMS-normalized and scaled by w [hd], in place (Qwen3's q/k norms).
+void head_rmsnorm(MatF& y, int heads, int hd, const VecF& w, float eps);
 void linear(const MatF& x, const Linear& l, MatF& y);                  // y = x W^T + b
 // q/k/v projections, rotary, causal GQA softmax attention: returns the input of o_proj [S*T, q_dim].
 void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx);
