@@ -33,6 +33,4 @@ MatD Hessian::finalize() const {
   return H;
 }
 
-MatD Hessian::diag_sum_x2() const { return H_.diagonal().transpose(); }
-
 }  // namespace ptq
