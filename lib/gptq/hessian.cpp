@@ -33,4 +33,6 @@ MatD Hessian::finalize() const {
   return H;
 }
 
+MatD Hessian::diag_sum_x2() const { return H_.diagonal().transpose(); }
+
 }  // namespace ptq

@@ -44,6 +44,7 @@ class Hessian final : public HessianSum {
   MatD finalize() const override;
   int64_t tokens() const override { return n_; }
   double scale() const override { return scaled_ ? 1.0 : n_ > 0 ? 2.0 / double(n_) : 1.0; }
+  MatD diag_sum_x2() const;               // sum_t x_t^2 per column: llama.cpp's importance matrix
  private:
   MatD H_;                                // lower triangle of sum x x^T (or all of H, from_matrix)
   int64_t n_ = 0;

@@ -40,7 +40,7 @@ template <class F>
 auto from_metadata(const std::string& file, const std::string& name, const std::string& text, F&& read) {
   return json_errors_named(Errc::format, file, "__metadata__." + name, [&] { return read(json::parse(text)); });
 }
-// A module's spec, its code width checked (the codes are read as words of that width).
+// A module's spec, its code width checked (the codes are unpacked and range-checked with it).
 QuantSpec spec_of(const std::string& file, const std::string& name, const std::string& text) {
   const QuantSpec s = from_metadata(file, name, text, spec_from);
   if (s.bits < 1 || s.bits > 8) fail(Errc::format, file, "__metadata__." + name + ".bits", "must be 1..8, got " + std::to_string(s.bits));

@@ -70,19 +70,12 @@ std::vector<uint8_t> QuantizedLinear::unpacked_codes() const {
 
 MatF QuantizedLinear::dequantize() const {
   MatF W(rows, cols);
-  const int64_t nw = packed_words(cols, spec.bits);
-#pragma omp parallel if (rows * cols > (int64_t(1) << 20))
-  {
-    std::vector<uint8_t> row(static_cast<size_t>(cols));   // one row's codes, unpacked once (not per element)
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      unpack_rows(packed.data() + r * nw, 1, cols, spec.bits, row.data());
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t g = g_idx[size_t(c)];
-        W(r, c) = dequantize_code(int(row[size_t(c)]), {scales[size_t(g * rows + r)], zeros[size_t(g * rows + r)]});
-      }
+#pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 20))
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t g = g_idx[size_t(c)];
+      W(r, c) = dequantize_code(int(code(r, c)), {scales[size_t(g * rows + r)], zeros[size_t(g * rows + r)]});
     }
-  }
   return W;
 }
 

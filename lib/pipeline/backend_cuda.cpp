@@ -80,50 +80,27 @@ class CudaSolver final : public GroupSolver {
   // fw: the GPU forward whose weights a solve reads and replaces (null: the CPU forward's run).
   CudaSolver(cuda::LayerForwardCuda* fw, DType model_dtype) : fw_(fw), model_dtype_(model_dtype) {}
   std::vector<SolvedLinear> solve(const std::vector<LinearJob>& jobs, LayerWeights& w, HessianSum& H, const MatD* H_host, PhaseTimes& t) override {
-    GroupHessian gh(H, H_host, t);
+    HessianRef dev;   // the sum stays on the device unless the host copy is what the run keeps
+    MatD own;
+    if (!H_host) {
+      PhaseTimer a(t.phase["hessian"]);
+      dev = H.device();
+      if (!dev.sum) { own = H.finalize(); H_host = &own; }
+    }
+    auto host_H = [&]() -> const MatD& {
+      if (!H_host) { PhaseTimer a(t.phase["hessian"]); own = H.finalize(); H_host = &own; }
+      return *H_host;
+    };
     std::vector<SolvedLinear> out;
     std::vector<LinearJob> todo = jobs;
-    if (gh.dev.sum) solve_resident(todo, w, gh.dev, t, out);
-    for (const LinearJob& j : todo) out.push_back(solve_apart(j, w[j.proj].W, gh, t));
+    if (dev.sum) solve_resident(todo, w, dev, t, out);
+    for (const LinearJob& j : todo) out.push_back(solve_apart(j, w[j.proj].W, dev, host_H, t));
     return out;
   }
 
  private:
   cuda::LayerForwardCuda* fw_;
   DType model_dtype_;
-
-  // A group's Hessian in the forms its solves ask for: the device sum where the run keeps none on
-  // the host (read in place), else the host H; that host H uploaded once for the group's GPU solves.
-  struct GroupHessian {
-    HessianSum& H;
-    const MatD* host_H;
-    PhaseTimes& t;
-    HessianRef dev;
-    MatD own;
-    cuda::DeviceBuffer<double> uploaded;
-    GroupHessian(HessianSum& h, const MatD* host, PhaseTimes& times) : H(h), host_H(host), t(times) {
-      if (!host_H) {
-        PhaseTimer a(t.phase["hessian"]);
-        dev = H.device();
-      }
-    }
-    const MatD& host() {
-      if (!host_H) {
-        PhaseTimer a(t.phase["hessian"]);
-        own = H.finalize();
-        host_H = &own;
-      }
-      return *host_H;
-    }
-    HessianRef host_on_device() {   // already scaled: scale 1
-      if (!uploaded.get()) {
-        const MatD& Hh = host();
-        uploaded = cuda::DeviceBuffer<double>(size_t(Hh.size()), "Hessian");
-        cuda::copy_to_device(uploaded.get(), Hh.data(), size_t(Hh.size()) * 8);
-      }
-      return {uploaded.get(), 1.0};
-    }
-  };
 
   // The Linears that share the Hessian and a spec the fused kernel serves, as one stacked solve;
   // its weights stay on the device for the loss and (with the GPU forward) the next stage.
@@ -196,27 +173,31 @@ class CudaSolver final : public GroupSolver {
   }
 
   // One Linear on its own: RTN, specs the fused kernel refuses, or a host Hessian (statistics).
-  SolvedLinear solve_apart(const LinearJob& j, MatF& W, GroupHessian& gh, PhaseTimes& t) {
+  template <class HostH>
+  SolvedLinear solve_apart(const LinearJob& j, MatF& W, HessianRef dev, HostH&& host_H, PhaseTimes& t) {
     const QuantSpec& spec = j.spec;
     const bool gptq = spec.method == "gptq";
-    if (!gh.dev.sum && !(gptq && cuda::gptq_supported(spec, nullptr))) return solve_on_host(j, W, gh.host(), t);
+    if (!dev.sum && !(gptq && cuda::gptq_supported(spec, nullptr))) return solve_on_host(j, W, host_H(), t);
     SolveStats st;
     QuantizedLinear q, rtn;
     {
       PhaseTimer a(t.phase["solve"]);
-      if (gptq && cuda::gptq_supported(spec, nullptr)) {   // a host H (statistics): on the GPU, uploaded once for the group
+      if (gptq && cuda::gptq_supported(spec, nullptr)) {   // the host H, uploaded (already scaled)
+        const MatD& H = host_H();
+        cuda::DeviceBuffer<double> dH(size_t(H.size()), "Hessian");
+        cuda::copy_to_device(dH.get(), H.data(), size_t(H.size()) * 8);
         cuda::WeightRows rows;
         rows.rows = W.rows();
         rows.host = &W;
-        q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), gh.host_on_device(), spec, cuda::SolveKeep::codes, &st).parts[0]);
+        q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &st).parts[0]);
       } else {
-        q = gptq ? gptq_quantize(W, gh.host(), spec, &st) : rtn_quantize(W, spec);
+        q = gptq ? gptq_quantize(W, host_H(), spec, &st) : rtn_quantize(W, spec);
       }
       if (gptq) rtn = rtn_quantize(W, spec);
     }
     return finish_apart(j, std::move(q), rtn, st, W, [&](const MatF& W0, const MatF& Wq, const MatF* Wr) {
-      if (gh.dev.sum) return cuda::output_errors(W0, Wq, Wr, gh.dev);   // fp64 on the device (cuBLAS DGEMM), as output_error on the CPU
-      const MatD& H = gh.host();
+      if (dev.sum) return cuda::output_errors(W0, Wq, Wr, dev);   // fp64 on the device (cuBLAS DGEMM), as output_error on the CPU
+      const MatD& H = host_H();
       const double loss = output_error(W0, Wq, H);
       return std::make_pair(loss, Wr ? output_error(W0, *Wr, H) : loss);
     }, t);

@@ -288,16 +288,14 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
       H_host = H->finalize();
     }
     std::vector<LinearJob> jobs;
-    for (Proj p : g.linears) {
-      const std::string name = proj_tensor_prefix(l, p);
-      if (!R.r.ignored(name)) jobs.push_back({p, name, R.spec_of(name)});
-    }
+    for (Proj p : g.linears)
+      if (!R.r.ignored(proj_tensor_prefix(l, p))) jobs.push_back({p, proj_tensor_prefix(l, p), R.spec_of(proj_tensor_prefix(l, p))});
     std::vector<SolvedLinear> solved = B.solver->solve(jobs, w, *H, H_host.size() ? &H_host : nullptr, R.t);
     H.reset();   // its memory goes to the next group
     std::vector<Proj> done;
     for (SolvedLinear& s : solved) {
       const std::string name = proj_tensor_prefix(l, s.proj);
-      record(R, name, s.q.spec, s);   // the spec the solver was given
+      record(R, name, R.spec_of(name), s);
       s.q.name = name;
       out.qs.push_back(std::move(s.q));
       done.push_back(s.proj);
