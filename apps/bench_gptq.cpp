@@ -116,7 +116,7 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
   std::printf("bench gptq: %s layer (hidden %lld, ffn %lld), %d x %d calibration tokens, %d-bit g%d%s, on %s\n", a.preset.c_str(),
               (long long)d, (long long)f, a.samples, a.seq_len, a.bits, a.group, a.act_order ? " act-order" : "", cuda::describe().c_str());
   using clk = std::chrono::steady_clock;
-  const LayerSchedule& sched = layer_schedule(c);
+  const LayerSchedule sched = layer_schedule(c, 0);
   std::vector<std::unique_ptr<cuda::HessianCuda>> H;
   double t_hess = 0, hess_flop = 0;
   {
@@ -145,8 +145,8 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
   cuda::GptqPhaseTimes sum;
   double t_solve = 0;
   for (size_t k = 0; k < sched.groups.size(); ++k)
-    for (Proj p : sched.groups[k].linears) {
-    const int m = int(p);
+    for (LinearId p : sched.groups[k].linears) {
+    const int m = int(p.proj);
     const LinearShape sh = linear_shape(c, p);
     MatF W(sh.out, sh.in);
 #pragma omp parallel for schedule(static)

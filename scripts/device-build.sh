@@ -16,6 +16,10 @@ if [ -n "${BASE_PTQKIT:-}" ]; then mkdir -p .device/base && cp "$BASE_PTQKIT" .d
 for l in libyaml-cpp.so.0.7 libsentencepiece.so.0 libcrypto.so.3 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" .device/lib/; done
 A=${PTQKIT_ASSETS:-../shared/assets}
 cp -r "$A/models/distilled-13m" .device/assets/models/
+for f in qwen3 qwen3-moe mixtral phi3; do   # the tiny checkpoints of the other families (2 MB together)
+  cp -r "$A/models/tiny-$f" .device/assets/models/
+  cp "$A/golden/golden-tiny-$f.safetensors" .device/assets/golden/
+done
 cp "$A/text/tinystories/calib.txt" "$A/text/tinystories/eval.txt" .device/assets/text/tinystories/
 cp "$A/golden/golden.json" .device/assets/golden/
 du -sh .device

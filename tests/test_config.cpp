@@ -133,3 +133,53 @@ TEST_CASE("bad configs are refused naming the field") {
   j["quantization_config"] = "gptq";
   CHECK(error_of(j).find("quantization_config: must be an object") != std::string::npos);
 }
+
+TEST_CASE("MoE and Phi-3 configs: experts, routing, sparse layers, partial rotary") {
+  json m = base();
+  m["model_type"] = "qwen3_moe";
+  m["num_experts"] = 128;   // transformers 4's spelling (5 writes num_local_experts)
+  m["num_experts_per_tok"] = 8;
+  m["moe_intermediate_size"] = 768;
+  m["norm_topk_prob"] = true;
+  m["decoder_sparse_step"] = 2;
+  m["mlp_only_layers"] = {2};
+  m["num_hidden_layers"] = 6;
+  LlamaConfig c = parse_config(m, "config.json");
+  CHECK(c.moe == MoeRouting::softmax_topk);
+  CHECK(c.qk_norm);
+  CHECK((c.num_experts == 128 && c.experts_per_token == 8 && c.moe_intermediate_size == 768));
+  // sparse when (l + 1) % 2 == 0 and l is not an mlp-only layer: layers 1, 3, 5
+  CHECK(!c.moe_layer(0));
+  CHECK(c.moe_layer(1));
+  CHECK(!c.moe_layer(2));
+  CHECK(c.moe_layer(3));
+  CHECK(!c.moe_layer(4));
+  m["num_experts_per_tok"] = 129;
+  CHECK_THAT(error_of(m), Catch::Contains("config.json: num_experts_per_tok: 129 exceeds the 128 experts (num_experts)"));
+  m["num_experts_per_tok"] = 2;
+  m.erase("moe_intermediate_size");
+  CHECK_THAT(error_of(m), Catch::Contains("moe_intermediate_size: missing"));
+  m["moe_intermediate_size"] = 768;
+  m["mlp_only_layers"] = "2";
+  CHECK_THAT(error_of(m), Catch::Contains("mlp_only_layers: must be a list of layer indices"));
+
+  json x = base();
+  x["model_type"] = "mixtral";
+  x["num_local_experts"] = 8;
+  x["num_experts_per_tok"] = 2;
+  c = parse_config(x, "config.json");
+  CHECK((c.moe == MoeRouting::topk_softmax && c.moe_intermediate_size == c.intermediate_size && c.moe_layer(0)));
+  x.erase("num_local_experts");
+  CHECK_THAT(error_of(x), Catch::Contains("num_experts: missing"));
+
+  json p = base();
+  p["model_type"] = "phi3";
+  p["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  c = parse_config(p, "config.json");
+  CHECK((c.fused && c.rotary_dim() == c.head_dim / 2));
+  p["rope_parameters"]["rope_type"] = "longrope";
+  CHECK_THAT(error_of(p), Catch::Contains("rope_parameters.rope_type: unsupported rope scaling 'longrope' (supported: default, llama3)"));
+  p["rope_parameters"]["rope_type"] = "default";
+  p["rope_parameters"]["partial_rotary_factor"] = 1.5;
+  CHECK_THAT(error_of(p), Catch::Contains("partial_rotary_factor: must be in (0, 1]"));
+}

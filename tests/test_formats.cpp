@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -15,6 +16,8 @@
 #include "formats/nf4.h"
 #include "formats/packed.h"
 #include "kernels/reference.h"
+#include "model/schedule.h"
+#include "model/synth.h"
 #include "pipeline/pipeline.h"
 #include "testing.h"
 
@@ -434,34 +437,151 @@ TEST_CASE("a malformed GGUF file is refused naming the field") {
   CHECK_THROWS_WITH(gguf_config_json(GgufFile(d / "arch2.gguf")), Catch::Contains("general.architecture: must be a string"));
 }
 
-TEST_CASE("tiny-qwen3 quantized, exported in every weight-only format and read back: packed forward equals the fake export's, GPTQ beats RTN") {
-  PTQ_REQUIRE_ASSETS();
+// A tiny checkpoint of `family` written by transformers: quantized on the CPU (4-bit g16, asymmetric,
+// act-order with static groups), exported in gptq, gptq_v2, compressed-tensors and fake, read back.
+// The packed readers' forward equals the fake export's, GPTQ's output error is at most RTN's for
+// every Linear, experts included, and every Linear the schedule lists was quantized.
+// A tiny checkpoint of `family` written by transformers, quantized on the CPU at 4 bits g16 with
+// act-order and static groups: asymmetric into gptq_v2, compressed-tensors and fake, symmetric into
+// gptq (v1 cannot hold a zero of 0) and fake; each read back. The packed readers' forward equals
+// the fake export's, GPTQ's output error is at most RTN's for every Linear, experts included, and
+// every Linear the schedule lists was quantized.
+void check_family_roundtrip(const std::string& family, size_t linears) {
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
-  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, sym: false, act_order: true, static_groups: true}\n"), "r.yaml");
-  r.model = a + "/models/tiny-qwen3";   // no tokenizer: random calibration tokens
-  r.output = d / "q";
-  r.device = "cpu";
-  r.calibration = {"random", 16, 48, 0};
-  r.formats = {"fake", "gptq_v2", "compressed-tensors"};
-  const json rep = run_quantize(r, {});
-  REQUIRE(rep["modules"].size() == 14);   // 2 layers x 7 Linears; q_norm / k_norm stay float
-  for (auto& m : rep["modules"]) CHECK(m["loss"].get<double>() <= m["rtn_loss"].get<double>() * (1 + 1e-6));
-  SafetensorsFile g(a + "/golden/golden-tiny-qwen3.safetensors");
+  SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
   const TensorView iv = g.get("input_ids");
   const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
   const int S = int(iv.shape[0]), T = int(iv.shape[1]);
-  const MatF fake = open_model(d / "q/fake")->forward(ids, S, T), flt = LlamaModel(r.model).forward(ids, S, T);
-  CHECK((fake - flt).norm() > 0);   // the weights did change
-  std::vector<MatF> packed;
-  for (const char* f : {"gptq_v2", "compressed-tensors"}) {
-    auto m = open_model(d / ("q/" + std::string(f)));
-    CHECK(m->config().qk_norm);
-    packed.push_back(m->forward(ids, S, T));
-    // The packed readers dequantize s * (q - z) in fp32; the fake export stored those weights
-    // rounded to the checkpoint's bf16 (2^-9 relative), which moves these logits by ~0.5%.
-    INFO(f << ": relative difference to the fake export " << (packed.back() - fake).norm() / fake.norm());
-    CHECK((packed.back() - fake).norm() <= 1e-2 * fake.norm());
+  const std::string model = a + "/models/tiny-" + family;   // no tokenizer: random calibration tokens
+  const LlamaConfig c = LlamaModel(model).config();
+  const MatF flt = LlamaModel(model).forward(ids, S, T);
+  for (const bool sym : {false, true}) {
+    Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 16, act_order: true, static_groups: true}\n"), "r.yaml");
+    r.quant.sym = sym;
+    r.model = model;
+    r.output = d / (sym ? "s" : "a");
+    r.device = "cpu";
+    r.calibration = {"random", 16, 48, 0};
+    r.formats = sym ? std::vector<std::string>{"fake", "gptq"} : std::vector<std::string>{"fake", "gptq_v2", "compressed-tensors"};
+    const json rep = run_quantize(r, {});
+    REQUIRE(rep["modules"].size() == linears);
+    for (auto& m : rep["modules"]) {
+      INFO(m["name"]);
+      CHECK(m["method"] == "gptq");
+      CHECK(m["loss"].get<double>() <= m["rtn_loss"].get<double>() * (1 + 1e-6));
+      if (m.contains("expert")) CHECK(m["hessian_tokens"] == 16 * 48);   // every token through every expert
+    }
+    const MatF fake = open_model(r.output + "/fake")->forward(ids, S, T);
+    CHECK((fake - flt).norm() > 0);   // the weights did change
+    std::vector<MatF> packed;
+    for (size_t i = 1; i < r.formats.size(); ++i) {
+      auto m = open_model(r.output + "/" + r.formats[i]);
+      CHECK(m->config().model_type == c.model_type);
+      packed.push_back(m->forward(ids, S, T));
+      // The packed readers dequantize s * (q - z) in fp32; the fake export stored those weights
+      // rounded to the checkpoint's bf16 (2^-9 relative), which moves these logits by ~0.5%.
+      // MoE: that rounding can flip a near-tied router choice, which moves a token's logits
+      // wholesale; the positions (rows) that agree within 1% must then be nearly all of them.
+      const MatF& p = packed.back();
+      int agree = 0;
+      for (Eigen::Index row = 0; row < p.rows(); ++row) agree += (p.row(row) - fake.row(row)).norm() <= 1e-2 * fake.row(row).norm();
+      INFO(r.formats[i] << ": relative difference to the fake export " << (p - fake).norm() / fake.norm() << ", rows within 1%: " << agree << " of " << p.rows());
+      if (c.moe == MoeRouting::none) CHECK((p - fake).norm() <= 1e-2 * fake.norm());
+      else CHECK(agree >= p.rows() * 9 / 10);
+    }
+    if (!sym) CHECK(packed[0] == packed[1]);   // the same codes and bf16 scales in two layouts: the same model
+    // MoE: the routers stay float, and the formats' lists of unquantized modules name them.
+    if (c.moe == MoeRouting::none) continue;
+    const std::string f = sym ? "gptq" : "compressed-tensors";
+    const json qc = json::parse(read_text_file(r.output + "/" + f + "/config.json"))["quantization_config"];
+    Checkpoint ck(r.output + "/" + f);
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      if (!sym) CHECK(std::find(qc["ignore"].begin(), qc["ignore"].end(), router_name(c, l)) != qc["ignore"].end());
+      CHECK(ck.get(router_name(c, l) + ".weight").dtype == DType::BF16);
+    }
+    if (sym) CHECK(qc["modules_in_block_to_quantize"].size() == 2 + 2 * size_t(c.num_experts));
   }
-  CHECK(packed[0] == packed[1]);   // the same codes and bf16 scales in two layouts: the same model
+}
+
+TEST_CASE("tiny-qwen3 quantized, exported in every weight-only format and read back: packed forward equals the fake export's, GPTQ beats RTN") {
+  PTQ_REQUIRE_ASSETS();
+  check_family_roundtrip("qwen3", 14);   // 2 layers x 7 Linears; q_norm / k_norm stay float
+}
+TEST_CASE("tiny-mixtral quantized (every expert), exported in every weight-only format and read back") {
+  PTQ_REQUIRE_ASSETS();
+  check_family_roundtrip("mixtral", 2 * (4 + 4 * 3));
+}
+TEST_CASE("tiny-qwen3-moe quantized (every expert), exported in every weight-only format and read back") {
+  PTQ_REQUIRE_ASSETS();
+  check_family_roundtrip("qwen3-moe", 2 * (4 + 8 * 3));
+}
+TEST_CASE("tiny-phi3 quantized (fused qkv_proj and gate_up_proj as stored), exported in every weight-only format and read back") {
+  PTQ_REQUIRE_ASSETS();
+  check_family_roundtrip("phi3", 2 * 4);
+}
+
+TEST_CASE("MoE routed calibration: each expert's Hessian from its routed tokens, and an expert with fewer than its input width falls back to RTN") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string model = ptqtest::assets() + "/models/tiny-qwen3-moe";
+  const LlamaConfig c = LlamaModel(model).config();
+  for (const int samples : {16, 1}) {
+    Recipe r = parse_recipe(YAML::Load("moe: {calibrate_all_experts: false}\nquantization: {bits: 4, group_size: 16}\n"), "r.yaml");
+    r.model = model;
+    r.output = d / ("q" + std::to_string(samples));
+    r.device = "cpu";
+    r.calibration = {"random", samples, 24, 0};
+    r.formats = {"compressed-tensors"};
+    const json rep = run_quantize(r, {});
+    REQUIRE(rep["modules"].size() == 2 * (4 + 8 * 3));
+    std::map<int, int64_t> routed_per_layer;
+    for (auto& m : rep["modules"]) {
+      if (!m.contains("expert")) continue;
+      INFO(m["name"]);
+      const int64_t routed = m["routed_tokens"];
+      CHECK(m["hessian_tokens"] == routed);
+      // gate/up read the hidden size (64), down the expert's ffn (48)
+      const int64_t width = m["cols"];
+      CHECK(m["method"] == (routed < width ? "rtn" : "gptq"));
+      if (m["name"].get<std::string>().find("down_proj") != std::string::npos)
+        routed_per_layer[std::stoi(m["name"].get<std::string>().substr(13))] += routed;
+    }
+    // every token goes to num_experts_per_tok experts
+    for (auto& [l, n] : routed_per_layer) CHECK(n == int64_t(samples) * 24 * c.experts_per_token);
+    if (samples == 1) {   // 24 tokens x 2 experts: no expert sees 48 tokens, every expert is rounded to nearest
+      for (auto& m : rep["modules"])
+        if (m.contains("expert")) CHECK(m["method"] == "rtn");
+    }
+  }
+}
+
+TEST_CASE("a synthetic MoE checkpoint loads, and quantizing it quantizes every expert (none left in float)") {
+  ptqtest::TempDir d;
+  SynthOptions o;
+  o.preset = "tiny-moe";
+  synth_model(o, d / "m");
+  LlamaModel model(d / "m");
+  const LlamaConfig& c = model.config();
+  REQUIRE(c.num_experts == 8);
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32}\n"), "r.yaml");
+  r.model = d / "m";
+  r.output = d / "q";
+  r.device = "cpu";
+  r.calibration = {"random", 4, 64, 0};
+  r.formats = {"compressed-tensors"};
+  const nlohmann::json rep = run_quantize(r, {});
+  std::set<std::string> quantized;
+  for (auto& mod : rep["modules"]) quantized.insert(mod["name"].get<std::string>());
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (int e = 0; e < c.num_experts; ++e)
+      for (Proj p : {Proj::gate, Proj::up, Proj::down}) CHECK(quantized.count(linear_name(c, l, LinearId(p, e))) == 1);
+  CHECK(quantized.size() == size_t(c.num_hidden_layers) * (4 + 3 * size_t(c.num_experts)));
+  // in the checkpoint: every expert Linear packed, the routers float
+  Checkpoint ck(d / "q");
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    CHECK(ck.has(linear_name(c, l, LinearId(Proj::down, 7)) + ".weight_packed"));
+    CHECK(!ck.has(linear_name(c, l, LinearId(Proj::down, 7)) + ".weight"));
+    CHECK(ck.get(router_name(c, l) + ".weight").dtype == DType::F16);
+  }
 }

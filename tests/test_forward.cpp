@@ -2,6 +2,8 @@
 // models and (b) a naive fp64 implementation written here, for what the shared models lack:
 // q/k/v bias (qwen2), o bias, a sliding window (mistral), head_dim != hidden/heads.
 #include <cmath>
+#include <filesystem>
+#include <functional>
 
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -210,6 +212,18 @@ TEST_CASE("logits match HF transformers' golden logits: tiny-qwen3 (per-head q/k
   PTQ_REQUIRE_ASSETS();
   check_golden_tiny("qwen3");
 }
+TEST_CASE("logits match HF transformers' golden logits: tiny-mixtral (4 experts, top-2 of the logits, softmax over the chosen)") {
+  PTQ_REQUIRE_ASSETS();
+  check_golden_tiny("mixtral");
+}
+TEST_CASE("logits match HF transformers' golden logits: tiny-qwen3-moe (8 experts, softmax then top-2, renormalized, q/k norms)") {
+  PTQ_REQUIRE_ASSETS();
+  check_golden_tiny("qwen3-moe");
+}
+TEST_CASE("logits match HF transformers' golden logits: tiny-phi3 (fused qkv_proj and gate_up_proj)") {
+  PTQ_REQUIRE_ASSETS();
+  check_golden_tiny("phi3");
+}
 
 TEST_CASE("forward matches an fp64 reference: llama with GQA and head_dim != hidden/heads") { check_against_fp64(small_cfg("llama")); }
 TEST_CASE("forward matches an fp64 reference: qwen2 q/k/v bias") { check_against_fp64(small_cfg("qwen2")); }
@@ -243,4 +257,38 @@ TEST_CASE("token ids outside the vocabulary are refused") {
   write_random_model(small_cfg("llama"), dir.path.string());
   LlamaModel m(dir.path.string());
   CHECK_THROWS_AS(m.forward({1, 2, 99}, 1, 3), Error);
+}
+
+// A copy of a shared tiny checkpoint whose config.json is edited by `edit`; LlamaModel's error.
+std::string model_error_after(const std::string& family, const std::function<void(json&)>& edit) {
+  ptqtest::TempDir d;
+  const std::string src = ptqtest::assets() + "/models/tiny-" + family;
+  std::filesystem::copy_file(src + "/model.safetensors", d / "model.safetensors");
+  json c = json::parse(read_text_file(src + "/config.json"));
+  edit(c);
+  write_file_atomic(d / "config.json", c.dump());
+  try {
+    LlamaModel m(d.path.string());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("MoE and fused checkpoints that do not match their config are refused naming the file and tensor") {
+  PTQ_REQUIRE_ASSETS();
+  // an expert the config implies is missing
+  CHECK_THAT(model_error_after("mixtral", [](json& c) { c["num_local_experts"] = 5; }),
+             Catch::Contains("model.safetensors: model.layers.0.block_sparse_moe.gate.weight: shape [4, 64] does not match the config's [5, 64] (the router"));
+  // expert tensors of the wrong shape
+  CHECK_THAT(model_error_after("qwen3-moe", [](json& c) { c["moe_intermediate_size"] = 32; }),
+             Catch::Contains("model.layers.0.mlp.experts.0.gate_proj.weight: shape [48, 64] does not match the config's [32, 64]"));
+  // experts of a layer the config says is dense: its dense MLP is missing
+  CHECK_THAT(model_error_after("qwen3-moe", [](json& c) { c["mlp_only_layers"] = {1}; }),
+             Catch::Contains("model.layers.1.mlp.gate_proj.weight: tensor missing from the checkpoint"));
+  // a fused tensor whose rows do not split into the heads the config gives
+  CHECK_THAT(model_error_after("phi3", [](json& c) { c["num_key_value_heads"] = 4; }),
+             Catch::Contains("model.layers.0.self_attn.qkv_proj.weight: shape [128, 64] does not match the config's [192, 64] (q, k, v rows: 64 + 64 + 64"));
+  CHECK_THAT(model_error_after("phi3", [](json& c) { c["intermediate_size"] = 128; }),
+             Catch::Contains("model.layers.0.mlp.gate_up_proj.weight: shape [320, 64] does not match the config's [256, 64] (gate rows, then up rows"));
 }

@@ -1,5 +1,6 @@
 // The GPU calibration forward and flash attention (lib/model/*_cuda.cu) against the fp32 CPU
 // forward and an fp64 attention.
+#include <filesystem>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -43,7 +44,18 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
   o.seed = 11;
   synth_model(o, d / "tiny");
   models.push_back(d / "tiny");
-  if (ptqtest::have_assets()) models.push_back(ptqtest::assets() + "/models/distilled-13m");
+  if (ptqtest::have_assets()) {
+    models.push_back(ptqtest::assets() + "/models/distilled-13m");
+    models.push_back(ptqtest::assets() + "/models/tiny-qwen3");   // per-head q/k norms, head_dim 32 (the unfused attention)
+    models.push_back(ptqtest::assets() + "/models/tiny-phi3");    // fused qkv_proj and gate_up_proj
+    // Phi-3 with partial rotary (a quarter of each head's 16 dims rotated: the rest pass through)
+    std::filesystem::create_directories(d / "phi3-partial");
+    std::filesystem::copy_file(ptqtest::assets() + "/models/tiny-phi3/model.safetensors", d / "phi3-partial/model.safetensors");
+    json cfg = json::parse(read_text_file(ptqtest::assets() + "/models/tiny-phi3/config.json"));
+    cfg["rope_parameters"]["partial_rotary_factor"] = 0.5;
+    write_file_atomic(d / "phi3-partial/config.json", cfg.dump());
+    models.push_back(d / "phi3-partial");
+  }
   for (auto& dir : models) {
     LlamaModel m(dir);
     const LlamaConfig& c = m.config();
@@ -80,7 +92,7 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
     fw.load_layer(w);
     // the stages as the pipeline runs them: the layer schedule's groups in order, then down_proj
     std::vector<std::unique_ptr<cuda::HessianCuda>> gh;
-    for (const LinearGroup& g : layer_schedule(c).groups) {
+    for (const LinearGroup& g : layer_schedule(c, 0).groups) {
       gh.push_back(std::make_unique<cuda::HessianCuda>(linear_shape(c, g.linears[0]).in, fw.dtype()));
       fw.stage(g.input, gh.back().get());
     }

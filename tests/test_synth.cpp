@@ -2,6 +2,10 @@
 #include "core/safetensors.h"
 #include "model/llama.h"
 #include "model/synth.h"
+#include "model/schedule.h"
+
+#include <cmath>
+#include <set>
 #include "testing.h"
 
 using namespace ptq;
@@ -63,3 +67,16 @@ TEST_CASE("synth refuses an existing output without force, and unknown presets")
   o.preset = "llama9";
   CHECK_THROWS_WITH(synth_model(o, d / "z"), Catch::Contains("unknown preset 'llama9'"));
 }
+
+TEST_CASE("the Qwen3 and MoE presets carry their published sizes (Qwen3-8B 8.2B, Mixtral-8x7B 46.7B, Qwen3-30B-A3B 30.5B parameters)") {
+  struct Want { const char* preset; double params; };
+  for (const Want w : {Want{"qwen3-8b", 8.2e9}, Want{"mixtral-8x7b", 46.7e9}, Want{"qwen3-30b-a3b", 30.5e9}}) {
+    const LlamaConfig c = parse_config(synth_config_json(w.preset, -1, DType::BF16), "x");
+    const double total = double(c.params_per_layer()) * c.num_hidden_layers + 2.0 * double(c.vocab_size) * c.hidden_size;
+    INFO(w.preset << ": " << total);
+    CHECK(std::abs(total - w.params) <= 0.005 * w.params);   // the published figures have three digits
+  }
+  const LlamaConfig m = parse_config(synth_config_json("qwen3-30b-a3b", -1, DType::BF16), "x");
+  CHECK((m.num_experts == 128 && m.experts_per_token == 8 && m.moe_intermediate_size == 768 && m.head_dim == 128 && m.qk_norm && m.moe_layer(47)));
+}
+

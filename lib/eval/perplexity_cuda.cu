@@ -41,7 +41,7 @@ struct GpuLogits::Impl {
   struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
   std::vector<std::unique_ptr<W8A8>> w8;                  // int8 weights, per-channel scales, the input's int8 spec
   std::vector<DeviceBuffer<uint16_t>> dense;              // 16-bit weights of Linears stored in float
-  std::vector<std::pair<VecF, VecF>> norms;
+  std::vector<std::pair<VecF, VecF>> norms, head_norms;   // head_norms: Qwen3's q/k norms
   std::vector<VecF> biases;                               // [layer * 7 + proj], empty where none
   DeviceBuffer<uint16_t> lm_head;
   VecF final_norm;
@@ -74,11 +74,14 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   std::unique_ptr<Checkpoint> nf4_ck;
   if (nf4) nf4_ck = std::make_unique<Checkpoint>(path);
   const LlamaConfig& c = m.c;
+  if (!forward_supported(c, 2, &why)) fail(Errc::usage, path, "--device", "cuda evaluation of this model: " + why + " (evaluate with --device cpu)");
+  if (c.fused) fail(Errc::usage, path, "--device", "cuda evaluation of this model: fused qkv_proj / gate_up_proj (Phi-3) are not in the GPU evaluation yet (evaluate with --device cpu)");
   const int64_t d = c.hidden_size;
   const WeightSource& ws = model.weights();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     m.norms.emplace_back(read_vector(ws, pre + "input_layernorm.weight", d), read_vector(ws, pre + "post_attention_layernorm.weight", d));
+    if (c.qk_norm) m.head_norms.emplace_back(read_vector(ws, pre + "self_attn.q_norm.weight", c.head_dim), read_vector(ws, pre + "self_attn.k_norm.weight", c.head_dim));
     for (Proj p : kAllProj) {
       const std::string name = proj_tensor_prefix(l, p);
       const int64_t out_i = linear_shape(c, p).out, in_i = linear_shape(c, p).in;
@@ -165,6 +168,7 @@ DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S
   PTQ_CUDA(cudaEventRecord(e0));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     fw.set_norms(m.norms[size_t(l)].first, m.norms[size_t(l)].second);
+    if (c.qk_norm) fw.set_head_norms(m.head_norms[size_t(l)].first, m.head_norms[size_t(l)].second);
     for (Proj p : kAllProj) {
       const size_t k = size_t(l * 7 + int(p));
       fw.set_bias(p, m.biases[k]);

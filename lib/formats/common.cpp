@@ -45,16 +45,21 @@ std::vector<float> read_floats(const Checkpoint& ck, const std::string& name) { 
 std::vector<ModulePlan> plan(const ExportJob& job) {
   std::vector<ModulePlan> p;
   const auto& c = job.model->config();
-  const std::vector<Proj> linears = layer_schedule(c).linears();
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (Proj pr : linears) {
+    for (LinearId pr : layer_schedule(c, l).linears()) {
       const LinearShape sh = linear_shape(c, pr);
-      ModulePlan m{proj_tensor_prefix(l, pr), sh.out, sh.in, {}, false};
+      ModulePlan m{linear_name(c, l, pr), sh.out, sh.in, {}, false};
       QuantStore::Info info;
       if (job.store && job.store->info(m.name, &info)) { m.spec = info.spec; m.quantized = true; }
       p.push_back(m);
     }
   return p;
+}
+std::vector<std::string> float_modules(const LlamaConfig& c) {
+  std::vector<std::string> m = {"lm_head"};
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    if (c.moe_layer(l)) m.push_back(router_name(c, l));
+  return m;
 }
 int64_t groups_of(const ModulePlan& m) { return m.spec.group_size > 0 ? (m.cols + m.spec.group_size - 1) / m.spec.group_size : 1; }
 

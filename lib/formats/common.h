@@ -62,6 +62,9 @@ std::vector<float> read_floats(const Checkpoint& ck, const std::string& name);
 QuantizedLinear unpacked_shape(int bits, bool sym, int64_t rows, int64_t cols, int64_t groups);
 // The Linears of the decoder layers with what the store holds for them.
 std::vector<ModulePlan> plan(const ExportJob& job);
+// Linears that are never quantized and that a format's list of unquantized modules must name
+// (lm_head, and each MoE layer's router), by full module name.
+std::vector<std::string> float_modules(const LlamaConfig& c);
 int64_t groups_of(const ModulePlan& m);
 // Writes every tensor of the source, replacing the ".weight" of each module in `packed` by the
 // tensors listed there, produced by `produce_packed`; config.json gets quantization_config.

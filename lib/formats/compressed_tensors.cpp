@@ -96,7 +96,7 @@ std::vector<std::string> export_compressed_tensors(const ExportJob& job) {
     if (ends_with(t.name, ".weight_shape")) return raw(DType::I32, t.shape, std::vector<int32_t>{int32_t(c.rows), int32_t(c.cols)});
     return tensor_from_f32(c.scale.data(), t.shape, t.dtype);
   };
-  json ignore = json::array({"lm_head"});
+  json ignore = float_modules(job.model->config());
   for (auto& m : float_linears) ignore.push_back(m);
   json weights = {{"num_bits", s.bits}, {"type", "int"}, {"symmetric", s.sym}, {"strategy", s.group_size > 0 ? "group" : "channel"},
                   {"group_size", s.group_size > 0 ? json(s.group_size) : json(nullptr)},
@@ -139,7 +139,7 @@ std::vector<std::string> export_ct_int8(const ExportJob& job) {
     if (ends_with(t.name, ".input_scale")) return raw(DType::F32, t.shape, std::vector<float>{job.store->act_quant(m).static_scale});
     return tensor_from_f32(q.scales.data(), t.shape, t.dtype);
   };
-  json ignore = json::array({"lm_head"});
+  json ignore = float_modules(job.model->config());
   for (auto& m : float_linears) ignore.push_back(m);
   const bool dyn = act0.mode == ActQuant::per_token;
   json weights = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "channel"}, {"group_size", nullptr},

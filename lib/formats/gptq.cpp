@@ -6,6 +6,7 @@
 #include "core/bits.h"
 #include "core/json_field.h"
 #include "model/config.h"
+#include "model/schedule.h"
 
 namespace ptq {
 
@@ -131,6 +132,20 @@ std::vector<std::string> export_gptq(const ExportJob& job, bool v2) {
   json qc = {{"bits", s.bits}, {"group_size", s.group_size}, {"damp_percent", s.damp_percent}, {"desc_act", s.act_order},
              {"static_groups", s.static_groups}, {"sym", s.sym}, {"true_sequential", job.true_sequential}, {"model_name_or_path", nullptr},
              {"model_file_base_name", "model"}, {"quant_method", "gptq"}, {"checkpoint_format", v2 ? "gptq_v2" : "gptq"}};
+  const LlamaConfig& c = job.model->config();
+  if (c.moe != MoeRouting::none) {
+    // MoE: the quantized Linears of a block, by their names within it, as optimum's
+    // modules_in_block_to_quantize (the router is not among them: it stays float).
+    json block = json::array();   // the union over the layers (qwen3_moe may keep dense layers)
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      for (const LinearGroup& g : layer_schedule(c, l).groups) {
+        json names = json::array();
+        const std::string pre = "model.layers." + std::to_string(l) + ".";
+        for (LinearId id : g.linears) names.push_back(linear_name(c, l, id).substr(pre.size()));
+        if (std::find(block.begin(), block.end(), names) == block.end()) block.push_back(names);
+      }
+    qc["modules_in_block_to_quantize"] = block;
+  }
   auto files = write_model(job, packed, produce, qc);
   write_file_atomic(job.out_dir + "/quantize_config.json", qc.dump(2) + "\n");
   files.push_back("quantize_config.json");

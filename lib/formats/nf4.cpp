@@ -178,7 +178,7 @@ std::vector<std::string> export_nf4(const ExportJob& job) {
     if (ends_with(t.name, ".quant_map")) return raw(DType::F32, t.shape, std::vector<float>(kNf4Code.begin(), kNf4Code.end()));
     return raw(DType::U8, t.shape, std::vector<uint8_t>(st.begin(), st.end()));
   };
-  json skip = json::array({"lm_head"});
+  json skip = float_modules(job.model->config());   // (transformers matches these as substrings of module names)
   json qc = {{"quant_method", "bitsandbytes"}, {"load_in_4bit", true}, {"load_in_8bit", false}, {"bnb_4bit_quant_type", "nf4"},
              {"bnb_4bit_use_double_quant", job.nf4_double_quant}, {"bnb_4bit_compute_dtype", dtype == "float32" ? "float16" : dtype},
              {"bnb_4bit_quant_storage", "uint8"}, {"llm_int8_skip_modules", skip}, {"llm_int8_threshold", 6.0},

@@ -24,8 +24,16 @@ int get_int(const json& j, const std::string& file, const char* key, std::option
 }  // namespace
 
 int64_t LlamaConfig::params_per_layer() const {
-  const int64_t d = hidden_size, f = intermediate_size;
-  return d * q_dim() + 2 * d * kv_dim() + q_dim() * d + 3 * d * f + 2 * d;
+  const int64_t d = hidden_size, f = intermediate_size, attn = d * q_dim() + 2 * d * kv_dim() + q_dim() * d;
+  if (moe != MoeRouting::none && moe_layer(0)) return attn + int64_t(num_experts) * (3 * d * moe_intermediate_size + d) + 2 * d;
+  return attn + 3 * d * f + 2 * d;
+}
+
+bool LlamaConfig::moe_layer(int layer) const {
+  if (moe == MoeRouting::none) return false;
+  for (int l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
 }
 
 LlamaConfig parse_config(const json& j, const std::string& file) {
@@ -34,9 +42,11 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
   c.raw = j;
   if (!j.contains("model_type") || !j["model_type"].is_string()) fail(Errc::config, file, "model_type", "missing");
   c.model_type = j["model_type"].get<std::string>();
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3")
-    fail(Errc::config, file, "model_type", "unsupported model_type '" + c.model_type + "' (supported: llama, mistral, qwen2, qwen3)");
-  c.qk_norm = c.model_type == "qwen3";
+  const std::string& mt = c.model_type;
+  if (mt != "llama" && mt != "mistral" && mt != "qwen2" && mt != "qwen3" && mt != "phi3" && mt != "mixtral" && mt != "qwen3_moe")
+    fail(Errc::config, file, "model_type", "unsupported model_type '" + mt + "' (supported: llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe)");
+  c.qk_norm = mt == "qwen3" || mt == "qwen3_moe";
+  c.fused = mt == "phi3";
   c.hidden_size = get_int(j, file, "hidden_size");
   c.intermediate_size = get_int(j, file, "intermediate_size");
   c.num_hidden_layers = get_int(j, file, "num_hidden_layers");
@@ -61,6 +71,28 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
   if (c.rope_theta <= 0) fail(Errc::config, file, "rope_theta", "must be positive");
   if (c.rms_norm_eps <= 0) fail(Errc::config, file, "rms_norm_eps", "must be positive");
   c.tie_word_embeddings = json_field<bool>(j, "tie_word_embeddings", false, Errc::config, file);
+  if (mt == "mixtral" || mt == "qwen3_moe") {
+    c.moe = mt == "mixtral" ? MoeRouting::topk_softmax : MoeRouting::softmax_topk;
+    const char* ne = j.contains("num_local_experts") ? "num_local_experts" : "num_experts";   // transformers 5 / 4 spellings
+    c.num_experts = get_int(j, file, ne);
+    c.experts_per_token = get_int(j, file, "num_experts_per_tok");
+    if (c.experts_per_token > c.num_experts)
+      fail(Errc::config, file, "num_experts_per_tok", std::to_string(c.experts_per_token) + " exceeds the " + std::to_string(c.num_experts) + " experts (" + ne + ")");
+    if (mt == "mixtral") {
+      c.moe_intermediate_size = c.intermediate_size;
+    } else {
+      c.moe_intermediate_size = get_int(j, file, "moe_intermediate_size");
+      c.norm_topk_prob = json_field<bool>(j, "norm_topk_prob", false, Errc::config, file);
+      c.decoder_sparse_step = get_int(j, file, "decoder_sparse_step", 1);
+      if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+        if (!j["mlp_only_layers"].is_array()) fail(Errc::config, file, "mlp_only_layers", "must be a list of layer indices");
+        for (auto& v : j["mlp_only_layers"]) {
+          if (!v.is_number_integer()) fail(Errc::config, file, "mlp_only_layers", "must be a list of layer indices");
+          c.mlp_only_layers.push_back(v.get<int>());
+        }
+      }
+    }
+  }
   const bool attention_bias = json_field<bool>(j, "attention_bias", false, Errc::config, file);
   c.qkv_bias = c.model_type == "qwen2" ? true : attention_bias;
   c.o_bias = c.model_type == "qwen2" ? false : attention_bias;
@@ -69,6 +101,12 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
       (c.model_type == "mistral" || json_field<bool>(j, "use_sliding_window", false, Errc::config, file)))
     c.sliding_window = get_int(j, file, "sliding_window");
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
+  if (mt == "phi3") {   // partial rotary: top level (transformers 4) or in rope_parameters (5)
+    c.partial_rotary_factor = json_field<double>(j, "partial_rotary_factor", 1.0, Errc::config, file);
+    if (rope_params) c.partial_rotary_factor = json_field<double>(j["rope_parameters"], "partial_rotary_factor", c.partial_rotary_factor, Errc::config, file, "rope_parameters.partial_rotary_factor");
+    if (!(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1) || c.rotary_dim() < 2)
+      fail(Errc::config, file, "partial_rotary_factor", "must be in (0, 1] and leave at least 2 rotary dims");
+  }
   const char* rs_key = rope_params ? "rope_parameters" : "rope_scaling";
   if (j.contains(rs_key) && !j[rs_key].is_null()) {
     const json& rs = j[rs_key];
@@ -87,7 +125,7 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
         fail(Errc::config, file, at + "high_freq_factor", "must exceed low_freq_factor");
       c.rope_scaling = r;
     } else {
-      fail(Errc::config, file, at + "rope_type", "unsupported rope scaling '" + type + "' (supported: llama3)");
+      fail(Errc::config, file, at + "rope_type", "unsupported rope scaling '" + type + "' (supported: default, llama3)");
     }
   }
   for (const char* k : {"quantization_config", "ptqkit_w8a8"})

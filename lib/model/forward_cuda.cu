@@ -123,12 +123,15 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int cols
   if (i < rows * cols) y[i] += b[i % cols];
 }
 
-// Rotary (HF rotate_half: pairs (k, k + hd/2)) on fp32 projections, written as 16 bits; one block
-// per row of the chunk, whose rows start at global row row0 (position = row % T), V pairs per
-// thread step (V = 4 when hd % 8 == 0). rotate = false: a plain cast (V).
+// Rotary (HF rotate_half: pairs (k, k + half) for k < half, half = rotary_dim / 2; the dims from
+// rotary_dim to hd pass through: Phi-3's partial rotary) on fp32 projections, written as 16 bits;
+// one block per row of the chunk, whose rows start at global row row0 (position = row % T), V
+// pairs per thread step (V = 4 when hd and rotary_dim are multiples of 8). rotate = false: a plain
+// cast (half = hd / 2).
 template <class T, int V>
-__global__ void rope_cast_kernel(const float* y, T* out, const float* cs, const float* sn, int heads, int hd, int Tlen, int64_t row0, bool rotate) {
-  const int half = hd / 2, steps = half / V;
+__global__ void rope_cast_kernel(const float* y, T* out, const float* cs, const float* sn, int heads, int hd, int half, int Tlen, int64_t row0,
+                                 bool rotate) {
+  const int steps = half / V, rest = (hd - 2 * half) / V;
   const int64_t r = blockIdx.x;
   const float* yr = y + r * heads * hd;
   T* qr = out + r * heads * hd;
@@ -146,6 +149,25 @@ __global__ void rope_cast_kernel(const float* y, T* out, const float* cs, const 
     }
     store<V>(qr + h * hd + k, a);
     store<V>(qr + h * hd + k + half, b);
+  }
+  for (int j = threadIdx.x; j < heads * rest; j += blockDim.x) {   // the pass-through dims
+    const int h = j / rest, k = 2 * half + (j - h * rest) * V;
+    store<V>(qr + h * hd + k, load<V>(yr + h * hd + k));
+  }
+}
+
+// Qwen3's q/k norms: each head's hd values of y [rows, heads * hd] (fp32, in place) RMS-normalized
+// and scaled by w [hd], as model/llama.h head_rmsnorm; one block per row, one warp per head.
+__global__ void head_rmsnorm_kernel(float* y, const float* w, int heads, int hd, float eps) {
+  float* yr = y + int64_t(blockIdx.x) * heads * hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int h = warp; h < heads; h += warps) {
+    float* v = yr + h * hd;
+    float ss = 0;
+    for (int i = lane; i < hd; i += 32) ss += v[i] * v[i];
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = 1.0f / sqrtf(ss / float(hd) + eps);
+    for (int i = lane; i < hd; i += 32) v[i] = v[i] * inv * w[i];
   }
 }
 
@@ -196,7 +218,7 @@ void linear_gemm(const void* X, const void* W, void* Y, cudaDataType ytype, int6
 bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why) {
   auto no = [&](const std::string& w) { if (why) *why = w; return false; };
   if (c.head_dim % 2) return no("odd head_dim");
-  if (c.qk_norm) return no("per-head q/k norms (Qwen3) are not in the GPU forward yet");
+  if (c.moe != MoeRouting::none) return no("MoE layers are not in the GPU forward yet");
   if (c.num_attention_heads % c.num_key_value_heads) return no("heads not a multiple of KV heads");
   if (!flash_attention_supported(c.head_dim) && int64_t(seq_len) * seq_len * c.num_attention_heads * 6 > (int64_t(8) << 30))
     return no("attention scores of one window exceed 8 GiB (head_dim " + std::to_string(c.head_dim) + " has no flash attention)");
@@ -221,7 +243,7 @@ struct LayerForwardCuda::Impl {
   bool keep_norm = false;
   int kept = 0;
   float eps;
-  DeviceBuffer<float> X, cs, sn, norm1, norm2, y32, scores;
+  DeviceBuffer<float> X, cs, sn, norm1, norm2, q_norm, k_norm, y32, scores;
   DeviceBuffer<float> bias[7];
   LayerForwardCuda::LinearFn override_[7];
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
@@ -338,18 +360,22 @@ struct LayerForwardCuda::Impl {
     PTQ_CUDA_LAUNCH("add_bias_kernel");
   }
   void rope_cast(const float* y, DeviceBuffer<uint8_t>& out, int64_t rows, int heads, int64_t r0, bool rotate) {
-    const bool v4 = c.head_dim % 8 == 0;
-    const int hd = c.head_dim;
+    const bool v4 = c.head_dim % 8 == 0 && c.rotary_dim() % 8 == 0;
+    const int hd = c.head_dim, half = rotate ? c.rotary_dim() / 2 : hd / 2;
     if (dt == DType::F16) {
       __half* o = static_cast<__half*>(at(out, 0));
-      if (v4) rope_cast_kernel<__half, 4><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
-      else rope_cast_kernel<__half, 1><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
+      if (v4) rope_cast_kernel<__half, 4><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, half, T, r0, rotate);
+      else rope_cast_kernel<__half, 1><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, half, T, r0, rotate);
     } else {
       __nv_bfloat16* o = static_cast<__nv_bfloat16*>(at(out, 0));
-      if (v4) rope_cast_kernel<__nv_bfloat16, 4><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
-      else rope_cast_kernel<__nv_bfloat16, 1><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, T, r0, rotate);
+      if (v4) rope_cast_kernel<__nv_bfloat16, 4><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, half, T, r0, rotate);
+      else rope_cast_kernel<__nv_bfloat16, 1><<<unsigned(rows), 256>>>(y, o, cs.get(), sn.get(), heads, hd, half, T, r0, rotate);
     }
     PTQ_CUDA_LAUNCH("rope_cast_kernel");
+  }
+  void head_norm(float* y, const DeviceBuffer<float>& w, int64_t rows, int heads) {
+    head_rmsnorm_kernel<<<unsigned(rows), 128>>>(y, w.get(), heads, c.head_dim, eps);
+    PTQ_CUDA_LAUNCH("head_rmsnorm_kernel");
   }
   void silu_mul(const float* g, const float* u, void* out, int64_t n) {
     const bool v4 = c.intermediate_size % 4 == 0;
@@ -381,7 +407,7 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   m.eps = float(c.rms_norm_eps);
   m.chunk_rows = std::max<int64_t>(1, kChunkTokens / seq_len) * seq_len;
   m.flash = flash_attention_supported(c.head_dim);
-  const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim(), half = c.head_dim / 2;
+  const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim(), half = rope.cos.cols();
   for (Proj p : kAllProj) { m.outs[int(p)] = linear_shape(c, p).out; m.ins[int(p)] = linear_shape(c, p).in; }
   m.F = std::max(qd, f);
   m.spill = spill;
@@ -401,6 +427,10 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   PTQ_CUDA(cudaMemcpy(m.sn.get(), rope.sin.data(), size_t(seq_len * half) * 4, cudaMemcpyHostToDevice));
   m.norm1 = DeviceBuffer<float>(size_t(d), "input_layernorm");
   m.norm2 = DeviceBuffer<float>(size_t(d), "post_attention_layernorm");
+  if (c.qk_norm) {
+    m.q_norm = DeviceBuffer<float>(size_t(c.head_dim), "q_norm");
+    m.k_norm = DeviceBuffer<float>(size_t(c.head_dim), "k_norm");
+  }
   for (int i = 0; i < 7; ++i) m.W[i] = DeviceBuffer<uint8_t>(size_t(m.outs[i] * m.ins[i]) * m.es, "layer weights (16-bit)");
 }
 LayerForwardCuda::~LayerForwardCuda() = default;
@@ -436,8 +466,36 @@ MatF LayerForwardCuda::input() const {
   return X;
 }
 
+namespace {
+// A fused Linear's parts (Phi-3): qkv_proj holds the q, k, v rows in that order, gate_up_proj the
+// gate rows, then the up rows; the GPU forward keeps each part as its own 16-bit weight.
+std::vector<Proj> parts_of(Proj p) {
+  if (p == Proj::qkv) return {Proj::q, Proj::k, Proj::v};
+  if (p == Proj::gate_up) return {Proj::gate, Proj::up};
+  return {p};
+}
+// The layer's weights in kAllProj order as the checkpoint stores them (fused: the same rows).
+std::vector<const MatF*> stored_weights(const LayerWeights& w, const LlamaConfig& c) {
+  if (c.fused) return {&w[Proj::qkv].W, &w[Proj::o].W, &w[Proj::gate_up].W, &w[Proj::down].W};
+  std::vector<const MatF*> v;
+  for (Proj p : kAllProj) v.push_back(&w[p].W);
+  return v;
+}
+}  // namespace
+
 void LayerForwardCuda::set_weight(Proj p, const MatF& W) {
   Impl& m = *p_;
+  if (parts_of(p).size() > 1) {
+    int64_t r0 = 0;
+    for (Proj q : parts_of(p)) {
+      const int64_t rows = m.outs[int(q)];
+      if (r0 + rows > W.rows()) fail(Errc::usage, "", proj_name(p), "weight shape mismatch");
+      set_weight(q, W.middleRows(r0, rows));
+      r0 += rows;
+    }
+    if (r0 != W.rows()) fail(Errc::usage, "", proj_name(p), "weight shape mismatch");
+    return;
+  }
   const int i = int(p);
   if (W.rows() != m.outs[i] || W.cols() != m.ins[i]) fail(Errc::usage, "", proj_name(p), "weight shape mismatch");
   // Rounded to 16 bits on the host (every core) straight into page-locked memory: half the bytes
@@ -455,12 +513,14 @@ size_t LayerForwardCuda::weight_bytes() const {
 
 void LayerForwardCuda::convert_weights(const LayerWeights& w, void* dst) const {
   uint8_t* d = static_cast<uint8_t*>(dst);
-  for (Proj p : kAllProj) {
-    const MatF& W = w[p].W;
-    if (W.rows() != p_->outs[int(p)] || W.cols() != p_->ins[int(p)]) fail(Errc::usage, "", proj_name(p), "weight shape mismatch");
-    convert_from_f32(p_->dt, W.data(), d, size_t(W.size()));
-    d += size_t(W.size()) * 2;
+  size_t done = 0;
+  for (const MatF* W : stored_weights(w, p_->c)) {
+    done += size_t(W->size()) * 2;
+    if (done > weight_bytes()) fail(Errc::usage, "", "convert_weights", "weight shape mismatch");
+    convert_from_f32(p_->dt, W->data(), d, size_t(W->size()));
+    d += size_t(W->size()) * 2;
   }
+  if (done != weight_bytes()) fail(Errc::usage, "", "convert_weights", "weight shape mismatch");
 }
 
 void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) {
@@ -468,15 +528,17 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
   m.kept = 0;
   PTQ_CUDA(cudaMemcpy(m.norm1.get(), w.input_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   PTQ_CUDA(cudaMemcpy(m.norm2.get(), w.post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
+  if (m.c.qk_norm) set_head_norms(w.q_norm, w.k_norm);
   const uint8_t* src = static_cast<const uint8_t*>(converted);
+  if (!src)
+    for (Proj p : m.c.fused ? std::vector<Proj>{Proj::qkv, Proj::o, Proj::gate_up, Proj::down} : std::vector<Proj>(kAllProj.begin(), kAllProj.end()))
+      set_weight(p, w[p].W);
   for (Proj p : kAllProj) {
     const int i = int(p);
-    if (src) {   // already in 16 bits, in page-locked memory
+    if (src) {   // already in 16 bits, in page-locked memory (fused Linears: their parts' rows in order)
       const size_t bytes = size_t(m.outs[i] * m.ins[i]) * 2;
       PTQ_CUDA(cudaMemcpy(m.at(m.W[i], 0), src, bytes, cudaMemcpyHostToDevice));
       src += bytes;
-    } else {
-      set_weight(p, w[p].W);
     }
     if (w[p].b.size()) {
       if (!m.bias[i].get()) m.bias[i] = DeviceBuffer<float>(size_t(m.outs[i]), "bias");
@@ -517,6 +579,10 @@ void LayerForwardCuda::attention(DeviceRowSink* h) {
     m.bias_add(0, yq, rows);
     m.bias_add(1, yk, rows);
     m.bias_add(2, yv, rows);
+    if (c.qk_norm) {
+      m.head_norm(yq, m.q_norm, rows, nh);
+      m.head_norm(yk, m.k_norm, rows, nkv);
+    }
     m.rope_cast(yq, m.q16, rows, nh, r0, true);
     m.rope_cast(yk, m.k16, rows, nkv, r0, true);
     m.rope_cast(yv, m.v16, rows, nkv, r0, false);
@@ -620,6 +686,13 @@ void LayerForwardCuda::layer() {
 
 void LayerForwardCuda::set_weight_device(Proj p, const float* W) {
   Impl& m = *p_;
+  if (parts_of(p).size() > 1) {
+    for (Proj q : parts_of(p)) {
+      set_weight_device(q, W);
+      W += m.outs[int(q)] * m.ins[int(q)];
+    }
+    return;
+  }
   const int i = int(p);
   const int64_t n = m.outs[i] * m.ins[i];
   narrow_kernel<<<blocks(n), 256>>>(W, n, m.dt == DType::F16 ? 1 : 2, m.at(m.W[i], 0));
@@ -635,6 +708,14 @@ void LayerForwardCuda::set_norms(const VecF& input_layernorm, const VecF& post_a
   m.kept = 0;
   copy_to_device(m.norm1.get(), input_layernorm.data(), size_t(m.c.hidden_size) * 4);
   copy_to_device(m.norm2.get(), post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4);
+}
+
+void LayerForwardCuda::set_head_norms(const VecF& q_norm, const VecF& k_norm) {
+  Impl& m = *p_;
+  if (!m.c.qk_norm || q_norm.size() != m.c.head_dim || k_norm.size() != m.c.head_dim)
+    fail(Errc::usage, "", "set_head_norms", "q/k norm weights of the wrong size, or a model without them");
+  copy_to_device(m.q_norm.get(), q_norm.data(), size_t(m.c.head_dim) * 4);
+  copy_to_device(m.k_norm.get(), k_norm.data(), size_t(m.c.head_dim) * 4);
 }
 
 void LayerForwardCuda::set_bias(Proj p, const VecF& b) {
@@ -658,6 +739,9 @@ void LayerForwardCuda::logits(const VecF& final_norm, const void* lm_head, int64
   });
 }
 
-const void* LayerForwardCuda::weight(Proj p) const { return p_->at(p_->W[int(p)], 0); }
+const void* LayerForwardCuda::weight(Proj p) const {
+  if (parts_of(p).size() > 1) fail(Errc::usage, "", proj_name(p), "a fused Linear's parts are held apart on the device");
+  return p_->at(p_->W[int(p)], 0);
+}
 
 }  // namespace ptq::cuda

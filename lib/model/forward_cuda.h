@@ -41,17 +41,20 @@ class LayerForwardCuda {
   MatF input() const;                       // the residual stream, to the host (tests)
   void load_layer(const LayerWeights& w, const void* converted = nullptr);   // norms, biases, and the seven weights in 16 bits
   // The seven weights in dtype(), one after another in kAllProj order (what load_layer takes as
-  // `converted`, from page-locked memory): the conversion can run in another thread.
+  // `converted`, from page-locked memory): the conversion can run in another thread. (Phi-3's
+  // fused qkv and gate_up rows are those of q, k, v and gate, up in that order: the same bytes.)
   size_t weight_bytes() const;
   void convert_weights(const LayerWeights& w, void* dst) const;
+  // Fused Linears (Phi-3's qkv, gate_up) are given whole and kept as their parts.
   void set_weight(Proj p, const MatF& W);   // e.g. the quantized weights, dequantized
   void set_weight_device(Proj p, const float* W);   // the same from fp32 device memory [out, in]
-  const void* weight(Proj p) const;         // the 16-bit device weights [out, in], in dtype()
+  const void* weight(Proj p) const;         // the 16-bit device weights [out, in], in dtype() (not fused ones)
   // Linear p computed by f instead of the 16-bit weights (a packed-weight kernel):
   // y [rows, out] fp32 (device) = x [rows, in] (dtype(), device) · Wᵀ + beta · y. Empty f: the weights again.
   using LinearFn = std::function<void(const void* x, int64_t rows, float* y, float beta)>;
   void set_linear(Proj p, LinearFn f);
   void set_norms(const VecF& input_layernorm, const VecF& post_attention_layernorm);
+  void set_head_norms(const VecF& q_norm, const VecF& k_norm);   // Qwen3's per-head q/k norms [head_dim]
   void set_bias(Proj p, const VecF& b);     // empty: none
   // out [S*T, vocab] fp32 (device) = rmsnorm(X, final_norm) · lm_headᵀ (lm_head [vocab, d] in dtype()).
   void logits(const VecF& final_norm, const void* lm_head, int64_t vocab, float* out);

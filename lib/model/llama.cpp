@@ -11,18 +11,52 @@
 namespace ptq {
 
 const char* proj_name(Proj p) {
-  static const char* n[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static const char* n[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
   return n[int(p)];
 }
 
 std::string proj_tensor_prefix(int layer, Proj p) {
-  const bool attn = p == Proj::q || p == Proj::k || p == Proj::v || p == Proj::o;
+  const bool attn = p == Proj::q || p == Proj::k || p == Proj::v || p == Proj::o || p == Proj::qkv;
   return "model.layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") + proj_name(p);
 }
 
+namespace {
+int expert_slot(Proj p) {   // gate, up, down within an expert
+  if (p == Proj::gate) return 0;
+  if (p == Proj::up) return 1;
+  if (p == Proj::down) return 2;
+  fail(Errc::usage, "", "LinearId", std::string("an expert has no ") + proj_name(p));
+}
+}  // namespace
+
+std::string linear_name(const LlamaConfig& c, int layer, LinearId id) {
+  if (id.expert < 0) return proj_tensor_prefix(layer, id.proj);
+  const std::string l = "model.layers." + std::to_string(layer), e = std::to_string(id.expert);
+  if (c.moe == MoeRouting::topk_softmax) {   // mixtral: w1 = gate, w3 = up, w2 = down
+    static const char* w[] = {"w1", "w3", "w2"};
+    return l + ".block_sparse_moe.experts." + e + "." + w[expert_slot(id.proj)];
+  }
+  return l + ".mlp.experts." + e + "." + proj_name(id.proj);
+}
+
+std::string router_name(const LlamaConfig& c, int layer) {
+  return "model.layers." + std::to_string(layer) + (c.moe == MoeRouting::topk_softmax ? ".block_sparse_moe.gate" : ".mlp.gate");
+}
+
+Linear& LayerWeights::operator[](LinearId id) {
+  if (id.expert < 0) return proj[size_t(id.proj)];
+  if (size_t(id.expert) >= experts.size()) fail(Errc::usage, "", "LinearId", "expert " + std::to_string(id.expert) + " outside the layer's experts");
+  return experts[size_t(id.expert)][size_t(expert_slot(id.proj))];
+}
+const Linear& LayerWeights::operator[](LinearId id) const { return const_cast<LayerWeights&>(*this)[id]; }
+
 size_t LayerWeights::bytes() const {
   size_t s = size_t(input_layernorm.size() + post_attention_layernorm.size() + q_norm.size() + k_norm.size()) * 4;
-  for (auto& l : proj) s += size_t(l.W.size() + l.b.size()) * 4;
+  auto add = [&](const Linear& l) { s += size_t(l.W.size() + l.b.size()) * 4; };
+  for (auto& l : proj) add(l);
+  add(router);
+  for (auto& e : experts)
+    for (auto& l : e) add(l);
   return s;
 }
 
@@ -44,9 +78,9 @@ VecF read_vector(const WeightSource& w, const std::string& name, int64_t n) {
 }
 
 Rope make_rope(const LlamaConfig& c, int max_len) {
-  const int half = c.head_dim / 2;
+  const int rd = c.rotary_dim(), half = rd / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0 / std::pow(c.rope_theta, double(2 * i) / c.head_dim);
+  for (int i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0 / std::pow(c.rope_theta, double(2 * i) / rd);
   if (c.rope_scaling) {   // Llama 3.1 frequency-dependent scaling
     const auto& r = *c.rope_scaling;
     const double old_len = r.original_max_position_embeddings;
@@ -124,9 +158,10 @@ void linear(const MatF& x, const Linear& l, MatF& y) {
 }
 
 namespace {
-// In-place rotary embedding of [S*T, nh*hd] (HF rotate_half layout).
+// In-place rotary embedding of [S*T, nh*hd] (HF rotate_half layout) over the first 2 * half dims
+// of each head (the table's width: partial rotary leaves the rest as they are).
 void apply_rope(MatF& x, int nh, int hd, const Rope& rope, int S, int T) {
-  const int half = hd / 2;
+  const int half = int(rope.cos.cols());
 #pragma omp parallel for schedule(static)
   for (Eigen::Index r = 0; r < Eigen::Index(S) * T; ++r) {
     const int pos = int(r % T);
@@ -147,9 +182,17 @@ void apply_rope(MatF& x, int nh, int hd, const Rope& rope, int S, int T) {
 
 void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx) {
   MatF q, k, v;
-  linear(xn, w[Proj::q], q);
-  linear(xn, w[Proj::k], k);
-  linear(xn, w[Proj::v], v);
+  if (c.fused) {   // Phi-3: one GEMM, then the q, k, v column blocks
+    MatF qkv;
+    linear(xn, w[Proj::qkv], qkv);
+    q = qkv.leftCols(c.q_dim());
+    k = qkv.middleCols(c.q_dim(), c.kv_dim());
+    v = qkv.rightCols(c.kv_dim());
+  } else {
+    linear(xn, w[Proj::q], q);
+    linear(xn, w[Proj::k], k);
+    linear(xn, w[Proj::v], v);
+  }
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, group = nh / nkv;
   if (c.qk_norm) {   // Qwen3: each head of q and k RMS-normalized over head_dim, then rotated
     head_rmsnorm(q, nh, hd, w.q_norm, float(c.rms_norm_eps));
@@ -189,15 +232,94 @@ void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rop
   }
 }
 
-void mlp_act(const LayerWeights& w, const MatF& xn, MatF& act) {
-  MatF up;
-  linear(xn, w[Proj::gate], act);
-  linear(xn, w[Proj::up], up);
+namespace {
+// act <- silu(act) * up, row by row.
+void silu_mul(MatF& act, const MatF& up) {
 #pragma omp parallel for schedule(static)
   for (Eigen::Index r = 0; r < act.rows(); ++r) {
     float* g = act.row(r).data();
     const float* u = up.row(r).data();
     for (Eigen::Index j = 0; j < act.cols(); ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+  }
+}
+}  // namespace
+
+void swiglu(const Linear& gate, const Linear& up, const MatF& x, MatF& act) {
+  MatF u;
+  linear(x, gate, act);
+  linear(x, up, u);
+  silu_mul(act, u);
+}
+
+void mlp_act(const LayerWeights& w, const MatF& xn, MatF& act) {
+  if (w[Proj::gate_up].W.size() == 0 && w[Proj::gate_up].Wi.size() == 0) return swiglu(w[Proj::gate], w[Proj::up], xn, act);
+  MatF gu;   // Phi-3: gate rows, then up rows, of one Linear
+  linear(xn, w[Proj::gate_up], gu);
+  const Eigen::Index f = gu.cols() / 2;
+  act = gu.leftCols(f);
+  silu_mul(act, gu.rightCols(f));
+}
+
+Routing route(const LlamaConfig& c, const Linear& router, const MatF& xn) {
+  MatF logits;
+  linear(xn, router, logits);
+  const int E = c.num_experts, k = c.experts_per_token;
+  const bool renorm = c.moe == MoeRouting::topk_softmax || c.norm_topk_prob;
+  std::vector<int32_t> pick(size_t(logits.rows()) * k);
+  std::vector<float> pw(pick.size());
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index r = 0; r < logits.rows(); ++r) {
+    const float* l = logits.row(r).data();
+    // softmax over all experts (fp32, max subtracted), then the k largest, earlier expert first on ties
+    const float m = logits.row(r).maxCoeff();
+    std::vector<float> p(size_t(E), 0.0f);
+    float sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(l[e] - m));
+    std::vector<int32_t> idx(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) idx[size_t(e)] = e;
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    float chosen = 0;
+    for (int i = 0; i < k; ++i) chosen += p[size_t(idx[size_t(i)])] / sum;
+    for (int i = 0; i < k; ++i) {
+      pick[size_t(r) * k + i] = idx[size_t(i)];
+      const float pi = p[size_t(idx[size_t(i)])] / sum;
+      pw[size_t(r) * k + i] = renorm ? pi / chosen : pi;
+    }
+  }
+  Routing out;
+  out.rows.resize(size_t(E));
+  out.weights.resize(size_t(E));
+  for (Eigen::Index r = 0; r < logits.rows(); ++r)
+    for (int i = 0; i < k; ++i) {
+      const size_t at = size_t(r) * k + i;
+      out.rows[size_t(pick[at])].push_back(int32_t(r));
+      out.weights[size_t(pick[at])].push_back(pw[at]);
+    }
+  return out;
+}
+
+void gather_rows(const MatF& x, const std::vector<int32_t>& rows, MatF& out) {
+  out.resize(Eigen::Index(rows.size()), x.cols());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < int64_t(rows.size()); ++i) out.row(i) = x.row(rows[size_t(i)]);
+}
+
+void scatter_add(const MatF& part, const std::vector<int32_t>& rows, const std::vector<float>& weights, MatF& y) {
+  // rows are distinct within one expert: the rows update in parallel
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < int64_t(rows.size()); ++i) y.row(rows[size_t(i)]) += weights[size_t(i)] * part.row(i);
+}
+
+void moe_mlp(const LayerWeights& w, const LlamaConfig& c, const MatF& xn, MatF& y) {
+  const Routing rt = route(c, w.router, xn);
+  y.setZero(xn.rows(), xn.cols());
+  MatF xe, act, part;
+  for (size_t e = 0; e < w.experts.size(); ++e) {   // in expert order, as transformers adds them
+    if (rt.rows[e].empty()) continue;
+    gather_rows(xn, rt.rows[e], xe);
+    swiglu(w.experts[e][0], w.experts[e][1], xe, act);
+    linear(act, w.experts[e][2], part);
+    scatter_add(part, rt.rows[e], rt.weights[e], y);
   }
 }
 
@@ -208,8 +330,12 @@ void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope
   linear(ctx, w[Proj::o], y);
   x += y;
   rmsnorm(x, w.post_attention_layernorm, float(c.rms_norm_eps), xn);
-  mlp_act(w, xn, ctx);
-  linear(ctx, w[Proj::down], y);
+  if (!w.experts.empty()) {
+    moe_mlp(w, c, xn, y);
+  } else {
+    mlp_act(w, xn, ctx);
+    linear(ctx, w[Proj::down], y);
+  }
   x += y;
 }
 
@@ -230,9 +356,9 @@ const Checkpoint& LlamaModel::checkpoint() const {
 
 void LlamaModel::validate() const {
   const auto& c = cfg_;
-  auto expect = [&](const std::string& name, Shape s) {
+  auto expect = [&](const std::string& name, Shape s, const std::string& why = "") {
     const Shape got = src_->shape(name);
-    if (got != s) fail(Errc::format, src_->file_of(name), name, "shape " + shape_str(got) + " does not match the config's " + shape_str(s));
+    if (got != s) fail(Errc::format, src_->file_of(name), name, "shape " + shape_str(got) + " does not match the config's " + shape_str(s) + why);
   };
   const int64_t d = c.hidden_size;
   expect("model.embed_tokens.weight", {c.vocab_size, d});
@@ -246,10 +372,17 @@ void LlamaModel::validate() const {
       expect(p + ".self_attn.q_norm.weight", {c.head_dim});
       expect(p + ".self_attn.k_norm.weight", {c.head_dim});
     }
-    for (Proj pr : kAllProj) {
-      const LinearShape sh = linear_shape(c, pr);
-      expect(proj_tensor_prefix(i, pr) + ".weight", {sh.out, sh.in});
-      if (linear_has_bias(c, pr)) expect(proj_tensor_prefix(i, pr) + ".bias", {sh.out});
+    if (c.moe_layer(i))
+      expect(router_name(c, i) + ".weight", {c.num_experts, d},
+             " (the router: one row per expert, num_experts " + std::to_string(c.num_experts) + ", hidden_size " + std::to_string(d) + ")");
+    for (LinearId id : layer_schedule(c, i).linears()) {
+      const LinearShape sh = linear_shape(c, id);
+      std::string why;
+      if (id.proj == Proj::qkv)
+        why = " (q, k, v rows: " + std::to_string(c.q_dim()) + " + " + std::to_string(c.kv_dim()) + " + " + std::to_string(c.kv_dim()) + " from the heads and head_dim)";
+      if (id.proj == Proj::gate_up) why = " (gate rows, then up rows: 2 x intermediate_size " + std::to_string(c.intermediate_size) + ")";
+      expect(linear_name(c, i, id) + ".weight", {sh.out, sh.in}, why);
+      if (linear_has_bias(c, id)) expect(linear_name(c, i, id) + ".bias", {sh.out});
     }
   }
 }
@@ -278,14 +411,19 @@ LayerWeights LlamaModel::load_layer(int i) const {
     w.q_norm = read_vector(*src_, p + ".self_attn.q_norm.weight", c.head_dim);
     w.k_norm = read_vector(*src_, p + ".self_attn.k_norm.weight", c.head_dim);
   }
-  for (Proj pr : kAllProj) {
-    const std::string n = proj_tensor_prefix(i, pr);
-    const LinearShape sh = linear_shape(c, pr);
-    w[pr].W = read_matrix(*src_, n + ".weight", sh.out, sh.in);
+  if (c.moe_layer(i)) {
+    w.router.W = read_matrix(*src_, router_name(c, i) + ".weight", c.num_experts, c.hidden_size);
+    w.experts.resize(size_t(c.num_experts));
+  }
+  for (LinearId id : layer_schedule(c, i).linears()) {
+    const std::string n = linear_name(c, i, id);
+    const LinearShape sh = linear_shape(c, id);
+    Linear& l = w[id];
+    l.W = read_matrix(*src_, n + ".weight", sh.out, sh.in);
     src_->release(n + ".weight");
-    if (src_->has(n + ".bias")) w[pr].b = read_vector(*src_, n + ".bias", sh.out);
-    w[pr].act = src_->act_quant(n);
-    if (w[pr].act.mode != ActQuant::none && integer_path_) src_->read_int8(n, &w[pr].Wi, &w[pr].w_scale);
+    if (src_->has(n + ".bias")) l.b = read_vector(*src_, n + ".bias", sh.out);
+    l.act = src_->act_quant(n);
+    if (l.act.mode != ActQuant::none && integer_path_) src_->read_int8(n, &l.Wi, &l.w_scale);
   }
   return w;
 }

@@ -18,12 +18,27 @@
 namespace ptq {
 
 
-// The seven quantizable Linears of a decoder layer, in execution order.
-enum class Proj { q, k, v, o, gate, up, down };
-constexpr std::array<Proj, 7> kAllProj = {Proj::q, Proj::k, Proj::v, Proj::o, Proj::gate, Proj::up, Proj::down};
-const char* proj_name(Proj p);                    // "q_proj", ...
+// The roles of a decoder layer's Linears. The dense families have the first seven, in execution
+// order; Phi-3 stores q, k, v as one qkv_proj and gate, up as one gate_up_proj; a MoE layer has
+// gate, up and down once per expert (LinearId::expert) beside its attention.
+enum class Proj { q, k, v, o, gate, up, down, qkv, gate_up };
+constexpr int kProjCount = 9;
+constexpr std::array<Proj, 7> kAllProj = {Proj::q, Proj::k, Proj::v, Proj::o, Proj::gate, Proj::up, Proj::down};   // the dense seven
+const char* proj_name(Proj p);                    // "q_proj", ..., "qkv_proj", "gate_up_proj"
 std::string proj_tensor_prefix(int layer, Proj p); // "model.layers.3.self_attn.q_proj"
 
+// One Linear of a layer: its role, and for an expert's Linears (gate, up, down) the expert.
+struct LinearId {
+  Proj proj = Proj::q;
+  int expert = -1;
+  LinearId() = default;
+  LinearId(Proj p, int e = -1) : proj(p), expert(e) {}   // implicit: a dense Linear is its role
+  bool operator==(const LinearId& o) const { return proj == o.proj && expert == o.expert; }
+};
+// Its module name ("model.layers.3.mlp.experts.7.down_proj"; mixtral: block_sparse_moe.experts.7.w2).
+std::string linear_name(const LlamaConfig& c, int layer, LinearId id);
+// The router of a MoE layer ("model.layers.3.mlp.gate"; mixtral: block_sparse_moe.gate): left in float.
+std::string router_name(const LlamaConfig& c, int layer);
 
 struct Linear {
   MatF W;        // [out, in] (for W8A8: the dequantized int8 weights)
@@ -39,13 +54,16 @@ void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale
 struct LayerWeights {
   VecF input_layernorm, post_attention_layernorm;
   VecF q_norm, k_norm;   // [head_dim], per-head RMSNorm of q and k (qk_norm models: Qwen3); else empty
-  std::array<Linear, 7> proj;
-  Linear& operator[](Proj p) { return proj[size_t(p)]; }
-  const Linear& operator[](Proj p) const { return proj[size_t(p)]; }
+  std::array<Linear, kProjCount> proj;   // by role: a family fills the roles its layers have
+  Linear router;                         // MoE layers: [experts, hidden], float
+  std::vector<std::array<Linear, 3>> experts;   // MoE layers: each expert's gate, up, down
+  Linear& operator[](LinearId id);
+  const Linear& operator[](LinearId id) const;
   size_t bytes() const;
 };
 
-// Rotary tables in the HF layout (rotate_half): cos/sin [max_len, head_dim/2], computed in fp64.
+// Rotary tables in the HF layout (rotate_half): cos/sin [max_len, rotary_dim/2], computed in fp64
+// (rotary_dim = head_dim but for Phi-3's partial rotary).
 struct Rope {
   MatF cos, sin;
 };
@@ -58,8 +76,21 @@ void head_rmsnorm(MatF& y, int heads, int hd, const VecF& w, float eps);
 void linear(const MatF& x, const Linear& l, MatF& y);                  // y = x W^T + b
 // q/k/v projections, rotary, causal GQA softmax attention: returns the input of o_proj [S*T, q_dim].
 void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx);
-// silu(x W_gate^T) * (x W_up^T): the input of down_proj [S*T, ffn].
+// silu(x W_gate^T) * (x W_up^T): the input of down_proj [S*T, ffn] (Phi-3: both halves of gate_up_proj).
 void mlp_act(const LayerWeights& w, const MatF& xn, MatF& act);
+void swiglu(const Linear& gate, const Linear& up, const MatF& x, MatF& act);   // one expert's
+// Which experts each row goes to, and with what weight (the family's rule, config.h MoeRouting);
+// by expert, in row order: the rows routed to it and their weights.
+struct Routing {
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<float>> weights;
+};
+Routing route(const LlamaConfig& c, const Linear& router, const MatF& xn);
+void gather_rows(const MatF& x, const std::vector<int32_t>& rows, MatF& out);
+// y[rows[i]] += weights[i] * part[i]: an expert's output into the layer's.
+void scatter_add(const MatF& part, const std::vector<int32_t>& rows, const std::vector<float>& weights, MatF& y);
+// The sparse MLP: y [rows, hidden] = the routed experts' outputs, weighted.
+void moe_mlp(const LayerWeights& w, const LlamaConfig& c, const MatF& xn, MatF& y);
 // x <- x + o(attention(norm(x))); x <- x + down(mlp(norm(x))).
 void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, int S, int T, MatF& x);
 

@@ -16,26 +16,38 @@ const char* stage_name(Stage s) {
   return "?";
 }
 
-std::vector<Proj> LayerSchedule::linears() const {
-  std::vector<Proj> all;
+std::vector<LinearId> LayerSchedule::linears() const {
+  std::vector<LinearId> all;
   for (const LinearGroup& g : groups) all.insert(all.end(), g.linears.begin(), g.linears.end());
   return all;
 }
 
-const LayerSchedule& layer_schedule(const LlamaConfig& c) {
-  static const LayerSchedule dense = {{
-      {"qkv", Stage::norm1, {Proj::q, Proj::k, Proj::v}, "input_layernorm"},
-      {"o", Stage::attention, {Proj::o}, ""},
-      {"mlp", Stage::norm2, {Proj::gate, Proj::up}, "post_attention_layernorm"},
-      {"down", Stage::mlp_act, {Proj::down}, ""},
-  }};
-  (void)c;   // every family ptqkit reads today is dense Llama-shaped (config.cpp refuses others)
-  return dense;
+LayerSchedule layer_schedule(const LlamaConfig& c, int layer) {
+  LayerSchedule s;
+  if (c.fused) {
+    s.groups = {{"qkv", Stage::norm1, {Proj::qkv}, "input_layernorm"},
+                {"o", Stage::attention, {Proj::o}, ""},
+                {"mlp", Stage::norm2, {Proj::gate_up}, "post_attention_layernorm"},
+                {"down", Stage::mlp_act, {Proj::down}, ""}};
+    return s;
+  }
+  s.groups = {{"qkv", Stage::norm1, {Proj::q, Proj::k, Proj::v}, "input_layernorm"}, {"o", Stage::attention, {Proj::o}, ""}};
+  if (!c.moe_layer(layer)) {
+    s.groups.push_back({"mlp", Stage::norm2, {Proj::gate, Proj::up}, "post_attention_layernorm"});
+    s.groups.push_back({"down", Stage::mlp_act, {Proj::down}, ""});
+    return s;
+  }
+  for (int e = 0; e < c.num_experts; ++e) {
+    const std::string n = "experts." + std::to_string(e);
+    s.groups.push_back({n + ".mlp", Stage::expert_in, {{Proj::gate, e}, {Proj::up, e}}, "", e});
+    s.groups.push_back({n + ".down", Stage::expert_act, {{Proj::down, e}}, "", e});
+  }
+  return s;
 }
 
-LinearShape linear_shape(const LlamaConfig& c, Proj p) {
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  switch (p) {
+LinearShape linear_shape(const LlamaConfig& c, LinearId id) {
+  const int64_t d = c.hidden_size, f = id.expert >= 0 ? c.moe_intermediate_size : c.intermediate_size;
+  switch (id.proj) {
     case Proj::q: return {c.q_dim(), d};
     case Proj::k:
     case Proj::v: return {c.kv_dim(), d};
@@ -43,12 +55,16 @@ LinearShape linear_shape(const LlamaConfig& c, Proj p) {
     case Proj::gate:
     case Proj::up: return {f, d};
     case Proj::down: return {d, f};
+    case Proj::qkv: return {c.q_dim() + 2 * int64_t(c.kv_dim()), d};
+    case Proj::gate_up: return {2 * f, d};
   }
   fail(Errc::usage, "", "linear_shape", "unknown Linear");
 }
 
-bool linear_has_bias(const LlamaConfig& c, Proj p) {
-  return (p <= Proj::v && c.qkv_bias) || (p == Proj::o && c.o_bias) || (p >= Proj::gate && c.mlp_bias);
+bool linear_has_bias(const LlamaConfig& c, LinearId id) {
+  const Proj p = id.proj;
+  if (id.expert >= 0) return false;
+  return (p <= Proj::v && c.qkv_bias) || (p == Proj::o && c.o_bias) || (p >= Proj::gate && p <= Proj::down && c.mlp_bias);
 }
 
 }  // namespace ptq

@@ -13,12 +13,14 @@
 //   down   mlp_act      down_proj         act = silu(gate(xn2)) * up(xn2)
 //   (then X += down(act): the layer's output, the next layer's input)
 //
-// Extensions the table is shaped for (the families that need them add their rows):
-//   - MoE: a group per expert whose input is that expert's routed tokens (Stage::expert_in, the
-//     normed rows the router sent to `expert`) or its own activation (Stage::expert_act); the
-//     router itself stays float.
-//   - Fused Linears (Phi-3's qkv_proj, gate_up_proj): one group of one Linear whose rows hold the
-//     parts; the Linear is quantized as the checkpoint stores it, with one Hessian.
+// The other families:
+//   - Phi-3 (fused Linears): qkv = {qkv_proj}, mlp = {gate_up_proj}: each is one Linear whose rows
+//     hold the parts, quantized as the checkpoint stores it, with one Hessian.
+//   - MoE layers (mixtral; qwen3_moe but its dense layers): qkv and o as above, then per expert e
+//       experts.e.mlp   expert_in   gate, up of e   xn2 = rmsnorm2(X) (all rows, or e's routed rows)
+//       experts.e.down  expert_act  down of e       silu(gate_e(xn2)) * up_e(xn2) on those rows
+//     (then X += the routed experts' outputs, weighted). The router stays float; SmoothQuant
+//     does not smooth the experts (their norm is shared by every expert and the router).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -37,26 +39,27 @@ const char* stage_name(Stage s);
 struct LinearGroup {
   std::string name;            // "qkv", "o", "mlp", "down": its key in reports and saved statistics
   Stage input;                 // what produces the group's input
-  std::vector<Proj> linears;   // the Linears that read it, in quantization order
+  std::vector<LinearId> linears;   // the Linears that read it, in quantization order
   std::string smooth_norm;     // SmoothQuant: the norm folded into the group ("" if none precedes it)
   int expert = -1;             // MoE groups: the expert (Stage::expert_in / expert_act)
 };
 
 struct LayerSchedule {
   std::vector<LinearGroup> groups;   // execution order
-  std::vector<Proj> linears() const; // every quantizable Linear of the layer, group by group
+  std::vector<LinearId> linears() const; // every quantizable Linear of the layer, group by group
 };
 
-// The schedule of the model's decoder layers (every layer of a dense family alike).
-const LayerSchedule& layer_schedule(const LlamaConfig& c);
+// The schedule of decoder layer `layer` (dense families: every layer alike; Qwen3-MoE may mix
+// dense and sparse layers).
+LayerSchedule layer_schedule(const LlamaConfig& c, int layer);
 
 // Linear p's weight shape [out, in] under config c (written once: readers, synthetic models,
 // format checks and the GPU buffers take it from here).
 struct LinearShape {
   int64_t out = 0, in = 0;
 };
-LinearShape linear_shape(const LlamaConfig& c, Proj p);
-// Whether the checkpoint carries a bias for Linear p (qwen2: q, k, v).
-bool linear_has_bias(const LlamaConfig& c, Proj p);
+LinearShape linear_shape(const LlamaConfig& c, LinearId id);
+// Whether the checkpoint carries a bias for Linear p (qwen2: q, k, v; experts never).
+bool linear_has_bias(const LlamaConfig& c, LinearId id);
 
 }  // namespace ptq

@@ -58,7 +58,10 @@ class LayerForward {
   virtual const MatF* group_input() const { return nullptr; }
   // Group g's Linears `done` are quantized; those in w still hold their weights (the others the
   // solver left on the device).
-  virtual void quantized(const std::vector<Proj>& done, const LayerWeights& w) {}
+  virtual void quantized(const std::vector<LinearId>& done, const LayerWeights& w) {}
+  // MoE layers: the calibration rows the router sent to `expert` in the current layer (after the
+  // norm2 stage), or -1 where the forward does not route (saved statistics).
+  virtual int64_t routed_tokens(int expert) const { return -1; }
   virtual void end_layer() = 0;                    // the residual stream <- the layer's output
   virtual void replay_layer(LayerWeights& w) = 0;  // the same for a finished layer (resume)
   virtual bool smoothing_on_host() const { return false; }
@@ -66,13 +69,13 @@ class LayerForward {
 
 // One Linear of a group, as the recipe quantizes it.
 struct LinearJob {
-  Proj proj;
+  LinearId id;
   std::string name;   // "model.layers.3.self_attn.q_proj"
   QuantSpec spec;
 };
 // Its result: the codes, the report's numbers, and where its quantized weights are.
 struct SolvedLinear {
-  Proj proj;
+  LinearId id;
   QuantizedLinear q;
   SolveStats stats;
   int64_t rows = 0, cols = 0;
@@ -106,6 +109,9 @@ struct CalibrationPass {
   const LlamaConfig* config = nullptr;
   const Rope* rope = nullptr;
   int S = 0, T = 0;
+  // MoE (recipe moe.calibrate_all_experts): every expert's Hessians from every calibration row
+  // (true), or from the rows routed to it only; the layer's output uses the routed experts either way.
+  bool calibrate_all_experts = true;
   // --load-stats: no forward at all; each group's Hessian is taken from *saved (the current
   // layer's statistics, loaded by the pipeline) and errors name `saved_path`.
   LayerStats* saved = nullptr;

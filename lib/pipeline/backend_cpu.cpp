@@ -19,8 +19,11 @@ namespace {
 class CpuForward final : public LayerForward {
  public:
   CpuForward(const CalibrationPass& p, MatF&& X, HessianFactory mk, PhaseTimes& t)
-      : c_(*p.config), rope_(*p.rope), S_(p.S), T_(p.T), X_(std::move(X)), make_(std::move(mk)), t_(t) {}
-  void begin_layer(int, LayerWeights& w) override { w_ = &w; }
+      : c_(*p.config), rope_(*p.rope), S_(p.S), T_(p.T), all_experts_(p.calibrate_all_experts), X_(std::move(X)), make_(std::move(mk)), t_(t) {}
+  void begin_layer(int, LayerWeights& w) override {
+    w_ = &w;
+    pending_ = -1;
+  }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) override {
     const float eps = float(c_.rms_norm_eps);
     {
@@ -35,27 +38,53 @@ class CpuForward final : public LayerForward {
           in_ = &ctx_;
           break;
         case Stage::norm2:
-          linear(ctx_, (*w_)[Proj::o], y_);
-          X_ += y_;
-          rmsnorm(X_, w_->post_attention_layernorm, eps, xn_);
+          residual_and_norm2();
           in_ = &xn_;
           break;
         case Stage::mlp_act:
           mlp_act(*w_, xn_, ctx_);
           in_ = &ctx_;
           break;
-        default: fail(Errc::usage, "", "schedule", std::string("the CPU forward has no stage ") + stage_name(g.input));
+        case Stage::expert_in:   // the experts' input: xn2, all rows or the expert's routed rows
+          if (g.expert == 0) {   // the first expert's group follows the attention: norm2 and the routing first
+            residual_and_norm2();
+            routing_ = route(c_, w_->router, xn_);
+            moe_y_.setZero(xn_.rows(), xn_.cols());
+          }
+          finish_expert();
+          if (all_experts_) {
+            in_ = &xn_;
+          } else {
+            gather_rows(xn_, routing_.rows[size_t(g.expert)], xe_);
+            in_ = &xe_;
+          }
+          break;
+        case Stage::expert_act: {   // the expert's activation on the same rows, with its quantized gate and up
+          const auto& e = w_->experts[size_t(g.expert)];
+          swiglu(e[0], e[1], all_experts_ ? xn_ : xe_, ctx_);
+          in_ = &ctx_;
+          pending_ = g.expert;
+          break;
+        }
       }
     }
     if (smooth) smooth(X_, *in_);
     std::unique_ptr<HessianSum> H = make_(in_->cols());
     PhaseTimer t(t_.phase["hessian"]);
-    H->add(*in_);
+    if (in_->rows()) H->add(*in_);   // an expert the router sent no row to (routed calibration) has an empty Hessian
     return H;
   }
   const MatF* group_input() const override { return in_; }
+  int64_t routed_tokens(int expert) const override {
+    return size_t(expert) < routing_.rows.size() ? int64_t(routing_.rows[size_t(expert)].size()) : -1;
+  }
   void end_layer() override {
     PhaseTimer t(t_.phase["forward"]);
+    if (!w_->experts.empty()) {
+      finish_expert();
+      X_ += moe_y_;
+      return;
+    }
     linear(ctx_, (*w_)[Proj::down], y_);
     X_ += y_;
   }
@@ -69,11 +98,36 @@ class CpuForward final : public LayerForward {
   const LlamaConfig& c_;
   const Rope& rope_;
   int S_, T_;
-  MatF X_, xn_, ctx_, y_;
-  MatF* in_ = nullptr;   // the last collected group's input (xn_ or ctx_)
+  bool all_experts_;
+  MatF X_, xn_, ctx_, y_, xe_, moe_y_;
+  MatF* in_ = nullptr;   // the last collected group's input (xn_, ctx_ or xe_)
   LayerWeights* w_ = nullptr;
+  Routing routing_;      // MoE: this layer's routing of xn2 (the router in float)
+  int pending_ = -1;     // MoE: the expert whose activation is in ctx_ and whose output is not yet added
   HessianFactory make_;
   PhaseTimes& t_;
+
+  // X += o_proj(ctx); xn2 = rmsnorm2(X).
+  void residual_and_norm2() {
+    linear(ctx_, (*w_)[Proj::o], y_);
+    X_ += y_;
+    rmsnorm(X_, w_->post_attention_layernorm, float(c_.rms_norm_eps), xn_);
+  }
+  // The pending expert's output, through its quantized down_proj, added to the layer's for the
+  // rows routed to it (all-experts calibration computed its activation for every row).
+  void finish_expert() {
+    if (pending_ < 0) return;
+    const size_t e = size_t(pending_);
+    pending_ = -1;
+    if (routing_.rows[e].empty()) return;
+    if (all_experts_) {
+      gather_rows(ctx_, routing_.rows[e], xe_);
+      linear(xe_, w_->experts[e][2], y_);
+    } else {
+      linear(ctx_, w_->experts[e][2], y_);
+    }
+    scatter_add(y_, routing_.rows[e], routing_.weights[e], moe_y_);
+  }
 };
 
 // true_sequential: false — every group's Hessian from one pass of the float layer, then the
@@ -81,8 +135,8 @@ class CpuForward final : public LayerForward {
 class FloatPassForward final : public LayerForward {
  public:
   FloatPassForward(const CalibrationPass& p, MatF&& X, HessianFactory mk, PhaseTimes& t)
-      : c_(*p.config), rope_(*p.rope), S_(p.S), T_(p.T), X_(std::move(X)), make_(std::move(mk)), t_(t) {}
-  void begin_layer(int, LayerWeights& w) override {
+      : c_(*p.config), rope_(*p.rope), S_(p.S), T_(p.T), all_experts_(p.calibrate_all_experts), X_(std::move(X)), make_(std::move(mk)), t_(t) {}
+  void begin_layer(int layer, LayerWeights& w) override {
     w_ = &w;
     hessians_.clear();
     CalibrationPass p;
@@ -90,13 +144,17 @@ class FloatPassForward final : public LayerForward {
     p.rope = &rope_;
     p.S = S_;
     p.T = T_;
+    p.calibrate_all_experts = all_experts_;
     MatF Xf = X_;
     PhaseTimer t(t_.phase["forward"]);
     PhaseTimes inner;   // the float pass is all "forward" time, Hessians included
     CpuForward f(p, std::move(Xf), make_, inner);
-    f.begin_layer(0, w);
-    for (const LinearGroup& g : layer_schedule(c_).groups) hessians_[g.name] = f.collect(g, {});
+    f.begin_layer(layer, w);
+    for (const LinearGroup& g : layer_schedule(c_, layer).groups) hessians_[g.name] = f.collect(g, {});
+    routed_.clear();
+    for (int e = 0; e < int(w.experts.size()); ++e) routed_.push_back(f.routed_tokens(e));
   }
+  int64_t routed_tokens(int expert) const override { return size_t(expert) < routed_.size() ? routed_[size_t(expert)] : -1; }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother&) override { return std::move(hessians_.at(g.name)); }
   void end_layer() override {
     PhaseTimer t(t_.phase["forward"]);
@@ -111,9 +169,11 @@ class FloatPassForward final : public LayerForward {
   const LlamaConfig& c_;
   const Rope& rope_;
   int S_, T_;
+  bool all_experts_;
   MatF X_;
   LayerWeights* w_ = nullptr;
   std::map<std::string, std::unique_ptr<HessianSum>> hessians_;
+  std::vector<int64_t> routed_;
   HessianFactory make_;
   PhaseTimes& t_;
 };
@@ -147,7 +207,7 @@ class CpuSolver final : public GroupSolver {
       H_host = &own;
     }
     std::vector<SolvedLinear> out;
-    for (const LinearJob& j : jobs) out.push_back(solve_on_host(j, w[j.proj].W, *H_host, t));
+    for (const LinearJob& j : jobs) out.push_back(solve_on_host(j, w[j.id].W, *H_host, t));
     return out;
   }
 };
@@ -157,7 +217,7 @@ class CpuSolver final : public GroupSolver {
 SolvedLinear finish_apart(const LinearJob& job, QuantizedLinear q, const QuantizedLinear& rtn, const SolveStats& stats, MatF& W,
                           const LossFn& losses, PhaseTimes& t) {
   SolvedLinear s;
-  s.proj = job.proj;
+  s.id = job.id;
   s.q = std::move(q);
   s.stats = stats;
   const bool gptq = job.spec.method == "gptq";

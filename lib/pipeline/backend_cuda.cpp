@@ -44,10 +44,10 @@ class CudaForward final : public LayerForward {
     timed_stage([&] { fw_.stage(g.input, H.get()); });
     return H;
   }
-  void quantized(const std::vector<Proj>& done, const LayerWeights& w) override {
+  void quantized(const std::vector<LinearId>& done, const LayerWeights& w) override {
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["quantized_weights"]);
-    for (Proj p : done)
-      if (w[p].W.size()) fw_.set_weight(p, w[p].W);   // solved on the host (the others are on the device already)
+    for (LinearId p : done)   // the GPU forward serves dense layers only (forward_supported)
+      if (w[p].W.size()) fw_.set_weight(p.proj, w[p].W);   // solved on the host (the others are on the device already)
   }
   void end_layer() override { timed_stage([&] { fw_.down_proj(); }); }
   void replay_layer(LayerWeights& w) override {
@@ -94,7 +94,7 @@ class CudaSolver final : public GroupSolver {
     std::vector<SolvedLinear> out;
     std::vector<LinearJob> todo = jobs;
     if (dev.sum) solve_resident(todo, w, dev, t, out);
-    for (const LinearJob& j : todo) out.push_back(solve_apart(j, w[j.proj].W, dev, host_H, t));
+    for (const LinearJob& j : todo) out.push_back(solve_apart(j, w[j.id].W, dev, host_H, t));
     return out;
   }
 
@@ -114,12 +114,13 @@ class CudaSolver final : public GroupSolver {
       const bool from_forward = fw_ && fw_->dtype() == model_dtype_;   // 16-bit weights that are the model's exactly
       std::vector<cuda::WeightRows> parts;
       int64_t all_rows = 0;
-      const int64_t cols = w[batch[0].proj].W.cols();
+      const int64_t cols = w[batch[0].id].W.cols();
       for (const LinearJob& j : batch) {
         cuda::WeightRows part;
-        part.rows = w[j.proj].W.rows();
-        if (from_forward) { part.device = fw_->weight(j.proj); part.dtype = fw_->dtype(); }
-        else part.host = &w[j.proj].W;
+        part.rows = w[j.id].W.rows();
+        const bool fused = j.id.proj == Proj::qkv || j.id.proj == Proj::gate_up;   // held as parts on the device: read the host's
+        if (from_forward && !fused) { part.device = fw_->weight(j.id.proj); part.dtype = fw_->dtype(); }
+        else part.host = &w[j.id].W;
         parts.push_back(part);
         all_rows += part.rows;
       }
@@ -139,10 +140,10 @@ class CudaSolver final : public GroupSolver {
       size_t part = 0;
       for (const LinearJob& j : batch) {
         SolvedLinear s;
-        s.proj = j.proj;
+        s.id = j.id;
         s.q = std::move(rs.parts[part++]);
         s.stats = st;
-        s.rows = w[j.proj].W.rows();
+        s.rows = w[j.id].W.rows();
         s.cols = cols;
         {
           // GPTQ's loss from its column loop (DampedLoss: exact up to fp32 rounding), RTN's on TF32
@@ -158,16 +159,16 @@ class CudaSolver final : public GroupSolver {
         s.seconds = st.seconds * double(s.rows) / double(all_rows);
         if (fw_) {   // the next stage reads the quantized weights from here; the host copy is not needed
           PhaseTimer a(t.phase["upload"]), b(t.upload["quantized_weights"]);
-          fw_->set_weight_device(j.proj, rs.Wq.get() + r0 * cols);
-          w[j.proj].W = MatF();
+          fw_->set_weight_device(j.id.proj, rs.Wq.get() + r0 * cols);
+          w[j.id].W = MatF();
         } else {
           PhaseTimer a(t.phase["solve"]);
-          w[j.proj].W = s.q.dequantize();
+          w[j.id].W = s.q.dequantize();
         }
         out.push_back(std::move(s));
         r0 += out.back().rows;
         st.log.clear();   // said once, for the first module of the batch
-        todo.erase(std::find_if(todo.begin(), todo.end(), [&](const LinearJob& x) { return x.proj == j.proj; }));
+        todo.erase(std::find_if(todo.begin(), todo.end(), [&](const LinearJob& x) { return x.id == j.id; }));
       }
     }
   }
@@ -209,10 +210,10 @@ class CudaSolver final : public GroupSolver {
 // weights) and 2 GiB of chunk buffers and slack; else in page-locked host memory.
 bool activations_spill(const Recipe& r, const LlamaConfig& c, int S, int T) {
   double other = double(c.params_per_layer()) * 2 + double(2u << 30), largest = 0;
-  for (const LinearGroup& g : layer_schedule(c).groups) {
+  for (const LinearGroup& g : layer_schedule(c, 0).groups) {
     const int64_t n = linear_shape(c, g.linears[0]).in;
     int64_t rows = 0;
-    for (Proj p : g.linears) rows += linear_shape(c, p).out;
+    for (LinearId p : g.linears) rows += linear_shape(c, p).out;
     largest = std::max(largest, 16.0 * double(n * n) + 16.0 * double(rows * n));
   }
   other += largest;

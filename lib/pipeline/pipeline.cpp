@@ -105,9 +105,8 @@ void load_model(Run& R) {
   if (r.calibration.seq_len > c.max_position_embeddings)
     fail(Errc::input, r.source, "calibration.seq_len",
          std::to_string(r.calibration.seq_len) + " exceeds the model's max_position_embeddings " + std::to_string(c.max_position_embeddings));
-  const std::vector<Proj> linears = layer_schedule(c).linears();
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (Proj p : linears) R.known.push_back(proj_tensor_prefix(l, p));
+    for (LinearId p : layer_schedule(c, l).linears()) R.known.push_back(linear_name(c, l, p));
   for (const char* n : {"lm_head", "model.embed_tokens", "model.norm"}) R.known.push_back(n);
   auto check = [&](const std::string& pat, const std::string& field) {
     for (auto& m : R.known)
@@ -122,8 +121,8 @@ void load_model(Run& R) {
   // Every format must be able to hold what the recipe asks for: refuse before calibrating.
   std::vector<ModulePlan> plan;
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (Proj p : linears) {
-      const std::string m = proj_tensor_prefix(l, p);
+    for (LinearId p : layer_schedule(c, l).linears()) {
+      const std::string m = linear_name(c, l, p);
       const LinearShape sh = linear_shape(c, p);
       plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
     }
@@ -196,7 +195,14 @@ struct LayerResult {
   LayerStats stats;                                     // --save-stats
 };
 
-void record(Run& R, const std::string& name, const QuantSpec& spec, const SolvedLinear& s) {
+// expert >= 0: the MoE expert the Linear belongs to, `routed` the rows the router sent it and
+// `hessian_tokens` the rows its Hessian saw (all of them under calibrate_all_experts).
+struct ExpertInfo {
+  int expert = -1;
+  int64_t routed = -1, hessian_tokens = 0;
+};
+
+void record(Run& R, const std::string& name, const QuantSpec& spec, const SolvedLinear& s, const ExpertInfo& ex = {}) {
   if constexpr (kDebugChecks)
     if (spec.method == "gptq" && s.loss > s.rtn_loss * (1 + 1e-6) + 1e-12)
       fail(Errc::numeric, "", name, "GPTQ loss " + std::to_string(s.loss) + " exceeds RTN's " + std::to_string(s.rtn_loss) + " (debug check)");
@@ -210,6 +216,12 @@ void record(Run& R, const std::string& name, const QuantSpec& spec, const Solved
                        {"rows", s.rows}, {"cols", s.cols}, {"damp_percent", spec.method == "gptq" ? st.damp_percent : 0.0},
                        {"damp_retries", st.retries}, {"dead_columns", st.dead_columns}, {"loss", s.loss}, {"rtn_loss", s.rtn_loss},
                        {"loss_ratio_vs_rtn", s.rtn_loss > 0 ? s.loss / s.rtn_loss : 1.0}, {"seconds", s.seconds}});
+  if (ex.expert >= 0) {
+    json& m = R.modules.back();
+    m["expert"] = ex.expert;
+    if (ex.routed >= 0) m["routed_tokens"] = ex.routed;
+    m["hessian_tokens"] = ex.hessian_tokens;
+  }
 }
 
 // SmoothQuant on one norm -> group pair: statistics of the group's unsmoothed input, alpha, the
@@ -225,7 +237,7 @@ Smoother smoother(Run& R, int l, const LinearGroup& g, LayerWeights& w, LayerRes
     PhaseTimer t(R.t.phase["smoothquant"]);
     std::vector<const MatF*> ws;
     std::vector<MatF*> wm;
-    for (Proj p : g.linears) { ws.push_back(&w[p].W); wm.push_back(&w[p].W); }
+    for (LinearId p : g.linears) { ws.push_back(&w[p].W); wm.push_back(&w[p].W); }
     const ActQuant act{r.act_mode, 0};
     AlphaSearch a = r.smooth.auto_alpha ? search_alpha(x, absmax, ws, act) : evaluate_alpha(x, absmax, ws, act, r.smooth.alpha);
     const VecF sf = smoothing_factors(absmax, ws, a.alpha);
@@ -247,7 +259,7 @@ void smooth_saved(const LayerStats& saved, int l, const LinearGroup& g, LayerWei
   auto it = saved.smoothing.find(g.smooth_norm);
   if (it == saved.smoothing.end()) return;
   std::vector<MatF*> wm;
-  for (Proj p : g.linears) wm.push_back(&w[p].W);
+  for (LinearId p : g.linears) wm.push_back(&w[p].W);
   VecF& norm = norm_weights(w, g.smooth_norm);
   fold_smoothing(norm, wm, it->second);
   out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
@@ -260,24 +272,40 @@ void quantize_inputs(Run& R, int l, const LinearGroup& g, const MatF* x, const L
   if (R.r.act_mode == ActQuant::per_tensor) scale = x ? x->cwiseAbs().maxCoeff() / 127.0f : saved.meta["act_scales"].value(g.name, 0.0f);
   if (R.stats_out) out.stats.meta["act_scales"][g.name] = scale;
   const ActQuant a{R.r.act_mode, scale};
-  for (Proj p : g.linears) {
-    const std::string name = proj_tensor_prefix(l, p);
+  for (LinearId p : g.linears) {
+    const std::string name = linear_name(R.c(), l, p);
     if (R.r.ignored(name)) continue;
     w[p].act = a;
     out.acts.emplace_back(name, a);
   }
 }
 
+// Routed MoE calibration: an expert whose Hessian saw fewer rows than its input width has no
+// usable second-order information; its Linears are rounded to nearest, with a warning.
+void rtn_if_unseen(Run& R, int l, const LinearGroup& g, const ExpertInfo& ex, std::vector<LinearJob>& jobs) {
+  if (jobs.empty() || ex.hessian_tokens >= linear_shape(R.c(), g.linears[0]).in) return;
+  bool any = false;
+  for (LinearJob& j : jobs)
+    if (j.spec.method == "gptq") { j.spec.method = "rtn"; any = true; }
+  if (!any) return;
+  char m[256];
+  std::snprintf(m, sizeof m, "layer %d expert %d: %lld calibration tokens routed, fewer than its input width %lld: rounded to nearest (RTN) instead of GPTQ",
+                l, g.expert, (long long)ex.hessian_tokens, (long long)linear_shape(R.c(), g.linears[0]).in);
+  std::fprintf(stderr, "ptqkit: %s\n", m);
+  log_event("warning", {{"module", jobs[0].name}, {"message", m}});
+}
+
 // One decoder layer, group by group in the schedule's order.
 LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStats& saved, Progress& bar) {
   LayerResult out;
-  const LayerSchedule& sched = layer_schedule(R.c());
+  const LlamaConfig& c = R.c();
+  const LayerSchedule sched = layer_schedule(c, l);
   B.forward->begin_layer(l, w);
   if (R.stats_in)
     for (auto& e : saved.meta.value("smoothquant", json::array())) R.smoothing.push_back(e);
   for (size_t gi = 0; gi < sched.groups.size(); ++gi) {
     const LinearGroup& g = sched.groups[gi];
-    const std::string first = proj_tensor_prefix(l, g.linears[0]);
+    const std::string first = linear_name(c, l, g.linears[0]);
     bar.update(l + double(gi) / double(sched.groups.size()), "layer " + std::to_string(l) + ": " + first.substr(first.rfind('.') + 1));
     if (R.stats_in && !g.smooth_norm.empty()) smooth_saved(saved, l, g, w, out);
     const Smoother sm = B.forward->smoothing_on_host() && !g.smooth_norm.empty() ? smoother(R, l, g, w, out) : Smoother();
@@ -288,17 +316,30 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
       H_host = H->finalize();
     }
     std::vector<LinearJob> jobs;
-    for (Proj p : g.linears)
-      if (!R.r.ignored(proj_tensor_prefix(l, p))) jobs.push_back({p, proj_tensor_prefix(l, p), R.spec_of(proj_tensor_prefix(l, p))});
+    for (LinearId p : g.linears) {
+      const std::string name = linear_name(c, l, p);
+      if (!R.r.ignored(name)) jobs.push_back({p, name, R.spec_of(name)});
+    }
+    ExpertInfo ex;
+    if (g.expert >= 0) {   // saved statistics keep the counts their Hessians came from
+      ex = {g.expert, B.forward->routed_tokens(g.expert), H->tokens()};
+      if (R.stats_in) ex = {g.expert, saved.meta["expert_routed"].value(g.name, int64_t(-1)), saved.meta["expert_tokens"].value(g.name, int64_t(0))};
+      if (R.stats_out) {
+        out.stats.meta["expert_routed"][g.name] = ex.routed;
+        out.stats.meta["expert_tokens"][g.name] = ex.hessian_tokens;
+      }
+      rtn_if_unseen(R, l, g, ex, jobs);
+    }
     std::vector<SolvedLinear> solved = B.solver->solve(jobs, w, *H, H_host.size() ? &H_host : nullptr, R.t);
     H.reset();   // its memory goes to the next group
-    std::vector<Proj> done;
+    std::vector<LinearId> done;
     for (SolvedLinear& s : solved) {
-      const std::string name = proj_tensor_prefix(l, s.proj);
-      record(R, name, R.spec_of(name), s);
+      const std::string name = linear_name(c, l, s.id);
+      const auto job = std::find_if(jobs.begin(), jobs.end(), [&](const LinearJob& j) { return j.id == s.id; });
+      record(R, name, job->spec, s, ex);
       s.q.name = name;
       out.qs.push_back(std::move(s.q));
-      done.push_back(s.proj);
+      done.push_back(s.id);
     }
     if (R.stats_out) out.stats.hessians[g.name] = std::move(H_host);
     B.forward->quantized(done, w);
@@ -310,13 +351,14 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
 
 // A layer the interrupted run finished: its quantized weights replayed for the next layer's input.
 void replay_layer(Run& R, Backend& B, const QuantStore& store, int l, LayerWeights& w) {
-  for (Proj p : layer_schedule(R.c()).linears()) {
-    const std::string name = proj_tensor_prefix(l, p);
+  const LayerSchedule sched = layer_schedule(R.c(), l);
+  for (LinearId p : sched.linears()) {
+    const std::string name = linear_name(R.c(), l, p);
     if (const QuantizedLinear* q = store.get(name)) w[p].W = q->dequantize();
     w[p].act = store.act_quant(name);
   }
   VecF v;
-  for (const LinearGroup& g : layer_schedule(R.c()).groups)   // norms SmoothQuant folded factors into
+  for (const LinearGroup& g : sched.groups)   // norms SmoothQuant folded factors into
     if (!g.smooth_norm.empty() && store.float_override(layer_prefix(l) + g.smooth_norm + ".weight", &v)) norm_weights(w, g.smooth_norm) = v;
   json rep = json::parse(store.layer_report(l));
   for (auto& m : rep["modules"]) R.modules.push_back(m);
@@ -356,7 +398,7 @@ class LayerLoader {
   std::future<LayerWeights> next_;
   LayerWeights load(int k) {
     LayerWeights lw = R_.model->load_layer(k);
-    for (Proj p : kAllProj) check_finite(lw[p].W, proj_tensor_prefix(k, p) + ".weight", R_.model->weights());
+    for (LinearId p : layer_schedule(R_.c(), k).linears()) check_finite(lw[p].W, linear_name(R_.c(), k, p) + ".weight", R_.model->weights());
     fw_.prepare(lw, k);
     return lw;
   }
@@ -370,6 +412,7 @@ void quantize_layers(Run& R, QuantStore& store) {
   pass.rope = &R.model->rope(R.cd.seq_len);
   pass.S = R.cd.samples;
   pass.T = R.cd.seq_len;
+  pass.calibrate_all_experts = R.r.moe_calibrate_all_experts;
   if (R.stats_in) { pass.saved = &saved; pass.saved_path = R.opt.load_stats; }
   Backend B = make_backend(R.dev, R.r, pass, std::move(R.X), R.t);
   R.forward_description = B.forward_description;

@@ -39,7 +39,9 @@ const Schema kQuantSchema = [] {
 }();
 const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty::Int}}, {"nf4_blocksize", {Ty::Int}},
                                {"nf4_double_quant", {Ty::Bool}}};
+const Schema kMoeSchema = {{"calibrate_all_experts", {Ty::Bool}}};
 const Schema kRootSchema = {{"model", {Ty::Str}},
+                            {"moe", {Ty::Map, &kMoeSchema}},
                             {"output", {Ty::Str}},
                             {"device", {Ty::Str}},
                             {"gpu_forward", {Ty::Bool}},
@@ -217,6 +219,8 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   if (root["device"]) r.device = root["device"].as<std::string>();
   if (r.device != "cpu" && r.device != "cuda" && r.device != "auto") fail(Errc::usage, file, "device", "must be cpu, cuda or auto");
   if (root["gpu_forward"]) r.gpu_forward = root["gpu_forward"].as<bool>();
+  if (auto m = root["moe"])
+    if (m["calibrate_all_experts"]) r.moe_calibrate_all_experts = m["calibrate_all_experts"].as<bool>();
   if (root["gpu_activations"]) r.gpu_activations = root["gpu_activations"].as<std::string>();
   if (r.gpu_activations != "auto" && r.gpu_activations != "device" && r.gpu_activations != "host")
     fail(Errc::usage, file, "gpu_activations", "must be auto, device or host");
@@ -325,6 +329,7 @@ YAML::Node Recipe::to_yaml() const {
   n["device"] = device;
   n["gpu_forward"] = gpu_forward;
   n["gpu_activations"] = gpu_activations;
+  n["moe"]["calibrate_all_experts"] = moe_calibrate_all_experts;
   n["calibration"]["dataset"] = calibration.dataset;
   n["calibration"]["samples"] = calibration.samples;
   n["calibration"]["seq_len"] = calibration.seq_len;

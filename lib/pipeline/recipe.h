@@ -20,6 +20,11 @@ struct Recipe {
   // Where the GPU forward keeps the calibration activations: device, host (page-locked memory,
   // copied in and out by chunks), or auto (device when they fit beside the solve's needs).
   std::string gpu_activations = "auto";
+  // MoE models: every expert's Hessians from every calibration token (true: llm-compressor's
+  // convention, no expert goes unseen), or from the tokens the router sends it (false; an expert
+  // with fewer tokens than its input width is rounded to nearest, with a warning). The layer's
+  // output always uses the routed experts only.
+  bool moe_calibrate_all_experts = true;
   CalibSpec calibration;                    // seq_len 0 = min(2048, the model's context)
   QuantSpec quant;                          // defaults for every quantized module
   bool true_sequential = true;

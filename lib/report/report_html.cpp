@@ -294,6 +294,37 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
          "</td><td>" + std::to_string(m.value("damp_retries", 0)) + "</td><td>" + num(m.value("seconds", 0.0), "%.3f") + "</td></tr>\n";
   }
   h += "</tbody></table>\n";
+  // MoE: one row per expert of each layer, its three Linears summed
+  struct ExpertRow {
+    int64_t routed = -1, tokens = 0;
+    double loss = 0, rtn = 0;
+    std::string methods;
+  };
+  std::map<std::pair<int, int>, ExpertRow> experts;
+  for (auto& m : mods) {
+    if (!m.contains("expert")) continue;
+    const std::string name = m.value("name", "");
+    const int layer = name.rfind("model.layers.", 0) == 0 ? std::atoi(name.c_str() + 13) : -1;
+    ExpertRow& e = experts[{layer, m["expert"].get<int>()}];
+    e.routed = m.value("routed_tokens", int64_t(-1));
+    e.tokens = m.value("hessian_tokens", int64_t(0));
+    e.loss += m.value("loss", 0.0);
+    e.rtn += m.value("rtn_loss", 0.0);
+    const std::string meth = str(m, "method");
+    if (e.methods.find(meth) == std::string::npos) e.methods += (e.methods.empty() ? "" : ", ") + meth;
+  }
+  if (!experts.empty()) {
+    h += "<h2>Experts</h2>\n<p>Calibration tokens the router sent to each expert, the tokens its Hessians saw (every token when "
+         "all experts are calibrated), and its three Linears' output errors summed.</p>\n<table id=\"experts\"><thead><tr><th>layer</th>"
+         "<th>expert</th><th>routed tokens</th><th>Hessian tokens</th><th>method</th><th>loss</th><th>RTN loss</th><th>ratio</th></tr></thead><tbody>\n";
+    for (auto& [k, e] : experts) {
+      const double r = e.rtn > 0 ? e.loss / e.rtn : 1.0;
+      h += std::string("<tr") + (e.methods != "gptq" ? " class=\"bad\"" : "") + "><td>" + std::to_string(k.first) + "</td><td>" +
+           std::to_string(k.second) + "</td><td>" + (e.routed >= 0 ? std::to_string(e.routed) : "-") + "</td><td>" + std::to_string(e.tokens) +
+           "</td><td>" + esc(e.methods) + "</td><td>" + num(e.loss) + "</td><td>" + num(e.rtn) + "</td><td>" + num(r, "%.3f") + "</td></tr>\n";
+    }
+    h += "</tbody></table>\n";
+  }
   json brief = rep;
   if (brief.contains("calibration")) brief["calibration"].erase("offsets");
   brief.erase("modules");
