@@ -113,8 +113,10 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
   if (!cuda::available()) fail(Errc::usage, "", "bench gptq", "needs a GPU: " + cuda::describe());
   const LlamaConfig c = parse_config(synth_config_json(a.preset, 1, DType::F16), a.preset);
   const int64_t N = int64_t(a.samples) * a.seq_len, d = c.hidden_size, f = c.intermediate_size;
-  std::printf("bench gptq: %s layer (hidden %lld, ffn %lld), %d x %d calibration tokens, %d-bit g%d%s, on %s\n", a.preset.c_str(),
-              (long long)d, (long long)f, a.samples, a.seq_len, a.bits, a.group, a.act_order ? " act-order" : "", cuda::describe().c_str());
+  const std::string moe = c.moe_layer(0) ? ", " + std::to_string(c.num_experts) + " experts of ffn " + std::to_string(c.moe_intermediate_size) +
+                                               " (every token through every expert)" : "";
+  std::printf("bench gptq: %s layer (hidden %lld, ffn %lld%s), %d x %d calibration tokens, %d-bit g%d%s, on %s\n", a.preset.c_str(),
+              (long long)d, (long long)f, moe.c_str(), a.samples, a.seq_len, a.bits, a.group, a.act_order ? " act-order" : "", cuda::describe().c_str());
   using clk = std::chrono::steady_clock;
   const LayerSchedule sched = layer_schedule(c, 0);
   std::vector<std::unique_ptr<cuda::HessianCuda>> H;
@@ -169,12 +171,14 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
     sum.download += pt.pack + pt.download;   // the codes are packed on the device, then copied
   }
   const double layer = t_hess + t_solve;
-  std::printf("  %-34s %8.3f s  (%.0f TFLOP/s as GEMM)\n", "Hessians (4 inputs, tensor cores)", t_hess, hess_flop / t_hess / 1e12);
+  const std::string hess_label = "Hessians (" + std::to_string(sched.groups.size()) + " inputs, tensor cores)";
+  std::printf("  %-34s %8.3f s  (%.0f TFLOP/s as GEMM)\n", hess_label.c_str(), t_hess, hess_flop / t_hess / 1e12);
   std::printf("  %-34s %8.3f s\n", "solve: prepare (upload, permute)", sum.prepare);
   std::printf("  %-34s %8.3f s  (potrf %.3f, L^-1 in place %.3f)\n", "solve: factorization (fp64)", sum.factorization, sum.potrf, sum.trtri);
   std::printf("  %-34s %8.3f s\n", "solve: column loop + trailing GEMMs", sum.column_loop);
   std::printf("  %-34s %8.3f s\n", "solve: codes packed, to the host", sum.download);
-  std::printf("  %-34s %8.3f s  (7 Linears, wall %.3f s)\n", "solve total", sum.prepare + sum.factorization + sum.column_loop + sum.download, t_solve);
+  std::printf("  %-34s %8.3f s  (%zu Linears, wall %.3f s)\n", "solve total", sum.prepare + sum.factorization + sum.column_loop + sum.download,
+              sched.linears().size(), t_solve);
   std::printf("  %-34s %8.3f s per layer; x %d layers = %.1f s (forward and I/O not included)\n", "Hessians + GPTQ", layer,
               parse_config(synth_config_json(a.preset, -1, DType::F16), "x").num_hidden_layers,
               layer * parse_config(synth_config_json(a.preset, -1, DType::F16), "x").num_hidden_layers);

@@ -441,6 +441,17 @@ TEST_CASE("a malformed GGUF file is refused naming the field") {
 // act-order with static groups), exported in gptq, gptq_v2, compressed-tensors and fake, read back.
 // The packed readers' forward equals the fake export's, GPTQ's output error is at most RTN's for
 // every Linear, experts included, and every Linear the schedule lists was quantized.
+// Logits of two forwards of the same quantized model within `tol` (relative). MoE: a rounding
+// difference can flip a near-tied router choice, which moves that token's logits wholesale; then
+// the positions (rows) within tol must be nearly all of them instead.
+void check_logits_close(const MatF& got, const MatF& want, const LlamaConfig& c, double tol) {
+  int agree = 0;
+  for (Eigen::Index row = 0; row < got.rows(); ++row) agree += (got.row(row) - want.row(row)).norm() <= tol * want.row(row).norm();
+  INFO("relative difference " << (got - want).norm() / want.norm() << ", rows within " << tol << ": " << agree << " of " << got.rows());
+  if (c.moe == MoeRouting::none) CHECK((got - want).norm() <= tol * want.norm());
+  else CHECK(agree >= got.rows() * 9 / 10);
+}
+
 // A tiny checkpoint of `family` written by transformers, quantized on the CPU at 4 bits g16 with
 // act-order and static groups: asymmetric into gptq_v2, compressed-tensors and fake, symmetric into
 // gptq (v1 cannot hold a zero of 0) and fake; each read back. The packed readers' forward equals
@@ -481,14 +492,8 @@ void check_family_roundtrip(const std::string& family, size_t linears) {
       packed.push_back(m->forward(ids, S, T));
       // The packed readers dequantize s * (q - z) in fp32; the fake export stored those weights
       // rounded to the checkpoint's bf16 (2^-9 relative), which moves these logits by ~0.5%.
-      // MoE: that rounding can flip a near-tied router choice, which moves a token's logits
-      // wholesale; the positions (rows) that agree within 1% must then be nearly all of them.
-      const MatF& p = packed.back();
-      int agree = 0;
-      for (Eigen::Index row = 0; row < p.rows(); ++row) agree += (p.row(row) - fake.row(row)).norm() <= 1e-2 * fake.row(row).norm();
-      INFO(r.formats[i] << ": relative difference to the fake export " << (p - fake).norm() / fake.norm() << ", rows within 1%: " << agree << " of " << p.rows());
-      if (c.moe == MoeRouting::none) CHECK((p - fake).norm() <= 1e-2 * fake.norm());
-      else CHECK(agree >= p.rows() * 9 / 10);
+      INFO(r.formats[i]);
+      check_logits_close(packed.back(), fake, c, 1e-2);
     }
     if (!sym) CHECK(packed[0] == packed[1]);   // the same codes and bf16 scales in two layouts: the same model
     // MoE: the routers stay float, and the formats' lists of unquantized modules name them.
@@ -583,5 +588,33 @@ TEST_CASE("a synthetic MoE checkpoint loads, and quantizing it quantizes every e
     CHECK(ck.has(linear_name(c, l, LinearId(Proj::down, 7)) + ".weight_packed"));
     CHECK(!ck.has(linear_name(c, l, LinearId(Proj::down, 7)) + ".weight"));
     CHECK(ck.get(router_name(c, l) + ".weight").dtype == DType::F16);
+  }
+}
+
+TEST_CASE("NF4 of the MoE and fused families: every expert and fused Linear stored as NF4, the routers float, read back equal to the fake export") {
+  PTQ_REQUIRE_ASSETS();
+  const std::string a = ptqtest::assets();
+  for (const std::string family : {"mixtral", "qwen3-moe", "phi3"}) {
+    ptqtest::TempDir d;
+    Recipe r = parse_recipe(YAML::Load("quantization: {method: nf4}\nexport: {format: [nf4, fake], nf4_blocksize: 64}\n"), "r.yaml");
+    r.model = a + "/models/tiny-" + family;
+    r.output = d / "q";
+    r.device = "cpu";
+    run_quantize(r, {});
+    const LlamaConfig c = LlamaModel(r.model).config();
+    Checkpoint ck(d / "q/nf4");
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      for (LinearId id : layer_schedule(c, l).linears()) CHECK(ck.get(linear_name(c, l, id) + ".weight").dtype == DType::U8);
+      if (c.moe_layer(l)) CHECK(ck.get(router_name(c, l) + ".weight").dtype == DType::BF16);
+    }
+    const json skip = json::parse(read_text_file(d / "q/nf4/config.json"))["quantization_config"]["llm_int8_skip_modules"];
+    CHECK(skip.size() == 1 + size_t(c.moe != MoeRouting::none ? c.num_hidden_layers : 0));
+    SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
+    const TensorView iv = g.get("input_ids");
+    const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
+    const MatF packed = open_model(d / "q/nf4")->forward(ids, int(iv.shape[0]), int(iv.shape[1]));
+    const MatF fake = open_model(d / "q/fake")->forward(ids, int(iv.shape[0]), int(iv.shape[1]));
+    INFO(family);
+    check_logits_close(packed, fake, c, 2e-2);
   }
 }
