@@ -163,3 +163,81 @@ TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim
   }
   CHECK_THROWS_AS(cuda::flash_attention(DType::F16, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 2, 96, 0.1f, 0), Error);
 }
+
+TEST_CASE("gpu: the GPU forward of a MoE layer (routing, every expert) matches the fp32 CPU reference, and so do the experts' Hessians") {
+  PTQ_REQUIRE_GPU();
+  ptqtest::TempDir d;
+  std::vector<std::string> models;
+  SynthOptions o;
+  o.preset = "tiny-moe";   // Qwen3-MoE shapes: 8 experts, top-2, q/k norms (f16)
+  synth_model(o, d / "moe");
+  models.push_back(d / "moe");
+  if (ptqtest::have_assets())
+    for (const char* f : {"tiny-mixtral", "tiny-qwen3-moe"}) models.push_back(ptqtest::assets() + "/models/" + f);   // bf16
+  for (auto& dir : models) {
+    LlamaModel m(dir);
+    const LlamaConfig& c = m.config();
+    const int S = 65, T = 128;   // two chunks of the GPU forward
+    std::vector<int32_t> tok(size_t(S * T));
+    Rng rng(7);
+    for (auto& t : tok) t = int32_t(rng.uniform() * (c.vocab_size - 1));
+    const MatF X = m.embed(tok);
+    const Rope& rope = m.rope(T);
+    LayerWeights w = m.load_layer(0);
+    REQUIRE(w.experts.size() == size_t(c.num_experts));
+    // CPU reference: xn2, the experts' inputs and activations over every row, the layer's output
+    MatF xn, ctx, y, Xc = X;
+    const float eps = float(c.rms_norm_eps);
+    rmsnorm(Xc, w.input_layernorm, eps, xn);
+    attention_core(w, c, rope, xn, S, T, ctx);
+    linear(ctx, w[Proj::o], y);
+    Xc += y;
+    rmsnorm(Xc, w.post_attention_layernorm, eps, xn);
+    Hessian h_in(c.hidden_size);
+    h_in.add(xn);
+    const MatD H_in = h_in.finalize();
+    std::vector<MatD> H_act;
+    for (auto& e : w.experts) {
+      MatF act;
+      swiglu(e[0], e[1], xn, act);
+      Hessian h(c.moe_intermediate_size);
+      h.add(act);
+      H_act.push_back(h.finalize());
+    }
+    const Routing rt = route(c, w.router, xn);
+    Xc = X;
+    decoder_layer(w, c, rope, S, T, Xc);
+    // GPU, the stages as the pipeline runs them
+    cuda::LayerForwardCuda fw(c, rope, S, T, c.dtype);
+    fw.set_input(X);
+    fw.load_layer(w);
+    double worst_in = 0, worst_act = 0;
+    for (const LinearGroup& g : layer_schedule(c, 0).groups) {
+      cuda::HessianCuda H(linear_shape(c, g.linears[0]).in, fw.dtype());
+      fw.stage(g.input, g.expert, &H);
+      if (g.expert < 0) continue;
+      const MatD& want = g.input == Stage::expert_in ? H_in : H_act[size_t(g.expert)];
+      const double e = (H.finalize() - want).norm() / want.norm();
+      (g.input == Stage::expert_in ? worst_in : worst_act) = std::max(g.input == Stage::expert_in ? worst_in : worst_act, e);
+    }
+    fw.down_proj();
+    const MatF Xg = fw.input();
+    int64_t routed = 0, same_counts = 0;
+    for (int e = 0; e < c.num_experts; ++e) {
+      routed += fw.routed_tokens(e);
+      same_counts += fw.routed_tokens(e) == int64_t(rt.rows[size_t(e)].size());
+    }
+    CHECK(routed == int64_t(S) * T * c.experts_per_token);
+    // Rows: the layer's output within the 16-bit tolerance of what the layer added, except where
+    // the 16-bit router flips a near-tied choice (that row then adds another expert's output).
+    const double tol = fw.dtype() == DType::F16 ? 5e-3 : 1e-2;
+    int64_t within = 0;
+    for (Eigen::Index r = 0; r < X.rows(); ++r) within += (Xg.row(r) - Xc.row(r)).norm() <= 2 * tol * (Xc.row(r) - X.row(r)).norm();
+    std::cout << dir << ": MoE layer output rows within " << 2 * tol << ": " << within << " of " << X.rows() << " (whole: "
+              << (Xg - Xc).norm() / (Xc - X).norm() << "); experts' input Hessians " << worst_in << ", activation Hessians " << worst_act
+              << "; experts with the CPU's routed count " << same_counts << " of " << c.num_experts << "\n";
+    CHECK(worst_in <= tol);
+    CHECK(worst_act <= tol);
+    CHECK(within >= X.rows() * 99 / 100);
+  }
+}

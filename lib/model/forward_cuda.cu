@@ -200,6 +200,51 @@ __global__ void silu_mul_kernel(const float* g, const float* u, T* out, int64_t 
   store<V>(out + i, a);
 }
 
+// MoE routing, one row per thread (= model/llama.cpp route): softmax over the E router logits
+// (fp32, max subtracted), the K largest in the order (logit descending, expert ascending), their
+// probabilities renormalized to sum 1 when `renorm`.
+__global__ void topk_route_kernel(const float* logits, int64_t rows, int E, int K, bool renorm, int32_t* ids, float* wts) {
+  const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const float* l = logits + r * E;
+  float m = -INFINITY, sum = 0, chosen = 0;
+  for (int e = 0; e < E; ++e) m = fmaxf(m, l[e]);
+  for (int e = 0; e < E; ++e) sum += expf(l[e] - m);
+  int prev = -1;
+  float prev_v = INFINITY;
+  for (int k = 0; k < K; ++k) {   // the next in that order after (prev_v, prev)
+    int best = -1;
+    float bv = -INFINITY;
+    for (int e = 0; e < E; ++e) {
+      const float v = l[e];
+      if ((v < prev_v || (v == prev_v && e > prev)) && (best < 0 || v > bv)) { best = e; bv = v; }
+    }
+    const float p = expf(bv - m) / sum;
+    ids[r * K + k] = best;
+    wts[r * K + k] = p;
+    chosen += p;
+    prev = best;
+    prev_v = bv;
+  }
+  if (renorm)
+    for (int k = 0; k < K; ++k) wts[r * K + k] /= chosen;
+}
+
+// out[i] = x[rows[i]] (16-bit rows of d), one block per output row.
+__global__ void gather_rows_kernel(const uint16_t* x, const int32_t* rows, int d, uint16_t* out) {
+  const uint16_t* src = x + int64_t(rows[blockIdx.x]) * d;
+  uint16_t* dst = out + int64_t(blockIdx.x) * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
+}
+
+// X[rows[i]] += w[i] * y[i] (fp32 rows of d; the rows of one expert are distinct), one block per row.
+__global__ void scatter_add_kernel(const float* y, const int32_t* rows, const float* w, int d, float* X) {
+  float* xr = X + int64_t(rows[blockIdx.x]) * d;
+  const float* yr = y + int64_t(blockIdx.x) * d;
+  const float wi = w[blockIdx.x];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) xr[j] += wi * yr[j];
+}
+
 // fp32 weights to the forward's 16-bit dtype (1: f16, 2: bf16), round to nearest even.
 __global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -218,7 +263,8 @@ void linear_gemm(const void* X, const void* W, void* Y, cudaDataType ytype, int6
 bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why) {
   auto no = [&](const std::string& w) { if (why) *why = w; return false; };
   if (c.head_dim % 2) return no("odd head_dim");
-  if (c.moe != MoeRouting::none) return no("MoE layers are not in the GPU forward yet");
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    if (c.moe != MoeRouting::none && !c.moe_layer(l)) return no("MoE models with dense layers (mlp_only_layers, decoder_sparse_step) are not in the GPU forward yet");
   if (c.num_attention_heads % c.num_key_value_heads) return no("heads not a multiple of KV heads");
   if (!flash_attention_supported(c.head_dim) && int64_t(seq_len) * seq_len * c.num_attention_heads * 6 > (int64_t(8) << 30))
     return no("attention scores of one window exceed 8 GiB (head_dim " + std::to_string(c.head_dim) + " has no flash attention)");
@@ -248,13 +294,25 @@ struct LayerForwardCuda::Impl {
   LayerForwardCuda::LinearFn override_[7];
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
   int64_t outs[7], ins[7];
+  // MoE (every layer sparse; activations resident): the router [E, d] and every expert's gate
+  // [Fe, d], up [Fe, d], down [d, Fe] one after another, in 16 bits; xn2 = rmsnorm2(X) for all
+  // rows, which every expert reads; the routing, by expert (rows ascending, as the CPU's).
+  bool moe = false, all_experts = true;
+  int E = 0, K = 0;
+  int64_t Fe = 0;
+  DeviceBuffer<uint8_t> router, experts, moe_xn, moe_act;
+  DeviceBuffer<int32_t> route_rows;
+  DeviceBuffer<float> route_w;
+  std::vector<int64_t> route_off;   // expert e's rows: [route_off[e], route_off[e + 1])
+  int pending = -1;                 // the expert whose output is not yet in X
+  void* expert_w(int e, int slot) const { return at(experts, (int64_t(e) * 3 + slot) * Fe * c.hidden_size); }
   std::vector<cudaEvent_t> events;   // pairs around each Hessian accumulation, read when asked
   size_t events_used = 0;
   double sink_seconds = 0;
   // sink += rows of x, timed with events (a Hessian's GEMMs are reported apart from the forward); the
   // host does not wait here, so the next chunk's kernels queue behind the GEMMs.
   void sink_add(DeviceRowSink* h, const void* x, int64_t rows) {
-    if (!h) return;
+    if (!h || rows == 0) return;
     if (events_used >= 512) collect_sink_times();   // callers that never ask
     while (events.size() < events_used + 2) {
       cudaEvent_t e;
@@ -318,7 +376,8 @@ struct LayerForwardCuda::Impl {
     explicit Scratch(Impl& im) : m(im) {
       const int64_t d = m.c.hidden_size, f = m.c.intermediate_size, qd = m.c.q_dim(), kv = m.c.kv_dim(), T = m.T;
       m.xn = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * d) * m.es, "normalized activations (chunk)");
-      m.y32 = DeviceBuffer<float>(size_t(m.chunk_rows * std::max(qd + 2 * kv, 2 * f)), "projections (chunk, fp32)");
+      m.y32 = DeviceBuffer<float>(size_t(m.chunk_rows * std::max({qd + 2 * kv, m.moe ? 2 * m.Fe : 2 * f, int64_t(m.E), d})), "projections (chunk, fp32)");
+      if (m.moe) m.moe_act = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * m.Fe) * m.es, "expert activation (chunk)");
       m.q16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * qd) * m.es, "queries (chunk)");
       m.k16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "keys (chunk)");
       m.v16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "values (chunk)");
@@ -327,7 +386,7 @@ struct LayerForwardCuda::Impl {
         m.P = DeviceBuffer<uint8_t>(size_t(m.c.num_attention_heads) * T * T * m.es, "attention probabilities (one window)");
       }
     }
-    ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; }
+    ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; m.moe_act = {}; }
   };
   template <class F_>
   void by_chunks(F_&& f) {   // f(row0, rows): whole windows, at most chunk_rows tokens
@@ -377,8 +436,8 @@ struct LayerForwardCuda::Impl {
     head_rmsnorm_kernel<<<unsigned(rows), 128>>>(y, w.get(), heads, c.head_dim, eps);
     PTQ_CUDA_LAUNCH("head_rmsnorm_kernel");
   }
-  void silu_mul(const float* g, const float* u, void* out, int64_t n) {
-    const bool v4 = c.intermediate_size % 4 == 0;
+  void silu_mul(const float* g, const float* u, void* out, int64_t n, int64_t width) {   // width: the row length (4-aligned rows: vector path)
+    const bool v4 = width % 4 == 0;
     if (dt == DType::F16) {
       if (v4) silu_mul_kernel<__half, 4><<<blocks(n / 4), 256>>>(g, u, static_cast<__half*>(out), n);
       else silu_mul_kernel<__half, 1><<<blocks(n), 256>>>(g, u, static_cast<__half*>(out), n);
@@ -388,11 +447,95 @@ struct LayerForwardCuda::Impl {
     }
     PTQ_CUDA_LAUNCH("silu_mul_kernel");
   }
+
+  // ---- MoE layers (the reference: model/llama.cpp moe_mlp, pipeline/backend_cpu.cpp CpuForward)
+  // X += ctx Wo^T (+b); moe_xn = rmsnorm2(X), all rows.
+  void moe_norm2() {
+    const int64_t qd = c.q_dim(), d = c.hidden_size;
+    kept = 0;
+    by_chunks([&](int64_t r0, int64_t rows) {
+      const void* ctx = stage_rows(r0, rows, qd, true);
+      float* x = x_rows(r0, rows, true);
+      linear(3, ctx, x, rows, 1.0f);
+      bias_add(3, x, rows);
+      rmsnorm(norm2, x, at(moe_xn, r0 * d), rows);
+    });
+  }
+  // The router's choice for every row, bucketed by expert on the host (rows ascending) and uploaded.
+  void route_all() {
+    const int64_t d = c.hidden_size;
+    DeviceBuffer<int32_t> ids(size_t(N * K), "MoE routing (experts)");
+    DeviceBuffer<float> wts(size_t(N * K), "MoE routing (weights)");
+    const bool renorm = c.moe == MoeRouting::topk_softmax || c.norm_topk_prob;
+    by_chunks([&](int64_t r0, int64_t rows) {
+      linear_gemm(at(moe_xn, r0 * d), router.get(), y32.get(), CUDA_R_32F, rows, d, E, dt, 0.0f);
+      topk_route_kernel<<<blocks(rows, 128), 128>>>(y32.get(), rows, E, K, renorm, ids.get() + r0 * K, wts.get() + r0 * K);
+      PTQ_CUDA_LAUNCH("topk_route_kernel");
+    });
+    std::vector<int32_t> hid(size_t(N * K));
+    std::vector<float> hw(size_t(N * K));
+    copy_to_host(hid.data(), ids.get(), hid.size() * 4);
+    copy_to_host(hw.data(), wts.get(), hw.size() * 4);
+    route_off.assign(size_t(E) + 1, 0);
+    for (int32_t e : hid) ++route_off[size_t(e) + 1];
+    for (int e = 0; e < E; ++e) route_off[size_t(e) + 1] += route_off[size_t(e)];
+    std::vector<int64_t> fill(route_off.begin(), route_off.end() - 1);
+    std::vector<int32_t> rows_by(hid.size());
+    std::vector<float> w_by(hid.size());
+    for (int64_t r = 0; r < N; ++r)
+      for (int k = 0; k < K; ++k) {
+        const size_t at_ = size_t(fill[size_t(hid[size_t(r * K + k)])]++);
+        rows_by[at_] = int32_t(r);
+        w_by[at_] = hw[size_t(r * K + k)];
+      }
+    route_rows = DeviceBuffer<int32_t>(rows_by.size(), "MoE routing (rows by expert)");
+    route_w = DeviceBuffer<float>(w_by.size(), "MoE routing (weights by expert)");
+    copy_to_device(route_rows.get(), rows_by.data(), rows_by.size() * 4);
+    copy_to_device(route_w.get(), w_by.data(), w_by.size() * 4);
+  }
+  // f(x, rows, i0) over expert e's input rows in chunks: all rows of moe_xn, or (routed) the rows
+  // routed to e gathered into xn, i0 the chunk's first index among them.
+  template <class F_>
+  void expert_rows(int e, bool all, F_&& f) {
+    const int64_t d = c.hidden_size;
+    if (all) return by_chunks([&](int64_t r0, int64_t rows) { f(at(moe_xn, r0 * d), rows, r0); });
+    const int64_t first = route_off[size_t(e)], n = route_off[size_t(e) + 1] - first;
+    for (int64_t i0 = 0; i0 < n; i0 += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, n - i0);
+      gather_rows_kernel<<<unsigned(rows), 256>>>(reinterpret_cast<const uint16_t*>(moe_xn.get()), route_rows.get() + first + i0, int(d),
+                                                    static_cast<uint16_t*>(at(xn, 0)));
+      PTQ_CUDA_LAUNCH("gather_rows_kernel");
+      f(at(xn, 0), rows, i0);
+    }
+  }
+  // act [rows, Fe] (16-bit) = silu(x Wg_e^T) * (x Wu_e^T)
+  void expert_swiglu(int e, const void* x, int64_t rows, void* act) {
+    float* g = y32.get();
+    float* u = g + rows * Fe;
+    linear_gemm(x, expert_w(e, 0), g, CUDA_R_32F, rows, c.hidden_size, Fe, dt, 0.0f);
+    linear_gemm(x, expert_w(e, 1), u, CUDA_R_32F, rows, c.hidden_size, Fe, dt, 0.0f);
+    silu_mul(g, u, act, rows * Fe, Fe);
+  }
+  // The pending expert's output for the rows routed to it, through its current (quantized)
+  // weights, weighted into X.
+  void finish_expert() {
+    if (pending < 0) return;
+    const int e = pending;
+    pending = -1;
+    const int64_t first = route_off[size_t(e)], d = c.hidden_size;
+    expert_rows(e, false, [&](const void* x, int64_t rows, int64_t i0) {
+      expert_swiglu(e, x, rows, at(moe_act, 0));
+      linear_gemm(at(moe_act, 0), expert_w(e, 2), y32.get(), CUDA_R_32F, rows, Fe, d, dt, 0.0f);
+      scatter_add_kernel<<<unsigned(rows), 256>>>(y32.get(), route_rows.get() + first + i0, route_w.get() + first + i0, int(d), X.get());
+      PTQ_CUDA_LAUNCH("scatter_add_kernel");
+    });
+  }
 };
 
 size_t activation_bytes(const LlamaConfig& c, int samples, int seq_len) {
   const int64_t N = int64_t(samples) * seq_len;
-  return size_t(N * c.hidden_size) * 4 + size_t(N * std::max<int64_t>(c.q_dim(), c.intermediate_size)) * 2;
+  const size_t moe_xn = c.moe != MoeRouting::none ? size_t(N * c.hidden_size) * 2 : 0;   // rmsnorm2(X) for every expert
+  return size_t(N * c.hidden_size) * 4 + size_t(N * std::max<int64_t>(c.q_dim(), c.intermediate_size)) * 2 + moe_xn;
 }
 
 LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int samples, int seq_len, DType dtype, bool spill) : p_(new Impl) {
@@ -409,8 +552,10 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
   m.flash = flash_attention_supported(c.head_dim);
   const int64_t d = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kv = c.kv_dim(), half = rope.cos.cols();
   for (Proj p : kAllProj) { m.outs[int(p)] = linear_shape(c, p).out; m.ins[int(p)] = linear_shape(c, p).in; }
-  m.F = std::max(qd, f);
+  m.moe = c.moe != MoeRouting::none;
+  m.F = std::max(qd, m.moe ? int64_t(0) : f);   // (MoE layers keep their activations in moe_xn and chunk buffers)
   m.spill = spill;
+  if (m.moe && spill) fail(Errc::usage, "", "gpu_activations", "MoE layers need the calibration activations on the device (gpu_activations: device or auto)");
   m.keep_norm = !spill && m.F >= qd + d && (m.N * (m.F - d)) % 4 == 0;   // (the tail aligned for 8-byte stores)
   if (spill) {   // page-locked host memory for all rows, device memory for one chunk
     m.hX = PinnedBuffer(size_t(m.N * d) * 4);
@@ -431,7 +576,15 @@ LayerForwardCuda::LayerForwardCuda(const LlamaConfig& c, const Rope& rope, int s
     m.q_norm = DeviceBuffer<float>(size_t(c.head_dim), "q_norm");
     m.k_norm = DeviceBuffer<float>(size_t(c.head_dim), "k_norm");
   }
-  for (int i = 0; i < 7; ++i) m.W[i] = DeviceBuffer<uint8_t>(size_t(m.outs[i] * m.ins[i]) * m.es, "layer weights (16-bit)");
+  for (int i = 0; i < (m.moe ? 4 : 7); ++i) m.W[i] = DeviceBuffer<uint8_t>(size_t(m.outs[i] * m.ins[i]) * m.es, "layer weights (16-bit)");
+  if (m.moe) {
+    m.E = c.num_experts;
+    m.K = c.experts_per_token;
+    m.Fe = c.moe_intermediate_size;
+    m.router = DeviceBuffer<uint8_t>(size_t(m.E * d) * m.es, "MoE router (16-bit)");
+    m.experts = DeviceBuffer<uint8_t>(size_t(m.E * 3 * m.Fe * d) * m.es, "MoE expert weights (16-bit)");
+    m.moe_xn = DeviceBuffer<uint8_t>(size_t(m.N * d) * m.es, "calibration activations (rmsnorm2 of every row, read by every expert)");
+  }
 }
 LayerForwardCuda::~LayerForwardCuda() = default;
 double LayerForwardCuda::take_sink_seconds() {
@@ -478,13 +631,36 @@ std::vector<Proj> parts_of(Proj p) {
 std::vector<const MatF*> stored_weights(const LayerWeights& w, const LlamaConfig& c) {
   if (c.fused) return {&w[Proj::qkv].W, &w[Proj::o].W, &w[Proj::gate_up].W, &w[Proj::down].W};
   std::vector<const MatF*> v;
+  if (!w.experts.empty()) {   // MoE: attention, the router, then each expert's gate, up, down
+    for (Proj p : {Proj::q, Proj::k, Proj::v, Proj::o}) v.push_back(&w[p].W);
+    v.push_back(&w.router.W);
+    for (auto& e : w.experts)
+      for (auto& l : e) v.push_back(&l.W);
+    return v;
+  }
   for (Proj p : kAllProj) v.push_back(&w[p].W);
   return v;
 }
 }  // namespace
 
-void LayerForwardCuda::set_weight(Proj p, const MatF& W) {
+void LayerForwardCuda::set_moe_calibration(bool all_experts) { p_->all_experts = all_experts; }
+int64_t LayerForwardCuda::routed_tokens(int expert) const {
+  const auto& o = p_->route_off;
+  return size_t(expert) + 1 < o.size() ? o[size_t(expert) + 1] - o[size_t(expert)] : -1;
+}
+
+void LayerForwardCuda::set_weight(LinearId id, const MatF& W) {
   Impl& m = *p_;
+  if (id.expert >= 0) {
+    const int slot = id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2;
+    const int64_t out = slot == 2 ? m.c.hidden_size : m.Fe, in = slot == 2 ? m.Fe : m.c.hidden_size;
+    if (!m.moe || id.expert >= m.E || W.rows() != out || W.cols() != in) fail(Errc::usage, "", proj_name(id.proj), "expert weight shape mismatch");
+    const size_t bytes = size_t(W.size()) * 2;
+    convert_from_f32(m.dt, W.data(), pinned_staging(bytes), size_t(W.size()));
+    upload_from_staging(m.expert_w(id.expert, slot), bytes);
+    return;
+  }
+  const Proj p = id.proj;
   if (parts_of(p).size() > 1) {
     int64_t r0 = 0;
     for (Proj q : parts_of(p)) {
@@ -506,8 +682,10 @@ void LayerForwardCuda::set_weight(Proj p, const MatF& W) {
 }
 
 size_t LayerForwardCuda::weight_bytes() const {
+  const Impl& m = *p_;
   size_t b = 0;
-  for (int i = 0; i < 7; ++i) b += size_t(p_->outs[i] * p_->ins[i]) * 2;
+  for (int i = 0; i < (m.moe ? 4 : 7); ++i) b += size_t(m.outs[i] * m.ins[i]) * 2;
+  if (m.moe) b += size_t(m.E * m.c.hidden_size) * 2 + size_t(m.E * 3 * m.Fe * m.c.hidden_size) * 2;
   return b;
 }
 
@@ -530,11 +708,31 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
   PTQ_CUDA(cudaMemcpy(m.norm2.get(), w.post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   if (m.c.qk_norm) set_head_norms(w.q_norm, w.k_norm);
   const uint8_t* src = static_cast<const uint8_t*>(converted);
-  if (!src)
-    for (Proj p : m.c.fused ? std::vector<Proj>{Proj::qkv, Proj::o, Proj::gate_up, Proj::down} : std::vector<Proj>(kAllProj.begin(), kAllProj.end()))
-      set_weight(p, w[p].W);
+  if (!src) {
+    if (m.moe) {
+      for (Proj p : {Proj::q, Proj::k, Proj::v, Proj::o}) set_weight(p, w[p].W);
+      if (w.router.W.rows() != m.E || w.router.W.cols() != m.c.hidden_size || int64_t(w.experts.size()) != m.E)
+        fail(Errc::usage, "", "load_layer", "MoE router or experts of the wrong shape");
+      const size_t rb = size_t(w.router.W.size()) * 2;
+      convert_from_f32(m.dt, w.router.W.data(), pinned_staging(rb), size_t(w.router.W.size()));
+      upload_from_staging(m.router.get(), rb);
+      for (int e = 0; e < m.E; ++e)
+        for (Proj p : {Proj::gate, Proj::up, Proj::down}) set_weight(LinearId(p, e), w[LinearId(p, e)].W);
+    } else {
+      for (Proj p : m.c.fused ? std::vector<Proj>{Proj::qkv, Proj::o, Proj::gate_up, Proj::down} : std::vector<Proj>(kAllProj.begin(), kAllProj.end()))
+        set_weight(p, w[p].W);
+    }
+  }
   for (Proj p : kAllProj) {
     const int i = int(p);
+    if (m.moe && i >= 4) {   // the experts' weights follow the router in `converted`
+      if (src && i == 4) {
+        PTQ_CUDA(cudaMemcpy(m.router.get(), src, m.router.size(), cudaMemcpyHostToDevice));
+        PTQ_CUDA(cudaMemcpy(m.experts.get(), src + m.router.size(), m.experts.size(), cudaMemcpyHostToDevice));
+      }
+      m.bias[i] = DeviceBuffer<float>();
+      continue;
+    }
     if (src) {   // already in 16 bits, in page-locked memory (fused Linears: their parts' rows in order)
       const size_t bytes = size_t(m.outs[i] * m.ins[i]) * 2;
       PTQ_CUDA(cudaMemcpy(m.at(m.W[i], 0), src, bytes, cudaMemcpyHostToDevice));
@@ -645,16 +843,43 @@ void LayerForwardCuda::mlp(DeviceRowSink* h) {
     m.bias_add(4, g, rows);
     m.bias_add(5, u, rows);
     void* act = m.stage_rows(r0, rows, f, false);
-    m.silu_mul(g, u, act, rows * f);
+    m.silu_mul(g, u, act, rows * f, f);
     m.sink_add(h, act, rows);
     m.stage_back(r0, rows, f);
   });
   m.kept = 0;
 }
 
+void LayerForwardCuda::expert_in(int e, DeviceRowSink* h) {
+  Impl& m = *p_;
+  if (!m.moe || e < 0 || e >= m.E) fail(Errc::usage, "", "expert_in", "no such expert");
+  Impl::Scratch scratch(m);
+  if (e == 0) {   // the first expert's group follows the attention: norm2 and the routing first
+    m.moe_norm2();
+    m.route_all();
+  }
+  m.finish_expert();
+  m.expert_rows(e, m.all_experts, [&](const void* x, int64_t rows, int64_t) { m.sink_add(h, x, rows); });
+}
+
+void LayerForwardCuda::expert_act(int e, DeviceRowSink* h) {
+  Impl& m = *p_;
+  if (!m.moe || e < 0 || e >= m.E || m.route_off.empty()) fail(Errc::usage, "", "expert_act", "no such expert, or not routed yet");
+  Impl::Scratch scratch(m);
+  m.expert_rows(e, m.all_experts, [&](const void* x, int64_t rows, int64_t) {
+    m.expert_swiglu(e, x, rows, m.at(m.moe_act, 0));
+    m.sink_add(h, m.at(m.moe_act, 0), rows);
+  });
+  m.pending = e;
+}
+
 void LayerForwardCuda::down_proj() {
   Impl& m = *p_;
   Impl::Scratch scratch(m);
+  if (m.moe) {   // the last expert's output
+    m.finish_expert();
+    return;
+  }
   const int64_t f = m.c.intermediate_size;
   m.kept = 0;
   m.by_chunks([&](int64_t r0, int64_t rows) {
@@ -664,6 +889,12 @@ void LayerForwardCuda::down_proj() {
     m.bias_add(6, x, rows);
     m.x_back(r0, rows);
   });
+}
+
+void LayerForwardCuda::stage(Stage s, int expert, DeviceRowSink* sink) {
+  if (s == Stage::expert_in) return expert_in(expert, sink);
+  if (s == Stage::expert_act) return expert_act(expert, sink);
+  stage(s, sink);
 }
 
 void LayerForwardCuda::stage(Stage s, DeviceRowSink* sink) {
@@ -677,15 +908,36 @@ void LayerForwardCuda::stage(Stage s, DeviceRowSink* sink) {
 }
 
 void LayerForwardCuda::layer() {
-  p_->kept = 0;
+  Impl& m = *p_;
+  m.kept = 0;
+  if (m.moe) {
+    attention(nullptr);
+    Impl::Scratch scratch(m);
+    m.moe_norm2();
+    m.route_all();
+    for (int e = 0; e < m.E; ++e) {
+      m.pending = e;
+      m.finish_expert();
+    }
+    return;
+  }
   attention(nullptr);
   o_proj_norm2(nullptr);
   mlp(nullptr);
   down_proj();
 }
 
-void LayerForwardCuda::set_weight_device(Proj p, const float* W) {
+void LayerForwardCuda::set_weight_device(LinearId id, const float* W) {
   Impl& m = *p_;
+  if (id.expert >= 0) {
+    if (!m.moe || id.expert >= m.E) fail(Errc::usage, "", proj_name(id.proj), "no such expert");
+    const int slot = id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2;
+    const int64_t n = m.Fe * m.c.hidden_size;
+    narrow_kernel<<<blocks(n), 256>>>(W, n, m.dt == DType::F16 ? 1 : 2, m.expert_w(id.expert, slot));
+    PTQ_CUDA_LAUNCH("narrow_kernel");
+    return;
+  }
+  const Proj p = id.proj;
   if (parts_of(p).size() > 1) {
     for (Proj q : parts_of(p)) {
       set_weight_device(q, W);
@@ -739,7 +991,12 @@ void LayerForwardCuda::logits(const VecF& final_norm, const void* lm_head, int64
   });
 }
 
-const void* LayerForwardCuda::weight(Proj p) const {
+const void* LayerForwardCuda::weight(LinearId id) const {
+  if (id.expert >= 0) {
+    if (!p_->moe || id.expert >= p_->E) fail(Errc::usage, "", proj_name(id.proj), "no such expert");
+    return p_->expert_w(id.expert, id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2);
+  }
+  const Proj p = id.proj;
   if (parts_of(p).size() > 1) fail(Errc::usage, "", proj_name(p), "a fused Linear's parts are held apart on the device");
   return p_->at(p_->W[int(p)], 0);
 }

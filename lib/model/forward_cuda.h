@@ -46,9 +46,10 @@ class LayerForwardCuda {
   size_t weight_bytes() const;
   void convert_weights(const LayerWeights& w, void* dst) const;
   // Fused Linears (Phi-3's qkv, gate_up) are given whole and kept as their parts.
-  void set_weight(Proj p, const MatF& W);   // e.g. the quantized weights, dequantized
-  void set_weight_device(Proj p, const float* W);   // the same from fp32 device memory [out, in]
-  const void* weight(Proj p) const;         // the 16-bit device weights [out, in], in dtype() (not fused ones)
+  // Experts' Linears are LinearId(gate | up | down, expert).
+  void set_weight(LinearId id, const MatF& W);   // e.g. the quantized weights, dequantized
+  void set_weight_device(LinearId id, const float* W);   // the same from fp32 device memory [out, in]
+  const void* weight(LinearId id) const;    // the 16-bit device weights [out, in], in dtype() (not fused ones)
   // Linear p computed by f instead of the 16-bit weights (a packed-weight kernel):
   // y [rows, out] fp32 (device) = x [rows, in] (dtype(), device) · Wᵀ + beta · y. Empty f: the weights again.
   using LinearFn = std::function<void(const void* x, int64_t rows, float* y, float beta)>;
@@ -63,8 +64,18 @@ class LayerForwardCuda {
   void attention(DeviceRowSink* sink);      // ctx = attn(q, k, v of rmsnorm1(X))
   void o_proj_norm2(DeviceRowSink* sink);   // X += ctx Wo^T (+b); xn2 = rmsnorm2(X)
   void mlp(DeviceRowSink* sink);            // act = silu(xn2 Wg^T) * (xn2 Wu^T)
-  void down_proj();                         // X += act Wd^T
+  void down_proj();                         // X += act Wd^T (MoE: the last expert's output)
+  // MoE layers (every layer sparse, activations resident). expert_in(0) first adds o_proj and
+  // computes xn2 = rmsnorm2(X) and the routing (router in 16 bits, fp32 logits); each expert_in
+  // adds the previous expert's output (its quantized weights, the rows routed to it, weighted) to
+  // X, then hands e's input rows to the sink: all rows, or with set_moe_calibration(false) those
+  // routed to e. expert_act(e): silu(gate_e) * up_e on the same rows.
+  void set_moe_calibration(bool all_experts);
+  void expert_in(int e, DeviceRowSink* sink);
+  void expert_act(int e, DeviceRowSink* sink);
+  int64_t routed_tokens(int expert) const;  // rows routed to `expert` in the current layer (-1 before routing)
   void stage(Stage s, DeviceRowSink* sink); // the schedule's stage s (the first four above)
+  void stage(Stage s, int expert, DeviceRowSink* sink);   // any stage, experts' included
   void layer();                             // all five, no sinks (replaying a finished layer)
   double take_sink_seconds();               // GPU time spent in the sinks since the last call
  private:

@@ -23,9 +23,12 @@ class CpuForward final : public LayerForward {
   void begin_layer(int, LayerWeights& w) override {
     w_ = &w;
     pending_ = -1;
+    shared_in_.reset();
   }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) override {
     const float eps = float(c_.rms_norm_eps);
+    // All-experts calibration: every expert's input Hessian is H(xn2), accumulated once per layer.
+    const bool shared = g.input == Stage::expert_in && all_experts_;
     {
       PhaseTimer t(t_.phase["forward"]);
       switch (g.input) {
@@ -69,9 +72,11 @@ class CpuForward final : public LayerForward {
       }
     }
     if (smooth) smooth(X_, *in_);
+    if (shared && g.expert > 0 && shared_in_) return shared_in_->clone();
     std::unique_ptr<HessianSum> H = make_(in_->cols());
     PhaseTimer t(t_.phase["hessian"]);
     if (in_->rows()) H->add(*in_);   // an expert the router sent no row to (routed calibration) has an empty Hessian
+    if (shared) shared_in_ = H->clone();
     return H;
   }
   const MatF* group_input() const override { return in_; }
@@ -104,6 +109,7 @@ class CpuForward final : public LayerForward {
   LayerWeights* w_ = nullptr;
   Routing routing_;      // MoE: this layer's routing of xn2 (the router in float)
   int pending_ = -1;     // MoE: the expert whose activation is in ctx_ and whose output is not yet added
+  std::unique_ptr<HessianSum> shared_in_;   // MoE: this layer's H(xn2), under all-experts calibration
   HessianFactory make_;
   PhaseTimes& t_;
 

@@ -31,23 +31,34 @@ class CudaForward final : public LayerForward {
     // page-locked buffers (layer k in buffer k % 2), so that the upload is a plain DMA.
     for (auto& b : w16_) b = cuda::PinnedBuffer(fw_.weight_bytes());
     fw_.set_input(X);
+    fw_.set_moe_calibration(p.calibrate_all_experts);
+    all_experts_ = p.calibrate_all_experts;
     X = MatF();
   }
   cuda::LayerForwardCuda& device() { return fw_; }
   void prepare(const LayerWeights& w, int layer) override { fw_.convert_weights(w, w16_[layer % 2].get()); }
   void begin_layer(int layer, LayerWeights& w) override {
+    shared_in_.reset();
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
     fw_.load_layer(w, w16_[layer % 2].get());
   }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother&) override {
+    // All-experts calibration: every expert's input Hessian is H(xn2), accumulated once per layer.
+    const bool shared = g.input == Stage::expert_in && all_experts_;
+    if (shared && g.expert > 0 && shared_in_) {
+      timed_stage([&] { fw_.stage(g.input, g.expert, nullptr); });
+      return shared_in_->clone();
+    }
     auto H = std::make_unique<cuda::HessianCuda>(linear_shape(c_, g.linears[0]).in, fw_.dtype());
-    timed_stage([&] { fw_.stage(g.input, H.get()); });
+    timed_stage([&] { fw_.stage(g.input, g.expert, H.get()); });
+    if (shared) shared_in_ = H->clone();
     return H;
   }
+  int64_t routed_tokens(int expert) const override { return fw_.routed_tokens(expert); }
   void quantized(const std::vector<LinearId>& done, const LayerWeights& w) override {
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["quantized_weights"]);
-    for (LinearId p : done)   // the GPU forward serves dense layers only (forward_supported)
-      if (w[p].W.size()) fw_.set_weight(p.proj, w[p].W);   // solved on the host (the others are on the device already)
+    for (LinearId p : done)
+      if (w[p].W.size()) fw_.set_weight(p, w[p].W);   // solved on the host (the others are on the device already)   // solved on the host (the others are on the device already)
   }
   void end_layer() override { timed_stage([&] { fw_.down_proj(); }); }
   void replay_layer(LayerWeights& w) override {
@@ -59,6 +70,8 @@ class CudaForward final : public LayerForward {
 
  private:
   const LlamaConfig& c_;
+  bool all_experts_ = true;
+  std::unique_ptr<HessianSum> shared_in_;   // this layer's H(xn2), under all-experts calibration
   cuda::LayerForwardCuda fw_;
   cuda::PinnedBuffer w16_[2];
   PhaseTimes& t_;
@@ -119,7 +132,7 @@ class CudaSolver final : public GroupSolver {
         cuda::WeightRows part;
         part.rows = w[j.id].W.rows();
         const bool fused = j.id.proj == Proj::qkv || j.id.proj == Proj::gate_up;   // held as parts on the device: read the host's
-        if (from_forward && !fused) { part.device = fw_->weight(j.id.proj); part.dtype = fw_->dtype(); }
+        if (from_forward && !fused) { part.device = fw_->weight(j.id); part.dtype = fw_->dtype(); }
         else part.host = &w[j.id].W;
         parts.push_back(part);
         all_rows += part.rows;
@@ -159,7 +172,7 @@ class CudaSolver final : public GroupSolver {
         s.seconds = st.seconds * double(s.rows) / double(all_rows);
         if (fw_) {   // the next stage reads the quantized weights from here; the host copy is not needed
           PhaseTimer a(t.phase["upload"]), b(t.upload["quantized_weights"]);
-          fw_->set_weight_device(j.id.proj, rs.Wq.get() + r0 * cols);
+          fw_->set_weight_device(j.id, rs.Wq.get() + r0 * cols);
           w[j.id].W = MatF();
         } else {
           PhaseTimer a(t.phase["solve"]);
@@ -251,13 +264,17 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
   else if (pass.saved) why = "statistics loaded";
   else if (!r.gpu_forward) why = "gpu_forward: false in the recipe";
   else cuda::forward_supported(c, pass.T, &why);
+  bool spill = false;
+  if (why.empty()) {
+    PhaseTimer a(t.phase["upload"]), u(t.upload["activations"]);
+    spill = activations_spill(r, c, pass.S, pass.T);
+    if (spill && c.moe != MoeRouting::none) why = "MoE layers need the calibration activations on the GPU, and they do not fit there (or gpu_activations: host)";
+  }
   Backend b;
   if (why.empty()) {
-    bool spill;
     std::unique_ptr<CudaForward> fw;
     {
       PhaseTimer a(t.phase["upload"]), u(t.upload["activations"]);
-      spill = activations_spill(r, c, pass.S, pass.T);
       fw = std::make_unique<CudaForward>(pass, std::move(X), spill, t);
     }
     const DType fdt = fw->device().dtype();
