@@ -618,3 +618,35 @@ TEST_CASE("NF4 of the MoE and fused families: every expert and fused Linear stor
     check_logits_close(packed, fake, c, 2e-2);
   }
 }
+
+TEST_CASE("MoE statistics saved and reloaded: the same experts' Hessians, routed counts and codes") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  for (const bool all : {true, false}) {
+    Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 16}\n"), "r.yaml");
+    r.model = ptqtest::assets() + "/models/tiny-mixtral";
+    r.moe_calibrate_all_experts = all;
+    r.device = "cpu";
+    r.calibration = {"random", 8, 48, 0};
+    r.formats = {"fake"};
+    const std::string tag = all ? "all" : "routed";
+    r.output = d / ("saved-" + tag);
+    QuantizeOptions so;
+    so.save_stats = d / ("stats-" + tag);
+    const json a = run_quantize(r, so);
+    r.output = d / ("loaded-" + tag);
+    QuantizeOptions lo;
+    lo.load_stats = so.save_stats;
+    const json b = run_quantize(r, lo);
+    REQUIRE(a["modules"].size() == b["modules"].size());
+    for (size_t i = 0; i < a["modules"].size(); ++i) {
+      const json &ma = a["modules"][i], &mb = b["modules"][i];
+      INFO(ma["name"]);
+      CHECK(ma["name"] == mb["name"]);
+      CHECK(ma.value("routed_tokens", int64_t(-2)) == mb.value("routed_tokens", int64_t(-2)));
+      CHECK(ma.value("hessian_tokens", int64_t(-2)) == mb.value("hessian_tokens", int64_t(-2)));
+      CHECK(ma["loss"] == mb["loss"]);   // the same H, the same weights: the same solve
+    }
+    CHECK(read_text_file(d / ("saved-" + tag + "/model.safetensors")) == read_text_file(d / ("loaded-" + tag + "/model.safetensors")));
+  }
+}

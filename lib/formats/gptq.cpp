@@ -138,7 +138,7 @@ std::vector<std::string> export_gptq(const ExportJob& job, bool v2) {
     // modules_in_block_to_quantize (the router is not among them: it stays float).
     json block = json::array();   // the union over the layers (qwen3_moe may keep dense layers)
     for (int l = 0; l < c.num_hidden_layers; ++l)
-      for (const LinearGroup& g : layer_schedule(c, l).groups) {
+      for (const LinearGroup& g : layer_schedule(c, l, /*experts_share_input=*/false).groups) {   // one step per expert
         json names = json::array();
         const std::string pre = "model.layers." + std::to_string(l) + ".";
         for (LinearId id : g.linears) names.push_back(linear_name(c, l, id).substr(pre.size()));

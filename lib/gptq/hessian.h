@@ -8,7 +8,6 @@
 #pragma once
 #include <Eigen/Core>
 #include <cstdint>
-#include <memory>
 
 #include "model/linear_types.h"
 
@@ -33,9 +32,6 @@ class HessianSum {
   virtual double scale() const = 0;           // 2 / tokens (1 for a matrix that is H already)
   // The sum on the GPU, for the GPU solve to read in place; {nullptr, 1} for a host Hessian.
   virtual HessianRef device() { return {}; }
-  // An independent copy (MoE: every expert's gate/up Hessian is the same H under all-experts
-  // calibration; it is accumulated once and copied).
-  virtual std::unique_ptr<HessianSum> clone() const = 0;
 };
 
 // The CPU accumulator (and the reference of the GPU's).
@@ -46,7 +42,6 @@ class Hessian final : public HessianSum {
   static Hessian from_matrix(MatD H);
   void add(const MatF& X) override;
   MatD finalize() const override;
-  std::unique_ptr<HessianSum> clone() const override { return std::make_unique<Hessian>(*this); }
   int64_t tokens() const override { return n_; }
   double scale() const override { return scaled_ ? 1.0 : n_ > 0 ? 2.0 / double(n_) : 1.0; }
   MatD diag_sum_x2() const;               // sum_t x_t^2 per column: llama.cpp's importance matrix

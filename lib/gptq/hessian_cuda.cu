@@ -59,12 +59,6 @@ HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols),
 }
 HessianCuda::~HessianCuda() { delete p_; }
 
-std::unique_ptr<HessianSum> HessianCuda::clone() const {
-  auto h = std::make_unique<HessianCuda>(cols_, dtype_);
-  copy_device(h->p_->sum.get(), p_->sum.get(), size_t(cols_ * cols_) * 8);
-  h->n_ = n_;
-  return h;
-}
 
 // The upper triangle of C = X^T X (column-major; read as the row-major lower triangle of the fp64
 // sum) in square blocks of kBlock x kBlock. For one block, kFlush GEMMs of kChunk tokens each

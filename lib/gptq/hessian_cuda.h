@@ -23,7 +23,6 @@ class HessianCuda final : public HessianSum, public DeviceRowSink {
   double scale() const override { return n_ > 0 ? 2.0 / double(n_) : 1.0; }
   // The sum on the device, symmetric (accumulation ends: its scratch buffers are released).
   HessianRef device() override;
-  std::unique_ptr<HessianSum> clone() const override;
  private:
   struct Impl;
   Impl* p_;

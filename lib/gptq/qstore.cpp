@@ -90,6 +90,7 @@ bool QuantStore::has_layer(int layer) const { return std::filesystem::exists(lay
 void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modules, const std::vector<std::pair<std::string, VecF>>& floats,
                             const std::vector<std::pair<std::string, ActQuant>>& acts, const std::string& report) const {
   std::filesystem::create_directories(dir_);
+  if (layer == info_layer_) info_layer_ = -1;   // (rewritten: read it again)
   std::vector<NamedTensor> ts;
   std::map<std::string, std::string> meta{{"format", "ptqkit-quantized-layer"}};
   for (auto& [name, v] : floats) ts.push_back({name, tensor_from_f32(v.data(), {v.size()}, DType::F32)});
@@ -110,14 +111,25 @@ void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modul
 bool QuantStore::info(const std::string& module, Info* out) const {
   const int layer = layer_of(module);
   if (layer < 0 || !has_layer(layer)) return false;
-  SafetensorsFile f(layer_file(layer));
-  auto it = f.metadata().find(module);
-  if (it == f.metadata().end()) return false;
-  out->spec = spec_of(f.path(), module, it->second);
-  const Shape ss = layer_tensor(f, module + ".scales", DType::F32, {0, 0}, true).shape;
-  out->rows = ss[1];
-  out->cols = layer_tensor(f, module + ".g_idx", DType::I32, {0}, true).shape[0];
-  out->groups = ss[0];
+  if (layer != info_layer_) {
+    infos_.clear();
+    info_layer_ = -1;
+    SafetensorsFile f(layer_file(layer));
+    for (auto& [name, spec] : f.metadata()) {
+      if (name == "format" || name == "report" || name.rfind("act:", 0) == 0) continue;
+      Info i;
+      i.spec = spec_of(f.path(), name, spec);
+      const Shape ss = layer_tensor(f, name + ".scales", DType::F32, {0, 0}, true).shape;
+      i.rows = ss[1];
+      i.cols = layer_tensor(f, name + ".g_idx", DType::I32, {0}, true).shape[0];
+      i.groups = ss[0];
+      infos_[name] = i;
+    }
+    info_layer_ = layer;
+  }
+  auto it = infos_.find(module);
+  if (it == infos_.end()) return false;
+  *out = it->second;
   return true;
 }
 

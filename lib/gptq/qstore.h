@@ -37,6 +37,10 @@ class QuantStore {
  private:
   std::string dir_;
   mutable int cached_layer_ = -1;
+  // info(): every module of one layer, read from its file's header once (a MoE layer has hundreds
+  // of modules, and each open parses the whole header and report)
+  mutable int info_layer_ = -1;
+  mutable std::map<std::string, Info> infos_;
   mutable std::map<std::string, QuantizedLinear> cache_;
   mutable std::map<std::string, VecF> floats_;
   mutable std::map<std::string, ActQuant> acts_;

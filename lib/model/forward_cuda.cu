@@ -852,9 +852,9 @@ void LayerForwardCuda::mlp(DeviceRowSink* h) {
 
 void LayerForwardCuda::expert_in(int e, DeviceRowSink* h) {
   Impl& m = *p_;
-  if (!m.moe || e < 0 || e >= m.E) fail(Errc::usage, "", "expert_in", "no such expert");
+  if (!m.moe || e < -1 || e >= m.E || (e < 0 && !m.all_experts)) fail(Errc::usage, "", "expert_in", "no such expert (every expert: all-experts calibration only)");
   Impl::Scratch scratch(m);
-  if (e == 0) {   // the first expert's group follows the attention: norm2 and the routing first
+  if (e <= 0) {   // the first expert group follows the attention: norm2 and the routing first
     m.moe_norm2();
     m.route_all();
   }
@@ -866,6 +866,7 @@ void LayerForwardCuda::expert_act(int e, DeviceRowSink* h) {
   Impl& m = *p_;
   if (!m.moe || e < 0 || e >= m.E || m.route_off.empty()) fail(Errc::usage, "", "expert_act", "no such expert, or not routed yet");
   Impl::Scratch scratch(m);
+  m.finish_expert();   // the previous expert's output (every-expert schedules: no expert_in between)
   m.expert_rows(e, m.all_experts, [&](const void* x, int64_t rows, int64_t) {
     m.expert_swiglu(e, x, rows, m.at(m.moe_act, 0));
     m.sink_add(h, m.at(m.moe_act, 0), rows);

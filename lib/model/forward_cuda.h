@@ -65,11 +65,12 @@ class LayerForwardCuda {
   void o_proj_norm2(DeviceRowSink* sink);   // X += ctx Wo^T (+b); xn2 = rmsnorm2(X)
   void mlp(DeviceRowSink* sink);            // act = silu(xn2 Wg^T) * (xn2 Wu^T)
   void down_proj();                         // X += act Wd^T (MoE: the last expert's output)
-  // MoE layers (every layer sparse, activations resident). expert_in(0) first adds o_proj and
-  // computes xn2 = rmsnorm2(X) and the routing (router in 16 bits, fp32 logits); each expert_in
-  // adds the previous expert's output (its quantized weights, the rows routed to it, weighted) to
-  // X, then hands e's input rows to the sink: all rows, or with set_moe_calibration(false) those
-  // routed to e. expert_act(e): silu(gate_e) * up_e on the same rows.
+  // MoE layers (every layer sparse, activations resident). expert_in(-1) (every expert, all rows)
+  // or expert_in(0) first adds o_proj and computes xn2 = rmsnorm2(X) and the routing (router in
+  // 16 bits, fp32 logits); expert_in(e) hands e's input rows to the sink: all rows, or with
+  // set_moe_calibration(false) those routed to e. expert_act(e): silu(gate_e) * up_e on the same
+  // rows. Each of them first adds the previous expert's output (its quantized weights, the rows
+  // routed to it, weighted) to X.
   void set_moe_calibration(bool all_experts);
   void expert_in(int e, DeviceRowSink* sink);
   void expert_act(int e, DeviceRowSink* sink);

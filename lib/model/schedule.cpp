@@ -22,7 +22,7 @@ std::vector<LinearId> LayerSchedule::linears() const {
   return all;
 }
 
-LayerSchedule layer_schedule(const LlamaConfig& c, int layer) {
+LayerSchedule layer_schedule(const LlamaConfig& c, int layer, bool experts_share_input) {
   LayerSchedule s;
   if (c.fused) {
     s.groups = {{"qkv", Stage::norm1, {Proj::qkv}, "input_layernorm"},
@@ -37,9 +37,14 @@ LayerSchedule layer_schedule(const LlamaConfig& c, int layer) {
     s.groups.push_back({"down", Stage::mlp_act, {Proj::down}, ""});
     return s;
   }
+  if (experts_share_input) {
+    LinearGroup in{"experts.mlp", Stage::expert_in, {}, "", -1};
+    for (int e = 0; e < c.num_experts; ++e) in.linears.insert(in.linears.end(), {{Proj::gate, e}, {Proj::up, e}});
+    s.groups.push_back(in);
+  }
   for (int e = 0; e < c.num_experts; ++e) {
     const std::string n = "experts." + std::to_string(e);
-    s.groups.push_back({n + ".mlp", Stage::expert_in, {{Proj::gate, e}, {Proj::up, e}}, "", e});
+    if (!experts_share_input) s.groups.push_back({n + ".mlp", Stage::expert_in, {{Proj::gate, e}, {Proj::up, e}}, "", e});
     s.groups.push_back({n + ".down", Stage::expert_act, {{Proj::down, e}}, "", e});
   }
   return s;

@@ -16,10 +16,15 @@
 // The other families:
 //   - Phi-3 (fused Linears): qkv = {qkv_proj}, mlp = {gate_up_proj}: each is one Linear whose rows
 //     hold the parts, quantized as the checkpoint stores it, with one Hessian.
-//   - MoE layers (mixtral; qwen3_moe but its dense layers): qkv and o as above, then per expert e
-//       experts.e.mlp   expert_in   gate, up of e   xn2 = rmsnorm2(X) (all rows, or e's routed rows)
+//   - MoE layers (mixtral; qwen3_moe but its dense layers): qkv and o as above, then
+//       experts.mlp     expert_in   gate, up of every expert   xn2 = rmsnorm2(X), every row
+//       experts.e.down  expert_act  down of e                  silu(gate_e(xn2)) * up_e(xn2)
+//     when every calibration row goes through every expert (the default): the experts' gate/up
+//     share one Hessian, so they are one group and one (stacked) solve. With routed calibration
+//     (experts_share_input false) each expert has its own input rows, and its own groups:
+//       experts.e.mlp   expert_in   gate, up of e   xn2 on the rows routed to e
 //       experts.e.down  expert_act  down of e       silu(gate_e(xn2)) * up_e(xn2) on those rows
-//     (then X += the routed experts' outputs, weighted). The router stays float; SmoothQuant
+//     Then X += the routed experts' outputs, weighted. The router stays float; SmoothQuant
 //     does not smooth the experts (their norm is shared by every expert and the router).
 #pragma once
 #include <array>
@@ -41,7 +46,7 @@ struct LinearGroup {
   Stage input;                 // what produces the group's input
   std::vector<LinearId> linears;   // the Linears that read it, in quantization order
   std::string smooth_norm;     // SmoothQuant: the norm folded into the group ("" if none precedes it)
-  int expert = -1;             // MoE groups: the expert (Stage::expert_in / expert_act)
+  int expert = -1;             // MoE groups: the expert (Stage::expert_act, routed expert_in); -1: every expert
 };
 
 struct LayerSchedule {
@@ -51,7 +56,9 @@ struct LayerSchedule {
 
 // The schedule of decoder layer `layer` (dense families: every layer alike; Qwen3-MoE may mix
 // dense and sparse layers).
-LayerSchedule layer_schedule(const LlamaConfig& c, int layer);
+// experts_share_input: MoE calibration routes every row through every expert (recipe
+// moe.calibrate_all_experts), so the experts' gate/up form one group.
+LayerSchedule layer_schedule(const LlamaConfig& c, int layer, bool experts_share_input = true);
 
 // Linear p's weight shape [out, in] under config c (written once: readers, synthetic models,
 // format checks and the GPU buffers take it from here).

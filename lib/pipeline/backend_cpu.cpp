@@ -23,12 +23,9 @@ class CpuForward final : public LayerForward {
   void begin_layer(int, LayerWeights& w) override {
     w_ = &w;
     pending_ = -1;
-    shared_in_.reset();
   }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) override {
     const float eps = float(c_.rms_norm_eps);
-    // All-experts calibration: every expert's input Hessian is H(xn2), accumulated once per layer.
-    const bool shared = g.input == Stage::expert_in && all_experts_;
     {
       PhaseTimer t(t_.phase["forward"]);
       switch (g.input) {
@@ -48,8 +45,9 @@ class CpuForward final : public LayerForward {
           mlp_act(*w_, xn_, ctx_);
           in_ = &ctx_;
           break;
-        case Stage::expert_in:   // the experts' input: xn2, all rows or the expert's routed rows
-          if (g.expert == 0) {   // the first expert's group follows the attention: norm2 and the routing first
+        case Stage::expert_in:   // the experts' input: xn2, all rows (every expert's group) or the expert's routed rows
+          if (g.expert < 0 && !all_experts_) fail(Errc::usage, "", "schedule", "one group for every expert needs all-experts calibration");
+          if (g.expert <= 0) {   // the first expert group follows the attention: norm2 and the routing first
             residual_and_norm2();
             routing_ = route(c_, w_->router, xn_);
             moe_y_.setZero(xn_.rows(), xn_.cols());
@@ -63,7 +61,9 @@ class CpuForward final : public LayerForward {
           }
           break;
         case Stage::expert_act: {   // the expert's activation on the same rows, with its quantized gate and up
+          finish_expert();
           const auto& e = w_->experts[size_t(g.expert)];
+          if (!all_experts_) gather_rows(xn_, routing_.rows[size_t(g.expert)], xe_);
           swiglu(e[0], e[1], all_experts_ ? xn_ : xe_, ctx_);
           in_ = &ctx_;
           pending_ = g.expert;
@@ -72,11 +72,9 @@ class CpuForward final : public LayerForward {
       }
     }
     if (smooth) smooth(X_, *in_);
-    if (shared && g.expert > 0 && shared_in_) return shared_in_->clone();
     std::unique_ptr<HessianSum> H = make_(in_->cols());
     PhaseTimer t(t_.phase["hessian"]);
     if (in_->rows()) H->add(*in_);   // an expert the router sent no row to (routed calibration) has an empty Hessian
-    if (shared) shared_in_ = H->clone();
     return H;
   }
   const MatF* group_input() const override { return in_; }
@@ -109,7 +107,6 @@ class CpuForward final : public LayerForward {
   LayerWeights* w_ = nullptr;
   Routing routing_;      // MoE: this layer's routing of xn2 (the router in float)
   int pending_ = -1;     // MoE: the expert whose activation is in ctx_ and whose output is not yet added
-  std::unique_ptr<HessianSum> shared_in_;   // MoE: this layer's H(xn2), under all-experts calibration
   HessianFactory make_;
   PhaseTimes& t_;
 
@@ -156,7 +153,7 @@ class FloatPassForward final : public LayerForward {
     PhaseTimes inner;   // the float pass is all "forward" time, Hessians included
     CpuForward f(p, std::move(Xf), make_, inner);
     f.begin_layer(layer, w);
-    for (const LinearGroup& g : layer_schedule(c_, layer).groups) hessians_[g.name] = f.collect(g, {});
+    for (const LinearGroup& g : layer_schedule(c_, layer, all_experts_).groups) hessians_[g.name] = f.collect(g, {});
     routed_.clear();
     for (int e = 0; e < int(w.experts.size()); ++e) routed_.push_back(f.routed_tokens(e));
   }

@@ -32,26 +32,17 @@ class CudaForward final : public LayerForward {
     for (auto& b : w16_) b = cuda::PinnedBuffer(fw_.weight_bytes());
     fw_.set_input(X);
     fw_.set_moe_calibration(p.calibrate_all_experts);
-    all_experts_ = p.calibrate_all_experts;
     X = MatF();
   }
   cuda::LayerForwardCuda& device() { return fw_; }
   void prepare(const LayerWeights& w, int layer) override { fw_.convert_weights(w, w16_[layer % 2].get()); }
   void begin_layer(int layer, LayerWeights& w) override {
-    shared_in_.reset();
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
     fw_.load_layer(w, w16_[layer % 2].get());
   }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother&) override {
-    // All-experts calibration: every expert's input Hessian is H(xn2), accumulated once per layer.
-    const bool shared = g.input == Stage::expert_in && all_experts_;
-    if (shared && g.expert > 0 && shared_in_) {
-      timed_stage([&] { fw_.stage(g.input, g.expert, nullptr); });
-      return shared_in_->clone();
-    }
     auto H = std::make_unique<cuda::HessianCuda>(linear_shape(c_, g.linears[0]).in, fw_.dtype());
     timed_stage([&] { fw_.stage(g.input, g.expert, H.get()); });
-    if (shared) shared_in_ = H->clone();
     return H;
   }
   int64_t routed_tokens(int expert) const override { return fw_.routed_tokens(expert); }
@@ -70,8 +61,6 @@ class CudaForward final : public LayerForward {
 
  private:
   const LlamaConfig& c_;
-  bool all_experts_ = true;
-  std::unique_ptr<HessianSum> shared_in_;   // this layer's H(xn2), under all-experts calibration
   cuda::LayerForwardCuda fw_;
   cuda::PinnedBuffer w16_[2];
   PhaseTimes& t_;
@@ -223,7 +212,7 @@ class CudaSolver final : public GroupSolver {
 // weights) and 2 GiB of chunk buffers and slack; else in page-locked host memory.
 bool activations_spill(const Recipe& r, const LlamaConfig& c, int S, int T) {
   double other = double(c.params_per_layer()) * 2 + double(2u << 30), largest = 0;
-  for (const LinearGroup& g : layer_schedule(c, 0).groups) {
+  for (const LinearGroup& g : layer_schedule(c, 0, r.moe_calibrate_all_experts).groups) {
     const int64_t n = linear_shape(c, g.linears[0]).in;
     int64_t rows = 0;
     for (LinearId p : g.linears) rows += linear_shape(c, p).out;

@@ -299,7 +299,8 @@ void rtn_if_unseen(Run& R, int l, const LinearGroup& g, const ExpertInfo& ex, st
 LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStats& saved, Progress& bar) {
   LayerResult out;
   const LlamaConfig& c = R.c();
-  const LayerSchedule sched = layer_schedule(c, l);
+  const LayerSchedule sched = layer_schedule(c, l, R.r.moe_calibrate_all_experts);
+  std::map<int, int64_t> routed;   // MoE: rows routed to each expert
   B.forward->begin_layer(l, w);
   if (R.stats_in)
     for (auto& e : saved.meta.value("smoothquant", json::array())) R.smoothing.push_back(e);
@@ -320,15 +321,21 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
       const std::string name = linear_name(c, l, p);
       if (!R.r.ignored(name)) jobs.push_back({p, name, R.spec_of(name)});
     }
-    ExpertInfo ex;
-    if (g.expert >= 0) {   // saved statistics keep the counts their Hessians came from
-      ex = {g.expert, B.forward->routed_tokens(g.expert), H->tokens()};
-      if (R.stats_in) ex = {g.expert, saved.meta["expert_routed"].value(g.name, int64_t(-1)), saved.meta["expert_tokens"].value(g.name, int64_t(0))};
-      if (R.stats_out) {
-        out.stats.meta["expert_routed"][g.name] = ex.routed;
-        out.stats.meta["expert_tokens"][g.name] = ex.hessian_tokens;
+    // MoE: the rows routed to each expert and the rows its Hessian saw (saved statistics keep
+    // the counts their Hessians came from)
+    const bool experts = g.input == Stage::expert_in || g.input == Stage::expert_act;
+    int64_t hessian_tokens = 0;
+    if (experts) {
+      hessian_tokens = R.stats_in ? saved.meta["expert_tokens"].value(g.name, int64_t(0)) : H->tokens();
+      if (R.stats_out) out.stats.meta["expert_tokens"][g.name] = hessian_tokens;
+      for (int e = 0; e < c.num_experts; ++e) {
+        if (g.input != Stage::expert_in || (g.expert >= 0 && e != g.expert)) continue;   // once per expert, at its input group
+        const std::string k = std::to_string(e);
+        if (R.stats_in) routed[e] = saved.meta["expert_routed"].value(k, int64_t(-1));
+        else routed[e] = B.forward->routed_tokens(e);
+        if (R.stats_out) out.stats.meta["expert_routed"][k] = routed[e];
       }
-      rtn_if_unseen(R, l, g, ex, jobs);
+      if (g.expert >= 0) rtn_if_unseen(R, l, g, {g.expert, routed[g.expert], hessian_tokens}, jobs);
     }
     std::vector<SolvedLinear> solved = B.solver->solve(jobs, w, *H, H_host.size() ? &H_host : nullptr, R.t);
     H.reset();   // its memory goes to the next group
@@ -336,6 +343,8 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
     for (SolvedLinear& s : solved) {
       const std::string name = linear_name(c, l, s.id);
       const auto job = std::find_if(jobs.begin(), jobs.end(), [&](const LinearJob& j) { return j.id == s.id; });
+      ExpertInfo ex;
+      if (experts && s.id.expert >= 0) ex = {s.id.expert, routed[s.id.expert], hessian_tokens};
       record(R, name, job->spec, s, ex);
       s.q.name = name;
       out.qs.push_back(std::move(s.q));
@@ -351,7 +360,7 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
 
 // A layer the interrupted run finished: its quantized weights replayed for the next layer's input.
 void replay_layer(Run& R, Backend& B, const QuantStore& store, int l, LayerWeights& w) {
-  const LayerSchedule sched = layer_schedule(R.c(), l);
+  const LayerSchedule sched = layer_schedule(R.c(), l, R.r.moe_calibrate_all_experts);
   for (LinearId p : sched.linears()) {
     const std::string name = linear_name(R.c(), l, p);
     if (const QuantizedLinear* q = store.get(name)) w[p].W = q->dequantize();
