@@ -136,14 +136,14 @@ TEST_CASE("pipeline: a NaN in a weight is named") {
   CHECK_FALSE(fs::exists(d / "out"));
 }
 
-TEST_CASE("pipeline: a run killed midway resumes from its last finished layer, byte-identical to an uninterrupted run") {
+void check_resume(const std::string& preset, const std::string& calibration, size_t modules) {
   ptqtest::TempDir d;
   SynthOptions o;
-  o.preset = "small";
+  o.preset = preset;
   o.seed = 4;
   synth_model(o, d / "m");
-  const std::string recipe = "model: " + d / "m" + "\ncalibration: {dataset: random, samples: 64, seq_len: 256}\n"
-                             "quantization: {bits: 4, group_size: 128, act_order: true, static_groups: true}\n";
+  const std::string recipe = "model: " + d / "m" + "\ncalibration: " + calibration + "\n"
+                             "quantization: {bits: 4, group_size: 32, act_order: true, static_groups: true}\n";
   write_file_atomic(d / "r.yaml", recipe);
   const std::string bin = std::string(PTQKIT_BIN) + " -q quantize " + d / "r.yaml";
   REQUIRE(std::system((bin + " --output " + d / "ref > /dev/null 2>&1").c_str()) == 0);
@@ -165,7 +165,14 @@ TEST_CASE("pipeline: a run killed midway resumes from its last finished layer, b
   CHECK(model_files_digest(d / "out") == model_files_digest(d / "ref"));
   CHECK_FALSE(fs::exists(d / "out.partial"));
   json rep = json::parse(read_text_file(d / "out/report.json"));
-  CHECK(rep["modules"].size() == 28);   // resumed layers' entries come from their layer files
+  CHECK(rep["modules"].size() == modules);   // resumed layers' entries come from their layer files
+}
+
+TEST_CASE("pipeline: a run killed midway resumes from its last finished layer, byte-identical to an uninterrupted run") {
+  check_resume("small", "{dataset: random, samples: 64, seq_len: 256}", 28);
+}
+TEST_CASE("pipeline: a MoE run killed midway resumes byte-identical (the finished layer replayed through its routed experts)") {
+  check_resume("tiny-moe", "{dataset: random, samples: 64, seq_len: 256}", 2 * (4 + 3 * 8));
 }
 
 TEST_CASE("pipeline: a killed run leaves no folder that looks complete") {

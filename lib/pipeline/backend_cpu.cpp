@@ -102,7 +102,7 @@ class CpuForward final : public LayerForward {
   const Rope& rope_;
   int S_, T_;
   bool all_experts_;
-  MatF X_, xn_, ctx_, y_, xe_, moe_y_;
+  MatF X_, xn_, ctx_, y_, xe_, act_, moe_y_;
   MatF* in_ = nullptr;   // the last collected group's input (xn_, ctx_ or xe_)
   LayerWeights* w_ = nullptr;
   Routing routing_;      // MoE: this layer's routing of xn2 (the router in float)
@@ -116,19 +116,17 @@ class CpuForward final : public LayerForward {
     X_ += y_;
     rmsnorm(X_, w_->post_attention_layernorm, float(c_.rms_norm_eps), xn_);
   }
-  // The pending expert's output, through its quantized down_proj, added to the layer's for the
-  // rows routed to it (all-experts calibration computed its activation for every row).
+  // The pending expert's output, through its quantized Linears, added to the layer's for the rows
+  // routed to it. Computed as model/llama.cpp moe_mlp computes it (the routed rows gathered first,
+  // then gate, up and down), so that a resumed run replays a finished layer byte for byte.
   void finish_expert() {
     if (pending_ < 0) return;
     const size_t e = size_t(pending_);
     pending_ = -1;
     if (routing_.rows[e].empty()) return;
-    if (all_experts_) {
-      gather_rows(ctx_, routing_.rows[e], xe_);
-      linear(xe_, w_->experts[e][2], y_);
-    } else {
-      linear(ctx_, w_->experts[e][2], y_);
-    }
+    gather_rows(xn_, routing_.rows[e], xe_);
+    swiglu(w_->experts[e][0], w_->experts[e][1], xe_, act_);
+    linear(act_, w_->experts[e][2], y_);
     scatter_add(y_, routing_.rows[e], routing_.weights[e], moe_y_);
   }
 };
