@@ -185,7 +185,7 @@ TEST_CASE("gpu: the NLL of each row on the device equals the host's fp64 log-sof
   CHECK(cuda::nll_rows(dl.get(), tokens, S, T, V) == nll);   // fixed reduction order: the same bytes again
 }
 
-TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (every expert) match device cpu, and Qwen3 is evaluated on the GPU") {
+TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (every expert) match device cpu, and are evaluated on the GPU (Phi-3 not yet)") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   const std::string a = ptqtest::assets();
@@ -246,22 +246,45 @@ TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (
       CHECK(gpu_sum == cpu_sum);   // 16 x 48 tokens x 2 experts x 3 Linears x 2 layers
       CHECK(gpu_sum == 16 * 48 * 2 * 3 * 2);
     }
-    auto model = open_model(d / "gpu");
-    if (family != "qwen3") {   // the GPU evaluation refuses what it does not implement yet, saying so
-      CHECK_THROWS_WITH(cuda::GpuLogits(*model, d / "gpu"), Catch::Contains("not in the GPU"));
+    if (family == "phi3") {   // the GPU evaluation refuses what it does not implement yet, saying so
+      auto model = open_model(d / "gpu");
+      CHECK_THROWS_WITH(cuda::GpuLogits(*model, d / "gpu"), Catch::Contains("not in the GPU evaluation yet"));
       continue;
     }
-    // Qwen3 on the GPU evaluation path (q/k norms on the device) against the CPU forward
-    SafetensorsFile g(a + "/golden/golden-tiny-qwen3.safetensors");
+    // The GPU evaluation (q/k norms, experts through the W4A16 kernel) against the CPU forward of
+    // the same checkpoints: the fake export (16-bit weights through cuBLAS) and a gptq export
+    SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
     const TensorView iv = g.get("input_ids");
     const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
     const int S = int(iv.shape[0]), T = int(iv.shape[1]);
-    const MatF want = model->forward(ids, S, T);
-    cuda::GpuLogits gl(*model, d / "gpu");
-    const MatF got = gl(ids, S, T);
-    REQUIRE((got.rows() == want.rows() && got.cols() == want.cols()));
-    const double rel = (got - want).norm() / want.norm();
-    std::cout << "tiny-qwen3 GPU evaluation logits vs CPU: relative " << rel << "\n";
-    CHECK(rel <= 1e-2);
+    r.device = "cuda";
+    r.moe_calibrate_all_experts = true;
+    r.formats = {"gptq"};
+    r.output = d / "gpu-gptq";
+    run_quantize(r, {});
+    for (const std::string& dir : {d / "gpu", d / "gpu-gptq"}) {
+      auto model = open_model(dir);
+      const MatF want = model->forward(ids, S, T);
+      cuda::GpuLogits gl(*model, dir);
+      const MatF got = gl(ids, S, T);
+      REQUIRE((got.rows() == want.rows() && got.cols() == want.cols()));
+      // MoE: a router choice the 16-bit logits flip moves that token's logits wholesale: rows
+      int within = 0;
+      for (Eigen::Index row = 0; row < got.rows(); ++row) within += (got.row(row) - want.row(row)).norm() <= 1e-2 * want.row(row).norm();
+      const double rel = (got - want).norm() / want.norm();
+      std::cout << "tiny-" << family << " GPU evaluation (" << gl.describe() << ") vs CPU: relative " << rel << ", rows within 1%: " << within << " of "
+                << got.rows() << "\n";
+      // Measured on the H200: the gptq exports (f16 activations, every Linear and expert through
+      // the W4A16 kernel) within 0.05-0.09% of the CPU; the bf16 fake exports within 0.45-0.67%,
+      // except tiny-qwen3-moe at 4.7% (56 of 96 rows within 1%): bf16 inputs to its router (8-bit
+      // mantissas) flip near-tied choices among its 8 random experts, and each flip moves a
+      // token's logits wholesale from the layer on. The f16 path above bounds the code; this
+      // bounds bf16 MoE routing.
+      const bool bf16_moe = moe && model->config().dtype == DType::BF16 && dir == d / "gpu";
+      if (!moe) CHECK(rel <= 1e-2);
+      else if (bf16_moe) CHECK(rel <= 6e-2);
+      else CHECK(within >= got.rows() * 9 / 10);
+      if (dir == d / "gpu-gptq") CHECK_THAT(gl.describe(), Catch::Contains(std::to_string(rg["modules"].size()) + " of " + std::to_string(rg["modules"].size()) + " Linears"));
+    }
   }
 }

@@ -35,14 +35,16 @@ struct GpuLogits::Impl {
   const LlamaModel* model = nullptr;
   LlamaConfig c;
   DType dt = DType::F16;
-  std::vector<LayerForwardCuda::LinearFn> linears;       // [layer * 7 + proj]: y = x·Wᵀ + beta·y on the device
+  // Every Linear of every layer in the layer schedule's order (experts' included): y = x·Wᵀ + beta·y on the device
+  std::vector<LayerForwardCuda::LinearFn> linears;
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
   struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
   std::vector<std::unique_ptr<W8A8>> w8;                  // int8 weights, per-channel scales, the input's int8 spec
   std::vector<DeviceBuffer<uint16_t>> dense;              // 16-bit weights of Linears stored in float
   std::vector<std::pair<VecF, VecF>> norms, head_norms;   // head_norms: Qwen3's q/k norms
-  std::vector<VecF> biases;                               // [layer * 7 + proj], empty where none
+  std::vector<VecF> biases;                               // the same order, empty where none
+  std::vector<MatF> routers;                              // MoE: each layer's router [experts, hidden] (float)
   DeviceBuffer<uint16_t> lm_head;
   VecF final_norm;
   mutable double seconds = 0;
@@ -75,7 +77,6 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   if (nf4) nf4_ck = std::make_unique<Checkpoint>(path);
   const LlamaConfig& c = m.c;
   if (!forward_supported(c, 2, &why)) fail(Errc::usage, path, "--device", "cuda evaluation of this model: " + why + " (evaluate with --device cpu)");
-  if (c.moe != MoeRouting::none) fail(Errc::usage, path, "--device", "cuda evaluation of this model: MoE models are not in the GPU evaluation yet (evaluate with --device cpu)");
   if (c.fused) fail(Errc::usage, path, "--device", "cuda evaluation of this model: fused qkv_proj / gate_up_proj (Phi-3) are not in the GPU evaluation yet (evaluate with --device cpu)");
   const int64_t d = c.hidden_size;
   const WeightSource& ws = model.weights();
@@ -83,8 +84,9 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     m.norms.emplace_back(read_vector(ws, pre + "input_layernorm.weight", d), read_vector(ws, pre + "post_attention_layernorm.weight", d));
     if (c.qk_norm) m.head_norms.emplace_back(read_vector(ws, pre + "self_attn.q_norm.weight", c.head_dim), read_vector(ws, pre + "self_attn.k_norm.weight", c.head_dim));
-    for (Proj p : kAllProj) {
-      const std::string name = proj_tensor_prefix(l, p);
+    if (c.moe_layer(l)) m.routers.push_back(read_matrix(ws, router_name(c, l) + ".weight", c.num_experts, d));
+    for (LinearId p : layer_schedule(c, l).linears()) {
+      const std::string name = linear_name(c, l, p);
       const int64_t out_i = linear_shape(c, p).out, in_i = linear_shape(c, p).in;
       m.biases.push_back(ws.has(name + ".bias") ? read_vector(ws, name + ".bias", out_i) : VecF());
       MatI Wi;
@@ -167,14 +169,19 @@ DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S
   PTQ_CUDA(cudaEventCreate(&e0));
   PTQ_CUDA(cudaEventCreate(&e1));
   PTQ_CUDA(cudaEventRecord(e0));
+  size_t k = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     fw.set_norms(m.norms[size_t(l)].first, m.norms[size_t(l)].second);
     if (c.qk_norm) fw.set_head_norms(m.head_norms[size_t(l)].first, m.head_norms[size_t(l)].second);
-    for (Proj p : kAllProj) {
-      const size_t k = size_t(l * 7 + int(p));
-      fw.set_bias(p, m.biases[k]);
-      fw.set_linear(p, m.linears[k]);
+    for (LinearId p : layer_schedule(c, l).linears()) {   // the constructor's order
+      if (p.expert >= 0) {
+        fw.set_expert_linear(p, m.linears[k++]);
+        continue;
+      }
+      fw.set_bias(p.proj, m.biases[k]);
+      fw.set_linear(p.proj, m.linears[k++]);
     }
+    if (c.moe_layer(l)) fw.set_router(m.routers[size_t(l)]);
     fw.layer();
   }
   DeviceBuffer<float> logits(size_t(N * V), "logits (fp32; lower --batch-tokens to need less)");

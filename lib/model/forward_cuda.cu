@@ -306,6 +306,13 @@ struct LayerForwardCuda::Impl {
   std::vector<int64_t> route_off;   // expert e's rows: [route_off[e], route_off[e + 1])
   int pending = -1;                 // the expert whose output is not yet in X
   void* expert_w(int e, int slot) const { return at(experts, (int64_t(e) * 3 + slot) * Fe * c.hidden_size); }
+  std::vector<LayerForwardCuda::LinearFn> expert_override;   // [e * 3 + slot]: a packed-weight kernel instead (evaluation)
+  // y [rows, out] fp32 = x · W^T of expert e's gate (0), up (1) or down (2)
+  void expert_linear(int e, int slot, const void* x, int64_t rows, float* y) {
+    if (!expert_override.empty() && expert_override[size_t(e * 3 + slot)]) return expert_override[size_t(e * 3 + slot)](x, rows, y, 0.0f);
+    const int64_t d = c.hidden_size;
+    linear_gemm(x, expert_w(e, slot), y, CUDA_R_32F, rows, slot == 2 ? Fe : d, slot == 2 ? d : Fe, dt, 0.0f);
+  }
   std::vector<cudaEvent_t> events;   // pairs around each Hessian accumulation, read when asked
   size_t events_used = 0;
   double sink_seconds = 0;
@@ -512,8 +519,8 @@ struct LayerForwardCuda::Impl {
   void expert_swiglu(int e, const void* x, int64_t rows, void* act) {
     float* g = y32.get();
     float* u = g + rows * Fe;
-    linear_gemm(x, expert_w(e, 0), g, CUDA_R_32F, rows, c.hidden_size, Fe, dt, 0.0f);
-    linear_gemm(x, expert_w(e, 1), u, CUDA_R_32F, rows, c.hidden_size, Fe, dt, 0.0f);
+    expert_linear(e, 0, x, rows, g);
+    expert_linear(e, 1, x, rows, u);
     silu_mul(g, u, act, rows * Fe, Fe);
   }
   // The pending expert's output for the rows routed to it, through its current (quantized)
@@ -525,7 +532,7 @@ struct LayerForwardCuda::Impl {
     const int64_t first = route_off[size_t(e)], d = c.hidden_size;
     expert_rows(e, false, [&](const void* x, int64_t rows, int64_t i0) {
       expert_swiglu(e, x, rows, at(moe_act, 0));
-      linear_gemm(at(moe_act, 0), expert_w(e, 2), y32.get(), CUDA_R_32F, rows, Fe, d, dt, 0.0f);
+      expert_linear(e, 2, at(moe_act, 0), rows, y32.get());
       scatter_add_kernel<<<unsigned(rows), 256>>>(y32.get(), route_rows.get() + first + i0, route_w.get() + first + i0, int(d), X.get());
       PTQ_CUDA_LAUNCH("scatter_add_kernel");
     });
@@ -953,6 +960,21 @@ void LayerForwardCuda::set_weight_device(LinearId id, const float* W) {
 }
 
 void LayerForwardCuda::set_linear(Proj p, LinearFn f) { p_->override_[int(p)] = std::move(f); }
+
+void LayerForwardCuda::set_expert_linear(LinearId id, LinearFn f) {
+  Impl& m = *p_;
+  if (!m.moe || id.expert < 0 || id.expert >= m.E) fail(Errc::usage, "", "set_expert_linear", "no such expert");
+  if (m.expert_override.empty()) m.expert_override.resize(size_t(m.E) * 3);
+  m.expert_override[size_t(id.expert * 3 + (id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2))] = std::move(f);
+}
+
+void LayerForwardCuda::set_router(const MatF& W) {
+  Impl& m = *p_;
+  if (!m.moe || W.rows() != m.E || W.cols() != m.c.hidden_size) fail(Errc::usage, "", "set_router", "router of the wrong shape, or a model without one");
+  const size_t bytes = size_t(W.size()) * 2;
+  convert_from_f32(m.dt, W.data(), pinned_staging(bytes), size_t(W.size()));
+  upload_from_staging(m.router.get(), bytes);
+}
 
 void LayerForwardCuda::set_norms(const VecF& input_layernorm, const VecF& post_attention_layernorm) {
   Impl& m = *p_;

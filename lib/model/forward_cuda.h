@@ -54,6 +54,8 @@ class LayerForwardCuda {
   // y [rows, out] fp32 (device) = x [rows, in] (dtype(), device) · Wᵀ + beta · y. Empty f: the weights again.
   using LinearFn = std::function<void(const void* x, int64_t rows, float* y, float beta)>;
   void set_linear(Proj p, LinearFn f);
+  void set_expert_linear(LinearId id, LinearFn f);   // an expert's gate, up or down (MoE evaluation)
+  void set_router(const MatF& W);                    // a MoE layer's router [experts, hidden], rounded to 16 bits
   void set_norms(const VecF& input_layernorm, const VecF& post_attention_layernorm);
   void set_head_norms(const VecF& q_norm, const VecF& k_norm);   // Qwen3's per-head q/k norms [head_dim]
   void set_bias(Proj p, const VecF& b);     // empty: none
