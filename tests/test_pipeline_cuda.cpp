@@ -185,7 +185,7 @@ TEST_CASE("gpu: the NLL of each row on the device equals the host's fp64 log-sof
   CHECK(cuda::nll_rows(dl.get(), tokens, S, T, V) == nll);   // fixed reduction order: the same bytes again
 }
 
-TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (every expert) match device cpu, and are evaluated on the GPU (Phi-3 not yet)") {
+TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (every expert) match device cpu, and are evaluated on the GPU") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   const std::string a = ptqtest::assets();
@@ -246,12 +246,7 @@ TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (
       CHECK(gpu_sum == cpu_sum);   // 16 x 48 tokens x 2 experts x 3 Linears x 2 layers
       CHECK(gpu_sum == 16 * 48 * 2 * 3 * 2);
     }
-    if (family == "phi3") {   // the GPU evaluation refuses what it does not implement yet, saying so
-      auto model = open_model(d / "gpu");
-      CHECK_THROWS_WITH(cuda::GpuLogits(*model, d / "gpu"), Catch::Contains("not in the GPU evaluation yet"));
-      continue;
-    }
-    // The GPU evaluation (q/k norms, experts through the W4A16 kernel) against the CPU forward of
+    // The GPU evaluation (q/k norms, fused Linears and experts through the W4A16 kernel) against the CPU forward of
     // the same checkpoints: the fake export (16-bit weights through cuBLAS) and a gptq export
     SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
     const TensorView iv = g.get("input_ids");
@@ -274,8 +269,8 @@ TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (
       const double rel = (got - want).norm() / want.norm();
       std::cout << "tiny-" << family << " GPU evaluation (" << gl.describe() << ") vs CPU: relative " << rel << ", rows within 1%: " << within << " of "
                 << got.rows() << "\n";
-      // Measured on the H200: the gptq exports (f16 activations, every Linear and expert through
-      // the W4A16 kernel) within 0.05-0.09% of the CPU; the bf16 fake exports within 0.45-0.67%,
+      // Measured on the H200: the gptq exports (f16 activations, every Linear, fused or expert,
+      // through the W4A16 kernel) within 0.05-0.09% of the CPU; the bf16 fake exports within 0.45-0.67%,
       // except tiny-qwen3-moe at 4.7% (56 of 96 rows within 1%): bf16 inputs to its router (8-bit
       // mantissas) flip near-tied choices among its 8 random experts, and each flip moves a
       // token's logits wholesale from the layer on. The f16 path above bounds the code; this

@@ -77,7 +77,6 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   if (nf4) nf4_ck = std::make_unique<Checkpoint>(path);
   const LlamaConfig& c = m.c;
   if (!forward_supported(c, 2, &why)) fail(Errc::usage, path, "--device", "cuda evaluation of this model: " + why + " (evaluate with --device cpu)");
-  if (c.fused) fail(Errc::usage, path, "--device", "cuda evaluation of this model: fused qkv_proj / gate_up_proj (Phi-3) are not in the GPU evaluation yet (evaluate with --device cpu)");
   const int64_t d = c.hidden_size;
   const WeightSource& ws = model.weights();
   for (int l = 0; l < c.num_hidden_layers; ++l) {

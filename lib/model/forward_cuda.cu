@@ -245,6 +245,14 @@ __global__ void scatter_add_kernel(const float* y, const int32_t* rows, const fl
   for (int j = threadIdx.x; j < d; j += blockDim.x) xr[j] += wi * yr[j];
 }
 
+// out[r, j] = y[r, off + j], j < w: one part of a fused Linear's output y [rows, width].
+__global__ void split_cols_kernel(const float* y, int64_t rows, int width, int off, int w, float* out) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= rows * w) return;
+  const int64_t r = i / w;
+  out[i] = y[r * width + off + int(i - r * w)];
+}
+
 // fp32 weights to the forward's 16-bit dtype (1: f16, 2: bf16), round to nearest even.
 __global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -290,8 +298,9 @@ struct LayerForwardCuda::Impl {
   int kept = 0;
   float eps;
   DeviceBuffer<float> X, cs, sn, norm1, norm2, q_norm, k_norm, y32, scores;
-  DeviceBuffer<float> bias[7];
-  LayerForwardCuda::LinearFn override_[7];
+  DeviceBuffer<float> bias[kProjCount];
+  LayerForwardCuda::LinearFn override_[kProjCount];   // fused ones (qkv, gate_up): a kernel over the whole Linear (evaluation)
+  DeviceBuffer<float> fused_y;                          // (chunk) a fused override's output before the split
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
   int64_t outs[7], ins[7];
   // MoE (every layer sparse; activations resident): the router [E, d] and every expert's gate
@@ -385,6 +394,8 @@ struct LayerForwardCuda::Impl {
       m.xn = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * d) * m.es, "normalized activations (chunk)");
       m.y32 = DeviceBuffer<float>(size_t(m.chunk_rows * std::max({qd + 2 * kv, m.moe ? 2 * m.Fe : 2 * f, int64_t(m.E), d})), "projections (chunk, fp32)");
       if (m.moe) m.moe_act = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * m.Fe) * m.es, "expert activation (chunk)");
+      if (m.override_[int(Proj::qkv)] || m.override_[int(Proj::gate_up)])
+        m.fused_y = DeviceBuffer<float>(size_t(m.chunk_rows * std::max(qd + 2 * kv, 2 * f)), "fused Linear output (chunk, fp32)");
       m.q16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * qd) * m.es, "queries (chunk)");
       m.k16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "keys (chunk)");
       m.v16 = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * kv) * m.es, "values (chunk)");
@@ -393,7 +404,7 @@ struct LayerForwardCuda::Impl {
         m.P = DeviceBuffer<uint8_t>(size_t(m.c.num_attention_heads) * T * T * m.es, "attention probabilities (one window)");
       }
     }
-    ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; m.moe_act = {}; }
+    ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; m.moe_act = {}; m.fused_y = {}; }
   };
   template <class F_>
   void by_chunks(F_&& f) {   // f(row0, rows): whole windows, at most chunk_rows tokens
@@ -419,6 +430,20 @@ struct LayerForwardCuda::Impl {
     void* out = keep && keep_norm ? kept_rows(r0) : at(xn, 0);
     rmsnorm(which == 1 ? norm1 : norm2, x, out, rows);
     return out;
+  }
+  // A fused Linear's override, if set: y = x · W^T over all its rows, then split by columns into
+  // `parts` (each [rows, width]) as the separate Linears would have written them.
+  bool split_linear(Proj whole, const void* x, int64_t rows, const std::vector<std::pair<float*, int64_t>>& parts) {
+    if (!override_[int(whole)]) return false;
+    int64_t width = 0, off = 0;
+    for (auto& p : parts) width += p.second;
+    override_[int(whole)](x, rows, fused_y.get(), 0.0f);
+    for (auto& [out, w] : parts) {
+      split_cols_kernel<<<blocks(rows * w), 256>>>(fused_y.get(), rows, int(width), int(off), int(w), out);
+      PTQ_CUDA_LAUNCH("split_cols_kernel");
+      off += w;
+    }
+    return true;
   }
   void bias_add(int p, float* y, int64_t rows) {
     if (!bias[p].get()) return;
@@ -778,9 +803,11 @@ void LayerForwardCuda::attention(DeviceRowSink* h) {
     float* yq = m.y32.get();
     float* yk = yq + rows * qd;
     float* yv = yk + rows * kv;
-    m.linear(0, xn, yq, rows, 0.0f);
-    m.linear(1, xn, yk, rows, 0.0f);
-    m.linear(2, xn, yv, rows, 0.0f);
+    if (!m.split_linear(Proj::qkv, xn, rows, {{yq, qd}, {yk, kv}, {yv, kv}})) {
+      m.linear(0, xn, yq, rows, 0.0f);
+      m.linear(1, xn, yk, rows, 0.0f);
+      m.linear(2, xn, yv, rows, 0.0f);
+    }
     m.bias_add(0, yq, rows);
     m.bias_add(1, yk, rows);
     m.bias_add(2, yv, rows);
@@ -845,8 +872,10 @@ void LayerForwardCuda::mlp(DeviceRowSink* h) {
     const void* xn = m.normed(2, m.kept == 2 ? nullptr : m.x_rows(r0, rows, true), r0, rows, false);
     float* g = m.y32.get();
     float* u = g + rows * f;
-    m.linear(4, xn, g, rows, 0.0f);
-    m.linear(5, xn, u, rows, 0.0f);
+    if (!m.split_linear(Proj::gate_up, xn, rows, {{g, f}, {u, f}})) {
+      m.linear(4, xn, g, rows, 0.0f);
+      m.linear(5, xn, u, rows, 0.0f);
+    }
     m.bias_add(4, g, rows);
     m.bias_add(5, u, rows);
     void* act = m.stage_rows(r0, rows, f, false);
@@ -997,6 +1026,7 @@ void LayerForwardCuda::set_bias(Proj p, const VecF& b) {
   Impl& m = *p_;
   const int i = int(p);
   if (b.size() == 0) { m.bias[i] = DeviceBuffer<float>(); return; }
+  if (parts_of(p).size() > 1) fail(Errc::usage, "", proj_name(p), "biases of fused Linears are not served (no family has them)");
   if (b.size() != m.outs[i]) fail(Errc::usage, "", proj_name(p), "bias of the wrong size");
   if (!m.bias[i].get()) m.bias[i] = DeviceBuffer<float>(size_t(m.outs[i]), "bias");
   copy_to_device(m.bias[i].get(), b.data(), size_t(m.outs[i]) * 4);

@@ -52,6 +52,7 @@ class LayerForwardCuda {
   const void* weight(LinearId id) const;    // the 16-bit device weights [out, in], in dtype() (not fused ones)
   // Linear p computed by f instead of the 16-bit weights (a packed-weight kernel):
   // y [rows, out] fp32 (device) = x [rows, in] (dtype(), device) · Wᵀ + beta · y. Empty f: the weights again.
+  // A fused Linear (Proj::qkv, Proj::gate_up) is served whole, its output split into its parts.
   using LinearFn = std::function<void(const void* x, int64_t rows, float* y, float beta)>;
   void set_linear(Proj p, LinearFn f);
   void set_expert_linear(LinearId id, LinearFn f);   // an expert's gate, up or down (MoE evaluation)
