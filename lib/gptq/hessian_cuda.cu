@@ -59,7 +59,6 @@ HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols),
 }
 HessianCuda::~HessianCuda() { delete p_; }
 
-
 // The upper triangle of C = X^T X (column-major; read as the row-major lower triangle of the fp64
 // sum) in square blocks of kBlock x kBlock. For one block, kFlush GEMMs of kChunk tokens each
 // (fp32 accumulation inside a GEMM, GEMM beta = 1 across them) sum into an fp32 block of 16 MiB,

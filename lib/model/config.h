@@ -51,6 +51,8 @@ struct LlamaConfig {
   int q_dim() const { return num_attention_heads * head_dim; }
   int rotary_dim() const { return int(head_dim * partial_rotary_factor) / 2 * 2; }
   bool moe_layer(int layer) const;   // this layer's MLP is the experts'
+  // The k chosen experts' weights sum to 1 (mixtral: softmax over the chosen; qwen3_moe: norm_topk_prob).
+  bool renormalize_topk() const { return moe == MoeRouting::topk_softmax || norm_topk_prob; }
   int kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t params_per_layer() const;
 };

@@ -271,8 +271,8 @@ void linear_gemm(const void* X, const void* W, void* Y, cudaDataType ytype, int6
 bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why) {
   auto no = [&](const std::string& w) { if (why) *why = w; return false; };
   if (c.head_dim % 2) return no("odd head_dim");
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    if (c.moe != MoeRouting::none && !c.moe_layer(l)) return no("MoE models with dense layers (mlp_only_layers, decoder_sparse_step) are not in the GPU forward yet");
+  for (int l = 0; c.moe != MoeRouting::none && l < c.num_hidden_layers; ++l)
+    if (!c.moe_layer(l)) return no("MoE models with dense layers (mlp_only_layers, decoder_sparse_step) are not in the GPU forward yet");
   if (c.num_attention_heads % c.num_key_value_heads) return no("heads not a multiple of KV heads");
   if (!flash_attention_supported(c.head_dim) && int64_t(seq_len) * seq_len * c.num_attention_heads * 6 > (int64_t(8) << 30))
     return no("attention scores of one window exceed 8 GiB (head_dim " + std::to_string(c.head_dim) + " has no flash attention)");
@@ -315,6 +315,10 @@ struct LayerForwardCuda::Impl {
   std::vector<int64_t> route_off;   // expert e's rows: [route_off[e], route_off[e + 1])
   int pending = -1;                 // the expert whose output is not yet in X
   void* expert_w(int e, int slot) const { return at(experts, (int64_t(e) * 3 + slot) * Fe * c.hidden_size); }
+  void* expert_w(LinearId id) const {
+    if (!moe || id.expert >= E) fail(Errc::usage, "", proj_name(id.proj), "no such expert");
+    return expert_w(id.expert, expert_slot(id.proj));
+  }
   std::vector<LayerForwardCuda::LinearFn> expert_override;   // [e * 3 + slot]: a packed-weight kernel instead (evaluation)
   // y [rows, out] fp32 = x · W^T of expert e's gate (0), up (1) or down (2)
   void expert_linear(int e, int slot, const void* x, int64_t rows, float* y) {
@@ -498,7 +502,7 @@ struct LayerForwardCuda::Impl {
     const int64_t d = c.hidden_size;
     DeviceBuffer<int32_t> ids(size_t(N * K), "MoE routing (experts)");
     DeviceBuffer<float> wts(size_t(N * K), "MoE routing (weights)");
-    const bool renorm = c.moe == MoeRouting::topk_softmax || c.norm_topk_prob;
+    const bool renorm = c.renormalize_topk();
     by_chunks([&](int64_t r0, int64_t rows) {
       linear_gemm(at(moe_xn, r0 * d), router.get(), y32.get(), CUDA_R_32F, rows, d, E, dt, 0.0f);
       topk_route_kernel<<<blocks(rows, 128), 128>>>(y32.get(), rows, E, K, renorm, ids.get() + r0 * K, wts.get() + r0 * K);
@@ -684,12 +688,12 @@ int64_t LayerForwardCuda::routed_tokens(int expert) const {
 void LayerForwardCuda::set_weight(LinearId id, const MatF& W) {
   Impl& m = *p_;
   if (id.expert >= 0) {
-    const int slot = id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2;
-    const int64_t out = slot == 2 ? m.c.hidden_size : m.Fe, in = slot == 2 ? m.Fe : m.c.hidden_size;
-    if (!m.moe || id.expert >= m.E || W.rows() != out || W.cols() != in) fail(Errc::usage, "", proj_name(id.proj), "expert weight shape mismatch");
+    void* dst = m.expert_w(id);
+    const LinearShape sh = linear_shape(m.c, id);
+    if (W.rows() != sh.out || W.cols() != sh.in) fail(Errc::usage, "", proj_name(id.proj), "expert weight shape mismatch");
     const size_t bytes = size_t(W.size()) * 2;
     convert_from_f32(m.dt, W.data(), pinned_staging(bytes), size_t(W.size()));
-    upload_from_staging(m.expert_w(id.expert, slot), bytes);
+    upload_from_staging(dst, bytes);
     return;
   }
   const Proj p = id.proj;
@@ -723,14 +727,15 @@ size_t LayerForwardCuda::weight_bytes() const {
 
 void LayerForwardCuda::convert_weights(const LayerWeights& w, void* dst) const {
   uint8_t* d = static_cast<uint8_t*>(dst);
+  const size_t total = weight_bytes();
   size_t done = 0;
   for (const MatF* W : stored_weights(w, p_->c)) {
     done += size_t(W->size()) * 2;
-    if (done > weight_bytes()) fail(Errc::usage, "", "convert_weights", "weight shape mismatch");
+    if (done > total) fail(Errc::usage, "", "convert_weights", "weight shape mismatch");
     convert_from_f32(p_->dt, W->data(), d, size_t(W->size()));
     d += size_t(W->size()) * 2;
   }
-  if (done != weight_bytes()) fail(Errc::usage, "", "convert_weights", "weight shape mismatch");
+  if (done != total) fail(Errc::usage, "", "convert_weights", "weight shape mismatch");
 }
 
 void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) {
@@ -743,11 +748,8 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
   if (!src) {
     if (m.moe) {
       for (Proj p : {Proj::q, Proj::k, Proj::v, Proj::o}) set_weight(p, w[p].W);
-      if (w.router.W.rows() != m.E || w.router.W.cols() != m.c.hidden_size || int64_t(w.experts.size()) != m.E)
-        fail(Errc::usage, "", "load_layer", "MoE router or experts of the wrong shape");
-      const size_t rb = size_t(w.router.W.size()) * 2;
-      convert_from_f32(m.dt, w.router.W.data(), pinned_staging(rb), size_t(w.router.W.size()));
-      upload_from_staging(m.router.get(), rb);
+      if (int64_t(w.experts.size()) != m.E) fail(Errc::usage, "", "load_layer", "MoE layer with another number of experts");
+      set_router(w.router.W);
       for (int e = 0; e < m.E; ++e)
         for (Proj p : {Proj::gate, Proj::up, Proj::down}) set_weight(LinearId(p, e), w[LinearId(p, e)].W);
     } else {
@@ -967,10 +969,9 @@ void LayerForwardCuda::layer() {
 void LayerForwardCuda::set_weight_device(LinearId id, const float* W) {
   Impl& m = *p_;
   if (id.expert >= 0) {
-    if (!m.moe || id.expert >= m.E) fail(Errc::usage, "", proj_name(id.proj), "no such expert");
-    const int slot = id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2;
+    void* dst = m.expert_w(id);
     const int64_t n = m.Fe * m.c.hidden_size;
-    narrow_kernel<<<blocks(n), 256>>>(W, n, m.dt == DType::F16 ? 1 : 2, m.expert_w(id.expert, slot));
+    narrow_kernel<<<blocks(n), 256>>>(W, n, m.dt == DType::F16 ? 1 : 2, dst);
     PTQ_CUDA_LAUNCH("narrow_kernel");
     return;
   }
@@ -994,7 +995,7 @@ void LayerForwardCuda::set_expert_linear(LinearId id, LinearFn f) {
   Impl& m = *p_;
   if (!m.moe || id.expert < 0 || id.expert >= m.E) fail(Errc::usage, "", "set_expert_linear", "no such expert");
   if (m.expert_override.empty()) m.expert_override.resize(size_t(m.E) * 3);
-  m.expert_override[size_t(id.expert * 3 + (id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2))] = std::move(f);
+  m.expert_override[size_t(id.expert * 3 + expert_slot(id.proj))] = std::move(f);
 }
 
 void LayerForwardCuda::set_router(const MatF& W) {
@@ -1045,10 +1046,7 @@ void LayerForwardCuda::logits(const VecF& final_norm, const void* lm_head, int64
 }
 
 const void* LayerForwardCuda::weight(LinearId id) const {
-  if (id.expert >= 0) {
-    if (!p_->moe || id.expert >= p_->E) fail(Errc::usage, "", proj_name(id.proj), "no such expert");
-    return p_->expert_w(id.expert, id.proj == Proj::gate ? 0 : id.proj == Proj::up ? 1 : 2);
-  }
+  if (id.expert >= 0) return p_->expert_w(id);
   const Proj p = id.proj;
   if (parts_of(p).size() > 1) fail(Errc::usage, "", proj_name(p), "a fused Linear's parts are held apart on the device");
   return p_->at(p_->W[int(p)], 0);

@@ -20,14 +20,12 @@ std::string proj_tensor_prefix(int layer, Proj p) {
   return "model.layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") + proj_name(p);
 }
 
-namespace {
-int expert_slot(Proj p) {   // gate, up, down within an expert
+int expert_slot(Proj p) {
   if (p == Proj::gate) return 0;
   if (p == Proj::up) return 1;
   if (p == Proj::down) return 2;
   fail(Errc::usage, "", "LinearId", std::string("an expert has no ") + proj_name(p));
 }
-}  // namespace
 
 std::string linear_name(const LlamaConfig& c, int layer, LinearId id) {
   if (id.expert < 0) return proj_tensor_prefix(layer, id.proj);
@@ -264,7 +262,7 @@ Routing route(const LlamaConfig& c, const Linear& router, const MatF& xn) {
   MatF logits;
   linear(xn, router, logits);
   const int E = c.num_experts, k = c.experts_per_token;
-  const bool renorm = c.moe == MoeRouting::topk_softmax || c.norm_topk_prob;
+  const bool renorm = c.renormalize_topk();
   std::vector<int32_t> pick(size_t(logits.rows()) * k);
   std::vector<float> pw(pick.size());
 #pragma omp parallel for schedule(static)

@@ -35,6 +35,8 @@ struct LinearId {
   LinearId(Proj p, int e = -1) : proj(p), expert(e) {}   // implicit: a dense Linear is its role
   bool operator==(const LinearId& o) const { return proj == o.proj && expert == o.expert; }
 };
+// An expert Linear's place within its expert: gate 0, up 1, down 2 (Errc::usage for other roles).
+int expert_slot(Proj p);
 // Its module name ("model.layers.3.mlp.experts.7.down_proj"; mixtral: block_sparse_moe.experts.7.w2).
 std::string linear_name(const LlamaConfig& c, int layer, LinearId id);
 // The router of a MoE layer ("model.layers.3.mlp.gate"; mixtral: block_sparse_moe.gate): left in float.

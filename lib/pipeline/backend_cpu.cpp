@@ -63,7 +63,7 @@ class CpuForward final : public LayerForward {
         case Stage::expert_act: {   // the expert's activation on the same rows, with its quantized gate and up
           finish_expert();
           const auto& e = w_->experts[size_t(g.expert)];
-          if (!all_experts_) gather_rows(xn_, routing_.rows[size_t(g.expert)], xe_);
+          // (routed: xe_ still holds the rows expert_in gathered; nothing was pending in between)
           swiglu(e[0], e[1], all_experts_ ? xn_ : xe_, ctx_);
           in_ = &ctx_;
           pending_ = g.expert;

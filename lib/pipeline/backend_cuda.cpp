@@ -49,7 +49,7 @@ class CudaForward final : public LayerForward {
   void quantized(const std::vector<LinearId>& done, const LayerWeights& w) override {
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["quantized_weights"]);
     for (LinearId p : done)
-      if (w[p].W.size()) fw_.set_weight(p, w[p].W);   // solved on the host (the others are on the device already)   // solved on the host (the others are on the device already)
+      if (w[p].W.size()) fw_.set_weight(p, w[p].W);   // solved on the host (the others are on the device already)
   }
   void end_layer() override { timed_stage([&] { fw_.down_proj(); }); }
   void replay_layer(LayerWeights& w) override {

@@ -328,11 +328,10 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
     if (experts) {
       hessian_tokens = R.stats_in ? saved.meta["expert_tokens"].value(g.name, int64_t(0)) : H->tokens();
       if (R.stats_out) out.stats.meta["expert_tokens"][g.name] = hessian_tokens;
-      for (int e = 0; e < c.num_experts; ++e) {
-        if (g.input != Stage::expert_in || (g.expert >= 0 && e != g.expert)) continue;   // once per expert, at its input group
+      for (int e = 0; g.input == Stage::expert_in && e < c.num_experts; ++e) {   // each expert's routed count, at its input group
+        if (g.expert >= 0 && e != g.expert) continue;
         const std::string k = std::to_string(e);
-        if (R.stats_in) routed[e] = saved.meta["expert_routed"].value(k, int64_t(-1));
-        else routed[e] = B.forward->routed_tokens(e);
+        routed[e] = R.stats_in ? saved.meta["expert_routed"].value(k, int64_t(-1)) : B.forward->routed_tokens(e);
         if (R.stats_out) out.stats.meta["expert_routed"][k] = routed[e];
       }
       if (g.expert >= 0) rtn_if_unseen(R, l, g, {g.expert, routed[g.expert], hessian_tokens}, jobs);
