@@ -128,6 +128,7 @@ std::vector<Command> add_bench(CLI::App& app) {
   bg->add_option("--bits", ga->bits)->default_val(4);
   bg->add_option("--group-size", ga->group)->default_val(128);
   bg->add_option("--act-order", ga->act_order, "act-order with static groups")->default_val(true);
+  bg->add_option("--batch", ga->batch, "one layer: solve an MoE layer's expert downs in batches, as the pipeline does (false: one by one)")->default_val(true);
   return {{be, [ea] { return run_bench_eval(*ea); }}, {bg, [ga] { return run_bench_gptq(*ga); }}, {bk, [ka] { return run_bench_kernels(*ka); }}};
 }
 

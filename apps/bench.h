@@ -11,6 +11,7 @@ struct BenchGptqArgs {
   int layers = 0;            // > 0: the whole pipeline on a synthetic checkpoint of this many layers
   std::string workdir;       // where it is written (default: a temporary folder, removed after)
   std::string gpu_activations = "auto";
+  bool batch = true;         // one layer: MoE expert downs in batched solves, as the pipeline solves them
 };
 int run_bench_gptq(const BenchGptqArgs& a);
 

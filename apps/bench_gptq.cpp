@@ -2,6 +2,7 @@
 // phase, or (--layers K) the whole pipeline on a synthetic checkpoint of the preset's shapes.
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -144,24 +145,20 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
   s.group_size = a.group;
   s.act_order = a.act_order;
   s.static_groups = a.act_order;
+  // As the pipeline solves them: each group's Linears stacked into one solve, and (--batch) runs of
+  // expert downs, each with its own Hessian, in batches of kBatchHessianBytes.
   cuda::GptqPhaseTimes sum;
   double t_solve = 0;
-  for (size_t k = 0; k < sched.groups.size(); ++k)
-    for (LinearId p : sched.groups[k].linears) {
-    const int m = int(p.proj);
-    const LinearShape sh = linear_shape(c, p);
-    MatF W(sh.out, sh.in);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < W.rows(); ++r) {
-      Rng rng{uint64_t(m), uint64_t(r)};
-      for (int64_t j = 0; j < W.cols(); ++j) W(r, j) = float(rng.normal() / std::sqrt(double(sh.in)));
-    }
+  int solves = 0;
+  std::deque<MatF> weights;   // the batch's, until it is solved
+  std::vector<cuda::SolveProblem> batch;
+  int64_t batch_bytes = 0;
+  auto flush = [&] {
+    if (batch.empty()) return;
     auto t = clk::now();
-    cuda::WeightRows rows;
-    rows.rows = W.rows();
-    rows.host = &W;
-    cuda::gptq_solve_cuda({rows}, W.cols(), H[k]->device(), s, cuda::SolveKeep::codes);
+    cuda::gptq_solve_cuda(batch, batch[0].parts[0].host->cols(), s, cuda::SolveKeep::codes);
     t_solve += std::chrono::duration<double>(clk::now() - t).count();
+    ++solves;
     auto pt = cuda::last_phase_times();
     sum.prepare += pt.prepare;
     sum.factorization += pt.factorization;
@@ -169,7 +166,31 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
     sum.trtri += pt.trtri;
     sum.column_loop += pt.column_loop;
     sum.download += pt.pack + pt.download;   // the codes are packed on the device, then copied
+    batch.clear();
+    weights.clear();
+    batch_bytes = 0;
+  };
+  for (size_t k = 0; k < sched.groups.size(); ++k) {
+    const LinearGroup& g = sched.groups[k];
+    const int64_t width = linear_shape(c, g.linears[0]).in, bytes = width * width * 8;
+    const bool batched = a.batch && g.input == Stage::expert_act;
+    if (!batched || batch_bytes + bytes > cuda::kBatchHessianBytes) flush();
+    cuda::SolveProblem p{{}, H[k]->device()};
+    for (LinearId id : g.linears) {
+      const LinearShape sh = linear_shape(c, id);
+      MatF& W = weights.emplace_back(sh.out, sh.in);
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < W.rows(); ++r) {
+        Rng rng{uint64_t(id.proj) + 16 * uint64_t(id.expert + 1), uint64_t(r)};
+        for (int64_t j = 0; j < W.cols(); ++j) W(r, j) = float(rng.normal() / std::sqrt(double(sh.in)));
+      }
+      p.parts.push_back({W.rows(), &W, nullptr, DType::F32});
+    }
+    batch.push_back(std::move(p));
+    batch_bytes += bytes;
+    if (!batched) flush();
   }
+  flush();
   const double layer = t_hess + t_solve;
   const std::string hess_label = "Hessians (" + std::to_string(sched.groups.size()) + " inputs, tensor cores)";
   std::printf("  %-34s %8.3f s  (%.0f TFLOP/s as GEMM)\n", hess_label.c_str(), t_hess, hess_flop / t_hess / 1e12);
@@ -177,8 +198,8 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
   std::printf("  %-34s %8.3f s  (potrf %.3f, L^-1 in place %.3f)\n", "solve: factorization (fp64)", sum.factorization, sum.potrf, sum.trtri);
   std::printf("  %-34s %8.3f s\n", "solve: column loop + trailing GEMMs", sum.column_loop);
   std::printf("  %-34s %8.3f s\n", "solve: codes packed, to the host", sum.download);
-  std::printf("  %-34s %8.3f s  (%zu Linears, wall %.3f s)\n", "solve total", sum.prepare + sum.factorization + sum.column_loop + sum.download,
-              sched.linears().size(), t_solve);
+  std::printf("  %-34s %8.3f s  (%zu Linears in %d solves%s, wall %.3f s)\n", "solve total", sum.prepare + sum.factorization + sum.column_loop + sum.download,
+              sched.linears().size(), solves, a.batch ? "" : ", --batch false", t_solve);
   std::printf("  %-34s %8.3f s per layer; x %d layers = %.1f s (forward and I/O not included)\n", "Hessians + GPTQ", layer,
               parse_config(synth_config_json(a.preset, -1, DType::F16), "x").num_hidden_layers,
               layer * parse_config(synth_config_json(a.preset, -1, DType::F16), "x").num_hidden_layers);

@@ -166,20 +166,25 @@ __global__ void row_grid_kernel(const float* W, int64_t rows, int64_t cols, int 
   if (lane == 0) { scale[r] = best.scale; zero[r] = best.zero; }
 }
 
-// Dead columns (diag H = 0): W[:, i] = 0 (their diagonal is set by permute_h_kernel; the caller's H is read only).
-__global__ void zero_dead_kernel(const double* H, float* W, int64_t n, int64_t rows) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= n || H[i * n + i] != 0.0) return;
-  for (int64_t r = 0; r < rows; ++r) W[r * n + i] = 0.0f;
+// A batch of E problems: problem e is rows [e * rows_per, (e + 1) * rows_per) of the stacked W,
+// its Hessian H[e], and its n entries of each per-column array (perm, g_idx, diag) at e * n.
+// Dead columns (diag H = 0): W[:, i] = 0 (their diagonal is set by reversed_damped_kernel; the caller's H is read only).
+__global__ void zero_dead_kernel(const double* const* H, float* W, int64_t n, int E, int64_t rows_per) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k >= E * n) return;
+  const int64_t e = k / n, i = k % n;
+  if (H[e][i * n + i] != 0.0) return;
+  for (int64_t r = e * rows_per; r < (e + 1) * rows_per; ++r) W[r * n + i] = 0.0f;
 }
-__global__ void diag_kernel(const double* H, int64_t n, double* d) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) d[i] = H[i * n + i];
+__global__ void diag_kernel(const double* const* H, int64_t n, int E, double* d) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (k < E * n) d[k] = H[k / n][(k % n) * n + k % n];
 }
-__global__ void permute_w_kernel(const float* W, const int* perm, int64_t rows, int64_t n, float* Wp) {
+__global__ void permute_w_kernel(const float* W, const int* perm, int64_t rows, int64_t n, int64_t rows_per, float* Wp) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= rows * n) return;
-  Wp[k] = W[(k / n) * n + perm[k % n]];
+  const int64_t r = k / n;
+  Wp[k] = W[r * n + perm[(r / rows_per) * n + k % n]];
 }
 // A = J P (H + damp I) P^T J (symmetric: the same in row- and column-major), scaled by `scale`;
 // a dead column's zero diagonal counts as `one` (1 after the scaling, as on the CPU).
@@ -205,19 +210,23 @@ __global__ void copy_lower_kernel(const double* a, int64_t n, double* B, int64_t
 // U = J Linv J (upper; Linv column-major lower): U(i, j) = Linv(n-1-i, n-1-j) for j >= i. The
 // column loop reads U one block of rows at a time, so U is never stored whole in fp32.
 // bad = 1 when Linv has a non-finite entry or a diagonal that is not positive.
-__global__ void check_linv_kernel(const double* Linv, int64_t n, int* bad) {
+// (Problem e = blockIdx.y, its flag bad[e].)
+__global__ void check_linv_kernel(const double* const* Linvs, int64_t n, int* bad) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= n * n) return;
   const int64_t row = k % n, col = k / n;
   if (row < col) return;
-  const double v = Linv[k];
-  if (!isfinite(v) || (row == col && !(v > 0))) *bad = 1;
+  const double v = Linvs[blockIdx.y][k];
+  if (!isfinite(v) || (row == col && !(v > 0))) bad[blockIdx.y] = 1;
 }
 // Ub [count, n] fp32 (row-major) = rows i1 .. i1+count-1 of U, columns j >= i1 (0 left of the
 // diagonal; columns < i1 are not written). A 32 x 32 tile through shared memory: Linv's row index
-// runs with a (coalesced reads), Ub's column with j (coalesced writes). Block (32, 8).
-__global__ void u_rows_kernel(const double* Linv, int64_t n, int64_t i1, int count, float* Ub) {
+// runs with a (coalesced reads), Ub's column with j (coalesced writes). Block (32, 8); problem e =
+// blockIdx.z reads Linvs[e] and writes its kB rows at Ub + e * kB * n.
+__global__ void u_rows_kernel(const double* const* Linvs, int64_t n, int64_t i1, int count, float* Ub) {
   __shared__ float t[32][33];
+  const double* Linv = Linvs[blockIdx.z];
+  Ub += int64_t(blockIdx.z) * kB * n;
   const int64_t j0 = i1 + blockIdx.x * 32, a0 = blockIdx.y * 32;
   for (int y = threadIdx.y; y < 32; y += 8) {
     const int64_t j = j0 + y, a = a0 + threadIdx.x;
@@ -235,10 +244,10 @@ __global__ void u_rows_kernel(const double* Linv, int64_t n, int64_t i1, int cou
 // Codes back to the natural column order, and the weights they stand for:
 // codes_nat[r, perm[c]] = codes[r, c]; Wq[r, j] = scale[g(j), r] * (code - zero[g(j), r]), g = g_idx (natural).
 __global__ void unpermute_dequantize_kernel(const uint8_t* codes, const int* perm, const int* g_idx, const float* scale, const int* zero,
-                                            int64_t rows, int64_t n, uint8_t* codes_nat, float* Wq) {
+                                            int64_t rows, int64_t n, int64_t rows_per, uint8_t* codes_nat, float* Wq) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= rows * n) return;
-  const int64_t r = k / n, j = perm[k % n], g = g_idx[j];
+  const int64_t r = k / n, e = r / rows_per, j = perm[e * n + k % n], g = g_idx[e * n + j];
   const uint8_t q = codes[k];
   codes_nat[r * n + j] = q;
   if (Wq) Wq[r * n + j] = scale[g * rows + r] * float(int(q) - zero[g * rows + r]);
@@ -260,22 +269,25 @@ __global__ void widen_to_f32_kernel(const void* x, int dtype, int64_t n, float* 
 }
 
 // The column loop of one block. mode 0: per-row grids; 1: static groups; 2: a grid per group,
-// computed from the block's current values when the group starts.
+// computed from the block's current values when the group starts. Grid (rows_per / kWarps, E): the
+// CTAs of problem e = blockIdx.y read its U block (u_rows_kernel) and its columns' groups.
 __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __restrict__ W, const float* __restrict__ U, int64_t rows,
-                                                                  int64_t n, int64_t i1, int count, int mode, int gs, int maxq, bool sym,
+                                                                  int64_t rows_per, int64_t n, int64_t i1, int count, int mode, int gs, int maxq, bool sym,
                                                                   bool mse, int dt, const float* row_scale, const int* row_zero,
                                                                   const float* st_scale, const int* st_zero, const int* gidx_perm,
                                                                   float* grp_scale, int* grp_zero, uint8_t* codes, float* err_out,
                                                                   double* err2) {
   extern __shared__ float Us[];   // [count][kB]
+  U += int64_t(blockIdx.y) * kB * n;
+  gidx_perm += int64_t(blockIdx.y) * n;
   for (int k = threadIdx.x; k < count * kB; k += blockDim.x) {
     const int a = k / kB, b = k % kB;
     Us[k] = b < count ? U[a * n + i1 + b] : 0.0f;   // U: the block's rows (u_rows_kernel)
   }
   __syncthreads();
   const int lane = threadIdx.x % 32;
-  const int64_t r = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32;
-  if (r >= rows) return;
+  const int64_t local = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32, r = blockIdx.y * rows_per + local;
+  if (local >= rows_per) return;
   float reg[4];
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
@@ -319,9 +331,10 @@ __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __
   if (lane == 0) err2[r] += e2;   // blocks run in order: deterministic
 }
 // e2[r] = sum over live columns j (H_jj != 0) of (W[r, j] - Wq[r, j])^2, fp64; a warp per row.
-__global__ void live_sq_error_kernel(const float* W, const float* Wq, const double* diag, int64_t rows, int64_t n, double* e2) {
+__global__ void live_sq_error_kernel(const float* W, const float* Wq, const double* diag, int64_t rows, int64_t n, int64_t rows_per, double* e2) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (r >= rows) return;
+  diag += (r / rows_per) * n;
   double s = 0;
   for (int64_t j = threadIdx.x % 32; j < n; j += 32)
     if (diag[j] != 0.0) {
@@ -351,7 +364,9 @@ GptqPhaseTimes last_phase_times() { return g_times; }
 double DampedLoss::loss(int64_t r0, int64_t r1) const {
   double a = 0, b = 0;
   for (int64_t r = r0; r < r1 && r < int64_t(err2.size()); ++r) { a += err2[size_t(r)]; b += e2[size_t(r)]; }
-  if (err2.empty() || !(lambda * b <= 0.9 * a)) return std::nan("");
+  if (err2.empty() || rows_per <= 0 || (r1 - 1) / rows_per != r0 / rows_per) return std::nan("");
+  const double lambda = this->lambda[size_t(r0 / rows_per)];
+  if (!(lambda * b <= 0.9 * a)) return std::nan("");
   return (a - lambda * b) / 2.0;
 }
 
@@ -374,8 +389,6 @@ __global__ void pack_rows_kernel(const uint8_t* codes, int64_t rows, int64_t n, 
   words[i] = x;
 }
 
-// The solve of W (device, fp32, [rows, n]; read only) against the unscaled fp64 sum dH (read only).
-// Leaves GPTQ's dequantized weights in dWq and RTN's in dWr when given (natural column order).
 // A (column-major, lower, n x n, leading dimension lda) := A^-1 in place, as LAPACK's dtrtri:
 // with A = [A11 0; A21 A22], A^-1 = [A11^-1 0; -A22^-1 A21 A11^-1  A22^-1]. The diagonal blocks
 // are inverted first (recursively), then A21 by two in-place triangular products (cublasDtrmm:
@@ -406,35 +419,71 @@ void invert_lower_in_place(double* A, int64_t n, int64_t lda, double* work /* kT
                          int(lda), A21, int(lda), A21, int(lda)));
 }
 
-QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* dH, double hscale, const QuantSpec& s, SolveStats& S,
-                      DeviceBuffer<float>* Wq_out, DeviceBuffer<float>* Wr_out, DampedLoss* dl = nullptr,
-                      const std::vector<int64_t>* part_rows = nullptr, std::vector<QuantizedLinear>* parts = nullptr) {
+// L^-1 of each problem in its own n x n fp64 buffer: cusolverDnDpotrfBatched, then
+// cublasDtrsmBatched against the identity. For batches of small solves (an MoE layer's expert
+// downs), where one factorization after another is bound by launches and host round trips.
+// A[e] holds the damped reversed Hessian on entry and its Cholesky factor after; Inv[e] gets L^-1
+// (lower; its upper triangle stays 0). info[e] != 0: A[e] was not positive definite.
+void invert_batched(std::vector<double*>& A, std::vector<double*>& Inv, int64_t n, std::vector<int>& info) {
+  auto& h = handles();
+  const int E = int(A.size());
+  DeviceBuffer<double*> dA(size_t(E), "batched factorization (pointers)"), dInv(size_t(E), "batched inverse (pointers)");
+  DeviceBuffer<int> dInfo(size_t(E), "cuSOLVER info (batched)");
+  PTQ_CUDA(cudaMemcpy(dA.get(), A.data(), size_t(E) * sizeof(double*), cudaMemcpyHostToDevice));
+  PTQ_CUDA(cudaMemcpy(dInv.get(), Inv.data(), size_t(E) * sizeof(double*), cudaMemcpyHostToDevice));
+  PTQ_CUSOLVER(cusolverDnDpotrfBatched(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), dInfo.get(), E));
+  for (double* I : Inv) {
+    identity_kernel<<<blocks_for(n * n), 256>>>(I, n);
+    PTQ_CUDA_LAUNCH("identity_kernel");
+  }
+  const double one = 1.0;
+  PTQ_CUBLAS(cublasDtrsmBatched(h.blas, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, int(n), int(n), &one,
+                                dA.get(), int(n), dInv.get(), int(n), E));
+  info.assign(size_t(E), 0);
+  PTQ_CUDA(cudaMemcpy(info.data(), dInfo.get(), size_t(E) * 4, cudaMemcpyDeviceToHost));
+}
+
+// The solve of E problems of the same shape and spec at once: W (device, fp32, [E * rows_per, n],
+// problem e's rows stacked after problem e-1's; read only), problem e against Hs[e] (an unscaled
+// fp64 sum, read only). One problem is the stacked Linears of a group (q/k/v); several are an MoE
+// layer's expert downs, each with its own Hessian. Each problem is factored apart (E = 1: potrf
+// and the in-place inverse; E > 1: invert_batched), then every kernel of the column loop runs once
+// for all problems. Leaves GPTQ's dequantized weights in Wq_out and RTN's in Wr_out when given
+// (natural column order); parts: the results by part_rows (each part within one problem).
+void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vector<HessianRef>& Hs, const QuantSpec& s,
+           std::vector<SolveStats>& S, DeviceBuffer<float>* Wq_out, DeviceBuffer<float>* Wr_out, DampedLoss* dl,
+           const std::vector<int64_t>& part_rows, std::vector<QuantizedLinear>& parts) {
   using clk = std::chrono::steady_clock;
   const auto t_start = clk::now();
   std::string why;
   if (!gptq_supported(s, &why)) fail(Errc::usage, "", "quantization", "the CUDA GPTQ kernel does not serve this spec: " + why);
   g_times = {};
   auto& h = handles();
+  const int64_t rows = E * rows_per;   // every problem's rows
   const int64_t gs = s.group_size > 0 ? s.group_size : n;
   const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
-  // codes: packed words on the host, allocated only where they are downloaded
-  QuantizedLinear q = QuantizedLinear::empty(0, n, s);
+  QuantizedLinear q = QuantizedLinear::empty(0, n, s);   // the grids of every row: [groups, rows]
   q.rows = rows;
   q.scales.assign(size_t(q.groups * rows), 0.0f);
   q.zeros.assign(size_t(q.groups * rows), 0);
+  std::vector<const double*> hH;
+  for (const HessianRef& H : Hs) hH.push_back(H.sum);
+  DeviceBuffer<const double*> dHs(size_t(E), "Hessians (pointers)");
+  PTQ_CUDA(cudaMemcpy(dHs.get(), hH.data(), size_t(E) * sizeof(double*), cudaMemcpyHostToDevice));
 
   // 1. dead columns
   DeviceBuffer<float> dW(size_t(rows * n), "GPTQ weights (dead columns zeroed)"), dWp(size_t(rows * n), "GPTQ weights (permuted)");
   copy_device(dW.get(), dW0, size_t(rows * n) * 4);
-  DeviceBuffer<double> dDiag(size_t(n), "Hessian diagonal");
-  diag_kernel<<<blocks_for(n), 256>>>(dH, n, dDiag.get());
+  DeviceBuffer<double> dDiag(size_t(E * n), "Hessian diagonal");
+  diag_kernel<<<blocks_for(E * n), 256>>>(dHs.get(), n, E, dDiag.get());
   PTQ_CUDA_LAUNCH("diag_kernel");
-  std::vector<double> diag(static_cast<size_t>(n));
-  PTQ_CUDA(cudaMemcpy(diag.data(), dDiag.get(), size_t(n) * 8, cudaMemcpyDeviceToHost));
-  zero_dead_kernel<<<blocks_for(n), 256>>>(dH, dW.get(), n, rows);
+  std::vector<double> diag(static_cast<size_t>(E * n));
+  PTQ_CUDA(cudaMemcpy(diag.data(), dDiag.get(), size_t(E * n) * 8, cudaMemcpyDeviceToHost));
+  zero_dead_kernel<<<blocks_for(E * n), 256>>>(dHs.get(), dW.get(), n, E, rows_per);
   PTQ_CUDA_LAUNCH("zero_dead_kernel");
-  for (auto& d : diag)
-    if (d == 0) { d = 1.0 / hscale; ++S.dead_columns; }
+  for (int e = 0; e < E; ++e)
+    for (int64_t c = 0; c < n; ++c)
+      if (double& d = diag[size_t(e * n + c)]; d == 0) { d = 1.0 / Hs[size_t(e)].scale; ++S[size_t(e)].dead_columns; }
   // 2. static groups, from the unpermuted weights (dead columns zeroed, as on the device)
   const bool static_groups = s.static_groups && s.group_size > 0;
   DeviceBuffer<float> dStScale(static_groups ? size_t(q.groups * rows) : 1, "static scales");
@@ -444,13 +493,17 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
     static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW.get(), rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, dStScale.get(), dStZero.get());
     PTQ_CUDA_LAUNCH("static_grid_kernel");
   }
-  // 3. act-order: a stable sort of the diagonal on the host, the gathers on the device
-  std::vector<int> perm(static_cast<size_t>(n));
-  std::iota(perm.begin(), perm.end(), 0);
-  if (s.act_order) std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return diag[size_t(a)] > diag[size_t(b)]; });
-  DeviceBuffer<int> dPerm(size_t(n), "act-order permutation");
-  PTQ_CUDA(cudaMemcpy(dPerm.get(), perm.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-  permute_w_kernel<<<blocks_for(rows * n), 256>>>(dW.get(), dPerm.get(), rows, n, dWp.get());
+  // 3. act-order: a stable sort of each problem's diagonal on the host, the gathers on the device
+  std::vector<int> perm(static_cast<size_t>(E * n));
+  for (int e = 0; e < E; ++e) {
+    const auto p0 = perm.begin() + e * n;
+    const double* d = diag.data() + e * n;
+    std::iota(p0, p0 + n, 0);
+    if (s.act_order) std::stable_sort(p0, p0 + n, [&](int a, int b) { return d[a] > d[b]; });
+  }
+  DeviceBuffer<int> dPerm(size_t(E * n), "act-order permutation");
+  PTQ_CUDA(cudaMemcpy(dPerm.get(), perm.data(), size_t(E * n) * 4, cudaMemcpyHostToDevice));
+  permute_w_kernel<<<blocks_for(rows * n), 256>>>(dW.get(), dPerm.get(), rows, n, rows_per, dWp.get());
   PTQ_CUDA_LAUNCH("permute_w_kernel");
   dW = DeviceBuffer<float>();
   // per-row grids (one group per row)
@@ -463,56 +516,95 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   PTQ_CUDA(cudaDeviceSynchronize());
   g_times.prepare = secs(t_start);
 
-  // 4-5. damping (retried with 10x more while the factorization fails), U = J L^-1 J
+  // 4-5. damping (retried with 10x more while a factorization fails), U = J L^-1 J, problem by
+  // problem: each has its own damping and retries
   const auto t_fact = clk::now();
-  double mean_diag = 0;
-  for (double d : diag) mean_diag += d;
-  mean_diag = mean_diag / double(n) * hscale;
-  DeviceBuffer<int> dInfo(2, "cuSOLVER info");
-  DeviceBuffer<double> dA(size_t(n * n), "Hessian (factorization)");
-  int lwork = 0;
-  PTQ_CUSOLVER(cusolverDnDpotrf_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), &lwork));
-  DeviceBuffer<double> dWork(size_t(std::max(lwork, 1)), "cuSOLVER workspace");
-  double damp = s.damp_percent;
-  for (;;) {
-    // the caller's H (shared by q/k/v) is read, never written
-    if (!dA.get()) dA = DeviceBuffer<double>(size_t(n * n), "Hessian (factorization)");
-    reversed_damped_kernel<<<blocks_for(n * n), 256>>>(dH, dPerm.get(), n, hscale, 1.0 / hscale, damp * mean_diag, dA.get());
-    PTQ_CUDA_LAUNCH("reversed_damped_kernel");
-    int info[2] = {0, 0};
-    PTQ_CUDA(cudaMemset(dInfo.get(), 0, 8));
-    auto tp = clk::now();
-    PTQ_CUSOLVER(cusolverDnDpotrf(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), dWork.get(), lwork, dInfo.get()));
-    PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 4, cudaMemcpyDeviceToHost));
-    g_times.potrf += secs(tp);
-    if (info[0] == 0) {
-      tp = clk::now();
-      // L^-1 in place (n^3 / 3 flops, no second n x n buffer)
-      DeviceBuffer<double> work(size_t(kTri * kTri), "triangular inverse (diagonal block)");
-      invert_lower_in_place(dA.get(), n, n, work.get());
-      PTQ_CUDA(cudaDeviceSynchronize());
-      g_times.trtri += secs(tp);
-      check_linv_kernel<<<blocks_for(n * n), 256>>>(dA.get(), n, dInfo.get() + 1);
-      PTQ_CUDA_LAUNCH("check_linv_kernel");
-      PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 8, cudaMemcpyDeviceToHost));
-      if (info[0] == 0 && info[1] == 0) break;
-    }
-    S.log.push_back("Cholesky failed with damp_percent " + std::to_string(damp) + "; retrying with " + std::to_string(damp * 10));
-    ++S.retries;
-    damp *= 10;
-    if (damp > 1e4) fail(Errc::numeric, "", "H", "Hessian is not positive definite even with damping 1e4 x mean(diag)");
+  std::vector<double> mean_diag(size_t(E), 0.0), damp(size_t(E), s.damp_percent);
+  for (int e = 0; e < E; ++e) {
+    for (int64_t c = 0; c < n; ++c) mean_diag[size_t(e)] += diag[size_t(e * n + c)];
+    mean_diag[size_t(e)] = mean_diag[size_t(e)] / double(n) * Hs[size_t(e)].scale;
   }
-  S.damp_percent = damp;
+  DeviceBuffer<int> dInfo(size_t(std::max(E, 2)), "cuSOLVER info");
+  DeviceBuffer<double> dA(size_t(E * n * n), "Hessian (factorization)");
+  DeviceBuffer<double> dInv(E > 1 ? size_t(E * n * n) : 0, "Hessian (batched inverse)");
+  std::vector<const double*> linv(static_cast<size_t>(E));   // where each problem's L^-1 (lower, column-major) is
+  auto damped = [&](int e) {   // the caller's H (shared by q/k/v) is read, never written
+    double* A = dA.get() + e * n * n;
+    const double hs = Hs[size_t(e)].scale;
+    reversed_damped_kernel<<<blocks_for(n * n), 256>>>(hH[size_t(e)], dPerm.get() + e * n, n, hs, 1.0 / hs,
+                                                       damp[size_t(e)] * mean_diag[size_t(e)], A);
+    PTQ_CUDA_LAUNCH("reversed_damped_kernel");
+    return A;
+  };
+  auto retry = [&](int e) {
+    SolveStats& st = S[size_t(e)];
+    st.log.push_back("Cholesky failed with damp_percent " + std::to_string(damp[size_t(e)]) + "; retrying with " + std::to_string(damp[size_t(e)] * 10));
+    ++st.retries;
+    damp[size_t(e)] *= 10;
+    if (damp[size_t(e)] > 1e4) fail(Errc::numeric, "", "H", "Hessian is not positive definite even with damping 1e4 x mean(diag)");
+  };
+  DeviceBuffer<const double*> dLinv(size_t(E), "inverse Cholesky factors (pointers)");
+  if (E == 1) {
+    int lwork = 0;
+    PTQ_CUSOLVER(cusolverDnDpotrf_bufferSize(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), &lwork));
+    DeviceBuffer<double> dWork(size_t(std::max(lwork, 1)), "cuSOLVER workspace");
+    linv[0] = dA.get();
+    PTQ_CUDA(cudaMemcpy(dLinv.get(), linv.data(), sizeof(double*), cudaMemcpyHostToDevice));
+    for (;;) {
+      damped(0);
+      int info[2] = {0, 0};
+      PTQ_CUDA(cudaMemset(dInfo.get(), 0, 8));
+      auto tp = clk::now();
+      PTQ_CUSOLVER(cusolverDnDpotrf(h.solver, CUBLAS_FILL_MODE_LOWER, int(n), dA.get(), int(n), dWork.get(), lwork, dInfo.get()));
+      PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 4, cudaMemcpyDeviceToHost));
+      g_times.potrf += secs(tp);
+      if (info[0] == 0) {
+        tp = clk::now();
+        // L^-1 in place (n^3 / 3 flops, no second n x n buffer)
+        DeviceBuffer<double> work(size_t(kTri * kTri), "triangular inverse (diagonal block)");
+        invert_lower_in_place(dA.get(), n, n, work.get());
+        PTQ_CUDA(cudaDeviceSynchronize());
+        g_times.trtri += secs(tp);
+        check_linv_kernel<<<blocks_for(n * n), 256>>>(dLinv.get(), n, dInfo.get() + 1);
+        PTQ_CUDA_LAUNCH("check_linv_kernel");
+        PTQ_CUDA(cudaMemcpy(info, dInfo.get(), 8, cudaMemcpyDeviceToHost));
+        if (info[0] == 0 && info[1] == 0) break;
+      }
+      retry(0);
+    }
+  } else {
+    std::vector<int> todo(static_cast<size_t>(E));
+    std::iota(todo.begin(), todo.end(), 0);
+    while (!todo.empty()) {
+      std::vector<double*> A, Inv;
+      for (int e : todo) { A.push_back(damped(e)); Inv.push_back(dInv.get() + e * n * n); }
+      std::vector<int> info;
+      invert_batched(A, Inv, n, info);
+      for (int e = 0; e < E; ++e) linv[size_t(e)] = dInv.get() + e * n * n;
+      PTQ_CUDA(cudaMemcpy(dLinv.get(), linv.data(), size_t(E) * sizeof(double*), cudaMemcpyHostToDevice));
+      PTQ_CUDA(cudaMemset(dInfo.get(), 0, size_t(E) * 4));
+      check_linv_kernel<<<dim3(unsigned(blocks_for(n * n)), unsigned(E)), 256>>>(dLinv.get(), n, dInfo.get());
+      PTQ_CUDA_LAUNCH("check_linv_kernel");
+      std::vector<int> bad(static_cast<size_t>(E));
+      PTQ_CUDA(cudaMemcpy(bad.data(), dInfo.get(), size_t(E) * 4, cudaMemcpyDeviceToHost));
+      std::vector<int> again;
+      for (size_t k = 0; k < todo.size(); ++k)
+        if (info[k] != 0 || bad[size_t(todo[k])] != 0) { retry(todo[k]); again.push_back(todo[k]); }
+      todo = std::move(again);
+    }
+    g_times.potrf = secs(t_fact);
+  }
+  for (int e = 0; e < E; ++e) S[size_t(e)].damp_percent = damp[size_t(e)];
   PTQ_CUDA(cudaDeviceSynchronize());
   g_times.factorization = secs(t_fact);
 
-  // 6. blocks of 128 columns: the fused kernel, then the trailing update as one SGEMM
+  // 6. blocks of 128 columns: the fused kernel, then the trailing update as one SGEMM (per problem)
   const auto t_loop = clk::now();
   const int mode = s.group_size <= 0 ? 0 : s.static_groups ? 1 : 2;
-  std::vector<int> gidx_perm(static_cast<size_t>(n));
-  for (int64_t c = 0; c < n; ++c) gidx_perm[size_t(c)] = int(perm[size_t(c)] / gs);
-  DeviceBuffer<int> dGidx(size_t(n), "group of each permuted column");
-  PTQ_CUDA(cudaMemcpy(dGidx.get(), gidx_perm.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+  std::vector<int> gidx_perm(static_cast<size_t>(E * n));
+  for (int64_t c = 0; c < E * n; ++c) gidx_perm[size_t(c)] = int(perm[size_t(c)] / gs);
+  DeviceBuffer<int> dGidx(size_t(E * n), "group of each permuted column");
+  PTQ_CUDA(cudaMemcpy(dGidx.get(), gidx_perm.data(), size_t(E * n) * 4, cudaMemcpyHostToDevice));
   DeviceBuffer<float> dGrpScale(size_t(q.groups * rows), "group scales");
   DeviceBuffer<int> dGrpZero(size_t(q.groups * rows), "group zeros");
   DeviceBuffer<uint8_t> dCodes(size_t(rows * n), "codes");
@@ -522,80 +614,88 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
   const int smem = kB * kB * 4;
   PTQ_CUDA(cudaFuncSetAttribute(gptq_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const float minus_one = -1.0f, one = 1.0f;
-  DeviceBuffer<float> dUb(size_t(kB * n), "inverse Cholesky factor U (one block of rows, fp32)");
+  DeviceBuffer<float> dUb(size_t(E * kB * n), "inverse Cholesky factor U (one block of rows, fp32)");
   for (int64_t i1 = 0; i1 < n; i1 += kB) {
     const int count = int(std::min<int64_t>(kB, n - i1));
-    u_rows_kernel<<<dim3(unsigned((n - i1 + 31) / 32), unsigned((count + 31) / 32)), dim3(32, 8)>>>(dA.get(), n, i1, count, dUb.get());
+    u_rows_kernel<<<dim3(unsigned((n - i1 + 31) / 32), unsigned((count + 31) / 32), unsigned(E)), dim3(32, 8)>>>(dLinv.get(), n, i1, count, dUb.get());
     PTQ_CUDA_LAUNCH("u_rows_kernel");
-    gptq_block_kernel<<<int((rows + kWarps - 1) / kWarps), kWarps * 32, smem>>>(
-        dWp.get(), dUb.get(), rows, n, i1, count, mode, int(gs), maxq, s.sym, s.mse, dt, dRowScale.get(), dRowZero.get(), dStScale.get(),
-        dStZero.get(), dGidx.get(), dGrpScale.get(), dGrpZero.get(), dCodes.get(), dErr.get(), dErr2.get());
+    gptq_block_kernel<<<dim3(unsigned((rows_per + kWarps - 1) / kWarps), unsigned(E)), kWarps * 32, smem>>>(
+        dWp.get(), dUb.get(), rows, rows_per, n, i1, count, mode, int(gs), maxq, s.sym, s.mse, dt, dRowScale.get(), dRowZero.get(),
+        dStScale.get(), dStZero.get(), dGidx.get(), dGrpScale.get(), dGrpZero.get(), dCodes.get(), dErr.get(), dErr2.get());
     PTQ_CUDA_LAUNCH("gptq_block_kernel");
     const int64_t i2 = i1 + count;
-    if (i2 < n)   // W[:, i2:] -= Err1 U[i1:i2, i2:], in column-major terms on the row-major buffers
+    if (i2 >= n) continue;
+    // W[:, i2:] -= Err1 U[i1:i2, i2:], in column-major terms on the row-major buffers
+    if (E == 1)
       PTQ_CUBLAS(cublasSgemm(h.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(n - i2), int(rows), count, &minus_one, dUb.get() + i2, int(n),
                              dErr.get(), kB, &one, dWp.get() + i2, int(n)));
+    else
+      PTQ_CUBLAS(cublasSgemmStridedBatched(h.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(n - i2), int(rows_per), count, &minus_one, dUb.get() + i2,
+                                           int(n), kB * n, dErr.get(), kB, rows_per * kB, &one, dWp.get() + i2, int(n), rows_per * n, E));
   }
   PTQ_CUDA(cudaDeviceSynchronize());
   g_times.column_loop = secs(t_loop);
   dA = DeviceBuffer<double>();   // before Wq and Wr: the peak holds the factor or them, not both
+  dInv = DeviceBuffer<double>();
   dUb = DeviceBuffer<float>();
 
   // 7. back to the natural column order (codes, and Wq when asked), then to the host
   const auto t_dl = clk::now();
+  std::vector<int32_t> g_idx(size_t(E * n));   // each problem's, natural order
+  for (int64_t c = 0; c < E * n; ++c) g_idx[size_t(c)] = int32_t((c % n) / gs);
   if (mode == 2)
-    for (int64_t c = 0; c < n; ++c) q.g_idx[size_t(perm[size_t(c)])] = int32_t(c / gs);
+    for (int64_t c = 0; c < E * n; ++c) g_idx[size_t((c / n) * n + perm[size_t(c)])] = int32_t((c % n) / gs);
   const float* dScale = mode == 0 ? dRowScale.get() : mode == 1 ? dStScale.get() : dGrpScale.get();
   const int* dZero = mode == 0 ? dRowZero.get() : mode == 1 ? dStZero.get() : dGrpZero.get();
-  DeviceBuffer<int> dGidxNat(size_t(n), "group of each column");
-  PTQ_CUDA(cudaMemcpy(dGidxNat.get(), q.g_idx.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+  DeviceBuffer<int> dGidxNat(size_t(E * n), "group of each column");
+  PTQ_CUDA(cudaMemcpy(dGidxNat.get(), g_idx.data(), size_t(E * n) * 4, cudaMemcpyHostToDevice));
   DeviceBuffer<uint8_t> dCodesNat(size_t(rows * n), "codes (natural order)");
   float* dWq = nullptr;
   if (Wq_out) {
     *Wq_out = DeviceBuffer<float>(size_t(rows * n), "GPTQ dequantized weights");
     dWq = Wq_out->get();
   }
-  unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero, rows, n,
+  unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero, rows, n, rows_per,
                                                              dCodesNat.get(), dWq);
   PTQ_CUDA_LAUNCH("unpermute_dequantize_kernel");
   if (dl && dWq) {   // the damped loss per row, and what the damping added (see DampedLoss)
     DeviceBuffer<double> dE2(size_t(rows), "sum of e^2 per row");
-    live_sq_error_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, dWq, dDiag.get(), rows, n, dE2.get());
+    live_sq_error_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, dWq, dDiag.get(), rows, n, rows_per, dE2.get());
     PTQ_CUDA_LAUNCH("live_sq_error_kernel");
     dl->err2.resize(size_t(rows));
     dl->e2.resize(size_t(rows));
     PTQ_CUDA(cudaMemcpy(dl->err2.data(), dErr2.get(), size_t(rows) * 8, cudaMemcpyDeviceToHost));
     PTQ_CUDA(cudaMemcpy(dl->e2.data(), dE2.get(), size_t(rows) * 8, cudaMemcpyDeviceToHost));
-    dl->lambda = damp * mean_diag;
+    dl->rows_per = rows_per;
+    dl->lambda.clear();
+    for (int e = 0; e < E; ++e) dl->lambda.push_back(damp[size_t(e)] * mean_diag[size_t(e)]);
   }
   PTQ_CUDA(cudaMemcpy(q.scales.data(), dScale, q.scales.size() * 4, cudaMemcpyDeviceToHost));
   PTQ_CUDA(cudaMemcpy(q.zeros.data(), dZero, q.zeros.size() * 4, cudaMemcpyDeviceToHost));
-  // The codes packed on the device (QuantizedLinear's one representation), then to the host: whole,
-  // or each part's rows straight into its own QuantizedLinear.
+  // The codes packed on the device (QuantizedLinear's one representation), then each part's rows
+  // straight into its own QuantizedLinear on the host.
   const auto t_pack = clk::now();
   const int64_t nw = packed_words(n, s.bits);
   DeviceBuffer<uint32_t> dWords(size_t(rows * nw), "packed codes");
   pack_rows_kernel<<<blocks_for(rows * nw), 256>>>(dCodesNat.get(), rows, n, s.bits, nw, dWords.get());
   PTQ_CUDA_LAUNCH("pack_rows_kernel");
-  if (parts) {
-    int64_t r0 = 0;
-    for (int64_t pr : *part_rows) {
-      QuantizedLinear pq = q.row_slice(0, 0);
-      pq.rows = pr;
-      pq.scales.clear();
-      pq.zeros.clear();
-      for (int64_t g = 0; g < q.groups; ++g) {
-        pq.scales.insert(pq.scales.end(), q.scales.begin() + g * rows + r0, q.scales.begin() + g * rows + r0 + pr);
-        pq.zeros.insert(pq.zeros.end(), q.zeros.begin() + g * rows + r0, q.zeros.begin() + g * rows + r0 + pr);
-      }
-      pq.packed.resize(size_t(pr * nw));
-      copy_to_host_staged(pq.packed.data(), dWords.get() + r0 * nw, size_t(pr * nw) * 4);
-      parts->push_back(std::move(pq));
-      r0 += pr;
+  int64_t r0 = 0;
+  for (int64_t pr : part_rows) {
+    const int64_t e = r0 / rows_per;
+    if (r0 + pr > (e + 1) * rows_per) fail(Errc::usage, "", "gptq_solve_cuda", "a part crosses two problems");
+    QuantizedLinear pq = QuantizedLinear::empty(0, n, s);
+    pq.rows = pr;
+    pq.g_idx.assign(g_idx.begin() + e * n, g_idx.begin() + (e + 1) * n);
+    pq.scales.clear();
+    pq.zeros.clear();
+    for (int64_t g = 0; g < q.groups; ++g) {
+      pq.scales.insert(pq.scales.end(), q.scales.begin() + g * rows + r0, q.scales.begin() + g * rows + r0 + pr);
+      pq.zeros.insert(pq.zeros.end(), q.zeros.begin() + g * rows + r0, q.zeros.begin() + g * rows + r0 + pr);
     }
-  } else {
-    q.packed.resize(size_t(rows * nw));
-    copy_to_host_staged(q.packed.data(), dWords.get(), size_t(rows * nw) * 4);
+    pq.packed.resize(size_t(pr * nw));
+    copy_to_host_staged(pq.packed.data(), dWords.get() + r0 * nw, size_t(pr * nw) * 4);
+    parts.push_back(std::move(pq));
+    r0 += pr;
   }
   g_times.pack = secs(t_pack);
   // RTN, the report's baseline, from the weights as given (the CPU's rtn_quantize); allocated
@@ -614,8 +714,8 @@ QuantizedLinear solve(const float* dW0, int64_t rows, int64_t n, const double* d
     PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
   }
   g_times.download = secs(t_dl) - g_times.pack;
-  S.seconds = secs(t_start);
-  return q;
+  const double total = secs(t_start);
+  for (SolveStats& st : S) st.seconds = total / double(E);
 }
 
 }  // namespace
@@ -626,40 +726,53 @@ void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, u
   PTQ_CUDA_LAUNCH("pack_rows_kernel");
 }
 
-ResidentSolve gptq_solve_cuda(const std::vector<WeightRows>& parts, int64_t cols, HessianRef H, const QuantSpec& s, SolveKeep keep,
-                             SolveStats* st) {
-  SolveStats local;
+ResidentSolve gptq_solve_cuda(const std::vector<SolveProblem>& problems, int64_t cols, const QuantSpec& s, SolveKeep keep,
+                              std::vector<SolveStats>* stats) {
+  const int E = int(problems.size());
+  std::vector<int64_t> part_rows;
+  std::vector<HessianRef> Hs;
+  int64_t rows_per = -1;
+  for (const SolveProblem& p : problems) {
+    int64_t r = 0;
+    for (const WeightRows& w : p.parts) { r += w.rows; part_rows.push_back(w.rows); }
+    if (rows_per >= 0 && r != rows_per) fail(Errc::usage, "", "gptq_solve_cuda", "the problems of a batch must have the same rows");
+    rows_per = r;
+    Hs.push_back(p.H);
+  }
   ResidentSolve out;
-  int64_t rows = 0;
-  for (auto& p : parts) rows += p.rows;
+  const int64_t rows = E * rows_per;
   out.W = DeviceBuffer<float>(size_t(rows * cols), "GPTQ weights (fp32)");
   int64_t r0 = 0;
-  for (auto& p : parts) {
-    float* dst = out.W.get() + r0 * cols;
-    if (p.host) {
-      if (p.host->rows() != p.rows || p.host->cols() != cols) fail(Errc::usage, "", "gptq_solve_cuda", "weight shape mismatch");
-      copy_to_device_staged(dst, p.host->data(), size_t(p.host->size()) * 4);
-    } else {   // 16-bit or fp32 device rows, widened exactly
-      widen_to_f32_kernel<<<blocks_for(p.rows * cols), 256>>>(p.device, dtype_code(p.dtype), p.rows * cols, dst);
-      PTQ_CUDA_LAUNCH("widen_to_f32_kernel");
+  for (const SolveProblem& pr : problems)
+    for (const WeightRows& p : pr.parts) {
+      float* dst = out.W.get() + r0 * cols;
+      if (p.host) {
+        if (p.host->rows() != p.rows || p.host->cols() != cols) fail(Errc::usage, "", "gptq_solve_cuda", "weight shape mismatch");
+        copy_to_device_staged(dst, p.host->data(), size_t(p.host->size()) * 4);
+      } else {   // 16-bit or fp32 device rows, widened exactly
+        widen_to_f32_kernel<<<blocks_for(p.rows * cols), 256>>>(p.device, dtype_code(p.dtype), p.rows * cols, dst);
+        PTQ_CUDA_LAUNCH("widen_to_f32_kernel");
+      }
+      r0 += p.rows;
     }
-    r0 += p.rows;
-  }
+  std::vector<SolveStats> local(static_cast<size_t>(E));
+  std::vector<SolveStats>& S = stats ? *stats : local;
+  S.assign(size_t(E), SolveStats());
   if (keep == SolveKeep::codes) {   // codes and grids to the host, nothing kept on the device
-    QuantizedLinear q = solve(out.W.get(), rows, cols, H.sum, H.scale, s, st ? *st : local, nullptr, nullptr);
+    solve(out.W.get(), E, rows_per, cols, Hs, s, S, nullptr, nullptr, nullptr, part_rows, out.parts);
     out.W = DeviceBuffer<float>();
-    if (parts.size() == 1) {
-      out.parts.push_back(std::move(q));
-    } else {
-      int64_t a = 0;
-      for (auto& p : parts) { out.parts.push_back(q.row_slice(a, a + p.rows)); a += p.rows; }
-    }
     return out;
   }
-  std::vector<int64_t> part_rows;
-  for (auto& p : parts) part_rows.push_back(p.rows);
-  solve(out.W.get(), rows, cols, H.sum, H.scale, s, st ? *st : local, &out.Wq, keep == SolveKeep::weights_and_rtn ? &out.Wr : nullptr,
-        &out.damped, &part_rows, &out.parts);
+  solve(out.W.get(), E, rows_per, cols, Hs, s, S, &out.Wq, keep == SolveKeep::weights_and_rtn ? &out.Wr : nullptr, &out.damped, part_rows,
+        out.parts);
+  return out;
+}
+
+ResidentSolve gptq_solve_cuda(const std::vector<WeightRows>& parts, int64_t cols, HessianRef H, const QuantSpec& s, SolveKeep keep,
+                              SolveStats* st) {
+  std::vector<SolveStats> S;
+  ResidentSolve out = gptq_solve_cuda({SolveProblem{parts, H}}, cols, s, keep, &S);
+  if (st) *st = std::move(S[0]);
   return out;
 }
 

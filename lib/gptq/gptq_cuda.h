@@ -29,12 +29,14 @@ struct WeightRows {
 // solve factors (H_d^-1 = U^T U) and err_j = (w_j - q_j) / U_jj the errors it propagates, the
 // weights' error is e = err U, so e H_d e^T = err U (U^T U)^-1 U^T err^T = |err|^2 for each row,
 // and the output error is e H e^T / 2 = (|err|^2 - lambda |e|^2) / 2 (dead columns: e = 0).
-// err2[r] = |err_r|^2 and e2[r] = |e_r|^2 (live columns), fp64 sums of fp32 terms.
+// err2[r] = |err_r|^2 and e2[r] = |e_r|^2 (live columns), fp64 sums of fp32 terms; lambda[e] the
+// damping of problem e (rows [e * rows_per, (e + 1) * rows_per) of a batched solve).
 struct DampedLoss {
-  std::vector<double> err2, e2;
-  double lambda = 0;
-  // (sum err2 - lambda sum e2) / 2 over rows [r0, r1); NaN when the damping term cancels more than
-  // 90% of the sum (then the fp32 rounding of err is amplified past 1e-4: use the exact form).
+  std::vector<double> err2, e2, lambda;
+  int64_t rows_per = 0;
+  // (sum err2 - lambda sum e2) / 2 over rows [r0, r1) of one problem; NaN when the damping term
+  // cancels more than 90% of the sum (then the fp32 rounding of err is amplified past 1e-4: use
+  // the exact form).
   double loss(int64_t r0, int64_t r1) const;
 };
 // What a solve leaves on the device for what follows it.
@@ -55,6 +57,21 @@ struct ResidentSolve {
 // independently). H = H.scale * H.sum, read only.
 ResidentSolve gptq_solve_cuda(const std::vector<WeightRows>& parts, int64_t cols, HessianRef H, const QuantSpec& s, SolveKeep keep,
                               SolveStats* stats = nullptr);
+// A batch of such solves of the same spec, input width and rows (an MoE layer's expert downs, each
+// with its own Hessian): the problems' rows stacked in order in W, Wq, Wr and `parts`; each
+// problem factored apart (batched cuSOLVER/cuBLAS calls), the column loop's kernels run once for
+// all. Each problem's result is what its own gptq_solve_cuda gives up to the batched
+// factorization's rounding. stats: one per problem.
+// The fp64 Hessians (cols^2 x 8 bytes each) one batch takes: all 128 expert downs of a
+// Qwen3-30B-A3B layer (768 columns) at once; Mixtral's (14,336 columns, 1.6 GB each) one at a
+// time, where a single factorization already fills the GPU.
+constexpr int64_t kBatchHessianBytes = int64_t(1) << 30;
+struct SolveProblem {
+  std::vector<WeightRows> parts;
+  HessianRef H;
+};
+ResidentSolve gptq_solve_cuda(const std::vector<SolveProblem>& problems, int64_t cols, const QuantSpec& s, SolveKeep keep,
+                              std::vector<SolveStats>* stats = nullptr);
 
 // words [rows, packed_words(n, bits)] = each row of codes [rows, n] packed as core/bits.h's
 // pack_rows does on the host (device pointers; asynchronous).

@@ -313,7 +313,7 @@ struct LayerForwardCuda::Impl {
   DeviceBuffer<int32_t> route_rows;
   DeviceBuffer<float> route_w;
   std::vector<int64_t> route_off;   // expert e's rows: [route_off[e], route_off[e + 1])
-  int pending = -1;                 // the expert whose output is not yet in X
+  std::vector<int> pending;         // the experts whose outputs are not yet in X, in expert order
   void* expert_w(int e, int slot) const { return at(experts, (int64_t(e) * 3 + slot) * Fe * c.hidden_size); }
   void* expert_w(LinearId id) const {
     if (!moe || id.expert >= E) fail(Errc::usage, "", proj_name(id.proj), "no such expert");
@@ -552,12 +552,13 @@ struct LayerForwardCuda::Impl {
     expert_linear(e, 1, x, rows, u);
     silu_mul(g, u, act, rows * Fe, Fe);
   }
-  // The pending expert's output for the rows routed to it, through its current (quantized)
-  // weights, weighted into X.
+  // The pending experts' outputs for the rows routed to them, through their current (quantized)
+  // weights, weighted into X in expert order.
   void finish_expert() {
-    if (pending < 0) return;
-    const int e = pending;
-    pending = -1;
+    for (int e : pending) finish_expert(e);
+    pending.clear();
+  }
+  void finish_expert(int e) {
     const int64_t first = route_off[size_t(e)], d = c.hidden_size;
     expert_rows(e, false, [&](const void* x, int64_t rows, int64_t i0) {
       expert_swiglu(e, x, rows, at(moe_act, 0));
@@ -904,12 +905,13 @@ void LayerForwardCuda::expert_act(int e, DeviceRowSink* h) {
   Impl& m = *p_;
   if (!m.moe || e < 0 || e >= m.E || m.route_off.empty()) fail(Errc::usage, "", "expert_act", "no such expert, or not routed yet");
   Impl::Scratch scratch(m);
-  m.finish_expert();   // the previous expert's output (every-expert schedules: no expert_in between)
+  // (the previous experts' outputs wait for the end of the layer: their downs may still be solved
+  // after this expert's activation Hessian, in one batch)
   m.expert_rows(e, m.all_experts, [&](const void* x, int64_t rows, int64_t) {
     m.expert_swiglu(e, x, rows, m.at(m.moe_act, 0));
     m.sink_add(h, m.at(m.moe_act, 0), rows);
   });
-  m.pending = e;
+  m.pending.push_back(e);
 }
 
 void LayerForwardCuda::down_proj() {
@@ -954,10 +956,7 @@ void LayerForwardCuda::layer() {
     Impl::Scratch scratch(m);
     m.moe_norm2();
     m.route_all();
-    for (int e = 0; e < m.E; ++e) {
-      m.pending = e;
-      m.finish_expert();
-    }
+    for (int e = 0; e < m.E; ++e) m.finish_expert(e);
     return;
   }
   attention(nullptr);

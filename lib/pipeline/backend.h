@@ -82,6 +82,13 @@ struct SolvedLinear {
   double loss = 0, rtn_loss = 0, seconds = 0;
 };
 
+// A group's jobs and Hessian, as solve() takes them.
+struct GroupToSolve {
+  const std::vector<LinearJob>* jobs = nullptr;
+  HessianSum* H = nullptr;
+  const MatD* H_host = nullptr;
+};
+
 class GroupSolver {
  public:
   virtual ~GroupSolver() = default;
@@ -91,6 +98,16 @@ class GroupSolver {
   // left them on the device for the forward. Results in quantization order.
   virtual std::vector<SolvedLinear> solve(const std::vector<LinearJob>& jobs, LayerWeights& w, HessianSum& H, const MatD* H_host,
                                           PhaseTimes& t) = 0;
+  // Groups whose Hessians were all collected before any is solved (inputs that do not depend on
+  // each other's results: an MoE layer's expert downs), solved together where the solver batches
+  // them. Results per group, each as solve() gives it.
+  virtual std::vector<std::vector<SolvedLinear>> solve_many(const std::vector<GroupToSolve>& groups, LayerWeights& w, PhaseTimes& t) {
+    std::vector<std::vector<SolvedLinear>> out;
+    for (const GroupToSolve& g : groups) out.push_back(solve(*g.jobs, w, *g.H, g.H_host, t));
+    return out;
+  }
+  // The bytes of fp64 Hessians (cols^2 x 8 each) that solve_many takes at once; 0: one at a time.
+  virtual int64_t batch_bytes() const { return 0; }
 };
 
 // The device a run uses, decided before anything is read (recipe `device`: auto, cpu, cuda).

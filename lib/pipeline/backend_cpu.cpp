@@ -22,7 +22,7 @@ class CpuForward final : public LayerForward {
       : c_(*p.config), rope_(*p.rope), S_(p.S), T_(p.T), all_experts_(p.calibrate_all_experts), X_(std::move(X)), make_(std::move(mk)), t_(t) {}
   void begin_layer(int, LayerWeights& w) override {
     w_ = &w;
-    pending_ = -1;
+    pending_.clear();
   }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) override {
     const float eps = float(c_.rms_norm_eps);
@@ -61,12 +61,13 @@ class CpuForward final : public LayerForward {
           }
           break;
         case Stage::expert_act: {   // the expert's activation on the same rows, with its quantized gate and up
-          finish_expert();
+          // (the previous experts' outputs wait for the end of the layer: their downs may be
+          // solved after this Hessian, together)
           const auto& e = w_->experts[size_t(g.expert)];
           // (routed: xe_ still holds the rows expert_in gathered; nothing was pending in between)
           swiglu(e[0], e[1], all_experts_ ? xn_ : xe_, ctx_);
           in_ = &ctx_;
-          pending_ = g.expert;
+          pending_.push_back(g.expert);
           break;
         }
       }
@@ -106,7 +107,7 @@ class CpuForward final : public LayerForward {
   MatF* in_ = nullptr;   // the last collected group's input (xn_, ctx_ or xe_)
   LayerWeights* w_ = nullptr;
   Routing routing_;      // MoE: this layer's routing of xn2 (the router in float)
-  int pending_ = -1;     // MoE: the expert whose activation is in ctx_ and whose output is not yet added
+  std::vector<int> pending_;   // MoE: the experts whose outputs are not yet added, in expert order
   HessianFactory make_;
   PhaseTimes& t_;
 
@@ -116,18 +117,20 @@ class CpuForward final : public LayerForward {
     X_ += y_;
     rmsnorm(X_, w_->post_attention_layernorm, float(c_.rms_norm_eps), xn_);
   }
-  // The pending expert's output, through its quantized Linears, added to the layer's for the rows
-  // routed to it. Computed as model/llama.cpp moe_mlp computes it (the routed rows gathered first,
-  // then gate, up and down), so that a resumed run replays a finished layer byte for byte.
+  // The pending experts' outputs, through their quantized Linears, added to the layer's for the
+  // rows routed to them, in expert order. Computed as model/llama.cpp moe_mlp computes them (the
+  // routed rows gathered first, then gate, up and down), so that a resumed run replays a finished
+  // layer byte for byte.
   void finish_expert() {
-    if (pending_ < 0) return;
-    const size_t e = size_t(pending_);
-    pending_ = -1;
-    if (routing_.rows[e].empty()) return;
-    gather_rows(xn_, routing_.rows[e], xe_);
-    swiglu(w_->experts[e][0], w_->experts[e][1], xe_, act_);
-    linear(act_, w_->experts[e][2], y_);
-    scatter_add(y_, routing_.rows[e], routing_.weights[e], moe_y_);
+    for (int p : pending_) {
+      const size_t e = size_t(p);
+      if (routing_.rows[e].empty()) continue;
+      gather_rows(xn_, routing_.rows[e], xe_);
+      swiglu(w_->experts[e][0], w_->experts[e][1], xe_, act_);
+      linear(act_, w_->experts[e][2], y_);
+      scatter_add(y_, routing_.rows[e], routing_.weights[e], moe_y_);
+    }
+    pending_.clear();
   }
 };
 

@@ -81,6 +81,38 @@ class CudaSolver final : public GroupSolver {
  public:
   // fw: the GPU forward whose weights a solve reads and replaces (null: the CPU forward's run).
   CudaSolver(cuda::LayerForwardCuda* fw, DType model_dtype) : fw_(fw), model_dtype_(model_dtype) {}
+  int64_t batch_bytes() const override { return cuda::kBatchHessianBytes; }
+  std::vector<std::vector<SolvedLinear>> solve_many(const std::vector<GroupToSolve>& groups, LayerWeights& w, PhaseTimes& t) override {
+    // The groups of one Linear each that a resident solve serves with the first one's spec and
+    // shape, batched; the others (and any group of one) through solve().
+    std::vector<std::vector<SolvedLinear>> out(groups.size());
+    std::vector<size_t> batched;
+    std::vector<Problem> problems;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const GroupToSolve& g = groups[i];
+      if (g.H_host || g.jobs->size() != 1 || !resident_ok(g.jobs->front())) continue;
+      const LinearJob& j = g.jobs->front();
+      const LinearJob* first = problems.empty() ? nullptr : &problems[0].jobs[0];
+      if (first && !(j.spec == first->spec && w[j.id].W.rows() == w[first->id].W.rows() && w[j.id].W.cols() == w[first->id].W.cols())) continue;
+      HessianRef dev;
+      {
+        PhaseTimer a(t.phase["hessian"]);
+        dev = g.H->device();
+      }
+      if (!dev.sum) continue;
+      problems.push_back({{j}, dev});
+      batched.push_back(i);
+    }
+    if (problems.size() > 1) {
+      std::vector<SolvedLinear> solved = solve_problems(problems, w, t);
+      for (size_t k = 0; k < batched.size(); ++k) out[batched[k]].push_back(std::move(solved[k]));
+    } else {
+      batched.clear();
+    }
+    for (size_t i = 0; i < groups.size(); ++i)
+      if (std::find(batched.begin(), batched.end(), i) == batched.end()) out[i] = solve(*groups[i].jobs, w, *groups[i].H, groups[i].H_host, t);
+    return out;
+  }
   std::vector<SolvedLinear> solve(const std::vector<LinearJob>& jobs, LayerWeights& w, HessianSum& H, const MatD* H_host, PhaseTimes& t) override {
     HessianRef dev;   // the sum stays on the device unless the host copy is what the run keeps
     MatD own;
@@ -104,49 +136,69 @@ class CudaSolver final : public GroupSolver {
   cuda::LayerForwardCuda* fw_;
   DType model_dtype_;
 
-  // The Linears that share the Hessian and a spec the fused kernel serves, as one stacked solve;
-  // its weights stay on the device for the loss and (with the GPU forward) the next stage.
+  static bool resident_ok(const LinearJob& j) { return j.spec.method == "gptq" && cuda::gptq_supported(j.spec, nullptr); }
+
+  // The Linears that share the Hessian and a spec the fused kernel serves, as one stacked solve.
   void solve_resident(std::vector<LinearJob>& todo, LayerWeights& w, HessianRef dev, PhaseTimes& t, std::vector<SolvedLinear>& out) {
-    auto resident_ok = [](const LinearJob& j) { return j.spec.method == "gptq" && cuda::gptq_supported(j.spec, nullptr); };
-    for (auto first = todo.begin(); (first = std::find_if(todo.begin(), todo.end(), resident_ok)) != todo.end();) {
-      const QuantSpec spec = first->spec;
-      std::vector<LinearJob> batch;
+    while (std::find_if(todo.begin(), todo.end(), resident_ok) != todo.end()) {
+      const QuantSpec spec = std::find_if(todo.begin(), todo.end(), resident_ok)->spec;
+      Problem p{{}, dev};
       for (const LinearJob& j : todo)
-        if (j.spec == spec) batch.push_back(j);
-      const bool from_forward = fw_ && fw_->dtype() == model_dtype_;   // 16-bit weights that are the model's exactly
-      std::vector<cuda::WeightRows> parts;
-      int64_t all_rows = 0;
-      const int64_t cols = w[batch[0].id].W.cols();
-      for (const LinearJob& j : batch) {
+        if (j.spec == spec) p.jobs.push_back(j);
+      for (SolvedLinear& s : solve_problems({p}, w, t)) out.push_back(std::move(s));
+      for (const LinearJob& j : p.jobs) todo.erase(std::find_if(todo.begin(), todo.end(), [&](const LinearJob& x) { return x.id == j.id; }));
+    }
+  }
+
+  // Linears of one spec and input width that share a Hessian (one problem: a stacked solve), or
+  // several such problems of equal rows (a batched solve). Their weights stay on the device for
+  // the losses and (with the GPU forward) the next stage. Results in the problems' order.
+  struct Problem {
+    std::vector<LinearJob> jobs;
+    HessianRef H;
+  };
+  std::vector<SolvedLinear> solve_problems(const std::vector<Problem>& problems, LayerWeights& w, PhaseTimes& t) {
+    const QuantSpec spec = problems[0].jobs[0].spec;
+    const int64_t cols = w[problems[0].jobs[0].id].W.cols();
+    const bool from_forward = fw_ && fw_->dtype() == model_dtype_;   // 16-bit weights that are the model's exactly
+    std::vector<cuda::SolveProblem> sp;
+    for (const Problem& p : problems) {
+      sp.push_back({{}, p.H});
+      for (const LinearJob& j : p.jobs) {
         cuda::WeightRows part;
         part.rows = w[j.id].W.rows();
         const bool fused = j.id.proj == Proj::qkv || j.id.proj == Proj::gate_up;   // held as parts on the device: read the host's
         if (from_forward && !fused) { part.device = fw_->weight(j.id); part.dtype = fw_->dtype(); }
         else part.host = &w[j.id].W;
-        parts.push_back(part);
-        all_rows += part.rows;
+        sp.back().parts.push_back(part);
       }
-      SolveStats st;
-      cuda::ResidentSolve rs;
-      {
-        PhaseTimer a(t.phase["solve"]);
-        rs = cuda::gptq_solve_cuda(parts, cols, dev, spec, cuda::SolveKeep::weights_and_rtn, &st);
-        const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
-        t.solve["prepare"] += pt.prepare;
-        t.solve["factorization"] += pt.factorization;
-        t.solve["column_loop"] += pt.column_loop;
-        t.solve["pack_codes"] += pt.pack;
-        t.solve["dequantize_and_rtn"] += pt.download;
-      }
-      int64_t r0 = 0;
-      size_t part = 0;
-      for (const LinearJob& j : batch) {
+    }
+    std::vector<SolveStats> st;
+    cuda::ResidentSolve rs;
+    {
+      PhaseTimer a(t.phase["solve"]);
+      rs = cuda::gptq_solve_cuda(sp, cols, spec, cuda::SolveKeep::weights_and_rtn, &st);
+      const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
+      t.solve["prepare"] += pt.prepare;
+      t.solve["factorization"] += pt.factorization;
+      t.solve["column_loop"] += pt.column_loop;
+      t.solve["pack_codes"] += pt.pack;
+      t.solve["dequantize_and_rtn"] += pt.download;
+    }
+    std::vector<SolvedLinear> out;
+    int64_t r0 = 0;
+    size_t part = 0;
+    for (size_t e = 0; e < problems.size(); ++e) {
+      int64_t problem_rows = 0;
+      for (const LinearJob& j : problems[e].jobs) problem_rows += w[j.id].W.rows();
+      for (const LinearJob& j : problems[e].jobs) {
         SolvedLinear s;
         s.id = j.id;
         s.q = std::move(rs.parts[part++]);
-        s.stats = st;
+        s.stats = st[e];
         s.rows = w[j.id].W.rows();
         s.cols = cols;
+        const HessianRef dev = problems[e].H;
         {
           // GPTQ's loss from its column loop (DampedLoss: exact up to fp32 rounding), RTN's on TF32
           // tensor cores (~1e-4); both by fp64 DGEMM where the damping term would cancel most of the first.
@@ -158,7 +210,7 @@ class CudaSolver final : public GroupSolver {
           else
             s.rtn_loss = cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, s.rows, cols, dev);
         }
-        s.seconds = st.seconds * double(s.rows) / double(all_rows);
+        s.seconds = st[e].seconds * double(s.rows) / double(problem_rows);
         if (fw_) {   // the next stage reads the quantized weights from here; the host copy is not needed
           PhaseTimer a(t.phase["upload"]), b(t.upload["quantized_weights"]);
           fw_->set_weight_device(j.id, rs.Wq.get() + r0 * cols);
@@ -169,10 +221,10 @@ class CudaSolver final : public GroupSolver {
         }
         out.push_back(std::move(s));
         r0 += out.back().rows;
-        st.log.clear();   // said once, for the first module of the batch
-        todo.erase(std::find_if(todo.begin(), todo.end(), [&](const LinearJob& x) { return x.id == j.id; }));
+        st[e].log.clear();   // said once, for the first module of the problem
       }
     }
+    return out;
   }
 
   // One Linear on its own: RTN, specs the fused kernel refuses, or a host Hessian (statistics).

@@ -295,7 +295,75 @@ void rtn_if_unseen(Run& R, int l, const LinearGroup& g, const ExpertInfo& ex, st
   log_event("warning", {{"module", jobs[0].name}, {"message", m}});
 }
 
-// One decoder layer, group by group in the schedule's order.
+// A group between its Hessian and its solve.
+struct CollectedGroup {
+  const LinearGroup* g = nullptr;
+  std::unique_ptr<HessianSum> H;
+  MatD H_host;   // saved statistics hold H exactly as the solve used it
+  std::vector<LinearJob> jobs;
+  bool experts = false;
+  int64_t hessian_tokens = 0;
+};
+
+// Runs the forward to group g's input and takes its Hessian, SmoothQuant factors and (MoE) the
+// routed and Hessian token counts; the jobs as the recipe quantizes them.
+CollectedGroup collect_group(Run& R, Backend& B, int l, const LinearGroup& g, LayerWeights& w, LayerStats& saved, LayerResult& out,
+                             std::map<int, int64_t>& routed) {
+  const LlamaConfig& c = R.c();
+  CollectedGroup cg;
+  cg.g = &g;
+  if (R.stats_in && !g.smooth_norm.empty()) smooth_saved(saved, l, g, w, out);
+  const Smoother sm = B.forward->smoothing_on_host() && !g.smooth_norm.empty() ? smoother(R, l, g, w, out) : Smoother();
+  cg.H = B.forward->collect(g, sm);
+  if (R.stats_in || R.stats_out) {
+    PhaseTimer t(R.t.phase["hessian"]);
+    cg.H_host = cg.H->finalize();
+  }
+  for (LinearId p : g.linears) {
+    const std::string name = linear_name(c, l, p);
+    if (!R.r.ignored(name)) cg.jobs.push_back({p, name, R.spec_of(name)});
+  }
+  // MoE: the rows routed to each expert and the rows its Hessian saw (saved statistics keep
+  // the counts their Hessians came from)
+  cg.experts = g.input == Stage::expert_in || g.input == Stage::expert_act;
+  if (cg.experts) {
+    cg.hessian_tokens = R.stats_in ? saved.meta["expert_tokens"].value(g.name, int64_t(0)) : cg.H->tokens();
+    if (R.stats_out) out.stats.meta["expert_tokens"][g.name] = cg.hessian_tokens;
+    for (int e = 0; g.input == Stage::expert_in && e < c.num_experts; ++e) {   // each expert's routed count, at its input group
+      if (g.expert >= 0 && e != g.expert) continue;
+      const std::string k = std::to_string(e);
+      routed[e] = R.stats_in ? saved.meta["expert_routed"].value(k, int64_t(-1)) : B.forward->routed_tokens(e);
+      if (R.stats_out) out.stats.meta["expert_routed"][k] = routed[e];
+    }
+    if (g.expert >= 0) rtn_if_unseen(R, l, g, {g.expert, routed[g.expert], cg.hessian_tokens}, cg.jobs);
+  }
+  return cg;
+}
+
+// A solved group into the report, the layer store's list and (W8A8) its input specs.
+void finish_group(Run& R, Backend& B, int l, CollectedGroup& cg, std::vector<SolvedLinear>& solved, LayerWeights& w, LayerStats& saved,
+                  LayerResult& out, std::map<int, int64_t>& routed) {
+  std::vector<LinearId> done;
+  for (SolvedLinear& s : solved) {
+    const std::string name = linear_name(R.c(), l, s.id);
+    const auto job = std::find_if(cg.jobs.begin(), cg.jobs.end(), [&](const LinearJob& j) { return j.id == s.id; });
+    ExpertInfo ex;
+    if (cg.experts && s.id.expert >= 0) ex = {s.id.expert, routed[s.id.expert], cg.hessian_tokens};
+    record(R, name, job->spec, s, ex);
+    s.q.name = name;
+    out.qs.push_back(std::move(s.q));
+    done.push_back(s.id);
+  }
+  if (R.stats_out) out.stats.hessians[cg.g->name] = std::move(cg.H_host);
+  B.forward->quantized(done, w);
+  quantize_inputs(R, l, *cg.g, B.forward->group_input(), saved, w, out);
+}
+
+// One decoder layer, group by group in the schedule's order. Each expert's down (all-experts
+// calibration) reads only the layer's routing and its own expert's quantized gate and up, so a
+// run of them is collected first and solved together (GroupSolver::solve_many), as many as the
+// solver's batch_bytes of Hessians; the forward adds each expert's output at the end of the layer
+// either way. (W8A8 reads each group's input as it is collected: one at a time there.)
 LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStats& saved, Progress& bar) {
   LayerResult out;
   const LlamaConfig& c = R.c();
@@ -304,54 +372,38 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
   B.forward->begin_layer(l, w);
   if (R.stats_in)
     for (auto& e : saved.meta.value("smoothquant", json::array())) R.smoothing.push_back(e);
-  for (size_t gi = 0; gi < sched.groups.size(); ++gi) {
-    const LinearGroup& g = sched.groups[gi];
-    const std::string first = linear_name(c, l, g.linears[0]);
-    bar.update(l + double(gi) / double(sched.groups.size()), "layer " + std::to_string(l) + ": " + first.substr(first.rfind('.') + 1));
-    if (R.stats_in && !g.smooth_norm.empty()) smooth_saved(saved, l, g, w, out);
-    const Smoother sm = B.forward->smoothing_on_host() && !g.smooth_norm.empty() ? smoother(R, l, g, w, out) : Smoother();
-    std::unique_ptr<HessianSum> H = B.forward->collect(g, sm);
-    MatD H_host;   // saved statistics hold H exactly as the solve used it
-    if (R.stats_in || R.stats_out) {
-      PhaseTimer t(R.t.phase["hessian"]);
-      H_host = H->finalize();
-    }
-    std::vector<LinearJob> jobs;
-    for (LinearId p : g.linears) {
-      const std::string name = linear_name(c, l, p);
-      if (!R.r.ignored(name)) jobs.push_back({p, name, R.spec_of(name)});
-    }
-    // MoE: the rows routed to each expert and the rows its Hessian saw (saved statistics keep
-    // the counts their Hessians came from)
-    const bool experts = g.input == Stage::expert_in || g.input == Stage::expert_act;
-    int64_t hessian_tokens = 0;
-    if (experts) {
-      hessian_tokens = R.stats_in ? saved.meta["expert_tokens"].value(g.name, int64_t(0)) : H->tokens();
-      if (R.stats_out) out.stats.meta["expert_tokens"][g.name] = hessian_tokens;
-      for (int e = 0; g.input == Stage::expert_in && e < c.num_experts; ++e) {   // each expert's routed count, at its input group
-        if (g.expert >= 0 && e != g.expert) continue;
-        const std::string k = std::to_string(e);
-        routed[e] = R.stats_in ? saved.meta["expert_routed"].value(k, int64_t(-1)) : B.forward->routed_tokens(e);
-        if (R.stats_out) out.stats.meta["expert_routed"][k] = routed[e];
+  auto hessian_bytes = [&](size_t gi) { const int64_t n = linear_shape(c, sched.groups[gi].linears[0]).in; return n * n * 8; };
+  for (size_t gi = 0; gi < sched.groups.size();) {
+    size_t gj = gi + 1;   // [gi, gj): the groups solved together
+    if (sched.groups[gi].input == Stage::expert_act && !R.w8a8)
+      for (int64_t bytes = hessian_bytes(gi); gj < sched.groups.size() && sched.groups[gj].input == Stage::expert_act &&
+                                              (bytes += hessian_bytes(gj)) <= B.solver->batch_bytes();)
+        ++gj;
+    std::vector<CollectedGroup> run;
+    for (size_t k = gi; k < gj; ++k) {
+      const LinearGroup& g = sched.groups[k];
+      const std::string first = linear_name(c, l, g.linears[0]);
+      bar.update(l + double(k) / double(sched.groups.size()), "layer " + std::to_string(l) + ": " + first.substr(first.rfind('.') + 1));
+      run.push_back(collect_group(R, B, l, g, w, saved, out, routed));
+      if (gj - gi > 1) {   // accumulation is over: its scratch goes to the next group's
+        PhaseTimer t(R.t.phase["hessian"]);
+        run.back().H->device();
       }
-      if (g.expert >= 0) rtn_if_unseen(R, l, g, {g.expert, routed[g.expert], hessian_tokens}, jobs);
     }
-    std::vector<SolvedLinear> solved = B.solver->solve(jobs, w, *H, H_host.size() ? &H_host : nullptr, R.t);
-    H.reset();   // its memory goes to the next group
-    std::vector<LinearId> done;
-    for (SolvedLinear& s : solved) {
-      const std::string name = linear_name(c, l, s.id);
-      const auto job = std::find_if(jobs.begin(), jobs.end(), [&](const LinearJob& j) { return j.id == s.id; });
-      ExpertInfo ex;
-      if (experts && s.id.expert >= 0) ex = {s.id.expert, routed[s.id.expert], hessian_tokens};
-      record(R, name, job->spec, s, ex);
-      s.q.name = name;
-      out.qs.push_back(std::move(s.q));
-      done.push_back(s.id);
+    std::vector<std::vector<SolvedLinear>> solved;
+    if (run.size() == 1) {
+      CollectedGroup& cg = run[0];
+      solved.push_back(B.solver->solve(cg.jobs, w, *cg.H, cg.H_host.size() ? &cg.H_host : nullptr, R.t));
+    } else {
+      std::vector<GroupToSolve> gs;
+      for (CollectedGroup& cg : run) gs.push_back({&cg.jobs, cg.H.get(), cg.H_host.size() ? &cg.H_host : nullptr});
+      solved = B.solver->solve_many(gs, w, R.t);
     }
-    if (R.stats_out) out.stats.hessians[g.name] = std::move(H_host);
-    B.forward->quantized(done, w);
-    quantize_inputs(R, l, g, B.forward->group_input(), saved, w, out);
+    for (size_t k = 0; k < run.size(); ++k) {
+      run[k].H.reset();   // its memory goes to the next group
+      finish_group(R, B, l, run[k], solved[k], w, saved, out, routed);
+    }
+    gi = gj;
   }
   B.forward->end_layer();
   return out;
