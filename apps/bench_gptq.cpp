@@ -147,6 +147,16 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
   s.static_groups = a.act_order;
   // As the pipeline solves them: each group's Linears stacked into one solve, and (--batch) runs of
   // expert downs, each with its own Hessian, in batches of kBatchHessianBytes.
+  {   // warm-up, not timed: the first call of each cuSOLVER/cuBLAS routine loads its kernels
+    const int64_t n = 256;
+    MatF W = MatF::Random(64, n);
+    MatD Hh = MatD::Identity(n, n);
+    cuda::DeviceBuffer<double> dH(size_t(n * n), "warm-up Hessian");
+    cuda::copy_to_device(dH.get(), Hh.data(), size_t(n * n) * 8);
+    const cuda::SolveProblem p{{cuda::WeightRows{64, &W, nullptr, DType::F32}}, HessianRef{dH.get(), 1.0}};
+    cuda::gptq_solve_cuda(std::vector<cuda::SolveProblem>{p}, n, s, cuda::SolveKeep::codes);
+    cuda::gptq_solve_cuda(std::vector<cuda::SolveProblem>{p, p}, n, s, cuda::SolveKeep::codes);
+  }
   cuda::GptqPhaseTimes sum;
   double t_solve = 0;
   int solves = 0;
