@@ -43,7 +43,8 @@ struct Buf {
 size_t type_size(GgmlType t, int64_t n) {
   switch (t) {
     case GgmlType::F32: return size_t(n) * 4;
-    case GgmlType::F16: return size_t(n) * 2;
+    case GgmlType::F16:
+    case GgmlType::BF16: return size_t(n) * 2;
     case GgmlType::Q4_0: return size_t(n / kQK) * sizeof(BlockQ4_0);
     case GgmlType::Q8_0: return size_t(n / kQK) * sizeof(BlockQ8_0);
   }
@@ -56,48 +57,107 @@ int64_t gguf_permuted_row(int64_t r, int hd) {
   return h * hd + 2 * i + j;
 }
 
+std::string gguf_arch(const LlamaConfig& c) {
+  if (c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "mixtral") return "llama";
+  if (c.model_type == "qwen3_moe") return "qwen3moe";
+  return c.model_type;   // qwen2, qwen3, phi3: llama.cpp's names are the model types
+}
+
+namespace {
+// "model.layers.12.block_sparse_moe.experts.3.w1.weight" -> 3 (-1: not an expert's)
+int expert_of(const std::string& n) {
+  const size_t p = n.find(".experts.");
+  return p == std::string::npos ? -1 : std::atoi(n.c_str() + p + 9);
+}
+}  // namespace
+
 std::string hf_to_gguf_name(const std::string& n) {
   if (n == "model.embed_tokens.weight") return "token_embd.weight";
   if (n == "model.norm.weight") return "output_norm.weight";
   if (n == "lm_head.weight") return "output.weight";
   const int l = layer_of(n);
   if (l < 0) return "";
-  static const std::pair<const char*, const char*> m[] = {
-      {"input_layernorm.weight", "attn_norm.weight"}, {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.k_proj.weight", "attn_k.weight"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.o_proj.weight", "attn_output.weight"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
-      {"mlp.up_proj.weight", "ffn_up.weight"},         {"mlp.down_proj.weight", "ffn_down.weight"}};
   const std::string prefix = "model.layers." + std::to_string(l) + ".";
+  if (n.compare(0, prefix.size(), prefix) != 0) return "";
+  std::string rest = n.substr(prefix.size());
+  if (const int e = expert_of(n); e >= 0) {   // every expert's Linear goes into one stacked tensor per role
+    const std::string role = rest.substr(rest.find(".experts.") + 9 + std::to_string(e).size() + 1);
+    static const std::pair<const char*, const char*> ex[] = {{"gate_proj.weight", "ffn_gate_exps.weight"}, {"up_proj.weight", "ffn_up_exps.weight"},
+                                                             {"down_proj.weight", "ffn_down_exps.weight"}, {"w1.weight", "ffn_gate_exps.weight"},
+                                                             {"w3.weight", "ffn_up_exps.weight"},     {"w2.weight", "ffn_down_exps.weight"}};
+    for (auto& [hf, gg] : ex)
+      if (role == hf) return "blk." + std::to_string(l) + "." + gg;
+    return "";
+  }
+  // llama.cpp's tensor names (src/llama-arch.cpp), by the Hugging Face name's tail
+  static const std::pair<const char*, const char*> m[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},     {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},          {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},          {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"}, {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},       {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},       {"mlp.gate_up_proj.weight", "ffn_up.weight"},   // phi3: [gate; up]
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},        {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"}};
   for (auto& [hf, gg] : m)
-    if (n == prefix + hf) return "blk." + std::to_string(l) + "." + gg;
+    if (rest == hf) return "blk." + std::to_string(l) + "." + gg;
   return "";
 }
 
 std::vector<std::string> export_gguf(const ExportJob& job) {
   const LlamaConfig& c = job.model->config();
-  const std::string out = job.out_dir + "/model.gguf";
+  const std::string out = job.out_dir + "/model.gguf", arch = gguf_arch(c);
   check_format("gguf", c, {});
   auto tok = load_tokenizer(job.model->dir(), c.bos_token_id);
   const VocabInfo voc = tok->vocab_info();
+  // llama.cpp rotates llama's q/k rows as interleaved pairs (its converter permutes them); the
+  // other families rotate halves, as Hugging Face stores them.
+  const bool permute_qk = arch == "llama";
 
-  // Tensor plan: HF name, GGUF name, type, shape [rows, cols].
-  struct T { std::string hf, gg; GgmlType type; int64_t rows, cols; };
+  // Tensor plan: GGUF name, type, ne (ne[0] contiguous), the Hugging Face tensors it holds (one,
+  // or every expert's in expert order), and the module each part is quantized as.
+  struct T {
+    std::string gg;
+    GgmlType type;
+    std::vector<int64_t> ne;
+    std::vector<std::string> parts;
+    int64_t rows = 0, cols = 0;   // of one part
+  };
   std::vector<T> plan;
+  std::map<std::string, size_t> at;   // GGUF name -> plan index
   const Checkpoint& src = job.model->checkpoint();
-  const GgmlType ftype = c.dtype == DType::F32 ? GgmlType::F32 : GgmlType::F16;
+  const GgmlType ftype = c.dtype == DType::F32 ? GgmlType::F32 : c.dtype == DType::BF16 ? GgmlType::BF16 : GgmlType::F16;
   int n_q4 = 0, n_q8 = 0;
   for (auto& n : ordered_tensor_names(src)) {
     const std::string gg = hf_to_gguf_name(n);
     if (gg.empty()) fail(Errc::usage, src.file_of(n), n, "gguf: llama.cpp has no tensor for this");
     const Shape s = src.get(n).shape;
-    T t{n, gg, s.size() == 1 ? GgmlType::F32 : ftype, s.size() == 1 ? 1 : s[0], s.back()};
+    const bool vec = s.size() == 1;
+    const bool router = gg.find("ffn_gate_inp") != std::string::npos;   // kept in f32: it picks the experts
+    GgmlType type = vec || router ? GgmlType::F32 : ftype;
     QuantStore::Info info;
-    const std::string m = n.substr(0, n.size() - 7);
-    if (s.size() == 2 && job.store && job.store->info(m, &info)) {
+    const std::string m = n.substr(0, n.rfind('.'));
+    if (!vec && job.store && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 && job.store->info(m, &info)) {
       check_format("gguf", c, {{m, info.rows, info.cols, info.spec, true}});
-      t.type = info.spec.bits == 4 ? GgmlType::Q4_0 : GgmlType::Q8_0;
+      type = info.spec.bits == 4 ? GgmlType::Q4_0 : GgmlType::Q8_0;
       (info.spec.bits == 4 ? n_q4 : n_q8)++;
     }
+    if (auto it = at.find(gg); it != at.end()) {   // the next expert of a stacked tensor
+      T& t = plan[it->second];
+      if (t.type != type || t.rows != s[0] || t.cols != s.back())
+        fail(Errc::usage, src.file_of(n), n, "gguf: every expert of " + gg + " must have the same shape and quantization");
+      t.parts.push_back(n);
+      t.ne[2] = int64_t(t.parts.size());
+      continue;
+    }
+    T t{gg, type, {}, {n}, vec ? 1 : s[0], s.back()};
+    t.ne = vec ? std::vector<int64_t>{s[0]} : std::vector<int64_t>{s.back(), s[0]};
+    if (expert_of(n) >= 0) {
+      if (expert_of(n) != 0) fail(Errc::usage, src.file_of(n), n, "gguf: the experts of " + gg + " must start at expert 0");
+      t.ne.push_back(1);
+    }
+    at[gg] = plan.size();
     plan.push_back(t);
   }
   Buf h;
@@ -107,26 +167,34 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
   Buf kv;
   uint64_t n_kv = 0;
   auto count = [&](auto&& f) { f(); ++n_kv; };
-  count([&] { kv.kv_str("general.architecture", "llama"); });
+  const std::string a = arch + ".";
+  count([&] { kv.kv_str("general.architecture", arch); });
   count([&] { kv.kv_str("general.name", std::filesystem::path(job.model->dir()).filename().string()); });
-  count([&] { kv.kv_u32("general.file_type", n_q4 ? 2 : n_q8 ? 7 : ftype == GgmlType::F32 ? 0 : 1); });
+  count([&] { kv.kv_u32("general.file_type", n_q4 ? 2 : n_q8 ? 7 : ftype == GgmlType::F32 ? 0 : ftype == GgmlType::BF16 ? 32 : 1); });
   count([&] { kv.kv_u32("general.quantization_version", 2); });
   count([&] { kv.kv_u32("general.alignment", uint32_t(kAlign)); });
   count([&] { kv.kv_str("general.quantized_by", "ptqkit (GPTQ codes written as blocks)"); });
-  count([&] { kv.kv_u32("llama.context_length", uint32_t(c.max_position_embeddings)); });
-  count([&] { kv.kv_u32("llama.embedding_length", uint32_t(c.hidden_size)); });
-  count([&] { kv.kv_u32("llama.block_count", uint32_t(c.num_hidden_layers)); });
-  count([&] { kv.kv_u32("llama.feed_forward_length", uint32_t(c.intermediate_size)); });
-  count([&] { kv.kv_u32("llama.rope.dimension_count", uint32_t(c.head_dim)); });
-  count([&] { kv.kv_u32("llama.attention.head_count", uint32_t(c.num_attention_heads)); });
-  count([&] { kv.kv_u32("llama.attention.head_count_kv", uint32_t(c.num_key_value_heads)); });
-  count([&] { kv.kv_u32("llama.attention.key_length", uint32_t(c.head_dim)); });
-  count([&] { kv.kv_u32("llama.attention.value_length", uint32_t(c.head_dim)); });
-  count([&] { kv.kv_f32("llama.attention.layer_norm_rms_epsilon", float(c.rms_norm_eps)); });
-  count([&] { kv.kv_f32("llama.rope.freq_base", float(c.rope_theta)); });
-  count([&] { kv.kv_u32("llama.vocab_size", uint32_t(c.vocab_size)); });
+  count([&] { kv.kv_u32(a + "context_length", uint32_t(c.max_position_embeddings)); });
+  count([&] { kv.kv_u32(a + "embedding_length", uint32_t(c.hidden_size)); });
+  count([&] { kv.kv_u32(a + "block_count", uint32_t(c.num_hidden_layers)); });
+  count([&] { kv.kv_u32(a + "feed_forward_length", uint32_t(c.intermediate_size)); });
+  count([&] { kv.kv_u32(a + "rope.dimension_count", uint32_t(c.rotary_dim())); });
+  count([&] { kv.kv_u32(a + "attention.head_count", uint32_t(c.num_attention_heads)); });
+  count([&] { kv.kv_u32(a + "attention.head_count_kv", uint32_t(c.num_key_value_heads)); });
+  count([&] { kv.kv_u32(a + "attention.key_length", uint32_t(c.head_dim)); });
+  count([&] { kv.kv_u32(a + "attention.value_length", uint32_t(c.head_dim)); });
+  count([&] { kv.kv_f32(a + "attention.layer_norm_rms_epsilon", float(c.rms_norm_eps)); });
+  count([&] { kv.kv_f32(a + "rope.freq_base", float(c.rope_theta)); });
+  count([&] { kv.kv_u32(a + "vocab_size", uint32_t(c.vocab_size)); });
+  if (c.moe != MoeRouting::none) {
+    count([&] { kv.kv_u32(a + "expert_count", uint32_t(c.num_experts)); });
+    count([&] { kv.kv_u32(a + "expert_used_count", uint32_t(c.experts_per_token)); });
+    if (arch == "qwen3moe") count([&] { kv.kv_u32(a + "expert_feed_forward_length", uint32_t(c.moe_intermediate_size)); });
+  }
   count([&] { kv.kv_str("tokenizer.ggml.model", voc.ggml_model); });
-  if (voc.ggml_model == "gpt2") count([&] { kv.kv_str("tokenizer.ggml.pre", "default"); });
+  // The pre-tokenizer llama.cpp splits byte-level BPE text with: Qwen's regex for the Qwen
+  // families (what llama.cpp's converter names "qwen2" for Qwen2 and Qwen3 alike), else GPT-2's.
+  if (voc.ggml_model == "gpt2") count([&] { kv.kv_str("tokenizer.ggml.pre", arch.rfind("qwen", 0) == 0 ? "qwen2" : "default"); });
   std::vector<std::string> tokens = voc.tokens;
   std::vector<float> scores = voc.scores;
   std::vector<int32_t> types = voc.types;
@@ -138,7 +206,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
   count([&] { kv.kv_strs("tokenizer.ggml.tokens", tokens); });
   if (!scores.empty()) count([&] { kv.kv_arr("tokenizer.ggml.scores", T_F32, scores); });
   count([&] { kv.kv_arr("tokenizer.ggml.token_type", T_I32, types); });
-  if (!voc.merges.empty()) count([&] { kv.kv_strs("tokenizer.ggml.merges", voc.merges); });
+  if (voc.ggml_model == "gpt2") count([&] { kv.kv_strs("tokenizer.ggml.merges", voc.merges); });   // (llama.cpp requires the key)
   if (voc.bos >= 0) count([&] { kv.kv_u32("tokenizer.ggml.bos_token_id", uint32_t(voc.bos)); });
   if (voc.eos >= 0) count([&] { kv.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(voc.eos)); });
   if (voc.unk >= 0) count([&] { kv.kv_u32("tokenizer.ggml.unknown_token_id", uint32_t(voc.unk)); });
@@ -149,13 +217,12 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
   uint64_t off = 0;
   for (auto& t : plan) {
     h.str(t.gg);
-    const bool vec = t.rows == 1 && src.get(t.hf).shape.size() == 1;
-    h.put<uint32_t>(vec ? 1 : 2);
-    h.put<uint64_t>(uint64_t(t.cols));
-    if (!vec) h.put<uint64_t>(uint64_t(t.rows));
+    h.put<uint32_t>(uint32_t(t.ne.size()));
+    int64_t n = 1;
+    for (int64_t d : t.ne) { h.put<uint64_t>(uint64_t(d)); n *= d; }
     h.put<uint32_t>(uint32_t(t.type));
     h.put<uint64_t>(off);
-    off += (type_size(t.type, t.rows * t.cols) + kAlign - 1) / kAlign * kAlign;
+    off += (type_size(t.type, n) + kAlign - 1) / kAlign * kAlign;
   }
   while (h.b.size() % kAlign) h.b += '\0';
 
@@ -167,42 +234,52 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     std::string data;
     Progress bar("write gguf", double(plan.size()), "tensors");
     for (auto& t : plan) {
-      bar.update(double(&t - plan.data()), t.hf);
+      bar.update(double(&t - plan.data()), t.gg);
       data.clear();
-      const bool perm = t.hf.find("q_proj") != std::string::npos || t.hf.find("k_proj") != std::string::npos;
-      auto row_of = [&](int64_t gg_row) -> int64_t {   // GGUF row -> HF row
-        if (!perm) return gg_row;
-        const int hd = c.head_dim;
-        const int64_t h = gg_row / hd, w = gg_row % hd, i = w / 2, j = w % 2;
-        return h * hd + j * (hd / 2) + i;
-      };
-      if (t.type == GgmlType::Q4_0 || t.type == GgmlType::Q8_0) {
-        const QuantizedLinear& q = *job.store->get(t.hf.substr(0, t.hf.size() - 7));
-        for (int64_t gr = 0; gr < t.rows; ++gr) {
-          const int64_t r = row_of(gr);
-          for (int64_t b = 0; b < t.cols / kQK; ++b) {
-            const int64_t g = q.g_idx[size_t(b * kQK)];
-            const uint16_t d = f32_to_f16_bits(q.scales[size_t(g * q.rows + r)]);
-            uint8_t code[kQK];
-            for (int j = 0; j < kQK; ++j) code[j] = uint8_t(q.code(r, b * kQK + j));
-            if (t.type == GgmlType::Q4_0) {
-              BlockQ4_0 blk{d, {}};
-              for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = uint8_t(code[j] | (code[j + kQK / 2] << 4));
-              data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
-            } else {
-              BlockQ8_0 blk{d, {}};
-              for (int j = 0; j < kQK; ++j) blk.qs[j] = int8_t(int(code[j]) - 128);
-              data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
+      for (const std::string& hf : t.parts) {
+        const bool perm = permute_qk && (hf.find("q_proj") != std::string::npos || hf.find("k_proj") != std::string::npos);
+        auto row_of = [&](int64_t gg_row) -> int64_t {   // GGUF row -> HF row
+          if (!perm) return gg_row;
+          const int hd = c.head_dim;
+          const int64_t h = gg_row / hd, w = gg_row % hd, i = w / 2, j = w % 2;
+          return h * hd + j * (hd / 2) + i;
+        };
+        if (t.type == GgmlType::Q4_0 || t.type == GgmlType::Q8_0) {
+          const QuantizedLinear& q = *job.store->get(hf.substr(0, hf.size() - 7));
+          for (int64_t gr = 0; gr < t.rows; ++gr) {
+            const int64_t r = row_of(gr);
+            for (int64_t b = 0; b < t.cols / kQK; ++b) {
+              const int64_t g = q.g_idx[size_t(b * kQK)];
+              const float scale = q.scales[size_t(g * q.rows + r)];
+              const uint16_t d = f32_to_f16_bits(scale);
+              if (f16_bits_to_f32(d) != scale) fail(Errc::numeric, out, hf, "gguf: a scale is not an f16 value (" + std::to_string(scale) + ")");
+              uint8_t code[kQK];
+              for (int j = 0; j < kQK; ++j) code[j] = uint8_t(q.code(r, b * kQK + j));
+              if (t.type == GgmlType::Q4_0) {
+                BlockQ4_0 blk{d, {}};
+                for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = uint8_t(code[j] | (code[j + kQK / 2] << 4));
+                data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
+              } else {
+                BlockQ8_0 blk{d, {}};
+                for (int j = 0; j < kQK; ++j) blk.qs[j] = int8_t(int(code[j]) - 128);
+                data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
+              }
             }
           }
-        }
-      } else {
-        std::vector<float> w(static_cast<size_t>(t.rows * t.cols)), row(static_cast<size_t>(t.cols));
-        job.model->weights().read_f32(t.hf, w.data());
-        for (int64_t gr = 0; gr < t.rows; ++gr) {
-          const float* x = &w[size_t(row_of(gr) * t.cols)];
-          if (t.type == GgmlType::F32) data.append(reinterpret_cast<const char*>(x), size_t(t.cols) * 4);
-          else for (int64_t k = 0; k < t.cols; ++k) { uint16_t v = f32_to_f16_bits(x[k]); data.append(reinterpret_cast<const char*>(&v), 2); }
+        } else {
+          std::vector<float> w(static_cast<size_t>(t.rows * t.cols));
+          job.model->weights().read_f32(hf, w.data());
+          for (int64_t gr = 0; gr < t.rows; ++gr) {
+            const float* x = &w[size_t(row_of(gr) * t.cols)];
+            if (t.type == GgmlType::F32) {
+              data.append(reinterpret_cast<const char*>(x), size_t(t.cols) * 4);
+            } else {
+              for (int64_t k = 0; k < t.cols; ++k) {
+                const uint16_t v = t.type == GgmlType::BF16 ? f32_to_bf16_bits(x[k]) : f32_to_f16_bits(x[k]);
+                data.append(reinterpret_cast<const char*>(&v), 2);
+              }
+            }
+          }
         }
       }
       while (data.size() % kAlign) data += '\0';
@@ -298,7 +375,8 @@ GgufFile::GgufFile(const std::string& path) : map_(path) {
       if (__builtin_mul_overflow(n, t.ne.back(), &n) || n > (int64_t(1) << 48)) fail(Errc::format, path, t.name, "too many elements");
     }
     const uint32_t ty = r.get<uint32_t>(t.name.c_str());
-    if (ty != 0 && ty != 1 && ty != 2 && ty != 8) fail(Errc::format, path, t.name, "ggml type " + std::to_string(ty) + " is not read (F32, F16, Q4_0, Q8_0 are)");
+    if (ty != 0 && ty != 1 && ty != 2 && ty != 8 && ty != 30)
+      fail(Errc::format, path, t.name, "ggml type " + std::to_string(ty) + " is not read (F32, F16, BF16, Q4_0, Q8_0 are)");
     t.type = GgmlType(ty);
     if ((t.type == GgmlType::Q4_0 || t.type == GgmlType::Q8_0) && t.ne[0] % kQK) fail(Errc::format, path, t.name, "ne[0] is not a multiple of 32");
     t.offset = r.get<uint64_t>(t.name.c_str());
@@ -333,6 +411,7 @@ void decode(const GgufFile::TensorInfo& t, int64_t first, int64_t n, float* out)
   switch (t.type) {
     case GgmlType::F32: std::memcpy(out, reinterpret_cast<const float*>(t.data) + first, size_t(n) * 4); break;
     case GgmlType::F16: convert_to_f32(DType::F16, t.data + size_t(first) * 2, out, size_t(n)); break;
+    case GgmlType::BF16: convert_to_f32(DType::BF16, t.data + size_t(first) * 2, out, size_t(n)); break;
     case GgmlType::Q4_0:
       for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q4_0(reinterpret_cast<const BlockQ4_0*>(t.data)[first / kQK + b], out + b * kQK);
       break;
@@ -440,11 +519,14 @@ void check_gguf_module(const ModulePlan& m) {
 
 void check_gguf_model(const LlamaConfig& c) {
   auto refuse = [](const std::string& why) { fail(Errc::usage, "", "export.format", "gguf: " + why); };
-  if (c.model_type == "qwen2" || c.qkv_bias || c.o_bias || c.mlp_bias) refuse("only bias-free llama/mistral models are written so far");
+  if (c.o_bias || c.mlp_bias || (c.qkv_bias && gguf_arch(c) == "llama"))
+    refuse("llama.cpp reads q/k/v biases (qwen2) but not o_proj or MLP biases, nor q/k biases of a permuted llama");
   if (c.rope_scaling) refuse("llama3 rope scaling (rope_freqs) is not written yet");
-  if (c.sliding_window) refuse("sliding-window models are not written yet");
-  if (c.qk_norm) refuse("per-head q/k norms (qwen3) are not written yet");
-  if (c.dtype == DType::BF16) refuse("block scales are f16; this bf16 model's scales are bf16");
+  if (c.sliding_window && c.sliding_window < c.max_position_embeddings) refuse("sliding-window attention is not written yet");
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    if (c.moe != MoeRouting::none && !c.moe_layer(l))
+      refuse("llama.cpp's " + gguf_arch(c) + " has experts in every layer; layer " + std::to_string(l) + " is dense (mlp_only_layers / decoder_sparse_step)");
+  if (c.moe == MoeRouting::softmax_topk && !c.norm_topk_prob) refuse("llama.cpp's qwen3moe renormalizes the chosen experts' weights; this config has norm_topk_prob false");
 }
 
 // ------------------------------------------------------------------ blocks

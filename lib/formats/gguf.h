@@ -1,4 +1,5 @@
-// gguf.h — llama.cpp's GGUF v3: a writer for Llama models with Q4_0 / Q8_0 tensors, and a reader.
+// gguf.h — llama.cpp's GGUF v3: a writer (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3;
+// Q4_0 / Q8_0 quantized tensors, F32 / F16 / BF16 float ones), and a reader (llama).
 //
 // File: "GGUF", u32 version 3, u64 tensor count, u64 metadata count; metadata (key string, u32
 // type, value); tensor infos (name, u32 n_dims, u64 ne[n_dims] with ne[0] the contiguous
@@ -8,8 +9,11 @@
 // GPTQ's symmetric 4-bit (8-bit) grid with groups of 32 along the input is Q4_0's (Q8_0's):
 // x = d * (q - 8) (x = d * q8). Such runs are written code for code, scale for scale: a GGUF
 // with GPTQ-optimized weights, which llama.cpp's own tools cannot make.
-// llama.cpp stores q_proj/k_proj rows permuted (rotary halves interleaved per head); the writer
-// applies its permutation and the reader undoes it.
+// llama.cpp stores llama's q_proj/k_proj rows permuted (rotary halves interleaved per head); the
+// writer applies its permutation and the reader undoes it. The other families rotate halves
+// (NEOX) and are written as stored. Names, shapes and metadata keys follow llama.cpp's converter
+// (convert_hf_to_gguf.py) and loader (src/llama-arch.cpp, src/llama-model.cpp); the client test
+// (tests/test_client.cpp) loads each family in llama.cpp itself.
 #pragma once
 #include <map>
 #include <memory>
@@ -34,7 +38,7 @@ BlockQ8_0 quantize_block_q8_0(const float* x);
 void dequantize_block_q4_0(const BlockQ4_0& b, float* y);
 void dequantize_block_q8_0(const BlockQ8_0& b, float* y);
 
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8 };
+enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
 
 // The plan checks (common.h's check_format): a module's spec must be Q4_0's or Q8_0's grid, the
 // model one the writer covers.
@@ -71,7 +75,12 @@ class GgufFile {
 std::unique_ptr<WeightSource> gguf_source(const std::string& path, const LlamaConfig& cfg);
 // config.json equivalent built from a GGUF file's llama.* metadata.
 nlohmann::json gguf_config_json(const GgufFile& f);
-std::string hf_to_gguf_name(const std::string& hf);   // "" for names llama.cpp has no tensor for
+// llama.cpp's tensor name for a Hugging Face one ("" where it has none); every expert's Linear of
+// one role maps to the same stacked tensor (blk.N.ffn_gate_exps.weight, ne = {cols, rows, experts}).
+std::string hf_to_gguf_name(const std::string& hf);
+// llama.cpp's architecture for a config: llama (llama, mistral, mixtral: experts), qwen2, qwen3,
+// qwen3moe, phi3.
+std::string gguf_arch(const LlamaConfig& c);
 
 // llama.cpp's row permutation of q/k: HF row h*hd + j*(hd/2) + i -> GGUF row h*hd + 2*i + j.
 int64_t gguf_permuted_row(int64_t hf_row, int head_dim);

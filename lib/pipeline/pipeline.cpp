@@ -115,7 +115,15 @@ void load_model(Run& R) {
   };
   for (auto& p : r.ignore) check(p, "quantization.ignore");
   for (auto& [p, n] : r.overrides) check(p, "quantization.overrides." + p);
-  R.scale_dtype = c.dtype == DType::BF16 ? DType::BF16 : DType::F16;
+  // Scales are rounded to what the export stores, so that GPTQ compensates that rounding: the
+  // model's 16-bit type; f16 where GGUF is written (its blocks' d is f16), which the other packed
+  // formats then cannot hold exactly for a bf16 model.
+  const bool gguf = std::find(r.formats.begin(), r.formats.end(), "gguf") != r.formats.end();
+  R.scale_dtype = c.dtype == DType::BF16 && !gguf ? DType::BF16 : DType::F16;
+  if (gguf && c.dtype == DType::BF16)
+    for (const std::string& f : r.formats)
+      if (f != "gguf" && f != "fake")
+        fail(Errc::usage, r.source, "export.format", "gguf stores f16 block scales, " + f + " this bf16 model's bf16 scales: write them from separate runs");
   R.nf4 = r.quant.method == "nf4";
   R.w8a8 = r.act_mode != ActQuant::none;
   // Every format must be able to hold what the recipe asks for: refuse before calibrating.

@@ -14,6 +14,41 @@ import { pathToFileURL } from "node:url";
 const pkg = path.join(process.env.NODE_LLAMA_CPP_DIR ?? ".client", "node_modules/node-llama-cpp/dist/index.js");
 const { getLlama, LlamaLogLevel } = await import(pathToFileURL(path.resolve(pkg)).href);
 
+// Second mode: node gguf_perplexity.mjs --logits MODEL.gguf IDS OUT.f32 — each line of IDS one
+// sequence of token ids, evaluated from an empty cache; llama.cpp's logits at every position
+// written to OUT.f32 as float32 [sequences x positions, vocab] (token-id order).
+if (process.argv[2] === "--logits") {
+  const [modelPath, idsPath, outPath] = process.argv.slice(3);
+  const pkg = path.join(process.env.NODE_LLAMA_CPP_DIR ?? ".client", "node_modules/node-llama-cpp/dist/index.js");
+  const { getLlama, LlamaLogLevel } = await import(pathToFileURL(path.resolve(pkg)).href);
+  const llama = await getLlama({ gpu: false, build: "never", usePrebuiltBinaries: true, skipDownload: true,
+                                 logLevel: LlamaLogLevel.error, progressLogs: false });
+  const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
+  const seqs = fs.readFileSync(idsPath, "utf8").trim().split("\n").map((l) => l.trim().split(/\s+/).map(Number));
+  const T = Math.max(...seqs.map((s) => s.length));
+  // (room beyond the longest sequence: a full context would shift, and the last position come out wrong)
+  const context = await model.createContext({ contextSize: T + 32, batchSize: T + 32, sequences: 1 });
+  const sequence = context.getSequence();
+  const rows = [];
+  let V = 0;
+  for (const s of seqs) {
+    await sequence.clearHistory();
+    const out = await sequence.controlledEvaluate(s.map((t) => [t, { generateNext: { logits: true } }]));
+    for (const o of out) {
+      const m = o?.next?.logits;
+      if (!m) throw new Error("no logits");
+      for (const k of m.keys()) V = Math.max(V, k + 1);
+      rows.push(m);
+    }
+  }
+  const buf = new Float32Array(rows.length * V);
+  rows.forEach((m, i) => { for (const [k, v] of m) buf[i * V + k] = v; });
+  fs.writeFileSync(outPath, Buffer.from(buf.buffer));
+  console.log(JSON.stringify({ rows: rows.length, vocab: V }));
+  await context.dispose();
+  await model.dispose();
+  process.exit(0);
+}
 const [modelPath, textPath, ctxArg, maxArg, idsOut] = process.argv.slice(2);
 if (!modelPath || !textPath) {
   console.error("usage: node gguf_perplexity.mjs MODEL.gguf TEXT CTX MAX_WINDOWS [IDS_OUT]");
@@ -23,7 +58,7 @@ const L = Number(ctxArg ?? 256), maxWindows = Number(maxArg ?? -1);
 const llama = await getLlama({ gpu: false, build: "never", usePrebuiltBinaries: true, skipDownload: true,
                                logLevel: LlamaLogLevel.error, progressLogs: false });
 const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
-const context = await model.createContext({ contextSize: L, batchSize: L, sequences: 1 });
+const context = await model.createContext({ contextSize: L + 32, batchSize: L + 32, sequences: 1 });   // (room: a full context shifts)
 const sequence = context.getSequence();
 
 const text = fs.readFileSync(textPath, "utf8");
