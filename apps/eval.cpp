@@ -22,7 +22,7 @@ using nlohmann::json;
 namespace {
 
 struct EvalArgs {
-  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu";
+  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu", protocol = "gptq";
   int seq_len = 0;
   int64_t max_windows = -1, batch_tokens = 16384;
   // regression gate
@@ -32,8 +32,10 @@ struct EvalArgs {
 };
 
 void print_eval(const EvalResult& r) {
-  std::printf("perplexity %.6f  (mean NLL %.6f over %lld scored tokens; %lld windows of %d; %.1f s, %.0f tok/s)\n", r.perplexity,
-              r.mean_nll, (long long)r.scored_tokens, (long long)r.windows, r.seq_len, r.seconds, r.tokens_per_second);
+  // ± the standard error of the perplexity from that of the mean NLL (as llama-perplexity prints it)
+  std::printf("perplexity %.6f +/- %.6f  (mean NLL %.6f over %lld scored tokens; %lld windows of %d%s; %.1f s, %.0f tok/s)\n", r.perplexity,
+              r.perplexity_std_error, r.mean_nll, (long long)r.scored_tokens, (long long)r.windows, r.seq_len,
+              r.protocol == "gptq" ? "" : ", llama.cpp's protocol: second halves scored", r.seconds, r.tokens_per_second);
   if (r.kl)
     std::printf("vs reference: perplexity %.6f; KL mean %.6f, median %.6f, p99 %.6f, max %.6f; top-1 agreement %.4f%%; mean dp %+.6f\n",
                 r.kl->reference_perplexity, r.kl->mean, r.kl->median, r.kl->p99, r.kl->max, 100 * r.kl->top1_agreement, r.kl->mean_delta_p);
@@ -59,6 +61,8 @@ std::string gate_reason(const EvalArgs& a, const json& run) {
     for (const char* k : {"perplexity", "data_sha256", "seq_len", "windows"})
       if (!base.is_object() || !base.contains(k)) fail(Errc::format, a.baseline, k, "missing (write baselines with --write-baseline)");
     if (!base["perplexity"].is_number()) fail(Errc::format, a.baseline, "perplexity", "must be a number");
+    if (base.value("protocol", std::string("gptq")) != run.value("protocol", std::string("gptq")))
+      fail(Errc::input, a.baseline, "protocol", "differs from this run: the baseline measured something else");
     for (const char* k : {"data_sha256", "seq_len", "windows"})
       if (base[k] != run[k])
         fail(Errc::input, a.baseline, k, "differs from this run (" + base[k].dump() + " vs " + run[k].dump() + "): the baseline measured something else");
@@ -88,6 +92,8 @@ int run_eval(const EvalArgs& a) {
   o.seq_len = a.seq_len > 0 ? a.seq_len : model.config().max_position_embeddings;
   o.max_windows = a.max_windows;
   o.batch_tokens = a.batch_tokens;
+  o.protocol = a.protocol;
+  o.bos = model.config().bos_token_id;
   EvalResult r;
   std::string device = "cpu";
   double prefill_seconds = 0;
@@ -112,6 +118,7 @@ int run_eval(const EvalArgs& a) {
   print_eval(r);
   json j = r.to_json();
   j["device"] = device;
+  j["perplexity_std_error"] = r.perplexity_std_error;
   if (prefill_seconds > 0) {
     const double tok = double(r.windows) * r.seq_len;
     std::printf("GPU forward (prefill with logits): %.3f s, %.0f tok/s; %s\n", prefill_seconds, tok / prefill_seconds, device.c_str());
@@ -127,6 +134,7 @@ int run_eval(const EvalArgs& a) {
   if (!a.write_baseline.empty()) {
     json b = {{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"scored_tokens", r.scored_tokens}, {"windows", r.windows},
               {"seq_len", r.seq_len}, {"data", a.data}, {"data_sha256", j["data_sha256"]}, {"model", a.model}};
+    if (r.protocol != "gptq") b["protocol"] = r.protocol;
     if (r.kl) b["kl"] = j["kl"];
     write_file_atomic(a.write_baseline, b.dump(2) + "\n");
   }
@@ -153,6 +161,11 @@ Command add_eval(CLI::App& app) {
   ev->add_option("--data", a->data, "text file, or .jsonl with a \"text\" field")->required();
   ev->add_option("--seq-len", a->seq_len, "window length L (default: max_position_embeddings)");
   ev->add_option("--max-windows", a->max_windows, "evaluate at most K windows");
+  ev->add_option("--protocol", a->protocol,
+                 "gptq: every token but each window's first scored (GPTQ's and transformers' convention); llama.cpp: each window "
+                 "starts with BOS and only its second half is scored, as llama-perplexity does")
+      ->check(CLI::IsMember({"gptq", "llama.cpp"}))
+      ->default_val("gptq");
   ev->add_option("--json", a->json_out, "write the result as JSON here");
   ev->add_option("--reference", a->reference, "reference model folder: adds KL divergence and top-1 agreement");
   ev->add_option("--tokenizer", a->tokenizer, "tokenizer file or folder (default: the model folder)");

@@ -40,15 +40,14 @@ struct InspectArgs {
 int inspect_gguf(const InspectArgs& a, const std::string& path) {
   GgufFile f(path);
   std::map<std::string, std::pair<int64_t, size_t>> by_type;
-  const char* names[] = {"F32", "F16", "Q4_0", "", "", "", "", "", "Q8_0"};
   json tensors = json::array();
   size_t total = 0;
   for (auto& t : f.tensors()) {
-    auto& e = by_type[names[int(t.type)]];
+    auto& e = by_type[ggml_type_name(t.type)];
     e.first++;
     e.second += t.nbytes;
     total += t.nbytes;
-    tensors.push_back({{"name", t.name}, {"type", names[int(t.type)]}, {"ne", t.ne}, {"bytes", t.nbytes}});
+    tensors.push_back({{"name", t.name}, {"type", ggml_type_name(t.type)}, {"ne", t.ne}, {"bytes", t.nbytes}});
   }
   if (a.json) {
     std::cout << json({{"path", path}, {"format", "gguf"}, {"metadata", f.metadata()}, {"tensors", tensors}}).dump(2) << "\n";
@@ -56,10 +55,13 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
   }
   const json& m = f.metadata();
   auto n = [&](const char* k) { return (long long)json_field<int64_t>(m, k, 0, Errc::format, path); };
-  std::printf("%s\n  format        GGUF v3, %s\n", path.c_str(), json_field<std::string>(m, "general.architecture", "?", Errc::format, path).c_str());
-  std::printf("  architecture  %lld layers, hidden %lld, ffn %lld, heads %lld/%lld, context %lld\n", n("llama.block_count"),
-              n("llama.embedding_length"), n("llama.feed_forward_length"), n("llama.attention.head_count"),
-              n("llama.attention.head_count_kv"), n("llama.context_length"));
+  const std::string arch = json_field<std::string>(m, "general.architecture", "?", Errc::format, path);
+  auto k = [&](const char* key) { return n((arch + "." + key).c_str()); };   // llama.cpp's per-architecture keys
+  std::printf("%s\n  format        GGUF v3, %s\n", path.c_str(), arch.c_str());
+  std::printf("  architecture  %lld layers, hidden %lld, ffn %lld, heads %lld/%lld, context %lld", k("block_count"), k("embedding_length"),
+              k("feed_forward_length"), k("attention.head_count"), k("attention.head_count_kv"), k("context_length"));
+  if (k("expert_count")) std::printf(", %lld experts (%lld per token)", k("expert_count"), k("expert_used_count"));
+  std::printf("\n");
   std::printf("  tokenizer     %s\n", json_field<std::string>(m, "tokenizer.ggml.model", "none", Errc::format, path).c_str());
   std::printf("  tensors       %zu, %s\n", f.tensors().size(), human_bytes(double(total)).c_str());
   for (auto& [d, e] : by_type) std::printf("    %-8s %6lld tensors  %s\n", d.c_str(), (long long)e.first, human_bytes(double(e.second)).c_str());

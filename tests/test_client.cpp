@@ -50,10 +50,11 @@ struct ClientResult {
   json summary;
   std::vector<int32_t> ids;
 };
-ClientResult llama_cpp_perplexity(const std::string& gguf, const std::string& text, int ctx, int windows, const std::string& ids_file) {
+ClientResult llama_cpp_perplexity(const std::string& gguf, const std::string& text, int ctx, int windows, const std::string& ids_file,
+                                  const std::string& protocol = "gptq") {
   const std::string cmd = "NODE_LLAMA_CPP_DIR='" + client_dir() + "' node '" + std::string(PTQKIT_SOURCE_DIR) +
                           "/tests/client/gguf_perplexity.mjs' '" + gguf + "' '" + text + "' " + std::to_string(ctx) + " " +
-                          std::to_string(windows) + " '" + ids_file + "' 2>&1";
+                          std::to_string(windows) + " '" + ids_file + "' " + protocol + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -74,6 +75,7 @@ struct Variant {
   int ctx, windows;
   const char* gguf_type;   // what the quantization maps to
   int bits;
+  bool llama_cpp_protocol = false;   // also compare under llama-perplexity's protocol
 };
 
 void check_variant(const Variant& v) {
@@ -123,6 +125,21 @@ void check_variant(const Variant& v) {
   CHECK(c.ids == ids);
   CHECK(c.summary["scored"].get<int64_t>() == ours["scored_tokens"].get<int64_t>());
   CHECK(std::abs(theirs - mine) <= 0.01 * mine);
+  // llama-perplexity's protocol (BOS first, second halves scored) on both sides
+  if (v.llama_cpp_protocol) {
+    const ClientResult cp = llama_cpp_perplexity(gguf, text, v.ctx, v.windows, d / "ids-p.txt", "llama.cpp");
+    auto ep = run_ptqkit("eval --model " + gguf + " --data " + text + " --seq-len " + std::to_string(v.ctx) + " --max-windows " +
+                         std::to_string(v.windows) + " --protocol llama.cpp --json " + d / "ep.json");
+    INFO(ep.out);
+    REQUIRE(ep.code == 0);
+    const json op = json::parse(ptq::read_text_file(d / "ep.json"));
+    const double tp = cp.summary["perplexity"].get<double>(), mp = op["perplexity"].get<double>();
+    std::cout << "  llama.cpp's protocol: llama.cpp " << tp << ", ptqkit " << mp << " (" << 100.0 * (tp - mp) / mp << "%), scored "
+              << cp.summary["scored"] << " / " << op["scored_tokens"] << "\n";
+    CHECK(cp.summary["scored"].get<int64_t>() == op["scored_tokens"].get<int64_t>());
+    CHECK(op["protocol"] == "llama.cpp");
+    CHECK(std::abs(tp - mp) <= 0.01 * mp);
+  }
   // the raw text: one extra token per run of spaces on llama.cpp's side, nothing else
   const ClientResult craw = llama_cpp_perplexity(gguf, raw, v.ctx, 0, d / "ids-raw.txt");
   const std::vector<int32_t> ids_raw = ptq::encode_corpus(*tok, raw);
@@ -134,7 +151,7 @@ void check_variant(const Variant& v) {
 TEST_CASE("client: llama.cpp reads ptqkit's Q8_0 and Q4_0 GGUF of llama2xs: same tokens, perplexity within 1% of ptqkit's eval") {
   PTQ_REQUIRE_CLIENT();
   check_variant({"llama2xs", 256, 8, "Q8_0", 8});
-  check_variant({"llama2xs", 256, 8, "Q4_0", 4});
+  check_variant({"llama2xs", 256, 8, "Q4_0", 4, true});
 }
 
 TEST_CASE("client: llama.cpp reads ptqkit's Q8_0 and Q4_0 GGUF of distilled-13m (f16 checkpoint, ctx 512)") {

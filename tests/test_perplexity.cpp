@@ -94,3 +94,34 @@ TEST_CASE("bad evaluation input: short data, too long a window") {
   write_file_atomic(d / "y.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n");
   CHECK(read_corpus(d / "y.jsonl") == "a\n\nb");
 }
+
+TEST_CASE("llama.cpp's protocol: each window starts with BOS, its second half scored; the standard error by hand") {
+  // A model that predicts token 1 with p = 3/4 after token 1 and p = 1/4 otherwise (2 tokens).
+  // Windows of 8: llama-perplexity scores the predictions at positions 4..6 of each window
+  // (targets 5..7), 3 per window, after putting BOS (id 1) at position 0.
+  LogitsFn model = [](const std::vector<int32_t>& t, int S, int T) {
+    MatF m = MatF::Zero(S * T, 2);
+    for (int i = 0; i < S * T; ++i) m(i, 1) = float(t[size_t(i)] == 1 ? std::log(3.0) : -std::log(3.0));
+    return m;
+  };
+  std::vector<int32_t> ids = {0, 0, 0, 0, 1, 1, 0, 1, /* window 2 */ 0, 0, 0, 0, 0, 1, 1, 0};
+  EvalOptions o;
+  o.seq_len = 8;
+  o.protocol = "llama.cpp";
+  o.bos = 1;
+  EvalResult r = evaluate(model, 100, ids, o);
+  CHECK(r.scored_tokens == 6);
+  // window 1, positions 4, 5, 6 (inputs 1, 1, 0) -> targets 1, 0, 1: p = 3/4, 1/4, 1/4
+  // window 2, positions 4, 5, 6 (inputs 0, 1, 1) -> targets 1, 1, 0: p = 1/4, 3/4, 1/4
+  const double nll[6] = {-std::log(0.75), -std::log(0.25), -std::log(0.25), -std::log(0.25), -std::log(0.75), -std::log(0.25)};
+  double mean = 0, sq = 0;
+  for (double x : nll) { mean += x / 6; sq += x * x / 6; }
+  CHECK(r.mean_nll == Approx(mean).epsilon(1e-7));   // (float logits)
+  CHECK(r.perplexity_std_error == Approx(std::exp(mean) * std::sqrt((sq - mean * mean) / 5)).epsilon(1e-7));
+  CHECK(r.to_json()["protocol"] == "llama.cpp");
+  // the GPTQ protocol: 7 per window, window 2's first token kept (0)
+  o.protocol = "gptq";
+  CHECK(evaluate(model, 100, ids, o).scored_tokens == 14);
+  o.protocol = "other";
+  CHECK_THROWS_WITH(evaluate(model, 100, ids, o), Catch::Contains("must be gptq or llama.cpp"));
+}

@@ -22,6 +22,7 @@ nlohmann::json EvalResult::to_json() const {
   nlohmann::json j = {{"perplexity", perplexity}, {"mean_nll", mean_nll},   {"scored_tokens", scored_tokens},
                       {"windows", windows},       {"seq_len", seq_len},     {"total_tokens", total_tokens},
                       {"seconds", seconds},       {"tokens_per_second", tokens_per_second}};
+  if (protocol != "gptq") j["protocol"] = protocol;   // (absent: the GPTQ/HF protocol)
   if (kl)
     j["kl"] = {{"mean", kl->mean},           {"median", kl->median},           {"p99", kl->p99},
                {"max", kl->max},             {"top1_agreement", kl->top1_agreement}, {"mean_delta_p", kl->mean_delta_p},
@@ -41,17 +42,24 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
   if (opt.max_windows > 0) W = std::min(W, opt.max_windows);
   const int64_t per_chunk = std::max<int64_t>(1, opt.batch_tokens / L);
 
+  const bool llama_cpp = opt.protocol == "llama.cpp";
+  if (!llama_cpp && opt.protocol != "gptq") fail(Errc::usage, "", "--protocol", "must be gptq or llama.cpp");
+  if (llama_cpp && opt.bos < 0) fail(Errc::usage, "", "--protocol", "llama.cpp's protocol starts each window with BOS; the tokenizer has none");
+  const int64_t first = llama_cpp ? L / 2 : 0;   // the first scored position of each window
   EvalResult r;
   r.seq_len = L;
+  r.protocol = opt.protocol;
   r.windows = W;
   r.total_tokens = int64_t(tokens.size());
-  double nll_sum = 0, ref_nll_sum = 0, dp_sum = 0;
+  double nll_sum = 0, nll_sq_sum = 0, ref_nll_sum = 0, dp_sum = 0;
   int64_t top1 = 0;
   std::vector<double> kls;
   Progress bar(opt.label, double(W * L), "tok");
   for (int64_t w0 = 0; w0 < W; w0 += per_chunk) {
     const int S = int(std::min(per_chunk, W - w0));
     std::vector<int32_t> chunk(tokens.begin() + w0 * L, tokens.begin() + (w0 + S) * L);
+    if (llama_cpp)
+      for (int s = 0; s < S; ++s) chunk[size_t(s) * size_t(L)] = opt.bos;
     const int64_t rows = int64_t(S) * (L - 1);
     std::vector<double> nll, ref_nll(reference ? size_t(rows) : 0), kl(reference ? size_t(rows) : 0), dp(kl.size());
     std::vector<uint8_t> agree(kl.size());
@@ -91,16 +99,22 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
       }
     }
     for (int64_t k = 0; k < rows; ++k) {   // fixed order: results do not depend on the thread count
+      if (k % (L - 1) < first) continue;
       nll_sum += nll[size_t(k)];
+      nll_sq_sum += nll[size_t(k)] * nll[size_t(k)];
+      ++r.scored_tokens;
       if (reference) { ref_nll_sum += ref_nll[size_t(k)]; dp_sum += dp[size_t(k)]; top1 += agree[size_t(k)]; kls.push_back(kl[size_t(k)]); }
     }
-    r.scored_tokens += rows;
     bar.update(double((w0 + S) * L));
   }
   bar.finish();
   r.seconds = bar.elapsed();
   r.mean_nll = nll_sum / double(r.scored_tokens);
   r.perplexity = std::exp(r.mean_nll);
+  if (r.scored_tokens > 1) {
+    const double n = double(r.scored_tokens), var = std::max(0.0, nll_sq_sum / n - r.mean_nll * r.mean_nll);
+    r.perplexity_std_error = r.perplexity * std::sqrt(var / (n - 1));
+  }
   r.tokens_per_second = r.seconds > 0 ? double(W * L) / r.seconds : 0;   // evaluated tokens per second (a reference model's time included)
   if (reference) {
     KlStats k;

@@ -1,5 +1,7 @@
 // perplexity.h — perplexity under the GPTQ/HF protocol (non-overlapping windows of L tokens,
-// every token but each window's first scored) and, against a reference model on the same windows,
+// every token but each window's first scored) or llama.cpp's (llama-perplexity: the same windows,
+// each window's first token replaced by BOS, only the second half of each window scored: the
+// predictions of tokens L/2 + 1 .. L - 1) and, against a reference model on the same windows,
 // llama.cpp's KL-divergence statistics. Log-probabilities and sums are taken in fp64.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -15,6 +17,8 @@ struct EvalOptions {
   int64_t max_windows = -1;        // -1: all
   int64_t batch_tokens = 16384;    // tokens per forward chunk (bounds activation memory)
   std::string label = "eval";
+  std::string protocol = "gptq";   // or "llama.cpp"
+  int bos = -1;                    // llama.cpp protocol: the BOS id each window starts with
 };
 
 struct KlStats {
@@ -28,6 +32,8 @@ struct EvalResult {
   double perplexity = 0, mean_nll = 0;
   int64_t scored_tokens = 0, windows = 0, total_tokens = 0;
   int seq_len = 0;
+  std::string protocol = "gptq";
+  double perplexity_std_error = 0;   // ppl x the standard error of the mean NLL (llama-perplexity's "+/-")
   double seconds = 0, tokens_per_second = 0;
   std::optional<KlStats> kl;
   nlohmann::json to_json() const;

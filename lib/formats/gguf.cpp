@@ -52,6 +52,17 @@ size_t type_size(GgmlType t, int64_t n) {
 }
 }  // namespace
 
+const char* ggml_type_name(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return "F32";
+    case GgmlType::F16: return "F16";
+    case GgmlType::BF16: return "BF16";
+    case GgmlType::Q4_0: return "Q4_0";
+    case GgmlType::Q8_0: return "Q8_0";
+  }
+  return "?";
+}
+
 int64_t gguf_permuted_row(int64_t r, int hd) {
   const int64_t h = r / hd, w = r % hd, j = w / (hd / 2), i = w % (hd / 2);
   return h * hd + 2 * i + j;

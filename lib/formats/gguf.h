@@ -39,6 +39,7 @@ void dequantize_block_q4_0(const BlockQ4_0& b, float* y);
 void dequantize_block_q8_0(const BlockQ8_0& b, float* y);
 
 enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
+const char* ggml_type_name(GgmlType t);   // "Q4_0"
 
 // The plan checks (common.h's check_format): a module's spec must be Q4_0's or Q8_0's grid, the
 // model one the writer covers.

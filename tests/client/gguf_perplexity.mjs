@@ -49,7 +49,10 @@ if (process.argv[2] === "--logits") {
   await model.dispose();
   process.exit(0);
 }
-const [modelPath, textPath, ctxArg, maxArg, idsOut] = process.argv.slice(2);
+const [modelPath, textPath, ctxArg, maxArg, idsOut, protocol] = process.argv.slice(2);
+// protocol "llama.cpp": llama-perplexity's: each window's first token replaced by BOS, and only
+// the predictions from position CTX/2 on scored.
+const llamaCpp = protocol === "llama.cpp";
 if (!modelPath || !textPath) {
   console.error("usage: node gguf_perplexity.mjs MODEL.gguf TEXT CTX MAX_WINDOWS [IDS_OUT]");
   process.exit(2);
@@ -72,9 +75,11 @@ let nll = 0, scored = 0;
 for (let w = 0; w < windows; ++w) {
   await sequence.clearHistory();
   const win = ids.slice(w * L, (w + 1) * L);
+  if (llamaCpp) win[0] = bos;
+  const first = llamaCpp ? Math.floor(L / 2) : 0;
   const input = win.map((t, i) => (i < L - 1 ? [t, { generateNext: { logits: true } }] : t));
   const out = await sequence.controlledEvaluate(input);
-  for (let i = 0; i < L - 1; ++i) {
+  for (let i = first; i < L - 1; ++i) {
     const logits = out[i]?.next?.logits;
     if (!logits) throw new Error(`no logits at window ${w} position ${i}`);
     let max = -Infinity;
