@@ -292,3 +292,50 @@ TEST_CASE("client: llama.cpp reads ptqkit's GGUF of Qwen3 (q/k norms), Mixtral (
     check_family(f);
   }
 }
+
+TEST_CASE("client: Llama 3.1 rope scaling (rope_freqs): llama.cpp's logits of ptqkit's GGUF equal ptqkit's forward of the checkpoint") {
+  PTQ_REQUIRE_CLIENT();
+  // llama2xs (f32, head_dim 8) with a Llama 3.1 rope: theta 500000 and rope_scaling llama3 (factor
+  // 8, original context 512): of its 4 rotary frequencies (wavelengths 6, 167, 4443 and 118,000
+  // positions) the first is kept, the second blended (between 128 and 512) and the others divided by 8.
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets(), src = A + "/models/llama2xs";
+  std::filesystem::create_directories(d / "m");
+  for (const char* f : {"generation_config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json"})
+    std::filesystem::create_symlink(src + "/" + f, d / "m/" + f);
+  json cfg = json::parse(ptq::read_text_file(src + "/config.json"));
+  cfg["rope_theta"] = 500000.0;
+  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 512}};
+  ptq::write_file_atomic(d / "m/config.json", cfg.dump(2));
+  ptq::write_file_atomic(d / "r.yaml", "model: " + d / "m" + "\noutput: " + d / "q" + "\ncalibration:\n  dataset: " + A +
+                                           "/text/tinystories/calib.txt\n  samples: 8\n  seq_len: 256\nquantization:\n  method: rtn\n"
+                                           "  ignore: ['model.layers.*']\nexport:\n  format: gguf\n");
+  auto q = run_ptqkit("-q quantize " + d / "r.yaml");
+  INFO(q.out);
+  REQUIRE(q.code == 0);
+  ptq::LlamaModel m(d / "m");
+  auto tok = ptq::load_tokenizer(d / "m", 1);
+  std::vector<int32_t> ids = ptq::encode_corpus(*tok, A + "/text/tinystories/eval.txt");
+  ids.resize(256);
+  const Logits l = llama_cpp_logits(d / "q/model.gguf", {ids}, d);
+  const ptq::MatF ours = m.forward(ids, 1, 256);
+  const std::vector<float> ov(ours.data(), ours.data() + ours.size());
+  REQUIRE(ov.size() == l.v.size());
+  // the same model without the scaling, to show that the scaling is what is compared
+  json plain = cfg;
+  plain.erase("rope_scaling");
+  ptq::write_file_atomic(d / "m/config.json", plain.dump(2));
+  const ptq::MatF unscaled = ptq::LlamaModel(d / "m").forward(ids, 1, 256);
+  const std::vector<float> uv(unscaled.data(), unscaled.data() + unscaled.size());
+  // and llama.cpp's own difference from ptqkit on that unscaled model (its f16 KV cache and
+  // float32 rotary tables): the floor the scaled comparison is held to
+  auto q2 = run_ptqkit("-q quantize " + d / "r.yaml" + " --output " + d / "q2");
+  REQUIRE(q2.code == 0);
+  const Logits l2 = llama_cpp_logits(d / "q2/model.gguf", {ids}, d);
+  const double e = relative_error(l.v, ov), e_unscaled = relative_error(l.v, uv), floor = relative_error(l2.v, uv);
+  std::cout << "llama2xs with Llama 3.1 rope scaling: llama.cpp vs ptqkit " << 100 * e << "% (without the scaling on both sides " << 100 * floor
+            << "%); llama.cpp's scaled logits vs ptqkit without the scaling " << 100 * e_unscaled << "%\n";
+  CHECK(e <= 1.5 * floor + 1e-4);
+  CHECK(e_unscaled >= 10 * e);
+}

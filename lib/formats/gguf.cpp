@@ -134,6 +134,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     std::vector<int64_t> ne;
     std::vector<std::string> parts;
     int64_t rows = 0, cols = 0;   // of one part
+    std::vector<float> values;    // a tensor the writer computes (rope_freqs), f32
   };
   std::vector<T> plan;
   std::map<std::string, size_t> at;   // GGUF name -> plan index
@@ -170,6 +171,21 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     }
     at[gg] = plan.size();
     plan.push_back(t);
+  }
+  // Llama 3.1+ rope scaling: llama.cpp divides each rotary frequency by rope_freqs[i], which its
+  // converter computes from rope_scaling as the model does (1 for short wavelengths, `factor`
+  // for long ones, the smooth blend between).
+  if (c.rope_scaling) {
+    const RopeScaling& rs = *c.rope_scaling;
+    const int dim = c.rotary_dim();
+    const double old_len = rs.original_max_position_embeddings, low = old_len / rs.low_freq_factor, high = old_len / rs.high_freq_factor;
+    T t{"rope_freqs.weight", GgmlType::F32, {dim / 2}, {}, 1, dim / 2, {}};
+    for (int i = 0; i < dim / 2; ++i) {
+      const double wavelen = 2 * M_PI * std::pow(c.rope_theta, 2.0 * i / dim);
+      const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+      t.values.push_back(float(wavelen < high ? 1.0 : wavelen > low ? rs.factor : 1.0 / ((1 - smooth) / rs.factor + smooth)));
+    }
+    plan.insert(plan.begin(), t);
   }
   Buf h;
   h.b = "GGUF";
@@ -247,6 +263,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     for (auto& t : plan) {
       bar.update(double(&t - plan.data()), t.gg);
       data.clear();
+      data.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * 4);
       for (const std::string& hf : t.parts) {
         const bool perm = permute_qk && (hf.find("q_proj") != std::string::npos || hf.find("k_proj") != std::string::npos);
         auto row_of = [&](int64_t gg_row) -> int64_t {   // GGUF row -> HF row
@@ -459,7 +476,8 @@ json gguf_config_json(const GgufFile& f) {
     return m[k];
   };
   if (json_field<std::string>(m, "general.architecture", "", Errc::format, f.path()) != "llama")
-    fail(Errc::format, f.path(), "general.architecture", "only llama is read");
+    fail(Errc::format, f.path(), "general.architecture", "only llama is read (the other families are written for llama.cpp, not read back)");
+  if (f.find("rope_freqs.weight")) fail(Errc::format, f.path(), "rope_freqs.weight", "rope-scaled (Llama 3.1) GGUF files are written, not read back");
   const json heads = num("llama.attention.head_count");
   json c = {{"model_type", "llama"},
             {"hidden_size", num("llama.embedding_length")},
@@ -532,7 +550,6 @@ void check_gguf_model(const LlamaConfig& c) {
   auto refuse = [](const std::string& why) { fail(Errc::usage, "", "export.format", "gguf: " + why); };
   if (c.o_bias || c.mlp_bias || (c.qkv_bias && gguf_arch(c) == "llama"))
     refuse("llama.cpp reads q/k/v biases (qwen2) but not o_proj or MLP biases, nor q/k biases of a permuted llama");
-  if (c.rope_scaling) refuse("llama3 rope scaling (rope_freqs) is not written yet");
   if (c.sliding_window && c.sliding_window < c.max_position_embeddings) refuse("sliding-window attention is not written yet");
   for (int l = 0; l < c.num_hidden_layers; ++l)
     if (c.moe != MoeRouting::none && !c.moe_layer(l))
