@@ -20,6 +20,7 @@
 #include "core/fsutil.h"
 #include "core/safetensors.h"
 #include "eval/data.h"
+#include "formats/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "testing.h"
@@ -239,6 +240,14 @@ void check_family(const std::string& family) {
   // bf16 weights as stored (every Linear ignored): llama.cpp against transformers itself
   recipe("float", "  method: rtn\n  ignore: ['model.layers.*']\n");
   const Logits lf = llama_cpp_logits(d / "float/gguf/model.gguf", seqs, d);
+  // inspect reads every family's file: llama.cpp's architecture and its per-architecture keys
+  const auto in = run_ptqkit("inspect " + d / "float/gguf/model.gguf");
+  INFO(in.out);
+  CHECK(in.code == 0);
+  const ptq::LlamaConfig cfg = ptq::load_config(d / "m");
+  CHECK(in.out.find("GGUF v3, " + ptq::gguf_arch(cfg)) != std::string::npos);
+  CHECK(in.out.find(std::to_string(cfg.num_hidden_layers) + " layers, hidden " + std::to_string(cfg.hidden_size)) != std::string::npos);
+  if (cfg.num_experts) CHECK(in.out.find(std::to_string(cfg.num_experts) + " experts") != std::string::npos);
   REQUIRE(lf.rows == S * T);
   REQUIRE(size_t(lf.rows * lf.vocab) == golden.size());
   const double e_float = relative_error(lf.v, golden), m_float = median_row_error(lf.v, golden, lf.vocab);

@@ -95,7 +95,7 @@ TEST_CASE("bad evaluation input: short data, too long a window") {
   CHECK(read_corpus(d / "y.jsonl") == "a\n\nb");
 }
 
-TEST_CASE("llama.cpp's protocol: each window starts with BOS, its second half scored; the standard error by hand") {
+TEST_CASE("llama.cpp's protocol: each window starts with BOS and its second half is scored, the standard error by hand") {
   // A model that predicts token 1 with p = 3/4 after token 1 and p = 1/4 otherwise (2 tokens).
   // Windows of 8: llama-perplexity scores the predictions at positions 4..6 of each window
   // (targets 5..7), 3 per window, after putting BOS (id 1) at position 0.
