@@ -79,3 +79,19 @@ TEST_CASE("every recipe shipped in configs/ is valid") {
   }
   CHECK(n >= 4);
 }
+
+TEST_CASE("recipe: export.gguf_type names llama.cpp's type and must match the quantization") {
+  const std::string q4 = "quantization:\n  bits: 4\n  group_size: 32\n  sym: true\n";
+  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q4_0\n").empty());
+  CHECK(error_of("quantization:\n  bits: 8\n  group_size: 32\n  sym: true\nexport:\n  format: gguf\n  gguf_type: Q8_0\n").empty());
+  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q3_Z\n") ==
+        "r.yaml: export.gguf_type: unknown GGUF type 'Q3_Z' (llama.cpp's names: Q8_0, Q4_0; Q4_1, Q4_K, Q5_K, Q6_K to come)");
+  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q4_K\n") == "r.yaml: export.gguf_type: Q4_K is not written by ptqkit yet (Q8_0 and Q4_0 are)");
+  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q8_0\n") ==
+        "r.yaml: export.gguf_type: Q8_0 holds symmetric 8-bit groups of 32; quantization is 4-bit, group_size 32");
+  CHECK(error_of(q4 + "export:\n  format: fake\n  gguf_type: Q4_0\n") ==
+        "r.yaml: export.gguf_type: applies to the gguf format, which export.format does not list");
+  // written back only when set (recipes without it keep their bytes)
+  CHECK(parse_recipe(YAML::Load(q4 + "export:\n  format: gguf\n  gguf_type: Q4_0\n"), "r.yaml").to_yaml()["export"]["gguf_type"].as<std::string>() == "Q4_0");
+  CHECK(!parse_recipe(YAML::Load(q4 + "export:\n  format: gguf\n"), "r.yaml").to_yaml()["export"]["gguf_type"]);
+}

@@ -38,7 +38,7 @@ const Schema kQuantSchema = [] {
   return s;
 }();
 const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty::Int}}, {"nf4_blocksize", {Ty::Int}},
-                               {"nf4_double_quant", {Ty::Bool}}};
+                               {"nf4_double_quant", {Ty::Bool}}, {"gguf_type", {Ty::Str}}};
 const Schema kMoeSchema = {{"calibrate_all_experts", {Ty::Bool}}};
 const Schema kRootSchema = {{"model", {Ty::Str}},
                             {"moe", {Ty::Map, &kMoeSchema}},
@@ -289,6 +289,7 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
     if (e["max_shard_mb"]) r.max_shard_mb = e["max_shard_mb"].as<int64_t>();
     if (e["nf4_blocksize"]) r.nf4_blocksize = e["nf4_blocksize"].as<int>();
     if (e["nf4_double_quant"]) r.nf4_double_quant = e["nf4_double_quant"].as<bool>();
+    if (e["gguf_type"]) r.gguf_type = e["gguf_type"].as<std::string>();
     if (r.max_shard_mb < 1) fail(Errc::usage, file, "export.max_shard_mb", "must be positive");
   }
   for (auto& f : r.formats)
@@ -305,6 +306,22 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   for (auto& [p, n] : r.overrides)
     if (n["method"] && (n["method"].as<std::string>() == "nf4") != nf4)
       fail(Errc::usage, file, "quantization.overrides." + p + ".method", "nf4 applies to the whole model or not at all");
+  // export.gguf_type: llama.cpp's block type, which the quantization settings must map onto code
+  // for code (GPTQ runs on the type's own grid)
+  if (!r.gguf_type.empty()) {
+    const std::string& t = r.gguf_type;
+    if (std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end())
+      fail(Errc::usage, file, "export.gguf_type", "applies to the gguf format, which export.format does not list");
+    if (t == "Q4_1" || t == "Q4_K" || t == "Q5_K" || t == "Q6_K")
+      fail(Errc::usage, file, "export.gguf_type", t + " is not written by ptqkit yet (Q8_0 and Q4_0 are)");
+    if (t != "Q8_0" && t != "Q4_0")
+      fail(Errc::usage, file, "export.gguf_type", "unknown GGUF type '" + t + "' (llama.cpp's names: Q8_0, Q4_0; Q4_1, Q4_K, Q5_K, Q6_K to come)");
+    const int bits = t == "Q8_0" ? 8 : 4;
+    if (r.quant.bits != bits || r.quant.group_size != 32 || !r.quant.sym)
+      fail(Errc::usage, file, "export.gguf_type", t + " holds symmetric " + std::to_string(bits) + "-bit groups of 32; quantization is " +
+                                                      std::to_string(r.quant.bits) + "-bit, group_size " + std::to_string(r.quant.group_size) +
+                                                      (r.quant.sym ? "" : ", asymmetric"));
+  }
   return r;
 }
 
@@ -361,6 +378,7 @@ YAML::Node Recipe::to_yaml() const {
   n["export"]["max_shard_mb"] = max_shard_mb;
   n["export"]["nf4_blocksize"] = nf4_blocksize;
   n["export"]["nf4_double_quant"] = nf4_double_quant;
+  if (!gguf_type.empty()) n["export"]["gguf_type"] = gguf_type;
   return n;
 }
 

@@ -32,6 +32,7 @@ struct Recipe {
   std::vector<std::pair<std::string, YAML::Node>> overrides;   // pattern -> fields of QuantSpec
   std::vector<std::string> formats = {"fake"};
   int64_t max_shard_mb = 2048;
+  std::string gguf_type;   // export.gguf_type (Q8_0, Q4_0); "": the type the quantization settings map to
   int nf4_blocksize = 64;
   bool nf4_double_quant = false;
   // SmoothQuant and W8A8 (int8 activations)
