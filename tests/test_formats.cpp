@@ -295,7 +295,7 @@ TEST_CASE("formats refuse what they cannot hold, before calibration") {
   r.output = d / "out";
   r.formats = {"gptq"};
   CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("model.layers.0.mlp.gate_proj: gptq: packs 4-bit codes into int32 along both dimensions"));
-  r.formats = {"gguf"};
+  r.formats = {"gguf", "compressed-tensors"};   // (a GGUF-only run keeps such Linears in float instead: below)
   CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("blocks of 32 need in_features divisible by 32, got 172"));
   r.model = ptqtest::assets() + "/models/llama2xs";
   r.quant.sym = false;
@@ -306,6 +306,21 @@ TEST_CASE("formats refuse what they cannot hold, before calibration") {
   r.formats = {"compressed-tensors"};
   CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("holds 4- and 8-bit weights"));
   CHECK_FALSE(fs::exists(d / "out"));
+  // GGUF alone: stories260k's downs (172 wide) stay float, named in the report and the recipe
+  Recipe g = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, sym: true}\ncalibration: {samples: 4, seq_len: 64}\n"), "r.yaml");
+  g.model = ptqtest::assets() + "/models/stories260k";
+  g.calibration.dataset = ptqtest::assets() + "/text/tinystories/calib.txt";
+  g.output = d / "gguf";
+  g.formats = {"gguf"};
+  const nlohmann::json rep = run_quantize(g, {});
+  REQUIRE(rep.contains("gguf_float_fallback"));
+  const int layers = rep["model"]["layers"];
+  CHECK(rep["gguf_float_fallback"].size() == size_t(layers));
+  CHECK(rep["gguf_float_fallback"][0] == "model.layers.0.mlp.down_proj");
+  CHECK(rep["recipe"]["quantization"]["ignore"].dump().find("model.layers.0.mlp.down_proj") != std::string::npos);
+  GgufFile f(d / "gguf/model.gguf");
+  CHECK(f.find("blk.0.ffn_down.weight")->type != GgmlType::Q4_0);
+  CHECK(f.find("blk.0.ffn_up.weight")->type == GgmlType::Q4_0);
 }
 
 TEST_CASE("llama2xs in every format: configs key by key, and each evaluates like the fake export") {

@@ -72,6 +72,7 @@ struct Run {
   PhaseTimes t;
   std::unique_ptr<LlamaModel> model;
   std::vector<std::string> known;   // every module name (patterns must match one)
+  std::vector<std::string> gguf_fallback;   // Linears a GGUF-only run keeps in float (input width not a multiple of 32)
   DType scale_dtype = DType::F16;
   bool nf4 = false, w8a8 = false;
   CalibData cd;
@@ -126,6 +127,29 @@ void load_model(Run& R) {
         fail(Errc::usage, r.source, "export.format", "gguf stores f16 block scales, " + f + " this bf16 model's bf16 scales: write them from separate runs");
   R.nf4 = r.quant.method == "nf4";
   R.w8a8 = r.act_mode != ActQuant::none;
+  // A GGUF-only run (fake beside it allowed) keeps in the source dtype the Linears whose input width
+  // is not a multiple of the blocks' 32, as llama.cpp's own quantizer leaves tensors its type cannot
+  // hold. They are added to the effective recipe's ignore list (so the run is repeatable) and
+  // named in the report and a warning. Other formats need every Linear they are given: refused below.
+  const bool gguf_only = gguf && std::all_of(r.formats.begin(), r.formats.end(), [](const std::string& f) { return f == "gguf" || f == "fake"; });
+  if (gguf_only && !R.nf4) {
+    int64_t width = 0;
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      for (LinearId p : layer_schedule(c, l).linears()) {
+        const std::string m = linear_name(c, l, p);
+        if (linear_shape(c, p).in % 32 == 0 || r.ignored(m)) continue;
+        R.gguf_fallback.push_back(m);
+        width = linear_shape(c, p).in;
+      }
+    for (const std::string& m : R.gguf_fallback) r.ignore.push_back(m);
+    if (!R.gguf_fallback.empty()) {
+      const std::string m = "gguf: " + std::to_string(R.gguf_fallback.size()) + " Linears have an input width that is not a multiple of 32 (e.g. " +
+                            R.gguf_fallback.back() + ": " + std::to_string(width) + "); they stay in " + std::string(dtype_name(c.dtype)) + " in the GGUF, as llama.cpp's quantizer leaves what its blocks cannot hold "
+                            "(listed in the report's gguf_float_fallback and the effective recipe's quantization.ignore)";
+      std::fprintf(stderr, "ptqkit: warning: %s\n", m.c_str());
+      log_event("warning", {{"message", m}});
+    }
+  }
   // Every format must be able to hold what the recipe asks for: refuse before calibrating.
   std::vector<ModulePlan> plan;
   for (int l = 0; l < c.num_hidden_layers; ++l)
@@ -548,6 +572,7 @@ json make_report(const Run& R, const json& outputs, double total) {
                  {"peak_rss_mb", peak_rss_mb()},
                  {"outputs", outputs}};
   if (R.dev.cuda_built) report["peak_gpu_mb"] = R.dev.peak_gpu_mb();
+  if (!R.gguf_fallback.empty()) report["gguf_float_fallback"] = R.gguf_fallback;
   return report;
 }
 
