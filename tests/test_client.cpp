@@ -11,11 +11,9 @@
 // LlamaTokenizer and ptqkit apply it); llama.cpp's SPM tokenizer does not. So on text with a
 // double space llama.cpp emits one extra "▁" token. The scored text has its space runs collapsed,
 // and the raw text's difference is checked to be exactly one token per run.
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
-
-#include <cstring>
 
 #include "core/fsutil.h"
 #include "core/safetensors.h"
@@ -47,25 +45,45 @@ std::string client_missing() {
   PTQ_REQUIRE_ASSETS();                                        \
   if (const std::string why = client_missing(); !why.empty()) PTQ_SKIP(why)
 
+// tests/client/gguf_perplexity.mjs ARGS (each already quoted); its last line of output, JSON.
+json run_client(const std::string& args) {
+  const auto r = ptqtest::run_command("NODE_LLAMA_CPP_DIR='" + client_dir() + "' node '" + std::string(PTQKIT_SOURCE_DIR) +
+                                      "/tests/client/gguf_perplexity.mjs' " + args);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  return json::parse(r.out.substr(r.out.rfind('{')));
+}
+
+// A model folder in d / "m": `files` linked from `src`, the rest written by the caller.
+void link_model(const ptqtest::TempDir& d, const std::string& src, std::initializer_list<const char*> files) {
+  std::filesystem::create_directories(d / "m");
+  for (const char* f : files) std::filesystem::create_symlink(src + "/" + f, d / "m/" + f);
+}
+
+// `ptqkit quantize` of `model` into d / out: 8 (or `samples`) windows of seq_len calibration
+// tokens, the quantization section's lines `quant`, the given export formats.
+void quantize(const ptqtest::TempDir& d, const std::string& out, const std::string& model, int seq_len, const std::string& quant,
+              const std::string& formats, int samples = 8) {
+  ptq::write_file_atomic(d / (out + ".yaml"), "model: " + model + "\noutput: " + d / out + "\ncalibration:\n  dataset: " + ptqtest::assets() +
+                                                  "/text/tinystories/calib.txt\n  samples: " + std::to_string(samples) + "\n  seq_len: " +
+                                                  std::to_string(seq_len) + "\n  seed: 0\nquantization:\n" + quant + "export:\n  format: " + formats + "\n");
+  const auto q = run_ptqkit("-q quantize " + d / (out + ".yaml"));
+  INFO(q.out);
+  REQUIRE(q.code == 0);
+}
+const std::string kFloatLayers = "  method: rtn\n  ignore: ['model.layers.*']\n";   // every Linear kept as stored
+std::string gptq_g32(int bits) {
+  return "  method: gptq\n  bits: " + std::to_string(bits) + "\n  group_size: 32\n  sym: true\n  act_order: true\n  static_groups: true\n";
+}
+
 struct ClientResult {
   json summary;
   std::vector<int32_t> ids;
 };
 ClientResult llama_cpp_perplexity(const std::string& gguf, const std::string& text, int ctx, int windows, const std::string& ids_file,
                                   const std::string& protocol = "gptq") {
-  const std::string cmd = "NODE_LLAMA_CPP_DIR='" + client_dir() + "' node '" + std::string(PTQKIT_SOURCE_DIR) +
-                          "/tests/client/gguf_perplexity.mjs' '" + gguf + "' '" + text + "' " + std::to_string(ctx) + " " +
-                          std::to_string(windows) + " '" + ids_file + "' " + protocol + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  INFO(out);
-  REQUIRE(st == 0);
   ClientResult r;
-  r.summary = json::parse(out.substr(out.rfind('{')));
+  r.summary = run_client("'" + gguf + "' '" + text + "' " + std::to_string(ctx) + " " + std::to_string(windows) + " '" + ids_file + "' " + protocol);
   std::ifstream f(ids_file);
   for (int32_t id; f >> id;) r.ids.push_back(id);
   return r;
@@ -93,13 +111,7 @@ void check_variant(const Variant& v) {
   }
   ptq::write_file_atomic(d / "eval.txt", collapsed);
   const std::string text = d / "eval.txt";
-  ptq::write_file_atomic(d / "r.yaml", "model: " + model + "\noutput: " + d / "q" + "\ncalibration:\n  dataset: " + A +
-                                           "/text/tinystories/calib.txt\n  samples: 16\n  seq_len: " + std::to_string(v.ctx) +
-                                           "\n  seed: 0\nquantization:\n  method: gptq\n  bits: " + std::to_string(v.bits) +
-                                           "\n  group_size: 32\n  sym: true\n  act_order: true\n  static_groups: true\nexport:\n  format: gguf\n");
-  auto q = run_ptqkit("-q quantize " + d / "r.yaml");
-  INFO(q.out);
-  REQUIRE(q.code == 0);
+  quantize(d, "q", model, v.ctx, gptq_g32(v.bits), "gguf", 16);
   const std::string gguf = d / "q/model.gguf";
   const ClientResult c = llama_cpp_perplexity(gguf, text, v.ctx, v.windows, d / "ids.txt");
   auto e = run_ptqkit("eval --model " + gguf + " --data " + text + " --seq-len " + std::to_string(v.ctx) + " --max-windows " +
@@ -179,17 +191,7 @@ Logits llama_cpp_logits(const std::string& gguf, const std::vector<std::vector<i
     ids += "\n";
   }
   ptq::write_file_atomic(d / "seqs.txt", ids);
-  const std::string cmd = "NODE_LLAMA_CPP_DIR='" + client_dir() + "' node '" + std::string(PTQKIT_SOURCE_DIR) +
-                          "/tests/client/gguf_perplexity.mjs' --logits '" + gguf + "' '" + d / "seqs.txt" + "' '" + d / "logits.f32" + "' 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  INFO(out);
-  REQUIRE(st == 0);
-  const json j = json::parse(out.substr(out.rfind('{')));
+  const json j = run_client("--logits '" + gguf + "' '" + d / "seqs.txt" + "' '" + d / "logits.f32" + "'");
   Logits l;
   l.rows = j["rows"].get<int64_t>();
   l.vocab = j["vocab"].get<int64_t>();
@@ -219,8 +221,7 @@ double median_row_error(const std::vector<float>& a, const std::vector<float>& b
 void check_family(const std::string& family) {
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets(), src = A + "/models/tiny-" + family;
-  std::filesystem::create_directories(d / "m");
-  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) std::filesystem::create_symlink(src + "/" + f, d / "m/" + f);
+  link_model(d, src, {"config.json", "generation_config.json", "model.safetensors"});
   ptq::write_file_atomic(d / "m/tokenizer.json", ptq::byte_level_tokenizer_json());
   // the golden input ids [S, T] and transformers' fp32 logits [S * T, vocab]
   ptq::SafetensorsFile g(A + "/golden/golden-tiny-" + family + ".safetensors");
@@ -229,16 +230,8 @@ void check_family(const std::string& family) {
   std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(S));
   for (int64_t s = 0; s < S; ++s) seqs[size_t(s)].assign(reinterpret_cast<const int32_t*>(ids_t.data) + s * T, reinterpret_cast<const int32_t*>(ids_t.data) + (s + 1) * T);
   const std::vector<float> golden = ptq::tensor_to_f32(g.get("logits"));
-  auto recipe = [&](const std::string& out, const std::string& quant) {
-    ptq::write_file_atomic(d / (out + ".yaml"), "model: " + d / "m" + "\noutput: " + d / out + "\ncalibration:\n  dataset: " + A +
-                                                    "/text/tinystories/calib.txt\n  samples: 8\n  seq_len: 64\n  seed: 0\nquantization:\n" + quant +
-                                                    "export:\n  format: [gguf, fake]\n");
-    auto q = run_ptqkit("-q quantize " + d / (out + ".yaml"));
-    INFO(q.out);
-    REQUIRE(q.code == 0);
-  };
   // bf16 weights as stored (every Linear ignored): llama.cpp against transformers itself
-  recipe("float", "  method: rtn\n  ignore: ['model.layers.*']\n");
+  quantize(d, "float", d / "m", 64, kFloatLayers, "[gguf, fake]");
   const Logits lf = llama_cpp_logits(d / "float/gguf/model.gguf", seqs, d);
   // inspect reads every family's file: llama.cpp's architecture and its per-architecture keys
   const auto in = run_ptqkit("inspect " + d / "float/gguf/model.gguf");
@@ -251,18 +244,13 @@ void check_family(const std::string& family) {
   REQUIRE(lf.rows == S * T);
   REQUIRE(size_t(lf.rows * lf.vocab) == golden.size());
   const double e_float = relative_error(lf.v, golden), m_float = median_row_error(lf.v, golden, lf.vocab);
-  if (std::getenv("PTQKIT_CLIENT_DEBUG"))
-    for (int64_t row : {int64_t(0), int64_t(1), int64_t(2), T / 2, T - 1, T}) {
-      const std::vector<float> a(lf.v.begin() + row * lf.vocab, lf.v.begin() + (row + 1) * lf.vocab), b(golden.begin() + row * lf.vocab, golden.begin() + (row + 1) * lf.vocab);
-      std::cout << "  row " << row << ": " << relative_error(a, b) << " (first logits " << a[0] << " " << b[0] << ", " << a[5] << " " << b[5] << ")\n";
-    }
   // GPTQ 8- and 4-bit (Q8_0, Q4_0): llama.cpp's logits of the GGUF against ptqkit's forward of the
   // fake export of the same run (the same codes, dequantized and rounded to bf16)
   double e_q[2], m_q[2];
   int k = 0;
   for (int bits : {8, 4}) {
     const std::string out = "q" + std::to_string(bits);
-    recipe(out, "  method: gptq\n  bits: " + std::to_string(bits) + "\n  group_size: 32\n  sym: true\n  act_order: true\n  static_groups: true\n");
+    quantize(d, out, d / "m", 64, gptq_g32(bits), "[gguf, fake]");
     // tiny-qwen3-moe's experts are 48 wide: their downs cannot be blocks of 32 and stay bf16, said
     // in the report (and, as the exact names, in the effective recipe's ignore list)
     const json rep = json::parse(ptq::read_text_file(d / (out + "/report.json")));
@@ -317,20 +305,13 @@ TEST_CASE("client: Llama 3.1 rope scaling (rope_freqs): llama.cpp's logits of pt
   // positions) the first is kept, the second blended (between 128 and 512) and the others divided by 8.
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets(), src = A + "/models/llama2xs";
-  std::filesystem::create_directories(d / "m");
-  for (const char* f : {"generation_config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json"})
-    std::filesystem::create_symlink(src + "/" + f, d / "m/" + f);
+  link_model(d, src, {"generation_config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json"});
   json cfg = json::parse(ptq::read_text_file(src + "/config.json"));
   cfg["rope_theta"] = 500000.0;
   cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 512}};
   ptq::write_file_atomic(d / "m/config.json", cfg.dump(2));
-  ptq::write_file_atomic(d / "r.yaml", "model: " + d / "m" + "\noutput: " + d / "q" + "\ncalibration:\n  dataset: " + A +
-                                           "/text/tinystories/calib.txt\n  samples: 8\n  seq_len: 256\nquantization:\n  method: rtn\n"
-                                           "  ignore: ['model.layers.*']\nexport:\n  format: gguf\n");
-  auto q = run_ptqkit("-q quantize " + d / "r.yaml");
-  INFO(q.out);
-  REQUIRE(q.code == 0);
+  quantize(d, "q", d / "m", 256, kFloatLayers, "gguf");
   ptq::LlamaModel m(d / "m");
   auto tok = ptq::load_tokenizer(d / "m", 1);
   std::vector<int32_t> ids = ptq::encode_corpus(*tok, A + "/text/tinystories/eval.txt");
@@ -347,8 +328,7 @@ TEST_CASE("client: Llama 3.1 rope scaling (rope_freqs): llama.cpp's logits of pt
   const std::vector<float> uv(unscaled.data(), unscaled.data() + unscaled.size());
   // and llama.cpp's own difference from ptqkit on that unscaled model (its f16 KV cache and
   // float32 rotary tables): the floor the scaled comparison is held to
-  auto q2 = run_ptqkit("-q quantize " + d / "r.yaml" + " --output " + d / "q2");
-  REQUIRE(q2.code == 0);
+  quantize(d, "q2", d / "m", 256, kFloatLayers, "gguf");
   const Logits l2 = llama_cpp_logits(d / "q2/model.gguf", {ids}, d);
   const double e = relative_error(l.v, ov), e_unscaled = relative_error(l.v, uv), floor = relative_error(l2.v, uv);
   std::cout << "llama2xs with Llama 3.1 rope scaling: llama.cpp vs ptqkit " << 100 * e << "% (without the scaling on both sides " << 100 * floor
@@ -362,8 +342,7 @@ TEST_CASE("client: Qwen2 (q/k/v biases): llama.cpp's logits of ptqkit's GGUF, fl
   // llama2xs's weights (f32) as a qwen2 checkpoint with random q/k/v biases
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets(), src = A + "/models/llama2xs";
-  std::filesystem::create_directories(d / "m");
-  for (const char* f : {"generation_config.json", "tokenizer.model", "tokenizer_config.json"}) std::filesystem::create_symlink(src + "/" + f, d / "m/" + f);
+  link_model(d, src, {"generation_config.json", "tokenizer.model", "tokenizer_config.json"});
   json cfg = json::parse(ptq::read_text_file(src + "/config.json"));
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -389,14 +368,7 @@ TEST_CASE("client: Qwen2 (q/k/v biases): llama.cpp's logits of ptqkit's GGUF, fl
   ids.resize(128);
   for (int bits : {0, 8}) {
     const std::string out = "q" + std::to_string(bits);
-    const std::string quant = bits ? "  method: gptq\n  bits: 8\n  group_size: 32\n  sym: true\n  act_order: true\n  static_groups: true\n"
-                                   : "  method: rtn\n  ignore: ['model.layers.*']\n";
-    ptq::write_file_atomic(d / (out + ".yaml"), "model: " + d / "m" + "\noutput: " + d / out + "\ncalibration:\n  dataset: " + A +
-                                                    "/text/tinystories/calib.txt\n  samples: 8\n  seq_len: 128\nquantization:\n" + quant +
-                                                    "export:\n  format: [gguf, fake]\n");
-    auto q = run_ptqkit("-q quantize " + d / (out + ".yaml"));
-    INFO(q.out);
-    REQUIRE(q.code == 0);
+    quantize(d, out, d / "m", 128, bits ? gptq_g32(8) : kFloatLayers, "[gguf, fake]");
     const Logits l = llama_cpp_logits(d / (out + "/gguf/model.gguf"), {ids}, d);
     const ptq::MatF ours = ptq::LlamaModel(d / (out + "/fake")).forward(ids, 1, 128);
     const double e = relative_error(l.v, std::vector<float>(ours.data(), ours.data() + ours.size()));

@@ -38,9 +38,9 @@ struct TempDir {
 };
 
 struct RunResult { int code; std::string out; };
-// Runs `ptqkit ARGS` through the shell, stdout+stderr captured.
-inline RunResult run_ptqkit(const std::string& args) {
-  std::string cmd = std::string(PTQKIT_BIN) + " " + args + " 2>&1";
+// Runs a shell command, stdout+stderr captured.
+inline RunResult run_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -49,5 +49,7 @@ inline RunResult run_ptqkit(const std::string& args) {
   int st = ::pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
 }
+// Runs `ptqkit ARGS`.
+inline RunResult run_ptqkit(const std::string& args) { return run_command(std::string(PTQKIT_BIN) + " " + args); }
 
 }  // namespace ptqtest

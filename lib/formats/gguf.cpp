@@ -9,6 +9,7 @@
 #include "core/json_field.h"
 #include "core/progress.h"
 #include "formats/fake.h"
+#include "model/llama.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 
@@ -163,7 +164,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
       t.ne[2] = int64_t(t.parts.size());
       continue;
     }
-    T t{gg, type, {}, {n}, vec ? 1 : s[0], s.back()};
+    T t{gg, type, {}, {n}, vec ? 1 : s[0], s.back(), {}};
     t.ne = vec ? std::vector<int64_t>{s[0]} : std::vector<int64_t>{s.back(), s[0]};
     if (expert_of(n) >= 0) {
       if (expert_of(n) != 0) fail(Errc::usage, src.file_of(n), n, "gguf: the experts of " + gg + " must start at expert 0");
@@ -172,19 +173,14 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     at[gg] = plan.size();
     plan.push_back(t);
   }
-  // Llama 3.1+ rope scaling: llama.cpp divides each rotary frequency by rope_freqs[i], which its
-  // converter computes from rope_scaling as the model does (1 for short wavelengths, `factor`
-  // for long ones, the smooth blend between).
+  // Llama 3.1+ rope scaling: llama.cpp divides each rotary frequency by rope_freqs[i], the
+  // unscaled frequency over the scaled one (model/llama.h: rope_inv_freq, as the model scales it).
   if (c.rope_scaling) {
-    const RopeScaling& rs = *c.rope_scaling;
-    const int dim = c.rotary_dim();
-    const double old_len = rs.original_max_position_embeddings, low = old_len / rs.low_freq_factor, high = old_len / rs.high_freq_factor;
-    T t{"rope_freqs.weight", GgmlType::F32, {dim / 2}, {}, 1, dim / 2, {}};
-    for (int i = 0; i < dim / 2; ++i) {
-      const double wavelen = 2 * M_PI * std::pow(c.rope_theta, 2.0 * i / dim);
-      const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-      t.values.push_back(float(wavelen < high ? 1.0 : wavelen > low ? rs.factor : 1.0 / ((1 - smooth) / rs.factor + smooth)));
-    }
+    LlamaConfig plain = c;
+    plain.rope_scaling.reset();
+    const std::vector<double> f0 = rope_inv_freq(plain), f = rope_inv_freq(c);
+    T t{"rope_freqs.weight", GgmlType::F32, {int64_t(f.size())}, {}, 1, int64_t(f.size()), {}};
+    for (size_t i = 0; i < f.size(); ++i) t.values.push_back(float(f0[i] / f[i]));
     plan.insert(plan.begin(), t);
   }
   Buf h;

@@ -573,6 +573,8 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
       retry(0);
     }
   } else {
+    for (int e = 0; e < E; ++e) linv[size_t(e)] = dInv.get() + e * n * n;
+    PTQ_CUDA(cudaMemcpy(dLinv.get(), linv.data(), size_t(E) * sizeof(double*), cudaMemcpyHostToDevice));
     std::vector<int> todo(static_cast<size_t>(E));
     std::iota(todo.begin(), todo.end(), 0);
     while (!todo.empty()) {
@@ -580,8 +582,6 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
       for (int e : todo) { A.push_back(damped(e)); Inv.push_back(dInv.get() + e * n * n); }
       std::vector<int> info;
       invert_batched(A, Inv, n, info);
-      for (int e = 0; e < E; ++e) linv[size_t(e)] = dInv.get() + e * n * n;
-      PTQ_CUDA(cudaMemcpy(dLinv.get(), linv.data(), size_t(E) * sizeof(double*), cudaMemcpyHostToDevice));
       PTQ_CUDA(cudaMemset(dInfo.get(), 0, size_t(E) * 4));
       check_linv_kernel<<<dim3(unsigned(blocks_for(n * n)), unsigned(E)), 256>>>(dLinv.get(), n, dInfo.get());
       PTQ_CUDA_LAUNCH("check_linv_kernel");

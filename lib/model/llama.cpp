@@ -75,7 +75,7 @@ VecF read_vector(const WeightSource& w, const std::string& name, int64_t n) {
   return v;
 }
 
-Rope make_rope(const LlamaConfig& c, int max_len) {
+std::vector<double> rope_inv_freq(const LlamaConfig& c) {
   const int rd = c.rotary_dim(), half = rd / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i) inv_freq[size_t(i)] = 1.0 / std::pow(c.rope_theta, double(2 * i) / rd);
@@ -91,6 +91,12 @@ Rope make_rope(const LlamaConfig& c, int max_len) {
       f = (1 - smooth) * f / r.factor + smooth * f;
     }
   }
+  return inv_freq;
+}
+
+Rope make_rope(const LlamaConfig& c, int max_len) {
+  const std::vector<double> inv_freq = rope_inv_freq(c);
+  const int half = int(inv_freq.size());
   Rope rope{MatF(max_len, half), MatF(max_len, half)};
   for (int p = 0; p < max_len; ++p)
     for (int i = 0; i < half; ++i) {

@@ -69,6 +69,9 @@ struct LayerWeights {
 struct Rope {
   MatF cos, sin;
 };
+// The rotary inverse frequencies theta^(-2i/d), i < rotary_dim / 2, with Llama 3.1's
+// frequency-dependent scaling applied where the config has it.
+std::vector<double> rope_inv_freq(const LlamaConfig& c);
 Rope make_rope(const LlamaConfig& c, int max_len);
 
 // ---- stages (all fp32) ----
