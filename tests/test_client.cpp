@@ -11,8 +11,12 @@
 // LlamaTokenizer and ptqkit apply it); llama.cpp's SPM tokenizer does not. So on text with a
 // double space llama.cpp emits one extra "▁" token. The scored text has its space runs collapsed,
 // and the raw text's difference is checked to be exactly one token per run.
+#include <dlfcn.h>
+
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "core/fsutil.h"
@@ -92,7 +96,7 @@ ClientResult llama_cpp_perplexity(const std::string& gguf, const std::string& te
 struct Variant {
   const char* model;   // under assets/models
   int ctx, windows;
-  const char* gguf_type;   // what the quantization maps to
+  const char* gguf_type;   // export.gguf_type, or what symmetric groups of 32 of `bits` map to (bits > 0)
   int bits;
   bool llama_cpp_protocol = false;   // also compare under llama-perplexity's protocol
 };
@@ -111,7 +115,8 @@ void check_variant(const Variant& v) {
   }
   ptq::write_file_atomic(d / "eval.txt", collapsed);
   const std::string text = d / "eval.txt";
-  quantize(d, "q", model, v.ctx, gptq_g32(v.bits), "gguf", 16);
+  if (v.bits) quantize(d, "q", model, v.ctx, gptq_g32(v.bits), "gguf", 16);
+  else quantize(d, "q", model, v.ctx, "  method: gptq\n  act_order: true\n", std::string("gguf\n  gguf_type: ") + v.gguf_type, 16);
   const std::string gguf = d / "q/model.gguf";
   const ClientResult c = llama_cpp_perplexity(gguf, text, v.ctx, v.windows, d / "ids.txt");
   auto e = run_ptqkit("eval --model " + gguf + " --data " + text + " --seq-len " + std::to_string(v.ctx) + " --max-windows " +
@@ -171,6 +176,90 @@ TEST_CASE("client: llama.cpp reads ptqkit's Q8_0 and Q4_0 GGUF of distilled-13m 
   PTQ_REQUIRE_CLIENT();
   check_variant({"distilled-13m", 512, 4, "Q8_0", 8});
   check_variant({"distilled-13m", 512, 4, "Q4_0", 4});
+}
+
+// Q4_1 on llama2xs; the K mixes on distilled-13m, whose down_proj (1024 wide) takes K-quants and
+// whose 384-wide Linears fall back as llama.cpp's quantizer does: Q4_K_M writes Q4_K, Q6_K, Q5_0
+// and Q8_0 blocks, Q5_K_M Q5_K, Q6_K, Q5_1 and Q8_0: every block type ptqkit writes.
+TEST_CASE("client: llama.cpp reads ptqkit's Q4_1 GGUF of llama2xs and its Q4_K_M and Q5_K_M GGUF of distilled-13m") {
+  PTQ_REQUIRE_CLIENT();
+  check_variant({"llama2xs", 256, 8, "Q4_1", 0, true});
+  check_variant({"distilled-13m", 512, 4, "Q4_K_M", 0, true});
+  check_variant({"distilled-13m", 512, 4, "Q5_K_M", 0});
+}
+
+// ---- llama.cpp's own decoders and quantizer, called in its libraries ----
+namespace {
+std::string client_lib(const char* name) { return client_dir() + "/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/" + name; }
+void* open_lib(const std::string& path) {
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  INFO(path << ": " << (h ? "" : dlerror()));
+  REQUIRE(h != nullptr);
+  return h;
+}
+}  // namespace
+
+// Random blocks of every type ptqkit writes, encoded from codes and parameters by ptqkit's
+// encoder, decoded by libggml-base's dequantize_row_* (llama.cpp's) and by ptqkit's reference
+// decoder: every float equal; and each value equal to the type's formula in float64 within one
+// float rounding.
+TEST_CASE("client: llama.cpp's dequantize_row_* decodes ptqkit's blocks of every type exactly as ptqkit's reference decoder") {
+  PTQ_REQUIRE_CLIENT();
+  void* lib = open_lib(client_lib("libggml-base.so"));
+  using Dequant = void (*)(const void*, float*, int64_t);
+  std::mt19937 rng(7);
+  for (ptq::GgmlType t : {ptq::GgmlType::Q4_0, ptq::GgmlType::Q4_1, ptq::GgmlType::Q5_0, ptq::GgmlType::Q5_1, ptq::GgmlType::Q8_0,
+                          ptq::GgmlType::Q4_K, ptq::GgmlType::Q5_K, ptq::GgmlType::Q6_K}) {
+    std::string sym = std::string("dequantize_row_") + ptq::ggml_type_name(t);
+    sym[sym.size() - 4] = 'q';   // dequantize_row_q4_0, ..._q4_K: ggml's names keep the K upper case
+    const auto theirs = reinterpret_cast<Dequant>(dlsym(lib, sym.c_str()));
+    INFO(sym);
+    REQUIRE(theirs != nullptr);
+    const int n = ptq::ggml_block_elems(t), nb = 64;
+    const int bits = t == ptq::GgmlType::Q8_0 ? 8 : t == ptq::GgmlType::Q6_K ? 6 : (t == ptq::GgmlType::Q5_0 || t == ptq::GgmlType::Q5_1 || t == ptq::GgmlType::Q5_K) ? 5 : 4;
+    std::vector<char> blocks(size_t(nb * ptq::ggml_block_bytes(t)));
+    std::vector<double> expect(size_t(nb * n)), mag(size_t(nb * n));   // the value, and the sum of its terms' magnitudes
+    for (int b = 0; b < nb; ++b) {
+      ptq::BlockParams p;
+      auto f16 = [&](double lo, double hi) { return ptq::f32_to_f16_bits(float(std::uniform_real_distribution<double>(lo, hi)(rng))); };
+      p.d = f16(1e-4, 0.05);
+      p.m = f16(-0.5, 0.5);
+      p.dmin = f16(1e-4, 0.02);
+      for (int j = 0; j < 16; ++j) p.sc[j] = t == ptq::GgmlType::Q6_K ? int(rng() % 256) - 128 : int(rng() % 64);
+      for (int j = 0; j < 8; ++j) p.mc[j] = int(rng() % 64);
+      std::vector<uint8_t> q(static_cast<size_t>(n));
+      for (auto& c : q) c = uint8_t(rng() % (1u << bits));
+      ptq::encode_block(t, p, q.data(), blocks.data() + size_t(b * ptq::ggml_block_bytes(t)));
+      const double d = ptq::f16_bits_to_f32(p.d), m = ptq::f16_bits_to_f32(p.m), dmin = ptq::f16_bits_to_f32(p.dmin);
+      for (int e = 0; e < n; ++e) {
+        double v, w = 0;
+        const int c = q[size_t(e)];
+        switch (t) {
+          case ptq::GgmlType::Q4_0: v = d * (c - 8); break;
+          case ptq::GgmlType::Q5_0: v = d * (c - 16); break;
+          case ptq::GgmlType::Q8_0: v = d * (c - 128); break;
+          case ptq::GgmlType::Q4_1: case ptq::GgmlType::Q5_1: v = d * c + m; w = std::abs(d * c) + std::abs(m); break;
+          case ptq::GgmlType::Q6_K: v = d * p.sc[e / 16] * (c - 32); break;
+          default: v = d * p.sc[e / 32] * c - dmin * p.mc[e / 32]; w = std::abs(d * p.sc[e / 32] * c) + dmin * p.mc[e / 32]; break;
+        }
+        expect[size_t(b * n + e)] = v;
+        mag[size_t(b * n + e)] = std::max(w, std::abs(v));
+      }
+    }
+    std::vector<float> ours(expect.size()), ref(expect.size());
+    ptq::dequantize_row(t, blocks.data(), ours.data(), int64_t(expect.size()));
+    theirs(blocks.data(), ref.data(), int64_t(expect.size()));
+    int64_t differ = 0, off = 0;
+    for (size_t i = 0; i < expect.size(); ++i) {
+      differ += std::memcmp(&ours[i], &ref[i], 4) != 0;
+      // two float roundings at most (a product, then a sum or a second product)
+      off += std::abs(double(ours[i]) - expect[i]) > 2.5e-7 * mag[i];
+    }
+    std::cout << ptq::ggml_type_name(t) << ": " << expect.size() << " values, " << differ << " differ from llama.cpp's decoder\n";
+    CHECK(differ == 0);
+    CHECK(off == 0);
+  }
+  dlclose(lib);
 }
 
 // ---- the other families: logits on transformers' golden input ids ----
@@ -377,4 +466,66 @@ TEST_CASE("client: Qwen2 (q/k/v biases): llama.cpp's logits of ptqkit's GGUF, fl
     // to 8 bits per block of 32 against the same dequantized weights in f32 (1.3% measured)
     CHECK(e <= (bits ? 0.02 : 0.005));
   }
+}
+
+namespace {
+// The leading fields of llama.cpp's llama_model_quantize_params (llama.h; their order has held since
+// the output and embedding types were added); the rest is kept as llama_model_quantize_default_params
+// returns it.
+struct QuantizeParams {
+  int32_t nthread, ftype, output_tensor_type, token_embedding_type;
+  char rest[240];
+};
+// llama.cpp's llama_model_quantize of `in` into `out` as llama_ftype `ftype`, output.weight and
+// token_embd kept F16 (ggml type 1), as ptqkit keeps lm_head and the embeddings.
+void llama_cpp_quantize(const std::string& in, const std::string& out, int ftype) {
+  void* lib = open_lib(client_lib("libllama.v0.5.0.so"));
+  const auto defaults = reinterpret_cast<QuantizeParams (*)()>(dlsym(lib, "llama_model_quantize_default_params"));
+  const auto quantize_model = reinterpret_cast<uint32_t (*)(const char*, const char*, const QuantizeParams*)>(dlsym(lib, "llama_model_quantize"));
+  REQUIRE(defaults != nullptr);
+  REQUIRE(quantize_model != nullptr);
+  QuantizeParams p = defaults();
+  p.nthread = 2;
+  p.ftype = ftype;
+  p.output_tensor_type = 1;
+  p.token_embedding_type = 1;
+  REQUIRE(quantize_model(in.c_str(), out.c_str(), &p) == 0);
+  dlclose(lib);
+}
+// The tensors of each block type in a GGUF file.
+std::map<std::string, int> gguf_types(const std::string& path) {
+  std::map<std::string, int> n;
+  ptq::GgufFile f(path);
+  for (auto& t : f.tensors()) n[ptq::ggml_type_name(t.type)]++;
+  return n;
+}
+double eval_llama_protocol(const std::string& gguf, const std::string& text, int ctx, int windows, const std::string& json_out) {
+  auto e = run_ptqkit("eval --model " + gguf + " --data " + text + " --seq-len " + std::to_string(ctx) + " --max-windows " + std::to_string(windows) +
+                      " --protocol llama.cpp --json " + json_out);
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  return json::parse(ptq::read_text_file(json_out))["perplexity"].get<double>();
+}
+}  // namespace
+
+// llama.cpp's own Q4_K_M of distilled-13m (llama_model_quantize from ptqkit's f16 GGUF of it: its
+// round-to-nearest K-quant search, no importance matrix) against ptqkit's Q4_K_M (GPTQ on the same
+// block types, 32 calibration windows): the same mix of types, and ptqkit's perplexity lower.
+TEST_CASE("client: ptqkit's Q4_K_M of distilled-13m is closer to float than llama.cpp's own Q4_K_M of the same float model") {
+  PTQ_REQUIRE_CLIENT();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets(), model = A + "/models/distilled-13m", text = A + "/text/tinystories/eval.txt";
+  quantize(d, "float", model, 512, kFloatLayers, "gguf");
+  llama_cpp_quantize(d / "float/model.gguf", d / "llama-q4km.gguf", 15);   // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  quantize(d, "q", model, 512, "  method: gptq\n  act_order: true\n", "gguf\n  gguf_type: Q4_K_M", 32);
+  const auto theirs_types = gguf_types(d / "llama-q4km.gguf"), our_types = gguf_types(d / "q/model.gguf");
+  for (auto& [t, n] : our_types) std::cout << t << " " << n << " / llama.cpp " << (theirs_types.count(t) ? theirs_types.at(t) : 0) << "\n";
+  CHECK(our_types == theirs_types);
+  const int windows = 40;
+  const double f = eval_llama_protocol(d / "float/model.gguf", text, 512, windows, d / "f.json");
+  const double theirs = eval_llama_protocol(d / "llama-q4km.gguf", text, 512, windows, d / "l.json");
+  const double ours = eval_llama_protocol(d / "q/model.gguf", text, 512, windows, d / "o.json");
+  std::cout << "distilled-13m, " << windows << " windows of 512, llama-perplexity's protocol: float " << f << ", llama.cpp Q4_K_M " << theirs
+            << " (+" << 100 * (theirs / f - 1) << "%), ptqkit Q4_K_M " << ours << " (+" << 100 * (ours / f - 1) << "%)\n";
+  CHECK(ours < theirs);
 }

@@ -111,6 +111,9 @@ void check_format(const std::string& fmt, const LlamaConfig& c, const std::vecto
     }
     const QuantSpec& a = first->spec;
     const QuantSpec& b = m.spec;
+    if (fmt != "gguf" && b.form != GridForm::integer_zero)
+      refuse(m.name, std::string("holds GPTQ's integer-zero grids; this module is solved on llama.cpp's ") + grid_form_name(b.form) +
+                         " grid (gguf_type), which only gguf (and fake) write");
     if (fmt != "gguf" && (b.bits != a.bits || b.group_size != a.group_size || b.sym != a.sym || b.act_order != a.act_order ||
                           b.static_groups != a.static_groups))
       refuse(m.name, "one quantization setting for the whole model is written; this module's differs from " + first->name +

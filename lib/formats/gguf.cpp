@@ -46,23 +46,10 @@ size_t type_size(GgmlType t, int64_t n) {
     case GgmlType::F32: return size_t(n) * 4;
     case GgmlType::F16:
     case GgmlType::BF16: return size_t(n) * 2;
-    case GgmlType::Q4_0: return size_t(n / kQK) * sizeof(BlockQ4_0);
-    case GgmlType::Q8_0: return size_t(n / kQK) * sizeof(BlockQ8_0);
+    default: return size_t(n / ggml_block_elems(t)) * size_t(ggml_block_bytes(t));
   }
-  return 0;
 }
 }  // namespace
-
-const char* ggml_type_name(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return "F32";
-    case GgmlType::F16: return "F16";
-    case GgmlType::BF16: return "BF16";
-    case GgmlType::Q4_0: return "Q4_0";
-    case GgmlType::Q8_0: return "Q8_0";
-  }
-  return "?";
-}
 
 int64_t gguf_permuted_row(int64_t r, int hd) {
   const int64_t h = r / hd, w = r % hd, j = w / (hd / 2), i = w % (hd / 2);
@@ -117,6 +104,73 @@ std::string hf_to_gguf_name(const std::string& n) {
   return "";
 }
 
+namespace {
+// llama.cpp's general.file_type (llama_ftype) for the tensors' types: that of the most common
+// block type, a K type with Q6_K beside it read as the _M mix.
+uint32_t file_type(const std::map<GgmlType, int>& n, GgmlType ftype) {
+  if (n.empty()) return ftype == GgmlType::F32 ? 0 : ftype == GgmlType::BF16 ? 32 : 1;
+  GgmlType top = n.begin()->first;
+  for (auto& [t, k] : n)
+    if (k > n.at(top) || (k == n.at(top) && (t == GgmlType::Q4_K || t == GgmlType::Q5_K))) top = t;
+  const bool q6 = n.count(GgmlType::Q6_K) > 0;
+  switch (top) {
+    case GgmlType::Q4_0: return 2;
+    case GgmlType::Q4_1: return 3;
+    case GgmlType::Q8_0: return 7;
+    case GgmlType::Q5_0: return 8;
+    case GgmlType::Q5_1: return 9;
+    case GgmlType::Q4_K: return q6 ? 15 : 14;
+    case GgmlType::Q5_K: return q6 ? 17 : 16;
+    case GgmlType::Q6_K: return 18;
+    default: return 1;
+  }
+}
+
+uint16_t f16_exact(float v, const std::string& file, const std::string& tensor, const char* what) {
+  const uint16_t h = f32_to_f16_bits(v);
+  if (f16_bits_to_f32(h) != v) fail(Errc::numeric, file, tensor, std::string("gguf: a ") + what + " is not an f16 value (" + std::to_string(v) + ")");
+  return h;
+}
+// sc (and mc) of a K-quant group: the integer its scale (min) is d (dmin) times, exactly, in [lo, hi].
+int k_multiple(float v, float d, int lo, int hi, const std::string& file, const std::string& tensor) {
+  const float k = d > 0.0f ? std::nearbyint(v / d) : 0.0f;
+  if (d * k != v || k < float(lo) || k > float(hi))
+    fail(Errc::numeric, file, tensor, "gguf: a sub-block scale " + std::to_string(v) + " is not an integer multiple in [" + std::to_string(lo) + ", " +
+                                          std::to_string(hi) + "] of the super-block's " + std::to_string(d));
+  return int(k);
+}
+
+// Block b of row r of q: its grid's parameters as the block stores them, each checked to be exact.
+BlockParams block_params(const QuantizedLinear& q, GgmlType t, int64_t r, int64_t b, const std::string& file, const std::string& tensor) {
+  BlockParams p;
+  const int be = ggml_block_elems(t);
+  if (be == kQK) {
+    const int64_t g = q.g_idx[size_t(b * kQK)];
+    p.d = f16_exact(q.scales[size_t(g * q.rows + r)], file, tensor, "scale");
+    if (t == GgmlType::Q4_1 || t == GgmlType::Q5_1) p.m = f16_exact(q.mins[size_t(g * q.rows + r)], file, tensor, "min");
+    return p;
+  }
+  const float d = q.super_d[size_t(b * q.rows + r)];
+  p.d = f16_exact(d, file, tensor, "super-block d");
+  const int n = t == GgmlType::Q6_K ? 16 : 8, gs = be / n;
+  float dmin = 0.0f;
+  if (t != GgmlType::Q6_K) {
+    dmin = q.super_dmin[size_t(b * q.rows + r)];
+    p.dmin = f16_exact(dmin, file, tensor, "super-block dmin");
+  }
+  for (int j = 0; j < n; ++j) {
+    const size_t k = size_t(int64_t(q.g_idx[size_t(b * be + j * gs)]) * q.rows + r);
+    if (t == GgmlType::Q6_K) {
+      p.sc[j] = k_multiple(q.scales[k], d, -128, 127, file, tensor);
+    } else {
+      p.sc[j] = k_multiple(q.scales[k], d, 0, 63, file, tensor);
+      p.mc[j] = k_multiple(-q.mins[k], dmin, 0, 63, file, tensor);
+    }
+  }
+  return p;
+}
+}  // namespace
+
 std::vector<std::string> export_gguf(const ExportJob& job) {
   const LlamaConfig& c = job.model->config();
   const std::string out = job.out_dir + "/model.gguf", arch = gguf_arch(c);
@@ -141,7 +195,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
   std::map<std::string, size_t> at;   // GGUF name -> plan index
   const Checkpoint& src = job.model->checkpoint();
   const GgmlType ftype = c.dtype == DType::F32 ? GgmlType::F32 : c.dtype == DType::BF16 ? GgmlType::BF16 : GgmlType::F16;
-  int n_q4 = 0, n_q8 = 0;
+  std::map<GgmlType, int> n_quant;   // tensors of each block type (general.file_type)
   for (auto& n : ordered_tensor_names(src)) {
     const std::string gg = hf_to_gguf_name(n);
     if (gg.empty()) fail(Errc::usage, src.file_of(n), n, "gguf: llama.cpp has no tensor for this");
@@ -153,8 +207,8 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     const std::string m = n.substr(0, n.rfind('.'));
     if (!vec && job.store && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 && job.store->info(m, &info)) {
       check_format("gguf", c, {{m, info.rows, info.cols, info.spec, true}});
-      type = info.spec.bits == 4 ? GgmlType::Q4_0 : GgmlType::Q8_0;
-      (info.spec.bits == 4 ? n_q4 : n_q8)++;
+      gguf_type_of(info.spec, &type);
+      n_quant[type]++;
     }
     if (auto it = at.find(gg); it != at.end()) {   // the next expert of a stacked tensor
       T& t = plan[it->second];
@@ -193,7 +247,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
   const std::string a = arch + ".";
   count([&] { kv.kv_str("general.architecture", arch); });
   count([&] { kv.kv_str("general.name", std::filesystem::path(job.model->dir()).filename().string()); });
-  count([&] { kv.kv_u32("general.file_type", n_q4 ? 2 : n_q8 ? 7 : ftype == GgmlType::F32 ? 0 : ftype == GgmlType::BF16 ? 32 : 1); });
+  count([&] { kv.kv_u32("general.file_type", file_type(n_quant, ftype)); });
   count([&] { kv.kv_u32("general.quantization_version", 2); });
   count([&] { kv.kv_u32("general.alignment", uint32_t(kAlign)); });
   count([&] { kv.kv_str("general.quantized_by", "ptqkit (GPTQ codes written as blocks)"); });
@@ -268,26 +322,17 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
           const int64_t h = gg_row / hd, w = gg_row % hd, i = w / 2, j = w % 2;
           return h * hd + j * (hd / 2) + i;
         };
-        if (t.type == GgmlType::Q4_0 || t.type == GgmlType::Q8_0) {
+        if (ggml_block_elems(t.type) > 1) {
           const QuantizedLinear& q = *job.store->get(hf.substr(0, hf.size() - 7));
+          const int be = ggml_block_elems(t.type), bb = ggml_block_bytes(t.type);
+          std::vector<uint8_t> code(static_cast<size_t>(be));
+          char blk[256];
           for (int64_t gr = 0; gr < t.rows; ++gr) {
             const int64_t r = row_of(gr);
-            for (int64_t b = 0; b < t.cols / kQK; ++b) {
-              const int64_t g = q.g_idx[size_t(b * kQK)];
-              const float scale = q.scales[size_t(g * q.rows + r)];
-              const uint16_t d = f32_to_f16_bits(scale);
-              if (f16_bits_to_f32(d) != scale) fail(Errc::numeric, out, hf, "gguf: a scale is not an f16 value (" + std::to_string(scale) + ")");
-              uint8_t code[kQK];
-              for (int j = 0; j < kQK; ++j) code[j] = uint8_t(q.code(r, b * kQK + j));
-              if (t.type == GgmlType::Q4_0) {
-                BlockQ4_0 blk{d, {}};
-                for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = uint8_t(code[j] | (code[j + kQK / 2] << 4));
-                data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
-              } else {
-                BlockQ8_0 blk{d, {}};
-                for (int j = 0; j < kQK; ++j) blk.qs[j] = int8_t(int(code[j]) - 128);
-                data.append(reinterpret_cast<const char*>(&blk), sizeof blk);
-              }
+            for (int64_t b = 0; b < t.cols / be; ++b) {
+              for (int j = 0; j < be; ++j) code[size_t(j)] = uint8_t(q.code(r, b * be + j));
+              encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data(), blk);
+              data.append(blk, size_t(bb));
             }
           }
         } else {
@@ -399,10 +444,11 @@ GgufFile::GgufFile(const std::string& path) : map_(path) {
       if (__builtin_mul_overflow(n, t.ne.back(), &n) || n > (int64_t(1) << 48)) fail(Errc::format, path, t.name, "too many elements");
     }
     const uint32_t ty = r.get<uint32_t>(t.name.c_str());
-    if (ty != 0 && ty != 1 && ty != 2 && ty != 8 && ty != 30)
-      fail(Errc::format, path, t.name, "ggml type " + std::to_string(ty) + " is not read (F32, F16, BF16, Q4_0, Q8_0 are)");
     t.type = GgmlType(ty);
-    if ((t.type == GgmlType::Q4_0 || t.type == GgmlType::Q8_0) && t.ne[0] % kQK) fail(Errc::format, path, t.name, "ne[0] is not a multiple of 32");
+    if (ty > 30 || std::string(ggml_type_name(t.type)) == "?")
+      fail(Errc::format, path, t.name, "ggml type " + std::to_string(ty) + " is not read (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K are)");
+    if (t.ne[0] % ggml_block_elems(t.type))
+      fail(Errc::format, path, t.name, "ne[0] " + std::to_string(t.ne[0]) + " is not a multiple of " + ggml_type_name(t.type) + "'s block of " + std::to_string(ggml_block_elems(t.type)));
     t.offset = r.get<uint64_t>(t.name.c_str());
     t.nbytes = type_size(t.type, n);
     by_name_[t.name] = tensors_.size();
@@ -430,18 +476,13 @@ const GgufFile::TensorInfo* GgufFile::find(const std::string& name) const {
 }
 
 namespace {
-// Elements [first, first + n) of t, dequantized (first and n multiples of the block for Q4_0 / Q8_0).
+// Elements [first, first + n) of t, dequantized (first and n multiples of the type's block).
 void decode(const GgufFile::TensorInfo& t, int64_t first, int64_t n, float* out) {
   switch (t.type) {
     case GgmlType::F32: std::memcpy(out, reinterpret_cast<const float*>(t.data) + first, size_t(n) * 4); break;
     case GgmlType::F16: convert_to_f32(DType::F16, t.data + size_t(first) * 2, out, size_t(n)); break;
     case GgmlType::BF16: convert_to_f32(DType::BF16, t.data + size_t(first) * 2, out, size_t(n)); break;
-    case GgmlType::Q4_0:
-      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q4_0(reinterpret_cast<const BlockQ4_0*>(t.data)[first / kQK + b], out + b * kQK);
-      break;
-    case GgmlType::Q8_0:
-      for (int64_t b = 0; b < n / kQK; ++b) dequantize_block_q8_0(reinterpret_cast<const BlockQ8_0*>(t.data)[first / kQK + b], out + b * kQK);
-      break;
+    default: dequantize_row(t.type, t.data + size_t(first / ggml_block_elems(t.type)) * size_t(ggml_block_bytes(t.type)), out, n);
   }
 }
 }  // namespace
@@ -535,11 +576,54 @@ class GgufSource final : public WeightSource {
 
 std::unique_ptr<WeightSource> gguf_source(const std::string& path, const LlamaConfig& c) { return std::make_unique<GgufSource>(path, c); }
 
+bool gguf_type_of(const QuantSpec& s, GgmlType* t, std::string* why) {
+  auto no = [&](const std::string& w) { if (why) *why = w; return false; };
+  if (s.act_order && !s.static_groups) return no("act-order permutes the groups, which blocks cannot: use static_groups");
+  if (s.method == "nf4") return no("NF4 is not a GGUF block type");
+  const int b = s.bits;
+  switch (s.form) {
+    case GridForm::integer_zero:
+      if (s.group_size == kQK && s.sym && (b == 4 || b == 5 || b == 8)) { *t = b == 4 ? GgmlType::Q4_0 : b == 5 ? GgmlType::Q5_0 : GgmlType::Q8_0; return true; }
+      return no("GPTQ's integer-zero grid is a block type's when symmetric 4-, 5- or 8-bit with group_size 32 (Q4_0, Q5_0, Q8_0); for the "
+                "others set export.gguf_type (Q4_1, Q5_1, Q4_K, Q5_K, Q6_K), which solves on that type's grid");
+    case GridForm::f16_min:
+      if (s.group_size == kQK && (b == 4 || b == 5)) { *t = b == 4 ? GgmlType::Q4_1 : GgmlType::Q5_1; return true; }
+      break;
+    case GridForm::k_min:
+      if (s.group_size == kQK && (b == 4 || b == 5)) { *t = b == 4 ? GgmlType::Q4_K : GgmlType::Q5_K; return true; }
+      break;
+    case GridForm::k_sym:
+      if (s.group_size == 16 && b == 6) { *t = GgmlType::Q6_K; return true; }
+      break;
+  }
+  return no(std::string("no block type holds the ") + grid_form_name(s.form) + " grid with " + std::to_string(b) + " bits and group_size " + std::to_string(s.group_size));
+}
+
+std::string apply_gguf_type(const std::string& name, QuantSpec& s) {
+  GgmlType t;
+  if (!parse_ggml_type(name.c_str(), &t))
+    return "unknown GGUF type '" + name + "' (llama.cpp's names: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the mixes Q4_K_M and Q5_K_M)";
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: s.form = GridForm::integer_zero; s.sym = true; break;
+    case GgmlType::Q4_1: case GgmlType::Q5_1: s.form = GridForm::f16_min; s.sym = false; break;
+    case GgmlType::Q4_K: case GgmlType::Q5_K: s.form = GridForm::k_min; s.sym = false; s.static_groups = true; break;
+    case GgmlType::Q6_K: s.form = GridForm::k_sym; s.sym = true; s.static_groups = true; break;
+    default: break;
+  }
+  s.bits = t == GgmlType::Q8_0 ? 8 : t == GgmlType::Q6_K ? 6 : (t == GgmlType::Q5_0 || t == GgmlType::Q5_1 || t == GgmlType::Q5_K) ? 5 : 4;
+  s.group_size = t == GgmlType::Q6_K ? 16 : kQK;
+  if (s.act_order) s.static_groups = true;   // blocks hold groups in column order
+  return "";
+}
+
 void check_gguf_module(const ModulePlan& m) {
-  const QuantSpec& b = m.spec;
-  if (!b.sym || b.group_size != 32 || (b.bits != 4 && b.bits != 8) || (b.act_order && !b.static_groups))
-    fail(Errc::usage, "", m.name, "gguf: holds quantized weights as Q4_0/Q8_0 blocks: symmetric 4- or 8-bit, group_size 32, no act-order permutation of groups (use static_groups)");
-  if (m.cols % kQK) fail(Errc::usage, "", m.name, "gguf: blocks of 32 need in_features divisible by 32, got " + std::to_string(m.cols));
+  GgmlType t;
+  std::string why;
+  if (!gguf_type_of(m.spec, &t, &why)) fail(Errc::usage, "", m.name, "gguf: " + why);
+  const int n = ggml_block_elems(t);
+  if (m.cols % n)
+    fail(Errc::usage, "", m.name, std::string("gguf: ") + ggml_type_name(t) + " blocks of " + std::to_string(n) + " need in_features divisible by " + std::to_string(n) +
+                                      ", got " + std::to_string(m.cols));
 }
 
 void check_gguf_model(const LlamaConfig& c) {
@@ -551,46 +635,6 @@ void check_gguf_model(const LlamaConfig& c) {
     if (c.moe != MoeRouting::none && !c.moe_layer(l))
       refuse("llama.cpp's " + gguf_arch(c) + " has experts in every layer; layer " + std::to_string(l) + " is dense (mlp_only_layers / decoder_sparse_step)");
   if (c.moe == MoeRouting::softmax_topk && !c.norm_topk_prob) refuse("llama.cpp's qwen3moe renormalizes the chosen experts' weights; this config has norm_topk_prob false");
-}
-
-// ------------------------------------------------------------------ blocks
-
-BlockQ4_0 quantize_block_q4_0(const float* x) {
-  float amax = 0, max = 0;
-  for (int j = 0; j < kQK; ++j)
-    if (std::abs(x[j]) > amax) { amax = std::abs(x[j]); max = x[j]; }
-  const float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
-  BlockQ4_0 b;
-  b.d = f32_to_f16_bits(d);
-  for (int j = 0; j < kQK / 2; ++j) {
-    const uint8_t x0 = uint8_t(std::min(15, int(int8_t(x[j] * id + 8.5f))));
-    const uint8_t x1 = uint8_t(std::min(15, int(int8_t(x[kQK / 2 + j] * id + 8.5f))));
-    b.qs[j] = uint8_t(x0 | (x1 << 4));
-  }
-  return b;
-}
-
-BlockQ8_0 quantize_block_q8_0(const float* x) {
-  float amax = 0;
-  for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::abs(x[j]));
-  const float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
-  BlockQ8_0 b;
-  b.d = f32_to_f16_bits(d);
-  for (int j = 0; j < kQK; ++j) b.qs[j] = int8_t(std::round(x[j] * id));   // roundf: half away from zero, as llama.cpp
-  return b;
-}
-
-void dequantize_block_q4_0(const BlockQ4_0& b, float* y) {
-  const float d = f16_bits_to_f32(b.d);
-  for (int j = 0; j < kQK / 2; ++j) {
-    y[j] = float(int(b.qs[j] & 15) - 8) * d;
-    y[j + kQK / 2] = float(int(b.qs[j] >> 4) - 8) * d;
-  }
-}
-
-void dequantize_block_q8_0(const BlockQ8_0& b, float* y) {
-  const float d = f16_bits_to_f32(b.d);
-  for (int j = 0; j < kQK; ++j) y[j] = float(b.qs[j]) * d;
 }
 
 }  // namespace ptq

@@ -1,5 +1,6 @@
 // gguf.h — llama.cpp's GGUF v3: a writer (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3;
-// Q4_0 / Q8_0 quantized tensors, F32 / F16 / BF16 float ones), and a reader (llama).
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K quantized tensors (formats/ggml_blocks.h), F32 /
+// F16 / BF16 float ones), and a reader (llama).
 //
 // File: "GGUF", u32 version 3, u64 tensor count, u64 metadata count; metadata (key string, u32
 // type, value); tensor infos (name, u32 n_dims, u64 ne[n_dims] with ne[0] the contiguous
@@ -7,8 +8,10 @@
 // aligned to 32. All little-endian; strings are u64 length + bytes.
 //
 // GPTQ's symmetric 4-bit (8-bit) grid with groups of 32 along the input is Q4_0's (Q8_0's):
-// x = d * (q - 8) (x = d * q8). Such runs are written code for code, scale for scale: a GGUF
-// with GPTQ-optimized weights, which llama.cpp's own tools cannot make.
+// x = d * (q - 8) (x = d * q8). The other types have grids of their own (gptq/quantizer.h's
+// GridForm: f16 mins, K-quant super-blocks), which the solve uses as the block stores them.
+// Either way the file is written code for code, scale for scale: a GGUF with GPTQ-optimized
+// weights, which llama.cpp's own tools cannot make.
 // llama.cpp stores llama's q_proj/k_proj rows permuted (rotary halves interleaved per head); the
 // writer applies its permutation and the reader undoes it. The other families rotate halves
 // (NEOX) and are written as stored. Names, shapes and metadata keys follow llama.cpp's converter
@@ -23,25 +26,18 @@
 
 #include "core/fsutil.h"
 #include "formats/common.h"
+#include "formats/ggml_blocks.h"
 
 namespace ptq {
 
-// llama.cpp's blocks (ggml-common.h), sizes checked.
-constexpr int kQK = 32;                         // elements per Q4_0 / Q8_0 block
-struct BlockQ4_0 { uint16_t d; uint8_t qs[kQK / 2]; };   // 4.5 bits per weight
-struct BlockQ8_0 { uint16_t d; int8_t qs[kQK]; };       // 8.5 bits per weight
-static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block is 18 bytes");
-static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block is 34 bytes");
-// llama.cpp's reference quantizers (quantize_row_q4_0_ref, quantize_row_q8_0_ref) of one block.
-BlockQ4_0 quantize_block_q4_0(const float* x);
-BlockQ8_0 quantize_block_q8_0(const float* x);
-void dequantize_block_q4_0(const BlockQ4_0& b, float* y);
-void dequantize_block_q8_0(const BlockQ8_0& b, float* y);
+// The block type a module's spec is written as: the spec is that type's grid exactly (false, with
+// the reason in *why, when no type holds it).
+bool gguf_type_of(const QuantSpec& s, GgmlType* t, std::string* why = nullptr);
+// The spec of a GGUF type: bits, group size, symmetry and grid form set from it (act-order keeps
+// its static groups; the K types always have them). "" if name is a type; else why not.
+std::string apply_gguf_type(const std::string& name, QuantSpec& s);
 
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
-const char* ggml_type_name(GgmlType t);   // "Q4_0"
-
-// The plan checks (common.h's check_format): a module's spec must be Q4_0's or Q8_0's grid, the
+// The plan checks (common.h's check_format): a module's spec must be a block type's grid, the
 // model one the writer covers.
 void check_gguf_module(const ModulePlan& m);
 void check_gguf_model(const LlamaConfig& c);

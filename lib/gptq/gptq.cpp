@@ -49,12 +49,18 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   P.q = QuantizedLinear::empty(rows, cols, s);   // g_idx is rewritten below for permuted groups
   QuantizedLinear& q = P.q;
 
-  // 2. static groups: parameters from the unpermuted weights
+  // 2. static groups: parameters from the unpermuted weights (K forms: their super-blocks rounded)
+  if (groups_per_super(s.form) && !(s.static_groups && s.group_size > 0))
+    fail(Errc::usage, "", "quantization.static_groups", std::string(grid_form_name(s.form)) + " grids are static: their super-blocks are rounded before the solve");
   if (s.static_groups && s.group_size > 0) {
-    P.static_params.resize(size_t(q.groups * rows));
-    for (int64_t g = 0; g < q.groups; ++g)
-      for (int64_t r = 0; r < rows; ++r)
-        P.static_params[size_t(g * rows + r)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s);
+    if (s.form != GridForm::integer_zero) {
+      P.static_params = static_grids(W, q);
+    } else {
+      P.static_params.resize(size_t(q.groups * rows));
+      for (int64_t g = 0; g < q.groups; ++g)
+        for (int64_t r = 0; r < rows; ++r)
+          P.static_params[size_t(g * rows + r)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s);
+    }
   }
 
   // 3. act-order permutation (stable: ties keep their natural order, so runs are deterministic)
@@ -76,12 +82,14 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
       P.row_params[size_t(r)] = find_grid(&W(r, 0), cols, 1, s);
       q.scales[size_t(r)] = P.row_params[size_t(r)].scale;
       q.zeros[size_t(r)] = P.row_params[size_t(r)].zero;
+      if (!q.mins.empty()) q.mins[size_t(r)] = P.row_params[size_t(r)].min;
     }
   }
   if (s.static_groups && s.group_size > 0) {   // scales in natural order (g_idx is c / group)
     for (size_t i = 0; i < P.static_params.size(); ++i) {
       q.scales[i] = P.static_params[i].scale;
       q.zeros[i] = P.static_params[i].zero;
+      if (!q.mins.empty()) q.mins[i] = P.static_params[i].min;
     }
   }
   return P;
@@ -122,6 +130,7 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
     for (int64_t r = 0; r < rows; ++r) {
       q.scales[size_t(g * rows + r)] = params[size_t(r)].scale;
       q.zeros[size_t(g * rows + r)] = params[size_t(r)].zero;
+      if (!q.mins.empty()) q.mins[size_t(g * rows + r)] = params[size_t(r)].min;
     }
   };
   const int64_t B = std::max(1, s.block_size);

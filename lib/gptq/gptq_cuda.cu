@@ -10,7 +10,8 @@
 //     lane l holding columns l, l+32, l+64, l+96 of the block in registers, the block's U
 //     (128 x 128 fp32, 64 KiB) in shared memory; then one SGEMM W[:, i2:] -= Err1 U[i1:i2, i2:].
 //     Accepts: groups that start at block boundaries (group_size | 128), static groups, one group
-//     per row; bits 2..8. Anything else is refused by gptq_supported and solved on the CPU.
+//     per row; bits 2..8; GPTQ's integer-zero grid (not llama.cpp's f16-min and K-quant grids).
+//     Anything else is refused by gptq_supported and solved on the CPU.
 // Size (~660 lines): one algorithm, the solve's numbered steps and the kernel each step launches,
 // kept together so that each step reads beside its kernel (the Hessians and the losses, which
 // stand alone, are hessian_cuda.cu and loss_cuda.cu).
@@ -347,6 +348,7 @@ __global__ void live_sq_error_kernel(const float* W, const float* Wq, const doub
 }  // namespace
 
 bool gptq_supported(const QuantSpec& s, std::string* why) {
+  if (s.form != GridForm::integer_zero) { if (why) *why = std::string("the ") + grid_form_name(s.form) + " grids of llama.cpp's blocks are solved on the CPU"; return false; }
   if (s.bits < 2 || s.bits > 8) { if (why) *why = "bits must be 2..8"; return false; }
   if (s.group_size > kB && s.static_groups) {
     if (why) *why = "static groups on the GPU take at most 128 columns";

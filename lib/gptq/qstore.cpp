@@ -15,9 +15,11 @@ using nlohmann::json;
 
 namespace {
 json spec_json(const QuantSpec& s) {
-  return {{"method", s.method}, {"bits", s.bits}, {"group_size", s.group_size}, {"sym", s.sym}, {"act_order", s.act_order},
-          {"static_groups", s.static_groups}, {"damp_percent", s.damp_percent}, {"block_size", s.block_size}, {"mse", s.mse},
-          {"scale_dtype", dtype_name(s.scale_dtype)}};
+  json j = {{"method", s.method}, {"bits", s.bits}, {"group_size", s.group_size}, {"sym", s.sym}, {"act_order", s.act_order},
+            {"static_groups", s.static_groups}, {"damp_percent", s.damp_percent}, {"block_size", s.block_size}, {"mse", s.mse},
+            {"scale_dtype", dtype_name(s.scale_dtype)}};
+  if (s.form != GridForm::integer_zero) j["grid"] = grid_form_name(s.form);   // (absent: GPTQ's, as earlier versions wrote)
+  return j;
 }
 // at(): a missing key throws (operator[] on a const json would be undefined).
 QuantSpec spec_from(const json& j) {
@@ -32,6 +34,7 @@ QuantSpec spec_from(const json& j) {
   s.block_size = j.at("block_size");
   s.mse = j.at("mse");
   parse_dtype(j.at("scale_dtype").get<std::string>(), &s.scale_dtype);
+  if (j.contains("grid") && !parse_grid_form(j.at("grid").get<std::string>(), &s.form)) s.bits = -1;   // (refused by spec_of)
   return s;
 }
 // A module's metadata in a layer file: the store is ptqkit's own, but a damaged file is named with
@@ -43,6 +46,7 @@ auto from_metadata(const std::string& file, const std::string& name, const std::
 // A module's spec, its code width checked (the codes are unpacked and range-checked with it).
 QuantSpec spec_of(const std::string& file, const std::string& name, const std::string& text) {
   const QuantSpec s = from_metadata(file, name, text, spec_from);
+  if (s.bits == -1) fail(Errc::format, file, "__metadata__." + name + ".grid", "unknown grid form");
   if (s.bits < 1 || s.bits > 8) fail(Errc::format, file, "__metadata__." + name + ".bits", "must be 1..8, got " + std::to_string(s.bits));
   return s;
 }
@@ -103,6 +107,9 @@ void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modul
     ts.push_back({q.name + ".scales", raw_tensor(DType::F32, {q.groups, q.rows}, q.scales)});
     ts.push_back({q.name + ".zeros", raw_tensor(DType::I32, {q.groups, q.rows}, q.zeros)});
     ts.push_back({q.name + ".g_idx", raw_tensor(DType::I32, {q.cols}, q.g_idx)});
+    if (!q.mins.empty()) ts.push_back({q.name + ".mins", raw_tensor(DType::F32, {q.groups, q.rows}, q.mins)});
+    if (!q.super_d.empty()) ts.push_back({q.name + ".super_d", raw_tensor(DType::F32, {int64_t(q.super_d.size()) / q.rows, q.rows}, q.super_d)});
+    if (!q.super_dmin.empty()) ts.push_back({q.name + ".super_dmin", raw_tensor(DType::F32, {int64_t(q.super_dmin.size()) / q.rows, q.rows}, q.super_dmin)});
     meta[q.name] = spec_json(q.spec).dump();
   }
   write_safetensors(layer_file(layer), ts, meta);
@@ -172,6 +179,12 @@ void QuantStore::load(int layer) const {
     q.scales = raw_vector<float>(sc);
     q.zeros = raw_vector<int32_t>(layer_tensor(f, name + ".zeros", DType::I32, {q.groups, q.rows}));
     q.g_idx = raw_vector<int32_t>(layer_tensor(f, name + ".g_idx", DType::I32, {q.cols}));
+    if (has_min(q.spec.form)) q.mins = raw_vector<float>(layer_tensor(f, name + ".mins", DType::F32, {q.groups, q.rows}));
+    if (const int n = groups_per_super(q.spec.form)) {
+      if (q.groups % n) fail(Errc::format, f.path(), name + ".scales", std::to_string(q.groups) + " groups are not whole super-blocks of " + std::to_string(n));
+      q.super_d = raw_vector<float>(layer_tensor(f, name + ".super_d", DType::F32, {q.groups / n, q.rows}));
+      if (q.spec.form == GridForm::k_min) q.super_dmin = raw_vector<float>(layer_tensor(f, name + ".super_dmin", DType::F32, {q.groups / n, q.rows}));
+    }
     for (size_t k = 0; k < q.g_idx.size(); ++k)
       if (q.g_idx[k] < 0 || q.g_idx[k] >= q.groups)
         fail(Errc::format, f.path(), name + ".g_idx", "column " + std::to_string(k) + " names group " + std::to_string(q.g_idx[k]) + " of " + std::to_string(q.groups));

@@ -3,12 +3,28 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
 #include "model/llama.h"
 
 namespace ptq {
+
+// How a group's grid is represented, which decides the values its parameters can take. The
+// formats that are not GPTQ's own are llama.cpp's blocks (formats/gguf.h), solved on their own grid
+// so that every code is what llama.cpp decodes.
+enum class GridForm : uint8_t {
+  integer_zero,  // w = s (q - z), z an integer in [0, maxq], s rounded to scale_dtype (GPTQ; Q4_0, Q5_0, Q8_0)
+  f16_min,       // w = s q + m, s and m f16 values (Q4_1, Q5_1)
+  k_min,         // w = (d sc) q - (dmin mc): super-blocks of 8 groups of 32, f16 d and dmin, 6-bit sc and mc (Q4_K, Q5_K)
+  k_sym,         // w = (d sc) (q - 32): super-blocks of 16 groups of 16, f16 d, int8 sc (Q6_K)
+};
+const char* grid_form_name(GridForm f);   // "integer_zero"
+bool parse_grid_form(const std::string& s, GridForm* f);
+inline bool has_min(GridForm f) { return f == GridForm::f16_min || f == GridForm::k_min; }
+// Groups per super-block of a K form (0 for the others).
+inline int groups_per_super(GridForm f) { return f == GridForm::k_min ? 8 : f == GridForm::k_sym ? 16 : 0; }
 
 // How one Linear is quantized.
 struct QuantSpec {
@@ -22,27 +38,39 @@ struct QuantSpec {
   int block_size = 128;
   bool mse = false;              // search a clipping factor per row/group (norm 2.4, grid 100, max shrink 0.8)
   DType scale_dtype = DType::F16;  // scales are rounded to this before use, so GPTQ compensates their rounding
+  GridForm form = GridForm::integer_zero;   // the others need static grids (group parameters known before the solve)
   int maxq() const { return (1 << bits) - 1; }
   bool operator==(const QuantSpec& o) const {
     return method == o.method && bits == o.bits && group_size == o.group_size && sym == o.sym && act_order == o.act_order &&
            static_groups == o.static_groups && damp_percent == o.damp_percent && block_size == o.block_size && mse == o.mse &&
-           scale_dtype == o.scale_dtype;
+           scale_dtype == o.scale_dtype && form == o.form;
   }
 };
 
-// Grid parameters of one row of one group: w ~ scale * (q - zero), q in [0, maxq].
+// Grid parameters of one row of one group: w ~ scale * (q - zero), or scale * q + min where the
+// form has a min; q in [0, maxq]. A K form's scale may be 0 (a sub-block scale rounded to 0: every
+// code decodes to the min, or to 0) and Q6_K's negative (its sc is signed).
 struct GridParams {
   float scale;
   int32_t zero;
+  float min = 0.0f;
+  bool with_min = false;
 };
 
-// Min-max grid (with the optional MSE clipping search) for n values x.
+// The group's grid for n values x: min-max (with the optional MSE clipping search), its scale (and
+// min) rounded as the form stores them. K forms: the float grid of one sub-block, before
+// round_super_block.
 GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s);
+// K forms: rounds the grids of one row's super-block (groups_per_super of them) to the block's
+// representation; returns the super-block's d and dmin (0 for k_sym), f16 values.
+std::pair<float, float> round_super_block(GridParams* g, const QuantSpec& s);
 inline int32_t quantize_code(float x, GridParams g, int maxq) {
-  const float q = std::nearbyint(x / g.scale) + float(g.zero);
+  if (g.scale == 0.0f) return g.with_min ? 0 : g.zero;
+  const float q = g.with_min ? std::nearbyint((x - g.min) / g.scale) : std::nearbyint(x / g.scale) + float(g.zero);
   return int32_t(std::min(std::max(q, 0.0f), float(maxq)));
 }
-inline float dequantize_code(int32_t q, GridParams g) { return g.scale * float(q - g.zero); }
+// As llama.cpp decodes: d * (q - z) for integer zeros, d * q - m for mins (here min = -m).
+inline float dequantize_code(int32_t q, GridParams g) { return g.with_min ? g.scale * float(q) + g.min : g.scale * float(q - g.zero); }
 
 // A quantized Linear W [rows, cols] (rows = out_features, cols = in_features), codes in the
 // natural column order. Column c belongs to group g_idx[c]; its row r dequantizes as
@@ -61,12 +89,21 @@ struct QuantizedLinear {
   std::vector<uint8_t> unpacked_codes() const; // one byte per code [rows, cols]
   std::vector<float> scales;     // [groups, rows], already rounded to spec.scale_dtype
   std::vector<int32_t> zeros;    // [groups, rows]
+  std::vector<float> mins;       // [groups, rows], forms with a min only: w = scale * q + min
+  // K forms: each super-block's d and dmin [groups / groups_per_super, rows] (f16 values); a group's
+  // scale is d * sc and its min -(dmin * mc), sc and mc the integers the block stores.
+  std::vector<float> super_d, super_dmin;
   std::vector<int32_t> g_idx;    // [cols]
+  GridParams grid(int64_t g, int64_t r) const;   // group g's of row r
   MatF dequantize() const;
   QuantizedLinear row_slice(int64_t r0, int64_t r1) const;   // rows [r0, r1): same spec, columns and g_idx
   // Shape, spec and zeroed storage for W [rows, cols]; g_idx in natural order (c / group).
   static QuantizedLinear empty(int64_t rows, int64_t cols, const QuantSpec& s);
 };
+
+// The grids of W's groups in natural column order [groups, rows] (super-blocks rounded), also
+// written into q's scales, zeros, mins and super-block parameters (q: QuantizedLinear::empty).
+std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q);
 
 // Round-to-nearest with the same grids (the baseline), groups in natural column order.
 QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s);

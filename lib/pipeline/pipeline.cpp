@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
+#include "formats/gguf.h"
 #include "formats/packed.h"
 #include "gptq/qstore.h"
 #include "model/schedule.h"
@@ -65,6 +66,9 @@ VecF& norm_weights(LayerWeights& w, const std::string& norm) {
 std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "."; }
 
 // Everything one run shares between its steps.
+struct Run;
+void plan_gguf_types(Run& R, bool gguf_only);
+
 struct Run {
   Recipe r;
   QuantizeOptions opt;
@@ -73,6 +77,8 @@ struct Run {
   std::unique_ptr<LlamaModel> model;
   std::vector<std::string> known;   // every module name (patterns must match one)
   std::vector<std::string> gguf_fallback;   // Linears a GGUF-only run keeps in float (input width not a multiple of 32)
+  json gguf_type_fallback = json::array();   // K types on Linears whose input width is not a multiple of 256
+  std::map<std::string, QuantSpec> gguf_specs;   // each Linear's spec on its GGUF block type's grid
   DType scale_dtype = DType::F16;
   bool nf4 = false, w8a8 = false;
   CalibData cd;
@@ -86,6 +92,7 @@ struct Run {
   std::string forward_description;
   const LlamaConfig& c() const { return model->config(); }
   QuantSpec spec_of(const std::string& module) const {
+    if (auto it = gguf_specs.find(module); it != gguf_specs.end()) return it->second;
     QuantSpec s = r.spec_for(module);
     s.scale_dtype = scale_dtype;
     return s;
@@ -150,6 +157,7 @@ void load_model(Run& R) {
       log_event("warning", {{"message", m}});
     }
   }
+  if (gguf && !R.nf4) plan_gguf_types(R, gguf_only);
   // Every format must be able to hold what the recipe asks for: refuse before calibrating.
   std::vector<ModulePlan> plan;
   for (int l = 0; l < c.num_hidden_layers; ++l)
@@ -159,6 +167,58 @@ void load_model(Run& R) {
       plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
     }
   for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
+}
+
+// llama.cpp's use_more_bits: the layers its _M mixes give more bits (the first and last eighth, and
+// every third between).
+bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// GGUF: each Linear's block type, as its spec on that type's grid (R.gguf_specs).
+// - export.gguf_type Q4_K_M / Q5_K_M: Q4_K / Q5_K, and Q6_K for v_proj and down_proj in the layers
+//   use_more_bits picks (llama.cpp's attn_v / ffn_down rule; phi3's fused qkv takes Q5_K / Q6_K).
+// - a GGUF-only run's asymmetric 4- or 5-bit groups of 32 are solved on Q4_1's / Q5_1's grid.
+// - a K type on a Linear whose input width is not a multiple of 256 falls back as llama.cpp's
+//   quantizer does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0): a warning, report.json's
+//   gguf_type_fallback.
+void plan_gguf_types(Run& R, bool gguf_only) {
+  const Recipe& r = R.r;
+  const LlamaConfig& c = R.c();
+  const bool mix = r.gguf_type == "Q4_K_M" || r.gguf_type == "Q5_K_M";
+  int64_t fell = 0;
+  std::string example;
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (LinearId p : layer_schedule(c, l).linears()) {
+      const std::string m = linear_name(c, l, p);
+      if (r.ignored(m)) continue;
+      QuantSpec s = r.spec_for(m);
+      s.scale_dtype = R.scale_dtype;
+      const bool base = s.form == GridForm::k_min;   // (an override's own type is kept)
+      if (mix && base) {
+        const bool qkv = p.proj == Proj::qkv;
+        const bool more = use_more_bits(l, c.num_hidden_layers) && (p.proj == Proj::v || p.proj == Proj::down);
+        if (more || (qkv && r.gguf_type == "Q5_K_M")) apply_gguf_type("Q6_K", s);
+        else if (qkv) apply_gguf_type("Q5_K", s);
+      }
+      if (gguf_only && s.form == GridForm::integer_zero && !s.sym && s.group_size == 32 && (s.bits == 4 || s.bits == 5))
+        apply_gguf_type(s.bits == 4 ? "Q4_1" : "Q5_1", s);
+      const int64_t in = linear_shape(c, p).in;
+      if (groups_per_super(s.form) && in % 256) {
+        GgmlType from;
+        gguf_type_of(s, &from);
+        const char* to = from == GgmlType::Q4_K ? "Q5_0" : from == GgmlType::Q5_K ? "Q5_1" : "Q8_0";
+        R.gguf_type_fallback.push_back({{"module", m}, {"in_features", in}, {"type", ggml_type_name(from)}, {"written_as", to}});
+        apply_gguf_type(to, s);
+        ++fell;
+        example = m + ": " + std::to_string(in) + " wide, " + ggml_type_name(from) + " -> " + to;
+      }
+      R.gguf_specs[m] = s;
+    }
+  if (fell) {
+    const std::string msg = "gguf: " + std::to_string(fell) + " Linears have an input width that is not a multiple of the K-quants' 256 (e.g. " + example +
+                            "); they are written as llama.cpp's quantizer writes them (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; report.json's gguf_type_fallback)";
+    std::fprintf(stderr, "ptqkit: warning: %s\n", msg.c_str());
+    log_event("warning", {{"message", msg}});
+  }
 }
 
 // The calibration windows (none for NF4: it is data-free) and their embeddings.
@@ -244,7 +304,7 @@ void record(Run& R, const std::string& name, const QuantSpec& spec, const Solved
   }
   const SolveStats& st = s.stats;
   R.modules.push_back({{"name", name}, {"method", spec.method}, {"bits", spec.bits}, {"group_size", spec.group_size},
-                       {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups},
+                       {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups}, {"grid", grid_form_name(spec.form)},
                        {"rows", s.rows}, {"cols", s.cols}, {"damp_percent", spec.method == "gptq" ? st.damp_percent : 0.0},
                        {"damp_retries", st.retries}, {"dead_columns", st.dead_columns}, {"loss", s.loss}, {"rtn_loss", s.rtn_loss},
                        {"loss_ratio_vs_rtn", s.rtn_loss > 0 ? s.loss / s.rtn_loss : 1.0}, {"seconds", s.seconds}});
@@ -573,6 +633,7 @@ json make_report(const Run& R, const json& outputs, double total) {
                  {"outputs", outputs}};
   if (R.dev.cuda_built) report["peak_gpu_mb"] = R.dev.peak_gpu_mb();
   if (!R.gguf_fallback.empty()) report["gguf_float_fallback"] = R.gguf_fallback;
+  if (!R.gguf_type_fallback.empty()) report["gguf_type_fallback"] = R.gguf_type_fallback;
   return report;
 }
 

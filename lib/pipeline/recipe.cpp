@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "formats/gguf.h"
 
 namespace ptq {
 
@@ -25,6 +26,11 @@ const Schema kModuleSchema = {
     {"act_order", {Ty::Bool}},    {"static_groups", {Ty::Bool}}, {"damp_percent", {Ty::Float}}, {"block_size", {Ty::Int}},
     {"mse", {Ty::Bool}},
 };
+const Schema kOverrideSchema = [] {
+  Schema s = kModuleSchema;
+  s["gguf_type"] = {Ty::Str};   // per module; the model's is export.gguf_type
+  return s;
+}();
 const Schema kCalibSchema = {{"dataset", {Ty::Str}}, {"samples", {Ty::Int}}, {"seq_len", {Ty::Int}}, {"seed", {Ty::Int}}};
 const Schema kSmoothSchema = {{"alpha", {Ty::Str}}, {"pairs", {Ty::StrOrList}}};
 const Schema kActSchema = {{"bits", {Ty::Int}}, {"strategy", {Ty::Str}}, {"dynamic", {Ty::Bool}}};
@@ -34,7 +40,7 @@ const Schema kQuantSchema = [] {
   s["activations"] = {Ty::Map, &kActSchema};
   s["true_sequential"] = {Ty::Bool};
   s["ignore"] = {Ty::StrOrList};
-  s["overrides"] = {Ty::PatternMap, &kModuleSchema};
+  s["overrides"] = {Ty::PatternMap, &kOverrideSchema};
   return s;
 }();
 const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty::Int}}, {"nf4_blocksize", {Ty::Int}},
@@ -113,6 +119,24 @@ std::vector<std::string> str_list(const YAML::Node& n) {
   return r;
 }
 
+// A GGUF block type (or, where mix, the _M mixes' base type) as the spec's bits, group size,
+// symmetry and grid; `fields`' own bits / group_size / sym must agree with it.
+void apply_gguf_type_checked(const std::string& type, const YAML::Node& fields, QuantSpec& s, const std::string& file, const std::string& path,
+                             bool mix) {
+  const std::string base = mix && type == "Q4_K_M" ? "Q4_K" : mix && type == "Q5_K_M" ? "Q5_K" : type;
+  const QuantSpec asked = s;
+  const std::string why = apply_gguf_type(base, s);
+  if (!why.empty()) fail(Errc::usage, file, path, why + (mix ? "" : "; the mixes are export.gguf_type's"));
+  if (s.method == "nf4") fail(Errc::usage, file, path, "NF4 is not a GGUF block type");
+  auto clash = [&](const char* key, const std::string& mine, const std::string& theirs) {
+    if (fields && fields[key] && mine != theirs)
+      fail(Errc::usage, file, path, type + " holds " + key + " " + theirs + "; the recipe sets " + key + ": " + mine + " (leave it out: the type sets it)");
+  };
+  clash("bits", std::to_string(asked.bits), std::to_string(s.bits));
+  clash("group_size", std::to_string(asked.group_size), std::to_string(s.group_size));
+  clash("sym", asked.sym ? "true" : "false", s.sym ? "true" : "false");
+}
+
 void apply_module_fields(const YAML::Node& n, QuantSpec& s, const std::string& file, const std::string& path) {
   if (!n || n.IsNull()) return;
   if (n["method"]) s.method = n["method"].as<std::string>();
@@ -130,6 +154,7 @@ void apply_module_fields(const YAML::Node& n, QuantSpec& s, const std::string& f
   if (s.group_size == 0 || s.group_size < -1) fail(Errc::usage, file, join_path(path, "group_size"), "must be -1 (per channel) or positive");
   if (!(s.damp_percent > 0 && s.damp_percent <= 1)) fail(Errc::usage, file, join_path(path, "damp_percent"), "must be in (0, 1]");
   if (s.block_size < 1) fail(Errc::usage, file, join_path(path, "block_size"), "must be positive");
+  if (n["gguf_type"]) apply_gguf_type_checked(n["gguf_type"].as<std::string>(), n, s, file, join_path(path, "gguf_type"), false);
 }
 
 }  // namespace
@@ -306,22 +331,17 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   for (auto& [p, n] : r.overrides)
     if (n["method"] && (n["method"].as<std::string>() == "nf4") != nf4)
       fail(Errc::usage, file, "quantization.overrides." + p + ".method", "nf4 applies to the whole model or not at all");
-  // export.gguf_type: llama.cpp's block type, which the quantization settings must map onto code
-  // for code (GPTQ runs on the type's own grid)
+  // export.gguf_type: llama.cpp's block type (or mix), whose grid GPTQ solves on: it sets the
+  // quantization's bits, group size, symmetry and grid; the pipeline applies the mixes' Q6_K layers
+  // and the K types' fallbacks per Linear
   if (!r.gguf_type.empty()) {
-    const std::string& t = r.gguf_type;
     if (std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end())
       fail(Errc::usage, file, "export.gguf_type", "applies to the gguf format, which export.format does not list");
-    if (t == "Q4_1" || t == "Q4_K" || t == "Q5_K" || t == "Q6_K")
-      fail(Errc::usage, file, "export.gguf_type", t + " is not written by ptqkit yet (Q8_0 and Q4_0 are)");
-    if (t != "Q8_0" && t != "Q4_0")
-      fail(Errc::usage, file, "export.gguf_type", "unknown GGUF type '" + t + "' (llama.cpp's names: Q8_0, Q4_0; Q4_1, Q4_K, Q5_K, Q6_K to come)");
-    const int bits = t == "Q8_0" ? 8 : 4;
-    if (r.quant.bits != bits || r.quant.group_size != 32 || !r.quant.sym)
-      fail(Errc::usage, file, "export.gguf_type", t + " holds symmetric " + std::to_string(bits) + "-bit groups of 32; quantization is " +
-                                                      std::to_string(r.quant.bits) + "-bit, group_size " + std::to_string(r.quant.group_size) +
-                                                      (r.quant.sym ? "" : ", asymmetric"));
+    apply_gguf_type_checked(r.gguf_type, q, r.quant, file, "export.gguf_type", true);
   }
+  for (auto& [p, n] : r.overrides)
+    if (n["gguf_type"] && std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end())
+      fail(Errc::usage, file, "quantization.overrides." + p + ".gguf_type", "applies to the gguf format, which export.format does not list");
   return r;
 }
 

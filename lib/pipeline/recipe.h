@@ -32,7 +32,9 @@ struct Recipe {
   std::vector<std::pair<std::string, YAML::Node>> overrides;   // pattern -> fields of QuantSpec
   std::vector<std::string> formats = {"fake"};
   int64_t max_shard_mb = 2048;
-  std::string gguf_type;   // export.gguf_type (Q8_0, Q4_0); "": the type the quantization settings map to
+  // export.gguf_type: a block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) or llama.cpp's
+  // mix Q4_K_M / Q5_K_M; "": the type the quantization settings map to
+  std::string gguf_type;
   int nf4_blocksize = 64;
   bool nf4_double_quant = false;
   // SmoothQuant and W8A8 (int8 activations)
