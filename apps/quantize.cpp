@@ -39,7 +39,10 @@ int run(const QuantizeArgs& a) {
   }
   const size_t n = rep["modules"].size();
   std::printf("quantized %zu modules of %s into %s\n", n, r.model.c_str(), r.output.c_str());
-  for (auto& o : rep["outputs"]) std::printf("  wrote %s in %s\n", o["format"].get<std::string>().c_str(), o["dir"].get<std::string>().c_str());
+  for (auto& o : rep["outputs"]) {   // dir: relative to the output folder ("." for a single format)
+    const std::string dir = o["dir"].get<std::string>() == "." ? r.output : r.output + "/" + o["dir"].get<std::string>();
+    std::printf("  wrote %s in %s\n", o["format"].get<std::string>().c_str(), dir.c_str());
+  }
   if (n && ratio > 0) std::printf("  output error vs RTN: mean ratio %.3f, worst %.3f (%s)\n", ratio / double(n), worst, worst_name.c_str());
   if (rep["calibration"].contains("samples"))
     std::printf("  calibration: %d x %d tokens from %s (seed %llu)\n", rep["calibration"]["samples"].get<int>(),

@@ -23,6 +23,7 @@
 #include "core/safetensors.h"
 #include "eval/data.h"
 #include "formats/gguf.h"
+#include "gptq/qstore.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "testing.h"
@@ -508,24 +509,100 @@ double eval_llama_protocol(const std::string& gguf, const std::string& text, int
 }
 }  // namespace
 
+namespace {
+// distilled-13m with every ffn_down (blk.N.ffn_down.weight: the Linears K-quants can hold, 1024
+// wide) taken from a GGUF file, the rest as stored: an F32 checkpoint in folder `out`.
+void with_ffn_down_of(const std::string& gguf, const std::string& model, const std::string& out) {
+  std::filesystem::create_directories(out);
+  for (auto& e : std::filesystem::directory_iterator(model))
+    if (e.path().filename().string().find(".safetensors") == std::string::npos)   // (shards and their index: written below as one file)
+      std::filesystem::copy(e.path(), out + "/" + e.path().filename().string());
+  ptq::Checkpoint ck(model);
+  ptq::GgufFile g(gguf);
+  std::vector<ptq::NamedTensor> ts;
+  for (const std::string& n : ck.names()) {
+    const ptq::TensorView t = ck.get(n);
+    std::vector<float> v = ptq::tensor_to_f32(t);
+    const std::string key = ".mlp.down_proj.weight";
+    if (n.size() > key.size() && n.compare(n.size() - key.size(), key.size(), key) == 0) {
+      const auto* gt = g.find("blk." + std::to_string(ptq::layer_of(n)) + ".ffn_down.weight");
+      REQUIRE(gt != nullptr);
+      g.read_f32(*gt, v.data());
+    }
+    ts.push_back({n, ptq::tensor_from_f32(v.data(), t.shape, ptq::DType::F32)});
+  }
+  ptq::write_safetensors(out + "/model.safetensors", ts, {{"format", "pt"}});
+  json cfg = json::parse(ptq::read_text_file(model + "/config.json"));
+  cfg["torch_dtype"] = "float32";
+  ptq::write_file_atomic(out + "/config.json", cfg.dump(2));
+}
+}  // namespace
+
 // llama.cpp's own Q4_K_M of distilled-13m (llama_model_quantize from ptqkit's f16 GGUF of it: its
-// round-to-nearest K-quant search, no importance matrix) against ptqkit's Q4_K_M (GPTQ on the same
-// block types, 32 calibration windows): the same mix of types, and ptqkit's perplexity lower.
-TEST_CASE("client: ptqkit's Q4_K_M of distilled-13m is closer to float than llama.cpp's own Q4_K_M of the same float model") {
+// round-to-nearest K-quant search, no importance matrix) against ptqkit's (GPTQ on the same block
+// types, 32 calibration windows, the other Linears left in float so that the calibration sees the
+// float model's inputs). The two files hold the same mix of types. Compared where K-quants apply:
+// the float model with its ffn_down taken from each file (Q4_K in four layers, Q6_K in four).
+TEST_CASE("client: on distilled-13m's ffn_down (the Linears K-quants hold) ptqkit's Q4_K_M blocks beat llama.cpp's own Q4_K_M") {
   PTQ_REQUIRE_CLIENT();
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets(), model = A + "/models/distilled-13m", text = A + "/text/tinystories/eval.txt";
   quantize(d, "float", model, 512, kFloatLayers, "gguf");
-  llama_cpp_quantize(d / "float/model.gguf", d / "llama-q4km.gguf", 15);   // LLAMA_FTYPE_MOSTLY_Q4_K_M
-  quantize(d, "q", model, 512, "  method: gptq\n  act_order: true\n", "gguf\n  gguf_type: Q4_K_M", 32);
-  const auto theirs_types = gguf_types(d / "llama-q4km.gguf"), our_types = gguf_types(d / "q/model.gguf");
-  for (auto& [t, n] : our_types) std::cout << t << " " << n << " / llama.cpp " << (theirs_types.count(t) ? theirs_types.at(t) : 0) << "\n";
-  CHECK(our_types == theirs_types);
-  const int windows = 40;
-  const double f = eval_llama_protocol(d / "float/model.gguf", text, 512, windows, d / "f.json");
-  const double theirs = eval_llama_protocol(d / "llama-q4km.gguf", text, 512, windows, d / "l.json");
-  const double ours = eval_llama_protocol(d / "q/model.gguf", text, 512, windows, d / "o.json");
-  std::cout << "distilled-13m, " << windows << " windows of 512, llama-perplexity's protocol: float " << f << ", llama.cpp Q4_K_M " << theirs
-            << " (+" << 100 * (theirs / f - 1) << "%), ptqkit Q4_K_M " << ours << " (+" << 100 * (ours / f - 1) << "%)\n";
+  std::filesystem::create_directories(d / "llama");   // the tokenizer and config beside llama.cpp's file, as beside ours
+  for (auto& e : std::filesystem::directory_iterator(d / "float"))
+    if (e.path().extension() != ".gguf") std::filesystem::copy(e.path(), d / "llama" / e.path().filename());
+  llama_cpp_quantize(d / "float/model.gguf", d / "llama/model.gguf", 15);   // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  quantize(d, "mix", model, 512, "  method: gptq\n  act_order: true\n", "gguf\n  gguf_type: Q4_K_M", 32);
+  CHECK(gguf_types(d / "mix/model.gguf") == gguf_types(d / "llama/model.gguf"));
+  for (auto& [t, n] : gguf_types(d / "mix/model.gguf")) std::cout << t << " " << n << "  ";
+  std::cout << "(ptqkit's Q4_K_M and llama.cpp's alike)\n";
+  quantize(d, "down", model, 512, "  method: gptq\n  act_order: true\n  ignore: [lm_head, model.embed_tokens, 're:.*self_attn.*', gate_proj, up_proj]\n",
+           "gguf\n  gguf_type: Q4_K_M", 32);
+  with_ffn_down_of(d / "llama/model.gguf", model, d / "h-llama");
+  with_ffn_down_of(d / "down/model.gguf", model, d / "h-ptqkit");
+  const int windows = 80;
+  const double f = eval_llama_protocol(model, text, 512, windows, d / "f.json");
+  const double theirs = eval_llama_protocol(d / "h-llama", text, 512, windows, d / "l.json");
+  const double ours = eval_llama_protocol(d / "h-ptqkit", text, 512, windows, d / "o.json");
+  std::cout << "distilled-13m, ffn_down from each Q4_K_M file, " << windows << " windows of 512, llama-perplexity's protocol: float " << f
+            << ", llama.cpp " << theirs << " (+" << 100 * (theirs / f - 1) << "%), ptqkit " << ours << " (+" << 100 * (ours / f - 1) << "%)\n";
   CHECK(ours < theirs);
+}
+
+// The GGUF quality table of docs/benchmarks.md, on the whole evaluation text under llama-
+// perplexity's protocol (every file evaluated by `ptqkit eval --protocol llama.cpp`; llama.cpp's
+// own quantizations made by its llama_model_quantize from ptqkit's float GGUF, without an
+// importance matrix). Hidden: `test_client "[.quality]"`, about 15 minutes on 2 cores.
+TEST_CASE("client: the GGUF quality table on the whole evaluation text", "[.quality]") {
+  PTQ_REQUIRE_CLIENT();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets(), text = A + "/text/tinystories/eval.txt";
+  struct Model { const char* name; int ctx; };
+  for (const Model& m : {Model{"llama2xs", 256}, Model{"distilled-13m", 512}}) {
+    const std::string model = A + "/models/" + m.name, dir = d / m.name;
+    std::filesystem::create_directories(dir);
+    const ptqtest::TempDir& root = d;
+    (void)root;
+    auto ppl = [&](const std::string& gguf) { return eval_llama_protocol(gguf, text, m.ctx, -1, dir + "/e.json"); };
+    quantize(d, std::string(m.name) + "/float", model, m.ctx, kFloatLayers, "gguf");
+    std::cout << "| " << m.name << " | float " << ppl(dir + "/float/model.gguf");
+    for (auto [name, ftype] : {std::pair<const char*, int>{"Q4_1", 3}, {"Q4_K_M", 15}, {"Q5_K_M", 17}}) {
+      const std::string out = dir + "/llama-" + name;
+      std::filesystem::create_directories(out);
+      for (auto& e : std::filesystem::directory_iterator(dir + "/float"))
+        if (e.path().extension() != ".gguf") std::filesystem::copy(e.path(), out + "/" + e.path().filename().string());
+      llama_cpp_quantize(dir + "/float/model.gguf", out + "/model.gguf", ftype);
+      std::cout << " | llama.cpp " << name << " " << ppl(out + "/model.gguf") << std::flush;
+    }
+    for (auto [name, quant] : {std::pair<const char*, const char*>{"Q4_1", "  method: gptq\n  act_order: true\n"},
+                               {"Q4_1", "  method: gptq\n  act_order: true\n  mse: true\n"},
+                               {"Q4_K_M", "  method: gptq\n  act_order: true\n"},
+                               {"Q4_K_M", "  method: gptq\n  act_order: true\n  mse: true\n"},
+                               {"Q5_K_M", "  method: gptq\n  act_order: true\n"}}) {
+      const std::string out = std::string(m.name) + "/ptqkit-" + name + (std::string(quant).find("mse") != std::string::npos ? "-mse" : "");
+      quantize(d, out, model, m.ctx, quant, std::string("gguf\n  gguf_type: ") + name, 128);
+      std::cout << " | ptqkit " << out.substr(out.find('/') + 1) << " " << ppl(d / out + "/model.gguf") << std::flush;
+    }
+    std::cout << " |\n";
+  }
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -145,6 +146,63 @@ TEST_CASE("Q4_0 / Q8_0: llama.cpp's reference quantizers on a hand block") {
   CHECK(gguf_permuted_row(1, 8) == 2);
   CHECK(gguf_permuted_row(4, 8) == 1);   // second rotary half interleaved
   CHECK(gguf_permuted_row(13, 8) == 8 + 3);
+}
+
+// The K-quant and 5-bit blocks' bytes for hand-chosen codes and parameters, derived from
+// ggml-common.h's layout (the client test decodes random blocks with llama.cpp's own library).
+TEST_CASE("Q4_K / Q5_K / Q6_K / Q5_0 blocks: bytes for hand-chosen codes and scales") {
+  BlockParams p;
+  p.d = 0x3c00;      // 1.0
+  p.dmin = 0x3800;   // 0.5
+  for (int j = 0; j < 8; ++j) { p.sc[j] = j + 1; p.mc[j] = j + 9; }
+  std::vector<uint8_t> q(256);
+  for (int e = 0; e < 256; ++e) q[size_t(e)] = uint8_t(e % 32);   // 5-bit codes; Q4_K takes the low 4 bits' share below
+  BlockQ5_K b5;
+  encode_block(GgmlType::Q5_K, p, q.data(), &b5);
+  // scales: bytes 0-3 sc 0-3 with sc 4-7's top two bits in bits 6-7 (none here); bytes 4-7 mc 0-3
+  // with mc 4-7's top bits (mc 7 = 16: byte 7 gets bit 6); bytes 8-11 sc 4-7 | mc 4-7 << 4 (low 4 bits)
+  const uint8_t scales[12] = {1, 2, 3, 4, 9, 10, 11, 12 | 64, 5 | 13 << 4, 6 | 14 << 4, 7 | 15 << 4, 8 | 0 << 4};
+  CHECK(std::memcmp(b5.scales, scales, 12) == 0);
+  // element 64c + l in qs[32c + l]'s low nibble, 64c + 32 + l in its high nibble, fifth bits in qh[l]
+  CHECK(b5.qs[0] == (0 | 0 << 4));           // elements 0 (code 0) and 32 (code 0)
+  CHECK(b5.qs[17] == 0x11);                  // elements 17 and 49 (code 17 each): low four bits 1 and 1
+  CHECK(b5.qh[17] == 0xFF);                  // codes 17 at elements 17, 49, 81, ..., 241: every fifth bit set
+  CHECK(b5.qh[3] == 0x00);
+  float y[256];
+  dequantize_row(GgmlType::Q5_K, &b5, y, 256);
+  CHECK(y[17] == 1.0f * 1 * 17 - 0.5f * 9);      // sub-block 0: d sc 1, dmin mc 9
+  CHECK(y[255] == 1.0f * 8 * 31 - 0.5f * 16);    // sub-block 7: sc 8, mc 16
+  for (auto& c : q) c &= 15;
+  BlockQ4_K b4;
+  encode_block(GgmlType::Q4_K, p, q.data(), &b4);
+  CHECK(std::memcmp(b4.scales, scales, 12) == 0);
+  dequantize_row(GgmlType::Q4_K, &b4, y, 256);
+  CHECK(y[100] == 1.0f * 4 * (100 % 32 % 16) - 0.5f * 12);   // element 100: sub-block 3
+  // Q6_K: ql[l] holds elements l (low) and l + 64 (high), ql[l + 32] elements l + 32 and l + 96;
+  // qh[l] their top two bits in that order; sc one signed byte per 16 elements
+  BlockParams p6;
+  p6.d = 0x3c00;
+  for (int j = 0; j < 16; ++j) p6.sc[j] = j % 2 ? -j : j;
+  std::vector<uint8_t> q6(256);
+  for (int e = 0; e < 256; ++e) q6[size_t(e)] = uint8_t((e * 7) % 64);
+  BlockQ6_K b6;
+  encode_block(GgmlType::Q6_K, p6, q6.data(), &b6);
+  CHECK(b6.ql[1] == ((7 & 15) | ((65 * 7 % 64) & 15) << 4));
+  CHECK(b6.qh[1] == ((7 >> 4) | (33 * 7 % 64 >> 4) << 2 | (65 * 7 % 64 >> 4) << 4 | (97 * 7 % 64 >> 4) << 6));
+  CHECK(b6.scales[3] == -3);
+  dequantize_row(GgmlType::Q6_K, &b6, y, 256);
+  for (int e : {0, 1, 50, 129, 255}) CHECK(y[e] == float(p6.sc[e / 16]) * float(q6[size_t(e)] - 32));
+  // Q5_0: the fifth bits as a little-endian u32, bit j for element j
+  BlockParams p5;
+  p5.d = 0x4000;   // 2.0
+  uint8_t c5[32];
+  for (int j = 0; j < 32; ++j) c5[j] = uint8_t(j == 3 || j == 20 ? 16 + j % 16 : j % 16);
+  BlockQ5_0 b50;
+  encode_block(GgmlType::Q5_0, p5, c5, &b50);
+  CHECK(b50.qh[0] == 1 << 3);
+  CHECK(b50.qh[2] == 1 << 4);   // element 20: bit 20
+  dequantize_row(GgmlType::Q5_0, &b50, y, 32);
+  CHECK(y[20] == 2.0f * (16 + 4 - 16));
 }
 
 TEST_CASE("reference kernels compute x * dequant(W)^T straight from the packed layouts") {
@@ -663,5 +721,49 @@ TEST_CASE("MoE statistics saved and reloaded: the same experts' Hessians, routed
       CHECK(ma["loss"] == mb["loss"]);   // the same H, the same weights: the same solve
     }
     CHECK(read_text_file(d / ("saved-" + tag + "/model.safetensors")) == read_text_file(d / ("loaded-" + tag + "/model.safetensors")));
+  }
+}
+
+// Every GGUF block type ptqkit writes, read back: each quantized weight decodes to the solve's
+// value. The fake export holds the same values rounded to the model's dtype, so the two agree
+// after that rounding, element for element. distilled-13m's ffn_down (1024 wide) takes Q4_K / Q6_K
+// (Q4_K_M) or Q5_K / Q6_K (Q5_K_M), its 384-wide Linears the fallbacks Q5_0 / Q8_0 or Q5_1 / Q8_0;
+// llama2xs takes Q4_1. (llama.cpp's own decoding of the same blocks: tests/test_client.cpp.)
+TEST_CASE("GGUF of every block type: each weight decodes to the solve's value") {
+  PTQ_REQUIRE_ASSETS();
+  const std::string a = ptqtest::assets();
+  std::map<std::string, int64_t> seen;
+  for (auto [model, type] : {std::pair<const char*, const char*>{"llama2xs", "Q4_1"}, {"distilled-13m", "Q4_K_M"}, {"distilled-13m", "Q5_K_M"}}) {
+    INFO(model << " " << type);
+    ptqtest::TempDir d;
+    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {act_order: true}\nexport: {format: [gguf, fake], gguf_type: ") + type + "}\n"), "r.yaml");
+    r.model = a + "/models/" + model;
+    r.output = d / "q";
+    r.calibration = {a + "/text/tinystories/calib.txt", 4, 128, 0};
+    run_quantize(r, {});
+    Checkpoint fake(d / "q/fake");
+    GgufFile g(d / "q/gguf/model.gguf");
+    const DType dt = fake.get("model.layers.0.mlp.down_proj.weight").dtype;
+    for (const std::string& n : fake.names()) {
+      // the Linears written in HF row order (llama.cpp permutes q/k rows: checked by the client test)
+      if (n.find("layers.") == std::string::npos || n.find("_proj.weight") == std::string::npos || n.find("q_proj") != std::string::npos ||
+          n.find("k_proj") != std::string::npos)
+        continue;
+      const GgufFile::TensorInfo* t = g.find(hf_to_gguf_name(n));
+      REQUIRE(t != nullptr);
+      std::vector<float> ours(size_t(t->ne[0] * t->ne[1]));
+      g.read_f32(*t, ours.data());
+      const std::vector<float> expect = tensor_to_f32(fake.get(n));
+      REQUIRE(expect.size() == ours.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < ours.size(); ++i) differ += round_to(dt, ours[i]) != expect[i];
+      INFO(n << " (" << ggml_type_name(t->type) << ")");
+      CHECK(differ == 0);
+      seen[ggml_type_name(t->type)]++;
+    }
+  }
+  for (const char* t : {"Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"}) {
+    INFO(t);
+    CHECK(seen[t] > 0);
   }
 }

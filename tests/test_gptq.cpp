@@ -340,3 +340,114 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes), each row the do
     CHECK_THROWS_WITH(store.get(m4), Catch::Contains("layer-00004.safetensors: " + dmg.message));
   }
 }
+
+// llama.cpp's grids (gptq/quantizer.h's GridForm), on hand-computed values: Q4_1's f16 min and
+// scale, which need not include 0; the K-quants' sub-blocks rounded to integer multiples of the
+// super-block's f16 d (and dmin); Q6_K's signed scale that puts the largest magnitude on code 0.
+TEST_CASE("llama.cpp's grids: Q4_1's f16 min, the K-quants' super-blocks, Q6_K's signed scale") {
+  QuantSpec s;
+  s.bits = 4;
+  s.sym = false;
+  s.form = GridForm::f16_min;
+  const float x[3] = {-1.0f, 0.5f, 2.0f};
+  GridParams g = find_grid(x, 3, 1, s);
+  CHECK(g.with_min);
+  CHECK(g.min == -1.0f);
+  CHECK(g.scale == round_to(DType::F16, 0.2f));
+  CHECK(quantize_code(-1.0f, g, 15) == 0);
+  CHECK(quantize_code(2.0f, g, 15) == 15);
+  CHECK(dequantize_code(10, g) == g.scale * 10.0f - 1.0f);
+  const float pos[2] = {0.3f, 0.9f};   // all positive: the min is the data's, not 0
+  g = find_grid(pos, 2, 1, s);
+  CHECK(g.min == round_to(DType::F16, 0.3f));
+  CHECK(g.scale == round_to(DType::F16, (0.9f - round_to(DType::F16, 0.3f)) / 15.0f));
+
+  // Q4_K: eight sub-blocks, scales 0.01 (j + 1) and mins -0.02 j: d = f16(0.08 / 63), each scale
+  // the nearest multiple d sc (sc <= 63), each min -(dmin mc)
+  s.form = GridForm::k_min;
+  std::vector<GridParams> sb(8);
+  for (int j = 0; j < 8; ++j) sb[size_t(j)] = {0.01f * float(j + 1), 0, -0.02f * float(j), true};
+  const auto [d, dmin] = round_super_block(sb.data(), s);
+  CHECK(d == round_to(DType::F16, 0.08f / 63.0f));
+  CHECK(dmin == round_to(DType::F16, 0.14f / 63.0f));
+  for (int j = 0; j < 8; ++j) {
+    const double sc = std::nearbyint(0.01 * (j + 1) / d), mc = std::nearbyint(0.02 * j / dmin);
+    CHECK(sc <= 63);
+    CHECK(sb[size_t(j)].scale == d * float(sc));
+    CHECK(sb[size_t(j)].min == -(dmin * float(mc)));
+    CHECK(std::abs(sb[size_t(j)].scale - 0.01 * (j + 1)) <= 0.5 * d);
+  }
+  // Q6_K: the value of largest magnitude (-3) on code 0: scale -(-3) / 32, zero 32
+  s.bits = 6;
+  s.sym = true;
+  s.group_size = 16;
+  s.form = GridForm::k_sym;
+  const float y[3] = {-3.0f, 1.0f, 2.0f};
+  g = find_grid(y, 3, 1, s);
+  CHECK(g.scale == 3.0f / 32.0f);
+  CHECK(g.zero == 32);
+  CHECK(quantize_code(-3.0f, g, 63) == 0);
+  CHECK(quantize_code(2.0f, g, 63) == 53);   // 2 / (3/32) = 21.3
+  std::vector<GridParams> sb6(16);
+  for (int j = 0; j < 16; ++j) sb6[size_t(j)] = {(j % 2 ? -0.001f : 0.001f) * float(j + 1), 32};
+  const float d6 = round_super_block(sb6.data(), s).first;
+  CHECK(d6 == round_to(DType::F16, 0.016f / 127.0f));
+  for (int j = 0; j < 16; ++j) {
+    const double sc = std::nearbyint((j % 2 ? -0.001 : 0.001) * (j + 1) / d6);
+    CHECK(sb6[size_t(j)].scale == d6 * float(sc));
+    CHECK(std::abs(sc) <= 127);
+  }
+}
+
+// GPTQ on the K-quants' and Q4_1's grids: every group's parameters are the block's representation
+// exactly, the codes decode by the block's formula, and the solve beats round-to-nearest on the
+// same grids.
+TEST_CASE("GPTQ on llama.cpp's grids keeps every parameter representable and beats RTN") {
+  struct Case { const char* name; int bits, group; bool sym; GridForm form; };
+  for (const Case& c : {Case{"Q4_1", 4, 32, false, GridForm::f16_min}, Case{"Q4_K", 4, 32, false, GridForm::k_min},
+                        Case{"Q5_K", 5, 32, false, GridForm::k_min}, Case{"Q6_K", 6, 16, true, GridForm::k_sym}}) {
+    INFO(c.name);
+    QuantSpec s;
+    s.bits = c.bits;
+    s.group_size = c.group;
+    s.sym = c.sym;
+    s.form = c.form;
+    s.act_order = true;
+    s.static_groups = true;
+    Problem p = make_problem(24, 512, 2048, 5);
+    const QuantizedLinear q = gptq_quantize(p.W, p.H, s);
+    const int per = groups_per_super(c.form);
+    REQUIRE(q.mins.size() == (has_min(c.form) ? q.scales.size() : 0));
+    for (int64_t r = 0; r < q.rows; ++r)
+      for (int64_t g = 0; g < q.groups; ++g) {
+        const size_t k = size_t(g * q.rows + r);
+        if (per) {
+          const float d = q.super_d[size_t(g / per * q.rows + r)];
+          CHECK(d == round_to(DType::F16, d));
+          const double sc = std::nearbyint(q.scales[k] / d);
+          CHECK(q.scales[k] == d * float(sc));
+          CHECK(sc >= (c.form == GridForm::k_sym ? -128 : 0));
+          CHECK(sc <= (c.form == GridForm::k_sym ? 127 : 63));
+          if (c.form == GridForm::k_min) {
+            const float dmin = q.super_dmin[size_t(g / per * q.rows + r)];
+            const double mc = std::nearbyint(-q.mins[k] / dmin);
+            CHECK(dmin == round_to(DType::F16, dmin));
+            CHECK(q.mins[k] == -(dmin * float(mc)));
+            CHECK(mc <= 63);
+          }
+        } else {
+          CHECK(q.scales[k] == round_to(DType::F16, q.scales[k]));
+          CHECK(q.mins[k] == round_to(DType::F16, q.mins[k]));
+        }
+      }
+    const MatF Wq = q.dequantize();
+    for (int64_t col : {int64_t(0), int64_t(200), int64_t(511)}) {
+      const GridParams gp = q.grid(col / c.group, 3);
+      const double v = has_min(c.form) ? double(gp.scale) * q.code(3, col) + gp.min : double(gp.scale) * (int(q.code(3, col)) - gp.zero);
+      CHECK(std::abs(Wq(3, col) - v) <= 1e-6 * (std::abs(v) + std::abs(gp.min)));
+    }
+    const double loss = output_error(p.W, Wq, p.H), rtn = output_error(p.W, rtn_quantize(p.W, s).dequantize(), p.H);
+    INFO("loss " << loss << ", RTN " << rtn);
+    CHECK(loss < rtn);
+  }
+}

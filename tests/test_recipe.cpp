@@ -80,15 +80,35 @@ TEST_CASE("every recipe shipped in configs/ is valid") {
   CHECK(n >= 4);
 }
 
-TEST_CASE("recipe: export.gguf_type names llama.cpp's type and must match the quantization") {
+TEST_CASE("recipe: export.gguf_type names llama.cpp's type (or mix) and sets the quantization's bits, groups and grid") {
   const std::string q4 = "quantization:\n  bits: 4\n  group_size: 32\n  sym: true\n";
   CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q4_0\n").empty());
   CHECK(error_of("quantization:\n  bits: 8\n  group_size: 32\n  sym: true\nexport:\n  format: gguf\n  gguf_type: Q8_0\n").empty());
   CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q3_Z\n") ==
-        "r.yaml: export.gguf_type: unknown GGUF type 'Q3_Z' (llama.cpp's names: Q8_0, Q4_0; Q4_1, Q4_K, Q5_K, Q6_K to come)");
-  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q4_K\n") == "r.yaml: export.gguf_type: Q4_K is not written by ptqkit yet (Q8_0 and Q4_0 are)");
+        "r.yaml: export.gguf_type: unknown GGUF type 'Q3_Z' (llama.cpp's names: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the mixes Q4_K_M and Q5_K_M)");
   CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q8_0\n") ==
-        "r.yaml: export.gguf_type: Q8_0 holds symmetric 8-bit groups of 32; quantization is 4-bit, group_size 32");
+        "r.yaml: export.gguf_type: Q8_0 holds bits 8; the recipe sets bits: 4 (leave it out: the type sets it)");
+  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q4_1\n") ==
+        "r.yaml: export.gguf_type: Q4_1 holds sym false; the recipe sets sym: true (leave it out: the type sets it)");
+  // the type sets what the recipe leaves out
+  const Recipe k = parse_recipe(YAML::Load("quantization:\n  act_order: true\nexport:\n  format: gguf\n  gguf_type: Q4_K_M\n"), "r.yaml");
+  CHECK(k.quant.bits == 4);
+  CHECK(k.quant.group_size == 32);
+  CHECK(!k.quant.sym);
+  CHECK(k.quant.form == GridForm::k_min);
+  CHECK(k.quant.static_groups);
+  const Recipe six = parse_recipe(YAML::Load("export:\n  format: gguf\n  gguf_type: Q6_K\n"), "r.yaml");
+  CHECK(six.quant.bits == 6);
+  CHECK(six.quant.group_size == 16);
+  CHECK(six.quant.form == GridForm::k_sym);
+  // per module, in quantization.overrides (a mix only model-wide)
+  const Recipe o = parse_recipe(YAML::Load("quantization:\n  overrides:\n    down_proj: {gguf_type: Q6_K}\nexport:\n  format: gguf\n  gguf_type: Q4_K\n"), "r.yaml");
+  CHECK(o.spec_for("model.layers.0.mlp.down_proj").form == GridForm::k_sym);
+  CHECK(o.spec_for("model.layers.0.mlp.up_proj").form == GridForm::k_min);
+  CHECK(error_of("quantization:\n  overrides:\n    down_proj: {gguf_type: Q4_K_M}\nexport:\n  format: gguf\n").find(
+            "quantization.overrides.down_proj.gguf_type: unknown GGUF type 'Q4_K_M'") != std::string::npos);
+  CHECK(error_of("quantization:\n  overrides:\n    down_proj: {gguf_type: Q6_K}\nexport:\n  format: fake\n") ==
+        "r.yaml: quantization.overrides.down_proj.gguf_type: applies to the gguf format, which export.format does not list");
   CHECK(error_of(q4 + "export:\n  format: fake\n  gguf_type: Q4_0\n") ==
         "r.yaml: export.gguf_type: applies to the gguf format, which export.format does not list");
   // written back only when set (recipes without it keep their bytes)

@@ -55,7 +55,7 @@ GridParams minmax(float xmin, float xmax, const QuantSpec& s) {
 }  // namespace
 
 GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s) {
-  float xmin = 0.0f, xmax = 0.0f;
+  float xmin = n > 0 ? x[0] : 0.0f, xmax = xmin;   // (GPTQ's grids then take in 0; Q4_1's need not)
   for (int64_t i = 0; i < n; ++i) {
     xmin = std::min(xmin, x[i * stride]);
     xmax = std::max(xmax, x[i * stride]);
