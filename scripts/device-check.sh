@@ -27,3 +27,11 @@ for b in base bin; do
 done
 .device/bin/ptqkit eval --model /tmp/q-bin-gptq --data "$A/text/tinystories/eval.txt" --device cuda --max-windows 64 2>&1 | tee "$out/eval-cuda.log"
 .device/bin/ptqkit eval --model /tmp/q-bin-gptq --data "$A/text/tinystories/eval.txt" --max-windows 64 2>&1 | tee "$out/eval-cpu.log"
+# llama.cpp's K-quant mix on a GPU run: the Q4_K / Q6_K / Q5_0 / Q8_0 grids are solved on the host
+# beside the GPU forward and Hessians; the GGUF then evaluated on both devices.
+.device/bin/ptqkit quantize configs/gguf-q4_k_m.yaml --model "$A/models/distilled-13m" --output /tmp/q-gguf-q4km --force \
+  --set calibration.dataset="$A/text/tinystories/calib.txt" --set device=cuda 2>&1 | tail -6 | tee "$out/quantize-gguf-q4km.log"
+for d in cuda cpu; do
+  .device/bin/ptqkit eval --model /tmp/q-gguf-q4km/model.gguf --data "$A/text/tinystories/eval.txt" --device $d --seq-len 512 --protocol llama.cpp \
+    2>&1 | tail -1 | tee "$out/eval-gguf-q4km-$d.log"
+done
