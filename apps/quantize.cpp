@@ -1,16 +1,20 @@
-// quantize.cpp — `ptqkit quantize RECIPE.yaml`: run a recipe, print a summary.
+// quantize.cpp — `ptqkit quantize RECIPE.yaml` or `ptqkit quantize --model DIR --scheme W4A16
+// --dataset FILE -o OUT`: run a recipe (or a named scheme's), print a summary; `ptqkit schemes`
+// and `ptqkit formats` list what --scheme and --format take.
 #include <cstdio>
 #include <memory>
 
 #include "command.h"
+#include "core/error.h"
 #include "core/progress.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/schemes.h"
 
 namespace ptq {
 
 namespace {
 struct QuantizeArgs {
-  std::string recipe, model, output, save_stats, load_stats;
+  std::string recipe, scheme, dataset, format, model, output, save_stats, load_stats;
   std::vector<std::string> sets;
   bool force = false, resume = false;
 };
@@ -19,7 +23,21 @@ int run(const QuantizeArgs& a) {
   std::vector<std::string> sets = a.sets;
   if (!a.model.empty()) sets.push_back("model=" + a.model);
   if (!a.output.empty()) sets.push_back("output=" + a.output);
-  Recipe r = load_recipe(a.recipe, sets);
+  Recipe r;
+  if (!a.scheme.empty()) {
+    if (!a.recipe.empty()) fail(Errc::usage, "--scheme", a.recipe, "give a recipe or a scheme, not both (--set edits either)");
+    if (a.model.empty()) fail(Errc::usage, "--scheme", "--model", "the model folder is needed");
+    if (a.output.empty()) fail(Errc::usage, "--scheme", "--output", "the output folder is needed (-o OUT)");
+    const Scheme& s = find_scheme(a.scheme);
+    YAML::Node root = scheme_recipe(s, a.model, a.output, a.dataset, a.format);
+    for (auto& x : a.sets) apply_set(root, x);
+    r = parse_recipe(root, "--scheme " + s.name);
+  } else {
+    if (a.recipe.empty()) fail(Errc::usage, "quantize", "", "give a recipe (configs/*.yaml) or --model DIR --scheme NAME (`ptqkit schemes`)");
+    if (!a.dataset.empty()) sets.push_back("calibration.dataset=" + a.dataset);
+    if (!a.format.empty()) sets.push_back("export.format=" + a.format);
+    r = load_recipe(a.recipe, sets);
+  }
   QuantizeOptions o;
   o.force = a.force;
   o.resume = a.resume;
@@ -44,7 +62,10 @@ int run(const QuantizeArgs& a) {
     std::printf("  wrote %s in %s\n", o["format"].get<std::string>().c_str(), dir.c_str());
   }
   if (n && ratio > 0) std::printf("  output error vs RTN: mean ratio %.3f, worst %.3f (%s)\n", ratio / double(n), worst, worst_name.c_str());
-  if (rep["calibration"].contains("samples"))
+  if (rep["calibration"].contains("samples") && r.calibration.dataset == "random")
+    std::printf("  calibration: %d x %d RANDOM tokens (seed %llu), not text: the quantization is not tuned to any real input; give --dataset FILE\n",
+                rep["calibration"]["samples"].get<int>(), rep["calibration"]["seq_len"].get<int>(), (unsigned long long)r.calibration.seed);
+  else if (rep["calibration"].contains("samples"))
     std::printf("  calibration: %d x %d tokens from %s (seed %llu)\n", rep["calibration"]["samples"].get<int>(),
                 rep["calibration"]["seq_len"].get<int>(), r.calibration.dataset.c_str(), (unsigned long long)r.calibration.seed);
   else
@@ -61,9 +82,12 @@ int run(const QuantizeArgs& a) {
 Command add_quantize(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   CLI::App* sub = app.add_subcommand("quantize", "calibrate and quantize a model with a YAML recipe (GPTQ or RTN)");
-  sub->add_option("recipe", a->recipe, "recipe file (configs/*.yaml)")->required();
+  sub->add_option("recipe", a->recipe, "recipe file (configs/*.yaml); or --scheme");
+  sub->add_option("--scheme", a->scheme, "a named scheme instead of a recipe: W4A16, W8A8, NF4, Q4_K_M, ... (`ptqkit schemes`)");
+  sub->add_option("--dataset", a->dataset, "calibration text (.txt, .jsonl), or `random` for random tokens (said in the report)");
+  sub->add_option("--format", a->format, "export format (default: the scheme's deployable one; `ptqkit formats`)");
   sub->add_option("--model", a->model, "model folder (overrides the recipe's model)");
-  sub->add_option("--output", a->output, "output folder (overrides the recipe's output)");
+  sub->add_option("-o,--output", a->output, "output folder (overrides the recipe's output)");
   sub->add_option("--set", a->sets, "override a recipe field: key.path=value (repeatable)");
   sub->add_flag("--force", a->force, "replace an existing output folder");
   sub->add_option("--save-stats", a->save_stats, "keep the Hessians and activation statistics in this folder");
@@ -71,6 +95,22 @@ Command add_quantize(CLI::App& app) {
                   "quantize from statistics saved with --save-stats (same model and calibration) without running the model");
   sub->add_flag("--resume", a->resume, "continue an interrupted run of the same recipe from its last finished layer");
   return {sub, [a] { return run(*a); }};
+}
+
+Command add_schemes(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("schemes", "list the named schemes `quantize --scheme` takes");
+  return {sub, [] {
+            for (const Scheme& s : schemes()) std::printf("%-12s %-19s %s\n", s.name.c_str(), s.format.c_str(), s.description.c_str());
+            return 0;
+          }};
+}
+
+Command add_formats(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand("formats", "list the export formats and what reads each");
+  return {sub, [] {
+            for (const FormatInfo& f : export_formats()) std::printf("%-19s %s\n", f.name.c_str(), f.description.c_str());
+            return 0;
+          }};
 }
 
 }  // namespace ptq

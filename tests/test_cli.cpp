@@ -106,3 +106,37 @@ TEST_CASE("cli: the regression gate passes a run at its baseline and fails a reg
   CHECK(r.code == 6);   // a baseline of other windows is refused, not compared
   CHECK(r.out.find("seq_len: differs from this run") != std::string::npos);
 }
+
+// The one-line run: a named scheme, its deployable format, the calibration named or explicitly
+// random; Linears the format cannot group correctly kept in float and said.
+TEST_CASE("cli: quantize --scheme writes the scheme's deployable format; random calibration only when asked, and said") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets(), m = A + "/models/llama2xs";
+  auto q = run_ptqkit("quantize --model " + m + " --scheme W4A16 --dataset " + A + "/text/tinystories/calib.txt --set calibration.samples=4 --set calibration.seq_len=64 -o " + d / "w4");
+  INFO(q.out);
+  REQUIRE(q.code == 0);
+  CHECK(q.out.find("wrote compressed-tensors in " + d / "w4") != std::string::npos);
+  CHECK(q.out.find("5 Linears have an input width their group size does not divide (e.g. model.layers.4.mlp.down_proj: 192 wide, groups of 128)") != std::string::npos);
+  const json rep = json::parse(ptq::read_text_file(d / "w4/report.json"));
+  CHECK(rep["compressed_tensors_float_fallback"].size() == 5);
+  const json ct = json::parse(ptq::read_text_file(d / "w4/config.json"))["quantization_config"];
+  CHECK(ct["quant_method"] == "compressed-tensors");
+  CHECK(ct["ignore"].size() == 6);   // lm_head and the five down_proj
+  CHECK(ptq::read_text_file(d / "w4/recipe.yaml").find("model.layers.0.mlp.down_proj") != std::string::npos);
+  // no dataset: refused, saying how to ask for random tokens; asked: said in the summary and the report
+  auto none = run_ptqkit("quantize --model " + m + " --scheme W8A16 -o " + d / "w8");
+  CHECK(none.code == 2);
+  CHECK(none.out.find("--dataset random") != std::string::npos);
+  auto rnd = run_ptqkit("quantize --model " + m + " --scheme W8A16 --dataset random --set calibration.samples=4 --set calibration.seq_len=64 -o " + d / "w8");
+  INFO(rnd.out);
+  REQUIRE(rnd.code == 0);
+  CHECK(rnd.out.find("RANDOM tokens") != std::string::npos);
+  CHECK(json::parse(ptq::read_text_file(d / "w8/report.json"))["calibration"]["warning"] == "calibrated on random tokens, not text: the quantization is tuned to no real input");
+  auto typo = run_ptqkit("quantize --model " + m + " --scheme q4_k_n --dataset random -o " + d / "x");
+  CHECK(typo.code == 2);
+  CHECK(typo.out.find("did you mean Q4_K_M?") != std::string::npos);
+  auto list = run_ptqkit("schemes");
+  CHECK(list.out.find("W4A16-ASYM") != std::string::npos);
+  CHECK(run_ptqkit("formats").out.find("compressed-tensors") != std::string::npos);
+}

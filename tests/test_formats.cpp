@@ -353,8 +353,15 @@ TEST_CASE("formats refuse what they cannot hold, before calibration") {
   r.output = d / "out";
   r.formats = {"gptq"};
   CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("model.layers.0.mlp.gate_proj: gptq: packs 4-bit codes into int32 along both dimensions"));
-  r.formats = {"gguf", "compressed-tensors"};   // (a GGUF-only run keeps such Linears in float instead: below)
+  r.formats = {"gguf", "gptq_v2"};   // (a run of GGUF, compressed-tensors and fake keeps such Linears in float instead: below)
   CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("blocks of 32 need in_features divisible by 32, got 172"));
+  // compressed-tensors reads a Linear's group size as in_features / groups: llama2xs's down_proj,
+  // 192 wide in groups of 128, would have its columns 96-127 decoded with the wrong scale
+  Recipe c = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 128}\n"), "r.yaml");
+  c.model = ptqtest::assets() + "/models/llama2xs";
+  c.output = d / "ct";
+  c.formats = {"compressed-tensors", "gptq_v2"};
+  CHECK_THROWS_WITH(run_quantize(c, {}), Catch::Contains("model.layers.0.mlp.down_proj: compressed-tensors: infers the group size as in_features / groups, which needs in_features 192 to be a multiple of group_size 128"));
   r.model = ptqtest::assets() + "/models/llama2xs";
   r.quant.sym = false;
   r.formats = {"gptq"};

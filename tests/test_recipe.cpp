@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "pipeline/recipe.h"
+#include "pipeline/schemes.h"
 #include "testing.h"
 
 using namespace ptq;
@@ -114,4 +115,38 @@ TEST_CASE("recipe: export.gguf_type names llama.cpp's type (or mix) and sets the
   // written back only when set (recipes without it keep their bytes)
   CHECK(parse_recipe(YAML::Load(q4 + "export:\n  format: gguf\n  gguf_type: Q4_0\n"), "r.yaml").to_yaml()["export"]["gguf_type"].as<std::string>() == "Q4_0");
   CHECK(!parse_recipe(YAML::Load(q4 + "export:\n  format: gguf\n"), "r.yaml").to_yaml()["export"]["gguf_type"]);
+}
+
+TEST_CASE("schemes: every named scheme is a valid recipe with its deployable format; names and datasets checked") {
+  for (const Scheme& s : schemes()) {
+    INFO(s.name);
+    const Recipe r = parse_recipe(scheme_recipe(s, "m", "o", "random", ""), "--scheme " + s.name);
+    REQUIRE(r.formats.size() == 1);
+    CHECK(r.formats[0] == s.format);
+    CHECK(r.model == "m");
+    if (s.calibrated) CHECK(r.calibration.dataset == "random");
+  }
+  const Recipe w4 = parse_recipe(scheme_recipe(find_scheme("w4a16"), "m", "o", "c.txt", ""), "s");
+  CHECK(w4.quant.bits == 4);
+  CHECK(w4.quant.group_size == 128);
+  CHECK(w4.quant.sym);
+  CHECK(w4.quant.act_order);
+  CHECK(w4.quant.static_groups);
+  CHECK(w4.calibration.dataset == "c.txt");
+  const Recipe w8a8 = parse_recipe(scheme_recipe(find_scheme("W8A8"), "m", "o", "c.txt", ""), "s");
+  CHECK(w8a8.smooth.enabled);
+  CHECK(w8a8.smooth.auto_alpha);
+  CHECK(w8a8.act_mode == ActQuant::per_token);
+  CHECK(parse_recipe(scheme_recipe(find_scheme("W8A8-STATIC"), "m", "o", "c.txt", ""), "s").act_mode == ActQuant::per_tensor);
+  CHECK(parse_recipe(scheme_recipe(find_scheme("NF4"), "m", "o", "", ""), "s").quant.method == "nf4");   // data-free: no dataset needed
+  const Recipe k = parse_recipe(scheme_recipe(find_scheme("Q4_K_M"), "m", "o", "c.txt", ""), "s");
+  CHECK(k.gguf_type == "Q4_K_M");
+  CHECK(k.quant.form == GridForm::k_min);
+  CHECK(parse_recipe(scheme_recipe(find_scheme("W4A16"), "m", "o", "c.txt", "gptq"), "s").formats == std::vector<std::string>{"gptq"});
+  CHECK_THROWS_WITH(find_scheme("W4A61"), "--scheme: W4A61: no such scheme; did you mean W4A16? (`ptqkit schemes` lists them)");
+  CHECK_THROWS_WITH(scheme_recipe(find_scheme("W4A16"), "m", "o", "", ""),
+                    Catch::Contains("--dataset: calibration text is needed") && Catch::Contains("`--dataset random`"));
+  // W8A8 with a format that holds only weights: the recipe's own check names the format
+  CHECK_THROWS_WITH(parse_recipe(scheme_recipe(find_scheme("W8A8"), "m", "o", "c.txt", "gguf"), "--scheme W8A8"),
+                    Catch::Contains("export.format: gguf holds weight-only quantization"));
 }

@@ -16,6 +16,7 @@ nlohmann::json CalibData::describe(const CalibSpec& spec) const {
   j["protocol"] = spec.dataset == "random" ? "BOS + uniform random token ids"
                   : records.empty()        ? "whole file encoded with one BOS; windows at uniform random offsets"
                                            : "random record longer than L (BOS + text), random window inside it (GPTQ C4)";
+  if (spec.dataset == "random") j["warning"] = "calibrated on random tokens, not text: the quantization is tuned to no real input";
   return j;
 }
 

@@ -12,6 +12,12 @@ using namespace formats;
 void check_ct_module(const ModulePlan& m) {
   if (m.spec.bits != 4 && m.spec.bits != 8)
     fail(Errc::usage, "", m.name, "compressed-tensors: pack-quantized holds 4- and 8-bit weights, not " + std::to_string(m.spec.bits) + "-bit");
+  // The library infers the group size as in_features / number of groups: with a partial last
+  // group it raises, or reads the columns past the last whole group with the wrong scale.
+  if (m.spec.group_size > 0 && m.cols > m.spec.group_size && m.cols % m.spec.group_size)
+    fail(Errc::usage, "", m.name, "compressed-tensors: infers the group size as in_features / groups, which needs in_features " + std::to_string(m.cols) +
+                                      " to be a multiple of group_size " + std::to_string(m.spec.group_size) +
+                                      " (a run writing only compressed-tensors, gguf or fake keeps such Linears in float)");
 }
 
 CtPacked pack_ct(const QuantizedLinear& q) {

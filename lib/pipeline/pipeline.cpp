@@ -77,6 +77,7 @@ struct Run {
   std::unique_ptr<LlamaModel> model;
   std::vector<std::string> known;   // every module name (patterns must match one)
   std::vector<std::string> gguf_fallback;   // Linears a GGUF-only run keeps in float (input width not a multiple of 32)
+  std::vector<std::string> ct_fallback;     // Linears compressed-tensors cannot group (input width not a multiple of the group size)
   json gguf_type_fallback = json::array();   // K types on Linears whose input width is not a multiple of 256
   std::map<std::string, QuantSpec> gguf_specs;   // each Linear's spec on its GGUF block type's grid
   DType scale_dtype = DType::F16;
@@ -158,6 +159,32 @@ void load_model(Run& R) {
     }
   }
   if (gguf && !R.nf4) plan_gguf_types(R, gguf_only);
+  // compressed-tensors infers a Linear's group size as in_features / groups: a width the group size
+  // does not divide is misread (or refused) by the library. A run whose packed formats all list
+  // float Linears (compressed-tensors' ignore, GGUF's float tensors) keeps such Linears in the
+  // source dtype, said as for GGUF; with another packed format they are refused below.
+  const bool ct = std::find(r.formats.begin(), r.formats.end(), "compressed-tensors") != r.formats.end();
+  const bool listable = std::all_of(r.formats.begin(), r.formats.end(), [](const std::string& f) { return f == "gguf" || f == "compressed-tensors" || f == "fake"; });
+  if (ct && listable && !R.nf4) {
+    std::string example;
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      for (LinearId p : layer_schedule(c, l).linears()) {
+        const std::string m = linear_name(c, l, p);
+        const int gs = R.spec_of(m).group_size;
+        const int64_t in = linear_shape(c, p).in;
+        if (r.ignored(m) || gs <= 0 || in <= gs || in % gs == 0) continue;   // (one group: the library's in / 1 is right)
+        R.ct_fallback.push_back(m);
+        example = m + ": " + std::to_string(linear_shape(c, p).in) + " wide, groups of " + std::to_string(gs);
+      }
+    for (const std::string& m : R.ct_fallback) r.ignore.push_back(m);
+    if (!R.ct_fallback.empty()) {
+      const std::string m = "compressed-tensors: " + std::to_string(R.ct_fallback.size()) + " Linears have an input width their group size does not divide (e.g. " + example +
+                            "); compressed-tensors would misread their groups, so they stay in " + std::string(dtype_name(c.dtype)) +
+                            " (in its ignore list, report.json's compressed_tensors_float_fallback and the effective recipe's quantization.ignore)";
+      std::fprintf(stderr, "ptqkit: warning: %s\n", m.c_str());
+      log_event("warning", {{"message", m}});
+    }
+  }
   // Every format must be able to hold what the recipe asks for: refuse before calibrating.
   std::vector<ModulePlan> plan;
   for (int l = 0; l < c.num_hidden_layers; ++l)
@@ -167,6 +194,17 @@ void load_model(Run& R) {
       plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
     }
   for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
+  // vLLM's GPTQ layers refuse an input width the group size does not divide: said once
+  for (auto& fmt : r.formats)
+    if (fmt == "gptq" || fmt == "gptq_v2")
+      for (const ModulePlan& m : plan)
+        if (m.quantized && m.spec.group_size > 0 && m.cols % m.spec.group_size) {
+          const std::string w = fmt + ": " + m.name + " is " + std::to_string(m.cols) + " wide, not a multiple of group_size " + std::to_string(m.spec.group_size) +
+                                ": transformers reads it, vLLM's GPTQ kernels refuse such a layer";
+          std::fprintf(stderr, "ptqkit: warning: %s\n", w.c_str());
+          log_event("warning", {{"message", w}});
+          break;
+        }
 }
 
 // llama.cpp's use_more_bits: the layers its _M mixes give more bits (the first and last eighth, and
@@ -633,6 +671,7 @@ json make_report(const Run& R, const json& outputs, double total) {
                  {"outputs", outputs}};
   if (R.dev.cuda_built) report["peak_gpu_mb"] = R.dev.peak_gpu_mb();
   if (!R.gguf_fallback.empty()) report["gguf_float_fallback"] = R.gguf_fallback;
+  if (!R.ct_fallback.empty()) report["compressed_tensors_float_fallback"] = R.ct_fallback;
   if (!R.gguf_type_fallback.empty()) report["gguf_type_fallback"] = R.gguf_type_fallback;
   return report;
 }

@@ -56,6 +56,8 @@ const Schema kRootSchema = {{"model", {Ty::Str}},
                             {"quantization", {Ty::Map, &kQuantSchema}},
                             {"export", {Ty::Map, &kExportSchema}}};
 
+}  // namespace
+
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> d(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) d[j] = j;
@@ -70,6 +72,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return d[b.size()];
 }
+
+namespace {
 
 std::string join_path(const std::string& p, const std::string& k) { return p.empty() ? k : p + "." + k; }
 

@@ -62,4 +62,6 @@ nlohmann::json yaml_to_json(const YAML::Node& n);   // scalars typed as int, flo
 
 bool pattern_matches(const std::string& pattern, const std::string& module);
 
+size_t edit_distance(const std::string& a, const std::string& b);   // Levenshtein (the "did you mean" suggestions)
+
 }  // namespace ptq
