@@ -11,4 +11,5 @@ if [ ! -f build/CMakeCache.txt ]; then
 elif [ $# -gt 0 ]; then
   cmake -S . -B build "$@" >/dev/null
 fi
-cmake --build build --parallel "$(nproc)"
+# PTQKIT_TARGETS: build only these (scripts/run.sh needs the binary alone)
+cmake --build build --parallel "$(nproc)" ${PTQKIT_TARGETS:+--target $PTQKIT_TARGETS}

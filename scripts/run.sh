@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# The main job on a default input: builds ptqkit, synthesizes a small Llama model (unless a model
-# folder is given as $1), quantizes it with GPTQ 4-bit (configs/quickstart.yaml), and evaluates
-# the quantized model against the float one (perplexity, KL divergence, top-1 agreement).
-# Text: the shared TinyStories evaluation text when present, else a generated one. Outputs in runs/.
+# The main job on the default input: builds the ptqkit binary (only it), quantizes the embedded
+# stories260k (examples/, MIT) with the W4A16 scheme into compressed-tensors (what vLLM loads),
+# calibrated on examples/tinystories-calib.txt, then evaluates float against quantized on
+# examples/tinystories-eval.txt (perplexity ± its standard error, KL divergence, top-1 agreement)
+# and says where report.html is. Outputs in runs/.
+#   scripts/run.sh [MODEL_DIR [SCHEME [CALIBRATION_TEXT [EVAL_TEXT]]]]   another model or scheme
+#   scripts/run.sh --synthetic                                          a synthesized model instead
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+PTQKIT_TARGETS=ptqkit bash scripts/build.sh
 bin=build/bin/ptqkit
-assets=${PTQKIT_ASSETS:-../shared/assets}
 mkdir -p runs
-model=${1:-}
-if [ -z "$model" ]; then
+model=${1:-examples/stories260k}
+scheme=${2:-W4A16}
+calib=${3:-examples/tinystories-calib.txt}
+data=${4:-examples/tinystories-eval.txt}
+if [ "$model" = "--synthetic" ]; then
   model=runs/synth-tiny
   [ -d "$model" ] || "$bin" synth --preset tiny --seed 0 --output "$model"
+  calib=random
 fi
-data="$assets/text/tinystories/eval.txt"
-if [ ! -f "$data" ]; then
-  data=runs/sample.txt
-  for i in $(seq 400); do echo "Once upon a time, a small model learned to count to $i."; done > "$data"
-fi
-out=runs/$(basename "$model")-gptq-w4g32
-"$bin" inspect "$model"
-"$bin" quantize configs/quickstart.yaml --model "$model" --output "$out" --force
-"$bin" eval --model "$out" --reference "$model" --data "$data" --max-windows 32 --json "$out/eval.json"
-echo "quantized model: $out (report.html, report.json, recipe.yaml, eval.json)"
+out=runs/$(basename "$model")-$scheme
+"$bin" quantize --model "$model" --scheme "$scheme" --dataset "$calib" -o "$out" --force
+echo
+echo "$scheme (first line) against the float model (vs reference) on $data:"
+"$bin" eval --model "$out" --reference "$model" --data "$data" --json "$out/eval.json"
+echo "quantized model: $out (report: $out/report.html; recipe: $out/recipe.yaml; evaluation: $out/eval.json)"

@@ -109,7 +109,7 @@ TEST_CASE("cli: the regression gate passes a run at its baseline and fails a reg
 
 // The one-line run: a named scheme, its deployable format, the calibration named or explicitly
 // random; Linears the format cannot group correctly kept in float and said.
-TEST_CASE("cli: quantize --scheme writes the scheme's deployable format; random calibration only when asked, and said") {
+TEST_CASE("cli: quantize --scheme writes the scheme's deployable format and calibrates on random tokens only when asked (and says so)") {
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets(), m = A + "/models/llama2xs";

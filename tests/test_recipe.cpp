@@ -117,7 +117,7 @@ TEST_CASE("recipe: export.gguf_type names llama.cpp's type (or mix) and sets the
   CHECK(!parse_recipe(YAML::Load(q4 + "export:\n  format: gguf\n"), "r.yaml").to_yaml()["export"]["gguf_type"]);
 }
 
-TEST_CASE("schemes: every named scheme is a valid recipe with its deployable format; names and datasets checked") {
+TEST_CASE("schemes: every named scheme is a valid recipe with its deployable format, names and datasets checked") {
   for (const Scheme& s : schemes()) {
     INFO(s.name);
     const Recipe r = parse_recipe(scheme_recipe(s, "m", "o", "random", ""), "--scheme " + s.name);
