@@ -1,6 +1,7 @@
 // eval.cpp — `ptqkit eval`: perplexity (and KL divergence against a reference) of a checkpoint on
 // a text, on the CPU (the reference path) or the GPU; the regression gate of CI jobs.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "command.h"
@@ -22,7 +23,8 @@ using nlohmann::json;
 namespace {
 
 struct EvalArgs {
-  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu", protocol = "gptq";
+  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu", protocol = "gptq", save_logits, kl_base;
+  int save_logits_k = 32;
   int seq_len = 0;
   int64_t max_windows = -1, batch_tokens = 16384;
   // regression gate
@@ -46,7 +48,7 @@ void print_eval(const EvalResult& r) {
 // Returns the reason a threshold was crossed, or "" when none was.
 std::string gate_reason(const EvalArgs& a, const json& run) {
   if (a.max_kl >= 0 || a.min_top1 >= 0) {
-    if (!run.contains("kl")) fail(Errc::usage, "", "--max-kl/--min-top1", "need --reference MODEL_DIR");
+    if (!run.contains("kl")) fail(Errc::usage, "", "--max-kl/--min-top1", "need --reference MODEL_DIR or --kl-base FILE");
     const double kl = run["kl"]["mean"], top1 = run["kl"]["top1_agreement"];
     char b[256];
     if (a.max_kl >= 0 && kl > a.max_kl) { std::snprintf(b, sizeof b, "mean KL divergence %.6g exceeds --max-kl %.6g", kl, a.max_kl); return b; }
@@ -94,6 +96,17 @@ int run_eval(const EvalArgs& a) {
   o.batch_tokens = a.batch_tokens;
   o.protocol = a.protocol;
   o.bos = model.config().bos_token_id;
+  TopLogits top, base;
+  if (!a.save_logits.empty()) {
+    if (a.save_logits_k < 1) fail(Errc::usage, "", "--save-logits-k", "must be positive");
+    if (std::filesystem::exists(a.save_logits)) fail(Errc::exists, a.save_logits, "--save-logits", "exists: remove it or name another file");
+    top.k = a.save_logits_k;
+    o.save_top = &top;
+  }
+  if (!a.kl_base.empty()) {
+    base = TopLogits::load(a.kl_base);
+    o.kl_base = &base;
+  }
   EvalResult r;
   std::string device = "cpu";
   double prefill_seconds = 0;
@@ -115,8 +128,13 @@ int run_eval(const EvalArgs& a) {
   } else {
     r = evaluate(model, ids, o, ref.get());
   }
+  if (o.save_top) {
+    top.save(a.save_logits);
+    std::printf("saved the top %d logits of %lld positions to %s (--kl-base reads them)\n", top.k, (long long)top.target_logp.size(), a.save_logits.c_str());
+  }
   print_eval(r);
   json j = r.to_json();
+  if (o.kl_base) j["kl_base"] = {{"file", a.kl_base}, {"k", base.k}, {"note", "KL over the reference's top k tokens and the rest as one bucket: a lower bound of the full KL"}};
   j["device"] = device;
   j["perplexity_std_error"] = r.perplexity_std_error;
   if (prefill_seconds > 0) {
@@ -168,6 +186,9 @@ Command add_eval(CLI::App& app) {
       ->default_val("gptq");
   ev->add_option("--json", a->json_out, "write the result as JSON here");
   ev->add_option("--reference", a->reference, "reference model folder: adds KL divergence and top-1 agreement");
+  ev->add_option("--save-logits", a->save_logits, "keep this model's top logits of every position in FILE (the float model's, for --kl-base later)");
+  ev->add_option("--save-logits-k", a->save_logits_k, "how many of each position's most likely tokens --save-logits keeps")->default_val(32);
+  ev->add_option("--kl-base", a->kl_base, "KL divergence and top-1 agreement against logits saved with --save-logits (same data and windows)");
   ev->add_option("--tokenizer", a->tokenizer, "tokenizer file or folder (default: the model folder)");
   ev->add_option("--batch-tokens", a->batch_tokens, "tokens per forward chunk (memory bound)")->default_val(16384);
   ev->add_option("--baseline", a->baseline, "regression gate: a baseline written by --write-baseline");

@@ -140,3 +140,39 @@ TEST_CASE("cli: quantize --scheme writes the scheme's deployable format and cali
   CHECK(list.out.find("W4A16-ASYM") != std::string::npos);
   CHECK(run_ptqkit("formats").out.find("compressed-tensors") != std::string::npos);
 }
+
+// --save-logits keeps the float model's top logits; --kl-base computes the KL statistics from them
+// later. With every token kept (k = the vocabulary) they equal --reference's up to the fp32 storage;
+// with fewer, the KL is a lower bound and top-1 agreement and the reference perplexity are exact.
+TEST_CASE("cli: eval --save-logits then --kl-base gives --reference's KL statistics without the reference model") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets(), f = A + "/models/stories260k", text = A + "/text/tinystories/eval.txt";
+  auto q = run_ptqkit("-q quantize --model " + f + " --scheme W4A16 --dataset " + A + "/text/tinystories/calib.txt --set calibration.samples=4 --set calibration.seq_len=64 -o " + d / "q");
+  REQUIRE(q.code == 0);
+  const std::string common = " --data " + text + " --seq-len 128 --max-windows 24 --json ";
+  auto ev = [&](const std::string& args, const std::string& out) {
+    auto r = run_ptqkit("eval " + args + common + d / out);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    return json::parse(ptq::read_text_file(d / out));
+  };
+  const json ref = ev("--model " + d / "q" + " --reference " + f, "ref.json");
+  ev("--model " + f + " --save-logits " + d / "all.top" + " --save-logits-k 512", "f1.json");
+  ev("--model " + f + " --save-logits " + d / "k8.top" + " --save-logits-k 8", "f2.json");
+  const json all = ev("--model " + d / "q" + " --kl-base " + d / "all.top", "all.json"), k8 = ev("--model " + d / "q" + " --kl-base " + d / "k8.top", "k8.json");
+  const double kl = ref["kl"]["mean"];
+  CHECK(std::abs(all["kl"]["mean"].get<double>() - kl) <= 1e-3 * kl + 1e-5);   // (log-probabilities stored in fp32)
+  CHECK(all["kl"]["top1_agreement"] == ref["kl"]["top1_agreement"]);
+  CHECK(std::abs(all["kl"]["reference_perplexity"].get<double>() - ref["kl"]["reference_perplexity"].get<double>()) <= 1e-5);
+  CHECK(k8["kl"]["mean"].get<double>() <= kl * (1 + 1e-3));   // a lower bound
+  CHECK(k8["kl"]["mean"].get<double>() >= 0.5 * kl);
+  CHECK(k8["kl"]["top1_agreement"] == ref["kl"]["top1_agreement"]);
+  CHECK(k8["kl_base"]["k"] == 8);
+  // other windows are refused; an existing file is not overwritten
+  auto other = run_ptqkit("eval --model " + d / "q" + " --data " + text + " --seq-len 64 --max-windows 24 --kl-base " + d / "k8.top");
+  CHECK(other.code == 6);
+  CHECK(other.out.find("--kl-base: the saved logits are of other windows") != std::string::npos);
+  auto again = run_ptqkit("eval --model " + f + common + d / "x.json" + " --save-logits " + d / "k8.top");
+  CHECK(again.code == 8);
+}

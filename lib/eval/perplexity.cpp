@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/safetensors.h"
 #include "eval/data.h"
 
 namespace ptq {
@@ -16,6 +19,56 @@ void log_softmax(const float* x, int n, double* out) {
   for (int i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
   const double lse = m + std::log(s);
   for (int i = 0; i < n; ++i) out[i] = double(x[i]) - lse;
+}
+
+namespace {
+template <class T>
+Tensor raw(DType t, Shape s, const std::vector<T>& v) {
+  Tensor x(t, std::move(s));
+  std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
+  return x;
+}
+template <class T>
+std::vector<T> raw_of(const SafetensorsFile& f, const std::string& name, DType dt, int64_t n) {
+  const TensorView t = f.get(name);
+  if (t.dtype != dt || int64_t(t.nbytes) != n * int64_t(sizeof(T)))
+    fail(Errc::format, f.path(), name, "expected " + std::string(dtype_name(dt)) + " of " + std::to_string(n) + " elements");
+  std::vector<T> v(static_cast<size_t>(n));
+  std::memcpy(v.data(), t.data, t.nbytes);
+  return v;
+}
+}  // namespace
+
+void TopLogits::save(const std::string& path) const {
+  const int64_t rows = int64_t(target_logp.size());
+  write_safetensors(path, {{"tokens", raw(DType::I32, {int64_t(tokens.size())}, tokens)}, {"top_ids", raw(DType::I32, {rows, k}, ids)},
+                           {"top_logp", raw(DType::F32, {rows, k}, logp)}, {"target_logp", raw(DType::F32, {rows}, target_logp)}},
+                    {{"format", "ptqkit-top-logits"}, {"k", std::to_string(k)}, {"seq_len", std::to_string(seq_len)},
+                     {"vocab", std::to_string(vocab)}, {"protocol", protocol}});
+}
+
+TopLogits TopLogits::load(const std::string& path) {
+  SafetensorsFile f(path);
+  auto meta = [&](const char* key) {
+    auto it = f.metadata().find(key);
+    if (it == f.metadata().end()) fail(Errc::format, path, std::string("__metadata__.") + key, "missing: not a file written by eval --save-logits");
+    return it->second;
+  };
+  if (meta("format") != "ptqkit-top-logits") fail(Errc::format, path, "__metadata__.format", "not a file written by eval --save-logits");
+  TopLogits t;
+  t.k = std::atoi(meta("k").c_str());
+  t.seq_len = std::atoi(meta("seq_len").c_str());
+  t.vocab = std::atoi(meta("vocab").c_str());
+  t.protocol = meta("protocol");
+  if (t.k < 1 || t.seq_len < 2 || t.vocab < t.k) fail(Errc::format, path, "__metadata__", "k, seq_len or vocab out of range");
+  const int64_t n = f.get("tokens").shape.empty() ? 0 : f.get("tokens").shape[0], rows = n / t.seq_len * (t.seq_len - 1);
+  t.tokens = raw_of<int32_t>(f, "tokens", DType::I32, n);
+  t.ids = raw_of<int32_t>(f, "top_ids", DType::I32, rows * t.k);
+  t.logp = raw_of<float>(f, "top_logp", DType::F32, rows * t.k);
+  t.target_logp = raw_of<float>(f, "target_logp", DType::F32, rows);
+  for (int32_t id : t.ids)
+    if (id < 0 || id >= t.vocab) fail(Errc::format, path, "top_ids", "a token id outside the vocabulary");
+  return t;
 }
 
 nlohmann::json EvalResult::to_json() const {
@@ -41,6 +94,22 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
   if (W == 0) fail(Errc::input, "", "data", "only " + std::to_string(tokens.size()) + " tokens: shorter than one window of " + std::to_string(L));
   if (opt.max_windows > 0) W = std::min(W, opt.max_windows);
   const int64_t per_chunk = std::max<int64_t>(1, opt.batch_tokens / L);
+  const TopLogits* base = opt.kl_base;
+  if (base && reference) fail(Errc::usage, "", "--kl-base", "give a reference model or saved reference logits, not both");
+  if (base && (base->seq_len != L || base->protocol != opt.protocol || int64_t(base->tokens.size()) != W * L ||
+               !std::equal(base->tokens.begin(), base->tokens.end(), tokens.begin())))
+    fail(Errc::input, "", "--kl-base", "the saved logits are of other windows (seq_len " + std::to_string(base->seq_len) + ", protocol " + base->protocol + ", " +
+                                           std::to_string(base->tokens.size() / size_t(std::max(base->seq_len, 1))) + " windows): evaluate the same data, --seq-len, --protocol and --max-windows");
+  TopLogits* save = opt.save_top;
+  if (save) {
+    save->seq_len = L;
+    save->protocol = opt.protocol;
+    save->tokens.assign(tokens.begin(), tokens.begin() + W * L);
+    save->ids.assign(size_t(W * (L - 1) * save->k), 0);
+    save->logp.assign(save->ids.size(), 0.0f);
+    save->target_logp.assign(size_t(W * (L - 1)), 0.0f);
+  }
+  const bool compare = reference || base;
 
   const bool llama_cpp = opt.protocol == "llama.cpp";
   if (!llama_cpp && opt.protocol != "gptq") fail(Errc::usage, "", "--protocol", "must be gptq or llama.cpp");
@@ -61,9 +130,9 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
     if (llama_cpp)
       for (int s = 0; s < S; ++s) chunk[size_t(s) * size_t(L)] = opt.bos;
     const int64_t rows = int64_t(S) * (L - 1);
-    std::vector<double> nll, ref_nll(reference ? size_t(rows) : 0), kl(reference ? size_t(rows) : 0), dp(kl.size());
+    std::vector<double> nll, ref_nll(compare ? size_t(rows) : 0), kl(compare ? size_t(rows) : 0), dp(kl.size());
     std::vector<uint8_t> agree(kl.size());
-    if (nll_fn && !reference) {   // the NLL computed where the logits are
+    if (nll_fn && !compare && !save) {   // the NLL computed where the logits are
       nll = (*nll_fn)(chunk, S, L);
       if (int64_t(nll.size()) != rows) fail(Errc::input, "", "nll", "the NLL function returned " + std::to_string(nll.size()) + " rows, not " + std::to_string(rows));
     } else {
@@ -72,15 +141,49 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
       MatF ref_logits;
       if (reference) ref_logits = (*reference)(chunk, S, L);
       const int V = int(logits.cols());
+      if (save) save->vocab = V;
+      if (save && save->k > V) fail(Errc::usage, "", "--save-logits-k", "larger than the vocabulary (" + std::to_string(V) + ")");
+      if (base && base->vocab != V) fail(Errc::input, "", "--kl-base", "saved for a vocabulary of " + std::to_string(base->vocab) + ", the model has " + std::to_string(V));
 #pragma omp parallel
       {
         std::vector<double> lp(static_cast<size_t>(V)), lr(static_cast<size_t>(V));
+        std::vector<int32_t> order(static_cast<size_t>(V));
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < rows; ++k) {
-          const int64_t s = k / (L - 1), t = k % (L - 1), row = s * L + t;
+          const int64_t s = k / (L - 1), t = k % (L - 1), row = s * L + t, g = w0 * (L - 1) + k;   // g: the row in all windows
           const int32_t target = chunk[size_t(row + 1)];
           log_softmax(logits.row(row).data(), V, lp.data());
           nll[size_t(k)] = -lp[size_t(target)];
+          if (save) {   // the K most likely, ties by id (deterministic)
+            std::iota(order.begin(), order.end(), 0);
+            std::partial_sort(order.begin(), order.begin() + save->k, order.end(),
+                              [&](int32_t a, int32_t b) { return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b); });
+            for (int j = 0; j < save->k; ++j) {
+              save->ids[size_t(g * save->k + j)] = order[size_t(j)];
+              save->logp[size_t(g * save->k + j)] = float(lp[size_t(order[size_t(j)])]);
+            }
+            save->target_logp[size_t(g)] = float(lp[size_t(target)]);
+          }
+          if (base) {   // KL over the saved top K and the rest of the mass as one bucket
+            const int32_t* id = &base->ids[size_t(g * base->k)];
+            const float* lb = &base->logp[size_t(g * base->k)];
+            double d = 0, p_top = 0, q_top = 0;
+            int am = 0;
+            for (int v = 1; v < V; ++v)
+              if (lp[size_t(v)] > lp[size_t(am)]) am = v;
+            for (int j = 0; j < base->k; ++j) {
+              const double p = std::exp(double(lb[j])), q = std::exp(lp[size_t(id[j])]);
+              d += p * (double(lb[j]) - lp[size_t(id[j])]);
+              p_top += p;
+              q_top += q;
+            }
+            const double p_rest = 1.0 - p_top, q_rest = std::max(1.0 - q_top, 1e-300);
+            if (p_rest > 1e-12) d += p_rest * (std::log(p_rest) - std::log(q_rest));
+            kl[size_t(k)] = std::max(0.0, d);
+            agree[size_t(k)] = am == id[0];
+            ref_nll[size_t(k)] = -double(base->target_logp[size_t(g)]);
+            dp[size_t(k)] = std::exp(lp[size_t(target)]) - std::exp(double(base->target_logp[size_t(g)]));
+          }
           if (reference) {
             log_softmax(ref_logits.row(row).data(), V, lr.data());
             ref_nll[size_t(k)] = -lr[size_t(target)];
@@ -103,7 +206,7 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
       nll_sum += nll[size_t(k)];
       nll_sq_sum += nll[size_t(k)] * nll[size_t(k)];
       ++r.scored_tokens;
-      if (reference) { ref_nll_sum += ref_nll[size_t(k)]; dp_sum += dp[size_t(k)]; top1 += agree[size_t(k)]; kls.push_back(kl[size_t(k)]); }
+      if (compare) { ref_nll_sum += ref_nll[size_t(k)]; dp_sum += dp[size_t(k)]; top1 += agree[size_t(k)]; kls.push_back(kl[size_t(k)]); }
     }
     bar.update(double((w0 + S) * L));
   }
@@ -116,7 +219,7 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
     r.perplexity_std_error = r.perplexity * std::sqrt(var / (n - 1));
   }
   r.tokens_per_second = r.seconds > 0 ? double(W * L) / r.seconds : 0;   // evaluated tokens per second (a reference model's time included)
-  if (reference) {
+  if (compare) {
     KlStats k;
     const double n = double(kls.size());
     for (double v : kls) k.mean += v;

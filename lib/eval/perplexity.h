@@ -12,6 +12,23 @@
 
 namespace ptq {
 
+// A reference model's top logits kept on disk (`eval --save-logits`), so that evaluations of its
+// quantized variants get the KL statistics without running it again (`--kl-base`). Per row of
+// every window (position t predicting t + 1): the K most likely tokens' ids and log-probabilities,
+// and the target's log-probability, fp32. KL(P || Q) is taken over those K tokens and the rest of
+// the mass as one bucket, sum_i p_i log(p_i / q_i) + p_rest log(p_rest / q_rest): a lower bound of
+// the full KL (the log-sum inequality), exact when K is the vocabulary.
+struct TopLogits {
+  int k = 0, seq_len = 0, vocab = 0;
+  std::string protocol;
+  std::vector<int32_t> tokens;      // the evaluated windows [W * L], as fed (checked on reuse)
+  std::vector<int32_t> ids;         // [rows, k], rows = W * (L - 1), most likely first
+  std::vector<float> logp;          // [rows, k]
+  std::vector<float> target_logp;   // [rows]
+  void save(const std::string& path) const;   // safetensors
+  static TopLogits load(const std::string& path);
+};
+
 struct EvalOptions {
   int seq_len = 0;                 // 0: the model's max_position_embeddings
   int64_t max_windows = -1;        // -1: all
@@ -19,6 +36,8 @@ struct EvalOptions {
   std::string label = "eval";
   std::string protocol = "gptq";   // or "llama.cpp"
   int bos = -1;                    // llama.cpp protocol: the BOS id each window starts with
+  TopLogits* save_top = nullptr;   // filled with this model's top logits (save_top->k set by the caller)
+  const TopLogits* kl_base = nullptr;   // the reference's saved top logits: KL statistics without a reference model
 };
 
 struct KlStats {
