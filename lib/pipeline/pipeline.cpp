@@ -342,10 +342,11 @@ void record(Run& R, const std::string& name, const QuantSpec& spec, const Solved
   }
   const SolveStats& st = s.stats;
   R.modules.push_back({{"name", name}, {"method", spec.method}, {"bits", spec.bits}, {"group_size", spec.group_size},
-                       {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups}, {"grid", grid_form_name(spec.form)},
+                       {"sym", spec.sym}, {"act_order", spec.act_order}, {"static_groups", spec.static_groups},
                        {"rows", s.rows}, {"cols", s.cols}, {"damp_percent", spec.method == "gptq" ? st.damp_percent : 0.0},
                        {"damp_retries", st.retries}, {"dead_columns", st.dead_columns}, {"loss", s.loss}, {"rtn_loss", s.rtn_loss},
                        {"loss_ratio_vs_rtn", s.rtn_loss > 0 ? s.loss / s.rtn_loss : 1.0}, {"seconds", s.seconds}});
+  if (spec.form != GridForm::integer_zero) R.modules.back()["grid"] = grid_form_name(spec.form);   // (absent: GPTQ's)
   if (ex.expert >= 0) {
     json& m = R.modules.back();
     m["expert"] = ex.expert;
