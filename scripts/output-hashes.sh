@@ -8,7 +8,9 @@
 # Runs (stories260k and distilled-13m, CPU, each recipe's own calibration):
 #   gptq    the CI recipe, exported as fake, gptq, gptq_v2 and compressed-tensors (stories260k:
 #           fake and compressed-tensors; its ffn of 172 fits neither gptq's int32 packing nor
-#           Q4_0 blocks), with its statistics saved (--save-stats: the Hessians, fp64, exactly)
+#           Q4_0 blocks, and its down_proj (172 wide, groups of 32) stays float: compressed-
+#           tensors would misread its groups), with its statistics saved (--save-stats: the
+#           Hessians, fp64, exactly)
 #   stats   the same recipe at 3 bits from those statistics (--load-stats)
 #   seq     the CI recipe with true_sequential: false (float-pass Hessians)
 #   gguf    (distilled-13m) GPTQ 4-bit g32 symmetric (Q4_0), exported as gguf
