@@ -2,6 +2,7 @@
 // mapped file (TensorView). Compute happens on Eigen matrices; these types carry data in and out.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,13 @@ struct Tensor {
 // Float tensors from/to f32 buffers (dtype F32, F16 or BF16; the input may be any convertible dtype).
 Tensor tensor_from_f32(const float* x, Shape shape, DType dtype);
 std::vector<float> tensor_to_f32(const TensorView& t);
+// A tensor holding v's bytes as they are (v.size() * sizeof(T) must be the shape's bytes).
+template <class T>
+Tensor tensor_of_raw(DType t, Shape s, const std::vector<T>& v) {
+  Tensor x(t, std::move(s));
+  std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
+  return x;
+}
 
 struct NamedTensor {
   std::string name;

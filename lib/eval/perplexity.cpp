@@ -23,12 +23,6 @@ void log_softmax(const float* x, int n, double* out) {
 
 namespace {
 template <class T>
-Tensor raw(DType t, Shape s, const std::vector<T>& v) {
-  Tensor x(t, std::move(s));
-  std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
-  return x;
-}
-template <class T>
 std::vector<T> raw_of(const SafetensorsFile& f, const std::string& name, DType dt, int64_t n) {
   const TensorView t = f.get(name);
   if (t.dtype != dt || int64_t(t.nbytes) != n * int64_t(sizeof(T)))
@@ -41,8 +35,8 @@ std::vector<T> raw_of(const SafetensorsFile& f, const std::string& name, DType d
 
 void TopLogits::save(const std::string& path) const {
   const int64_t rows = int64_t(target_logp.size());
-  write_safetensors(path, {{"tokens", raw(DType::I32, {int64_t(tokens.size())}, tokens)}, {"top_ids", raw(DType::I32, {rows, k}, ids)},
-                           {"top_logp", raw(DType::F32, {rows, k}, logp)}, {"target_logp", raw(DType::F32, {rows}, target_logp)}},
+  write_safetensors(path, {{"tokens", tensor_of_raw(DType::I32, {int64_t(tokens.size())}, tokens)}, {"top_ids", tensor_of_raw(DType::I32, {rows, k}, ids)},
+                           {"top_logp", tensor_of_raw(DType::F32, {rows, k}, logp)}, {"target_logp", tensor_of_raw(DType::F32, {rows}, target_logp)}},
                     {{"format", "ptqkit-top-logits"}, {"k", std::to_string(k)}, {"seq_len", std::to_string(seq_len)},
                      {"vocab", std::to_string(vocab)}, {"protocol", protocol}});
 }

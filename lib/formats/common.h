@@ -44,11 +44,7 @@ namespace formats {
 bool ends_with(const std::string& s, const std::string& e);
 std::string module_of(const std::string& weight);   // strip ".weight"
 template <class T>
-Tensor raw(DType t, Shape s, const std::vector<T>& v) {
-  Tensor x(t, std::move(s));
-  std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
-  return x;
-}
+Tensor raw(DType t, Shape s, const std::vector<T>& v) { return tensor_of_raw(t, std::move(s), v); }
 template <class T>
 std::vector<T> read_raw(const Checkpoint& ck, const std::string& name, DType want) {
   TensorView t = ck.get(name);

@@ -51,11 +51,7 @@ QuantSpec spec_of(const std::string& file, const std::string& name, const std::s
   return s;
 }
 template <class T>
-Tensor raw_tensor(DType t, Shape s, const std::vector<T>& v) {
-  Tensor x(t, std::move(s));
-  std::memcpy(x.bytes.data(), v.data(), x.bytes.size());
-  return x;
-}
+Tensor raw_tensor(DType t, Shape s, const std::vector<T>& v) { return tensor_of_raw(t, std::move(s), v); }
 // A tensor of a layer file with the dtype and shape write_layer gives it: a damaged or
 // hand-edited file fails naming the file and the tensor instead of being misread. rank_only: the
 // rank alone is known yet (the tensors the others' shapes are taken from).
