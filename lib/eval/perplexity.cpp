@@ -158,40 +158,39 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
             }
             save->target_logp[size_t(g)] = float(lp[size_t(target)]);
           }
-          if (base) {   // KL over the saved top K and the rest of the mass as one bucket
+          if (!compare) continue;
+          // the reference's KL, its argmax and its log-probability of the target: from its logits,
+          // or from the saved top K (KL over them and the rest of the mass as one bucket)
+          double d = 0, ref_target;
+          int am = 0, ar = 0;
+          for (int v = 1; v < V; ++v)
+            if (lp[size_t(v)] > lp[size_t(am)]) am = v;
+          if (base) {
             const int32_t* id = &base->ids[size_t(g * base->k)];
             const float* lb = &base->logp[size_t(g * base->k)];
-            double d = 0, p_top = 0, q_top = 0;
-            int am = 0;
-            for (int v = 1; v < V; ++v)
-              if (lp[size_t(v)] > lp[size_t(am)]) am = v;
+            double p_top = 0, q_top = 0;
             for (int j = 0; j < base->k; ++j) {
-              const double p = std::exp(double(lb[j])), q = std::exp(lp[size_t(id[j])]);
+              const double p = std::exp(double(lb[j]));
               d += p * (double(lb[j]) - lp[size_t(id[j])]);
               p_top += p;
-              q_top += q;
+              q_top += std::exp(lp[size_t(id[j])]);
             }
             const double p_rest = 1.0 - p_top, q_rest = std::max(1.0 - q_top, 1e-300);
             if (p_rest > 1e-12) d += p_rest * (std::log(p_rest) - std::log(q_rest));
-            kl[size_t(k)] = std::max(0.0, d);
-            agree[size_t(k)] = am == id[0];
-            ref_nll[size_t(k)] = -double(base->target_logp[size_t(g)]);
-            dp[size_t(k)] = std::exp(lp[size_t(target)]) - std::exp(double(base->target_logp[size_t(g)]));
-          }
-          if (reference) {
+            ar = id[0];
+            ref_target = double(base->target_logp[size_t(g)]);
+          } else {
             log_softmax(ref_logits.row(row).data(), V, lr.data());
-            ref_nll[size_t(k)] = -lr[size_t(target)];
-            double d = 0;
-            int am = 0, ar = 0;
             for (int v = 0; v < V; ++v) {
               d += std::exp(lr[size_t(v)]) * (lr[size_t(v)] - lp[size_t(v)]);
-              if (lp[size_t(v)] > lp[size_t(am)]) am = v;
               if (lr[size_t(v)] > lr[size_t(ar)]) ar = v;
             }
-            kl[size_t(k)] = std::max(0.0, d);
-            agree[size_t(k)] = am == ar;
-            dp[size_t(k)] = std::exp(lp[size_t(target)]) - std::exp(lr[size_t(target)]);
+            ref_target = lr[size_t(target)];
           }
+          kl[size_t(k)] = std::max(0.0, d);
+          agree[size_t(k)] = am == ar;
+          ref_nll[size_t(k)] = -ref_target;
+          dp[size_t(k)] = std::exp(lp[size_t(target)]) - std::exp(ref_target);
         }
       }
     }

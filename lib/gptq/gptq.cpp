@@ -52,16 +52,7 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   // 2. static groups: parameters from the unpermuted weights (K forms: their super-blocks rounded)
   if (groups_per_super(s.form) && !(s.static_groups && s.group_size > 0))
     fail(Errc::usage, "", "quantization.static_groups", std::string(grid_form_name(s.form)) + " grids are static: their super-blocks are rounded before the solve");
-  if (s.static_groups && s.group_size > 0) {
-    if (s.form != GridForm::integer_zero) {
-      P.static_params = static_grids(W, q);
-    } else {
-      P.static_params.resize(size_t(q.groups * rows));
-      for (int64_t g = 0; g < q.groups; ++g)
-        for (int64_t r = 0; r < rows; ++r)
-          P.static_params[size_t(g * rows + r)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s);
-    }
-  }
+  if (s.static_groups && s.group_size > 0) P.static_params = static_grids(W, q);   // (q's scales in natural order: g_idx is c / group)
 
   // 3. act-order permutation (stable: ties keep their natural order, so runs are deterministic)
   P.perm.resize(size_t(cols));
@@ -83,13 +74,6 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
       q.scales[size_t(r)] = P.row_params[size_t(r)].scale;
       q.zeros[size_t(r)] = P.row_params[size_t(r)].zero;
       if (!q.mins.empty()) q.mins[size_t(r)] = P.row_params[size_t(r)].min;
-    }
-  }
-  if (s.static_groups && s.group_size > 0) {   // scales in natural order (g_idx is c / group)
-    for (size_t i = 0; i < P.static_params.size(); ++i) {
-      q.scales[i] = P.static_params[i].scale;
-      q.zeros[i] = P.static_params[i].zero;
-      if (!q.mins.empty()) q.mins[i] = P.static_params[i].min;
     }
   }
   return P;

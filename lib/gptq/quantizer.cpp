@@ -184,7 +184,7 @@ QuantizedLinear QuantizedLinear::empty(int64_t rows, int64_t cols, const QuantSp
 
 std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q) {
   const QuantSpec& s = q.spec;
-  const int64_t rows = q.rows, cols = q.cols, gs = s.group_size;
+  const int64_t rows = q.rows, cols = q.cols, gs = s.group_size > 0 ? s.group_size : cols;
   std::vector<GridParams> p(size_t(q.groups * rows));
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
   for (int64_t r = 0; r < rows; ++r) {
@@ -212,23 +212,10 @@ QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s) {
   QuantizedLinear q = QuantizedLinear::empty(W.rows(), W.cols(), s);
   const int64_t gs = s.group_size > 0 ? s.group_size : q.cols;
   std::vector<uint8_t> codes(size_t(q.rows * q.cols));
-  if (s.form != GridForm::integer_zero) {   // the forms' grids as the solve takes them (super-blocks rounded)
-    const std::vector<GridParams> p = static_grids(W, q);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < q.rows; ++r)
-      for (int64_t c = 0; c < q.cols; ++c) codes[size_t(r * q.cols + c)] = uint8_t(quantize_code(W(r, c), p[size_t(c / gs * q.rows + r)], s.maxq()));
-    q.set_codes(codes.data());
-    return q;
-  }
+  const std::vector<GridParams> p = static_grids(W, q);   // the grids as the solve takes them (super-blocks rounded)
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < q.rows; ++r)
-    for (int64_t g = 0; g < q.groups; ++g) {
-      const int64_t c0 = g * gs, n = std::min(gs, q.cols - c0);
-      const GridParams p = find_grid(&W(r, c0), n, 1, s);
-      q.scales[size_t(g * q.rows + r)] = p.scale;
-      q.zeros[size_t(g * q.rows + r)] = p.zero;
-      for (int64_t c = c0; c < c0 + n; ++c) codes[size_t(r * q.cols + c)] = uint8_t(quantize_code(W(r, c), p, s.maxq()));
-    }
+    for (int64_t c = 0; c < q.cols; ++c) codes[size_t(r * q.cols + c)] = uint8_t(quantize_code(W(r, c), p[size_t(c / gs * q.rows + r)], s.maxq()));
   q.set_codes(codes.data());
   return q;
 }

@@ -101,8 +101,9 @@ struct QuantizedLinear {
   static QuantizedLinear empty(int64_t rows, int64_t cols, const QuantSpec& s);
 };
 
-// The grids of W's groups in natural column order [groups, rows] (super-blocks rounded), also
-// written into q's scales, zeros, mins and super-block parameters (q: QuantizedLinear::empty).
+// The grids of W's groups in natural column order [groups, rows] (one group per row without
+// group_size; super-blocks rounded), also written into q's scales, zeros, mins and super-block
+// parameters (q: QuantizedLinear::empty).
 std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q);
 
 // Round-to-nearest with the same grids (the baseline), groups in natural column order.

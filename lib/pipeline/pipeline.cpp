@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <future>
 
 #include "calib/calibration.h"
@@ -66,8 +67,6 @@ VecF& norm_weights(LayerWeights& w, const std::string& norm) {
 std::string layer_prefix(int l) { return "model.layers." + std::to_string(l) + "."; }
 
 // Everything one run shares between its steps.
-struct Run;
-void plan_gguf_types(Run& R, bool gguf_only);
 
 struct Run {
   Recipe r;
@@ -102,109 +101,30 @@ struct Run {
 
 // ---------------------------------------------------------------- setup
 
-// The model, its module names, and every check that can refuse the recipe before calibrating.
-void load_model(Run& R) {
-  Recipe& r = R.r;
-  {
-    PhaseTimer t(R.t.phase["load"]);
-    R.model = std::make_unique<LlamaModel>(r.model);
-  }
+// A warning on stderr and in the event log.
+void warn(const std::string& m) {
+  std::fprintf(stderr, "ptqkit: warning: %s\n", m.c_str());
+  log_event("warning", {{"message", m}});
+}
+
+// Keeps in the source dtype the Linears (not already ignored) that `reason` names a reason for:
+// adds them to the effective recipe's ignore list (so the run is repeatable) and returns them;
+// *example: the last one's reason.
+std::vector<std::string> keep_in_float(Run& R, const std::function<std::string(const std::string& module, LinearId p)>& reason,
+                                       std::string* example) {
+  std::vector<std::string> kept;
   const LlamaConfig& c = R.c();
-  if (r.calibration.seq_len == 0) r.calibration.seq_len = std::min(2048, c.max_position_embeddings);
-  if (r.calibration.seq_len > c.max_position_embeddings)
-    fail(Errc::input, r.source, "calibration.seq_len",
-         std::to_string(r.calibration.seq_len) + " exceeds the model's max_position_embeddings " + std::to_string(c.max_position_embeddings));
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (LinearId p : layer_schedule(c, l).linears()) R.known.push_back(linear_name(c, l, p));
-  for (const char* n : {"lm_head", "model.embed_tokens", "model.norm"}) R.known.push_back(n);
-  auto check = [&](const std::string& pat, const std::string& field) {
-    for (auto& m : R.known)
-      if (pattern_matches(pat, m)) return;
-    fail(Errc::usage, r.source, field, "pattern '" + pat + "' matches no module of this model (e.g. " + R.known[0] + ")");
-  };
-  for (auto& p : r.ignore) check(p, "quantization.ignore");
-  for (auto& [p, n] : r.overrides) check(p, "quantization.overrides." + p);
-  // Scales are rounded to what the export stores, so that GPTQ compensates that rounding: the
-  // model's 16-bit type; f16 where GGUF is written (its blocks' d is f16), which the other packed
-  // formats then cannot hold exactly for a bf16 model.
-  const bool gguf = std::find(r.formats.begin(), r.formats.end(), "gguf") != r.formats.end();
-  R.scale_dtype = c.dtype == DType::BF16 && !gguf ? DType::BF16 : DType::F16;
-  if (gguf && c.dtype == DType::BF16)
-    for (const std::string& f : r.formats)
-      if (f != "gguf" && f != "fake")
-        fail(Errc::usage, r.source, "export.format", "gguf stores f16 block scales, " + f + " this bf16 model's bf16 scales: write them from separate runs");
-  R.nf4 = r.quant.method == "nf4";
-  R.w8a8 = r.act_mode != ActQuant::none;
-  // A GGUF-only run (fake beside it allowed) keeps in the source dtype the Linears whose input width
-  // is not a multiple of the blocks' 32, as llama.cpp's own quantizer leaves tensors its type cannot
-  // hold. They are added to the effective recipe's ignore list (so the run is repeatable) and
-  // named in the report and a warning. Other formats need every Linear they are given: refused below.
-  const bool gguf_only = gguf && std::all_of(r.formats.begin(), r.formats.end(), [](const std::string& f) { return f == "gguf" || f == "fake"; });
-  if (gguf_only && !R.nf4) {
-    int64_t width = 0;
-    for (int l = 0; l < c.num_hidden_layers; ++l)
-      for (LinearId p : layer_schedule(c, l).linears()) {
-        const std::string m = linear_name(c, l, p);
-        if (linear_shape(c, p).in % 32 == 0 || r.ignored(m)) continue;
-        R.gguf_fallback.push_back(m);
-        width = linear_shape(c, p).in;
-      }
-    for (const std::string& m : R.gguf_fallback) r.ignore.push_back(m);
-    if (!R.gguf_fallback.empty()) {
-      const std::string m = "gguf: " + std::to_string(R.gguf_fallback.size()) + " Linears have an input width that is not a multiple of 32 (e.g. " +
-                            R.gguf_fallback.back() + ": " + std::to_string(width) + "); they stay in " + std::string(dtype_name(c.dtype)) + " in the GGUF, as llama.cpp's quantizer leaves what its blocks cannot hold "
-                            "(listed in the report's gguf_float_fallback and the effective recipe's quantization.ignore)";
-      std::fprintf(stderr, "ptqkit: warning: %s\n", m.c_str());
-      log_event("warning", {{"message", m}});
-    }
-  }
-  if (gguf && !R.nf4) plan_gguf_types(R, gguf_only);
-  // compressed-tensors infers a Linear's group size as in_features / groups: a width the group size
-  // does not divide is misread (or refused) by the library. A run whose packed formats all list
-  // float Linears (compressed-tensors' ignore, GGUF's float tensors) keeps such Linears in the
-  // source dtype, said as for GGUF; with another packed format they are refused below.
-  const bool ct = std::find(r.formats.begin(), r.formats.end(), "compressed-tensors") != r.formats.end();
-  const bool listable = std::all_of(r.formats.begin(), r.formats.end(), [](const std::string& f) { return f == "gguf" || f == "compressed-tensors" || f == "fake"; });
-  if (ct && listable && !R.nf4) {
-    std::string example;
-    for (int l = 0; l < c.num_hidden_layers; ++l)
-      for (LinearId p : layer_schedule(c, l).linears()) {
-        const std::string m = linear_name(c, l, p);
-        const int gs = R.spec_of(m).group_size;
-        const int64_t in = linear_shape(c, p).in;
-        if (r.ignored(m) || gs <= 0 || in <= gs || in % gs == 0) continue;   // (one group: the library's in / 1 is right)
-        R.ct_fallback.push_back(m);
-        example = m + ": " + std::to_string(linear_shape(c, p).in) + " wide, groups of " + std::to_string(gs);
-      }
-    for (const std::string& m : R.ct_fallback) r.ignore.push_back(m);
-    if (!R.ct_fallback.empty()) {
-      const std::string m = "compressed-tensors: " + std::to_string(R.ct_fallback.size()) + " Linears have an input width their group size does not divide (e.g. " + example +
-                            "); compressed-tensors would misread their groups, so they stay in " + std::string(dtype_name(c.dtype)) +
-                            " (in its ignore list, report.json's compressed_tensors_float_fallback and the effective recipe's quantization.ignore)";
-      std::fprintf(stderr, "ptqkit: warning: %s\n", m.c_str());
-      log_event("warning", {{"message", m}});
-    }
-  }
-  // Every format must be able to hold what the recipe asks for: refuse before calibrating.
-  std::vector<ModulePlan> plan;
   for (int l = 0; l < c.num_hidden_layers; ++l)
     for (LinearId p : layer_schedule(c, l).linears()) {
       const std::string m = linear_name(c, l, p);
-      const LinearShape sh = linear_shape(c, p);
-      plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
+      if (R.r.ignored(m)) continue;
+      if (const std::string why = reason(m, p); !why.empty()) {
+        kept.push_back(m);
+        *example = m + ": " + why;
+      }
     }
-  for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
-  // vLLM's GPTQ layers refuse an input width the group size does not divide: said once
-  for (auto& fmt : r.formats)
-    if (fmt == "gptq" || fmt == "gptq_v2")
-      for (const ModulePlan& m : plan)
-        if (m.quantized && m.spec.group_size > 0 && m.cols % m.spec.group_size) {
-          const std::string w = fmt + ": " + m.name + " is " + std::to_string(m.cols) + " wide, not a multiple of group_size " + std::to_string(m.spec.group_size) +
-                                ": transformers reads it, vLLM's GPTQ kernels refuse such a layer";
-          std::fprintf(stderr, "ptqkit: warning: %s\n", w.c_str());
-          log_event("warning", {{"message", w}});
-          break;
-        }
+  for (const std::string& m : kept) R.r.ignore.push_back(m);
+  return kept;
 }
 
 // llama.cpp's use_more_bits: the layers its _M mixes give more bits (the first and last eighth, and
@@ -251,12 +171,99 @@ void plan_gguf_types(Run& R, bool gguf_only) {
       }
       R.gguf_specs[m] = s;
     }
-  if (fell) {
-    const std::string msg = "gguf: " + std::to_string(fell) + " Linears have an input width that is not a multiple of the K-quants' 256 (e.g. " + example +
-                            "); they are written as llama.cpp's quantizer writes them (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; report.json's gguf_type_fallback)";
-    std::fprintf(stderr, "ptqkit: warning: %s\n", msg.c_str());
-    log_event("warning", {{"message", msg}});
+  if (fell)
+    warn("gguf: " + std::to_string(fell) + " Linears have an input width that is not a multiple of the K-quants' 256 (e.g. " + example +
+         "); they are written as llama.cpp's quantizer writes them (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; report.json's gguf_type_fallback)");
+}
+
+
+// The model, its module names, and every check that can refuse the recipe before calibrating.
+void load_model(Run& R) {
+  Recipe& r = R.r;
+  {
+    PhaseTimer t(R.t.phase["load"]);
+    R.model = std::make_unique<LlamaModel>(r.model);
   }
+  const LlamaConfig& c = R.c();
+  if (r.calibration.seq_len == 0) r.calibration.seq_len = std::min(2048, c.max_position_embeddings);
+  if (r.calibration.seq_len > c.max_position_embeddings)
+    fail(Errc::input, r.source, "calibration.seq_len",
+         std::to_string(r.calibration.seq_len) + " exceeds the model's max_position_embeddings " + std::to_string(c.max_position_embeddings));
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (LinearId p : layer_schedule(c, l).linears()) R.known.push_back(linear_name(c, l, p));
+  for (const char* n : {"lm_head", "model.embed_tokens", "model.norm"}) R.known.push_back(n);
+  auto check = [&](const std::string& pat, const std::string& field) {
+    for (auto& m : R.known)
+      if (pattern_matches(pat, m)) return;
+    fail(Errc::usage, r.source, field, "pattern '" + pat + "' matches no module of this model (e.g. " + R.known[0] + ")");
+  };
+  for (auto& p : r.ignore) check(p, "quantization.ignore");
+  for (auto& [p, n] : r.overrides) check(p, "quantization.overrides." + p);
+  // Scales are rounded to what the export stores, so that GPTQ compensates that rounding: the
+  // model's 16-bit type; f16 where GGUF is written (its blocks' d is f16), which the other packed
+  // formats then cannot hold exactly for a bf16 model.
+  const bool gguf = std::find(r.formats.begin(), r.formats.end(), "gguf") != r.formats.end();
+  R.scale_dtype = c.dtype == DType::BF16 && !gguf ? DType::BF16 : DType::F16;
+  if (gguf && c.dtype == DType::BF16)
+    for (const std::string& f : r.formats)
+      if (f != "gguf" && f != "fake")
+        fail(Errc::usage, r.source, "export.format", "gguf stores f16 block scales, " + f + " this bf16 model's bf16 scales: write them from separate runs");
+  R.nf4 = r.quant.method == "nf4";
+  R.w8a8 = r.act_mode != ActQuant::none;
+  // A GGUF-only run (fake beside it allowed) keeps in the source dtype the Linears whose input width
+  // is not a multiple of the blocks' 32, as llama.cpp's own quantizer leaves tensors its type cannot
+  // hold. They are added to the effective recipe's ignore list (so the run is repeatable) and
+  // named in the report and a warning. Other formats need every Linear they are given: refused below.
+  const bool gguf_only = gguf && std::all_of(r.formats.begin(), r.formats.end(), [](const std::string& f) { return f == "gguf" || f == "fake"; });
+  if (gguf_only && !R.nf4) {
+    std::string example;
+    R.gguf_fallback = keep_in_float(R, [&](const std::string&, LinearId p) {
+      const int64_t in = linear_shape(c, p).in;
+      return in % 32 ? std::to_string(in) : std::string();
+    }, &example);
+    if (!R.gguf_fallback.empty())
+      warn("gguf: " + std::to_string(R.gguf_fallback.size()) + " Linears have an input width that is not a multiple of 32 (e.g. " + example + "); they stay in " +
+           std::string(dtype_name(c.dtype)) + " in the GGUF, as llama.cpp's quantizer leaves what its blocks cannot hold "
+           "(listed in the report's gguf_float_fallback and the effective recipe's quantization.ignore)");
+  }
+  if (gguf && !R.nf4) plan_gguf_types(R, gguf_only);
+  // compressed-tensors infers a Linear's group size as in_features / groups: a width the group size
+  // does not divide is misread (or refused) by the library. A run whose packed formats all list
+  // float Linears (compressed-tensors' ignore, GGUF's float tensors) keeps such Linears in the
+  // source dtype, said as for GGUF; with another packed format they are refused below.
+  const bool ct = std::find(r.formats.begin(), r.formats.end(), "compressed-tensors") != r.formats.end();
+  const bool listable = std::all_of(r.formats.begin(), r.formats.end(), [](const std::string& f) { return f == "gguf" || f == "compressed-tensors" || f == "fake"; });
+  if (ct && listable && !R.nf4) {
+    std::string example;
+    R.ct_fallback = keep_in_float(R, [&](const std::string& m, LinearId p) {
+      const int gs = R.spec_of(m).group_size;
+      const int64_t in = linear_shape(c, p).in;
+      if (gs <= 0 || in <= gs || in % gs == 0) return std::string();   // (one group: the library's in / 1 is right)
+      return std::to_string(in) + " wide, groups of " + std::to_string(gs);
+    }, &example);
+    if (!R.ct_fallback.empty())
+      warn("compressed-tensors: " + std::to_string(R.ct_fallback.size()) + " Linears have an input width their group size does not divide (e.g. " + example +
+           "); compressed-tensors would misread their groups, so they stay in " + std::string(dtype_name(c.dtype)) +
+           " (in its ignore list, report.json's compressed_tensors_float_fallback and the effective recipe's quantization.ignore)");
+  }
+  // Every format must be able to hold what the recipe asks for: refuse before calibrating.
+  std::vector<ModulePlan> plan;
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (LinearId p : layer_schedule(c, l).linears()) {
+      const std::string m = linear_name(c, l, p);
+      const LinearShape sh = linear_shape(c, p);
+      plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
+    }
+  for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
+  // vLLM's GPTQ layers refuse an input width the group size does not divide: said once
+  for (auto& fmt : r.formats)
+    if (fmt == "gptq" || fmt == "gptq_v2")
+      for (const ModulePlan& m : plan)
+        if (m.quantized && m.spec.group_size > 0 && m.cols % m.spec.group_size) {
+          warn(fmt + ": " + m.name + " is " + std::to_string(m.cols) + " wide, not a multiple of group_size " + std::to_string(m.spec.group_size) +
+               ": transformers reads it, vLLM's GPTQ kernels refuse such a layer");
+          break;
+        }
 }
 
 // The calibration windows (none for NF4: it is data-free) and their embeddings.
