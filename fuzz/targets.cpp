@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/pytorch_bin.h"
 #include "core/safetensors.h"
 #include "formats/gguf.h"
 #include "formats/open.h"
@@ -100,6 +101,19 @@ int sentencepiece(const uint8_t* data, size_t size) {
   });
 }
 
+int pytorch_bin(const uint8_t* data, size_t size) {
+  return guarded([&] {
+    ptq::PytorchBinFile f(put("fuzz.bin", data, size));
+    double sum = 0;   // touch every byte of every tensor the reader accepted
+    for (auto& n : f.names()) {
+      const ptq::TensorView t = f.get(n);
+      if (t.dtype == ptq::DType::F32 || ptq::dtype_is_float16(t.dtype))
+        for (float v : ptq::tensor_to_f32(t)) sum += v;
+    }
+    (void)sum;
+  });
+}
+
 int gguf(const uint8_t* data, size_t size) {
   return guarded([&] {
     ptq::GgufFile f(put("fuzz.gguf", data, size));
@@ -128,7 +142,8 @@ int packed(const uint8_t* data, size_t size) {
 
 const std::vector<NamedTarget>& all_targets() {
   static const std::vector<NamedTarget> t = {{"safetensors", safetensors}, {"config", config},   {"recipe", recipe}, {"tokenizer_json", tokenizer_json},
-                                             {"sentencepiece", sentencepiece}, {"gguf", gguf}, {"packed", packed}};
+                                             {"sentencepiece", sentencepiece}, {"gguf", gguf}, {"packed", packed},
+                                             {"pytorch_bin", pytorch_bin}};
   return t;
 }
 

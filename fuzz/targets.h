@@ -23,6 +23,7 @@ int recipe(const uint8_t* data, size_t size);        // a YAML recipe
 int tokenizer_json(const uint8_t* data, size_t size);   // tokenizer.json (byte-level BPE)
 int sentencepiece(const uint8_t* data, size_t size);    // tokenizer.model
 int gguf(const uint8_t* data, size_t size);          // a .gguf file
+int pytorch_bin(const uint8_t* data, size_t size);   // a torch.save checkpoint (zip or legacy pickle)
 // A packed checkpoint folder: config.json (with quantization_config), then the separator line
 // "\n--safetensors--\n", then model.safetensors; opened with open_model and one layer read.
 int packed(const uint8_t* data, size_t size);

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}; shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors config recipe tokenizer_json sentencepiece gguf packed)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors config recipe tokenizer_json sentencepiece gguf packed pytorch_bin)
 if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
   echo "PTQKIT_SKIP: clang or libFuzzer missing (scripts/setup.sh installs clang and libclang-rt-14-dev)"; exit 0
 fi
@@ -25,6 +25,12 @@ for t in "${targets[@]}"; do
   # SentencePiece models are not ours to commit: seed from the shared assets when they are there.
   sp="${PTQKIT_ASSETS:-../shared/assets}/models/stories260k/tokenizer.model"
   [ "$t" = sentencepiece ] && [ -f "$sp" ] && cp "$sp" "build-fuzz/corpus/$t/stories260k.model"
+  # torch.save files too: a real shard, the legacy layout and the two hostile pickles.
+  bins="${PTQKIT_ASSETS:-../shared/assets}"
+  if [ "$t" = pytorch_bin ] && [ -d "$bins/bad" ]; then
+    cp "$bins"/bad/*.bin "build-fuzz/corpus/$t/" 2>/dev/null || true
+    cp "$bins"/models/llama2xs-bin/pytorch_model-00002-of-00002.bin "build-fuzz/corpus/$t/" 2>/dev/null || true
+  fi
   log="build-fuzz/fuzz_$t.log"
   if ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 "build-fuzz/bin/fuzz_$t" "build-fuzz/corpus/$t" "${seeds[@]}" \
        -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=131072 -artifact_prefix="build-fuzz/crashes/${t}-" >"$log" 2>&1; then

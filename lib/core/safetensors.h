@@ -12,46 +12,29 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/checkpoint.h"
 #include "core/fsutil.h"
 #include "core/tensor.h"
 
 namespace ptq {
 
-class SafetensorsFile {
+class SafetensorsFile final : public TensorFile {
  public:
   // Maps and validates: header length against the file size, the JSON, dtypes, shape x dtype
   // size = byte range, ranges inside the data section and not overlapping. Errc::format naming
   // the file and the field on any violation.
   explicit SafetensorsFile(const std::string& path);
-  const std::string& path() const { return map_.path(); }
-  bool has(const std::string& name) const { return index_.count(name) != 0; }
-  TensorView get(const std::string& name) const;
-  const std::vector<std::string>& names() const { return names_; }   // in data order
+  const std::string& path() const override { return map_.path(); }
+  bool has(const std::string& name) const override { return index_.count(name) != 0; }
+  TensorView get(const std::string& name) const override;
+  const std::vector<std::string>& names() const override { return names_; }   // in data order
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  void release(const TensorView& t) const { map_.release(t.data, t.nbytes); }
+  void release(const TensorView& t) const override { map_.release(t.data, t.nbytes); }
  private:
   MappedFile map_;
   std::unordered_map<std::string, TensorView> index_;
   std::vector<std::string> names_;
   std::map<std::string, std::string> metadata_;
-};
-
-// A model folder: model.safetensors, or shards listed by model.safetensors.index.json
-// (also accepts the path of a single .safetensors file).
-class Checkpoint {
- public:
-  explicit Checkpoint(const std::string& path);
-  const std::string& dir() const { return dir_; }
-  bool has(const std::string& name) const { return where_.count(name) != 0; }
-  TensorView get(const std::string& name) const;          // Errc::format naming the tensor if missing
-  const std::string& file_of(const std::string& name) const;
-  std::vector<std::string> names() const;                 // sorted
-  void release(const std::string& name) const;            // drop its pages from the resident set
-  size_t total_bytes() const;
- private:
-  std::string dir_;
-  std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const SafetensorsFile*> where_;
 };
 
 struct TensorSpec {

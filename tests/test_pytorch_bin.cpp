@@ -1,0 +1,151 @@
+// The torch.save reader is checked against files we did not write with it: llama2xs's shards as
+// transformers' torch.save wrote them (zip) and its first shard in the legacy layout, each tensor
+// compared byte for byte with the same model's model.safetensors; the hostile files must be refused
+// before anything runs. fuzz/corpus/pytorch_bin/'s seeds (written by Python's own pickler, see
+// fuzz/make_pytorch_bin_seeds.py) pin strides, offsets, bf16 and parameters to their known values.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/pytorch_bin.h"
+#include "core/safetensors.h"
+#include "testing.h"
+
+using namespace ptq;
+namespace fs = std::filesystem;
+
+namespace {
+void write_raw(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// Expects PytorchBinFile(bytes) to fail with Errc::format and a message containing `what`.
+void expect_bad(const std::string& bytes, const std::string& what) {
+  ptqtest::TempDir d;
+  write_raw(d / "bad.bin", bytes);
+  try {
+    PytorchBinFile f(d / "bad.bin");
+    FAIL("accepted a bad file; expected: " + what);
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.code == Errc::format);
+    CHECK(std::string(e.what()).find(what) != std::string::npos);
+    CHECK(std::string(e.what()).find("bad.bin") != std::string::npos);
+  }
+}
+
+std::vector<float> floats(const TensorView& t) { return tensor_to_f32(t); }
+
+void check_same_as_safetensors(const Checkpoint& bin, const SafetensorsFile& st, size_t want) {
+  size_t compared = 0;
+  for (const std::string& n : bin.names()) {
+    INFO(n);
+    REQUIRE(st.has(n));
+    const TensorView a = bin.get(n), b = st.get(n);
+    CHECK(a.dtype == b.dtype);
+    CHECK(a.shape == b.shape);
+    REQUIRE(a.nbytes == b.nbytes);
+    CHECK(std::memcmp(a.data, b.data, a.nbytes) == 0);
+    ++compared;
+  }
+  CHECK(compared == want);
+}
+}  // namespace
+
+TEST_CASE("pytorch_model.bin shards read exactly as the model's safetensors") {
+  PTQ_REQUIRE_ASSETS();
+  const std::string a = ptqtest::assets() + "/models/";
+  const Checkpoint bin(a + "llama2xs-bin");   // pytorch_model.bin.index.json + 2 zip shards
+  const SafetensorsFile st(a + "llama2xs/model.safetensors");
+  check_same_as_safetensors(bin, st, st.names().size());
+  CHECK(bin.names().size() == st.names().size());
+  CHECK(bin.file_of("model.norm.weight").find("pytorch_model-0000") != std::string::npos);
+}
+
+TEST_CASE("the legacy (pre-1.6) serialization reads exactly as the safetensors") {
+  PTQ_REQUIRE_ASSETS();
+  const Checkpoint bin(ptqtest::assets() + "/bad/legacy-ok.bin");
+  const SafetensorsFile st(ptqtest::assets() + "/models/llama2xs/model.safetensors");
+  check_same_as_safetensors(bin, st, 23);
+}
+
+TEST_CASE("a pickle that would run a shell command is refused, naming the global, and runs nothing") {
+  PTQ_REQUIRE_ASSETS();
+  const std::string marker = "/tmp/ptqkit-pwned";   // what the payload's `echo` would write
+  std::error_code ec;
+  fs::remove(marker, ec);
+  for (const char* f : {"evil.bin", "evil-legacy.bin"}) {
+    INFO(f);
+    try {
+      PytorchBinFile b(ptqtest::assets() + "/bad/" + f);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code == Errc::format);
+      CHECK(std::string(e.what()).find("'posix.system'") != std::string::npos);
+      CHECK(std::string(e.what()).find(f) != std::string::npos);
+    }
+    // Through the CLI too: a clear error and a non-zero exit.
+    const auto r = ptqtest::run_ptqkit("inspect " + ptqtest::assets() + "/bad/" + f);
+    CHECK(r.code == int(Errc::format));
+    CHECK(r.out.find("posix.system") != std::string::npos);
+    CHECK_FALSE(fs::exists(marker));
+  }
+}
+
+TEST_CASE("strides, offsets, bf16 and parameters are rebuilt as torch would") {
+  const std::string dir = std::string(PTQKIT_SOURCE_DIR) + "/fuzz/corpus/pytorch_bin/";
+  const PytorchBinFile z(dir + "zip-strided.bin");
+  CHECK_FALSE(z.legacy());
+  CHECK(z.names() == std::vector<std::string>{"a", "t", "h", "o", "p"});
+  CHECK(floats(z.get("a")) == std::vector<float>{0, 1, 2, 3, 4, 5});
+  CHECK(z.get("t").shape == Shape{3, 2});
+  CHECK(floats(z.get("t")) == std::vector<float>{0, 3, 1, 4, 2, 5});   // the transpose, gathered
+  CHECK(z.get("h").dtype == DType::BF16);
+  CHECK(floats(z.get("h")) == std::vector<float>{1.5f, -2.0f});
+  CHECK(floats(z.get("o")) == std::vector<float>{4, 5});
+  CHECK(floats(z.get("p")) == std::vector<float>{7, 8, 9, 10, 11, 12});
+  const PytorchBinFile l(dir + "legacy.bin");
+  CHECK(l.legacy());
+  CHECK(floats(l.get("a")) == std::vector<float>{0, 1, 2, 3, 4, 5});
+  CHECK(floats(l.get("h")) == std::vector<float>{1.5f, -2.0f});
+}
+
+TEST_CASE("bad torch.save files are refused with the file and the field named") {
+  PTQ_REQUIRE_ASSETS();
+  const std::string good = read_text_file(ptqtest::assets() + "/models/llama2xs-bin/pytorch_model-00002-of-00002.bin");
+  // A truncated zip: its end record is gone.
+  expect_bad(good.substr(0, good.size() / 2), "no end-of-central-directory record");
+  expect_bad("PK\x03\x04", "truncated");
+  // A storage of the wrong size: the first tensor's persistent id says 63 elements, its entry holds 64.
+  std::string wrong = good;
+  const std::string pid = std::string("X\x03\x00\x00\x00" "cpuq\x06K@t", 13);
+  const size_t at = wrong.find(pid);
+  REQUIRE(at != std::string::npos);
+  wrong[at + 11] = '?';
+  expect_bad(wrong, "holds 256 bytes, but its pickle says 63 elements of 4 bytes");
+  // A tensor reaching past its storage: size [64] at offset 1 (BININT1 0 -> BININT1 1 after BINPERSID).
+  std::string past = good;
+  const size_t q = past.find(std::string("Q" "K\x00" "K@", 5));
+  REQUIRE(q != std::string::npos);
+  past[q + 2] = '\x01';
+  expect_bad(past, "reach outside its storage of 64 elements");
+  // Not a pickle torch writes.
+  expect_bad(std::string("\x80\x02" "cos\nsystem\n", 14), "legacy pickle: the pickle names the global 'os.system'");
+  expect_bad(std::string("\x80\x02\x8a\x01\x05.", 6), "neither a zip nor starts with torch's legacy magic number");
+  expect_bad(std::string("\x80\x02" "]q\x00", 5), "truncated pickle");
+  expect_bad(std::string("\x80\x02" "d.", 4), "unsupported pickle opcode 0x64");
+}
+
+TEST_CASE("a folder with pytorch_model.bin quantizes to the same bytes as its safetensors twin") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  const std::string common = " --scheme W8A16 --dataset " + a + "/text/tinystories/calib.txt --set calibration.samples=4 --set calibration.seq_len=64 -o ";
+  auto r1 = ptqtest::run_ptqkit("-q quantize --model " + a + "/models/llama2xs-bin" + common + d / "from-bin");
+  INFO(r1.out);
+  REQUIRE(r1.code == 0);
+  auto r2 = ptqtest::run_ptqkit("-q quantize --model " + a + "/models/llama2xs" + common + d / "from-st");
+  INFO(r2.out);
+  REQUIRE(r2.code == 0);
+  CHECK(sha256_file(d / "from-bin/model.safetensors") == sha256_file(d / "from-st/model.safetensors"));
+}
