@@ -38,6 +38,12 @@ int run(const QuantizeArgs& a) {
     if (!a.format.empty()) sets.push_back("export.format=" + a.format);
     r = load_recipe(a.recipe, sets);
   }
+  // Random calibration tokens only when asked for: a recipe that names no dataset is refused
+  // (NF4 is data-free and needs none).
+  if (!r.dataset_given && r.quant.method != "nf4")
+    fail(Errc::usage, r.source, "calibration.dataset",
+         "missing: name the calibration text (a .txt or .jsonl file), or write `dataset: random` to calibrate on random tokens "
+         "(the report then says so); --dataset FILE sets it from the command line");
   QuantizeOptions o;
   o.force = a.force;
   o.resume = a.resume;

@@ -128,6 +128,12 @@ TEST_CASE("cli: quantize --scheme writes the scheme's deployable format and cali
   auto none = run_ptqkit("quantize --model " + m + " --scheme W8A16 -o " + d / "w8");
   CHECK(none.code == 2);
   CHECK(none.out.find("--dataset random") != std::string::npos);
+  // nor does a recipe that names no dataset calibrate on random tokens silently
+  ptq::write_file_atomic(d / "r.yaml", "quantization: {bits: 4, group_size: 32}\n");
+  auto bare = run_ptqkit("quantize " + d / "r.yaml" + " --model " + m + " -o " + d / "r");
+  CHECK(bare.code == 2);
+  CHECK(bare.out.find("r.yaml: calibration.dataset: missing") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(d / "r"));
   auto rnd = run_ptqkit("quantize --model " + m + " --scheme W8A16 --dataset random --set calibration.samples=4 --set calibration.seq_len=64 -o " + d / "w8");
   INFO(rnd.out);
   REQUIRE(rnd.code == 0);

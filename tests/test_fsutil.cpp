@@ -69,3 +69,15 @@ TEST_CASE("OutputDir: refuses an existing output, commits atomically, cleans up 
   CHECK(fs::exists(out + "/y"));
   CHECK_FALSE(fs::exists(out + "/x"));
 }
+
+TEST_CASE("OutputDir: an output under folders that do not exist yet makes them, as mkdir -p") {
+  ptqtest::TempDir d;
+  const std::string out = d / "runs/new/q";
+  {
+    OutputDir o(out, false);
+    write_file_atomic(o.file("x"), "1");
+    o.commit();
+  }
+  CHECK(std::filesystem::exists(out + "/x"));
+  CHECK_FALSE(std::filesystem::exists(out + ".partial"));
+}

@@ -155,6 +155,11 @@ OutputDir::OutputDir(std::string final_path, bool force, bool resume, bool keep_
   if (fs::exists(final_, ec) && !force_)
     fail(Errc::exists, final_, "", "output exists; pass --force to replace it");
   staging_ = final_ + ".partial";
+  // The parent folders are made as `mkdir -p` would (an output under a new runs/ folder).
+  if (const fs::path parent = fs::path(final_).parent_path(); !parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec) fail(Errc::io, parent.string(), "", "cannot create the output's parent folder: " + ec.message());
+  }
   // The lock lives beside the staging folder, so that clearing the folder keeps it.
   const std::string lock = final_ + ".partial.lock";
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);

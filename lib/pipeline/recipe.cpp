@@ -254,7 +254,7 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   if (r.gpu_activations != "auto" && r.gpu_activations != "device" && r.gpu_activations != "host")
     fail(Errc::usage, file, "gpu_activations", "must be auto, device or host");
   if (auto c = root["calibration"]) {
-    if (c["dataset"]) r.calibration.dataset = c["dataset"].as<std::string>();
+    if (c["dataset"]) r.calibration.dataset = c["dataset"].as<std::string>(), r.dataset_given = true;
     if (c["samples"]) r.calibration.samples = c["samples"].as<int>();
     if (c["seq_len"]) r.calibration.seq_len = c["seq_len"].as<int>();
     if (c["seed"]) r.calibration.seed = c["seed"].as<uint64_t>();

@@ -26,6 +26,7 @@ struct Recipe {
   // output always uses the routed experts only.
   bool moe_calibrate_all_experts = true;
   CalibSpec calibration;                    // seq_len 0 = min(2048, the model's context)
+  bool dataset_given = false;               // calibration.dataset was written (the CLI refuses a silent random default)
   QuantSpec quant;                          // defaults for every quantized module
   bool true_sequential = true;
   std::vector<std::string> ignore = {"lm_head", "model.embed_tokens"};
