@@ -17,6 +17,7 @@ Command add_quantize(CLI::App& app);
 Command add_schemes(CLI::App& app);   // quantize.cpp
 Command add_formats(CLI::App& app);   // quantize.cpp
 Command add_eval(CLI::App& app);
+Command add_generate(CLI::App& app);
 Command add_synth(CLI::App& app);
 Command add_inspect(CLI::App& app);
 Command add_report(CLI::App& app);

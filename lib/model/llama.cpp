@@ -164,11 +164,12 @@ void linear(const MatF& x, const Linear& l, MatF& y) {
 namespace {
 // In-place rotary embedding of [S*T, nh*hd] (HF rotate_half layout) over the first 2 * half dims
 // of each head (the table's width: partial rotary leaves the rest as they are).
-void apply_rope(MatF& x, int nh, int hd, const Rope& rope, int S, int T) {
+// Rows r of S sequences of T tokens sit at positions pos0 + r % T.
+void apply_rope(MatF& x, int nh, int hd, const Rope& rope, int S, int T, int pos0) {
   const int half = int(rope.cos.cols());
 #pragma omp parallel for schedule(static)
   for (Eigen::Index r = 0; r < Eigen::Index(S) * T; ++r) {
-    const int pos = int(r % T);
+    const int pos = pos0 + int(r % T);
     float* row = x.row(r).data();
     const float* cs = rope.cos.row(pos).data();
     const float* sn = rope.sin.row(pos).data();
@@ -182,10 +183,9 @@ void apply_rope(MatF& x, int nh, int hd, const Rope& rope, int S, int T) {
     }
   }
 }
-}  // namespace
 
-void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx) {
-  MatF q, k, v;
+// q, k, v of xn (S sequences of T tokens at positions pos0 ...), head-normed and rotated.
+void rotated_qkv(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, int pos0, MatF& q, MatF& k, MatF& v) {
   if (c.fused) {   // Phi-3: one GEMM, then the q, k, v column blocks
     MatF qkv;
     linear(xn, w[Proj::qkv], qkv);
@@ -197,42 +197,79 @@ void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rop
     linear(xn, w[Proj::k], k);
     linear(xn, w[Proj::v], v);
   }
-  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim, group = nh / nkv;
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   if (c.qk_norm) {   // Qwen3: each head of q and k RMS-normalized over head_dim, then rotated
     head_rmsnorm(q, nh, hd, w.q_norm, float(c.rms_norm_eps));
     head_rmsnorm(k, nkv, hd, w.k_norm, float(c.rms_norm_eps));
   }
-  apply_rope(q, nh, hd, rope, S, T);
-  apply_rope(k, nkv, hd, rope, S, T);
-  ctx.resize(Eigen::Index(S) * T, Eigen::Index(nh) * hd);
+  apply_rope(q, nh, hd, rope, S, T, pos0);
+  apply_rope(k, nkv, hd, rope, S, T, pos0);
+}
+
+// Causal (and sliding-window) softmax attention of head h of one sequence (GQA: its kv head is
+// h / group): queries q [Tq, nh*hd] at positions Tk - Tq ... Tk - 1 over keys/values k, v
+// [Tk, nkv*hd] at positions 0 ... Tk - 1; writes ctx's columns of head h. scores: [Tq, Tk] scratch.
+template <class Q, class KV, class Out>
+void attend_head(const LlamaConfig& c, int h, const Q& q, const KV& k, const KV& v, Out ctx, MatF& scores) {
+  const int hd = c.head_dim, kvh = h / (c.num_attention_heads / c.num_key_value_heads);
+  const int Tq = int(q.rows()), Tk = int(k.rows()), off = Tk - Tq;
   const float scale = 1.0f / std::sqrt(float(hd));
   const int window = c.sliding_window;
+  {
+    auto K = k.middleCols(Eigen::Index(kvh) * hd, hd);
+    auto V = v.middleCols(Eigen::Index(kvh) * hd, hd);
+    scores.resize(Tq, Tk);
+    scores.noalias() = (q.middleCols(Eigen::Index(h) * hd, hd) * K.transpose()) * scale;
+    for (int i = 0; i < Tq; ++i) {   // query i (position off + i) sees keys j0 ... off + i
+      float* row = scores.row(i).data();
+      const int last = off + i, j0 = window > 0 ? std::max(0, last - window + 1) : 0;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int j = j0; j <= last; ++j) m = std::max(m, row[j]);
+      float sum = 0;
+      for (int j = 0; j < Tk; ++j) {
+        const float e = (j >= j0 && j <= last) ? std::exp(row[j] - m) : 0.0f;
+        row[j] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (int j = j0; j <= last; ++j) row[j] *= inv;
+    }
+    ctx.middleCols(Eigen::Index(h) * hd, hd).noalias() = scores * V;
+  }
+}
+}  // namespace
+
+void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx) {
+  MatF q, k, v;
+  rotated_qkv(w, c, rope, xn, S, T, 0, q, k, v);
+  ctx.resize(Eigen::Index(S) * T, Eigen::Index(c.q_dim()));
+  const int nh = c.num_attention_heads;
 #pragma omp parallel
   {
     MatF scores(T, T);
 #pragma omp for schedule(dynamic)
     for (int sh = 0; sh < S * nh; ++sh) {
-      const int s = sh / nh, h = sh % nh, kvh = h / group;
-      auto Q = q.block(Eigen::Index(s) * T, Eigen::Index(h) * hd, T, hd);
-      auto K = k.block(Eigen::Index(s) * T, Eigen::Index(kvh) * hd, T, hd);
-      auto V = v.block(Eigen::Index(s) * T, Eigen::Index(kvh) * hd, T, hd);
-      scores.noalias() = (Q * K.transpose()) * scale;
-      for (int i = 0; i < T; ++i) {   // causal (and sliding-window) softmax over j <= i
-        float* row = scores.row(i).data();
-        const int j0 = window > 0 ? std::max(0, i - window + 1) : 0;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int j = j0; j <= i; ++j) m = std::max(m, row[j]);
-        float sum = 0;
-        for (int j = 0; j < T; ++j) {
-          const float e = (j >= j0 && j <= i) ? std::exp(row[j] - m) : 0.0f;
-          row[j] = e;
-          sum += e;
-        }
-        const float inv = 1.0f / sum;
-        for (int j = j0; j <= i; ++j) row[j] *= inv;
-      }
-      ctx.block(Eigen::Index(s) * T, Eigen::Index(h) * hd, T, hd).noalias() = scores * V;
+      const Eigen::Index r0 = Eigen::Index(sh / nh) * T;
+      attend_head(c, sh % nh, q.middleRows(r0, T), k.middleRows(r0, T), v.middleRows(r0, T), ctx.middleRows(r0, T), scores);
     }
+  }
+}
+
+void attention_cached(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, MatF& K, MatF& V, MatF& ctx) {
+  const int T = int(xn.rows()), pos0 = int(K.rows());
+  MatF q, k, v;
+  rotated_qkv(w, c, rope, xn, 1, T, pos0, q, k, v);
+  K.conservativeResize(pos0 + T, Eigen::NoChange);
+  V.conservativeResize(pos0 + T, Eigen::NoChange);
+  if (K.cols() == 0) K.resize(pos0 + T, k.cols()), V.resize(pos0 + T, v.cols());
+  K.bottomRows(T) = k;
+  V.bottomRows(T) = v;
+  ctx.resize(T, Eigen::Index(c.q_dim()));
+#pragma omp parallel
+  {
+    MatF scores;
+#pragma omp for schedule(static)
+    for (int h = 0; h < c.num_attention_heads; ++h) attend_head(c, h, q, K, V, ctx.middleRows(0, T), scores);
   }
 }
 
@@ -327,10 +364,13 @@ void moe_mlp(const LayerWeights& w, const LlamaConfig& c, const MatF& xn, MatF& 
   }
 }
 
-void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, int S, int T, MatF& x) {
+namespace {
+// The layer with its attention given: x <- x + o(attn(norm(x))); x <- x + down(mlp(norm(x))).
+template <class Attn>
+void decoder_layer_with(const LayerWeights& w, const LlamaConfig& c, MatF& x, Attn&& attn) {
   MatF xn, ctx, y;
   rmsnorm(x, w.input_layernorm, float(c.rms_norm_eps), xn);
-  attention_core(w, c, rope, xn, S, T, ctx);
+  attn(xn, ctx);
   linear(ctx, w[Proj::o], y);
   x += y;
   rmsnorm(x, w.post_attention_layernorm, float(c.rms_norm_eps), xn);
@@ -341,6 +381,15 @@ void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope
     linear(ctx, w[Proj::down], y);
   }
   x += y;
+}
+}  // namespace
+
+void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, int S, int T, MatF& x) {
+  decoder_layer_with(w, c, x, [&](const MatF& xn, MatF& ctx) { attention_core(w, c, rope, xn, S, T, ctx); });
+}
+
+void decoder_layer_cached(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, MatF& K, MatF& V, MatF& x) {
+  decoder_layer_with(w, c, x, [&](const MatF& xn, MatF& ctx) { attention_cached(w, c, rope, xn, K, V, ctx); });
 }
 
 LlamaModel::LlamaModel(const std::string& dir)

@@ -81,6 +81,10 @@ void head_rmsnorm(MatF& y, int heads, int hd, const VecF& w, float eps);
 void linear(const MatF& x, const Linear& l, MatF& y);                  // y = x W^T + b
 // q/k/v projections, rotary, causal GQA softmax attention: returns the input of o_proj [S*T, q_dim].
 void attention_core(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, int S, int T, MatF& ctx);
+// The same for one sequence while generating: xn [T, hidden] holds the tokens at positions
+// K.rows() ... K.rows() + T - 1; their keys and values (rotated) are appended to the cache K, V
+// [positions, kv_dim], and each attends over every cached position up to its own.
+void attention_cached(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, const MatF& xn, MatF& K, MatF& V, MatF& ctx);
 // silu(x W_gate^T) * (x W_up^T): the input of down_proj [S*T, ffn] (Phi-3: both halves of gate_up_proj).
 void mlp_act(const LayerWeights& w, const MatF& xn, MatF& act);
 void swiglu(const Linear& gate, const Linear& up, const MatF& x, MatF& act);   // one expert's
@@ -98,6 +102,8 @@ void scatter_add(const MatF& part, const std::vector<int32_t>& rows, const std::
 void moe_mlp(const LayerWeights& w, const LlamaConfig& c, const MatF& xn, MatF& y);
 // x <- x + o(attention(norm(x))); x <- x + down(mlp(norm(x))).
 void decoder_layer(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, int S, int T, MatF& x);
+// The same for one sequence's next tokens x [T, hidden], with the layer's KV cache (attention_cached).
+void decoder_layer_cached(const LayerWeights& w, const LlamaConfig& c, const Rope& rope, MatF& K, MatF& V, MatF& x);
 
 class LlamaModel {
  public:
