@@ -105,6 +105,7 @@ std::vector<Command> add_bench(CLI::App& app) {
   auto ea = std::make_shared<BenchEvalArgs>();
   auto ga = std::make_shared<BenchGptqArgs>();
   auto ka = std::make_shared<BenchKernelsArgs>();
+  auto da = std::make_shared<BenchDecodeArgs>();
   CLI::App* bench = app.add_subcommand("bench", "benchmarks (throughput against the machine's measured limits)");
   bench->require_subcommand(1);
   CLI::App* be = bench->add_subcommand("eval", "CPU evaluation throughput beside an Eigen GEMM measured in the same run");
@@ -115,6 +116,14 @@ std::vector<Command> add_bench(CLI::App& app) {
   CLI::App* bg = bench->add_subcommand("gptq", "Hessians and the GPTQ solve of one decoder layer on the GPU, by phase");
   bg->add_option("--preset", ga->preset, "llama2-7b | llama3-8b | llama2-70b | small")->default_val("llama2-7b");
   bg->add_option("--samples", ga->samples, "calibration windows")->default_val(128);
+  CLI::App* bd = bench->add_subcommand("decode", "GPU decode tok/s per weight format and batch on a synthetic checkpoint, beside each format's bytes-per-token floor");
+  bd->add_option("--preset", da->preset, "llama2-7b | llama3-8b | ... (synth presets)")->capture_default_str();
+  bd->add_option("--layers", da->layers, "layers (default: the preset's)");
+  bd->add_option("--formats", da->formats, "f16, w8a16, w4a16, nf4, w8a8")->check(CLI::IsMember({"f16", "w8a16", "w4a16", "nf4", "w8a8"}))->delimiter(',');
+  bd->add_option("--batch", da->batches, "sequences decoded together (default 1,8,32)")->check(CLI::Range(1, 256))->delimiter(',');
+  bd->add_option("--prompt", da->prompt, "prompt tokens (prefill)")->capture_default_str();
+  bd->add_option("--decode", da->decode, "tokens decoded")->capture_default_str();
+  bd->add_option("--json", da->json_out, "write the table as JSON here");
   CLI::App* bk = bench->add_subcommand("kernels", "W4A16, W8A16, NF4 (against cuBLAS f16) and W8A8 (against cuBLAS bf16 and int8) GPU kernels: llama shapes, M = 1..4096, cold L2");
   bk->add_option("--runs", ka->runs, "runs per measurement (median)")->default_val(100);
   bk->add_option("--kernels", ka->kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');
@@ -129,7 +138,8 @@ std::vector<Command> add_bench(CLI::App& app) {
   bg->add_option("--group-size", ga->group)->default_val(128);
   bg->add_option("--act-order", ga->act_order, "act-order with static groups")->default_val(true);
   bg->add_option("--batch", ga->batch, "one layer: solve an MoE layer's expert downs in batches, as the pipeline does (false: one by one)")->default_val(true);
-  return {{be, [ea] { return run_bench_eval(*ea); }}, {bg, [ga] { return run_bench_gptq(*ga); }}, {bk, [ka] { return run_bench_kernels(*ka); }}};
+  return {{be, [ea] { return run_bench_eval(*ea); }}, {bg, [ga] { return run_bench_gptq(*ga); }}, {bk, [ka] { return run_bench_kernels(*ka); }},
+          {bd, [da] { return run_bench_decode(*da); }}};
 }
 
 }  // namespace ptq

@@ -1,6 +1,7 @@
 // bench.h — the arguments of `ptqkit bench gptq` (bench_gptq.cpp), shared with its registration in bench.cpp.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace ptq {
 
@@ -14,5 +15,15 @@ struct BenchGptqArgs {
   bool batch = true;         // one layer: MoE expert downs in batched solves, as the pipeline solves them
 };
 int run_bench_gptq(const BenchGptqArgs& a);
+
+struct BenchDecodeArgs {
+  std::string preset = "llama2-7b";
+  int layers = -1;           // -1: the preset's
+  std::vector<std::string> formats{"f16", "w8a16", "w4a16", "nf4", "w8a8"};
+  std::vector<int> batches{1, 8, 32};
+  int prompt = 128, decode = 256;
+  std::string json_out;
+};
+int run_bench_decode(const BenchDecodeArgs& a);   // bench_decode.cpp
 
 }  // namespace ptq

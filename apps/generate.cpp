@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "command.h"
@@ -13,12 +14,16 @@
 #include "formats/open.h"
 #include "model/generate.h"
 #include "model/tokenizer.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include "cuda/runtime.h"
+#include "eval/perplexity_cuda.h"
+#endif
 
 namespace ptq {
 
 namespace {
 struct GenerateArgs {
-  std::string model, prompt, prompt_ids, tokenizer, json_out;
+  std::string model, prompt, prompt_ids, tokenizer, json_out, device = "cpu";
   int max_tokens = 64;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
@@ -58,7 +63,33 @@ int run(const GenerateArgs& a) {
     }
   }
   if (ids.empty()) fail(Errc::input, "", "--prompt", "the prompt has no tokens (and the tokenizer no BOS)");
-  Generator g(*model);
+  // The next-token logits of the chosen engine: the CPU reference (model/generate.h) or the GPU
+  // decode (eval/decode_cuda.h), both fed the prompt once, then one token per step.
+  std::function<VecF(const std::vector<int32_t>&)> feed;
+  std::function<int()> position;
+  std::unique_ptr<Generator> cpu;
+#ifdef PTQKIT_HAVE_CUDA
+  std::unique_ptr<cuda::DecodeCuda> gpu;
+#endif
+  if (a.device == "cuda") {
+#ifndef PTQKIT_HAVE_CUDA
+    fail(Errc::usage, "", "--device", "this build has no CUDA");
+#else
+    if (!cuda::available()) fail(Errc::usage, "", "--device", "cuda requested, but " + cuda::describe());
+    cuda::GpuLogits gl(*model, a.model);
+    const int max_len = std::min(c.max_position_embeddings, int(ids.size()) + std::max(a.max_tokens, 1));
+    gpu = std::make_unique<cuda::DecodeCuda>(gl.decode_weights(), 1, max_len);
+    feed = [&](const std::vector<int32_t>& t) {
+      gpu->feed(t, int(t.size()));
+      return VecF(gpu->logits().row(0).transpose());
+    };
+    position = [&] { return gpu->position(); };
+#endif
+  } else {
+    cpu = std::make_unique<Generator>(*model);
+    feed = [&](const std::vector<int32_t>& t) { return cpu->feed(t); };
+    position = [&] { return cpu->position(); };
+  }
   const double load_s = seconds_since(t_load);
   const std::vector<int32_t> eos = a.ignore_eos ? std::vector<int32_t>{} : eos_ids(c);
   Rng rng(a.seed, 0x67656e);
@@ -67,7 +98,7 @@ int run(const GenerateArgs& a) {
   std::fputs(tok ? a.prompt.c_str() : a.prompt_ids.c_str(), stdout);
   std::fflush(stdout);
   const auto t_prefill = std::chrono::steady_clock::now();
-  VecF logits = g.feed(ids);
+  VecF logits = feed(ids);
   const double prefill_s = seconds_since(t_prefill);
   std::vector<int32_t> out;
   std::string shown;   // the decoded text so far: each step prints what it added (SentencePiece joins pieces)
@@ -82,8 +113,8 @@ int run(const GenerateArgs& a) {
     shown = text;
     std::fflush(stdout);
     if (i + 1 == a.max_tokens) break;
-    if (g.position() >= c.max_position_embeddings) { stop = "context"; break; }
-    logits = g.feed({t});
+    if (position() >= c.max_position_embeddings) { stop = "context"; break; }
+    logits = feed({t});
   }
   const double decode_s = seconds_since(t_decode);
   std::fputs("\n", stdout);
@@ -93,7 +124,7 @@ int run(const GenerateArgs& a) {
                ids.size(), prefill_s, double(ids.size()) / prefill_s, out.size(), decode_s, decode_tps, stop.c_str(), load_s);
   if (!a.json_out.empty()) {
     nlohmann::json j = {{"model", a.model}, {"format", model_format(a.model)}, {"prompt_tokens", ids}, {"tokens", out},
-                        {"text", shown}, {"stop", stop}, {"device", "cpu"},
+                        {"text", shown}, {"stop", stop}, {"device", a.device},
                         {"sampling", {{"temperature", a.temperature}, {"top_p", a.top_p}, {"seed", a.seed}}},
                         {"seconds", {{"load", load_s}, {"prefill", prefill_s}, {"decode", decode_s}}}};
     write_file_atomic(a.json_out, j.dump(2) + "\n");
@@ -114,6 +145,8 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--seed", a->seed, "sampling seed (same seed, same text)")->capture_default_str();
   sub->add_option("--tokenizer", a->tokenizer, "tokenizer file or folder (default: the model folder)");
   sub->add_option("--json", a->json_out, "write the prompt and generated token ids, text and timings here");
+  sub->add_option("--device", a->device, "cpu (the reference) or cuda (f16 KV cache; float, gptq, NF4 and W8A8 checkpoints of the dense families)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   sub->add_flag("--ignore-eos", a->ignore_eos, "keep generating past the end-of-sequence token");
   sub->add_flag("--no-bos", a->no_bos, "do not put the BOS token before the prompt");
   return {sub, [a] { return run(*a); }};

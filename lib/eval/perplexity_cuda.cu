@@ -145,6 +145,42 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   m.lm_head = upload16(read_matrix(ws, head, c.vocab_size, d), m.dt, "lm_head (16-bit)");
 }
 
+DecodeWeights GpuLogits::decode_weights() const {
+  const Impl& m = *p_;
+  const LlamaConfig& c = m.c;
+  std::string why;
+  if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
+  DecodeWeights w;
+  w.c = c;
+  w.dt = m.dt;
+  w.owners.push_back(p_);
+  const int64_t d = c.hidden_size;
+  auto emb = std::make_shared<DeviceBuffer<uint16_t>>(upload16(read_matrix(m.model->weights(), "model.embed_tokens.weight", c.vocab_size, d), m.dt,
+                                                               "embedding table (16-bit)"));
+  w.owners.push_back(emb);
+  w.embed = emb->get();
+  w.lm_head = m.lm_head.get();
+  w.final_norm = m.final_norm;
+  size_t k = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    DecodeLayer L;
+    L.in_norm = m.norms[size_t(l)].first;
+    L.post_norm = m.norms[size_t(l)].second;
+    if (c.qk_norm) L.q_norm = m.head_norms[size_t(l)].first, L.k_norm = m.head_norms[size_t(l)].second;
+    for (LinearId p : layer_schedule(c, l).linears()) {   // the constructor's order
+      int j = 0;
+      while (j < 7 && kAllProj[size_t(j)] != p.proj) ++j;
+      if (j == 7 || p.expert >= 0) fail(Errc::usage, "", "--device", "cuda decode: a Linear it does not serve");
+      if (j < 3) L.qkv_bias[size_t(j)] = m.biases[k];
+      else if (m.biases[k].size()) fail(Errc::usage, "", "--device", "cuda decode: biases on o/gate/up/down are not served");
+      L.lin[size_t(j)] = m.linears[k++];
+    }
+    w.layers.push_back(std::move(L));
+  }
+  w.what = describe();
+  return w;
+}
+
 GpuLogits::~GpuLogits() = default;
 double GpuLogits::forward_seconds() const { return p_->seconds; }
 std::string GpuLogits::describe() const {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/runtime.h"
+#include "eval/decode_cuda.h"
 #include "eval/perplexity.h"
 
 namespace ptq::cuda {
@@ -28,6 +29,8 @@ class GpuLogits {
   std::vector<double> nll(const std::vector<int32_t>& tokens, int S, int T) const;   // per scored row, evaluate()'s NllFn
   double forward_seconds() const;   // GPU time of the forward passes and the logits GEMMs (the prefill)
   std::string describe() const;     // what runs the Linears
+  // The same resident weights for the decode engine (eval/decode_cuda.h), which keeps them alive.
+  DecodeWeights decode_weights() const;
  private:
   DeviceBuffer<float> forward(const std::vector<int32_t>& tokens, int S, int T) const;   // logits [S*T, vocab] on the device
   struct Impl;

@@ -1,0 +1,94 @@
+// bench_decode.cpp — `ptqkit bench decode`: batch decode throughput per weight format on a
+// synthetic checkpoint of a preset's shapes (random weights on the GPU), beside each format's
+// floor: the bytes one step reads (weights, plus the KV cache at the mean position) at the
+// device-to-device copy bandwidth measured in the same run. Prompt P tokens (prefill, timed),
+// then D tokens decoded greedily on the device (timed).
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "core/error.h"
+#include "core/fsutil.h"
+#include "core/rng.h"
+#include "model/config.h"
+#include "model/synth.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/runtime.h"
+#include "eval/decode_cuda.h"
+#endif
+
+namespace ptq {
+
+int run_bench_decode(const BenchDecodeArgs& a) {
+#ifndef PTQKIT_HAVE_CUDA
+  (void)a;
+  fail(Errc::usage, "", "bench decode", "this build has no CUDA");
+#else
+  if (!cuda::available()) fail(Errc::usage, "", "bench decode", "needs a GPU: " + cuda::describe());
+  const LlamaConfig c = parse_config(synth_config_json(a.preset, a.layers, DType::F16), a.preset);
+  const int P = a.prompt, D = a.decode, max_len = P + D + 1;
+  // Copy bandwidth: 1 GiB device to device, bytes read + written, best of 10.
+  double copy_gbs = 0;
+  {
+    const size_t n = size_t(1) << 30;
+    cuda::DeviceBuffer<uint8_t> x(n, "copy src"), y(n, "copy dst");
+    for (int i = 0; i < 10; ++i) {
+      cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      cuda::copy_device(y.get(), x.get(), n);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      copy_gbs = std::max(copy_gbs, 2.0 * double(n) / s / 1e9);
+    }
+  }
+  std::printf("bench decode on %s: %s (%d layers), prompt %d then %d tokens greedy; copy %.0f GB/s (read + write)\n", cuda::describe().c_str(),
+              a.preset.c_str(), c.num_hidden_layers, P, D, copy_gbs);
+  std::printf("%-7s %5s | %9s %8s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "vs f16", "prefill t/s");
+  nlohmann::json rows = nlohmann::json::array();
+  std::map<int, double> f16_tps;
+  for (const std::string& fmt : a.formats) {
+    cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, fmt);
+    const double wbytes = w.step_weight_bytes;
+    auto shared = std::make_shared<cuda::DecodeWeights>(std::move(w));
+    for (int B : a.batches) {
+      cuda::DecodeWeights wb = *shared;   // the same device weights (owners shared)
+      cuda::DecodeCuda dec(std::move(wb), B, max_len);
+      Rng r(11);
+      std::vector<int32_t> prompt(size_t(B) * size_t(P));
+      for (auto& t : prompt) t = int32_t(r.below(uint64_t(c.vocab_size)));
+      // Warm-up (cuBLAS heuristics, the buffer pool), then the timed run.
+      dec.feed(prompt, P);
+      dec.decode_greedy(std::min(D, 8));
+      dec.reset();
+      cuda::synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      dec.feed(prompt, P);
+      cuda::synchronize();
+      const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      t0 = std::chrono::steady_clock::now();
+      dec.decode_greedy(D);   // ends with a copy of the tokens to the host
+      const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tps = double(B) * D / decode_s, step_ms = 1e3 * decode_s / D;
+      // Per step: the weights once, and each sequence's K and V up to the mean position.
+      const double kv = 2.0 * 2.0 * double(c.kv_dim()) * c.num_hidden_layers * double(B) * (P + D / 2.0);
+      const double floor_tps = double(B) / ((wbytes + kv) / (copy_gbs * 1e9));
+      if (fmt == "f16") f16_tps[B] = tps;
+      const double vs = f16_tps.count(B) ? tps / f16_tps[B] : 0;
+      std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %7.2fx | %11.0f\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps, vs,
+                  double(B) * P / prefill_s);
+      std::fflush(stdout);
+      rows.push_back({{"format", fmt}, {"batch", B}, {"tok_s", tps}, {"ms_per_step", step_ms}, {"floor_tok_s", floor_tps},
+                      {"weight_bytes_per_step", wbytes}, {"kv_bytes_per_step", kv}, {"prefill_tok_s", double(B) * P / prefill_s},
+                      {"vs_f16", vs}});
+    }
+  }
+  if (!a.json_out.empty())
+    write_file_atomic(a.json_out, nlohmann::json({{"device", cuda::describe()}, {"preset", a.preset}, {"copy_gbs", copy_gbs}, {"prompt", P},
+                                                  {"decode", D}, {"rows", rows}}).dump(2) + "\n");
+  return 0;
+#endif
+}
+
+}  // namespace ptq

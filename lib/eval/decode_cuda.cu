@@ -1,0 +1,521 @@
+// decode_cuda.cu — the decode step's kernels and the engine (contract in decode_cuda.h).
+//
+// Kernels (one launch each, all reading the position from device memory):
+//   embed_rows      X [rows, d] fp32 = table[tokens] (16-bit)
+//   rmsnorm_rows    xn [rows, d] 16-bit = X / rms(X) * w, one CTA per row, fp32 statistics
+//   rope_append     per (row, head): bias, Qwen3 head norm, rotary at pos + t; q -> 16-bit q,
+//                   k, v -> the cache at [b, pos + t]
+//   attend          per (row, head): scores over the cached positions <= its own (sliding window
+//                   too), softmax, weighted sum of V -> ctx 16-bit
+//   silu_mul        act = silu(g) * u -> 16-bit
+//   argmax_rows     next token per sequence, written to the token buffer and the history
+// The CPU reference of each is the same stage in lib/model/llama.cpp (attention_cached,
+// rmsnorm, head_rmsnorm, apply_rope, silu_mul).
+#include "eval/decode_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "cuda/blas.h"
+#include "cuda/random.h"
+#include "cuda/runtime.h"
+#include "formats/gptq.h"
+#include "formats/nf4.h"
+#include "kernels/act_quant.h"
+#include "kernels/nf4.h"
+#include "kernels/w4a16.h"
+#include "kernels/w8a8.h"
+
+namespace ptq::cuda {
+
+namespace {
+
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Sum over the CTA (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, nw = int(blockDim.x) / 32;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float s = 0;
+  for (int i = 0; i < nw; ++i) s += red[i];
+  return s;
+}
+__device__ float block_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int w = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, nw = int(blockDim.x) / 32;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float s = -FLT_MAX;
+  for (int i = 0; i < nw; ++i) s = fmaxf(s, red[i]);
+  return s;
+}
+
+template <class T>
+__global__ void embed_rows(const T* table, const int* tokens, int d, float* X) {
+  const int r = blockIdx.x;
+  const T* src = table + size_t(tokens[r]) * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) X[size_t(r) * d + i] = to_f(src[i]);
+}
+
+// Row i of out normalizes row i * stride + offset of X (the head: each sequence's last token).
+template <class T>
+__global__ void rmsnorm_rows(const float* X, const float* w, int d, float eps, T* out, int stride = 1, int offset = 0) {
+  __shared__ float red[32];
+  const float* x = X + (size_t(blockIdx.x) * stride + offset) * d;
+  float ss = 0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[i] * x[i];
+  const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[size_t(blockIdx.x) * d + i] = from_f<T>(x[i] * inv * w[i]);
+}
+
+struct RopeArgs {
+  const float *q, *k, *v;                 // Linear outputs [rows, q_dim | kv_dim] fp32
+  const float *bq, *bk, *bv;              // biases or null
+  const float *q_norm, *k_norm;           // [hd] or null
+  const float *cos, *sin;                 // [max_len, half]
+  const int* pos;                         // the first new token's position
+  int T, nh, nkv, hd, half, max_len;
+  float eps;
+};
+
+// grid (rows, nh + nkv), block hd threads (rounded up to 32). Head h < nh: a query head; else
+// the key/value head h - nh.
+template <class T>
+__global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
+  extern __shared__ float sh[];           // hd values + 32 for the reduction
+  float* red = sh + a.hd;
+  const int r = blockIdx.x, b = r / a.T, t = r % a.T, p = *a.pos + t;
+  const bool is_q = int(blockIdx.y) < a.nh;
+  const int h = is_q ? int(blockIdx.y) : int(blockIdx.y) - a.nh, i = threadIdx.x;
+  const int width = is_q ? a.nh * a.hd : a.nkv * a.hd;
+  const float* src = is_q ? a.q : a.k;
+  const float* bias = is_q ? a.bq : a.bk;
+  float x = 0;
+  if (i < a.hd) x = src[size_t(r) * width + h * a.hd + i] + (bias ? bias[h * a.hd + i] : 0.0f);
+  const float* nw = is_q ? a.q_norm : a.k_norm;
+  if (nw) {
+    const float ss = block_sum(i < a.hd ? x * x : 0.0f, red);
+    if (i < a.hd) x = x * rsqrtf(ss / float(a.hd) + a.eps) * nw[i];
+  }
+  if (i < a.hd) sh[i] = x;
+  __syncthreads();
+  if (i < a.hd && i < 2 * a.half) {
+    const int j = i < a.half ? i : i - a.half;
+    const float cs = a.cos[size_t(p) * a.half + j], sn = a.sin[size_t(p) * a.half + j];
+    x = i < a.half ? sh[i] * cs - sh[i + a.half] * sn : sh[i] * cs + sh[i - a.half] * sn;
+  }
+  if (i >= a.hd) return;
+  if (is_q) {
+    qh[size_t(r) * width + h * a.hd + i] = from_f<T>(x);
+  } else {
+    const size_t at = (size_t(b) * a.max_len + p) * size_t(a.nkv * a.hd) + size_t(h * a.hd + i);
+    kc[at] = from_f<T>(x);
+    vc[at] = from_f<T>(a.v[size_t(r) * width + h * a.hd + i] + (a.bv ? a.bv[h * a.hd + i] : 0.0f));
+  }
+}
+
+// grid (rows, nh), 128 threads, shared: hd (q) + max_len (scores) + 32 floats.
+template <class T>
+__global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
+                       float scale, T* ctx) {
+  extern __shared__ float sh[];
+  float* q = sh;
+  float* s = sh + hd;
+  float* red = s + max_len;
+  const int r = blockIdx.x, b = r / T_, t = r % T_, h = blockIdx.y, kvh = h / (nh / nkv);
+  const int last = *pos + t, j0 = window > 0 ? max(0, last - window + 1) : 0;
+  const int kvw = nkv * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = to_f(qh[size_t(r) * nh * hd + h * hd + i]);
+  __syncthreads();
+  const T* K = kc + size_t(b) * max_len * kvw + kvh * hd;
+  const T* V = vc + size_t(b) * max_len * kvw + kvh * hd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  for (int j = j0 + warp; j <= last; j += nwarps) {
+    float d = 0;
+    for (int i = lane; i < hd; i += 32) d += q[i] * to_f(K[size_t(j) * kvw + i]);
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (lane == 0) s[j] = d * scale;
+  }
+  __syncthreads();
+  float m = -FLT_MAX;
+  for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, s[j]);
+  m = block_max(m, red);
+  float sum = 0;
+  for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) {
+    const float e = __expf(s[j] - m);
+    s[j] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, red);
+  __syncthreads();
+  const float inv = 1.0f / sum;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    float acc = 0;
+    for (int j = j0; j <= last; ++j) acc += s[j] * to_f(V[size_t(j) * kvw + i]);
+    ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(acc * inv);
+  }
+}
+
+template <class T>
+__global__ void silu_mul(const float* g, const float* u, int64_t n, T* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const float x = g[i];
+    out[i] = from_f<T>(x / (1.0f + __expf(-x)) * u[i]);
+  }
+}
+
+// One CTA per sequence: the argmax of its logits row (lowest id on ties) -> tokens[b] and
+// history[*step * batch + b]; the last CTA's thread 0 advances *step.
+__global__ void argmax_rows(const float* logits, int vocab, int* tokens, int* history, int* step, int batch) {
+  __shared__ float bv[1024];
+  __shared__ int bi[1024];
+  const float* l = logits + size_t(blockIdx.x) * vocab;
+  float best = -FLT_MAX;
+  int arg = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (l[i] > best) best = l[i], arg = i;
+  bv[threadIdx.x] = best;
+  bi[threadIdx.x] = arg;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (int(threadIdx.x) < o) {
+      const float v2 = bv[threadIdx.x + o];
+      const int i2 = bi[threadIdx.x + o];
+      if (v2 > bv[threadIdx.x] || (v2 == bv[threadIdx.x] && i2 < bi[threadIdx.x])) bv[threadIdx.x] = v2, bi[threadIdx.x] = i2;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    tokens[blockIdx.x] = bi[0];
+    if (history) history[size_t(*step) * batch + blockIdx.x] = bi[0];
+  }
+}
+
+__global__ void advance(int* pos, int by, int* step) {
+  *pos += by;
+  if (step) *step += 1;
+}
+
+DeviceBuffer<float> upload_f32(const VecF& v, const char* what) {
+  DeviceBuffer<float> d(size_t(std::max<Eigen::Index>(v.size(), 1)), what);
+  if (v.size()) copy_to_device(d.get(), v.data(), size_t(v.size()) * 4);
+  return d;
+}
+
+}  // namespace
+
+bool decode_supported(const LlamaConfig& c, std::string* why) {
+  std::string w;
+  if (c.num_experts > 0) w = "MoE layers are not served by the GPU decode yet";
+  else if (c.fused) w = "Phi-3's fused qkv / gate_up Linears are not served by the GPU decode yet";
+  else if (c.head_dim > 1024) w = "head_dim above 1024";
+  if (why) *why = w;
+  return w.empty();
+}
+
+struct DecodeCuda::Impl {
+  DecodeWeights w;
+  int B = 1, max_len = 0, pos = 0;
+  struct LayerDev {
+    DeviceBuffer<float> in_norm, post_norm, q_norm, k_norm, bq, bk, bv;
+    DeviceBuffer<uint16_t> K, V;   // [B, max_len, kv_dim] in dt
+  };
+  std::vector<LayerDev> L;
+  DeviceBuffer<float> final_norm, cos, sin;
+  DeviceBuffer<int> pos_d, step_d, tokens_d, history_d;
+  // Per-row buffers, grown to the largest step seen.
+  int64_t rows_cap = 0;
+  DeviceBuffer<float> X, q, k, v, g, u, logits;
+  DeviceBuffer<uint16_t> xn, qh, ctx, act;
+
+  void grow(int64_t rows) {
+    if (rows <= rows_cap) return;
+    const LlamaConfig& c = w.c;
+    const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), f = c.intermediate_size;
+    X = DeviceBuffer<float>(size_t(rows * d), "decode residual");
+    q = DeviceBuffer<float>(size_t(rows * qd), "decode q");
+    k = DeviceBuffer<float>(size_t(rows * kvd), "decode k");
+    v = DeviceBuffer<float>(size_t(rows * kvd), "decode v");
+    g = DeviceBuffer<float>(size_t(rows * f), "decode gate");
+    u = DeviceBuffer<float>(size_t(rows * f), "decode up");
+    xn = DeviceBuffer<uint16_t>(size_t(rows * d), "decode normed x");
+    qh = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode rotated q");
+    ctx = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode attention context");
+    act = DeviceBuffer<uint16_t>(size_t(rows * f), "decode MLP activation");
+    rows_cap = rows;
+  }
+
+  template <class T>
+  void layers(int T_) {
+    const LlamaConfig& c = w.c;
+    const int64_t rows = int64_t(B) * T_, d = c.hidden_size, f = c.intermediate_size;
+    const float eps = float(c.rms_norm_eps);
+    const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+    const int half = int(cos.size() / size_t(max_len));
+    const int threads_hd = (hd + 31) / 32 * 32;
+    const size_t attn_smem = size_t(hd + max_len + 32) * 4;
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+      const DecodeLayer& W = w.layers[l];
+      LayerDev& D = L[l];
+      rmsnorm_rows<T><<<unsigned(rows), 256>>>(X.get(), D.in_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
+      PTQ_CUDA_LAUNCH("rmsnorm_rows");
+      W.lin[0](xn.get(), rows, q.get(), 0.0f);
+      W.lin[1](xn.get(), rows, k.get(), 0.0f);
+      W.lin[2](xn.get(), rows, v.get(), 0.0f);
+      RopeArgs a{q.get(), k.get(), v.get(),
+                 W.qkv_bias[0].size() ? D.bq.get() : nullptr, W.qkv_bias[1].size() ? D.bk.get() : nullptr, W.qkv_bias[2].size() ? D.bv.get() : nullptr,
+                 W.q_norm.size() ? D.q_norm.get() : nullptr, W.k_norm.size() ? D.k_norm.get() : nullptr,
+                 cos.get(), sin.get(), pos_d.get(), T_, nh, nkv, hd, half, max_len, eps};
+      rope_append<T><<<dim3(unsigned(rows), unsigned(nh + nkv)), unsigned(threads_hd), size_t(hd + 32) * 4>>>(
+          a, reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
+      PTQ_CUDA_LAUNCH("rope_append");
+      attend<T><<<dim3(unsigned(rows), unsigned(nh)), 128, attn_smem>>>(
+          reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()), pos_d.get(), T_, nh, nkv,
+          hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)), reinterpret_cast<T*>(ctx.get()));
+      PTQ_CUDA_LAUNCH("attend");
+      W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
+      rmsnorm_rows<T><<<unsigned(rows), 256>>>(X.get(), D.post_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
+      PTQ_CUDA_LAUNCH("rmsnorm_rows");
+      W.lin[4](xn.get(), rows, g.get(), 0.0f);
+      W.lin[5](xn.get(), rows, u.get(), 0.0f);
+      silu_mul<T><<<unsigned((rows * f + 255) / 256), 256>>>(g.get(), u.get(), rows * f, reinterpret_cast<T*>(act.get()));
+      PTQ_CUDA_LAUNCH("silu_mul");
+      W.lin[6](act.get(), rows, X.get(), 1.0f);   // X += down(act)
+    }
+  }
+
+  // The last position of each sequence: normed, then lm_head -> logits [B, vocab] fp32.
+  template <class T>
+  void head(int T_) {
+    const LlamaConfig& c = w.c;
+    const int64_t d = c.hidden_size, V = c.vocab_size;
+    // Rows b*T + T-1, normalized into xn rows 0..B-1.
+    rmsnorm_rows<T><<<unsigned(B), 256>>>(X.get(), final_norm.get(), int(d), float(c.rms_norm_eps), reinterpret_cast<T*>(xn.get()), T_, T_ - 1);
+    PTQ_CUDA_LAUNCH("rmsnorm_rows (final)");
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType ct = w.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+    PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(V), B, int(d), &one, w.lm_head, ct, int(d), xn.get(), ct, int(d), &zero,
+                            logits.get(), CUDA_R_32F, int(V), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  void step(int T_) {
+    grow(int64_t(B) * T_);
+    const LlamaConfig& c = w.c;
+    if (w.dt == DType::F16) {
+      embed_rows<__half><<<unsigned(B * T_), 256>>>(static_cast<const __half*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
+      layers<__half>(T_);
+      head<__half>(T_);
+    } else {
+      embed_rows<__nv_bfloat16><<<unsigned(B * T_), 256>>>(static_cast<const __nv_bfloat16*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
+      layers<__nv_bfloat16>(T_);
+      head<__nv_bfloat16>(T_);
+    }
+    PTQ_CUDA_LAUNCH("embed_rows");
+  }
+};
+
+DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_unique<Impl>()) {
+  Impl& m = *p_;
+  const LlamaConfig& c = w.c;
+  std::string why;
+  if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
+  if (max_len > c.max_position_embeddings)
+    fail(Errc::input, "", "max_position_embeddings", std::to_string(max_len) + " positions asked, the model's context is " + std::to_string(c.max_position_embeddings));
+  if (size_t(max_len + c.head_dim + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
+  m.B = batch;
+  m.max_len = max_len;
+  for (const DecodeLayer& W : w.layers) {
+    Impl::LayerDev D;
+    D.in_norm = upload_f32(W.in_norm, "decode norms");
+    D.post_norm = upload_f32(W.post_norm, "decode norms");
+    D.q_norm = upload_f32(W.q_norm, "decode head norms");
+    D.k_norm = upload_f32(W.k_norm, "decode head norms");
+    D.bq = upload_f32(W.qkv_bias[0], "decode biases");
+    D.bk = upload_f32(W.qkv_bias[1], "decode biases");
+    D.bv = upload_f32(W.qkv_bias[2], "decode biases");
+    const size_t kv = size_t(batch) * size_t(max_len) * size_t(c.kv_dim());
+    D.K = DeviceBuffer<uint16_t>(kv, "KV cache (keys; fewer sequences or tokens need less)");
+    D.V = DeviceBuffer<uint16_t>(kv, "KV cache (values)");
+    m.L.push_back(std::move(D));
+  }
+  m.final_norm = upload_f32(w.final_norm, "decode final norm");
+  const Rope r = make_rope(c, max_len);
+  m.cos = upload_f32(Eigen::Map<const VecF>(r.cos.data(), r.cos.size()), "rotary cos");
+  m.sin = upload_f32(Eigen::Map<const VecF>(r.sin.data(), r.sin.size()), "rotary sin");
+  m.pos_d = DeviceBuffer<int>(1, "decode position");
+  m.step_d = DeviceBuffer<int>(1, "decode step");
+  m.tokens_d = DeviceBuffer<int>(size_t(batch) * size_t(max_len), "decode tokens");
+  m.logits = DeviceBuffer<float>(size_t(batch) * size_t(c.vocab_size), "decode logits");
+  m.w = std::move(w);
+  reset();
+}
+
+DecodeCuda::~DecodeCuda() = default;
+int DecodeCuda::batch() const { return p_->B; }
+int DecodeCuda::position() const { return p_->pos; }
+const DecodeWeights& DecodeCuda::weights() const { return p_->w; }
+
+void DecodeCuda::reset() {
+  p_->pos = 0;
+  fill_bytes(p_->pos_d.get(), 0, 4);
+  fill_bytes(p_->step_d.get(), 0, 4);
+}
+
+void DecodeCuda::feed(const std::vector<int32_t>& tokens, int T) {
+  Impl& m = *p_;
+  if (T < 1 || tokens.size() != size_t(m.B) * size_t(T)) fail(Errc::input, "", "tokens", "expected batch x T tokens");
+  if (m.pos + T > m.max_len) fail(Errc::input, "", "tokens", "the KV cache holds " + std::to_string(m.max_len) + " positions");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= m.w.c.vocab_size) fail(Errc::input, "", "tokens", "id " + std::to_string(t) + " outside the vocabulary");
+  copy_to_device(m.tokens_d.get(), tokens.data(), tokens.size() * 4);
+  m.step(T);
+  advance<<<1, 1>>>(m.pos_d.get(), T, nullptr);
+  PTQ_CUDA_LAUNCH("advance");
+  m.pos += T;
+}
+
+MatF DecodeCuda::logits() const {
+  const Impl& m = *p_;
+  MatF out(m.B, m.w.c.vocab_size);   // row-major: [B, vocab]
+  copy_to_host(out.data(), m.logits.get(), size_t(out.size()) * 4);
+  return out;
+}
+
+std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
+  Impl& m = *p_;
+  if (m.pos + n > m.max_len) fail(Errc::input, "", "tokens", "the KV cache holds " + std::to_string(m.max_len) + " positions");
+  DeviceBuffer<int> hist(size_t(std::max(n, 1)) * size_t(m.B), "decode history");
+  fill_bytes(m.step_d.get(), 0, 4);
+  const int V = m.w.c.vocab_size;
+  for (int i = 0; i < n; ++i) {
+    argmax_rows<<<unsigned(m.B), 1024>>>(m.logits.get(), V, m.tokens_d.get(), hist.get(), m.step_d.get(), m.B);
+    PTQ_CUDA_LAUNCH("argmax_rows");
+    m.step(1);   // feeds the token just chosen
+    advance<<<1, 1>>>(m.pos_d.get(), 1, m.step_d.get());
+    PTQ_CUDA_LAUNCH("advance");
+    ++m.pos;
+  }
+  std::vector<int32_t> out(size_t(n) * size_t(m.B));
+  if (n) copy_to_host(out.data(), hist.get(), out.size() * 4);
+  return out;
+}
+
+// ---- synthetic weights for `bench decode` ----
+
+DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& format) {
+  DecodeWeights w;
+  w.c = c;
+  w.dt = DType::F16;
+  const int64_t d = c.hidden_size, V = c.vocab_size;
+  auto f16_buffer = [&](int64_t n, uint64_t seed, float sd) {
+    auto b = std::make_shared<DeviceBuffer<uint16_t>>(size_t(n), "synthetic weights (f16)");
+    fill_random_normal(b->get(), DType::F16, n, seed, sd);
+    w.owners.push_back(b);
+    return static_cast<const void*>(b->get());
+  };
+  w.embed = f16_buffer(V * d, 1, 1.0f);
+  w.lm_head = f16_buffer(V * d, 2, 0.02f);
+  w.final_norm = VecF::Ones(d);
+  w.step_weight_bytes = double(V * d) * 2 + double(d) * 4;
+  const LinearShape shapes[7] = {linear_shape(c, Proj::q), linear_shape(c, Proj::k), linear_shape(c, Proj::v), linear_shape(c, Proj::o),
+                                 linear_shape(c, Proj::gate), linear_shape(c, Proj::up), linear_shape(c, Proj::down)};
+  // One layer's packed Linears built on the host from random codes, cloned on the device into each layer.
+  std::array<std::shared_ptr<W4A16Linear>, 7> w4;
+  std::array<std::shared_ptr<Nf4Linear>, 7> nf;
+  Rng r(7);
+  for (int j = 0; j < 7; ++j) {
+    const int64_t N = shapes[j].out, K = shapes[j].in;
+    if (format == "w4a16" || format == "w8a16") {
+      QuantSpec s;
+      s.bits = format == "w4a16" ? 4 : 8;
+      s.group_size = s.bits == 4 ? 128 : -1;
+      s.sym = true;
+      QuantizedLinear q = QuantizedLinear::empty(N, K, s);
+      std::vector<uint8_t> codes(size_t(N * K));
+      for (auto& x : codes) x = uint8_t(r.next() & ((1u << s.bits) - 1));
+      q.set_codes(codes.data());
+      for (auto& x : q.scales) x = 0.002f;
+      w4[size_t(j)] = W4A16Linear::from_gptq(pack_gptq(q, true), true);
+    } else if (format == "nf4") {
+      Nf4Tensor t;
+      t.blocksize = 64;
+      t.packed.resize(size_t(N * K / 2));
+      for (auto& b : t.packed) b = uint8_t(r.next());
+      t.absmax.assign(size_t(N * K / 64), 0.02f);
+      nf[size_t(j)] = Nf4Linear::from_nf4(t, N, K);
+    } else if (format != "f16" && format != "w8a8") {
+      fail(Errc::usage, "", "--formats", "unknown format '" + format + "' (f16, w8a16, w4a16, nf4, w8a8)");
+    }
+  }
+  const cudaDataType ct = CUDA_R_16F;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    DecodeLayer L;
+    L.in_norm = VecF::Ones(d);
+    L.post_norm = VecF::Ones(d);
+    if (c.qk_norm) L.q_norm = L.k_norm = VecF::Ones(c.head_dim);
+    for (int j = 0; j < 7; ++j) {
+      const int64_t N = shapes[j].out, K = shapes[j].in;
+      if (format == "f16") {
+        const void* W = f16_buffer(N * K, uint64_t(100 + l * 7 + j), 0.02f);
+        L.lin[size_t(j)] = [W, N, K, ct](const void* x, int64_t rows, float* y, float beta) {
+          const float one = 1.0f;
+          PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(rows), int(K), &one, W, ct, int(K), x, ct, int(K), &beta, y,
+                                  CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        };
+        w.step_weight_bytes += double(N * K) * 2;
+      } else if (format == "w8a8") {
+        auto wb = std::make_shared<DeviceBuffer<int8_t>>(size_t(N * K), "synthetic weights (int8)");
+        auto sb = std::make_shared<DeviceBuffer<float>>(size_t(N), "synthetic weight scales");
+        fill_random_normal(wb->get(), DType::F16, N * K / 2, uint64_t(100 + l * 7 + j), 30.0f);   // any bytes: random int8 codes
+        std::vector<float> sw(size_t(N), 0.001f);
+        copy_to_device(sb->get(), sw.data(), sw.size() * 4);
+        w.owners.push_back(wb);
+        w.owners.push_back(sb);
+        const int8_t* Wp = wb->get();
+        const float* Sp = sb->get();
+        L.lin[size_t(j)] = [Wp, Sp, N, K](const void* x, int64_t rows, float* y, float beta) {
+          DeviceBuffer<int8_t> xq(size_t(rows * K), "W8A8 activations (int8)");
+          DeviceBuffer<float> sx(size_t(rows), "W8A8 activation scales");
+          quantize_activations_int8(x, DType::F16, rows, K, ActQuant{ActQuant::per_token, 0.0f}, xq.get(), sx.get());
+          if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), Wp, Sp, rows, N, K, y, true);
+          DeviceBuffer<float> t(size_t(rows * N), "W8A8 output (fp32)");
+          w8a8_gemm(xq.get(), sx.get(), Wp, Sp, rows, N, K, t.get(), true);
+          add_scaled(y, t.get(), rows * N, beta);
+        };
+        w.step_weight_bytes += double(N * K) + double(N) * 4;
+      } else if (format == "nf4") {
+        std::shared_ptr<Nf4Linear> q = l == 0 ? nf[size_t(j)] : std::shared_ptr<Nf4Linear>(nf[size_t(j)]->clone());
+        w.owners.push_back(q);
+        const Nf4Linear* qp = q.get();
+        L.lin[size_t(j)] = [qp](const void* x, int64_t rows, float* y, float beta) { qp->gemm_f32(x, rows, y, beta); };
+        w.step_weight_bytes += double(qp->weight_bytes());
+      } else {
+        std::shared_ptr<W4A16Linear> q = l == 0 ? w4[size_t(j)] : std::shared_ptr<W4A16Linear>(w4[size_t(j)]->clone());
+        w.owners.push_back(q);
+        const W4A16Linear* qp = q.get();
+        L.lin[size_t(j)] = [qp](const void* x, int64_t rows, float* y, float beta) { qp->gemm_f32(x, rows, y, beta); };
+        w.step_weight_bytes += double(qp->weight_bytes());
+      }
+    }
+    w.step_weight_bytes += double(d) * 8;
+    w.layers.push_back(std::move(L));
+  }
+  w.what = format + " synthetic weights";
+  return w;
+}
+
+}  // namespace ptq::cuda

@@ -1,0 +1,73 @@
+// decode_cuda.h — token-by-token decoding on the GPU with a KV cache: the engine behind
+// `ptqkit generate --device cuda` and `ptqkit bench decode`. The CPU reference is
+// model/generate.h; greedy tokens of the two agree (tests/test_pipeline_cuda.cpp).
+//
+// Precision (as lib/model/forward_cuda.h): the residual stream is fp32; every Linear takes its
+// input in the 16-bit dtype and returns fp32 (LinearFn: cuBLAS GemmEx or a packed-weight kernel,
+// fp32 accumulation); the KV cache holds keys (after rotary) and values in the 16-bit dtype;
+// RMSNorm, rotary, scores and softmax are fp32.
+//
+// A step for B sequences of T new tokens (prefill: T = prompt length; decode: T = 1), all on the
+// device, each layer: rmsnorm -> q, k, v -> head norms, rotary, KV append -> attention over the
+// cache -> X += o(ctx) -> rmsnorm -> silu(gate) * up -> X += down(act). The position is read from
+// device memory by every kernel, so a step does not depend on host state.
+// Serves the dense families (llama, mistral, qwen2, qwen3); MoE layers and Phi-3's fused Linears
+// are refused (decode_supported says why).
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/forward_cuda.h"
+#include "model/llama.h"
+
+namespace ptq::cuda {
+
+using LinearFn = LayerForwardCuda::LinearFn;   // y fp32 [rows, out] = x (dt) [rows, in] · Wᵀ + beta · y
+
+struct DecodeLayer {
+  std::array<LinearFn, 7> lin;           // q, k, v, o, gate, up, down (kAllProj order)
+  VecF in_norm, post_norm, q_norm, k_norm;   // q_norm, k_norm: Qwen3's per-head norms, else empty
+  std::array<VecF, 3> qkv_bias;          // empty where none
+};
+
+struct DecodeWeights {
+  LlamaConfig c;
+  DType dt = DType::F16;                 // the Linears' input dtype (F16 or BF16)
+  std::vector<DecodeLayer> layers;
+  VecF final_norm;
+  const void* lm_head = nullptr;         // [vocab, hidden] in dt, device
+  const void* embed = nullptr;           // [vocab, hidden] in dt, device
+  std::vector<std::shared_ptr<void>> owners;   // keep the device weights the functions use alive
+  double step_weight_bytes = 0;          // weight bytes one step reads (Linears, lm_head, norms)
+  std::string what;                      // what runs the Linears
+};
+
+bool decode_supported(const LlamaConfig& c, std::string* why);
+
+class DecodeCuda {
+ public:
+  DecodeCuda(DecodeWeights w, int batch, int max_len);
+  ~DecodeCuda();
+  int batch() const;
+  int position() const;                  // tokens in the cache (every sequence alike)
+  void reset();
+  // tokens [batch, T] row-major at the current positions; afterwards logits() holds each
+  // sequence's last position's logits.
+  void feed(const std::vector<int32_t>& tokens, int T);
+  MatF logits() const;                   // [batch, vocab] to the host
+  // n greedy steps from the last logits, each sequence's argmax fed back on the device (no host
+  // round trip); returns the tokens [n, batch].
+  std::vector<int32_t> decode_greedy(int n);
+  const DecodeWeights& weights() const;
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+// Weights of a synthetic model with `c`'s shapes for `format` (f16, w8a16, w4a16 (g128), nf4,
+// w8a8): random codes, one layer's device buffers cloned into each layer (distinct memory).
+DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& format);
+
+}  // namespace ptq::cuda
