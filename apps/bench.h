@@ -22,6 +22,7 @@ struct BenchDecodeArgs {
   std::vector<std::string> formats{"f16", "w8a16", "w4a16", "nf4", "w8a8"};
   std::vector<int> batches{1, 8, 32};
   int prompt = 128, decode = 256;
+  bool no_graph = false;     // plain launches instead of a CUDA graph per step
   std::string json_out;
 };
 int run_bench_decode(const BenchDecodeArgs& a);   // bench_decode.cpp

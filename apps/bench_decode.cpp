@@ -39,6 +39,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       cuda::synchronize();
       const auto t0 = std::chrono::steady_clock::now();
       cuda::copy_device(y.get(), x.get(), n);
+      cuda::synchronize();   // a device-to-device cudaMemcpy returns before it completes
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       copy_gbs = std::max(copy_gbs, 2.0 * double(n) / s / 1e9);
     }
@@ -55,6 +56,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
     for (int B : a.batches) {
       cuda::DecodeWeights wb = *shared;   // the same device weights (owners shared)
       cuda::DecodeCuda dec(std::move(wb), B, max_len);
+      dec.set_graphs(!a.no_graph);
       Rng r(11);
       std::vector<int32_t> prompt(size_t(B) * size_t(P));
       for (auto& t : prompt) t = int32_t(r.below(uint64_t(c.vocab_size)));
@@ -76,12 +78,12 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       const double floor_tps = double(B) / ((wbytes + kv) / (copy_gbs * 1e9));
       if (fmt == "f16") f16_tps[B] = tps;
       const double vs = f16_tps.count(B) ? tps / f16_tps[B] : 0;
-      std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %7.2fx | %11.0f\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps, vs,
-                  double(B) * P / prefill_s);
+      std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %7.2fx | %11.0f%s\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps, vs,
+                  double(B) * P / prefill_s, dec.graph_used() ? "  graph" : "");
       std::fflush(stdout);
       rows.push_back({{"format", fmt}, {"batch", B}, {"tok_s", tps}, {"ms_per_step", step_ms}, {"floor_tok_s", floor_tps},
                       {"weight_bytes_per_step", wbytes}, {"kv_bytes_per_step", kv}, {"prefill_tok_s", double(B) * P / prefill_s},
-                      {"vs_f16", vs}});
+                      {"vs_f16", vs}, {"graph", dec.graph_used()}});
     }
   }
   if (!a.json_out.empty())

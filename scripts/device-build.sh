@@ -15,7 +15,8 @@ cp build-device/bin/ptqkit build-device/bin/test_cuda .device/bin/
 if [ -n "${BASE_PTQKIT:-}" ]; then mkdir -p .device/base && cp "$BASE_PTQKIT" .device/base/ptqkit; fi
 for l in libyaml-cpp.so.0.7 libsentencepiece.so.0 libcrypto.so.3 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" .device/lib/; done
 A=${PTQKIT_ASSETS:-../shared/assets}
-cp -r "$A/models/distilled-13m" .device/assets/models/
+cp -r "$A/models/distilled-13m" "$A/models/stories260k" "$A/models/llama2xs" .device/assets/models/
+for m in distilled-13m stories260k llama2xs; do cp "$A/golden/golden-$m.safetensors" .device/assets/golden/; done
 for f in qwen3 qwen3-moe mixtral phi3; do   # the tiny checkpoints of the other families (2 MB together)
   cp -r "$A/models/tiny-$f" .device/assets/models/
   cp "$A/golden/golden-tiny-$f.safetensors" .device/assets/golden/

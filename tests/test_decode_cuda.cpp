@@ -78,6 +78,13 @@ TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels
     }
     const std::vector<int32_t> t = both.decode_greedy(6);
     REQUIRE(t.size() == 12);
+    CHECK(both.graph_used());
+    // The graph replays exactly the plain launches.
+    cuda::DecodeCuda plain(w, 2, 16);
+    plain.set_graphs(false);
+    plain.feed(p2, 4);
+    CHECK(plain.decode_greedy(6) == t);
+    CHECK_FALSE(plain.graph_used());
     for (int32_t x : t) CHECK((x >= 0 && x < c.vocab_size));
     CHECK(both.position() == 10);
   }

@@ -33,7 +33,7 @@ __device__ __forceinline__ void allow_dependents() {
 }
 }  // namespace pdl
 
-// kern<<<grid, block, smem>>>(args...) on the default stream, with programmatic stream
+// kern<<<grid, block, smem>>>(args...) on the thread's current stream (cuda/runtime.h), with programmatic stream
 // serialization where `pdl` and pdl_enabled(), and a shared-memory carveout (percent of the
 // largest) when carveout >= 0; a launch error names `what`.
 template <class... P, class... A>
@@ -52,7 +52,7 @@ void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), di
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = nullptr;
+  cfg.stream = static_cast<cudaStream_t>(current_stream());
   cfg.attrs = attr;
   cfg.numAttrs = n;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);

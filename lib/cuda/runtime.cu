@@ -137,6 +137,15 @@ size_t device_free_bytes() {
   return free_b;
 }
 
+namespace {
+thread_local void* g_stream = nullptr;
+}
+void* current_stream() { return g_stream; }
+void set_current_stream(void* s) {
+  g_stream = s;
+  PTQ_CUBLAS(cublasSetStream(blas_handle(), static_cast<cudaStream_t>(s)));
+}
+
 cublasHandle_t blas_handle() {
   static cublasHandle_t h = [] {
     cublasHandle_t x;

@@ -32,6 +32,12 @@ struct DeviceRowSink {
   virtual void add_device(const void* rows_data, int64_t rows) = 0;
 };
 
+// The stream every ptqkit kernel (and cuBLAS call) of this thread is issued on: the legacy default
+// stream unless set, e.g. to a stream being captured into a CUDA graph (eval/decode_cuda.cu).
+// `s` is a cudaStream_t; nullptr is the default stream. Also sets blas_handle()'s stream.
+void* current_stream();
+void set_current_stream(void* s);
+
 // Device memory from the pool. `what` names the buffer in the out-of-memory message.
 void* device_alloc(size_t bytes, const char* what);
 void device_free(void* p);

@@ -127,7 +127,11 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   }
 }
 
-// grid (rows, nh), 128 threads, shared: hd (q) + max_len (scores) + 32 floats.
+// grid (rows, nh), kAttnThreads threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
+// Scores: warp w takes positions j0 + w, j0 + w + warps, ...; lanes split the dot product. P·V:
+// the same positions per warp, each lane holding dims lane, lane + 32, ... (hd <= 256), then the
+// warps' partial sums added.
+constexpr int kAttnThreads = 256, kAttnWarps = kAttnThreads / 32, kMaxHd = 256;
 template <class T>
 __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx) {
@@ -135,6 +139,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   float* q = sh;
   float* s = sh + hd;
   float* red = s + max_len;
+  float* part = red + 32;   // [warps][hd]
   const int r = blockIdx.x, b = r / T_, t = r % T_, h = blockIdx.y, kvh = h / (nh / nkv);
   const int last = *pos + t, j0 = window > 0 ? max(0, last - window + 1) : 0;
   const int kvw = nkv * hd;
@@ -142,8 +147,8 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   __syncthreads();
   const T* K = kc + size_t(b) * max_len * kvw + kvh * hd;
   const T* V = vc + size_t(b) * max_len * kvw + kvh * hd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-  for (int j = j0 + warp; j <= last; j += nwarps) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int j = j0 + warp; j <= last; j += kAttnWarps) {
     float d = 0;
     for (int i = lane; i < hd; i += 32) d += q[i] * to_f(K[size_t(j) * kvw + i]);
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
@@ -159,13 +164,27 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
     s[j] = e;
     sum += e;
   }
-  sum = block_sum(sum, red);
+  sum = block_sum(sum, red);   // ends with a barrier after the exponentials are stored
+  __syncthreads();
+  float acc[kMaxHd / 32];
+#pragma unroll
+  for (int e = 0; e < kMaxHd / 32; ++e) acc[e] = 0;
+  for (int j = j0 + warp; j <= last; j += kAttnWarps) {
+    const float pj = s[j];
+    const T* vr = V + size_t(j) * kvw;
+#pragma unroll
+    for (int e = 0; e < kMaxHd / 32; ++e)
+      if (lane + 32 * e < hd) acc[e] += pj * to_f(vr[lane + 32 * e]);
+  }
+#pragma unroll
+  for (int e = 0; e < kMaxHd / 32; ++e)
+    if (lane + 32 * e < hd) part[warp * hd + lane + 32 * e] = acc[e];
   __syncthreads();
   const float inv = 1.0f / sum;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-    float acc = 0;
-    for (int j = j0; j <= last; ++j) acc += s[j] * to_f(V[size_t(j) * kvw + i]);
-    ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(acc * inv);
+    float o = 0;
+    for (int w = 0; w < kAttnWarps; ++w) o += part[w * hd + i];
+    ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
   }
 }
 
@@ -210,6 +229,8 @@ __global__ void advance(int* pos, int by, int* step) {
   if (step) *step += 1;
 }
 
+cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
+
 DeviceBuffer<float> upload_f32(const VecF& v, const char* what) {
   DeviceBuffer<float> d(size_t(std::max<Eigen::Index>(v.size(), 1)), what);
   if (v.size()) copy_to_device(d.get(), v.data(), size_t(v.size()) * 4);
@@ -222,7 +243,7 @@ bool decode_supported(const LlamaConfig& c, std::string* why) {
   std::string w;
   if (c.num_experts > 0) w = "MoE layers are not served by the GPU decode yet";
   else if (c.fused) w = "Phi-3's fused qkv / gate_up Linears are not served by the GPU decode yet";
-  else if (c.head_dim > 1024) w = "head_dim above 1024";
+  else if (c.head_dim > kMaxHd) w = "head_dim above 256";
   if (why) *why = w;
   return w.empty();
 }
@@ -230,6 +251,7 @@ bool decode_supported(const LlamaConfig& c, std::string* why) {
 struct DecodeCuda::Impl {
   DecodeWeights w;
   int B = 1, max_len = 0, pos = 0;
+  bool graphs = true, graph_used = false;
   struct LayerDev {
     DeviceBuffer<float> in_norm, post_norm, q_norm, k_norm, bq, bk, bv;
     DeviceBuffer<uint16_t> K, V;   // [B, max_len, kv_dim] in dt
@@ -267,11 +289,11 @@ struct DecodeCuda::Impl {
     const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
     const int half = int(cos.size() / size_t(max_len));
     const int threads_hd = (hd + 31) / 32 * 32;
-    const size_t attn_smem = size_t(hd + max_len + 32) * 4;
+    const size_t attn_smem = size_t(hd + max_len + 32 + kAttnWarps * hd) * 4;
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
-      rmsnorm_rows<T><<<unsigned(rows), 256>>>(X.get(), D.in_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
+      rmsnorm_rows<T><<<unsigned(rows), 256, 0, stream()>>>(X.get(), D.in_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
       PTQ_CUDA_LAUNCH("rmsnorm_rows");
       W.lin[0](xn.get(), rows, q.get(), 0.0f);
       W.lin[1](xn.get(), rows, k.get(), 0.0f);
@@ -280,19 +302,19 @@ struct DecodeCuda::Impl {
                  W.qkv_bias[0].size() ? D.bq.get() : nullptr, W.qkv_bias[1].size() ? D.bk.get() : nullptr, W.qkv_bias[2].size() ? D.bv.get() : nullptr,
                  W.q_norm.size() ? D.q_norm.get() : nullptr, W.k_norm.size() ? D.k_norm.get() : nullptr,
                  cos.get(), sin.get(), pos_d.get(), T_, nh, nkv, hd, half, max_len, eps};
-      rope_append<T><<<dim3(unsigned(rows), unsigned(nh + nkv)), unsigned(threads_hd), size_t(hd + 32) * 4>>>(
+      rope_append<T><<<dim3(unsigned(rows), unsigned(nh + nkv)), unsigned(threads_hd), size_t(hd + 32) * 4, stream()>>>(
           a, reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       PTQ_CUDA_LAUNCH("rope_append");
-      attend<T><<<dim3(unsigned(rows), unsigned(nh)), 128, attn_smem>>>(
+      attend<T><<<dim3(unsigned(rows), unsigned(nh)), kAttnThreads, attn_smem, stream()>>>(
           reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()), pos_d.get(), T_, nh, nkv,
           hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)), reinterpret_cast<T*>(ctx.get()));
       PTQ_CUDA_LAUNCH("attend");
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
-      rmsnorm_rows<T><<<unsigned(rows), 256>>>(X.get(), D.post_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
+      rmsnorm_rows<T><<<unsigned(rows), 256, 0, stream()>>>(X.get(), D.post_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
       PTQ_CUDA_LAUNCH("rmsnorm_rows");
       W.lin[4](xn.get(), rows, g.get(), 0.0f);
       W.lin[5](xn.get(), rows, u.get(), 0.0f);
-      silu_mul<T><<<unsigned((rows * f + 255) / 256), 256>>>(g.get(), u.get(), rows * f, reinterpret_cast<T*>(act.get()));
+      silu_mul<T><<<unsigned((rows * f + 255) / 256), 256, 0, stream()>>>(g.get(), u.get(), rows * f, reinterpret_cast<T*>(act.get()));
       PTQ_CUDA_LAUNCH("silu_mul");
       W.lin[6](act.get(), rows, X.get(), 1.0f);   // X += down(act)
     }
@@ -304,7 +326,7 @@ struct DecodeCuda::Impl {
     const LlamaConfig& c = w.c;
     const int64_t d = c.hidden_size, V = c.vocab_size;
     // Rows b*T + T-1, normalized into xn rows 0..B-1.
-    rmsnorm_rows<T><<<unsigned(B), 256>>>(X.get(), final_norm.get(), int(d), float(c.rms_norm_eps), reinterpret_cast<T*>(xn.get()), T_, T_ - 1);
+    rmsnorm_rows<T><<<unsigned(B), 256, 0, stream()>>>(X.get(), final_norm.get(), int(d), float(c.rms_norm_eps), reinterpret_cast<T*>(xn.get()), T_, T_ - 1);
     PTQ_CUDA_LAUNCH("rmsnorm_rows (final)");
     const float one = 1.0f, zero = 0.0f;
     const cudaDataType ct = w.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
@@ -316,11 +338,11 @@ struct DecodeCuda::Impl {
     grow(int64_t(B) * T_);
     const LlamaConfig& c = w.c;
     if (w.dt == DType::F16) {
-      embed_rows<__half><<<unsigned(B * T_), 256>>>(static_cast<const __half*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
+      embed_rows<__half><<<unsigned(B * T_), 256, 0, stream()>>>(static_cast<const __half*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
       layers<__half>(T_);
       head<__half>(T_);
     } else {
-      embed_rows<__nv_bfloat16><<<unsigned(B * T_), 256>>>(static_cast<const __nv_bfloat16*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
+      embed_rows<__nv_bfloat16><<<unsigned(B * T_), 256, 0, stream()>>>(static_cast<const __nv_bfloat16*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
       layers<__nv_bfloat16>(T_);
       head<__nv_bfloat16>(T_);
     }
@@ -335,9 +357,12 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
   if (max_len > c.max_position_embeddings)
     fail(Errc::input, "", "max_position_embeddings", std::to_string(max_len) + " positions asked, the model's context is " + std::to_string(c.max_position_embeddings));
-  if (size_t(max_len + c.head_dim + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
+  if (size_t(max_len + c.head_dim * (1 + kAttnWarps) + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
   m.B = batch;
   m.max_len = max_len;
+  const int attn_smem = int(size_t(max_len + c.head_dim * (1 + kAttnWarps) + 32) * 4);
+  PTQ_CUDA(cudaFuncSetAttribute(attend<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
+  PTQ_CUDA(cudaFuncSetAttribute(attend<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
   for (const DecodeLayer& W : w.layers) {
     Impl::LayerDev D;
     D.in_norm = upload_f32(W.in_norm, "decode norms");
@@ -383,7 +408,7 @@ void DecodeCuda::feed(const std::vector<int32_t>& tokens, int T) {
     if (t < 0 || t >= m.w.c.vocab_size) fail(Errc::input, "", "tokens", "id " + std::to_string(t) + " outside the vocabulary");
   copy_to_device(m.tokens_d.get(), tokens.data(), tokens.size() * 4);
   m.step(T);
-  advance<<<1, 1>>>(m.pos_d.get(), T, nullptr);
+  advance<<<1, 1, 0, stream()>>>(m.pos_d.get(), T, nullptr);
   PTQ_CUDA_LAUNCH("advance");
   m.pos += T;
 }
@@ -401,18 +426,58 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
   DeviceBuffer<int> hist(size_t(std::max(n, 1)) * size_t(m.B), "decode history");
   fill_bytes(m.step_d.get(), 0, 4);
   const int V = m.w.c.vocab_size;
-  for (int i = 0; i < n; ++i) {
-    argmax_rows<<<unsigned(m.B), 1024>>>(m.logits.get(), V, m.tokens_d.get(), hist.get(), m.step_d.get(), m.B);
+  m.grow(m.B);
+  // One step: the argmax of the last logits becomes the next token, which is fed at once.
+  auto one_step = [&] {
+    argmax_rows<<<unsigned(m.B), 1024, 0, stream()>>>(m.logits.get(), V, m.tokens_d.get(), hist.get(), m.step_d.get(), m.B);
     PTQ_CUDA_LAUNCH("argmax_rows");
-    m.step(1);   // feeds the token just chosen
-    advance<<<1, 1>>>(m.pos_d.get(), 1, m.step_d.get());
+    m.step(1);
+    advance<<<1, 1, 0, stream()>>>(m.pos_d.get(), 1, m.step_d.get());
     PTQ_CUDA_LAUNCH("advance");
-    ++m.pos;
+  };
+  int done = 0;
+  m.graph_used = false;
+  if (m.graphs && n > 1) {
+    // The step as a CUDA graph: captured once on a stream of its own (every kernel and cuBLAS
+    // call of this thread goes to the current stream), then replayed; a capture the driver
+    // refuses falls back to plain launches.
+    one_step();   // a plain first step: cuBLAS's and the kernels' scratch exist before the capture
+    ++m.pos, ++done;
+    synchronize();
+    cudaStream_t s = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    PTQ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    set_current_stream(s);
+    bool ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess;
+    if (ok) {
+      try {
+        one_step();
+      } catch (const Error&) {
+        ok = false;
+      }
+      ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && ok;
+      ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    }
+    set_current_stream(nullptr);
+    cudaGetLastError();
+    if (ok) {
+      for (; done < n; ++done, ++m.pos) PTQ_CUDA(cudaGraphLaunch(exec, s));
+      PTQ_CUDA(cudaStreamSynchronize(s));
+      m.graph_used = true;
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
   }
+  for (; done < n; ++done, ++m.pos) one_step();
   std::vector<int32_t> out(size_t(n) * size_t(m.B));
   if (n) copy_to_host(out.data(), hist.get(), out.size() * 4);
   return out;
 }
+
+void DecodeCuda::set_graphs(bool on) { p_->graphs = on; }
+bool DecodeCuda::graph_used() const { return p_->graph_used; }
 
 // ---- synthetic weights for `bench decode` ----
 

@@ -59,7 +59,10 @@ class DecodeCuda {
   MatF logits() const;                   // [batch, vocab] to the host
   // n greedy steps from the last logits, each sequence's argmax fed back on the device (no host
   // round trip); returns the tokens [n, batch].
+  // Steps after the first run as one CUDA graph, replayed (unless set_graphs(false)).
   std::vector<int32_t> decode_greedy(int n);
+  void set_graphs(bool on);
+  bool graph_used() const;               // whether the last decode_greedy replayed a graph
   const DecodeWeights& weights() const;
  private:
   struct Impl;

@@ -201,7 +201,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
 template <class Format>
 void run_dequant(const Format& fmt, const uint4* W, __half* out, int64_t N, int64_t K) {
   const int64_t units = (N + 15) / 16 * ((K + 63) / 64);   // a warp each, 8 per block
-  dequant_kernel<<<unsigned((units + 7) / 8), 256>>>(fmt, W, out, int(N), int(K));
+  dequant_kernel<<<unsigned((units + 7) / 8), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(fmt, W, out, int(N), int(K));
   PTQ_CUDA_LAUNCH("a16 dequant_kernel");
 }
 

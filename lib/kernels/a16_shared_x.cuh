@@ -216,7 +216,7 @@ void run_shared_x(const Format& fmt, const uint4* W, const __half* x, __half* yh
     part = DeviceBuffer<float>(size_t(p.slices * M * N), "A16 split-K partial sums");
     arrivals = arrival_counters(p.groups);
   }
-  kern<<<dim3(unsigned(p.groups), unsigned(p.slices)), unsigned(32 * p.warps), smem>>>(fmt, W, x, yh, yf, beta, part.get(), arrivals, int(M), int(N),
+  kern<<<dim3(unsigned(p.groups), unsigned(p.slices)), unsigned(32 * p.warps), smem, static_cast<cudaStream_t>(current_stream())>>>(fmt, W, x, yh, yf, beta, part.get(), arrivals, int(M), int(N),
                                                                                       int(K), p.sps);
   PTQ_CUDA_LAUNCH("a16 shared_x_kernel");
 }

@@ -54,16 +54,16 @@ void quantize_activations_int8(const void* x, DType dt, int64_t rows, int64_t co
   if (a.mode == ActQuant::none) fail(Errc::usage, "", "quantize_activations_int8", "no int8 activation spec");
   if (rows == 0) return;
   const bool per_token = a.mode == ActQuant::per_token;
-  if (dt == DType::F16) quantize_rows_kernel<__half><<<unsigned(rows), 256>>>(static_cast<const __half*>(x), cols, per_token, a.static_scale, q, s);
+  if (dt == DType::F16) quantize_rows_kernel<__half><<<unsigned(rows), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(static_cast<const __half*>(x), cols, per_token, a.static_scale, q, s);
   else if (dt == DType::BF16)
-    quantize_rows_kernel<__nv_bfloat16><<<unsigned(rows), 256>>>(static_cast<const __nv_bfloat16*>(x), cols, per_token, a.static_scale, q, s);
+    quantize_rows_kernel<__nv_bfloat16><<<unsigned(rows), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(static_cast<const __nv_bfloat16*>(x), cols, per_token, a.static_scale, q, s);
   else fail(Errc::usage, "", "quantize_activations_int8", "activations must be F16 or BF16");
   PTQ_CUDA_LAUNCH("quantize_rows_kernel");
 }
 
 void add_scaled(float* y, const float* t, int64_t n, float beta) {
   if (n == 0) return;
-  add_scaled_kernel<<<unsigned((n + 255) / 256), 256>>>(y, t, n, beta);
+  add_scaled_kernel<<<unsigned((n + 255) / 256), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(y, t, n, beta);
   PTQ_CUDA_LAUNCH("add_scaled_kernel");
 }
 

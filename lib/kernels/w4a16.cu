@@ -130,7 +130,7 @@ void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A
   DeviceBuffer<__half> xg;
   if (!m.identity) {   // act-order: x in the kernel's column order
     xg = DeviceBuffer<__half>(size_t(M * m.K), "W4A16 gathered activations");
-    gather_kernel<<<unsigned((M * m.K + 255) / 256), 256>>>(xp, m.perm.get(), xg.get(), M, m.K);
+    gather_kernel<<<unsigned((M * m.K + 255) / 256), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(xp, m.perm.get(), xg.get(), M, m.K);
     PTQ_CUDA_LAUNCH("gather_kernel");
     xp = xg.get();
   }

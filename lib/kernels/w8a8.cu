@@ -257,8 +257,8 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
   const int64_t tiles = ((M + kBM - 1) / kBM) * ((N + kBN - 1) / kBN);
   if (tiles > INT32_MAX) fail(Errc::usage, "", "shape", "the W8A8 kernel takes at most 2^31 tiles of 128 x 256");
   const unsigned grid = unsigned(std::min<int64_t>(tiles, sms));   // one CTA per SM (its shared memory), persistent
-  if (out_f32) w8a8_kernel<true><<<grid, kThreads, kSmemBytes>>>(mx, mw, sx, sw, int(M), int(N), int(K), y);
-  else w8a8_kernel<false><<<grid, kThreads, kSmemBytes>>>(mx, mw, sx, sw, int(M), int(N), int(K), y);
+  if (out_f32) w8a8_kernel<true><<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(current_stream())>>>(mx, mw, sx, sw, int(M), int(N), int(K), y);
+  else w8a8_kernel<false><<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(current_stream())>>>(mx, mw, sx, sw, int(M), int(N), int(K), y);
   PTQ_CUDA_LAUNCH("w8a8_kernel");
 }
 

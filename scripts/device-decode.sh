@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# On the GPU machine, after scripts/device-build.sh: the decode tests (GPU greedy against the CPU
+# reference), `generate` on both devices, and `bench decode` on the 7B/8B presets (every format,
+# batches 1, 8, 32). Logs into $OUT (or runs/device).
+set -uo pipefail
+source "$(dirname "$0")/device-env.sh"
+A=$PTQKIT_ASSETS
+.device/bin/test_cuda "decode*" 2>&1 | tee "$out/test_decode.log" | tail -4
+for d in cpu cuda; do
+  .device/bin/ptqkit generate --model "$A/models/distilled-13m" --prompt "Once upon a time" --max-tokens 64 --device $d --json "$out/generate-$d.json" \
+    2>&1 | tee "$out/generate-$d.log"
+done
+.device/bin/ptqkit bench decode --preset "${PRESET:-llama2-7b}" --json "$out/bench-decode-${PRESET:-llama2-7b}.json" 2>&1 | tee "$out/bench-decode-${PRESET:-llama2-7b}.log"
