@@ -11,3 +11,6 @@ for d in cpu cuda; do
     2>&1 | tee "$out/generate-$d.log"
 done
 .device/bin/ptqkit bench decode --preset "${PRESET:-llama2-7b}" --json "$out/bench-decode-${PRESET:-llama2-7b}.json" 2>&1 | tee "$out/bench-decode-${PRESET:-llama2-7b}.log"
+if [ -n "${NOGRAPH:-}" ]; then
+  .device/bin/ptqkit bench decode --preset "${PRESET:-llama2-7b}" --no-graph --batch 1 --json "$out/bench-decode-nograph.json" 2>&1 | tee "$out/bench-decode-nograph.log"
+fi
