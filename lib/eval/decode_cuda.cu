@@ -17,7 +17,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -128,8 +131,8 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
 }
 
 // grid (rows, nh), kAttnThreads threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
-// Scores: warp w takes positions j0 + w, j0 + w + warps, ...; lanes split the dot product. P·V:
-// the same positions per warp, each lane holding dims lane, lane + 32, ... (hd <= 256), then the
+// Scores: a thread per position (q broadcast from shared memory). P·V: warp w takes positions
+// j0 + w, j0 + w + warps, ..., each lane holding dims lane, lane + 32, ... (hd <= 256), then the
 // warps' partial sums added.
 constexpr int kAttnThreads = 256, kAttnWarps = kAttnThreads / 32, kMaxHd = 256;
 template <class T>
@@ -148,11 +151,12 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   const T* K = kc + size_t(b) * max_len * kvw + kvh * hd;
   const T* V = vc + size_t(b) * max_len * kvw + kvh * hd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int j = j0 + warp; j <= last; j += kAttnWarps) {
+  for (int j = j0 + int(threadIdx.x); j <= last; j += blockDim.x) {   // a thread per position: no reductions
+    const T* kr = K + size_t(j) * kvw;
     float d = 0;
-    for (int i = lane; i < hd; i += 32) d += q[i] * to_f(K[size_t(j) * kvw + i]);
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if (lane == 0) s[j] = d * scale;
+#pragma unroll 8
+    for (int i = 0; i < hd; ++i) d += q[i] * to_f(kr[i]);
+    s[j] = d * scale;
   }
   __syncthreads();
   float m = -FLT_MAX;
@@ -169,6 +173,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   float acc[kMaxHd / 32];
 #pragma unroll
   for (int e = 0; e < kMaxHd / 32; ++e) acc[e] = 0;
+#pragma unroll 4
   for (int j = j0 + warp; j <= last; j += kAttnWarps) {
     const float pj = s[j];
     const T* vr = V + size_t(j) * kvw;
@@ -281,6 +286,34 @@ struct DecodeCuda::Impl {
     rows_cap = rows;
   }
 
+  // PTQKIT_DECODE_PROFILE=1: each stage's GPU time summed over the layers (plain launches only),
+  // printed by decode_greedy: where a step's time goes.
+  bool profile = [] { const char* e = std::getenv("PTQKIT_DECODE_PROFILE"); return e && *e == '1'; }();
+  std::vector<cudaEvent_t> ev;
+  std::vector<double> stage_ms = std::vector<double>(14, 0.0);
+  int ev_n = 0;
+  void mark() {
+    if (!profile || current_stream()) return;
+    if (ev_n == int(ev.size())) {
+      cudaEvent_t e;
+      PTQ_CUDA(cudaEventCreate(&e));
+      ev.push_back(e);
+    }
+    PTQ_CUDA(cudaEventRecord(ev[size_t(ev_n++)], 0));
+  }
+  // After a step: the events' gaps, by stage (the 13 marks of each layer, then the head).
+  void collect(int per_layer, int layers_n) {
+    if (!profile || ev_n == 0) return;
+    PTQ_CUDA(cudaEventSynchronize(ev[size_t(ev_n - 1)]));
+    for (int i = 1; i < ev_n; ++i) {
+      float ms = 0;
+      PTQ_CUDA(cudaEventElapsedTime(&ms, ev[size_t(i - 1)], ev[size_t(i)]));
+      const int k = i - 1 < per_layer * layers_n ? (i - 1) % per_layer : 13;
+      stage_ms[size_t(k)] += ms;
+    }
+    ev_n = 0;
+  }
+
   template <class T>
   void layers(int T_) {
     const LlamaConfig& c = w.c;
@@ -293,11 +326,16 @@ struct DecodeCuda::Impl {
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
+      mark();
       rmsnorm_rows<T><<<unsigned(rows), 256, 0, stream()>>>(X.get(), D.in_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
       PTQ_CUDA_LAUNCH("rmsnorm_rows");
+      mark();
       W.lin[0](xn.get(), rows, q.get(), 0.0f);
+      mark();
       W.lin[1](xn.get(), rows, k.get(), 0.0f);
+      mark();
       W.lin[2](xn.get(), rows, v.get(), 0.0f);
+      mark();
       RopeArgs a{q.get(), k.get(), v.get(),
                  W.qkv_bias[0].size() ? D.bq.get() : nullptr, W.qkv_bias[1].size() ? D.bk.get() : nullptr, W.qkv_bias[2].size() ? D.bv.get() : nullptr,
                  W.q_norm.size() ? D.q_norm.get() : nullptr, W.k_norm.size() ? D.k_norm.get() : nullptr,
@@ -305,19 +343,27 @@ struct DecodeCuda::Impl {
       rope_append<T><<<dim3(unsigned(rows), unsigned(nh + nkv)), unsigned(threads_hd), size_t(hd + 32) * 4, stream()>>>(
           a, reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       PTQ_CUDA_LAUNCH("rope_append");
+      mark();
       attend<T><<<dim3(unsigned(rows), unsigned(nh)), kAttnThreads, attn_smem, stream()>>>(
           reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()), pos_d.get(), T_, nh, nkv,
           hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)), reinterpret_cast<T*>(ctx.get()));
       PTQ_CUDA_LAUNCH("attend");
+      mark();
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
+      mark();
       rmsnorm_rows<T><<<unsigned(rows), 256, 0, stream()>>>(X.get(), D.post_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
       PTQ_CUDA_LAUNCH("rmsnorm_rows");
+      mark();
       W.lin[4](xn.get(), rows, g.get(), 0.0f);
+      mark();
       W.lin[5](xn.get(), rows, u.get(), 0.0f);
+      mark();
       silu_mul<T><<<unsigned((rows * f + 255) / 256), 256, 0, stream()>>>(g.get(), u.get(), rows * f, reinterpret_cast<T*>(act.get()));
       PTQ_CUDA_LAUNCH("silu_mul");
+      mark();
       W.lin[6](act.get(), rows, X.get(), 1.0f);   // X += down(act)
     }
+    mark();
   }
 
   // The last position of each sequence: normed, then lm_head -> logits [B, vocab] fp32.
@@ -341,6 +387,8 @@ struct DecodeCuda::Impl {
       embed_rows<__half><<<unsigned(B * T_), 256, 0, stream()>>>(static_cast<const __half*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
       layers<__half>(T_);
       head<__half>(T_);
+      mark();
+      collect(12, int(w.layers.size()));
     } else {
       embed_rows<__nv_bfloat16><<<unsigned(B * T_), 256, 0, stream()>>>(static_cast<const __nv_bfloat16*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
       layers<__nv_bfloat16>(T_);
@@ -437,7 +485,7 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
   };
   int done = 0;
   m.graph_used = false;
-  if (m.graphs && n > 1) {
+  if (m.graphs && !m.profile && n > 1) {
     // The step as a CUDA graph: captured once on a stream of its own (every kernel and cuBLAS
     // call of this thread goes to the current stream), then replayed; a capture the driver
     // refuses falls back to plain launches.
@@ -471,6 +519,14 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
     cudaStreamDestroy(s);
   }
   for (; done < n; ++done, ++m.pos) one_step();
+  if (m.profile) {
+    static const char* names[14] = {"norm1", "q", "k", "v", "rope+append", "attention", "o", "norm2", "gate", "up", "silu", "down", "(unused)", "head"};
+    std::fprintf(stderr, "decode profile (B = %d, %d plain steps, ms per step):", m.B, n);
+    for (int i = 0; i < 14; ++i)
+      if (i != 12) std::fprintf(stderr, " %s %.3f", names[i], m.stage_ms[size_t(i)] / std::max(n, 1));
+    std::fprintf(stderr, "\n");
+    std::fill(m.stage_ms.begin(), m.stage_ms.end(), 0.0);
+  }
   std::vector<int32_t> out(size_t(n) * size_t(m.B));
   if (n) copy_to_host(out.data(), hist.get(), out.size() * 4);
   return out;
