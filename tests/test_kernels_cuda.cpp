@@ -473,3 +473,51 @@ TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equ
   CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 64, 24, y.get(), true), Error);   // K not a multiple of 16
   CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 63, 32, y.get(), true), Error);   // N odd
 }
+
+TEST_CASE("gpu: the W8A8 decode GEMV (dp4a, M <= 16) equals the exact int32 reference, with beta") {
+  PTQ_REQUIRE_GPU();
+  struct Shape { int64_t N, K; };
+  const Shape shapes[] = {{17, 16}, {96, 48}, {333, 2064}, {4096, 4096}, {1024, 14336}};
+  int seed = 1900;
+  for (const Shape& sh : shapes) {
+    Rng r{uint64_t(seed++)};
+    std::vector<int8_t> w(size_t(sh.N * sh.K));
+    std::vector<float> sw(size_t(sh.N));
+    for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
+    for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
+    cuda::DeviceBuffer<int8_t> dw(w.size(), "w"), dx(size_t(16 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsw(sw.size(), "sw"), dsx(16, "sx"), dy(size_t(16 * sh.N), "y");
+    cuda::copy_to_device(dw.get(), w.data(), w.size());
+    cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
+    for (int64_t M : {1, 2, 5, 16}) {
+      std::vector<int8_t> x(static_cast<size_t>(M * sh.K));
+      std::vector<float> sx(static_cast<size_t>(M)), ref(static_cast<size_t>(M * sh.N)), y0(static_cast<size_t>(M * sh.N));
+      for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
+      for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
+      for (auto& v : y0) v = float(r.uniform() - 0.5);
+      ref_gemm_w8a8(x.data(), sx.data(), w.data(), sw.data(), M, sh.N, sh.K, ref.data());
+      cuda::copy_to_device(dx.get(), x.data(), x.size());
+      cuda::copy_to_device(dsx.get(), sx.data(), sx.size() * 4);
+      for (float beta : {0.0f, 1.0f}) {
+        if (beta == 0.0f) cuda::fill_bytes(dy.get(), 0xff, size_t(M * sh.N) * 4);   // NaN: every output must be written
+        else cuda::copy_to_device(dy.get(), y0.data(), y0.size() * 4);
+        cuda::w8a8_gemv(dx.get(), dsx.get(), dw.get(), dsw.get(), M, sh.N, sh.K, dy.get(), beta);
+        std::vector<float> y(static_cast<size_t>(M * sh.N));
+        cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+        size_t bad = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          const double want = double(ref[i]) + (beta != 0.0f ? double(y0[i]) : 0.0);
+          // the product as w8a8_gemm's fp32 output (4.8e-7 relative), then one fp32 addition
+          if (!(std::abs(double(y[i]) - want) <= 4.8e-7 * std::abs(double(ref[i])) + 6e-8 * std::abs(want) + 1e-30)) ++bad;
+        }
+        INFO("N " << sh.N << " K " << sh.K << " M " << M << " beta " << beta << ": " << bad << " elements off");
+        CHECK(bad == 0);
+      }
+    }
+  }
+  cuda::DeviceBuffer<int8_t> a(64 * 64, "a");
+  cuda::DeviceBuffer<float> s(64, "s"), y(64 * 64, "y");
+  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 17, 64, 32, y.get(), 0.0f), Error);   // M above 16
+  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 1, 64, 24, y.get(), 0.0f), Error);    // K not a multiple of 16
+}
+

@@ -135,7 +135,7 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
 // thread per position, tried, is 2.5x slower at batch 32: its K reads are 8 KB apart). P·V: the
 // same positions per warp, each lane holding dims lane, lane + 32, ... (hd <= 256), then the
 // warps' partial sums added.
-constexpr int kAttnThreads = 256, kAttnWarps = kAttnThreads / 32, kMaxHd = 256;
+constexpr int kAttnThreads = 1024, kAttnWarps = kAttnThreads / 32, kMaxHd = 256;
 template <class T>
 __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx) {
@@ -611,6 +611,7 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
           DeviceBuffer<int8_t> xq(size_t(rows * K), "W8A8 activations (int8)");
           DeviceBuffer<float> sx(size_t(rows), "W8A8 activation scales");
           quantize_activations_int8(x, DType::F16, rows, K, ActQuant{ActQuant::per_token, 0.0f}, xq.get(), sx.get());
+          if (rows <= kW8A8GemvMaxM) return w8a8_gemv(xq.get(), sx.get(), Wp, Sp, rows, N, K, y, beta);
           if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), Wp, Sp, rows, N, K, y, true);
           DeviceBuffer<float> t(size_t(rows * N), "W8A8 output (fp32)");
           w8a8_gemm(xq.get(), sx.get(), Wp, Sp, rows, N, K, t.get(), true);

@@ -115,6 +115,7 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
           DeviceBuffer<int8_t> xq(size_t(rows * w->in), "W8A8 activations (int8)");
           DeviceBuffer<float> sx(size_t(rows), "W8A8 activation scales");
           quantize_activations_int8(x, dt, rows, w->in, w->act, xq.get(), sx.get());
+          if (rows <= kW8A8GemvMaxM) return w8a8_gemv(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, y, beta);   // decode
           if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, y, true);
           DeviceBuffer<float> t(size_t(rows * w->out), "W8A8 output (fp32)");
           w8a8_gemm(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, t.get(), true);

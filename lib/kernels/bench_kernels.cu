@@ -231,8 +231,14 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       copy_to_device(sc.get(), hs.data(), hs.size() * 4);
       fill_random_normal(wb.get(), DType::BF16, N * K, 3, 0.02f);
       fill_random_normal(xb.get(), DType::BF16, maxM * K, 4, 1.0f);
+      DeviceBuffer<float> yf(size_t(maxM * N), "W8A8 decode GEMV output");
       for (int64_t M : Ms8) {
-        const double ours = median_us(runs, flush.get(), flush_bytes, [&] { w8a8_gemm(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yb.get(), false); });
+        // M <= 16: the decode GEMV (w8a8_gemv.cu, fp32 out), which the decode engine uses there; above: the wgmma GEMM.
+        const bool gemv = M <= kW8A8GemvMaxM;
+        const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
+          if (gemv) w8a8_gemv(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yf.get(), 0.0f);
+          else w8a8_gemm(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yb.get(), false);
+        });
         const float one = 1.0f, zero = 0.0f;
         const double bf = median_us(runs, flush.get(), flush_bytes, [&] {
           PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, wb.get(), CUDA_R_16BF, int(K), xb.get(), CUDA_R_16BF, int(K),
@@ -248,7 +254,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
         }
         const double ops = 2.0 * double(M) * double(N) * double(K);
         char shape[32];
-        std::snprintf(shape, sizeof shape, "W8A8 %lldx%lld", (long long)N, (long long)K);
+        std::snprintf(shape, sizeof shape, "W8A8%s %lldx%lld", gemv ? "v" : "", (long long)N, (long long)K);
         std::printf("%-17s %5lld | %9.1f %8.1f | %9.1f %8.1f %6.2fx | %9.1f %6.2fx\n", shape, (long long)M, ours, ops / ours * 1e-6, bf, ops / bf * 1e-6, bf / ours,
                     i8, i8 > 0 ? i8 / ours : 0.0);
       }

@@ -15,4 +15,9 @@ bool w8a8_supported();
 // is not sm_90. Runs on the default stream.
 void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, void* y, bool out_f32);
 
+// Decode-sized M (contract in w8a8_gemv.cu): y [M, N] fp32 = sx[m] · sw[n] · Σ_k x[m, k] · w[n, k] + beta · y
+// for 1 <= M <= kW8A8GemvMaxM, K a multiple of 16 (Errc::usage otherwise); any GPU; the thread's current stream.
+constexpr int64_t kW8A8GemvMaxM = 16;
+void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
+
 }  // namespace ptq::cuda
