@@ -130,12 +130,12 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   }
 }
 
-// grid (rows, nh), kAttnThreads threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
+// grid (rows, nh), 256 or 1024 threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
 // Scores: warp w takes positions j0 + w, j0 + w + warps, ...; lanes split the dot product (a
 // thread per position, tried, is 2.5x slower at batch 32: its K reads are 8 KB apart). P·V: the
 // same positions per warp, each lane holding dims lane, lane + 32, ... (hd <= 256), then the
 // warps' partial sums added.
-constexpr int kAttnThreads = 1024, kAttnWarps = kAttnThreads / 32, kMaxHd = 256;
+constexpr int kAttnMaxWarps = 32, kMaxHd = 256;   // a CTA of 8 warps, or of 32 where CTAs are few (batch 1)
 template <class T>
 __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx) {
@@ -151,8 +151,8 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   __syncthreads();
   const T* K = kc + size_t(b) * max_len * kvw + kvh * hd;
   const T* V = vc + size_t(b) * max_len * kvw + kvh * hd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int j = j0 + warp; j <= last; j += kAttnWarps) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  for (int j = j0 + warp; j <= last; j += nwarps) {
     float d = 0;
     for (int i = lane; i < hd; i += 32) d += q[i] * to_f(K[size_t(j) * kvw + i]);
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
@@ -173,7 +173,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   float acc[kMaxHd / 32];
 #pragma unroll
   for (int e = 0; e < kMaxHd / 32; ++e) acc[e] = 0;
-  for (int j = j0 + warp; j <= last; j += kAttnWarps) {
+  for (int j = j0 + warp; j <= last; j += nwarps) {
     const float pj = s[j];
     const T* vr = V + size_t(j) * kvw;
 #pragma unroll
@@ -187,7 +187,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   const float inv = 1.0f / sum;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float o = 0;
-    for (int w = 0; w < kAttnWarps; ++w) o += part[w * hd + i];
+    for (int w = 0; w < nwarps; ++w) o += part[w * hd + i];
     ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
   }
 }
@@ -321,7 +321,9 @@ struct DecodeCuda::Impl {
     const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
     const int half = int(cos.size() / size_t(max_len));
     const int threads_hd = (hd + 31) / 32 * 32;
-    const size_t attn_smem = size_t(hd + max_len + 32 + kAttnWarps * hd) * 4;
+    // 32 warps per CTA when there are fewer CTAs than two per SM (batch 1), else 8.
+    const int attn_threads = rows * nh >= 264 ? 256 : 1024;
+    const size_t attn_smem = size_t(hd + max_len + 32 + attn_threads / 32 * hd) * 4;
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
@@ -343,7 +345,7 @@ struct DecodeCuda::Impl {
           a, reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       PTQ_CUDA_LAUNCH("rope_append");
       mark();
-      attend<T><<<dim3(unsigned(rows), unsigned(nh)), kAttnThreads, attn_smem, stream()>>>(
+      attend<T><<<dim3(unsigned(rows), unsigned(nh)), unsigned(attn_threads), attn_smem, stream()>>>(
           reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()), pos_d.get(), T_, nh, nkv,
           hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)), reinterpret_cast<T*>(ctx.get()));
       PTQ_CUDA_LAUNCH("attend");
@@ -404,10 +406,10 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
   if (max_len > c.max_position_embeddings)
     fail(Errc::input, "", "max_position_embeddings", std::to_string(max_len) + " positions asked, the model's context is " + std::to_string(c.max_position_embeddings));
-  if (size_t(max_len + c.head_dim * (1 + kAttnWarps) + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
+  if (size_t(max_len + c.head_dim * (1 + kAttnMaxWarps) + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
   m.B = batch;
   m.max_len = max_len;
-  const int attn_smem = int(size_t(max_len + c.head_dim * (1 + kAttnWarps) + 32) * 4);
+  const int attn_smem = int(size_t(max_len + c.head_dim * (1 + kAttnMaxWarps) + 32) * 4);
   PTQ_CUDA(cudaFuncSetAttribute(attend<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
   PTQ_CUDA(cudaFuncSetAttribute(attend<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
   for (const DecodeLayer& W : w.layers) {

@@ -7,9 +7,10 @@
 // exact in int32 as in w8a8.cu (K < 2^17); the epilogue forms float(acc) · sx[m] · sw[n] in fp32,
 // the same expression as w8a8.cu's and ref_gemm_w8a8's. Accepted: 1 <= M <= kW8A8GemvMaxM, K a
 // multiple of 16, x and w 16-byte aligned. Any sm (dp4a: sm_61+).
-// Math: a CTA of 8 warps owns 16 rows of w (2 per warp); K is walked in tiles of 2 KiB: the CTA
-// stages x[:, tile] in shared memory, then each lane takes 16-byte pieces of its warp's two rows
-// (4 dp4a per piece per activation row) into M x 2 int32 accumulators; a warp reduction at the end.
+// Math: a CTA of 8 warps owns 32 rows of w (4 per warp); K is walked in tiles of 2 KiB: the CTA
+// stages x[:, tile] in shared memory, then each lane loads its 4 16-byte pieces of each of its
+// warp's 4 rows (16 loads in flight), and each x piece read from shared memory serves the 4 rows
+// (4 dp4a per piece per activation row) into M x 4 int32 accumulators; a warp reduction at the end.
 // Each weight byte is read once from HBM: at M = 1 the kernel is bound by w's bytes.
 // The reference is ref_gemm_w8a8 (lib/kernels/reference.h).
 #include <cuda_runtime.h>
@@ -23,7 +24,7 @@
 namespace ptq::cuda {
 
 namespace {
-constexpr int kWarps = 8, kRowsPerWarp = 2, kTile = 2048, kMaxM = 16;
+constexpr int kWarps = 8, kRowsPerWarp = 4, kTile = 2048, kMaxM = 16, kUnroll = kTile / 16 / 32;   // a tile: 4 pieces per lane
 
 __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __restrict__ x, const float* __restrict__ sx, const int8_t* __restrict__ w,
                                                                 const float* __restrict__ sw, int M, int N, int K, float* y, float beta) {
@@ -43,21 +44,30 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
       reinterpret_cast<int4*>(xs + m * kTile)[c] = reinterpret_cast<const int4*>(x + size_t(m) * K + k0)[c];
     }
     __syncthreads();
-    for (int c = lane; c < tk / 16; c += 32) {
+    // Every piece of the tile's weights is loaded before any is used: 16 loads in flight per lane.
+    int4 wv[kUnroll][kRowsPerWarp];
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int n = n0 + r;
-        if (n >= N) continue;
-        const int4 wv = reinterpret_cast<const int4*>(w + size_t(n) * K + k0)[c];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = lane + 32 * u;
 #pragma unroll
-        for (int m = 0; m < kMaxM; ++m) {
-          if (m >= M) break;
-          const int4 xv = reinterpret_cast<const int4*>(xs + m * kTile)[c];
+      for (int r = 0; r < kRowsPerWarp; ++r)
+        wv[u][r] = (c < tk / 16 && n0 + r < N) ? reinterpret_cast<const int4*>(w + size_t(n0 + r) * K + k0)[c] : make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = lane + 32 * u;
+      if (c >= tk / 16) break;
+#pragma unroll
+      for (int m = 0; m < kMaxM; ++m) {
+        if (m >= M) break;
+        const int4 xv = reinterpret_cast<const int4*>(xs + m * kTile)[c];   // one x piece serves the warp's rows
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
           int a = acc[r][m];
-          a = __dp4a(wv.x, xv.x, a);
-          a = __dp4a(wv.y, xv.y, a);
-          a = __dp4a(wv.z, xv.z, a);
-          a = __dp4a(wv.w, xv.w, a);
+          a = __dp4a(wv[u][r].x, xv.x, a);
+          a = __dp4a(wv[u][r].y, xv.y, a);
+          a = __dp4a(wv[u][r].z, xv.z, a);
+          a = __dp4a(wv[u][r].w, xv.w, a);
           acc[r][m] = a;
         }
       }
