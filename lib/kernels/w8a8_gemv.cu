@@ -26,40 +26,41 @@ namespace ptq::cuda {
 namespace {
 constexpr int kWarps = 8, kRowsPerWarp = 4, kTile = 2048, kMaxM = 16, kUnroll = kTile / 16 / 32;   // a tile: 4 pieces per lane
 
+// kM: the activation rows, a template parameter so that the accumulators stay in registers.
+template <int kM>
 __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __restrict__ x, const float* __restrict__ sx, const int8_t* __restrict__ w,
-                                                                const float* __restrict__ sw, int M, int N, int K, float* y, float beta) {
-  __shared__ __align__(16) int8_t xs[kMaxM * kTile];
+                                                                const float* __restrict__ sw, int N, int K, float* y, float beta) {
+  __shared__ __align__(16) int8_t xs[kM * kTile];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
-  int acc[kRowsPerWarp][kMaxM];
+  int acc[kRowsPerWarp][kM];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)
 #pragma unroll
-    for (int m = 0; m < kMaxM; ++m) acc[r][m] = 0;
+    for (int m = 0; m < kM; ++m) acc[r][m] = 0;
   for (int k0 = 0; k0 < K; k0 += kTile) {
     const int tk = min(kTile, K - k0);   // a multiple of 16
-    __syncthreads();
-    for (int i = threadIdx.x; i < M * (tk / 16); i += blockDim.x) {
-      const int m = i / (tk / 16), c = i % (tk / 16);
-      reinterpret_cast<int4*>(xs + m * kTile)[c] = reinterpret_cast<const int4*>(x + size_t(m) * K + k0)[c];
-    }
-    __syncthreads();
-    // Every piece of the tile's weights is loaded before any is used: 16 loads in flight per lane.
+    // The tile's weights first (16 loads in flight per lane), then x staged while they arrive.
     int4 wv[kUnroll][kRowsPerWarp];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = lane + 32 * u;
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r)
-        wv[u][r] = (c < tk / 16 && n0 + r < N) ? reinterpret_cast<const int4*>(w + size_t(n0 + r) * K + k0)[c] : make_int4(0, 0, 0, 0);
+        wv[u][r] = (c < tk / 16 && n0 + r < N) ? __ldg(reinterpret_cast<const int4*>(w + size_t(n0 + r) * K + k0) + c) : make_int4(0, 0, 0, 0);
     }
+    __syncthreads();   // the previous tile's x is no longer read
+    for (int i = threadIdx.x; i < kM * (tk / 16); i += blockDim.x) {
+      const int m = i / (tk / 16), c = i % (tk / 16);
+      reinterpret_cast<int4*>(xs + m * kTile)[c] = __ldg(reinterpret_cast<const int4*>(x + size_t(m) * K + k0) + c);
+    }
+    __syncthreads();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = lane + 32 * u;
       if (c >= tk / 16) break;
 #pragma unroll
-      for (int m = 0; m < kMaxM; ++m) {
-        if (m >= M) break;
+      for (int m = 0; m < kM; ++m) {
         const int4 xv = reinterpret_cast<const int4*>(xs + m * kTile)[c];   // one x piece serves the warp's rows
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -77,8 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int n = n0 + r;
 #pragma unroll
-    for (int m = 0; m < kMaxM; ++m) {
-      if (m >= M) break;
+    for (int m = 0; m < kM; ++m) {
       int a = acc[r][m];
       for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
       if (lane == 0 && n < N) {
@@ -89,15 +89,24 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
     }
   }
 }
+
+template <int kM>
+void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+  if (M != kM) {
+    if constexpr (kM > 1) launch_gemv<kM - 1>(x, sx, w, sw, M, N, K, y, beta);
+    return;
+  }
+  const int64_t per_cta = kWarps * kRowsPerWarp;
+  w8a8_gemv_kernel<kM><<<unsigned((N + per_cta - 1) / per_cta), kWarps * 32, 0, static_cast<cudaStream_t>(current_stream())>>>(x, sx, w, sw, int(N),
+                                                                                                                                int(K), y, beta);
+  PTQ_CUDA_LAUNCH("w8a8_gemv_kernel");
+}
 }  // namespace
 
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
   if (M < 1 || M > kW8A8GemvMaxM) fail(Errc::usage, "", "w8a8_gemv", "takes 1.." + std::to_string(kW8A8GemvMaxM) + " rows, not " + std::to_string(M));
   if (K % 16 || K >= (int64_t(1) << 17)) fail(Errc::usage, "", "w8a8_gemv", "K must be a multiple of 16 below 2^17, not " + std::to_string(K));
-  const int64_t per_cta = kWarps * kRowsPerWarp;
-  w8a8_gemv_kernel<<<unsigned((N + per_cta - 1) / per_cta), kWarps * 32, 0, static_cast<cudaStream_t>(current_stream())>>>(
-      x, sx, w, sw, int(M), int(N), int(K), y, beta);
-  PTQ_CUDA_LAUNCH("w8a8_gemv_kernel");
+  launch_gemv<kMaxM>(x, sx, w, sw, M, N, K, y, beta);
 }
 
 }  // namespace ptq::cuda
