@@ -411,6 +411,22 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
   CHECK_THROWS_AS(L->gemm(dx.get(), 257, dy.get(), cuda::A16Path::wgmma), Error);
 }
 
+namespace {
+// A random int8 Linear [N, K] with per-row scales, on the host and the device.
+struct Int8Linear {
+  std::vector<int8_t> w;
+  std::vector<float> sw;
+  cuda::DeviceBuffer<int8_t> dw;
+  cuda::DeviceBuffer<float> dsw;
+  Int8Linear(int64_t N, int64_t K, Rng& r) : w(size_t(N * K)), sw(size_t(N)), dw(size_t(N * K), "w"), dsw(size_t(N), "sw") {
+    for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
+    for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
+    cuda::copy_to_device(dw.get(), w.data(), w.size());
+    cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
+  }
+};
+}  // namespace
+
 TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equals the exact int32 reference, bf16 and fp32 out") {
   PTQ_REQUIRE_GPU();
   if (!cuda::w8a8_supported()) PTQ_SKIP("the W8A8 kernel needs sm_90: " + cuda::describe());
@@ -422,14 +438,13 @@ TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equ
   int seed = 900;
   for (const Shape& sh : shapes) {
     Rng r{uint64_t(seed++)};
-    std::vector<int8_t> w(size_t(sh.N * sh.K));
-    std::vector<float> sw(size_t(sh.N));
-    for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
-    for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
-    cuda::DeviceBuffer<int8_t> dw(w.size(), "w"), dx(size_t(4000 * sh.K), "x");
-    cuda::DeviceBuffer<float> dsw(sw.size(), "sw"), dsx(4000, "sx"), dy(size_t(4000 * sh.N), "y");
-    cuda::copy_to_device(dw.get(), w.data(), w.size());
-    cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
+    const Int8Linear L(sh.N, sh.K, r);
+    const auto& w = L.w;
+    const auto& sw = L.sw;
+    const auto& dw = L.dw;
+    const auto& dsw = L.dsw;
+    cuda::DeviceBuffer<int8_t> dx(size_t(4000 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsx(4000, "sx"), dy(size_t(4000 * sh.N), "y");
     for (int64_t M : {1, 2, 3, 7, 16, 33, 128, 255, 1000, 4000}) {
       if (sh.N * sh.K > 4096 * 4096 && M > 128) continue;   // the reference is slow
       if (M == 1000 && sh.N * sh.K > 1024 * 4096) continue;
@@ -481,27 +496,22 @@ TEST_CASE("gpu: the W8A8 decode GEMV (dp4a, M <= 16) equals the exact int32 refe
   int seed = 1900;
   for (const Shape& sh : shapes) {
     Rng r{uint64_t(seed++)};
-    std::vector<int8_t> w(size_t(sh.N * sh.K));
-    std::vector<float> sw(size_t(sh.N));
-    for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
-    for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
-    cuda::DeviceBuffer<int8_t> dw(w.size(), "w"), dx(size_t(16 * sh.K), "x");
-    cuda::DeviceBuffer<float> dsw(sw.size(), "sw"), dsx(16, "sx"), dy(size_t(16 * sh.N), "y");
-    cuda::copy_to_device(dw.get(), w.data(), w.size());
-    cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
+    const Int8Linear L(sh.N, sh.K, r);
+    cuda::DeviceBuffer<int8_t> dx(size_t(16 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsx(16, "sx"), dy(size_t(16 * sh.N), "y");
     for (int64_t M : {1, 2, 5, 16}) {
       std::vector<int8_t> x(static_cast<size_t>(M * sh.K));
       std::vector<float> sx(static_cast<size_t>(M)), ref(static_cast<size_t>(M * sh.N)), y0(static_cast<size_t>(M * sh.N));
       for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
       for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
       for (auto& v : y0) v = float(r.uniform() - 0.5);
-      ref_gemm_w8a8(x.data(), sx.data(), w.data(), sw.data(), M, sh.N, sh.K, ref.data());
+      ref_gemm_w8a8(x.data(), sx.data(), L.w.data(), L.sw.data(), M, sh.N, sh.K, ref.data());
       cuda::copy_to_device(dx.get(), x.data(), x.size());
       cuda::copy_to_device(dsx.get(), sx.data(), sx.size() * 4);
       for (float beta : {0.0f, 1.0f}) {
         if (beta == 0.0f) cuda::fill_bytes(dy.get(), 0xff, size_t(M * sh.N) * 4);   // NaN: every output must be written
         else cuda::copy_to_device(dy.get(), y0.data(), y0.size() * 4);
-        cuda::w8a8_gemv(dx.get(), dsx.get(), dw.get(), dsw.get(), M, sh.N, sh.K, dy.get(), beta);
+        cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, sh.N, sh.K, dy.get(), beta);
         std::vector<float> y(static_cast<size_t>(M * sh.N));
         cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
         size_t bad = 0;
