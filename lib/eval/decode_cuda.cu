@@ -73,14 +73,18 @@ __global__ void embed_rows(const T* table, const int* tokens, int d, float* X) {
   for (int i = threadIdx.x; i < d; i += blockDim.x) X[size_t(r) * d + i] = to_f(src[i]);
 }
 
+constexpr int kNormThreads = 1024;   // a row of 4096 in 4 unrolled loads per thread: latency, not bandwidth, bounds it
+
 // Row i of out normalizes row i * stride + offset of X (the head: each sequence's last token).
 template <class T>
 __global__ void rmsnorm_rows(const float* X, const float* w, int d, float eps, T* out, int stride = 1, int offset = 0) {
   __shared__ float red[32];
   const float* x = X + (size_t(blockIdx.x) * stride + offset) * d;
   float ss = 0;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[i] * x[i];
+#pragma unroll 4
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[i] * x[i];   // unrolled: the loads overlap
   const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
+#pragma unroll 4
   for (int i = threadIdx.x; i < d; i += blockDim.x) out[size_t(blockIdx.x) * d + i] = from_f<T>(x[i] * inv * w[i]);
 }
 
@@ -173,7 +177,8 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   float acc[kMaxHd / 32];
 #pragma unroll
   for (int e = 0; e < kMaxHd / 32; ++e) acc[e] = 0;
-  for (int j = j0 + warp; j <= last; j += nwarps) {
+#pragma unroll 4
+  for (int j = j0 + warp; j <= last; j += nwarps) {   // unrolled: the V loads of 4 positions overlap
     const float pj = s[j];
     const T* vr = V + size_t(j) * kvw;
 #pragma unroll
@@ -328,7 +333,7 @@ struct DecodeCuda::Impl {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
       mark();
-      rmsnorm_rows<T><<<unsigned(rows), 256, 0, stream()>>>(X.get(), D.in_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
+      rmsnorm_rows<T><<<unsigned(rows), kNormThreads, 0, stream()>>>(X.get(), D.in_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
       PTQ_CUDA_LAUNCH("rmsnorm_rows");
       mark();
       W.lin[0](xn.get(), rows, q.get(), 0.0f);
@@ -352,7 +357,7 @@ struct DecodeCuda::Impl {
       mark();
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
       mark();
-      rmsnorm_rows<T><<<unsigned(rows), 256, 0, stream()>>>(X.get(), D.post_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
+      rmsnorm_rows<T><<<unsigned(rows), kNormThreads, 0, stream()>>>(X.get(), D.post_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
       PTQ_CUDA_LAUNCH("rmsnorm_rows");
       mark();
       W.lin[4](xn.get(), rows, g.get(), 0.0f);
@@ -373,7 +378,7 @@ struct DecodeCuda::Impl {
     const LlamaConfig& c = w.c;
     const int64_t d = c.hidden_size, V = c.vocab_size;
     // Rows b*T + T-1, normalized into xn rows 0..B-1.
-    rmsnorm_rows<T><<<unsigned(B), 256, 0, stream()>>>(X.get(), final_norm.get(), int(d), float(c.rms_norm_eps), reinterpret_cast<T*>(xn.get()), T_, T_ - 1);
+    rmsnorm_rows<T><<<unsigned(B), kNormThreads, 0, stream()>>>(X.get(), final_norm.get(), int(d), float(c.rms_norm_eps), reinterpret_cast<T*>(xn.get()), T_, T_ - 1);
     PTQ_CUDA_LAUNCH("rmsnorm_rows (final)");
     const float one = 1.0f, zero = 0.0f;
     const cudaDataType ct = w.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
