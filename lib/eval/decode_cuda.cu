@@ -156,7 +156,8 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   const T* K = kc + size_t(b) * max_len * kvw + kvh * hd;
   const T* V = vc + size_t(b) * max_len * kvw + kvh * hd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-  for (int j = j0 + warp; j <= last; j += nwarps) {
+#pragma unroll 4
+  for (int j = j0 + warp; j <= last; j += nwarps) {   // unrolled: the K loads of 4 positions overlap
     float d = 0;
     for (int i = lane; i < hd; i += 32) d += q[i] * to_f(K[size_t(j) * kvw + i]);
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
