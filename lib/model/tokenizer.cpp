@@ -204,9 +204,10 @@ class ByteLevelBPE final : public Tokenizer {
       : pattern_(std::move(pattern)), ignore_merges_(ignore_merges) {
     if (!vocab.is_object() || vocab.empty()) fail(Errc::format, file, "model.vocab", "missing or empty");
     for (auto& [k, v] : vocab.items()) {
-      if (!v.is_number_integer()) fail(Errc::format, file, "model.vocab." + k, "id must be an integer");
-      vocab_[k] = v.get<int32_t>();
-      max_id_ = std::max(max_id_, v.get<int32_t>());
+      const int32_t id = json_field<int32_t>(vocab, k.c_str(), -1, Errc::format, file, "model.vocab." + k);
+      if (id < 0) fail(Errc::format, file, "model.vocab." + k, "id must be a non-negative integer");
+      vocab_[k] = id;
+      max_id_ = std::max(max_id_, id);
     }
     for (size_t r = 0; r < merges.size(); ++r) ranks_[merges[r].first + '\x01' + merges[r].second] = int(r);
     for (auto& [k, v] : vocab_) inv_[v] = k;
@@ -421,9 +422,15 @@ std::unique_ptr<Tokenizer> load_tokenizer_file(const std::string& dir, const std
   auto t = std::make_unique<ByteLevelBPE>(m.value("vocab", json()), merges, detect_pattern(j.value("pre_tokenizer", json()), file),
                                           m.value("ignore_merges", false), file);
   t->bos_id = bos_hint;
-  if (j.contains("added_tokens"))
-    for (auto& a : j["added_tokens"])
-      if (a.value("special", false)) t->add_special(a.value("content", ""), a.value("id", -1));
+  if (j.contains("added_tokens")) {
+    size_t i = 0;
+    for (auto& a : j["added_tokens"]) {   // each field type- and range-checked (a float id was UB, found by fuzzing)
+      const std::string at = "added_tokens[" + std::to_string(i++) + "].";
+      if (json_field<bool>(a, "special", false, Errc::format, file, at + "special"))
+        t->add_special(json_field<std::string>(a, "content", "", Errc::format, file, at + "content"),
+                       json_field<int32_t>(a, "id", -1, Errc::format, file, at + "id"));
+    }
+  }
   return t;
 }
 }  // namespace
