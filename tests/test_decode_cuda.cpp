@@ -2,6 +2,7 @@
 // against transformers' logits in test_generate.cpp): the same greedy tokens for the first steps
 // on the shared models, logits within the 16-bit operands' error; and a synthetic W4A16 model's
 // decode runs through the packed kernels.
+#include <algorithm>
 #include <cmath>
 
 #include "core/safetensors.h"
@@ -34,7 +35,9 @@ void check_gpu_greedy(const std::string& model, int prefix, int steps) {
     cpu_logits.push_back(l);
   }
   cuda::GpuLogits gl(*m, path);
-  cuda::DecodeCuda dec(gl.decode_weights(), 1, prefix + steps + 1);
+  // A cache of up to 512 positions: at batch 1 the attention then splits each head's positions
+  // over several CTAs (max_len / 64, at most 8) and combines them.
+  cuda::DecodeCuda dec(gl.decode_weights(), 1, std::min(m->config().max_position_embeddings, 512));
   dec.feed(prompt, prefix);
   const MatF first = dec.logits();
   double maxd = 0, scale = 0;

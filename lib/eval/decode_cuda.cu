@@ -134,22 +134,32 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   }
 }
 
-// grid (rows, nh), 256 or 1024 threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
+// grid (rows, nh, splits), 256 threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
 // Scores: warp w takes positions j0 + w, j0 + w + warps, ...; lanes split the dot product (a
 // thread per position, tried, is 2.5x slower at batch 32: its K reads are 8 KB apart). P·V: the
 // same positions per warp, each lane holding dims lane, lane + 32, ... (hd <= 256), then the
 // warps' partial sums added.
-constexpr int kAttnMaxWarps = 32, kMaxHd = 256;   // a CTA of 8 warps, or of 32 where CTAs are few (batch 1)
+constexpr int kAttnMaxWarps = 8, kMaxHd = 256;   // a CTA of 8 warps (32 at batch 1 was 0.55 ms a step; splits instead)
+// With gridDim.z = S > 1 (flash-decoding, where CTAs are few: batch 1), CTA z takes the z-th of
+// S equal runs of the positions and writes its max, its exp-sum and its unnormalized P·V to
+// partial [rows, nh, S, 2 + hd]; attend_combine rescales and adds them.
 template <class T>
 __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
-                       float scale, T* ctx) {
+                       float scale, T* ctx, float* partial) {
   extern __shared__ float sh[];
   float* q = sh;
   float* s = sh + hd;
   float* red = s + max_len;
   float* part = red + 32;   // [warps][hd]
   const int r = blockIdx.x, b = r / T_, t = r % T_, h = blockIdx.y, kvh = h / (nh / nkv);
-  const int last = *pos + t, j0 = window > 0 ? max(0, last - window + 1) : 0;
+  const int end = *pos + t, first = window > 0 ? max(0, end - window + 1) : 0;
+  const int S = gridDim.z, chunk = (end - first + S) / S;   // positions per split (the last may hold fewer)
+  const int j0 = first + int(blockIdx.z) * chunk, last = min(end, j0 + chunk - 1);
+  float* out = partial ? partial + ((size_t(r) * nh + h) * S + blockIdx.z) * size_t(2 + hd) : nullptr;
+  if (j0 > last) {   // an empty split (uniform over the CTA)
+    for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) out[i] = i == 0 ? -FLT_MAX : 0.0f;
+    return;
+  }
   const int kvw = nkv * hd;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = to_f(qh[size_t(r) * nh * hd + h * hd + i]);
   __syncthreads();
@@ -194,8 +204,28 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float o = 0;
     for (int w = 0; w < nwarps; ++w) o += part[w * hd + i];
-    ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
+    if (out) out[2 + i] = o;
+    else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
   }
+  if (out && threadIdx.x == 0) out[0] = m, out[1] = sum;
+}
+
+// grid (rows, nh), a thread per dim: ctx = Σ_z e^(m_z - M) o_z / Σ_z e^(m_z - M) sum_z, M = max_z m_z.
+template <class T>
+__global__ void attend_combine(const float* partial, int S, int nh, int hd, T* ctx) {
+  const int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  if (i >= hd) return;
+  const float* p = partial + (size_t(r) * nh + h) * S * size_t(2 + hd);
+  float M = -FLT_MAX;
+  for (int z = 0; z < S; ++z) M = fmaxf(M, p[z * (2 + hd)]);
+  float tot = 0, o = 0;
+  for (int z = 0; z < S; ++z) {
+    const float* q = p + z * (2 + hd);
+    const float w = q[1] > 0.0f ? __expf(q[0] - M) : 0.0f;
+    tot += w * q[1];
+    o += w * q[2 + i];
+  }
+  ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
 }
 
 template <class T>
@@ -271,7 +301,7 @@ struct DecodeCuda::Impl {
   DeviceBuffer<int> pos_d, step_d, tokens_d, history_d;
   // Per-row buffers, grown to the largest step seen.
   int64_t rows_cap = 0;
-  DeviceBuffer<float> X, q, k, v, g, u, logits;
+  DeviceBuffer<float> X, q, k, v, g, u, logits, partial;
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
 
   void grow(int64_t rows) {
@@ -288,6 +318,7 @@ struct DecodeCuda::Impl {
     qh = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode rotated q");
     ctx = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode attention context");
     act = DeviceBuffer<uint16_t>(size_t(rows * f), "decode MLP activation");
+    partial = DeviceBuffer<float>(size_t(rows * c.num_attention_heads * 8 * (c.head_dim + 2)), "decode attention partials");
     rows_cap = rows;
   }
 
@@ -328,7 +359,10 @@ struct DecodeCuda::Impl {
     const int half = int(cos.size() / size_t(max_len));
     const int threads_hd = (hd + 31) / 32 * 32;
     // 32 warps per CTA when there are fewer CTAs than two per SM (batch 1), else 8.
-    const int attn_threads = rows * nh >= 264 ? 256 : 1024;
+    // Few CTAs (batch 1): the positions split over up to 8 CTAs per head, 8 warps each; else one
+    // CTA per head, 8 warps.
+    const int splits = rows * nh >= 132 ? 1 : std::clamp(max_len / 64, 1, 8);
+    const int attn_threads = 256;
     const size_t attn_smem = size_t(hd + max_len + 32 + attn_threads / 32 * hd) * 4;
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
@@ -351,9 +385,14 @@ struct DecodeCuda::Impl {
           a, reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       PTQ_CUDA_LAUNCH("rope_append");
       mark();
-      attend<T><<<dim3(unsigned(rows), unsigned(nh)), unsigned(attn_threads), attn_smem, stream()>>>(
+      attend<T><<<dim3(unsigned(rows), unsigned(nh), unsigned(splits)), unsigned(attn_threads), attn_smem, stream()>>>(
           reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()), pos_d.get(), T_, nh, nkv,
-          hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)), reinterpret_cast<T*>(ctx.get()));
+          hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)), reinterpret_cast<T*>(ctx.get()), splits > 1 ? partial.get() : nullptr);
+      if (splits > 1) {
+        PTQ_CUDA_LAUNCH("attend");
+        attend_combine<T><<<dim3(unsigned(rows), unsigned(nh)), unsigned(threads_hd), 0, stream()>>>(partial.get(), splits, nh, hd,
+                                                                                                       reinterpret_cast<T*>(ctx.get()));
+      }
       PTQ_CUDA_LAUNCH("attend");
       mark();
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
