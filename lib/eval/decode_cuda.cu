@@ -359,9 +359,10 @@ struct DecodeCuda::Impl {
     const int half = int(cos.size() / size_t(max_len));
     const int threads_hd = (hd + 31) / 32 * 32;
     // 32 warps per CTA when there are fewer CTAs than two per SM (batch 1), else 8.
-    // Few CTAs (batch 1): the positions split over up to 8 CTAs per head, 8 warps each; else one
+    // Fewer than ~4 CTAs per SM (batch 1 to 8 on 7B shapes): the positions split over up to 8 CTAs
+    // per head, 8 warps each; else one
     // CTA per head, 8 warps.
-    const int splits = rows * nh >= 132 ? 1 : std::clamp(max_len / 64, 1, 8);
+    const int splits = rows * nh >= 512 ? 1 : std::clamp(max_len / 64, 1, 8);
     const int attn_threads = 256;
     const size_t attn_smem = size_t(hd + max_len + 32 + attn_threads / 32 * hd) * 4;
     for (size_t l = 0; l < w.layers.size(); ++l) {
