@@ -1,8 +1,8 @@
 // The torch.save reader is checked against files we did not write with it: llama2xs's shards as
 // transformers' torch.save wrote them (zip) and its first shard in the legacy layout, each tensor
 // compared byte for byte with the same model's model.safetensors; the hostile files must be refused
-// before anything runs. fuzz/corpus/pytorch_bin/'s seeds (written by Python's own pickler, see
-// fuzz/make_pytorch_bin_seeds.py) pin strides, offsets, bf16 and parameters to their known values.
+// before anything runs. Small files built here, opcode by opcode as the pickle protocol and
+// torch.save's layouts define them, pin strides, offsets, bf16 and parameters to known values.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +32,78 @@ void expect_bad(const std::string& bytes, const std::string& what) {
     CHECK(std::string(e.what()).find(what) != std::string::npos);
     CHECK(std::string(e.what()).find("bad.bin") != std::string::npos);
   }
+}
+
+// ---- fixtures: torch.save files written by hand ----
+// Pickle opcodes (protocol 2): each tensor is
+//   GLOBAL torch._utils._rebuild_tensor_v2, then the argument tuple (persistent id
+//   ('storage', torch.<Type>Storage, key, 'cpu', numel[, None]), offset, size, stride, False,
+//   OrderedDict()), REDUCE.
+std::string le(uint64_t v, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += char(v >> (8 * i));
+  return s;
+}
+std::string str(const std::string& x) { return "X" + le(x.size(), 4) + x; }   // BINUNICODE
+std::string small(int v) { return "K" + std::string(1, char(v)); }            // BININT1
+std::string ints(std::vector<int> v) {                                        // MARK ... TUPLE
+  std::string s = "(";
+  for (int x : v) s += small(x);
+  return s + "t";
+}
+struct FixtureTensor { std::string name, storage, type; int numel, offset; std::vector<int> size, stride; bool parameter = false; };
+std::string tensor_pickle(const FixtureTensor& t, bool legacy) {
+  std::string pid = "(" + str("storage") + "ctorch\n" + t.type + "\n" + str(t.storage) + str("cpu") + small(t.numel) + (legacy ? "N" : "") + "t";
+  std::string x = "ctorch._utils\n_rebuild_tensor_v2\n(" + pid + "Q" + small(t.offset) + ints(t.size) + ints(t.stride) + "\x89" +
+                  "ccollections\nOrderedDict\n)R" + "tR";
+  if (t.parameter) x = "ctorch._utils\n_rebuild_parameter\n(" + x + "\x88" + "ccollections\nOrderedDict\n)RtR";   // True, OrderedDict()
+  return x;
+}
+std::string state_dict_pickle(const std::vector<FixtureTensor>& ts, bool legacy) {
+  std::string s = "\x80\x02}(";
+  for (auto& t : ts) s += str(t.name) + tensor_pickle(t, legacy);
+  return s + "u.";
+}
+// CRC-32 (the zip polynomial 0xEDB88320, bit by bit).
+uint32_t crc32(const std::string& d) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char b : d) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+// A zip of stored entries (Python's zipfile reads it, CRCs included).
+std::string stored_zip(const std::vector<std::pair<std::string, std::string>>& entries) {
+  std::string body, dir;
+  for (auto& [name, data] : entries) {
+    const uint64_t at = body.size();
+    const std::string crc = le(crc32(data), 4);
+    body += le(0x04034b50, 4) + le(20, 2) + le(0, 2) + le(0, 2) + le(0, 4) + crc + le(data.size(), 4) + le(data.size(), 4) + le(name.size(), 2) +
+            le(0, 2) + name + data;
+    dir += le(0x02014b50, 4) + le(20, 2) + le(20, 2) + le(0, 2) + le(0, 2) + le(0, 4) + crc + le(data.size(), 4) + le(data.size(), 4) +
+           le(name.size(), 2) + le(0, 2) + le(0, 2) + le(0, 2) + le(0, 2) + le(0, 4) + le(at, 4) + name;
+  }
+  return body + dir + le(0x06054b50, 4) + le(0, 2) + le(0, 2) + le(entries.size(), 2) + le(entries.size(), 2) + le(dir.size(), 4) + le(body.size(), 4) +
+         le(0, 2);
+}
+std::string f32s(std::vector<float> v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+const std::string kBf16 = std::string("\xc0\x3f\x00\xc0", 4);   // bf16 1.5, -2.0
+// "a" = 0..5 as [2, 3]; "t" its transpose on the same storage (stride [1, 3]); "h" bf16; "o" the
+// last 2 elements of storage 0 (offset 4); "p" a Parameter wrapping 7..12 as [2, 3].
+const std::vector<FixtureTensor> kStrided = {{"a", "0", "FloatStorage", 6, 0, {2, 3}, {3, 1}},      {"t", "0", "FloatStorage", 6, 0, {3, 2}, {1, 3}},
+                                             {"h", "1", "BFloat16Storage", 2, 0, {2}, {1}},         {"o", "0", "FloatStorage", 6, 4, {2}, {1}},
+                                             {"p", "2", "FloatStorage", 6, 0, {2, 3}, {3, 1}, true}};
+std::string zip_fixture() {
+  return stored_zip({{"archive/data.pkl", state_dict_pickle(kStrided, false)}, {"archive/byteorder", "little"},
+                     {"archive/data/0", f32s({0, 1, 2, 3, 4, 5})}, {"archive/data/1", kBf16}, {"archive/data/2", f32s({7, 8, 9, 10, 11, 12})}});
+}
+// Legacy: magic number (LONG1, 10 bytes), protocol 1001 (BININT2), system info, the state dict
+// (persistent ids with a view of None), the storage keys; then each storage as u64 numel + bytes.
+std::string legacy_fixture() {
+  const std::vector<FixtureTensor> ts = {kStrided[0], kStrided[2]};
+  return std::string("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15) + "\x80\x02M\xe9\x03." + "\x80\x02}." +
+         state_dict_pickle(ts, true) + "\x80\x02](" + str("0") + str("1") + "e." + le(6, 8) + f32s({0, 1, 2, 3, 4, 5}) + le(2, 8) + kBf16;
 }
 
 std::vector<float> floats(const TensorView& t) { return tensor_to_f32(t); }
@@ -93,8 +165,10 @@ TEST_CASE("a pickle that would run a shell command is refused, naming the global
 }
 
 TEST_CASE("strides, offsets, bf16 and parameters are rebuilt as torch would") {
-  const std::string dir = std::string(PTQKIT_SOURCE_DIR) + "/fuzz/corpus/pytorch_bin/";
-  const PytorchBinFile z(dir + "zip-strided.bin");
+  ptqtest::TempDir d;
+  write_raw(d / "zip.bin", zip_fixture());
+  write_raw(d / "legacy.bin", legacy_fixture());
+  const PytorchBinFile z(d / "zip.bin");
   CHECK_FALSE(z.legacy());
   CHECK(z.names() == std::vector<std::string>{"a", "t", "h", "o", "p"});
   CHECK(floats(z.get("a")) == std::vector<float>{0, 1, 2, 3, 4, 5});
@@ -104,7 +178,7 @@ TEST_CASE("strides, offsets, bf16 and parameters are rebuilt as torch would") {
   CHECK(floats(z.get("h")) == std::vector<float>{1.5f, -2.0f});
   CHECK(floats(z.get("o")) == std::vector<float>{4, 5});
   CHECK(floats(z.get("p")) == std::vector<float>{7, 8, 9, 10, 11, 12});
-  const PytorchBinFile l(dir + "legacy.bin");
+  const PytorchBinFile l(d / "legacy.bin");
   CHECK(l.legacy());
   CHECK(floats(l.get("a")) == std::vector<float>{0, 1, 2, 3, 4, 5});
   CHECK(floats(l.get("h")) == std::vector<float>{1.5f, -2.0f});

@@ -108,8 +108,8 @@ constexpr StorageTypeName kStorages[] = {
 
 class Unpickler {
  public:
-  Unpickler(const uint8_t* d, uint64_t n, std::string path, std::string where, bool legacy)
-      : d_(d), n_(n), path_(std::move(path)), where_(std::move(where)), legacy_(legacy) {}
+  Unpickler(const uint8_t* d, uint64_t n, std::string path, std::string where)
+      : d_(d), n_(n), path_(std::move(path)), where_(std::move(where)) {}
 
   // Runs from `pos` to STOP; returns the top value and sets *end past the STOP opcode.
   uint32_t run(uint64_t pos, uint64_t* end);
@@ -174,7 +174,6 @@ class Unpickler {
   const uint8_t* d_;
   uint64_t n_, pos_{0};
   std::string path_, where_;
-  bool legacy_;
   std::vector<Value> pool_;
   std::vector<uint32_t> stack_;
   std::vector<size_t> marks_;
@@ -428,13 +427,13 @@ PytorchBinFile::PytorchBinFile(const std::string& path) : map_(path) {
     for (auto& [name, e] : entries)
       if (name.rfind(prefix + "data/", 0) == 0) storage_bytes[name.substr(prefix.size() + 5)] = e;
     const ZipEntry pkl = entries.at(prefix + "data.pkl");
-    up.emplace(d + pkl.offset, pkl.size, path, prefix + "data.pkl", false);
+    up.emplace(d + pkl.offset, pkl.size, path, prefix + "data.pkl");
     uint64_t end = 0;
     root = up->run(0, &end);
   } else {
     // Legacy: magic number, protocol version, system info, the state dict, the storage keys.
     uint64_t pos = 0;
-    up.emplace(d, n, path, "legacy pickle", true);
+    up.emplace(d, n, path, "legacy pickle");
     const uint32_t magic = up->run(pos, &pos);
     static const std::string kMagic("\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 10);   // 0x1950a86a20f9469cfc6c, little-endian
     if (up->at(magic).kind != Kind::bigint || up->at(magic).s != kMagic)

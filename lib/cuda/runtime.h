@@ -44,7 +44,7 @@ void device_free(void* p);
 size_t pool_peak_bytes();          // peak bytes handed out (the pipeline's peak GPU memory)
 void pool_release_cached();        // return cached blocks to the driver
 size_t device_free_bytes();        // free on the device plus the pool's cached blocks
-void copy_device(void* dst, const void* src, size_t bytes);   // device to device, synchronous
+void copy_device(void* dst, const void* src, size_t bytes);   // device to device, stream-ordered (may return before it completes)
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void fill_bytes(void* dst, int byte, size_t bytes);             // device memset, synchronous

@@ -27,9 +27,8 @@
 #include "cuda/blas.h"
 #include "cuda/random.h"
 #include "cuda/runtime.h"
-#include "formats/gptq.h"
-#include "formats/nf4.h"
 #include "kernels/act_quant.h"
+#include "kernels/bench_kernels.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
@@ -326,7 +325,8 @@ struct DecodeCuda::Impl {
   // printed by decode_greedy: where a step's time goes.
   bool profile = [] { const char* e = std::getenv("PTQKIT_DECODE_PROFILE"); return e && *e == '1'; }();
   std::vector<cudaEvent_t> ev;
-  std::vector<double> stage_ms = std::vector<double>(14, 0.0);
+  static constexpr int kStages = 13;   // 12 per layer (norm1 ... down), then the head
+  std::vector<double> stage_ms = std::vector<double>(kStages, 0.0);
   int ev_n = 0;
   void mark() {
     if (!profile || current_stream()) return;
@@ -337,14 +337,14 @@ struct DecodeCuda::Impl {
     }
     PTQ_CUDA(cudaEventRecord(ev[size_t(ev_n++)], 0));
   }
-  // After a step: the events' gaps, by stage (the 13 marks of each layer, then the head).
+  // After a step: the events' gaps, by stage (12 per layer, then the head).
   void collect(int per_layer, int layers_n) {
     if (!profile || ev_n == 0) return;
     PTQ_CUDA(cudaEventSynchronize(ev[size_t(ev_n - 1)]));
     for (int i = 1; i < ev_n; ++i) {
       float ms = 0;
       PTQ_CUDA(cudaEventElapsedTime(&ms, ev[size_t(i - 1)], ev[size_t(i)]));
-      const int k = i - 1 < per_layer * layers_n ? (i - 1) % per_layer : 13;
+      const int k = i - 1 < per_layer * layers_n ? (i - 1) % per_layer : kStages - 1;
       stage_ms[size_t(k)] += ms;
     }
     ev_n = 0;
@@ -567,10 +567,9 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
   }
   for (; done < n; ++done, ++m.pos) one_step();
   if (m.profile) {
-    static const char* names[14] = {"norm1", "q", "k", "v", "rope+append", "attention", "o", "norm2", "gate", "up", "silu", "down", "(unused)", "head"};
+    static const char* names[Impl::kStages] = {"norm1", "q", "k", "v", "rope+append", "attention", "o", "norm2", "gate", "up", "silu", "down", "head"};
     std::fprintf(stderr, "decode profile (B = %d, %d plain steps, ms per step):", m.B, n);
-    for (int i = 0; i < 14; ++i)
-      if (i != 12) std::fprintf(stderr, " %s %.3f", names[i], m.stage_ms[size_t(i)] / std::max(n, 1));
+    for (int i = 0; i < Impl::kStages; ++i) std::fprintf(stderr, " %s %.3f", names[i], m.stage_ms[size_t(i)] / std::max(n, 1));
     std::fprintf(stderr, "\n");
     std::fill(m.stage_ms.begin(), m.stage_ms.end(), 0.0);
   }
@@ -608,23 +607,9 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
   for (int j = 0; j < 7; ++j) {
     const int64_t N = shapes[j].out, K = shapes[j].in;
     if (format == "w4a16" || format == "w8a16") {
-      QuantSpec s;
-      s.bits = format == "w4a16" ? 4 : 8;
-      s.group_size = s.bits == 4 ? 128 : -1;
-      s.sym = true;
-      QuantizedLinear q = QuantizedLinear::empty(N, K, s);
-      std::vector<uint8_t> codes(size_t(N * K));
-      for (auto& x : codes) x = uint8_t(r.next() & ((1u << s.bits) - 1));
-      q.set_codes(codes.data());
-      for (auto& x : q.scales) x = 0.002f;
-      w4[size_t(j)] = W4A16Linear::from_gptq(pack_gptq(q, true), true);
+      w4[size_t(j)] = random_gptq_linear(N, K, format == "w4a16" ? 4 : 8, 0.002f, r);
     } else if (format == "nf4") {
-      Nf4Tensor t;
-      t.blocksize = 64;
-      t.packed.resize(size_t(N * K / 2));
-      for (auto& b : t.packed) b = uint8_t(r.next());
-      t.absmax.assign(size_t(N * K / 64), 0.02f);
-      nf[size_t(j)] = Nf4Linear::from_nf4(t, N, K);
+      nf[size_t(j)] = random_nf4_linear(N, K, 0.02f, r);
     } else if (format != "f16" && format != "w8a8") {
       fail(Errc::usage, "", "--formats", "unknown format '" + format + "' (f16, w8a16, w4a16, nf4, w8a8)");
     }

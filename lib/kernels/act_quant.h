@@ -11,7 +11,7 @@ namespace ptq::cuda {
 // q [rows, cols] int8 and s [rows] fp32 from x [rows, cols] (F16 or BF16), all on the device:
 // per token s = max_c |x[r, c]| / 127 (per tensor: a.static_scale), 1 where that is not positive;
 // q = x / s rounded half to even and clamped to [-128, 127] — quantize_activations' fp32
-// arithmetic on the same values. Asynchronous (default stream).
+// arithmetic on the same values. Asynchronous (the thread's current stream).
 void quantize_activations_int8(const void* x, DType dt, int64_t rows, int64_t cols, const ActQuant& a, int8_t* q, float* s);
 
 // y = t + beta * y over n floats (device; beta = 0 overwrites y).

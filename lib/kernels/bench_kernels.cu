@@ -89,6 +89,28 @@ double stream_us(int runs, int R, F&& f) {
 int rotation(size_t bytes) { return int(std::max<size_t>(2, ((size_t(256) << 20) + bytes - 1) / bytes)); }
 }  // namespace
 
+std::unique_ptr<W4A16Linear> random_gptq_linear(int64_t N, int64_t K, int bits, float scale, Rng& r) {
+  QuantSpec s;
+  s.bits = bits;
+  s.group_size = bits == 4 ? 128 : -1;
+  s.sym = true;
+  QuantizedLinear q = QuantizedLinear::empty(N, K, s);
+  std::vector<uint8_t> codes(size_t(N * K));
+  for (auto& c : codes) c = uint8_t(r.next() & ((1u << bits) - 1));
+  q.set_codes(codes.data());
+  for (auto& v : q.scales) v = scale;
+  return W4A16Linear::from_gptq(pack_gptq(q, true), true);
+}
+
+std::unique_ptr<Nf4Linear> random_nf4_linear(int64_t N, int64_t K, float absmax, Rng& r) {
+  Nf4Tensor t;
+  t.blocksize = 64;
+  t.packed.resize(size_t(N * K / 2));
+  for (auto& b : t.packed) b = uint8_t(r.next());
+  t.absmax.assign(size_t(N * K / 64), absmax);
+  return Nf4Linear::from_nf4(t, N, K);
+}
+
 void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs, const std::vector<std::string>& kernels) {
   auto wanted = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
   // PTQKIT_A16_SWEEP="rt:slices[:warps[:loop]],...": each A16 call is also timed with those forced splits (rows labelled rRsSwW).
@@ -132,25 +154,8 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     std::vector<std::unique_ptr<W4A16Linear>> L;
     std::vector<std::unique_ptr<Nf4Linear>> F;
     Rng r(uint64_t(N + K));
-    if (kind) {
-      QuantSpec s;
-      s.bits = kind;
-      s.group_size = kind == 4 ? 128 : -1;
-      s.sym = true;
-      QuantizedLinear q = QuantizedLinear::empty(N, K, s);
-      std::vector<uint8_t> codes(size_t(N * K));
-      for (auto& c : codes) c = uint8_t(r.next() & ((1u << kind) - 1));
-      q.set_codes(codes.data());
-      for (auto& v : q.scales) v = 0.01f;
-      L.push_back(W4A16Linear::from_gptq(pack_gptq(q, true), true));
-    } else {
-      Nf4Tensor t;
-      t.blocksize = 64;
-      t.packed.resize(size_t(N * K / 2));
-      for (auto& b : t.packed) b = uint8_t(r.next());
-      t.absmax.assign(size_t(N * K / 64), 0.05f);
-      F.push_back(Nf4Linear::from_nf4(t, N, K));
-    }
+    if (kind) L.push_back(random_gptq_linear(N, K, kind, 0.01f, r));
+    else F.push_back(random_nf4_linear(N, K, 0.05f, r));
     const size_t wbytes = kind ? L[0]->weight_bytes() : F[0]->weight_bytes();
     const int R = rotation(wbytes), Rf = rotation(size_t(2 * N * K));
     for (int i = 1; i < R; ++i) {

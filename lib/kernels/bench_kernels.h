@@ -1,11 +1,22 @@
 // bench_kernels.h — `ptqkit bench kernels` (bench_kernels.cu).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/rng.h"
+#include "kernels/nf4.h"
+#include "kernels/w4a16.h"
+
 namespace ptq::cuda {
+// Linears of random codes for benchmarks (`bench kernels`, `bench decode`): GPTQ symmetric `bits`
+// (4: groups of 128, 8: per channel) with every scale `scale`; NF4 in blocks of 64 with every
+// absmax `absmax`. Codes drawn from r.
+std::unique_ptr<W4A16Linear> random_gptq_linear(int64_t N, int64_t K, int bits, float scale, Rng& r);
+std::unique_ptr<Nf4Linear> random_nf4_linear(int64_t N, int64_t K, float absmax, Rng& r);
+
 // shapes: (N = out, K = in); prints one line per (kernel, shape, M). kernels: any of w4a16, w8a16,
 // nf4, w8a8.
 void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs, const std::vector<std::string>& kernels);

@@ -18,7 +18,7 @@ class Nf4Linear {
   ~Nf4Linear();
   // y [M, out] f16 = x [M, in] f16 · Wᵀ (device). The paths of W4A16Linear (kernels/a16_path.h):
   // tensor cores up to 128 rows on sm_90 (256 on large layers; wgmma from 17 rows there), 64 elsewhere; dequantize to f16 +
-  // cuBLAS above. path_for(M) says which. Calls on one Linear are stream-ordered (the default stream).
+  // cuBLAS above. path_for(M) says which. Calls on one Linear are stream-ordered (the thread's current stream, cuda/runtime.h).
   void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
   // y [M, out] fp32 = x · Wᵀ + beta · y, fp32 accumulation, by the same paths.
   void gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path = A16Path::automatic) const;

@@ -20,7 +20,7 @@ class W4A16Linear {
   // registers: mma.sync with x through L1 up to 32 rows; on sm_90 wgmma for 33..128 rows (and
   // 129..256 rows of layers larger than 4096², 17..32 rows of those at 4 bits); elsewhere x staged in shared memory for 33..64
   // rows of a large layer, and dequantize to an f16 workspace + cuBLAS above. path_for(M) says which.
-  // Calls on one Linear are stream-ordered (the default stream).
+  // Calls on one Linear are stream-ordered (the thread's current stream, cuda/runtime.h).
   void gemm(const void* x, int64_t M, void* y, A16Path path = A16Path::automatic) const;
   // y [M, out] (fp32, device) = x · Wᵀ + beta * y, fp32 accumulation, by the same paths (a
   // prefill, the evaluation forward: its M is a whole window, dequantize + cuBLAS).

@@ -12,7 +12,7 @@ bool w8a8_supported();
 // y [M, N] = sx[m] · sw[n] · Σ_k x[m, k] · w[n, k], all on the device: x [M, K] int8 row-major,
 // w [N, K] int8 row-major (a Linear's weight as stored), sx [M] and sw [N] fp32. y is bf16
 // (out_f32 false) or fp32. Refuses (Errc::usage) K not a multiple of 16 or not below 2^17, N odd, or a device that
-// is not sm_90. Runs on the default stream.
+// is not sm_90. Runs on the thread's current stream (cuda/runtime.h).
 void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, void* y, bool out_f32);
 
 // Decode-sized M (contract in w8a8_gemv.cu): y [M, N] fp32 = sx[m] · sw[n] · Σ_k x[m, k] · w[n, k] + beta · y
