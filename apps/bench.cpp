@@ -125,6 +125,7 @@ std::vector<Command> add_bench(CLI::App& app) {
   bd->add_option("--decode", da->decode, "tokens decoded")->capture_default_str();
   bd->add_option("--json", da->json_out, "write the table as JSON here");
   bd->add_flag("--no-graph", da->no_graph, "launch each decode step's kernels one by one instead of replaying a CUDA graph");
+  bd->add_flag("--apart", da->apart, "q, k, v and gate, up as separate Linears (default: stacked into one Linear each, as generate loads them)");
   CLI::App* bk = bench->add_subcommand("kernels", "W4A16, W8A16, NF4 (against cuBLAS f16) and W8A8 (against cuBLAS bf16 and int8) GPU kernels: llama shapes, M = 1..4096, cold L2");
   bk->add_option("--runs", ka->runs, "runs per measurement (median)")->default_val(100);
   bk->add_option("--kernels", ka->kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');

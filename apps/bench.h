@@ -23,6 +23,7 @@ struct BenchDecodeArgs {
   std::vector<int> batches{1, 8, 32};
   int prompt = 128, decode = 256;
   bool no_graph = false;     // plain launches instead of a CUDA graph per step
+  bool apart = false;        // q, k, v and gate, up as separate Linears (default: stacked, one each)
   std::string json_out;
 };
 int run_bench_decode(const BenchDecodeArgs& a);   // bench_decode.cpp

@@ -44,13 +44,13 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       copy_gbs = std::max(copy_gbs, 2.0 * double(n) / s / 1e9);
     }
   }
-  std::printf("bench decode on %s: %s (%d layers), prompt %d then %d tokens greedy; copy %.0f GB/s (read + write)\n", cuda::describe().c_str(),
-              a.preset.c_str(), c.num_hidden_layers, P, D, copy_gbs);
+  std::printf("bench decode on %s: %s (%d layers), prompt %d then %d tokens greedy; q, k, v and gate, up %s; copy %.0f GB/s (read + write)\n",
+              cuda::describe().c_str(), a.preset.c_str(), c.num_hidden_layers, P, D, a.apart ? "apart" : "stacked", copy_gbs);
   std::printf("%-7s %5s | %9s %8s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "vs f16", "prefill t/s");
   nlohmann::json rows = nlohmann::json::array();
   std::map<int, double> f16_tps;
   for (const std::string& fmt : a.formats) {
-    cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, fmt);
+    cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, fmt, !a.apart);
     const double wbytes = w.step_weight_bytes;
     auto shared = std::make_shared<cuda::DecodeWeights>(std::move(w));
     for (int B : a.batches) {
@@ -87,7 +87,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
     }
   }
   if (!a.json_out.empty())
-    write_file_atomic(a.json_out, nlohmann::json({{"device", cuda::describe()}, {"preset", a.preset}, {"copy_gbs", copy_gbs}, {"prompt", P},
+    write_file_atomic(a.json_out, nlohmann::json({{"device", cuda::describe()}, {"preset", a.preset}, {"stacked", !a.apart}, {"copy_gbs", copy_gbs}, {"prompt", P},
                                                   {"decode", D}, {"rows", rows}}).dump(2) + "\n");
   return 0;
 #endif

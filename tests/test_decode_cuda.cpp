@@ -52,43 +52,46 @@ void check_gpu_greedy(const std::string& model, int prefix, int steps) {
 }
 }  // namespace
 
-TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, llama2xs, distilled-13m, qwen3)") {
+TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, llama2xs, distilled-13m, qwen3, phi3)") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   check_gpu_greedy("stories260k", 32, 16);
   check_gpu_greedy("llama2xs", 32, 16);
   check_gpu_greedy("distilled-13m", 32, 16);
   check_gpu_greedy("tiny-qwen3", 16, 8);
+  check_gpu_greedy("tiny-phi3", 16, 8);   // its fused qkv and gate_up Linears as stored
 }
 
 TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels, batched sequences independent") {
   PTQ_REQUIRE_GPU();
   const LlamaConfig c = parse_config(synth_config_json("small", 2, DType::F16), "small");
   for (const char* f : {"f16", "w4a16", "w8a16", "nf4"}) {
-    INFO(f);
-    cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f);
-    // Two sequences prefilled together: each one's logits as when it is alone.
-    std::vector<int32_t> p2 = {5, 9, 17, 3, 40, 2, 8, 11};   // [2, 4]
-    cuda::DecodeCuda both(w, 2, 16);
-    both.feed(p2, 4);
-    const MatF l2 = both.logits();
-    for (int b = 0; b < 2; ++b) {
-      cuda::DecodeCuda one(w, 1, 16);
-      one.feed(std::vector<int32_t>(p2.begin() + 4 * b, p2.begin() + 4 * b + 4), 4);
-      const MatF l1 = one.logits();
-      const double scale = l1.cwiseAbs().maxCoeff();
-      CHECK((l1.row(0) - l2.row(b)).cwiseAbs().maxCoeff() <= 0.01 * scale + 1e-3);
+    for (bool stacked : {true, false}) {
+      INFO(f << (stacked ? " stacked" : " apart"));
+      cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, stacked);
+      // Two sequences prefilled together: each one's logits as when it is alone.
+      std::vector<int32_t> p2 = {5, 9, 17, 3, 40, 2, 8, 11};   // [2, 4]
+      cuda::DecodeCuda both(w, 2, 16);
+      both.feed(p2, 4);
+      const MatF l2 = both.logits();
+      for (int b = 0; b < 2; ++b) {
+        cuda::DecodeCuda one(w, 1, 16);
+        one.feed(std::vector<int32_t>(p2.begin() + 4 * b, p2.begin() + 4 * b + 4), 4);
+        const MatF l1 = one.logits();
+        const double scale = l1.cwiseAbs().maxCoeff();
+        CHECK((l1.row(0) - l2.row(b)).cwiseAbs().maxCoeff() <= 0.01 * scale + 1e-3);
+      }
+      const std::vector<int32_t> t = both.decode_greedy(6);
+      REQUIRE(t.size() == 12);
+      CHECK(both.graph_used());
+      // The graph replays exactly the plain launches.
+      cuda::DecodeCuda plain(w, 2, 16);
+      plain.set_graphs(false);
+      plain.feed(p2, 4);
+      CHECK(plain.decode_greedy(6) == t);
+      CHECK_FALSE(plain.graph_used());
+      for (int32_t x : t) CHECK((x >= 0 && x < c.vocab_size));
+      CHECK(both.position() == 10);
     }
-    const std::vector<int32_t> t = both.decode_greedy(6);
-    REQUIRE(t.size() == 12);
-    CHECK(both.graph_used());
-    // The graph replays exactly the plain launches.
-    cuda::DecodeCuda plain(w, 2, 16);
-    plain.set_graphs(false);
-    plain.feed(p2, 4);
-    CHECK(plain.decode_greedy(6) == t);
-    CHECK_FALSE(plain.graph_used());
-    for (int32_t x : t) CHECK((x >= 0 && x < c.vocab_size));
-    CHECK(both.position() == 10);
   }
 }

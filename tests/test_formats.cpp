@@ -107,6 +107,44 @@ TEST_CASE("pack -> unpack returns the codes bit for bit, every bit width and for
     }
 }
 
+TEST_CASE("q/k/v stacked into one Linear: the stacked GPTQ and NF4 tensors dequantize to the parts rows in order") {
+  for (int bits : {4, 8}) {
+    std::vector<QuantizedLinear> qs = {random_quantized(64, 96, bits, 32, true, false, 1), random_quantized(32, 96, bits, 32, true, false, 2),
+                                       random_quantized(32, 96, bits, 32, true, false, 3)};
+    std::vector<GptqPacked> ps;
+    for (auto& q : qs) ps.push_back(pack_gptq(q, true));
+    GptqPacked st;
+    REQUIRE(concat_gptq_out(ps, &st));
+    CHECK(st.rows == 128);
+    const MatF W = unpack_gptq(st, true, true).dequantize();
+    int64_t r0 = 0;
+    for (auto& q : qs) {
+      const MatF Wi = q.dequantize();
+      CHECK(W.middleRows(r0, q.rows) == Wi);   // the same fp32 values: the same codes, scales and zeros
+      r0 += q.rows;
+    }
+    ps[1] = pack_gptq(random_quantized(32, 96, bits, 32, true, true, 4), true);   // act-order: another g_idx
+    CHECK_FALSE(concat_gptq_out(ps, &st));
+  }
+  Rng r(9);
+  std::vector<float> W(size_t(128 * 64));
+  for (auto& v : W) v = float(r.normal());
+  const std::vector<int64_t> n = {64 * 64, 32 * 64, 32 * 64};
+  std::vector<Nf4Tensor> ts;
+  for (size_t i = 0, at = 0; i < 3; at += size_t(n[i]), ++i) ts.push_back(nf4_quantize(&W[at], n[i], 64, i != 1));   // nested and not
+  const Nf4Tensor st = concat_nf4_rows(ts, n);
+  CHECK_FALSE(st.nested);
+  std::vector<float> whole(W.size()), part;
+  nf4_dequantize(st, int64_t(W.size()), whole.data());
+  for (size_t i = 0, at = 0; i < 3; at += size_t(n[i]), ++i) {
+    part.resize(size_t(n[i]));
+    nf4_dequantize(ts[i], n[i], part.data());
+    CHECK(std::equal(part.begin(), part.end(), whole.begin() + std::ptrdiff_t(at)));
+  }
+  ts[2] = nf4_quantize(&W[0], 32 * 64, 128, false);
+  CHECK_THROWS_AS(concat_nf4_rows(ts, n), Error);
+}
+
 TEST_CASE("NF4: nearest code by midpoints, first element in the high nibble, double quantization") {
   CHECK(nf4_index(1.0f) == 15);
   CHECK(nf4_index(-1.0f) == 0);

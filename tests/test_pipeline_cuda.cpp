@@ -23,6 +23,7 @@
 #include "eval/nll_cuda.h"
 #include "eval/perplexity_cuda.h"
 #include "formats/open.h"
+#include "model/generate.h"
 #include "model/synth.h"
 #include "pipeline/pipeline.h"
 #include "testing.h"
@@ -280,6 +281,25 @@ TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (
       else if (bf16_moe) CHECK(rel <= 6e-2);
       else CHECK(within >= got.rows() * 9 / 10);
       if (dir == d / "gpu-gptq") CHECK_THAT(gl.describe(), Catch::Contains(std::to_string(rg["modules"].size()) + " of " + std::to_string(rg["modules"].size()) + " Linears"));
+      if (moe) continue;
+      // The GPU decode over the same weights (q, k, v and gate, up stacked, or Phi-3's fused ones):
+      // a prompt, then tokens fed one at a time (the CPU's argmax each step), logits against the
+      // CPU reference (model/generate.h) at every step.
+      CHECK_THAT(gl.describe(), Catch::Contains("stacked") || Catch::Contains("f16 weights") || Catch::Contains("bf16 weights"));
+      Generator cpu(*model);
+      cuda::DecodeCuda dec(gl.decode_weights(), 1, 32);
+      std::vector<int32_t> feed(ids.begin(), ids.begin() + 8);
+      for (int step = 0; step < 6; ++step) {
+        const VecF lc = cpu.feed(feed);
+        dec.feed(feed, int(feed.size()));
+        const VecF lg = dec.logits().row(0).transpose();
+        const double drel = (lg - lc).norm() / lc.norm();
+        INFO("decode step " << step << ": relative " << drel);
+        CHECK(drel <= 1e-2);
+        Eigen::Index arg = 0;
+        lc.maxCoeff(&arg);
+        feed = {int32_t(arg)};
+      }
     }
   }
 }

@@ -11,6 +11,7 @@
 //   argmax_rows     next token per sequence, written to the token buffer and the history
 // The CPU reference of each is the same stage in lib/model/llama.cpp (attention_cached,
 // rmsnorm, head_rmsnorm, apply_rope, silu_mul).
+// The per-layer kernels are launched with programmatic dependent launch (see pdl_begin below).
 #include "eval/decode_cuda.h"
 
 #include <cublas_v2.h>
@@ -25,6 +26,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "cuda/blas.h"
+#include "cuda/pdl.cuh"
 #include "cuda/random.h"
 #include "cuda/runtime.h"
 #include "kernels/act_quant.h"
@@ -65,6 +67,24 @@ __device__ float block_max(float v, float* red) {
   return s;
 }
 
+// The per-layer kernels below are launched with programmatic dependent launch (cuda/pdl.cuh):
+// pdl_begin, first, waits for the kernel before; pdl_end, last, after every thread of the CTA has
+// written and fenced its outputs, lets the next kernel launch (its CTAs then start while this
+// grid drains, the A16 kernels' weight loads with them). Letting it launch at the start instead
+// measured faster but wrong: the A16 kernels then read stale activations in 7 of 30 test runs
+// (docs/lab/2026-11-24-decode-h200.md), so the next kernel starts only once the outputs exist.
+// PTQKIT_DECODE_PDL=0 launches them plainly (benchmarks compare).
+__device__ __forceinline__ void pdl_begin() { pdl::wait_prior_grid(); }
+__device__ __forceinline__ void pdl_end() {
+  __threadfence();
+  __syncthreads();
+  pdl::allow_dependents();
+}
+bool decode_pdl() {
+  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_PDL"); return !(e && *e == '0'); }();
+  return on;
+}
+
 template <class T>
 __global__ void embed_rows(const T* table, const int* tokens, int d, float* X) {
   const int r = blockIdx.x;
@@ -78,6 +98,7 @@ constexpr int kNormThreads = 1024;   // a row of 4096 in 4 unrolled loads per th
 template <class T>
 __global__ void rmsnorm_rows(const float* X, const float* w, int d, float eps, T* out, int stride = 1, int offset = 0) {
   __shared__ float red[32];
+  pdl_begin();
   const float* x = X + (size_t(blockIdx.x) * stride + offset) * d;
   float ss = 0;
 #pragma unroll 4
@@ -85,10 +106,12 @@ __global__ void rmsnorm_rows(const float* X, const float* w, int d, float eps, T
   const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
 #pragma unroll 4
   for (int i = threadIdx.x; i < d; i += blockDim.x) out[size_t(blockIdx.x) * d + i] = from_f<T>(x[i] * inv * w[i]);
+  pdl_end();
 }
 
 struct RopeArgs {
-  const float *q, *k, *v;                 // Linear outputs [rows, q_dim | kv_dim] fp32
+  const float *q, *k, *v;                 // Linear outputs fp32, rows q_stride (q) and kv_stride (k, v) apart
+  int q_stride, kv_stride;                // q_dim, kv_dim (apart) or q_dim + 2 kv_dim (one stacked Linear)
   const float *bq, *bk, *bv;              // biases or null
   const float *q_norm, *k_norm;           // [hd] or null
   const float *cos, *sin;                 // [max_len, half]
@@ -102,6 +125,7 @@ struct RopeArgs {
 template <class T>
 __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   extern __shared__ float sh[];           // hd values + 32 for the reduction
+  pdl_begin();
   float* red = sh + a.hd;
   const int r = blockIdx.x, b = r / a.T, t = r % a.T, p = *a.pos + t;
   const bool is_q = int(blockIdx.y) < a.nh;
@@ -110,7 +134,7 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   const float* src = is_q ? a.q : a.k;
   const float* bias = is_q ? a.bq : a.bk;
   float x = 0;
-  if (i < a.hd) x = src[size_t(r) * width + h * a.hd + i] + (bias ? bias[h * a.hd + i] : 0.0f);
+  if (i < a.hd) x = src[size_t(r) * (is_q ? a.q_stride : a.kv_stride) + h * a.hd + i] + (bias ? bias[h * a.hd + i] : 0.0f);
   const float* nw = is_q ? a.q_norm : a.k_norm;
   if (nw) {
     const float ss = block_sum(i < a.hd ? x * x : 0.0f, red);
@@ -123,14 +147,14 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
     const float cs = a.cos[size_t(p) * a.half + j], sn = a.sin[size_t(p) * a.half + j];
     x = i < a.half ? sh[i] * cs - sh[i + a.half] * sn : sh[i] * cs + sh[i - a.half] * sn;
   }
-  if (i >= a.hd) return;
-  if (is_q) {
+  if (i < a.hd && is_q) {
     qh[size_t(r) * width + h * a.hd + i] = from_f<T>(x);
-  } else {
+  } else if (i < a.hd) {
     const size_t at = (size_t(b) * a.max_len + p) * size_t(a.nkv * a.hd) + size_t(h * a.hd + i);
     kc[at] = from_f<T>(x);
-    vc[at] = from_f<T>(a.v[size_t(r) * width + h * a.hd + i] + (a.bv ? a.bv[h * a.hd + i] : 0.0f));
+    vc[at] = from_f<T>(a.v[size_t(r) * a.kv_stride + h * a.hd + i] + (a.bv ? a.bv[h * a.hd + i] : 0.0f));
   }
+  pdl_end();
 }
 
 // grid (rows, nh, splits), 256 threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
@@ -146,6 +170,7 @@ template <class T>
 __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx, float* partial) {
   extern __shared__ float sh[];
+  pdl_begin();
   float* q = sh;
   float* s = sh + hd;
   float* red = s + max_len;
@@ -157,6 +182,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   float* out = partial ? partial + ((size_t(r) * nh + h) * S + blockIdx.z) * size_t(2 + hd) : nullptr;
   if (j0 > last) {   // an empty split (uniform over the CTA)
     for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) out[i] = i == 0 ? -FLT_MAX : 0.0f;
+    pdl_end();
     return;
   }
   const int kvw = nkv * hd;
@@ -207,33 +233,41 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
     else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
   }
   if (out && threadIdx.x == 0) out[0] = m, out[1] = sum;
+  pdl_end();
 }
 
 // grid (rows, nh), a thread per dim: ctx = Σ_z e^(m_z - M) o_z / Σ_z e^(m_z - M) sum_z, M = max_z m_z.
 template <class T>
 __global__ void attend_combine(const float* partial, int S, int nh, int hd, T* ctx) {
+  pdl_begin();
   const int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
-  if (i >= hd) return;
-  const float* p = partial + (size_t(r) * nh + h) * S * size_t(2 + hd);
-  float M = -FLT_MAX;
-  for (int z = 0; z < S; ++z) M = fmaxf(M, p[z * (2 + hd)]);
-  float tot = 0, o = 0;
-  for (int z = 0; z < S; ++z) {
-    const float* q = p + z * (2 + hd);
-    const float w = q[1] > 0.0f ? __expf(q[0] - M) : 0.0f;
-    tot += w * q[1];
-    o += w * q[2 + i];
+  if (i < hd) {
+    const float* p = partial + (size_t(r) * nh + h) * S * size_t(2 + hd);
+    float M = -FLT_MAX;
+    for (int z = 0; z < S; ++z) M = fmaxf(M, p[z * (2 + hd)]);
+    float tot = 0, o = 0;
+    for (int z = 0; z < S; ++z) {
+      const float* q = p + z * (2 + hd);
+      const float w = q[1] > 0.0f ? __expf(q[0] - M) : 0.0f;
+      tot += w * q[1];
+      o += w * q[2 + i];
+    }
+    ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
   }
-  ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
+  pdl_end();
 }
 
+// act [rows, f] = silu(g) * u; g and u rows `stride` apart (f apart, or 2f: one stacked gate_up Linear).
 template <class T>
-__global__ void silu_mul(const float* g, const float* u, int64_t n, T* out) {
+__global__ void silu_mul(const float* g, const float* u, int64_t f, int64_t stride, int64_t n, T* out) {
+  pdl_begin();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
-    const float x = g[i];
-    out[i] = from_f<T>(x / (1.0f + __expf(-x)) * u[i]);
+    const int64_t at = i / f * stride + i % f;
+    const float x = g[at];
+    out[i] = from_f<T>(x / (1.0f + __expf(-x)) * u[at]);
   }
+  pdl_end();
 }
 
 // One CTA per sequence: the argmax of its logits row (lowest id on ties) -> tokens[b] and
@@ -281,7 +315,6 @@ DeviceBuffer<float> upload_f32(const VecF& v, const char* what) {
 bool decode_supported(const LlamaConfig& c, std::string* why) {
   std::string w;
   if (c.num_experts > 0) w = "MoE layers are not served by the GPU decode yet";
-  else if (c.fused) w = "Phi-3's fused qkv / gate_up Linears are not served by the GPU decode yet";
   else if (c.head_dim > kMaxHd) w = "head_dim above 256";
   if (why) *why = w;
   return w.empty();
@@ -300,7 +333,7 @@ struct DecodeCuda::Impl {
   DeviceBuffer<int> pos_d, step_d, tokens_d, history_d;
   // Per-row buffers, grown to the largest step seen.
   int64_t rows_cap = 0;
-  DeviceBuffer<float> X, q, k, v, g, u, logits, partial;
+  DeviceBuffer<float> X, qkv, gu, logits, partial;   // qkv: q, k, v outputs; gu: gate, up outputs
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
 
   void grow(int64_t rows) {
@@ -308,11 +341,8 @@ struct DecodeCuda::Impl {
     const LlamaConfig& c = w.c;
     const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), f = c.intermediate_size;
     X = DeviceBuffer<float>(size_t(rows * d), "decode residual");
-    q = DeviceBuffer<float>(size_t(rows * qd), "decode q");
-    k = DeviceBuffer<float>(size_t(rows * kvd), "decode k");
-    v = DeviceBuffer<float>(size_t(rows * kvd), "decode v");
-    g = DeviceBuffer<float>(size_t(rows * f), "decode gate");
-    u = DeviceBuffer<float>(size_t(rows * f), "decode up");
+    qkv = DeviceBuffer<float>(size_t(rows * (qd + 2 * kvd)), "decode q, k, v");
+    gu = DeviceBuffer<float>(size_t(rows * 2 * f), "decode gate, up");
     xn = DeviceBuffer<uint16_t>(size_t(rows * d), "decode normed x");
     qh = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode rotated q");
     ctx = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode attention context");
@@ -325,7 +355,7 @@ struct DecodeCuda::Impl {
   // printed by decode_greedy: where a step's time goes.
   bool profile = [] { const char* e = std::getenv("PTQKIT_DECODE_PROFILE"); return e && *e == '1'; }();
   std::vector<cudaEvent_t> ev;
-  static constexpr int kStages = 13;   // 12 per layer (norm1 ... down), then the head
+  static constexpr int kStages = 10;   // 9 per layer (norm1 ... down), then the head
   std::vector<double> stage_ms = std::vector<double>(kStages, 0.0);
   int ev_n = 0;
   void mark() {
@@ -337,7 +367,7 @@ struct DecodeCuda::Impl {
     }
     PTQ_CUDA(cudaEventRecord(ev[size_t(ev_n++)], 0));
   }
-  // After a step: the events' gaps, by stage (12 per layer, then the head).
+  // After a step: the events' gaps, by stage (9 per layer, then the head).
   void collect(int per_layer, int layers_n) {
     if (!profile || ev_n == 0) return;
     PTQ_CUDA(cudaEventSynchronize(ev[size_t(ev_n - 1)]));
@@ -362,6 +392,7 @@ struct DecodeCuda::Impl {
     // Fewer than ~4 CTAs per SM (batch 1 to 8 on 7B shapes): the positions split over up to 8 CTAs
     // per head, 8 warps each; else one
     // CTA per head, 8 warps.
+    const bool pdl = decode_pdl();
     const int splits = rows * nh >= 512 ? 1 : std::clamp(max_len / 64, 1, 8);
     const int attn_threads = 256;
     const size_t attn_smem = size_t(hd + max_len + 32 + attn_threads / 32 * hd) * 4;
@@ -369,44 +400,57 @@ struct DecodeCuda::Impl {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
       mark();
-      rmsnorm_rows<T><<<unsigned(rows), kNormThreads, 0, stream()>>>(X.get(), D.in_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
-      PTQ_CUDA_LAUNCH("rmsnorm_rows");
+      launch_pdl("rmsnorm_rows", pdl, -1, rmsnorm_rows<T>, dim3(unsigned(rows)), dim3(kNormThreads), 0, X.get(), D.in_norm.get(), int(d), eps,
+                 reinterpret_cast<T*>(xn.get()), 1, 0);
       mark();
-      W.lin[0](xn.get(), rows, q.get(), 0.0f);
+      const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+      float *yq = qkv.get(), *yk, *yv;
+      int q_stride, kv_stride;
+      if (W.qkv) {   // one Linear: row r holds q, k, v side by side
+        W.qkv(xn.get(), rows, yq, 0.0f);
+        yk = yq + qd, yv = yk + kvd;
+        q_stride = kv_stride = int(qd + 2 * kvd);
+      } else {
+        yk = yq + rows * qd, yv = yk + rows * kvd;
+        q_stride = int(qd), kv_stride = int(kvd);
+        W.lin[0](xn.get(), rows, yq, 0.0f);
+        W.lin[1](xn.get(), rows, yk, 0.0f);
+        W.lin[2](xn.get(), rows, yv, 0.0f);
+      }
       mark();
-      W.lin[1](xn.get(), rows, k.get(), 0.0f);
-      mark();
-      W.lin[2](xn.get(), rows, v.get(), 0.0f);
-      mark();
-      RopeArgs a{q.get(), k.get(), v.get(),
+      RopeArgs a{yq, yk, yv, q_stride, kv_stride,
                  W.qkv_bias[0].size() ? D.bq.get() : nullptr, W.qkv_bias[1].size() ? D.bk.get() : nullptr, W.qkv_bias[2].size() ? D.bv.get() : nullptr,
                  W.q_norm.size() ? D.q_norm.get() : nullptr, W.k_norm.size() ? D.k_norm.get() : nullptr,
                  cos.get(), sin.get(), pos_d.get(), T_, nh, nkv, hd, half, max_len, eps};
-      rope_append<T><<<dim3(unsigned(rows), unsigned(nh + nkv)), unsigned(threads_hd), size_t(hd + 32) * 4, stream()>>>(
-          a, reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
-      PTQ_CUDA_LAUNCH("rope_append");
+      launch_pdl("rope_append", pdl, -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
+                 reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       mark();
-      attend<T><<<dim3(unsigned(rows), unsigned(nh), unsigned(splits)), unsigned(attn_threads), attn_smem, stream()>>>(
-          reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()), pos_d.get(), T_, nh, nkv,
-          hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)), reinterpret_cast<T*>(ctx.get()), splits > 1 ? partial.get() : nullptr);
-      if (splits > 1) {
-        PTQ_CUDA_LAUNCH("attend");
-        attend_combine<T><<<dim3(unsigned(rows), unsigned(nh)), unsigned(threads_hd), 0, stream()>>>(partial.get(), splits, nh, hd,
-                                                                                                       reinterpret_cast<T*>(ctx.get()));
-      }
-      PTQ_CUDA_LAUNCH("attend");
+      launch_pdl("attend", pdl, -1, attend<T>, dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
+                 reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()),
+                 static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
+                 reinterpret_cast<T*>(ctx.get()), splits > 1 ? partial.get() : nullptr);
+      if (splits > 1)
+        launch_pdl("attend_combine", pdl, -1, attend_combine<T>, dim3(unsigned(rows), unsigned(nh)), dim3(unsigned(threads_hd)), 0,
+                   static_cast<const float*>(partial.get()), splits, nh, hd, reinterpret_cast<T*>(ctx.get()));
       mark();
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
       mark();
-      rmsnorm_rows<T><<<unsigned(rows), kNormThreads, 0, stream()>>>(X.get(), D.post_norm.get(), int(d), eps, reinterpret_cast<T*>(xn.get()));
-      PTQ_CUDA_LAUNCH("rmsnorm_rows");
+      launch_pdl("rmsnorm_rows", pdl, -1, rmsnorm_rows<T>, dim3(unsigned(rows)), dim3(kNormThreads), 0, X.get(), D.post_norm.get(), int(d), eps,
+                 reinterpret_cast<T*>(xn.get()), 1, 0);
       mark();
-      W.lin[4](xn.get(), rows, g.get(), 0.0f);
+      const float *yg = gu.get(), *yu;
+      int64_t gu_stride;
+      if (W.gate_up) {   // one Linear: row r holds gate, up side by side
+        W.gate_up(xn.get(), rows, gu.get(), 0.0f);
+        yu = yg + f, gu_stride = 2 * f;
+      } else {
+        yu = yg + rows * f, gu_stride = f;
+        W.lin[4](xn.get(), rows, gu.get(), 0.0f);
+        W.lin[5](xn.get(), rows, gu.get() + rows * f, 0.0f);
+      }
       mark();
-      W.lin[5](xn.get(), rows, u.get(), 0.0f);
-      mark();
-      silu_mul<T><<<unsigned((rows * f + 255) / 256), 256, 0, stream()>>>(g.get(), u.get(), rows * f, reinterpret_cast<T*>(act.get()));
-      PTQ_CUDA_LAUNCH("silu_mul");
+      launch_pdl("silu_mul", pdl, -1, silu_mul<T>, dim3(unsigned((rows * f + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
+                 reinterpret_cast<T*>(act.get()));
       mark();
       W.lin[6](act.get(), rows, X.get(), 1.0f);   // X += down(act)
     }
@@ -435,7 +479,7 @@ struct DecodeCuda::Impl {
       layers<__half>(T_);
       head<__half>(T_);
       mark();
-      collect(12, int(w.layers.size()));
+      collect(kStages - 1, int(w.layers.size()));
     } else {
       embed_rows<__nv_bfloat16><<<unsigned(B * T_), 256, 0, stream()>>>(static_cast<const __nv_bfloat16*>(w.embed), tokens_d.get(), c.hidden_size, X.get());
       layers<__nv_bfloat16>(T_);
@@ -567,7 +611,7 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
   }
   for (; done < n; ++done, ++m.pos) one_step();
   if (m.profile) {
-    static const char* names[Impl::kStages] = {"norm1", "q", "k", "v", "rope+append", "attention", "o", "norm2", "gate", "up", "silu", "down", "head"};
+    static const char* names[Impl::kStages] = {"norm1", "qkv", "rope+append", "attention", "o", "norm2", "gate_up", "silu", "down", "head"};
     std::fprintf(stderr, "decode profile (B = %d, %d plain steps, ms per step):", m.B, n);
     for (int i = 0; i < Impl::kStages; ++i) std::fprintf(stderr, " %s %.3f", names[i], m.stage_ms[size_t(i)] / std::max(n, 1));
     std::fprintf(stderr, "\n");
@@ -583,7 +627,9 @@ bool DecodeCuda::graph_used() const { return p_->graph_used; }
 
 // ---- synthetic weights for `bench decode` ----
 
-DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& format) {
+DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& format, bool stacked) {
+  if (format != "f16" && format != "w8a16" && format != "w4a16" && format != "nf4" && format != "w8a8")
+    fail(Errc::usage, "", "--formats", "unknown format '" + format + "' (f16, w8a16, w4a16, nf4, w8a8)");
   DecodeWeights w;
   w.c = c;
   w.dt = DType::F16;
@@ -598,21 +644,16 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
   w.lm_head = f16_buffer(V * d, 2, 0.02f);
   w.final_norm = VecF::Ones(d);
   w.step_weight_bytes = double(V * d) * 2 + double(d) * 4;
-  const LinearShape shapes[7] = {linear_shape(c, Proj::q), linear_shape(c, Proj::k), linear_shape(c, Proj::v), linear_shape(c, Proj::o),
-                                 linear_shape(c, Proj::gate), linear_shape(c, Proj::up), linear_shape(c, Proj::down)};
+  const std::vector<Proj> projs = stacked ? std::vector<Proj>{Proj::qkv, Proj::o, Proj::gate_up, Proj::down} : std::vector<Proj>(kAllProj.begin(), kAllProj.end());
+  const size_t n = projs.size();
   // One layer's packed Linears built on the host from random codes, cloned on the device into each layer.
-  std::array<std::shared_ptr<W4A16Linear>, 7> w4;
-  std::array<std::shared_ptr<Nf4Linear>, 7> nf;
+  std::vector<std::shared_ptr<W4A16Linear>> w4(n);
+  std::vector<std::shared_ptr<Nf4Linear>> nf(n);
   Rng r(7);
-  for (int j = 0; j < 7; ++j) {
-    const int64_t N = shapes[j].out, K = shapes[j].in;
-    if (format == "w4a16" || format == "w8a16") {
-      w4[size_t(j)] = random_gptq_linear(N, K, format == "w4a16" ? 4 : 8, 0.002f, r);
-    } else if (format == "nf4") {
-      nf[size_t(j)] = random_nf4_linear(N, K, 0.02f, r);
-    } else if (format != "f16" && format != "w8a8") {
-      fail(Errc::usage, "", "--formats", "unknown format '" + format + "' (f16, w8a16, w4a16, nf4, w8a8)");
-    }
+  for (size_t j = 0; j < n; ++j) {
+    const LinearShape sh = linear_shape(c, projs[j]);
+    if (format == "w4a16" || format == "w8a16") w4[j] = random_gptq_linear(sh.out, sh.in, format == "w4a16" ? 4 : 8, 0.002f, r);
+    else if (format == "nf4") nf[j] = random_nf4_linear(sh.out, sh.in, 0.02f, r);
   }
   const cudaDataType ct = CUDA_R_16F;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -620,11 +661,14 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
     L.in_norm = VecF::Ones(d);
     L.post_norm = VecF::Ones(d);
     if (c.qk_norm) L.q_norm = L.k_norm = VecF::Ones(c.head_dim);
-    for (int j = 0; j < 7; ++j) {
-      const int64_t N = shapes[j].out, K = shapes[j].in;
+    for (size_t j = 0; j < n; ++j) {
+      const Proj p = projs[j];
+      LinearFn& fn = p == Proj::qkv ? L.qkv : p == Proj::gate_up ? L.gate_up : L.lin[size_t(std::find(kAllProj.begin(), kAllProj.end(), p) - kAllProj.begin())];
+      const int64_t N = linear_shape(c, p).out, K = linear_shape(c, p).in;
+      const uint64_t seed = uint64_t(100 + l * 9 + int(p));
       if (format == "f16") {
-        const void* W = f16_buffer(N * K, uint64_t(100 + l * 7 + j), 0.02f);
-        L.lin[size_t(j)] = [W, N, K, ct](const void* x, int64_t rows, float* y, float beta) {
+        const void* W = f16_buffer(N * K, seed, 0.02f);
+        fn = [W, N, K, ct](const void* x, int64_t rows, float* y, float beta) {
           const float one = 1.0f;
           PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(rows), int(K), &one, W, ct, int(K), x, ct, int(K), &beta, y,
                                   CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -633,42 +677,35 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
       } else if (format == "w8a8") {
         auto wb = std::make_shared<DeviceBuffer<int8_t>>(size_t(N * K), "synthetic weights (int8)");
         auto sb = std::make_shared<DeviceBuffer<float>>(size_t(N), "synthetic weight scales");
-        fill_random_normal(wb->get(), DType::F16, N * K / 2, uint64_t(100 + l * 7 + j), 30.0f);   // any bytes: random int8 codes
+        fill_random_normal(wb->get(), DType::F16, N * K / 2, seed, 30.0f);   // any bytes: random int8 codes
         std::vector<float> sw(size_t(N), 0.001f);
         copy_to_device(sb->get(), sw.data(), sw.size() * 4);
         w.owners.push_back(wb);
         w.owners.push_back(sb);
         const int8_t* Wp = wb->get();
         const float* Sp = sb->get();
-        L.lin[size_t(j)] = [Wp, Sp, N, K](const void* x, int64_t rows, float* y, float beta) {
-          DeviceBuffer<int8_t> xq(size_t(rows * K), "W8A8 activations (int8)");
-          DeviceBuffer<float> sx(size_t(rows), "W8A8 activation scales");
-          quantize_activations_int8(x, DType::F16, rows, K, ActQuant{ActQuant::per_token, 0.0f}, xq.get(), sx.get());
-          if (rows <= kW8A8GemvMaxM) return w8a8_gemv(xq.get(), sx.get(), Wp, Sp, rows, N, K, y, beta);
-          if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), Wp, Sp, rows, N, K, y, true);
-          DeviceBuffer<float> t(size_t(rows * N), "W8A8 output (fp32)");
-          w8a8_gemm(xq.get(), sx.get(), Wp, Sp, rows, N, K, t.get(), true);
-          add_scaled(y, t.get(), rows * N, beta);
+        fn = [Wp, Sp, N, K](const void* x, int64_t rows, float* y, float beta) {
+          w8a8_linear_f32(x, DType::F16, ActQuant{ActQuant::per_token, 0.0f}, Wp, Sp, rows, N, K, y, beta);
         };
         w.step_weight_bytes += double(N * K) + double(N) * 4;
       } else if (format == "nf4") {
-        std::shared_ptr<Nf4Linear> q = l == 0 ? nf[size_t(j)] : std::shared_ptr<Nf4Linear>(nf[size_t(j)]->clone());
+        std::shared_ptr<Nf4Linear> q = l == 0 ? nf[j] : std::shared_ptr<Nf4Linear>(nf[j]->clone());
         w.owners.push_back(q);
         const Nf4Linear* qp = q.get();
-        L.lin[size_t(j)] = [qp](const void* x, int64_t rows, float* y, float beta) { qp->gemm_f32(x, rows, y, beta); };
+        fn = [qp](const void* x, int64_t rows, float* y, float beta) { qp->gemm_f32(x, rows, y, beta); };
         w.step_weight_bytes += double(qp->weight_bytes());
       } else {
-        std::shared_ptr<W4A16Linear> q = l == 0 ? w4[size_t(j)] : std::shared_ptr<W4A16Linear>(w4[size_t(j)]->clone());
+        std::shared_ptr<W4A16Linear> q = l == 0 ? w4[j] : std::shared_ptr<W4A16Linear>(w4[j]->clone());
         w.owners.push_back(q);
         const W4A16Linear* qp = q.get();
-        L.lin[size_t(j)] = [qp](const void* x, int64_t rows, float* y, float beta) { qp->gemm_f32(x, rows, y, beta); };
+        fn = [qp](const void* x, int64_t rows, float* y, float beta) { qp->gemm_f32(x, rows, y, beta); };
         w.step_weight_bytes += double(qp->weight_bytes());
       }
     }
     w.step_weight_bytes += double(d) * 8;
     w.layers.push_back(std::move(L));
   }
-  w.what = format + " synthetic weights";
+  w.what = format + " synthetic weights" + (stacked ? " (q, k, v and gate, up stacked)" : "");
   return w;
 }
 

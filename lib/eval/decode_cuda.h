@@ -11,8 +11,9 @@
 // device, each layer: rmsnorm -> q, k, v -> head norms, rotary, KV append -> attention over the
 // cache -> X += o(ctx) -> rmsnorm -> silu(gate) * up -> X += down(act). The position is read from
 // device memory by every kernel, so a step does not depend on host state.
-// Serves the dense families (llama, mistral, qwen2, qwen3); MoE layers and Phi-3's fused Linears
-// are refused (decode_supported says why).
+// Serves the dense families (llama, mistral, qwen2, qwen3, phi3); a layer's q, k, v (gate, up) run
+// as one Linear where the weights give one (DecodeLayer::qkv, gate_up). MoE layers are refused
+// (decode_supported says why).
 #pragma once
 #include <array>
 #include <memory>
@@ -27,7 +28,9 @@ namespace ptq::cuda {
 using LinearFn = LayerForwardCuda::LinearFn;   // y fp32 [rows, out] = x (dt) [rows, in] · Wᵀ + beta · y
 
 struct DecodeLayer {
-  std::array<LinearFn, 7> lin;           // q, k, v, o, gate, up, down (kAllProj order)
+  std::array<LinearFn, 7> lin;           // q, k, v, o, gate, up, down (kAllProj order); q, k, v empty where qkv
+                                         // is set, gate, up where gate_up is
+  LinearFn qkv, gate_up;                 // stacked: out rows q, k, v (gate, up) in order, as Phi-3 stores them
   VecF in_norm, post_norm, q_norm, k_norm;   // q_norm, k_norm: Qwen3's per-head norms, else empty
   std::array<VecF, 3> qkv_bias;          // empty where none
 };
@@ -70,7 +73,8 @@ class DecodeCuda {
 };
 
 // Weights of a synthetic model with `c`'s shapes for `format` (f16, w8a16, w4a16 (g128), nf4,
-// w8a8): random codes, one layer's device buffers cloned into each layer (distinct memory).
-DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& format);
+// w8a8): random codes, one layer's device buffers cloned into each layer (distinct memory);
+// q, k, v and gate, up stacked into one Linear each unless `stacked` is false.
+DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& format, bool stacked = true);
 
 }  // namespace ptq::cuda

@@ -1,5 +1,8 @@
 #include "eval/perplexity_cuda.h"
 
+#include <algorithm>
+#include <array>
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -36,8 +39,10 @@ struct GpuLogits::Impl {
   LlamaConfig c;
   DType dt = DType::F16;
   // Every Linear of every layer in the layer schedule's order (experts' included): y = x·Wᵀ + beta·y on the device
-  std::vector<LayerForwardCuda::LinearFn> linears;
+  std::vector<LayerForwardCuda::LinearFn> linears;       // empty where the layer's fused Linear below serves it
+  std::vector<std::array<LayerForwardCuda::LinearFn, 2>> fused;   // per layer: q, k, v and gate, up stacked (empty where kept apart)
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
+  size_t packed_modules = 0;                              // checkpoint modules these packed Linears hold
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
   struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
   std::vector<std::unique_ptr<W8A8>> w8;                  // int8 weights, per-channel scales, the input's int8 spec
@@ -60,6 +65,117 @@ DeviceBuffer<uint16_t> upload16(const MatF& W, DType dt, const char* what) {
 }
 }  // namespace
 
+namespace {
+using LinearFn = LayerForwardCuda::LinearFn;
+struct Sources {
+  const WeightSource& ws;
+  const GptqReader* gptq;    // gptq / gptq_v2 checkpoints
+  const Checkpoint* nf4;     // bitsandbytes NF4 checkpoints
+};
+struct Part {
+  std::string name;          // the module, "model.layers.3.self_attn.q_proj"
+  int64_t out;
+};
+enum class Stored { gptq, w8a8, nf4, dense };
+
+// The Linear over `parts`' output rows in order, resident on the device: one part is the module as
+// stored; several (q, k, v or gate, up) are their rows stacked, where every part is stored the same
+// way (GPTQ with one g_idx, W8A8 with one activation spec, NF4 with one block size, or float);
+// an empty function where they differ (the caller keeps them apart).
+LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Part>& parts, int64_t in) {
+  int64_t out = 0;
+  for (const Part& p : parts) out += p.out;
+  auto stored = [&](const std::string& n) {
+    if (s.gptq && s.gptq->has(n)) return Stored::gptq;
+    if (s.ws.act_quant(n).mode != ActQuant::none) return Stored::w8a8;
+    if (s.nf4 && s.nf4->has(n + ".weight.quant_state.bitsandbytes__nf4")) return Stored::nf4;
+    return Stored::dense;
+  };
+  Stored kind = stored(parts[0].name);
+  for (const Part& p : parts)
+    if (stored(p.name) != kind) return {};
+  if (kind == Stored::gptq) {
+    std::vector<GptqPacked> ps;
+    for (const Part& p : parts) ps.push_back(s.gptq->read(p.name));
+    GptqPacked g;
+    if (!concat_gptq_out(ps, &g)) return {};
+    if (g.rows != out || g.cols != in)
+      fail(Errc::format, "", parts[0].name + ".qweight", "GPTQ shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
+    m.w4.push_back(W4A16Linear::from_gptq(g, s.gptq->v2()));
+    m.packed_modules += parts.size();
+    const W4A16Linear* q = m.w4.back().get();
+    return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
+  }
+  if (kind == Stored::w8a8) {
+    // The activations quantized per token (or per tensor) on the device, then the int8 GEMV / GEMM
+    // with the rescale in its epilogue (lib/kernels/w8a8*.cu).
+    const ActQuant act = s.ws.act_quant(parts[0].name);
+    std::vector<int8_t> w8;
+    std::vector<float> sw;
+    bool int8 = true;
+    for (const Part& p : parts) {
+      MatI Wi;
+      VecF si;
+      const ActQuant a = s.ws.act_quant(p.name);
+      if (a.mode != act.mode || a.static_scale != act.static_scale) return {};
+      if (!s.ws.read_int8(p.name, &Wi, &si)) {
+        int8 = false;
+        break;
+      }
+      if (Wi.rows() != p.out || Wi.cols() != in) fail(Errc::format, s.ws.file_of(p.name + ".weight"), p.name + ".weight", "int8 weight shape does not match the config");
+      for (Eigen::Index k = 0; k < Wi.size(); ++k) w8.push_back(int8_t(Wi.data()[k]));
+      sw.insert(sw.end(), si.data(), si.data() + si.size());
+    }
+    if (int8) {
+      auto q = std::make_unique<GpuLogits::Impl::W8A8>();
+      q->w = DeviceBuffer<int8_t>(w8.size(), "evaluation weights (int8)");
+      q->sw = DeviceBuffer<float>(sw.size(), "evaluation weight scales");
+      copy_to_device(q->w.get(), w8.data(), w8.size());
+      copy_to_device(q->sw.get(), sw.data(), sw.size() * 4);
+      q->act = act;
+      q->out = out;
+      q->in = in;
+      m.w8.push_back(std::move(q));
+      m.packed_modules += parts.size();
+      const GpuLogits::Impl::W8A8* w = m.w8.back().get();
+      const DType dt = m.dt;
+      return [w, dt](const void* x, int64_t rows, float* y, float beta) { w8a8_linear_f32(x, dt, w->act, w->w.get(), w->sw.get(), rows, w->out, w->in, y, beta); };
+    }
+    if (parts.size() > 1) return {};
+    kind = Stored::dense;   // an activation spec over float weights: the 16-bit GEMM
+  }
+  if (kind == Stored::nf4) {
+    std::vector<Nf4Tensor> ts;
+    std::vector<int64_t> n;
+    for (const Part& p : parts) {
+      Shape sh;
+      ts.push_back(read_nf4(*s.nf4, p.name + ".weight", &sh));
+      if (sh != Shape{p.out, in}) fail(Errc::format, s.nf4->file_of(p.name + ".weight"), p.name + ".weight", "NF4 quant_state shape does not match the config");
+      if (ts.back().blocksize != ts[0].blocksize) return {};
+      n.push_back(p.out * in);
+    }
+    m.nf4.push_back(Nf4Linear::from_nf4(parts.size() == 1 ? ts[0] : concat_nf4_rows(ts, n), out, in));
+    m.packed_modules += parts.size();
+    const Nf4Linear* q = m.nf4.back().get();
+    return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
+  }
+  MatF W(out, in);
+  int64_t r0 = 0;
+  for (const Part& p : parts) {
+    W.middleRows(r0, p.out) = read_matrix(s.ws, p.name + ".weight", p.out, in);
+    r0 += p.out;
+  }
+  m.dense.push_back(upload16(W, m.dt, "evaluation weights (16-bit)"));
+  const void* w = m.dense.back().get();
+  const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  return [w, in, out, ct](const void* x, int64_t rows, float* y, float beta) {
+    const float one = 1.0f;
+    PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, w, ct, int(in), x, ct, int(in), &beta, y,
+                            CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+}
+}  // namespace
+
 GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std::make_shared<Impl>()) {
   Impl& m = *p_;
   m.model = &model;
@@ -79,66 +195,34 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   if (!forward_supported(c, 2, &why)) fail(Errc::usage, path, "--device", "cuda evaluation of this model: " + why + " (evaluate with --device cpu)");
   const int64_t d = c.hidden_size;
   const WeightSource& ws = model.weights();
+  const Sources src{ws, reader.get(), nf4_ck.get()};
+  m.fused.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     m.norms.emplace_back(read_vector(ws, pre + "input_layernorm.weight", d), read_vector(ws, pre + "post_attention_layernorm.weight", d));
     if (c.qk_norm) m.head_norms.emplace_back(read_vector(ws, pre + "self_attn.q_norm.weight", c.head_dim), read_vector(ws, pre + "self_attn.k_norm.weight", c.head_dim));
     if (c.moe_layer(l)) m.routers.push_back(read_matrix(ws, router_name(c, l) + ".weight", c.num_experts, d));
-    for (LinearId p : layer_schedule(c, l).linears()) {
+    // q, k, v (and gate, up of a dense MLP) as one Linear each where their parts are stored alike:
+    // one launch instead of three (two) at decode, and larger GEMMs in the forward.
+    const std::vector<LinearId> lins = layer_schedule(c, l).linears();
+    auto has = [&](Proj p) { return std::find(lins.begin(), lins.end(), LinearId{p}) != lins.end(); };
+    auto fuse = [&](int slot, std::initializer_list<Proj> parts) {
+      std::vector<Part> ps;
+      for (Proj p : parts) {
+        if (!has(p)) return;
+        ps.push_back({linear_name(c, l, LinearId{p}), linear_shape(c, LinearId{p}).out});
+      }
+      m.fused[size_t(l)][size_t(slot)] = load_linear(m, src, ps, d);
+    };
+    fuse(0, {Proj::q, Proj::k, Proj::v});
+    fuse(1, {Proj::gate, Proj::up});
+    for (LinearId p : lins) {
       const std::string name = linear_name(c, l, p);
       const int64_t out_i = linear_shape(c, p).out, in_i = linear_shape(c, p).in;
       m.biases.push_back(ws.has(name + ".bias") ? read_vector(ws, name + ".bias", out_i) : VecF());
-      MatI Wi;
-      VecF sw;
-      if (reader && reader->has(name)) {
-        m.w4.push_back(W4A16Linear::from_gptq(reader->read(name), reader->v2()));
-        const W4A16Linear* q = m.w4.back().get();
-        m.linears.push_back([q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
-      } else if (ws.act_quant(name).mode != ActQuant::none && ws.read_int8(name, &Wi, &sw)) {
-        // W8A8: the activations quantized per token (or per tensor) on the device, then the int8 GEMM
-        // with the rescale in its epilogue (lib/kernels/w8a8.cu)
-        auto q = std::make_unique<Impl::W8A8>();
-        if (Wi.rows() != out_i || Wi.cols() != in_i) fail(Errc::format, ws.file_of(name + ".weight"), name + ".weight", "int8 weight shape does not match the config");
-        std::vector<int8_t> w8(size_t(Wi.size()));
-        for (size_t k = 0; k < w8.size(); ++k) w8[k] = int8_t(Wi.data()[k]);
-        q->w = DeviceBuffer<int8_t>(w8.size(), "evaluation weights (int8)");
-        q->sw = DeviceBuffer<float>(size_t(sw.size()), "evaluation weight scales");
-        copy_to_device(q->w.get(), w8.data(), w8.size());
-        copy_to_device(q->sw.get(), sw.data(), size_t(sw.size()) * 4);
-        q->act = ws.act_quant(name);
-        q->out = out_i;
-        q->in = in_i;
-        m.w8.push_back(std::move(q));
-        const Impl::W8A8* w = m.w8.back().get();
-        const DType dt = m.dt;
-        m.linears.push_back([w, dt](const void* x, int64_t rows, float* y, float beta) {
-          DeviceBuffer<int8_t> xq(size_t(rows * w->in), "W8A8 activations (int8)");
-          DeviceBuffer<float> sx(size_t(rows), "W8A8 activation scales");
-          quantize_activations_int8(x, dt, rows, w->in, w->act, xq.get(), sx.get());
-          if (rows <= kW8A8GemvMaxM) return w8a8_gemv(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, y, beta);   // decode
-          if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, y, true);
-          DeviceBuffer<float> t(size_t(rows * w->out), "W8A8 output (fp32)");
-          w8a8_gemm(xq.get(), sx.get(), w->w.get(), w->sw.get(), rows, w->out, w->in, t.get(), true);
-          add_scaled(y, t.get(), rows * w->out, beta);
-        });
-      } else if (nf4_ck && nf4_ck->has(name + ".weight.quant_state.bitsandbytes__nf4")) {
-        Shape sh;
-        const Nf4Tensor t = read_nf4(*nf4_ck, name + ".weight", &sh);
-        if (sh != Shape{out_i, in_i}) fail(Errc::format, nf4_ck->file_of(name + ".weight"), name + ".weight", "NF4 quant_state shape does not match the config");
-        m.nf4.push_back(Nf4Linear::from_nf4(t, out_i, in_i));
-        const Nf4Linear* q = m.nf4.back().get();
-        m.linears.push_back([q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); });
-      } else {
-        m.dense.push_back(upload16(read_matrix(ws, name + ".weight", out_i, in_i), m.dt, "evaluation weights (16-bit)"));
-        const void* w = m.dense.back().get();
-        const int64_t in = in_i, out = out_i;
-        const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
-        m.linears.push_back([w, in, out, ct](const void* x, int64_t rows, float* y, float beta) {
-          const float one = 1.0f;
-          PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, w, ct, int(in), x, ct, int(in), &beta,
-                                  y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        });
-      }
+      const bool in_fused = p.expert < 0 && (((p.proj == Proj::q || p.proj == Proj::k || p.proj == Proj::v) && m.fused[size_t(l)][0]) ||
+                                             ((p.proj == Proj::gate || p.proj == Proj::up) && m.fused[size_t(l)][1]));
+      m.linears.push_back(in_fused ? LinearFn() : load_linear(m, src, {{name, out_i}}, in_i));
     }
   }
   m.final_norm = read_vector(ws, "model.norm.weight", d);
@@ -168,13 +252,22 @@ DecodeWeights GpuLogits::decode_weights() const {
     L.in_norm = m.norms[size_t(l)].first;
     L.post_norm = m.norms[size_t(l)].second;
     if (c.qk_norm) L.q_norm = m.head_norms[size_t(l)].first, L.k_norm = m.head_norms[size_t(l)].second;
+    L.qkv = m.fused[size_t(l)][0];
+    L.gate_up = m.fused[size_t(l)][1];
     for (LinearId p : layer_schedule(c, l).linears()) {   // the constructor's order
+      const VecF& bias = m.biases[k];
+      const LinearFn& f = m.linears[k++];
+      if (p.expert >= 0) fail(Errc::usage, "", "--device", "cuda decode: experts are not served");
+      if (p.proj == Proj::qkv || p.proj == Proj::gate_up) {   // Phi-3's, as stored
+        if (bias.size()) fail(Errc::usage, "", "--device", "cuda decode: biases on fused Linears are not served");
+        (p.proj == Proj::qkv ? L.qkv : L.gate_up) = f;
+        continue;
+      }
       int j = 0;
       while (j < 7 && kAllProj[size_t(j)] != p.proj) ++j;
-      if (j == 7 || p.expert >= 0) fail(Errc::usage, "", "--device", "cuda decode: a Linear it does not serve");
-      if (j < 3) L.qkv_bias[size_t(j)] = m.biases[k];
-      else if (m.biases[k].size()) fail(Errc::usage, "", "--device", "cuda decode: biases on o/gate/up/down are not served");
-      L.lin[size_t(j)] = m.linears[k++];
+      if (j < 3) L.qkv_bias[size_t(j)] = bias;
+      else if (bias.size()) fail(Errc::usage, "", "--device", "cuda decode: biases on o/gate/up/down are not served");
+      L.lin[size_t(j)] = f;   // empty where L.qkv / L.gate_up serves it
     }
     w.layers.push_back(std::move(L));
   }
@@ -186,12 +279,15 @@ GpuLogits::~GpuLogits() = default;
 double GpuLogits::forward_seconds() const { return p_->seconds; }
 std::string GpuLogits::describe() const {
   const Impl& m = *p_;
-  const size_t packed = m.w4.size() + m.nf4.size() + m.w8.size();
+  const size_t packed = m.packed_modules;
+  bool stacked = false;
+  for (const auto& f : m.fused) stacked = stacked || f[0] || f[1];
   if (packed == 0) return std::string("cuda: ") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS";
   const char* kernels = !m.w8.empty()    ? "the W8A8 GEMM with int8 activations per token/tensor (lib/kernels/w8a8.cu)"
                         : m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)"
                                         : "the NF4 kernel (lib/kernels/nf4.cu)";
-  return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + ", the rest f16 through cuBLAS";
+  return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + ", the rest f16 through cuBLAS" +
+         (stacked ? " (q, k, v and gate, up stacked)" : "");
 }
 
 DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S, int T) const {
@@ -209,6 +305,10 @@ DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     fw.set_norms(m.norms[size_t(l)].first, m.norms[size_t(l)].second);
     if (c.qk_norm) fw.set_head_norms(m.head_norms[size_t(l)].first, m.head_norms[size_t(l)].second);
+    if (!c.fused) {   // q, k, v and gate, up stacked where the constructor could (else empty: apart)
+      fw.set_linear(Proj::qkv, m.fused[size_t(l)][0]);
+      fw.set_linear(Proj::gate_up, m.fused[size_t(l)][1]);
+    }
     for (LinearId p : layer_schedule(c, l).linears()) {   // the constructor's order
       if (p.expert >= 0) {
         fw.set_expert_linear(p, m.linears[k++]);

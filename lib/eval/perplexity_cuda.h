@@ -7,7 +7,9 @@
 // bits) through the W4A16 / W8A16 kernels of lib/kernels/w4a16.cu, bitsandbytes NF4 checkpoints
 // through lib/kernels/nf4.cu, converted once at load time and resident; Linears a checkpoint
 // keeps in float run as 16-bit GEMMs. Activations: the fp32 residual stream and 16-bit GEMM
-// operands of lib/model/forward_cuda (docs/numerics.md).
+// operands of lib/model/forward_cuda (docs/numerics.md). A layer's q, k, v (and gate, up) stored
+// alike are stacked into one Linear at load time: the same rows, one launch (the decode's and
+// Phi-3's fused layout).
 #pragma once
 #include <memory>
 #include <string>
@@ -31,9 +33,9 @@ class GpuLogits {
   std::string describe() const;     // what runs the Linears
   // The same resident weights for the decode engine (eval/decode_cuda.h), which keeps them alive.
   DecodeWeights decode_weights() const;
+  struct Impl;   // the resident weights (perplexity_cuda.cu)
  private:
   DeviceBuffer<float> forward(const std::vector<int32_t>& tokens, int S, int T) const;   // logits [S*T, vocab] on the device
-  struct Impl;
   std::shared_ptr<Impl> p_;
 };
 

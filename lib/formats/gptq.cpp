@@ -47,6 +47,35 @@ GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits
   return p;
 }
 
+bool concat_gptq_out(const std::vector<GptqPacked>& parts, GptqPacked* out) {
+  if (parts.empty()) return false;
+  const GptqPacked& a = parts[0];
+  GptqPacked p;
+  p.bits = a.bits;
+  p.cols = a.cols;
+  p.groups = a.groups;
+  p.g_idx = a.g_idx;
+  p.rows = 0;
+  for (const GptqPacked& q : parts) {
+    if (q.bits != a.bits || q.cols != a.cols || q.groups != a.groups || q.g_idx != a.g_idx) return false;
+    p.rows += q.rows;
+  }
+  // Each tensor is [r, width_i] row-major with width_i proportional to the part's outputs.
+  auto stack = [&](auto member, int64_t nrows, auto width_of) {
+    auto& dst = p.*member;
+    for (int64_t r = 0; r < nrows; ++r)
+      for (const GptqPacked& q : parts) {
+        const int64_t w = width_of(q);
+        dst.insert(dst.end(), (q.*member).begin() + r * w, (q.*member).begin() + (r + 1) * w);
+      }
+  };
+  stack(&GptqPacked::qweight, a.cols * a.bits / 32, [](const GptqPacked& q) { return q.rows; });
+  stack(&GptqPacked::qzeros, a.groups, [](const GptqPacked& q) { return q.rows * q.bits / 32; });
+  stack(&GptqPacked::scales, a.groups, [](const GptqPacked& q) { return q.rows; });
+  *out = std::move(p);
+  return true;
+}
+
 void check_gptq_module(const ModulePlan& m, bool v2) {
   const std::string fmt = v2 ? "gptq_v2" : "gptq";
   const QuantSpec& b = m.spec;

@@ -26,6 +26,10 @@ std::vector<std::string> export_gptq(const ExportJob& job, bool v2);
 // Module m of a checkpoint, every size checked against scales [groups, out] and g_idx [in]
 // before anything is unpacked.
 GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits);
+// Modules over one input stacked along their outputs (q, k, v -> one Linear): qweight, qzeros and
+// scales concatenated column-block by column-block. False (and *out untouched) where the parts
+// differ in bits, inputs, groups or g_idx (act-order with different permutations).
+bool concat_gptq_out(const std::vector<GptqPacked>& parts, GptqPacked* out);
 struct GptqDims {
   int64_t groups, rows, cols;
 };

@@ -96,21 +96,35 @@ Nf4Tensor nf4_quantize(const float* x, int64_t n, int blocksize, bool double_qua
       for (int64_t i = b * t.nested_blocksize; i < e; ++i)
         t.absmax_q[size_t(i)] = nearest(t.nested_map, m > 0 ? (t.absmax[size_t(i)] - t.offset) / m : 0.0f);
     }
-    for (int64_t i = 0; i < nb; ++i)   // what a reader will reconstruct
-      t.absmax[size_t(i)] = t.nested_map[t.absmax_q[size_t(i)]] * t.nested_absmax[size_t(i / t.nested_blocksize)] + t.offset;
+    for (int64_t i = 0; i < nb; ++i) t.absmax[size_t(i)] = nf4_block_absmax(t, i);   // what a reader will reconstruct
   }
   return t;
+}
+
+float nf4_block_absmax(const Nf4Tensor& t, int64_t b) {
+  return t.nested ? t.nested_map[t.absmax_q[size_t(b)]] * t.nested_absmax[size_t(b / t.nested_blocksize)] + t.offset : t.absmax[size_t(b)];
 }
 
 void nf4_dequantize(const Nf4Tensor& t, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t byte = t.packed[size_t(i / 2)];
     const uint8_t q = i % 2 == 0 ? byte >> 4 : byte & 15;
-    const int64_t b = i / t.blocksize;
-    const float absmax = t.nested ? t.nested_map[t.absmax_q[size_t(b)]] * t.nested_absmax[size_t(b / t.nested_blocksize)] + t.offset
-                                  : t.absmax[size_t(b)];
-    out[i] = kNf4Code[q] * absmax;
+    out[i] = kNf4Code[q] * nf4_block_absmax(t, i / t.blocksize);
   }
+}
+
+Nf4Tensor concat_nf4_rows(const std::vector<Nf4Tensor>& parts, const std::vector<int64_t>& n) {
+  if (parts.empty() || parts.size() != n.size()) fail(Errc::usage, "", "concat_nf4_rows", "one element count per part");
+  Nf4Tensor t;
+  t.blocksize = parts[0].blocksize;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Nf4Tensor& p = parts[i];
+    if (p.blocksize != t.blocksize || n[i] % 2 || n[i] % p.blocksize || int64_t(p.packed.size()) != n[i] / 2)
+      fail(Errc::usage, "", "concat_nf4_rows", "parts need one block size and whole blocks of an even number of codes");
+    t.packed.insert(t.packed.end(), p.packed.begin(), p.packed.end());
+    for (int64_t b = 0; b < n[i] / p.blocksize; ++b) t.absmax.push_back(nf4_block_absmax(p, b));
+  }
+  return t;
 }
 
 void check_nf4(const std::vector<ModulePlan>& plan, int nf4_blocksize) {

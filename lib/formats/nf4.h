@@ -31,6 +31,11 @@ struct Nf4Tensor {
 };
 Nf4Tensor nf4_quantize(const float* x, int64_t n, int blocksize, bool double_quant);
 void nf4_dequantize(const Nf4Tensor& t, int64_t n, float* out);
+float nf4_block_absmax(const Nf4Tensor& t, int64_t block);   // fp32, double quantization resolved
+// Tensors of whole rows stacked in order (q, k, v -> one Linear): codes concatenated, absmax
+// resolved to fp32 (not nested). Every part needs the same block size and an even count of
+// codes in whole blocks (n_i: part i's elements); Errc::usage otherwise.
+Nf4Tensor concat_nf4_rows(const std::vector<Nf4Tensor>& parts, const std::vector<int64_t>& n);
 std::vector<float> bnb_dynamic_map();           // bitsandbytes' signed 8-bit dynamic map (256 values, sorted)
 
 void check_nf4(const std::vector<ModulePlan>& plan, int nf4_blocksize);

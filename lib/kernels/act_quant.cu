@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "cuda/runtime.h"
+#include "kernels/w8a8.h"
 
 namespace ptq::cuda {
 
@@ -65,6 +66,18 @@ void add_scaled(float* y, const float* t, int64_t n, float beta) {
   if (n == 0) return;
   add_scaled_kernel<<<unsigned((n + 255) / 256), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(y, t, n, beta);
   PTQ_CUDA_LAUNCH("add_scaled_kernel");
+}
+
+void w8a8_linear_f32(const void* x, DType dt, const ActQuant& act, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y,
+                     float beta) {
+  DeviceBuffer<int8_t> xq(size_t(M * K), "W8A8 activations (int8)");
+  DeviceBuffer<float> sx(size_t(M), "W8A8 activation scales");
+  quantize_activations_int8(x, dt, M, K, act, xq.get(), sx.get());
+  if (M <= kW8A8GemvMaxM) return w8a8_gemv(xq.get(), sx.get(), w, sw, M, N, K, y, beta);   // decode
+  if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), w, sw, M, N, K, y, true);
+  DeviceBuffer<float> t(size_t(M * N), "W8A8 output (fp32)");
+  w8a8_gemm(xq.get(), sx.get(), w, sw, M, N, K, t.get(), true);
+  add_scaled(y, t.get(), M * N, beta);
 }
 
 }  // namespace ptq::cuda

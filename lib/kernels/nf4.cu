@@ -88,7 +88,7 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   for (int64_t r = 0; r < out; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t i = r * blocks + b;   // block i of the flattening (in % B == 0: blocks do not straddle rows)
-      const float v = t.nested ? t.nested_map[t.absmax_q[size_t(i)]] * t.nested_absmax[size_t(i / t.nested_blocksize)] + t.offset : t.absmax[size_t(i)];
+      const float v = nf4_block_absmax(t, i);
       am[size_t(((r / 16 * blocks + b) * 8 + r % 8) * 2 + (r % 16) / 8)] = v;
     }
   std::unique_ptr<Nf4Linear> L(new Nf4Linear);

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/act_quant.h"
+
 namespace ptq::cuda {
 
 // True when the device runs the kernel (compute capability 9.0: it is built for sm_90a, wgmma).
@@ -19,5 +21,11 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
 // for 1 <= M <= kW8A8GemvMaxM, K a multiple of 16 (Errc::usage otherwise); any GPU; the thread's current stream.
 constexpr int64_t kW8A8GemvMaxM = 16;
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
+
+// A W8A8 Linear as the GPU forward and the decode call it: y [M, N] fp32 = (x quantized by `act`)
+// · wᵀ + beta · y, x [M, K] 16-bit (dt): quantize_activations_int8, then w8a8_gemv for
+// M <= kW8A8GemvMaxM, else w8a8_gemm (sm_90) and add_scaled where beta is not 0.
+void w8a8_linear_f32(const void* x, DType dt, const ActQuant& act, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y,
+                     float beta);
 
 }  // namespace ptq::cuda
