@@ -132,6 +132,8 @@ std::vector<Command> add_bench(CLI::App& app) {
   bk->add_option("--m", ka->m, "activation rows M (default 1,8,16,32,64,128,4096)")->check(CLI::Range(int64_t(1), int64_t(65536)))->delimiter(',');
   bk->add_option("--shapes", ka->shapes, "weight shapes NxK (default the Llama-7B/8B ones)")->delimiter(',');
   bg->add_option("--layers", ga->layers, "run the whole pipeline on a synthetic checkpoint of this many layers (0: one layer's Hessians and solve only)");
+  bg->add_option("--gpus", ga->gpus, "the pipeline data-parallel over N GPUs, one process each through NCCL (quantize --gpus N; implies --layers 2 where not given)")
+      ->check(CLI::Range(0, 64));
   bg->add_option("--workdir", ga->workdir, "folder for the synthetic checkpoint and output (default: a temporary one, removed after)");
   bg->add_option("--seq-len", ga->seq_len, "tokens per window")->default_val(2048);
   bg->add_option("--gpu-activations", ga->gpu_activations, "where the pipeline keeps the calibration activations")

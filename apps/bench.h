@@ -13,6 +13,7 @@ struct BenchGptqArgs {
   std::string workdir;       // where it is written (default: a temporary folder, removed after)
   std::string gpu_activations = "auto";
   bool batch = true;         // one layer: MoE expert downs in batched solves, as the pipeline solves them
+  int gpus = 0;              // > 0: the pipeline data-parallel over this many GPUs (quantize --gpus); implies layers >= 1
 };
 int run_bench_gptq(const BenchGptqArgs& a);
 

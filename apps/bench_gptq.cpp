@@ -66,6 +66,7 @@ int bench_pipeline(const BenchGptqArgs& a) {
   r.quant.group_size = a.group;
   r.quant.act_order = a.act_order;
   r.quant.static_groups = a.act_order;
+  r.gpus = a.gpus;
   QuantizeOptions o;
   o.force = true;
   const nlohmann::json rep = run_quantize(r, o);
@@ -80,9 +81,9 @@ int bench_pipeline(const BenchGptqArgs& a) {
   const double fwd = 2 * N * double(c.params_per_layer() - 2 * c.hidden_size) + 4.0 * a.seq_len * N * qd / 2;
   const double hess = N * (2 * d * d + qd * qd + f * f);
   const double floor_layer = (fwd + hess) / 800e12;
-  std::printf("bench gptq (pipeline): synthetic %s with %d of %d layers (f16), %d x %d random calibration tokens, %d-bit g%d%s, gptq export, on %s\n",
+  std::printf("bench gptq (pipeline): synthetic %s with %d of %d layers (f16), %d x %d random calibration tokens, %d-bit g%d%s, gptq export, on %s%s\n",
               a.preset.c_str(), a.layers, full_layers, a.samples, a.seq_len, a.bits, a.group, a.act_order ? " act-order" : "",
-              cuda::describe().c_str());
+              cuda::describe().c_str(), a.gpus > 0 ? (" x " + std::to_string(a.gpus) + " GPUs").c_str() : "");
   std::printf("  forward: %s\n", rep["forward"].get<std::string>().c_str());
   std::printf("  (synthetic checkpoint written in %.1f s, not counted)\n", t_synth);
   for (auto& [k, v] : rep["phases_seconds"].items()) std::printf("  %-24s %8.3f s\n", k.c_str(), v.get<double>());
@@ -219,6 +220,13 @@ int run_bench_gptq_layer(const BenchGptqArgs& a) {
 }
 }  // namespace
 
-int run_bench_gptq(const BenchGptqArgs& a) { return a.layers > 0 ? bench_pipeline(a) : run_bench_gptq_layer(a); }
+int run_bench_gptq(const BenchGptqArgs& a) {
+  if (a.gpus > 0 && a.layers <= 0) {   // several GPUs: only the pipeline spreads its work
+    BenchGptqArgs b = a;
+    b.layers = 2;
+    return bench_pipeline(b);
+  }
+  return a.layers > 0 ? bench_pipeline(a) : run_bench_gptq_layer(a);
+}
 
 }  // namespace ptq

@@ -16,6 +16,7 @@ struct Command {
 Command add_quantize(CLI::App& app);
 Command add_schemes(CLI::App& app);   // quantize.cpp
 Command add_formats(CLI::App& app);   // quantize.cpp
+Command add_dist_worker(CLI::App& app);   // quantize.cpp: a rank of quantize --gpus N
 Command add_eval(CLI::App& app);
 Command add_generate(CLI::App& app);
 Command add_synth(CLI::App& app);

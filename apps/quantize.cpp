@@ -7,6 +7,7 @@
 #include "command.h"
 #include "core/error.h"
 #include "core/progress.h"
+#include "pipeline/distributed.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schemes.h"
 
@@ -17,12 +18,18 @@ struct QuantizeArgs {
   std::string recipe, scheme, dataset, format, model, output, save_stats, load_stats;
   std::vector<std::string> sets;
   bool force = false, resume = false;
+  int gpus = -1;   // -1: the recipe's
+};
+struct WorkerArgs {
+  std::string recipe, id;
+  int rank = 0, size = 0;
 };
 
 int run(const QuantizeArgs& a) {
   std::vector<std::string> sets = a.sets;
   if (!a.model.empty()) sets.push_back("model=" + a.model);
   if (!a.output.empty()) sets.push_back("output=" + a.output);
+  if (a.gpus >= 0) sets.push_back("gpus=" + std::to_string(a.gpus));
   Recipe r;
   if (!a.scheme.empty()) {
     if (!a.recipe.empty()) fail(Errc::usage, "--scheme", a.recipe, "give a recipe or a scheme, not both (--set edits either)");
@@ -100,7 +107,24 @@ Command add_quantize(CLI::App& app) {
   sub->add_option("--load-stats", a->load_stats,
                   "quantize from statistics saved with --save-stats (same model and calibration) without running the model");
   sub->add_flag("--resume", a->resume, "continue an interrupted run of the same recipe from its last finished layer");
+  sub->add_option("--gpus", a->gpus,
+                  "calibrate data-parallel over N GPUs of this machine, one process each, through NCCL (recipe `gpus`; 0: one GPU without NCCL)")
+      ->check(CLI::Range(0, 64));
   return {sub, [a] { return run(*a); }};
+}
+
+Command add_dist_worker(CLI::App& app) {
+  auto a = std::make_shared<WorkerArgs>();
+  CLI::App* sub = app.add_subcommand("dist-worker", "one rank of `quantize --gpus N` (started by rank 0, not by hand)");
+  sub->group("");   // hidden from --help
+  sub->add_option("--recipe", a->recipe)->required();
+  sub->add_option("--rank", a->rank)->required();
+  sub->add_option("--size", a->size)->required();
+  sub->add_option("--id", a->id)->required();
+  return {sub, [a] {
+            run_quantize_worker(a->recipe, a->rank, a->size, a->id);
+            return 0;
+          }};
 }
 
 Command add_schemes(CLI::App& app) {

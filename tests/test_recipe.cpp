@@ -150,3 +150,14 @@ TEST_CASE("schemes: every named scheme is a valid recipe with its deployable for
   CHECK_THROWS_WITH(parse_recipe(scheme_recipe(find_scheme("W8A8"), "m", "o", "c.txt", "gguf"), "--scheme W8A8"),
                     Catch::Contains("export.format: gguf holds weight-only quantization"));
 }
+
+TEST_CASE("recipe: gpus is 0 (one GPU, no NCCL) to 64, written to the effective recipe only where set") {
+  const Recipe one = parse_recipe(YAML::Load("model: m\n"), "r.yaml");
+  CHECK(one.gpus == 0);
+  CHECK_FALSE(one.to_yaml()["gpus"]);
+  const Recipe four = parse_recipe(YAML::Load("gpus: 4\n"), "r.yaml");
+  CHECK(four.gpus == 4);
+  CHECK(four.to_yaml()["gpus"].as<int>() == 4);
+  CHECK_THROWS_WITH(parse_recipe(YAML::Load("gpus: -1\n"), "r.yaml"), Catch::Contains("gpus"));
+  CHECK_THROWS_WITH(parse_recipe(YAML::Load("gpus: two\n"), "r.yaml"), Catch::Contains("gpus"));
+}

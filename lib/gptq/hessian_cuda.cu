@@ -12,7 +12,9 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "cuda/blas.h"
+#include "cuda/comm.h"
 #include "gptq/hessian_cuda.h"
 
 namespace ptq::cuda {
@@ -53,7 +55,7 @@ struct HessianCuda::Impl {
   DeviceBuffer<float> x32;
 };
 
-HessianCuda::HessianCuda(int64_t cols, DType dtype) : p_(new Impl), cols_(cols), dtype_(dtype) {
+HessianCuda::HessianCuda(int64_t cols, DType dtype, const Comm* comm) : p_(new Impl), cols_(cols), dtype_(dtype), comm_(comm) {
   p_->sum = DeviceBuffer<double>(size_t(cols * cols), "Hessian (fp64 sum)");
   PTQ_CUDA(cudaMemset(p_->sum.get(), 0, size_t(cols * cols) * 8));
 }
@@ -67,7 +69,20 @@ HessianCuda::~HessianCuda() { delete p_; }
 // full-size fp32 copy of H (cuBLAS has no 16-bit SYRK; diagonal blocks compute their full square).
 // Numerics: kChunk products in fp32 per GEMM, kFlush GEMMs summed in fp32, then fp64 (a test
 // checks the result against an fp64 accumulation).
+// Every rank's lower-triangle fp64 sum and token count added (the symmetric fill comes after, as
+// without ranks): fp64 addition in NCCL's order, the same bytes on every rank.
+void HessianCuda::reduce() const {
+  if (!comm_ || reduced_) return;
+  reduced_ = true;
+  comm_->sum(p_->sum.get(), size_t(cols_ * cols_));
+  DeviceBuffer<int64_t> n(1, "Hessian token count");
+  copy_to_device(n.get(), &n_, 8);
+  comm_->sum(n.get(), 1);
+  copy_to_host(&n_, n.get(), 8);
+}
+
 void HessianCuda::add_device(const void* X, int64_t rows) {
+  if (reduced_) fail(Errc::usage, "", "HessianCuda", "rows added after the sum was read across ranks");
   cublasHandle_t blas = blas_handle();
   const float one = 1.0f, zero = 0.0f;
   const size_t es = dtype_size(dtype_);
@@ -114,6 +129,7 @@ void HessianCuda::add(const MatF& X) {
 }
 
 HessianRef HessianCuda::device() {
+  reduce();
   p_->c = DeviceBuffer<float>();   // accumulation is over: the fp32 block is not needed again
   p_->x16 = DeviceBuffer<uint8_t>();
   p_->x32 = DeviceBuffer<float>();
@@ -123,6 +139,7 @@ HessianRef HessianCuda::device() {
 }
 
 MatD HessianCuda::finalize() const {
+  reduce();
   symmetrize_kernel<<<dim3(unsigned(blocks_for(cols_)), unsigned(cols_)), 256>>>(p_->sum.get(), cols_);
   PTQ_CUDA_LAUNCH("symmetrize_kernel");
   MatD H(cols_, cols_);

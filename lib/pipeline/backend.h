@@ -26,6 +26,8 @@
 
 namespace ptq {
 
+namespace cuda { class Comm; }
+
 // Seconds by phase, for report.json: `phase` adds up to the run; `solve` and `upload` split two
 // of its entries.
 struct PhaseTimes {
@@ -133,11 +135,17 @@ struct CalibrationPass {
   // layer's statistics, loaded by the pipeline) and errors name `saved_path`.
   LayerStats* saved = nullptr;
   std::string saved_path;
+  // quantize --gpus N (pipeline/distributed.h): this process's share of the windows runs here, and
+  // each Hessian (and MoE routing count) is summed across the ranks before anything reads it.
+  const cuda::Comm* comm = nullptr;
 };
 struct Backend {
   std::unique_ptr<LayerForward> forward;
   std::unique_ptr<GroupSolver> solver;
   std::string forward_description;   // report.json's "forward": where it runs, in what precision, and why
+  // --gpus N: whether every rank computed the same digest (each rank solves the same all-reduced
+  // Hessians itself; a difference would mean the ranks' models differ from here on). Unset: one rank.
+  std::function<bool(uint64_t)> ranks_agree;
 };
 Backend make_backend(const Device& dev, const Recipe& r, const CalibrationPass& pass, MatF&& X, PhaseTimes& t);
 // The GPU's half of the factory (backend_cuda.cpp, built with CUDA only).

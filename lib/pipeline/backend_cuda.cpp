@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/progress.h"
+#include "cuda/comm.h"
 #include "cuda/runtime.h"
 #include "gptq/gptq_cuda.h"
 #include "gptq/hessian_cuda.h"
@@ -26,7 +27,7 @@ namespace {
 class CudaForward final : public LayerForward {
  public:
   CudaForward(const CalibrationPass& p, MatF&& X, bool spill, PhaseTimes& t)
-      : c_(*p.config), fw_(*p.config, *p.rope, p.S, p.T, p.config->dtype, spill), t_(t) {
+      : c_(*p.config), fw_(*p.config, *p.rope, p.S, p.T, p.config->dtype, spill), t_(t), comm_(p.comm) {
     // Each layer's weights rounded to 16 bits by the thread that reads them, into one of two
     // page-locked buffers (layer k in buffer k % 2), so that the upload is a plain DMA.
     for (auto& b : w16_) b = cuda::PinnedBuffer(fw_.weight_bytes());
@@ -37,15 +38,29 @@ class CudaForward final : public LayerForward {
   cuda::LayerForwardCuda& device() { return fw_; }
   void prepare(const LayerWeights& w, int layer) override { fw_.convert_weights(w, w16_[layer % 2].get()); }
   void begin_layer(int layer, LayerWeights& w) override {
+    routed_.clear();
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
     fw_.load_layer(w, w16_[layer % 2].get());
   }
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother&) override {
-    auto H = std::make_unique<cuda::HessianCuda>(linear_shape(c_, g.linears[0]).in, fw_.dtype());
+    auto H = std::make_unique<cuda::HessianCuda>(linear_shape(c_, g.linears[0]).in, fw_.dtype(), comm_);
     timed_stage([&] { fw_.stage(g.input, g.expert, H.get()); });
     return H;
   }
-  int64_t routed_tokens(int expert) const override { return fw_.routed_tokens(expert); }
+  // Across ranks: every rank's counts of the current layer summed once, at the first question.
+  int64_t routed_tokens(int expert) const override {
+    if (!comm_ || comm_->size() == 1) return fw_.routed_tokens(expert);
+    if (routed_.empty()) {
+      std::vector<int64_t> n(size_t(std::max(c_.num_experts, 1)));
+      for (int e = 0; e < c_.num_experts; ++e) n[size_t(e)] = fw_.routed_tokens(e);
+      cuda::DeviceBuffer<int64_t> d(n.size(), "routed token counts");
+      cuda::copy_to_device(d.get(), n.data(), n.size() * 8);
+      comm_->sum(d.get(), n.size());
+      cuda::copy_to_host(n.data(), d.get(), n.size() * 8);
+      routed_ = n;
+    }
+    return routed_[size_t(expert)];
+  }
   void quantized(const std::vector<LinearId>& done, const LayerWeights& w) override {
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["quantized_weights"]);
     for (LinearId p : done)
@@ -64,6 +79,8 @@ class CudaForward final : public LayerForward {
   cuda::LayerForwardCuda fw_;
   cuda::PinnedBuffer w16_[2];
   PhaseTimes& t_;
+  const cuda::Comm* comm_;
+  mutable std::vector<int64_t> routed_;   // the layer's routed counts summed across ranks
   // A stage's GPU time, less its Hessian GEMMs (reported as "hessian").
   template <class F> void timed_stage(F&& f) {
     {
@@ -323,14 +340,25 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
     b.forward = std::move(fw);
     b.forward_description = std::string("cuda (") + (fdt == DType::F16 ? "f16" : "bf16") + " GEMMs, fp32 accumulation and residual" +
                             (spill ? "; activations in page-locked host memory" : "") + ")";
+    if (pass.comm) {
+      b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " GPUs (NCCL " + cuda::nccl_version() +
+                               ", one process each, fp64 Hessian all-reduce)";
+      if (pass.comm->size() > 1) b.ranks_agree = [comm = pass.comm](uint64_t d) { return comm->same(d); };
+    }
     return b;
   }
   // Hessians on the GPU: the forward still runs on the CPU in fp32, so the GPU accumulates the same
   // fp32 activations (SGEMM, fp64 sums) rather than rounding them to 16 bits for the tensor cores.
   if (pass.saved) b.forward = saved_statistics_forward(pass);
-  else b.forward = cpu_forward(pass, std::move(X), r.true_sequential, [](int64_t cols) { return std::make_unique<cuda::HessianCuda>(cols, DType::F32); }, t);
+  else
+    b.forward = cpu_forward(pass, std::move(X), r.true_sequential,
+                            [comm = pass.comm](int64_t cols) { return std::make_unique<cuda::HessianCuda>(cols, DType::F32, comm); }, t);
   b.solver = std::make_unique<CudaSolver>(nullptr, c.dtype);
   b.forward_description = "cpu (fp32), Hessians on the GPU: " + why;
+  if (pass.comm) {
+    b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " processes (NCCL " + cuda::nccl_version() + ")";
+    if (pass.comm->size() > 1) b.ranks_agree = [comm = pass.comm](uint64_t d) { return comm->same(d); };
+  }
   return b;
 }
 

@@ -25,6 +25,7 @@
 #include "gptq/qstore.h"
 #include "model/schedule.h"
 #include "pipeline/backend.h"
+#include "pipeline/distributed.h"
 #include "pipeline/export.h"
 #include "pipeline/stats.h"
 #include "report/report_html.h"
@@ -478,9 +479,36 @@ CollectedGroup collect_group(Run& R, Backend& B, int l, const LinearGroup& g, La
   return cg;
 }
 
+// A 64-bit digest of n words, chained from h: FNV-1a over the digests of 64 Ki-word blocks, each
+// hashed word by word on its own thread (a 70B layer's codes in a few tens of ms).
+uint64_t digest(const uint32_t* w, size_t n, uint64_t h) {
+  constexpr size_t kBlock = size_t(1) << 16;
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<uint64_t> part(blocks);
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < blocks; ++b) {
+    uint64_t x = 1469598103934665603ull;
+    for (size_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) x = (x ^ w[i]) * 1099511628211ull;
+    part[b] = x;
+  }
+  for (uint64_t x : part) h = (h ^ x) * 1099511628211ull;
+  return (h ^ n) * 1099511628211ull;
+}
+
 // A solved group into the report, the layer store's list and (W8A8) its input specs.
 void finish_group(Run& R, Backend& B, int l, CollectedGroup& cg, std::vector<SolvedLinear>& solved, LayerWeights& w, LayerStats& saved,
                   LayerResult& out, std::map<int, int64_t>& routed) {
+  if (B.ranks_agree) {   // --gpus N: every rank solved the same Hessians; their codes must be the same bytes
+    uint64_t h = 0;
+    for (const SolvedLinear& s : solved) {
+      h = digest(s.q.packed.data(), s.q.packed.size(), h);
+      h = digest(reinterpret_cast<const uint32_t*>(s.q.scales.data()), s.q.scales.size(), h);
+      h = digest(reinterpret_cast<const uint32_t*>(s.q.zeros.data()), s.q.zeros.size(), h);
+    }
+    if (!B.ranks_agree(h))
+      fail(Errc::numeric, "", linear_name(R.c(), l, solved.empty() ? LinearId{} : solved[0].id),
+           "the GPUs of this --gpus run quantized it differently (their Hessians or weights differ); rerun with one GPU and report this");
+  }
   std::vector<LinearId> done;
   for (SolvedLinear& s : solved) {
     const std::string name = linear_name(R.c(), l, s.id);
@@ -602,7 +630,8 @@ class LayerLoader {
   }
 };
 
-void quantize_layers(Run& R, QuantStore& store) {
+// store: where each finished layer is saved (null on ranks other than 0 of a --gpus run).
+void quantize_layers(Run& R, QuantStore* store) {
   const int n = R.nf4 ? 0 : R.c().num_hidden_layers;
   LayerStats saved;
   CalibrationPass pass;
@@ -612,6 +641,13 @@ void quantize_layers(Run& R, QuantStore& store) {
   pass.T = R.cd.seq_len;
   pass.calibrate_all_experts = R.r.moe_calibrate_all_experts;
   if (R.stats_in) { pass.saved = &saved; pass.saved_path = R.opt.load_stats; }
+  if (const DistRank* d = R.opt.dist) {   // this rank's share of the windows: [S k / n, S (k + 1) / n)
+    const int64_t S = R.cd.samples, T = R.cd.seq_len, lo = S * d->rank / d->size, hi = S * (d->rank + 1) / d->size;
+    MatF mine = R.X.middleRows(lo * T, (hi - lo) * T);
+    R.X = std::move(mine);
+    pass.S = int(hi - lo);
+    pass.comm = d->comm;
+  }
   Backend B = make_backend(R.dev, R.r, pass, std::move(R.X), R.t);
   R.forward_description = B.forward_description;
   Progress bar("quantize", n, "layers");
@@ -622,7 +658,7 @@ void quantize_layers(Run& R, QuantStore& store) {
       const auto t_layer = Clock::now();
       LayerWeights w = loader.get(l);
       if (l < R.resume_from) {
-        replay_layer(R, B, store, l, w);
+        replay_layer(R, B, *store, l, w);
         bar.update(l + 1);
         continue;
       }
@@ -639,11 +675,12 @@ void quantize_layers(Run& R, QuantStore& store) {
       }
       // The layer file (the resume point, fsynced) is written while the next layer computes.
       if (pending_save.valid()) pending_save.get();
-      pending_save = std::async(std::launch::async, [&store, &R, l, res = std::move(res), rep = rep.dump()] {
-        const auto t0 = Clock::now();
-        store.save_layer(l, res.qs, res.smoothed, res.acts, rep);
-        R.save_seconds += seconds_since(t0);
-      });
+      if (store)
+        pending_save = std::async(std::launch::async, [store, &R, l, res = std::move(res), rep = rep.dump()] {
+          const auto t0 = Clock::now();
+          store->save_layer(l, res.qs, res.smoothed, res.acts, rep);
+          R.save_seconds += seconds_since(t0);
+        });
       R.layers.push_back({{"layer", l}, {"seconds", seconds_since(t_layer)}});
       bar.update(l + 1);
     }
@@ -694,6 +731,13 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   if (R.r.model.empty()) fail(Errc::usage, R.r.source, "model", "missing: set it in the recipe or with --model");
   if (R.r.output.empty()) fail(Errc::usage, R.r.source, "output", "missing: set it in the recipe or with --output");
   R.dev = select_device(R.r);
+  if (R.r.gpus > 0 && !opt.dist) return run_quantize_gpus(R.r, opt);   // starts the other ranks; this process is rank 0
+  if (opt.dist && opt.dist->rank > 0) {   // a worker: the same setup and layers on its windows; rank 0 writes
+    load_model(R);
+    calibrate(R);
+    quantize_layers(R, nullptr);
+    return json::object();
+  }
   OutputDir out(R.r.output, opt.force, opt.resume, /*keep_on_failure=*/opt.resume);   // never destroy what --resume was asked to continue
   // setup
   load_model(R);
@@ -702,7 +746,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   resume_point(R, out);
   // layers
   QuantStore store(out.path() + "/.layers");
-  quantize_layers(R, store);
+  quantize_layers(R, &store);
   // export
   json outputs;
   {

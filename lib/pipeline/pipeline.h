@@ -16,15 +16,26 @@
 
 namespace ptq {
 
+namespace cuda { class Comm; }
+
+// One process of a `--gpus N` run (pipeline/distributed.h): rank 0 writes everything; the others
+// run the same layers on their share of the calibration windows and write nothing.
+struct DistRank {
+  int rank = 0, size = 1;
+  const cuda::Comm* comm = nullptr;
+};
+
 struct QuantizeOptions {
   bool force = false;
   bool resume = false;   // continue from the layers an interrupted run of the same recipe finished
   std::string save_stats;   // keep the Hessians and activation statistics here (pipeline/stats.h)
   std::string load_stats;   // quantize from statistics saved by an earlier run instead of running the model
+  const DistRank* dist = nullptr;   // set for each rank by run_quantize_gpus and the workers
 };
 
 // Runs the recipe and writes its output folder (model files, recipe.yaml, report.json)
-// atomically. Returns the report.
+// atomically. Returns the report. A recipe with gpus >= 1 runs through run_quantize_gpus
+// (pipeline/distributed.h); a rank other than 0 returns an empty report.
 nlohmann::json run_quantize(const Recipe& recipe, const QuantizeOptions& opt);
 
 double peak_rss_mb();

@@ -52,6 +52,7 @@ const Schema kRootSchema = {{"model", {Ty::Str}},
                             {"device", {Ty::Str}},
                             {"gpu_forward", {Ty::Bool}},
                             {"gpu_activations", {Ty::Str}},
+                            {"gpus", {Ty::Int}},
                             {"calibration", {Ty::Map, &kCalibSchema}},
                             {"quantization", {Ty::Map, &kQuantSchema}},
                             {"export", {Ty::Map, &kExportSchema}}};
@@ -253,6 +254,8 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   if (root["gpu_activations"]) r.gpu_activations = root["gpu_activations"].as<std::string>();
   if (r.gpu_activations != "auto" && r.gpu_activations != "device" && r.gpu_activations != "host")
     fail(Errc::usage, file, "gpu_activations", "must be auto, device or host");
+  if (root["gpus"]) r.gpus = root["gpus"].as<int>();
+  if (r.gpus < 0 || r.gpus > 64) fail(Errc::usage, file, "gpus", "must be 0 (one GPU, no NCCL) to 64, got " + std::to_string(r.gpus));
   if (auto c = root["calibration"]) {
     if (c["dataset"]) r.calibration.dataset = c["dataset"].as<std::string>(), r.dataset_given = true;
     if (c["samples"]) r.calibration.samples = c["samples"].as<int>();
@@ -370,6 +373,7 @@ YAML::Node Recipe::to_yaml() const {
   n["device"] = device;
   n["gpu_forward"] = gpu_forward;
   n["gpu_activations"] = gpu_activations;
+  if (gpus > 0) n["gpus"] = gpus;   // written where set: recipes of one GPU keep their bytes
   n["moe"]["calibrate_all_experts"] = moe_calibrate_all_experts;
   n["calibration"]["dataset"] = calibration.dataset;
   n["calibration"]["samples"] = calibration.samples;

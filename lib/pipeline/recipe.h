@@ -20,6 +20,9 @@ struct Recipe {
   // Where the GPU forward keeps the calibration activations: device, host (page-locked memory,
   // copied in and out by chunks), or auto (device when they fit beside the solve's needs).
   std::string gpu_activations = "auto";
+  // Data-parallel calibration over this many GPUs of the machine, one process each, through NCCL
+  // (pipeline/distributed.h); 0: one GPU, no NCCL. `--gpus N` on the command line.
+  int gpus = 0;
   // MoE models: every expert's Hessians from every calibration token (true: llm-compressor's
   // convention, no expert goes unseen), or from the tokens the router sends it (false; an expert
   // with fewer tokens than its input width is rounded to nearest, with a warning). The layer's

@@ -1,0 +1,114 @@
+// comm.cpp — the NCCL communicator of comm.h (a refusal where the build has no NCCL).
+#include "cuda/comm.h"
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "core/error.h"
+#include "cuda/runtime.h"
+#ifdef PTQKIT_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+namespace ptq::cuda {
+
+#ifdef PTQKIT_HAVE_NCCL
+
+namespace {
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return;
+  const char* last = ncclGetLastError(nullptr);
+  fail(Errc::io, "NCCL", what, std::string(ncclGetErrorString(r)) + (last && *last ? std::string(" (") + last + ")" : ""));
+}
+}  // namespace
+
+bool nccl_built() { return true; }
+std::string nccl_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+struct Comm::Impl {
+  ncclComm_t comm = nullptr;
+  std::atomic<bool> aborted{false};
+  // Waits for the stream; a collective an abort cut short reports an error, not a hang.
+  void usable(const char* what) const {
+    if (aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
+  }
+  void finish(ncclResult_t r, const char* what) {
+    nccl_check(r, what);
+    PTQ_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
+    if (aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
+  }
+};
+
+std::string Comm::new_id() {
+  ncclUniqueId id;
+  nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  std::string hex;
+  char b[3];
+  for (char c : id.internal) {
+    std::snprintf(b, sizeof b, "%02x", unsigned(uint8_t(c)));
+    hex += b;
+  }
+  return hex;
+}
+
+Comm::Comm(const std::string& id, int rank, int size) : p_(std::make_unique<Impl>()), rank_(rank), size_(size) {
+  ncclUniqueId u;
+  if (id.size() != 2 * sizeof u.internal) fail(Errc::usage, "", "--dist-id", "expected " + std::to_string(2 * sizeof u.internal) + " hex digits");
+  for (size_t i = 0; i < sizeof u.internal; ++i) u.internal[i] = char(std::stoi(id.substr(2 * i, 2), nullptr, 16));
+  nccl_check(ncclCommInitRank(&p_->comm, size, u, rank), "ncclCommInitRank");
+}
+
+Comm::~Comm() {
+  if (p_->comm && !p_->aborted) ncclCommDestroy(p_->comm);   // abort() has freed it
+}
+
+void Comm::sum(double* dev, size_t n) const {
+  p_->usable("ncclAllReduce");
+  p_->finish(ncclAllReduce(dev, dev, n, ncclFloat64, ncclSum, p_->comm, cudaStreamLegacy), "ncclAllReduce (fp64 sum)");
+}
+void Comm::sum(int64_t* dev, size_t n) const {
+  p_->usable("ncclAllReduce");
+  p_->finish(ncclAllReduce(dev, dev, n, ncclInt64, ncclSum, p_->comm, cudaStreamLegacy), "ncclAllReduce (int64 sum)");
+}
+bool Comm::same(uint64_t v) const {
+  p_->usable("ncclAllReduce");
+  DeviceBuffer<uint64_t> d(2, "digest");
+  const uint64_t h[2] = {v, ~v};   // max(v) and max(~v) = ~min(v)
+  copy_to_device(d.get(), h, sizeof h);
+  p_->finish(ncclAllReduce(d.get(), d.get(), 2, ncclUint64, ncclMax, p_->comm, cudaStreamLegacy), "ncclAllReduce (digest)");
+  uint64_t r[2];
+  copy_to_host(r, d.get(), sizeof r);
+  return r[0] == v && ~r[1] == v;
+}
+void Comm::abort() {
+  if (p_->aborted.exchange(true)) return;
+  ncclCommAbort(p_->comm);
+}
+
+#else
+
+bool nccl_built() { return false; }
+std::string nccl_version() { return "none"; }
+struct Comm::Impl {};
+namespace {
+[[noreturn]] void no_nccl() {
+  fail(Errc::usage, "", "--gpus", "this build has no NCCL: rebuild with -DPTQKIT_NCCL=ON where nccl.h and libnccl are installed");
+}
+}  // namespace
+std::string Comm::new_id() { no_nccl(); }
+Comm::Comm(const std::string&, int, int) { no_nccl(); }
+Comm::~Comm() = default;
+void Comm::sum(double*, size_t) const { no_nccl(); }
+void Comm::sum(int64_t*, size_t) const { no_nccl(); }
+bool Comm::same(uint64_t) const { no_nccl(); }
+void Comm::abort() {}
+
+#endif
+
+}  // namespace ptq::cuda

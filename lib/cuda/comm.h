@@ -1,0 +1,42 @@
+// comm.h — the communicator between the processes of `quantize --gpus N`: one process per GPU,
+// NCCL between them (pipeline/workers.h starts the processes; docs/architecture.md says why one
+// process a GPU). A build without NCCL (-DPTQKIT_NCCL=OFF, or none found) has the class, and
+// every constructor call refuses (Errc::usage) naming the option.
+//
+// Every collective runs in place on the legacy default stream (where the forward and the Hessian
+// GEMMs run) and returns once it is complete. NCCL's reductions are deterministic for a fixed
+// number of ranks on one machine: the same bytes on every rank and in every run.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ptq::cuda {
+
+bool nccl_built();
+std::string nccl_version();   // "2.28.3", or "none"
+
+class Comm {
+ public:
+  static std::string new_id();   // a fresh clique id (hex), made by rank 0 before the others start
+  // Rank `rank` of `size` joins clique `id` on the current device (blocks until every rank has).
+  Comm(const std::string& id, int rank, int size);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  void sum(double* dev, size_t n) const;    // fp64 sums (Hessians)
+  void sum(int64_t* dev, size_t n) const;   // token counts
+  bool same(uint64_t v) const;              // whether every rank passed the same v (a digest of what each computed)
+  // From another thread, when a peer process has died: calls blocked in a collective return an
+  // error instead of waiting forever.
+  void abort();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace ptq::cuda

@@ -1,0 +1,37 @@
+// distributed.h — `quantize --gpus N` (recipe `gpus: N`): data-parallel calibration, one process
+// per GPU, NCCL between them (cuda/comm.h).
+//
+// Why processes, not threads: every CUDA resource ptqkit keeps (the device pool, the cuBLAS and
+// cuSOLVER handles, the kernels' plans and split-K counters, page-locked staging) is per process
+// and belongs to one device; a process per GPU keeps all of it correct unchanged, as PyTorch's
+// DDP does, and a rank that fails cannot corrupt another's memory. This process is rank 0 on the
+// first visible GPU; ranks 1..N-1 are this executable started again (`ptqkit dist-worker`), each
+// seeing only its own GPU (CUDA_VISIBLE_DEVICES), with cores / N OpenMP threads, killed if rank
+// 0 dies (PR_SET_PDEATHSIG); rank 0 aborts the collectives and fails as soon as a worker fails.
+//
+// What each rank does: the same recipe, model and calibration windows; windows
+// [S k / N, S (k + 1) / N) run through its own forward; each group's Hessian (the fp64 sum) and
+// token count are summed across the ranks by one NCCL all-reduce before anything reads them
+// (gptq/hessian_cuda.h); every rank then solves the same summed Hessian itself — a dense
+// layer's groups depend on each other in order, so solving on one rank and broadcasting the
+// weights would add a transfer and save nothing — and one more all-reduce checks that every rank
+// got the same codes (the solve is deterministic: same inputs, same bytes). Rank 0 alone writes
+// the layer store, the export and the report.
+//
+// Refused with --gpus, each naming why: SmoothQuant and W8A8 (their activation statistics are
+// collected on the host per rank, not yet reduced), --save-stats / --load-stats, --resume, MoE
+// with calibrate_all_experts: false (routing decisions would differ per rank), device: cpu,
+// nf4 (data-free: nothing to spread), fewer windows than GPUs.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "pipeline/pipeline.h"
+
+namespace ptq {
+
+nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt);
+// Rank `rank` of `size` (`ptqkit dist-worker`): the recipe rank 0 wrote and the clique id it made.
+void run_quantize_worker(const std::string& recipe_file, int rank, int size, const std::string& id);
+
+}  // namespace ptq
