@@ -489,17 +489,18 @@ TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equ
   CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 63, 32, y.get(), true), Error);   // N odd
 }
 
-TEST_CASE("gpu: the W8A8 decode GEMV (dp4a, M <= 16) equals the exact int32 reference, with beta") {
+TEST_CASE("gpu: the W8A8 decode GEMV (dp4a up to 16 rows, int8 mma.sync from 3 to 32 where K % 64 == 0) equals the exact int32 reference, with beta") {
   PTQ_REQUIRE_GPU();
   struct Shape { int64_t N, K; };
-  const Shape shapes[] = {{17, 16}, {96, 48}, {333, 2064}, {4096, 4096}, {1024, 14336}};
+  const Shape shapes[] = {{17, 16}, {96, 48}, {333, 2064}, {333, 1024}, {4096, 4096}, {1024, 14336}};
   int seed = 1900;
   for (const Shape& sh : shapes) {
     Rng r{uint64_t(seed++)};
     const Int8Linear L(sh.N, sh.K, r);
-    cuda::DeviceBuffer<int8_t> dx(size_t(16 * sh.K), "x");
-    cuda::DeviceBuffer<float> dsx(16, "sx"), dy(size_t(16 * sh.N), "y");
-    for (int64_t M : {1, 2, 5, 16}) {
+    cuda::DeviceBuffer<int8_t> dx(size_t(32 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsx(32, "sx"), dy(size_t(32 * sh.N), "y");
+    for (int64_t M : {1, 2, 3, 5, 8, 9, 16, 17, 24, 32}) {
+      if (M > 16 && sh.K % 64) continue;   // refused below
       std::vector<int8_t> x(static_cast<size_t>(M * sh.K));
       std::vector<float> sx(static_cast<size_t>(M)), ref(static_cast<size_t>(M * sh.N)), y0(static_cast<size_t>(M * sh.N));
       for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
@@ -527,7 +528,8 @@ TEST_CASE("gpu: the W8A8 decode GEMV (dp4a, M <= 16) equals the exact int32 refe
   }
   cuda::DeviceBuffer<int8_t> a(64 * 64, "a");
   cuda::DeviceBuffer<float> s(64, "s"), y(64 * 64, "y");
-  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 17, 64, 32, y.get(), 0.0f), Error);   // M above 16
+  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 17, 64, 32, y.get(), 0.0f), Error);   // M above 16 with K % 64 != 0
+  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 33, 64, 64, y.get(), 0.0f), Error);   // M above 32
   CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 1, 64, 24, y.get(), 0.0f), Error);    // K not a multiple of 16
 }
 

@@ -38,6 +38,12 @@ __device__ __forceinline__ void mma_m16n8k16_f16(float* c, const uint32_t* a, ui
 
 // (a & b) | c in one LOP3. Written as C, (w & mask) | magic with both constants immediates takes two:
 // a SASS LOP3 holds one immediate (the A16 dequantization).
+// d = a · b + c over int8 (m16n8k32, row.col, int32 accumulation), in place in c.
+__device__ __forceinline__ void mma_m16n8k32_s8(int* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));   // 0xEA = (0xF0 & 0xCC) | 0xAA

@@ -73,7 +73,7 @@ void w8a8_linear_f32(const void* x, DType dt, const ActQuant& act, const int8_t*
   DeviceBuffer<int8_t> xq(size_t(M * K), "W8A8 activations (int8)");
   DeviceBuffer<float> sx(size_t(M), "W8A8 activation scales");
   quantize_activations_int8(x, dt, M, K, act, xq.get(), sx.get());
-  if (M <= kW8A8GemvMaxM) return w8a8_gemv(xq.get(), sx.get(), w, sw, M, N, K, y, beta);   // decode
+  if (w8a8_gemv_serves(M, K)) return w8a8_gemv(xq.get(), sx.get(), w, sw, M, N, K, y, beta);   // decode
   if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), w, sw, M, N, K, y, true);
   DeviceBuffer<float> t(size_t(M * N), "W8A8 output (fp32)");
   w8a8_gemm(xq.get(), sx.get(), w, sw, M, N, K, t.get(), true);

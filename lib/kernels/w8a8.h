@@ -18,8 +18,10 @@ bool w8a8_supported();
 void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, void* y, bool out_f32);
 
 // Decode-sized M (contract in w8a8_gemv.cu): y [M, N] fp32 = sx[m] · sw[n] · Σ_k x[m, k] · w[n, k] + beta · y
-// for 1 <= M <= kW8A8GemvMaxM, K a multiple of 16 (Errc::usage otherwise); any GPU; the thread's current stream.
-constexpr int64_t kW8A8GemvMaxM = 16;
+// for 1 <= M <= 16 with K a multiple of 16 (any GPU), and up to kW8A8GemvMaxM rows where K % 64 == 0
+// on sm_80 and up (int8 tensor cores); Errc::usage otherwise. The thread's current stream.
+constexpr int64_t kW8A8GemvMaxM = 32;
+bool w8a8_gemv_serves(int64_t M, int64_t K);
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
 
 // A W8A8 Linear as the GPU forward and the decode call it: y [M, N] fp32 = (x quantized by `act`)

@@ -1,12 +1,13 @@
-// w8a8_gemv.cu — the W8A8 product for decode-sized M (1..16 rows): int8 weights streamed once,
+// w8a8_gemv.cu — the W8A8 product for decode-sized M (1..32 rows): int8 weights streamed once,
 // int8 activations from shared memory, dp4a.
 //
 // Contract. Operands (device): x [M, K] int8 row-major with per-row scales sx [M] fp32; w [N, K]
 // int8 row-major (the Linear's weight as stored) with per-row scales sw [N] fp32; y [M, N] fp32.
 // y = sx[m] · sw[n] · Σ_k x[m, k] · w[n, k] + beta · y (beta 0: y is only written). The sum is
 // exact in int32 as in w8a8.cu (K < 2^17); the epilogue forms float(acc) · sx[m] · sw[n] in fp32,
-// the same expression as w8a8.cu's and ref_gemm_w8a8's. Accepted: 1 <= M <= kW8A8GemvMaxM, K a
-// multiple of 16, x and w 16-byte aligned. Any sm (dp4a: sm_61+).
+// the same expression as w8a8.cu's and ref_gemm_w8a8's. Accepted: 1 <= M <= 16 with K a multiple
+// of 16 (any sm, dp4a: sm_61+), and up to 32 rows with K % 64 == 0 (int8 mma.sync: sm_80+, the
+// form below that takes M >= 3 there); x and w 16-byte aligned.
 // Math: a CTA of 8 warps owns 32 rows of w (4 per warp); K is walked in tiles of 2 KiB: the CTA
 // stages x[:, tile] in shared memory, then each lane loads its 4 16-byte pieces of each of its
 // warp's 4 rows (16 loads in flight), and each x piece read from shared memory serves the 4 rows
@@ -15,9 +16,11 @@
 // The reference is ref_gemm_w8a8 (lib/kernels/reference.h).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
+#include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 #include "kernels/w8a8.h"
 
@@ -25,6 +28,14 @@ namespace ptq::cuda {
 
 namespace {
 constexpr int kWarps = 8, kRowsPerWarp = 4, kTile = 2048, kMaxM = 16, kUnroll = kTile / 16 / 32;   // a tile: 4 pieces per lane
+constexpr int kMmaFromM = 3;   // measured: docs/lab/2026-11-24-decode-h200.md (run 23)
+bool tensor_cores() {   // int8 mma.sync: sm_80 and up
+  static const bool on = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+  }();
+  return on;
+}
 
 // kM: the activation rows, a template parameter so that the accumulators stay in registers.
 template <int kM>
@@ -90,6 +101,86 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
   }
 }
 
+// The tensor-core form (int8 mma.sync m16n8k32) for M = 3..32 where K % 64 == 0: a CTA owns 16
+// rows of w and splits K over its 8 warps (warp v takes the 64-byte chunks v, v + 8, ...). The
+// weights are the MMA's A operand (16 rows) and the activation rows its B operand (kNT tiles of 8
+// tokens), so the weight bytes still stream once while the products run on tensor cores. The sum
+// over K does not care in which order the k's are paired, so each lane loads 16 contiguous bytes
+// of rows g and g + 8 of w and of token rows g (+ 8t) of x at the same offset 16·(lane % 4) of a
+// chunk, and feeds bytes 0..7 to one MMA and 8..15 to the next: A and B see the same permutation
+// of k, and every load is a 16-byte vector. int32 sums (exact), then the 8 warps' partial sums
+// added in shared memory in warp order, and the epilogue of the GEMV above.
+constexpr int kMmaWarps = 8, kMmaUnroll = 4;
+template <int kNT>
+__global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* __restrict__ x, const float* __restrict__ sx, const int8_t* __restrict__ w,
+                                                                  const float* __restrict__ sw, int M, int N, int K, float* y, float beta) {
+  __shared__ int red[kMmaWarps][kNT][4][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int n0 = blockIdx.x * 16;
+  const int8_t* w0 = w + size_t(min(n0 + g, N - 1)) * K + 16 * tq;       // rows past N read row N - 1 (never written)
+  const int8_t* w1 = w + size_t(min(n0 + g + 8, N - 1)) * K + 16 * tq;
+  const int8_t* xr[kNT];
+  bool xin[kNT];
+#pragma unroll
+  for (int t = 0; t < kNT; ++t) {
+    xin[t] = 8 * t + g < M;
+    xr[t] = x + size_t(min(8 * t + g, M - 1)) * K + 16 * tq;
+  }
+  int acc[kNT][4];
+#pragma unroll
+  for (int t = 0; t < kNT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0;
+  const int chunks = K / 64;
+  for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaUnroll) {
+    uint4 a0[kMmaUnroll], a1[kMmaUnroll];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {   // the weights of kMmaUnroll chunks in flight
+      const int c = c0 + u * kMmaWarps;
+      a0[u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w0 + 64 * c)) : make_uint4(0, 0, 0, 0);
+      a1[u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w1 + 64 * c)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int c = c0 + u * kMmaWarps;
+      if (c >= chunks) break;
+      const uint32_t A0[4] = {a0[u].x, a1[u].x, a0[u].y, a1[u].y}, A1[4] = {a0[u].z, a1[u].z, a0[u].w, a1[u].w};
+#pragma unroll
+      for (int t = 0; t < kNT; ++t) {
+        const uint4 b = xin[t] ? __ldg(reinterpret_cast<const uint4*>(xr[t] + 64 * c)) : make_uint4(0, 0, 0, 0);
+        ptx::mma_m16n8k32_s8(acc[t], A0, b.x, b.y);
+        ptx::mma_m16n8k32_s8(acc[t], A1, b.z, b.w);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kNT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[warp][t][e][lane] = acc[t][e];
+  __syncthreads();
+  // Thread i of the CTA finishes element (t, e, lane) = i of the kNT * 4 * 32.
+  for (int i = threadIdx.x; i < kNT * 4 * 32; i += blockDim.x) {
+    const int t = i / 128, e = i / 32 % 4, l = i % 32;
+    int a = 0;
+    for (int v = 0; v < kMmaWarps; ++v) a += red[v][t][e][l];
+    const int n = n0 + l / 4 + (e >= 2 ? 8 : 0), m = 8 * t + 2 * (l % 4) + (e & 1);   // c0, c1: row g; c2, c3: row g + 8
+    if (n < N && m < M) {
+      const float v = float(a) * sx[m] * sw[n];
+      float* out = y + size_t(m) * N + n;
+      *out = beta == 0.0f ? v : v + beta * *out;
+    }
+  }
+}
+
+template <int kNT>
+void launch_mma(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+  if ((M + 7) / 8 != kNT) {
+    if constexpr (kNT > 1) launch_mma<kNT - 1>(x, sx, w, sw, M, N, K, y, beta);
+    return;
+  }
+  w8a8_mma_kernel<kNT><<<unsigned((N + 15) / 16), kMmaWarps * 32, 0, static_cast<cudaStream_t>(current_stream())>>>(x, sx, w, sw, int(M), int(N),
+                                                                                                                  int(K), y, beta);
+  PTQ_CUDA_LAUNCH("w8a8_mma_kernel");
+}
+
 template <int kM>
 void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
   if (M != kM) {
@@ -105,8 +196,17 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
 
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
   if (M < 1 || M > kW8A8GemvMaxM) fail(Errc::usage, "", "w8a8_gemv", "takes 1.." + std::to_string(kW8A8GemvMaxM) + " rows, not " + std::to_string(M));
+  if (M > kMaxM && !w8a8_gemv_serves(M, K))
+    fail(Errc::usage, "", "w8a8_gemv", std::to_string(M) + " rows need K % 64 == 0 and tensor cores (sm_80+); K is " + std::to_string(K));
   if (K % 16 || K >= (int64_t(1) << 17)) fail(Errc::usage, "", "w8a8_gemv", "K must be a multiple of 16 below 2^17, not " + std::to_string(K));
+  static const int mma_from = [] {   // the first M the tensor-core form takes (PTQKIT_W8A8_MMA_FROM; 0: never)
+    const char* e = std::getenv("PTQKIT_W8A8_MMA_FROM");
+    return e ? std::atoi(e) : kMmaFromM;
+  }();
+  if ((M > kMaxM || (mma_from > 0 && M >= mma_from)) && K % 64 == 0 && tensor_cores()) return launch_mma<4>(x, sx, w, sw, M, N, K, y, beta);
   launch_gemv<kMaxM>(x, sx, w, sw, M, N, K, y, beta);
 }
+
+bool w8a8_gemv_serves(int64_t M, int64_t K) { return M >= 1 && (M <= kMaxM || (M <= kW8A8GemvMaxM && K % 64 == 0 && tensor_cores())); }
 
 }  // namespace ptq::cuda
