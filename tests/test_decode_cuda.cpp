@@ -52,7 +52,7 @@ void check_gpu_greedy(const std::string& model, int prefix, int steps) {
 }
 }  // namespace
 
-TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, llama2xs, distilled-13m, qwen3, phi3)") {
+TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, llama2xs, distilled-13m, qwen3, phi3, mixtral, qwen3-moe)") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   check_gpu_greedy("stories260k", 32, 16);
@@ -60,6 +60,8 @@ TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, ll
   check_gpu_greedy("distilled-13m", 32, 16);
   check_gpu_greedy("tiny-qwen3", 16, 8);
   check_gpu_greedy("tiny-phi3", 16, 8);   // its fused qkv and gate_up Linears as stored
+  check_gpu_greedy("tiny-mixtral", 16, 8);   // MoE: routed on the host, experts on the device
+  check_gpu_greedy("tiny-qwen3-moe", 16, 8);
 }
 
 TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels, batched sequences independent") {

@@ -285,11 +285,11 @@ TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (
       else if (bf16_moe) CHECK(rel <= 6e-2);
       else CHECK(within >= got.rows() * 9 / 10);
       if (dir == d / "gpu-gptq") CHECK_THAT(gl.describe(), Catch::Contains(std::to_string(rg["modules"].size()) + " of " + std::to_string(rg["modules"].size()) + " Linears"));
-      if (moe) continue;
-      // The GPU decode over the same weights (q, k, v and gate, up stacked, or Phi-3's fused ones):
+      // The GPU decode over the same weights (q, k, v and gate, up stacked, or Phi-3's fused ones;
+      // MoE experts routed on the host):
       // a prompt, then tokens fed one at a time (the CPU's argmax each step), logits against the
       // CPU reference (model/generate.h) at every step.
-      if (!model->config().fused)   // Phi-3 stores its Linears fused already
+      if (!model->config().fused && !moe)   // Phi-3 stores its Linears fused already; MoE layers have no dense gate, up
         CHECK_THAT(gl.describe(), Catch::Contains("stacked") || Catch::Contains("f16 weights") || Catch::Contains("bf16 weights"));
       Generator cpu(*model);
       cuda::DecodeCuda dec(gl.decode_weights(), 1, 32);
@@ -300,7 +300,10 @@ TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (
         const VecF lg = dec.logits().row(0).transpose();
         const double drel = (lg - lc).norm() / lc.norm();
         INFO("decode step " << step << ": relative " << drel);
-        CHECK(drel <= 1e-2);
+        // bf16 MoE (the float tiny-qwen3-moe): as in the evaluation above, the bf16 GEMMs move the
+        // residual enough to flip near-tied choices among its random experts (measured on the H200:
+        // 1.3-6.4% at steps 0-5); every other case within 1%.
+        CHECK(drel <= (bf16_moe ? 8e-2 : 1e-2));
         Eigen::Index arg = 0;
         lc.maxCoeff(&arg);
         feed = {int32_t(arg)};

@@ -302,6 +302,19 @@ __global__ void silu_mul(const float* g, const float* u, int64_t f, int64_t stri
   pdl_end();
 }
 
+// out[i] = x[rows[i]] (16-bit rows of d), one CTA per output row: an expert's routed rows.
+__global__ void gather_rows16(const uint16_t* x, const int32_t* rows, int d, uint16_t* out) {
+  const uint16_t* src = x + int64_t(rows[blockIdx.x]) * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[int64_t(blockIdx.x) * d + j] = src[j];
+}
+
+// X[rows[i]] += w[i] * y[i] (fp32 rows of d; one expert's rows are distinct), one CTA per row.
+__global__ void scatter_add_rows(const float* y, const int32_t* rows, const float* w, int d, float* X) {
+  float* dst = X + int64_t(rows[blockIdx.x]) * d;
+  const float wi = w[blockIdx.x];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] += wi * y[int64_t(blockIdx.x) * d + j];
+}
+
 // One CTA per sequence: the argmax of its logits row (lowest id on ties) -> tokens[b] and
 // history[*step * batch + b]; the last CTA's thread 0 advances *step.
 __global__ void argmax_rows(const float* logits, int vocab, int* tokens, int* history, int* step, int batch) {
@@ -346,8 +359,7 @@ DeviceBuffer<float> upload_f32(const VecF& v, const char* what) {
 
 bool decode_supported(const LlamaConfig& c, std::string* why) {
   std::string w;
-  if (c.num_experts > 0) w = "MoE layers are not served by the GPU decode yet";
-  else if (c.head_dim > kMaxHd) w = "head_dim above 256";
+  if (c.head_dim > kMaxHd) w = "head_dim above 256";
   if (why) *why = w;
   return w.empty();
 }
@@ -356,6 +368,7 @@ struct DecodeCuda::Impl {
   DecodeWeights w;
   int B = 1, max_len = 0, pos = 0;
   bool graphs = true, graph_used = false;
+  bool moe_layers = false;   // routing on the host each step: no graphs
   struct LayerDev {
     DeviceBuffer<float> in_norm, post_norm, q_norm, k_norm, bq, bk, bv;
     DeviceBuffer<uint16_t> K, V;   // [B, max_len, kv_dim] in dt
@@ -378,7 +391,7 @@ struct DecodeCuda::Impl {
     xn = DeviceBuffer<uint16_t>(size_t(rows * d), "decode normed x");
     qh = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode rotated q");
     ctx = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode attention context");
-    act = DeviceBuffer<uint16_t>(size_t(rows * f), "decode MLP activation");
+    act = DeviceBuffer<uint16_t>(size_t(rows * std::max<int64_t>(f, c.moe_intermediate_size)), "decode MLP activation");
     // Split attention runs where rows x heads < kSplitBelow: only those rows need partials.
     const int64_t split_rows = std::min<int64_t>(rows, std::max(1, (kSplitBelow - 1) / c.num_attention_heads));
     partial = DeviceBuffer<float>(size_t(split_rows * c.num_attention_heads * kMaxSplits * (c.head_dim + 2)), "decode attention partials");
@@ -412,6 +425,48 @@ struct DecodeCuda::Impl {
       stage_ms[size_t(k)] += ms;
     }
     ev_n = 0;
+  }
+
+  // An MoE layer's MLP for the rows of xn (normed by the caller): the routing on the host from the
+  // residual rows X (model/llama.cpp: rmsnorm, the fp32 router, route), then per expert in order
+  // its rows gathered, gate and up, silu, down, and X[row] += weight * out.
+  DeviceBuffer<int32_t> moe_rows;
+  DeviceBuffer<float> moe_w, moe_y;
+  DeviceBuffer<uint16_t> moe_x;
+  void moe(const DecodeLayer& W, int64_t rows) {
+    const LlamaConfig& c = w.c;
+    const int64_t d = c.hidden_size, fe = c.moe_intermediate_size > 0 ? c.moe_intermediate_size : c.intermediate_size;
+    MatF x(rows, d), xn_h;
+    synchronize();
+    copy_to_host(x.data(), X.get(), size_t(x.size()) * 4);
+    rmsnorm(x, W.post_norm, float(c.rms_norm_eps), xn_h);
+    Linear router;
+    router.W = W.router;
+    const Routing rt = route(c, router, xn_h);
+    if (int64_t(moe_y.size()) < rows * std::max(d, 2 * fe)) {
+      moe_y = DeviceBuffer<float>(size_t(rows * std::max(d, 2 * fe)), "decode expert outputs");
+      moe_x = DeviceBuffer<uint16_t>(size_t(rows * std::max(d, fe)), "decode expert inputs");
+      moe_rows = DeviceBuffer<int32_t>(size_t(rows), "decode expert rows");
+      moe_w = DeviceBuffer<float>(size_t(rows), "decode expert weights");
+    }
+    for (size_t e = 0; e < W.experts.size(); ++e) {
+      const int64_t n = int64_t(rt.rows[e].size());
+      if (n == 0) continue;
+      copy_to_device(moe_rows.get(), rt.rows[e].data(), size_t(n) * 4);
+      copy_to_device(moe_w.get(), rt.weights[e].data(), size_t(n) * 4);
+      gather_rows16<<<unsigned(n), 256, 0, stream()>>>(xn.get(), moe_rows.get(), int(d), moe_x.get());
+      PTQ_CUDA_LAUNCH("gather_rows16");
+      float* g = moe_y.get();
+      float* u = g + n * fe;
+      W.experts[e][0](moe_x.get(), n, g, 0.0f);
+      W.experts[e][1](moe_x.get(), n, u, 0.0f);
+      if (w.dt == DType::F16) silu_mul<__half><<<unsigned((n * fe + 255) / 256), 256, 0, stream()>>>(g, u, fe, fe, n * fe, reinterpret_cast<__half*>(act.get()));
+      else silu_mul<__nv_bfloat16><<<unsigned((n * fe + 255) / 256), 256, 0, stream()>>>(g, u, fe, fe, n * fe, reinterpret_cast<__nv_bfloat16*>(act.get()));
+      PTQ_CUDA_LAUNCH("silu_mul");
+      W.experts[e][2](act.get(), n, moe_y.get(), 0.0f);
+      scatter_add_rows<<<unsigned(n), 256, 0, stream()>>>(moe_y.get(), moe_rows.get(), moe_w.get(), int(d), X.get());
+      PTQ_CUDA_LAUNCH("scatter_add_rows");
+    }
   }
 
   template <class T>
@@ -478,6 +533,12 @@ struct DecodeCuda::Impl {
       mark();
       norm(D.post_norm);
       mark();
+      if (!W.experts.empty()) {
+        moe(W, rows);
+        mark();   // the profile's silu and down stages: empty
+        mark();
+        continue;
+      }
       const float *yg = gu.get(), *yu;
       int64_t gu_stride;
       if (W.gate_up) {   // one Linear: row r holds gate, up side by side
@@ -564,6 +625,7 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   m.step_d = DeviceBuffer<int>(1, "decode step");
   m.tokens_d = DeviceBuffer<int>(size_t(batch) * size_t(max_len), "decode tokens");
   m.logits = DeviceBuffer<float>(size_t(batch) * size_t(c.vocab_size), "decode logits");
+  for (const DecodeLayer& L : w.layers) m.moe_layers = m.moe_layers || !L.experts.empty();
   m.w = std::move(w);
   reset();
 }
@@ -616,7 +678,7 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
   };
   int done = 0;
   m.graph_used = false;
-  if (m.graphs && !m.profile && n > 1) {
+  if (m.graphs && !m.moe_layers && !m.profile && n > 1) {
     // The step as a CUDA graph: captured once on a stream of its own (every kernel and cuBLAS
     // call of this thread goes to the current stream), then replayed; a capture the driver
     // refuses falls back to plain launches.

@@ -11,9 +11,13 @@
 // device, each layer: rmsnorm -> q, k, v -> head norms, rotary, KV append -> attention over the
 // cache -> X += o(ctx) -> rmsnorm -> silu(gate) * up -> X += down(act). The position is read from
 // device memory by every kernel, so a step does not depend on host state.
-// Serves the dense families (llama, mistral, qwen2, qwen3, phi3); a layer's q, k, v (gate, up) run
-// as one Linear where the weights give one (DecodeLayer::qkv, gate_up). MoE layers are refused
-// (decode_supported says why).
+// Serves every family ptqkit reads; a layer's q, k, v (gate, up) run as one Linear where the weights
+// give one (DecodeLayer::qkv, gate_up). MoE layers route on the host: each step copies the
+// residual rows there, and the CPU reference's own rmsnorm and router (model/llama.h route, fp32)
+// pick the experts — the same choices as the CPU for the same residual — then the chosen experts'
+// Linears run on the device for the rows routed to them and are added into the residual in expert
+// order. That host round trip per MoE layer rules out CUDA graphs there: such models decode with
+// plain launches.
 #pragma once
 #include <array>
 #include <memory>
@@ -33,6 +37,9 @@ struct DecodeLayer {
   LinearFn qkv, gate_up;                 // stacked: out rows q, k, v (gate, up) in order, as Phi-3 stores them
   VecF in_norm, post_norm, q_norm, k_norm;   // q_norm, k_norm: Qwen3's per-head norms, else empty
   std::array<VecF, 3> qkv_bias;          // empty where none
+  // MoE layers: the router [experts, hidden] (float, on the host) and each expert's gate, up, down.
+  MatF router;
+  std::vector<std::array<LinearFn, 3>> experts;
 };
 
 struct DecodeWeights {

@@ -246,9 +246,13 @@ DecodeWeights GpuLogits::decode_weights() const {
   w.embed = emb->get();
   w.lm_head = m.lm_head.get();
   w.final_norm = m.final_norm;
-  size_t k = 0;
+  size_t k = 0, moe_k = 0;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     DecodeLayer L;
+    if (c.moe_layer(l)) {
+      L.router = m.routers[moe_k++];
+      L.experts.resize(size_t(c.num_experts));
+    }
     L.in_norm = m.norms[size_t(l)].first;
     L.post_norm = m.norms[size_t(l)].second;
     if (c.qk_norm) L.q_norm = m.head_norms[size_t(l)].first, L.k_norm = m.head_norms[size_t(l)].second;
@@ -257,7 +261,11 @@ DecodeWeights GpuLogits::decode_weights() const {
     for (LinearId p : layer_schedule(c, l).linears()) {   // the constructor's order
       const VecF& bias = m.biases[k];
       const LinearFn& f = m.linears[k++];
-      if (p.expert >= 0) fail(Errc::usage, "", "--device", "cuda decode: experts are not served");
+      if (p.expert >= 0) {
+        if (bias.size()) fail(Errc::usage, "", "--device", "cuda decode: expert biases are not served");
+        L.experts[size_t(p.expert)][size_t(expert_slot(p.proj))] = f;
+        continue;
+      }
       if (p.proj == Proj::qkv || p.proj == Proj::gate_up) {   // Phi-3's, as stored
         if (bias.size()) fail(Errc::usage, "", "--device", "cuda decode: biases on fused Linears are not served");
         (p.proj == Proj::qkv ? L.qkv : L.gate_up) = f;
