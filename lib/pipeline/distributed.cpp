@@ -3,6 +3,7 @@
 
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -166,6 +167,7 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   write_file_atomic(file, std::string(em.c_str()) + "\n");
   const std::string id = cuda::Comm::new_id();
   Workers w(n, file, id);
+  omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / n));   // the cores shared as the workers share them
   cuda::Comm comm(id, 0, n);
   w.watch(comm);
   DistRank d{0, n, &comm};
