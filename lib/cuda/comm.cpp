@@ -86,6 +86,17 @@ bool Comm::same(uint64_t v) const {
   copy_to_host(r, d.get(), sizeof r);
   return r[0] == v && ~r[1] == v;
 }
+void Comm::share(void* dev, const std::vector<size_t>& off) const {
+  p_->usable("ncclBroadcast");
+  if (off.size() != size_t(size_) + 1) fail(Errc::usage, "NCCL", "share", "one offset per rank and the end");
+  auto* b = static_cast<uint8_t*>(dev);
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  for (int r = 0; r < size_; ++r)
+    nccl_check(ncclBroadcast(b + off[size_t(r)], b + off[size_t(r)], off[size_t(r) + 1] - off[size_t(r)], ncclUint8, r, p_->comm, cudaStreamLegacy),
+               "ncclBroadcast");
+  p_->finish(ncclGroupEnd(), "ncclGroupEnd (broadcasts)");
+}
+
 void Comm::abort() {
   if (p_->aborted.exchange(true)) return;
   ncclCommAbort(p_->comm);
@@ -107,6 +118,7 @@ Comm::~Comm() = default;
 void Comm::sum(double*, size_t) const { no_nccl(); }
 void Comm::sum(int64_t*, size_t) const { no_nccl(); }
 bool Comm::same(uint64_t) const { no_nccl(); }
+void Comm::share(void*, const std::vector<size_t>&) const { no_nccl(); }
 void Comm::abort() {}
 
 #endif

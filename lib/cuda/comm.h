@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ptq::cuda {
 
@@ -29,6 +30,9 @@ class Comm {
   void sum(double* dev, size_t n) const;    // fp64 sums (Hessians)
   void sum(int64_t* dev, size_t n) const;   // token counts
   bool same(uint64_t v) const;              // whether every rank passed the same v (a digest of what each computed)
+  // Rank r's bytes [off[r], off[r + 1]) of the device buffer `dev` copied to every rank (one
+  // broadcast per rank, in place): after it every rank holds every rank's part.
+  void share(void* dev, const std::vector<size_t>& off) const;
   // From another thread, when a peer process has died: calls blocked in a collective return an
   // error instead of waiting forever.
   void abort();

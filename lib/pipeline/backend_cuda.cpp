@@ -7,6 +7,7 @@
 // weights go straight back into the forward: the host receives only the codes and grids it
 // stores. Otherwise the CPU forward runs (fp32) and the GPU accumulates its Hessians and solves.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <tuple>
@@ -97,7 +98,8 @@ class CudaForward final : public LayerForward {
 class CudaSolver final : public GroupSolver {
  public:
   // fw: the GPU forward whose weights a solve reads and replaces (null: the CPU forward's run).
-  CudaSolver(cuda::LayerForwardCuda* fw, DType model_dtype) : fw_(fw), model_dtype_(model_dtype) {}
+  // comm (--gpus N): a stacked solve is split by rows over the ranks (solve_split).
+  CudaSolver(cuda::LayerForwardCuda* fw, DType model_dtype, const cuda::Comm* comm = nullptr) : fw_(fw), model_dtype_(model_dtype), comm_(comm) {}
   int64_t batch_bytes() const override { return cuda::kBatchHessianBytes; }
   std::vector<std::vector<SolvedLinear>> solve_many(const std::vector<GroupToSolve>& groups, LayerWeights& w, PhaseTimes& t) override {
     // The groups of one Linear each that a resident solve serves with the first one's spec and
@@ -152,6 +154,7 @@ class CudaSolver final : public GroupSolver {
  private:
   cuda::LayerForwardCuda* fw_;
   DType model_dtype_;
+  const cuda::Comm* comm_;
 
   static bool resident_ok(const LinearJob& j) { return j.spec.method == "gptq" && cuda::gptq_supported(j.spec, nullptr); }
 
@@ -178,6 +181,15 @@ class CudaSolver final : public GroupSolver {
     const QuantSpec spec = problems[0].jobs[0].spec;
     const int64_t cols = w[problems[0].jobs[0].id].W.cols();
     const bool from_forward = fw_ && fw_->dtype() == model_dtype_;   // 16-bit weights that are the model's exactly
+    if (comm_ && from_forward && problems.size() == 1) {
+      int64_t R = 0;
+      bool device = true;
+      for (const LinearJob& j : problems[0].jobs) {
+        R += w[j.id].W.rows();
+        device = device && j.id.proj != Proj::qkv && j.id.proj != Proj::gate_up;
+      }
+      if (device && R >= comm_->size()) return solve_split(problems[0], w, t);
+    }
     std::vector<cuda::SolveProblem> sp;
     for (const Problem& p : problems) {
       sp.push_back({{}, p.H});
@@ -240,6 +252,157 @@ class CudaSolver final : public GroupSolver {
         r0 += out.back().rows;
         st[e].log.clear();   // said once, for the first module of the problem
       }
+    }
+    return out;
+  }
+
+  // --gpus N: one stacked problem split by rows over the ranks, rank k solving rows [R k / N,
+  // R (k + 1) / N) of the stack against the same summed Hessian (GPTQ treats rows independently:
+  // each row's codes are what the whole solve gives it, up to the GEMMs' summation order on fewer
+  // rows). Then every rank receives every rank's quantized weights (its forward's next stage
+  // reads them) and codes (rank 0 exports them; every rank checks the same digest), one NCCL
+  // broadcast per rank each; the losses are summed across ranks. With one rank it is the
+  // resident solve with the codes sent through a record per row and back (the --gpus 1 test
+  // checks that the bytes come out unchanged).
+  std::vector<SolvedLinear> solve_split(const Problem& p, LayerWeights& w, PhaseTimes& t) {
+    const int N = comm_->size(), k = comm_->rank();
+    const QuantSpec spec = p.jobs[0].spec;
+    const int64_t cols = w[p.jobs[0].id].W.cols();
+    std::vector<int64_t> start = {0};   // each Linear's first row in the stack
+    for (const LinearJob& j : p.jobs) start.push_back(start.back() + w[j.id].W.rows());
+    const int64_t R = start.back();
+    auto first_row = [&](int r) { return R * r / N; };
+    const int64_t lo = first_row(k), hi = first_row(k + 1);
+    // This rank's rows, as pieces of the Linears they belong to (the forward's 16-bit weights).
+    cuda::SolveProblem sp{{}, p.H};
+    std::vector<size_t> piece_job;
+    for (size_t j = 0; j < p.jobs.size(); ++j) {
+      const int64_t a = std::max(lo, start[j]), b = std::min(hi, start[j + 1]);
+      if (a >= b) continue;
+      cuda::WeightRows part;
+      part.rows = b - a;
+      part.dtype = fw_->dtype();
+      part.device = static_cast<const uint8_t*>(fw_->weight(p.jobs[j].id)) + size_t((a - start[j]) * cols) * dtype_size(part.dtype);
+      sp.parts.push_back(part);
+      piece_job.push_back(j);
+    }
+    std::vector<SolveStats> st;
+    cuda::ResidentSolve rs;
+    {
+      PhaseTimer a(t.phase["solve"]);
+      rs = cuda::gptq_solve_cuda(std::vector<cuda::SolveProblem>{sp}, cols, spec, cuda::SolveKeep::weights_and_rtn, &st);
+      const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
+      t.solve["prepare"] += pt.prepare;
+      t.solve["factorization"] += pt.factorization;
+      t.solve["column_loop"] += pt.column_loop;
+      t.solve["pack_codes"] += pt.pack;
+      t.solve["dequantize_and_rtn"] += pt.download;
+    }
+    // The losses of this rank's rows per Linear (GPTQ's, RTN's), then summed across the ranks.
+    std::vector<double> loss(2 * p.jobs.size(), 0.0);
+    {
+      PhaseTimer a(t.phase["loss"]);
+      int64_t r = 0;
+      for (size_t s = 0; s < sp.parts.size(); ++s) {
+        const int64_t n = sp.parts[s].rows, off = r * cols;
+        double l = rs.damped.loss(r, r + n), lr = 0;
+        if (std::isnan(l)) std::tie(l, lr) = cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, n, cols, p.H);
+        else lr = cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, n, cols, p.H);
+        loss[2 * piece_job[s]] += l;
+        loss[2 * piece_job[s] + 1] += lr;
+        r += n;
+      }
+      cuda::DeviceBuffer<double> dl(loss.size(), "losses (all ranks)");
+      cuda::copy_to_device(dl.get(), loss.data(), loss.size() * 8);
+      comm_->sum(dl.get(), loss.size());
+      cuda::copy_to_host(loss.data(), dl.get(), loss.size() * 8);
+    }
+    // Every rank's quantized weights, [R, cols] fp32, and codes: one record of 32-bit words per
+    // row — its packed codes, then its value of each grid vector ([groups, rows] layouts: scales,
+    // zeros, mins, super-block d and dmin) — the same layout for every piece (one spec, one width).
+    PhaseTimer up(t.phase["upload"]), upq(t.upload["quantized_weights"]);
+    const QuantizedLinear& q0 = rs.parts[0];
+    const int64_t wpr = int64_t(q0.packed.size()) / q0.rows;
+    auto vecs = [](QuantizedLinear& q) {
+      return std::vector<std::pair<std::vector<float>*, std::vector<int32_t>*>>{
+          {&q.scales, nullptr}, {nullptr, &q.zeros}, {&q.mins, nullptr}, {&q.super_d, nullptr}, {&q.super_dmin, nullptr}};
+    };
+    std::vector<int64_t> per;   // values per row of each grid vector
+    {
+      QuantizedLinear& q = rs.parts[0];
+      for (auto [f, i] : vecs(q)) per.push_back(int64_t(f ? f->size() : i->size()) / q.rows);
+    }
+    int64_t width = wpr;
+    for (int64_t v : per) width += v;
+    std::vector<uint32_t> rec(size_t((hi - lo) * width));
+    int64_t r0 = 0;
+    for (QuantizedLinear& q : rs.parts) {
+      auto vs = vecs(q);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < q.rows; ++i) {
+        uint32_t* o = rec.data() + (r0 + i) * width;
+        std::copy(q.packed.begin() + i * wpr, q.packed.begin() + (i + 1) * wpr, o);
+        o += wpr;
+        for (size_t v = 0; v < vs.size(); ++v)
+          for (int64_t g = 0; g < per[v]; ++g) {
+            const size_t at = size_t(g * q.rows + i);
+            *o++ = vs[v].first ? std::bit_cast<uint32_t>((*vs[v].first)[at]) : uint32_t((*vs[v].second)[at]);
+          }
+      }
+      r0 += q.rows;
+    }
+    cuda::DeviceBuffer<float> Wq(size_t(R * cols), "quantized weights (all ranks)");
+    cuda::DeviceBuffer<uint32_t> recs(size_t(R * width), "codes (all ranks)");
+    cuda::copy_device(Wq.get() + lo * cols, rs.Wq.get(), size_t((hi - lo) * cols) * 4);
+    cuda::copy_to_device(recs.get() + lo * width, rec.data(), rec.size() * 4);
+    std::vector<size_t> wq_off, rec_off;
+    for (int q = 0; q <= N; ++q) {
+      wq_off.push_back(size_t(first_row(q) * cols) * 4);
+      rec_off.push_back(size_t(first_row(q) * width) * 4);
+    }
+    comm_->share(Wq.get(), wq_off);
+    comm_->share(recs.get(), rec_off);
+    rec.resize(size_t(R * width));
+    cuda::copy_to_host(rec.data(), recs.get(), rec.size() * 4);
+    std::vector<SolvedLinear> out;
+    for (size_t j = 0; j < p.jobs.size(); ++j) {
+      const LinearJob& job = p.jobs[j];
+      SolvedLinear s;
+      s.id = job.id;
+      s.rows = start[j + 1] - start[j];
+      s.cols = cols;
+      QuantizedLinear& q = s.q;
+      q.spec = q0.spec;
+      q.rows = s.rows;
+      q.cols = cols;
+      q.groups = q0.groups;
+      q.g_idx = q0.g_idx;   // one Hessian, one spec: one column order for every piece
+      q.packed.resize(size_t(q.rows * wpr));
+      auto vs = vecs(q);
+      for (size_t v = 0; v < vs.size(); ++v) {
+        if (vs[v].first) vs[v].first->resize(size_t(per[v] * q.rows));
+        else vs[v].second->resize(size_t(per[v] * q.rows));
+      }
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < q.rows; ++i) {
+        const uint32_t* o = rec.data() + (start[j] + i) * width;
+        std::copy(o, o + wpr, q.packed.begin() + i * wpr);
+        o += wpr;
+        for (size_t v = 0; v < vs.size(); ++v)
+          for (int64_t g = 0; g < per[v]; ++g, ++o) {
+            const size_t at = size_t(g * q.rows + i);
+            if (vs[v].first) (*vs[v].first)[at] = std::bit_cast<float>(*o);
+            else (*vs[v].second)[at] = int32_t(*o);
+          }
+      }
+      s.stats = st[0];
+      s.loss = loss[2 * j];
+      s.rtn_loss = loss[2 * j + 1];
+      s.seconds = st[0].seconds * double(s.rows) / double(R);
+      fw_->set_weight_device(job.id, Wq.get() + start[j] * cols);   // the next stage reads the quantized weights
+      w[job.id].W = MatF();
+      out.push_back(std::move(s));
+      st[0].log.clear();   // said once, for the first module of the problem
     }
     return out;
   }
@@ -336,7 +499,7 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
       fw = std::make_unique<CudaForward>(pass, std::move(X), spill, t);
     }
     const DType fdt = fw->device().dtype();
-    b.solver = std::make_unique<CudaSolver>(&fw->device(), c.dtype);
+    b.solver = std::make_unique<CudaSolver>(&fw->device(), c.dtype, pass.comm);
     b.forward = std::move(fw);
     b.forward_description = std::string("cuda (") + (fdt == DType::F16 ? "f16" : "bf16") + " GEMMs, fp32 accumulation and residual" +
                             (spill ? "; activations in page-locked host memory" : "") + ")";
