@@ -12,11 +12,11 @@
 // What each rank does: the same recipe, model and calibration windows; windows
 // [S k / N, S (k + 1) / N) run through its own forward; each group's Hessian (the fp64 sum) and
 // token count are summed across the ranks by one NCCL all-reduce before anything reads them
-// (gptq/hessian_cuda.h); every rank then solves the same summed Hessian itself — a dense
-// layer's groups depend on each other in order, so solving on one rank and broadcasting the
-// weights would add a transfer and save nothing — and one more all-reduce checks that every rank
-// got the same codes (the solve is deterministic: same inputs, same bytes). Rank 0 alone writes
-// the layer store, the export and the report.
+// (gptq/hessian_cuda.h); each group's stacked solve is then split by rows over the ranks, and one
+// broadcast per rank gives every rank all quantized weights and codes (backend_cuda.cpp,
+// CudaSolver::solve_split); where a solve is not split (an MoE layer's batched experts, Phi-3's
+// fused Linears), every rank solves the whole of it. Either way one more all-reduce checks that
+// every rank holds the same codes. Rank 0 alone writes the layer store, the export and the report.
 //
 // Refused with --gpus, each naming why: SmoothQuant and W8A8 (their activation statistics are
 // collected on the host per rank, not yet reduced), --save-stats / --load-stats, --resume, MoE
