@@ -170,6 +170,20 @@ class CudaSolver final : public GroupSolver {
     }
   }
 
+  // The resident solve (weights, RTN's and the codes kept), its phases added to the report's.
+  static cuda::ResidentSolve timed_solve(const std::vector<cuda::SolveProblem>& sp, int64_t cols, const QuantSpec& spec, std::vector<SolveStats>* st,
+                                         PhaseTimes& t) {
+    PhaseTimer a(t.phase["solve"]);
+    cuda::ResidentSolve rs = cuda::gptq_solve_cuda(sp, cols, spec, cuda::SolveKeep::weights_and_rtn, st);
+    const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
+    t.solve["prepare"] += pt.prepare;
+    t.solve["factorization"] += pt.factorization;
+    t.solve["column_loop"] += pt.column_loop;
+    t.solve["pack_codes"] += pt.pack;
+    t.solve["dequantize_and_rtn"] += pt.download;
+    return rs;
+  }
+
   // Linears of one spec and input width that share a Hessian (one problem: a stacked solve), or
   // several such problems of equal rows (a batched solve). Their weights stay on the device for
   // the losses and (with the GPU forward) the next stage. Results in the problems' order.
@@ -203,17 +217,7 @@ class CudaSolver final : public GroupSolver {
       }
     }
     std::vector<SolveStats> st;
-    cuda::ResidentSolve rs;
-    {
-      PhaseTimer a(t.phase["solve"]);
-      rs = cuda::gptq_solve_cuda(sp, cols, spec, cuda::SolveKeep::weights_and_rtn, &st);
-      const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
-      t.solve["prepare"] += pt.prepare;
-      t.solve["factorization"] += pt.factorization;
-      t.solve["column_loop"] += pt.column_loop;
-      t.solve["pack_codes"] += pt.pack;
-      t.solve["dequantize_and_rtn"] += pt.download;
-    }
+    cuda::ResidentSolve rs = timed_solve(sp, cols, spec, &st, t);
     std::vector<SolvedLinear> out;
     int64_t r0 = 0;
     size_t part = 0;
@@ -287,17 +291,7 @@ class CudaSolver final : public GroupSolver {
       piece_job.push_back(j);
     }
     std::vector<SolveStats> st;
-    cuda::ResidentSolve rs;
-    {
-      PhaseTimer a(t.phase["solve"]);
-      rs = cuda::gptq_solve_cuda(std::vector<cuda::SolveProblem>{sp}, cols, spec, cuda::SolveKeep::weights_and_rtn, &st);
-      const cuda::GptqPhaseTimes pt = cuda::last_phase_times();
-      t.solve["prepare"] += pt.prepare;
-      t.solve["factorization"] += pt.factorization;
-      t.solve["column_loop"] += pt.column_loop;
-      t.solve["pack_codes"] += pt.pack;
-      t.solve["dequantize_and_rtn"] += pt.download;
-    }
+    cuda::ResidentSolve rs = timed_solve({sp}, cols, spec, &st, t);
     // The losses of this rank's rows per Linear (GPTQ's, RTN's), then summed across the ranks.
     std::vector<double> loss(2 * p.jobs.size(), 0.0);
     {
