@@ -143,8 +143,9 @@ struct Backend {
   std::unique_ptr<LayerForward> forward;
   std::unique_ptr<GroupSolver> solver;
   std::string forward_description;   // report.json's "forward": where it runs, in what precision, and why
-  // --gpus N: whether every rank computed the same digest (each rank solves the same all-reduced
-  // Hessians itself; a difference would mean the ranks' models differ from here on). Unset: one rank.
+  // --gpus N: whether every rank holds the same digest of a group's codes (solved there or received
+  // from the rank that solved them; a difference would mean the ranks' models differ from here on).
+  // Unset: one rank.
   std::function<bool(uint64_t)> ranks_agree;
 };
 Backend make_backend(const Device& dev, const Recipe& r, const CalibrationPass& pass, MatF&& X, PhaseTimes& t);

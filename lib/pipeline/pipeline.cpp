@@ -498,7 +498,7 @@ uint64_t digest(const uint32_t* w, size_t n, uint64_t h) {
 // A solved group into the report, the layer store's list and (W8A8) its input specs.
 void finish_group(Run& R, Backend& B, int l, CollectedGroup& cg, std::vector<SolvedLinear>& solved, LayerWeights& w, LayerStats& saved,
                   LayerResult& out, std::map<int, int64_t>& routed) {
-  if (B.ranks_agree) {   // --gpus N: every rank solved the same Hessians; their codes must be the same bytes
+  if (B.ranks_agree) {   // --gpus N: every rank must hold the same bytes of this group's codes
     uint64_t h = 0;
     for (const SolvedLinear& s : solved) {
       h = digest(s.q.packed.data(), s.q.packed.size(), h);
