@@ -39,12 +39,24 @@ bool available() {
 
 void synchronize() { PTQ_CUDA(cudaDeviceSynchronize()); }
 
+int compute_capability() {
+  static const int cc = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return major * 10 + minor;
+  }();
+  return cc;
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("PTQKIT_PDL");
     if (e && std::string(e) == "0") return false;
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    return compute_capability() >= 90;
   }();
   return on;
 }

@@ -37,8 +37,9 @@ struct DecodeLayer {
   LinearFn qkv, gate_up;                 // stacked: out rows q, k, v (gate, up) in order, as Phi-3 stores them
   VecF in_norm, post_norm, q_norm, k_norm;   // q_norm, k_norm: Qwen3's per-head norms, else empty
   std::array<VecF, 3> qkv_bias;          // empty where none
-  // MoE layers: the router [experts, hidden] (float, on the host) and each expert's gate, up, down.
-  MatF router;
+  // MoE layers: the router (W [experts, hidden], fp32 on the host, as the CPU reference routes) and
+  // each expert's gate, up, down.
+  Linear router;
   std::vector<std::array<LinearFn, 3>> experts;
 };
 

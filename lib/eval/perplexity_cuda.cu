@@ -63,9 +63,7 @@ DeviceBuffer<uint16_t> upload16(const MatF& W, DType dt, const char* what) {
   copy_to_device(d.get(), h.data(), h.size() * 2);
   return d;
 }
-}  // namespace
 
-namespace {
 using LinearFn = LayerForwardCuda::LinearFn;
 struct Sources {
   const WeightSource& ws;
@@ -250,7 +248,7 @@ DecodeWeights GpuLogits::decode_weights() const {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     DecodeLayer L;
     if (c.moe_layer(l)) {
-      L.router = m.routers[moe_k++];
+      L.router.W = m.routers[moe_k++];
       L.experts.resize(size_t(c.num_experts));
     }
     L.in_norm = m.norms[size_t(l)].first;

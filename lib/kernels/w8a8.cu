@@ -223,15 +223,7 @@ CUtensorMap tensor_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
 }  // namespace
 
 bool w8a8_supported() {
-  static const bool sm90 = [] {   // asked once: w8a8_gemm checks it on every call
-    if (!available()) return false;
-    int dev = 0, major = 0, minor = 0;
-    PTQ_CUDA(cudaGetDevice(&dev));
-    PTQ_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    PTQ_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    return major == 9 && minor == 0;
-  }();
-  return sm90;
+  return compute_capability() == 90;   // wgmma: sm_90a code only (0 without a device)
 }
 
 void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, void* y, bool out_f32) {

@@ -29,13 +29,7 @@ namespace ptq::cuda {
 namespace {
 constexpr int kWarps = 8, kRowsPerWarp = 4, kTile = 2048, kMaxM = 16, kUnroll = kTile / 16 / 32;   // a tile: 4 pieces per lane
 constexpr int kMmaFromM = 3;   // measured: docs/lab/2026-11-24-decode-h200.md (run 23)
-bool tensor_cores() {   // int8 mma.sync: sm_80 and up
-  static const bool on = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
-  }();
-  return on;
-}
+bool tensor_cores() { return compute_capability() >= 80; }   // int8 mma.sync: sm_80 and up
 
 // kM: the activation rows, a template parameter so that the accumulators stay in registers.
 template <int kM>

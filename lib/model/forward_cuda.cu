@@ -268,6 +268,19 @@ void linear_gemm(const void* X, const void* W, void* Y, cudaDataType ytype, int6
 }
 }  // namespace
 
+void gather_rows16(const void* x, const int32_t* rows, int64_t n, int d, void* out) {
+  if (n == 0) return;
+  gather_rows_kernel<<<unsigned(n), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(static_cast<const uint16_t*>(x), rows, d,
+                                                                                           static_cast<uint16_t*>(out));
+  PTQ_CUDA_LAUNCH("gather_rows_kernel");
+}
+
+void scatter_add_rows(const float* y, const int32_t* rows, const float* w, int64_t n, int d, float* X) {
+  if (n == 0) return;
+  scatter_add_kernel<<<unsigned(n), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(y, rows, w, d, X);
+  PTQ_CUDA_LAUNCH("scatter_add_kernel");
+}
+
 bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why) {
   auto no = [&](const std::string& w) { if (why) *why = w; return false; };
   if (c.head_dim % 2) return no("odd head_dim");
@@ -538,9 +551,7 @@ struct LayerForwardCuda::Impl {
     const int64_t first = route_off[size_t(e)], n = route_off[size_t(e) + 1] - first;
     for (int64_t i0 = 0; i0 < n; i0 += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - i0);
-      gather_rows_kernel<<<unsigned(rows), 256>>>(reinterpret_cast<const uint16_t*>(moe_xn.get()), route_rows.get() + first + i0, int(d),
-                                                    static_cast<uint16_t*>(at(xn, 0)));
-      PTQ_CUDA_LAUNCH("gather_rows_kernel");
+      gather_rows16(moe_xn.get(), route_rows.get() + first + i0, rows, int(d), at(xn, 0));
       f(at(xn, 0), rows, i0);
     }
   }
@@ -563,8 +574,7 @@ struct LayerForwardCuda::Impl {
     expert_rows(e, false, [&](const void* x, int64_t rows, int64_t i0) {
       expert_swiglu(e, x, rows, at(moe_act, 0));
       expert_linear(e, 2, at(moe_act, 0), rows, y32.get());
-      scatter_add_kernel<<<unsigned(rows), 256>>>(y32.get(), route_rows.get() + first + i0, route_w.get() + first + i0, int(d), X.get());
-      PTQ_CUDA_LAUNCH("scatter_add_kernel");
+      scatter_add_rows(y32.get(), route_rows.get() + first + i0, route_w.get() + first + i0, rows, int(d), X.get());
     });
   }
 };

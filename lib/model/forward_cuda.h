@@ -27,6 +27,12 @@ namespace ptq::cuda {
 // CPU forward and accumulates the Hessians on the GPU).
 bool forward_supported(const LlamaConfig& c, int seq_len, std::string* why);
 
+// The MoE row moves, on the thread's current stream (device pointers): out[i] = x[rows[i]] for n
+// 16-bit rows of d (an expert's routed rows gathered), and X[rows[i]] += w[i] * y[i] for n fp32
+// rows (its output weighted back; one expert's rows are distinct). The forward's and the decode's.
+void gather_rows16(const void* x, const int32_t* rows, int64_t n, int d, void* out);
+void scatter_add_rows(const float* y, const int32_t* rows, const float* w, int64_t n, int d, float* X);
+
 // Bytes of X and the stage buffer (what `spill` moves to the host).
 size_t activation_bytes(const LlamaConfig& c, int samples, int seq_len);
 

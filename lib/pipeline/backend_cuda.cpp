@@ -170,6 +170,16 @@ class CudaSolver final : public GroupSolver {
     }
   }
 
+  // GPTQ's and RTN's output errors of rows [r0, r0 + n) of a resident solve: GPTQ's from its column
+  // loop (DampedLoss: exact up to fp32 rounding), RTN's on TF32 tensor cores (~1e-4); both by fp64
+  // DGEMM where the damping term would cancel most of the first.
+  static std::pair<double, double> row_losses(const cuda::ResidentSolve& rs, int64_t r0, int64_t n, int64_t cols, HessianRef H) {
+    const int64_t off = r0 * cols;
+    const double loss = rs.damped.loss(r0, r0 + n);
+    if (std::isnan(loss)) return cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, n, cols, H);
+    return {loss, cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, n, cols, H)};
+  }
+
   // The resident solve (weights, RTN's and the codes kept), its phases added to the report's.
   static cuda::ResidentSolve timed_solve(const std::vector<cuda::SolveProblem>& sp, int64_t cols, const QuantSpec& spec, std::vector<SolveStats>* st,
                                          PhaseTimes& t) {
@@ -233,15 +243,8 @@ class CudaSolver final : public GroupSolver {
         s.cols = cols;
         const HessianRef dev = problems[e].H;
         {
-          // GPTQ's loss from its column loop (DampedLoss: exact up to fp32 rounding), RTN's on TF32
-          // tensor cores (~1e-4); both by fp64 DGEMM where the damping term would cancel most of the first.
           PhaseTimer a(t.phase["loss"]);
-          const int64_t off = r0 * cols;
-          s.loss = rs.damped.loss(r0, r0 + s.rows);
-          if (std::isnan(s.loss))
-            std::tie(s.loss, s.rtn_loss) = cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, s.rows, cols, dev);
-          else
-            s.rtn_loss = cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, s.rows, cols, dev);
+          std::tie(s.loss, s.rtn_loss) = row_losses(rs, r0, s.rows, cols, dev);
         }
         s.seconds = st[e].seconds * double(s.rows) / double(problem_rows);
         if (fw_) {   // the next stage reads the quantized weights from here; the host copy is not needed
@@ -298,10 +301,8 @@ class CudaSolver final : public GroupSolver {
       PhaseTimer a(t.phase["loss"]);
       int64_t r = 0;
       for (size_t s = 0; s < sp.parts.size(); ++s) {
-        const int64_t n = sp.parts[s].rows, off = r * cols;
-        double l = rs.damped.loss(r, r + n), lr = 0;
-        if (std::isnan(l)) std::tie(l, lr) = cuda::output_errors(rs.W.get() + off, rs.Wq.get() + off, rs.Wr.get() + off, n, cols, p.H);
-        else lr = cuda::output_error_tf32(rs.W.get() + off, rs.Wr.get() + off, n, cols, p.H);
+        const int64_t n = sp.parts[s].rows;
+        const auto [l, lr] = row_losses(rs, r, n, cols, p.H);
         loss[2 * piece_job[s]] += l;
         loss[2 * piece_job[s] + 1] += lr;
         r += n;
