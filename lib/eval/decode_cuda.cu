@@ -6,8 +6,9 @@
 //                   (rmsnorm_rows_vec: the same with the row in registers)
 //   rope_append     per (row, head): bias, Qwen3 head norm, rotary at pos + t; q -> 16-bit q,
 //                   k, v -> the cache at [b, pos + t]
-//   attend          per (row, head): scores over the cached positions <= its own (sliding window
-//                   too), softmax, weighted sum of V -> ctx 16-bit
+//   attend          per (row, head[, split]): scores over the cached positions <= its own
+//                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: the
+//                   last split to finish combines them)
 //   silu_mul        act = silu(g) * u -> 16-bit
 //   argmax_rows     next token per sequence, written to the token buffer and the history
 // The CPU reference of each is the same stage in lib/model/llama.cpp (attention_cached,
@@ -23,6 +24,7 @@
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -69,16 +71,15 @@ __device__ float block_max(float v, float* red) {
 }
 
 // The per-layer kernels below are launched with programmatic dependent launch (cuda/pdl.cuh):
-// pdl_begin, first, waits for the kernel before; pdl_end, last, after every thread of the CTA has
-// written and fenced its outputs, lets the next kernel launch (its CTAs then start while this
-// grid drains, the A16 kernels' weight loads with them). Letting it launch at the start instead
-// measured faster but wrong: the A16 kernels then read stale activations in 7 of 30 test runs
-// (docs/lab/2026-11-24-decode-h200.md), so the next kernel starts only once the outputs exist.
+// pdl_begin, first, waits for the kernel before, then lets the next kernel launch, so its CTAs
+// (an A16 kernel's weight loads) start while this grid runs. That is safe because every kernel
+// that follows reads what this one writes only after its own wait, and through L2: the A16 and
+// W8A8 kernels read x by __ldcg or cp.async.cg, not the non-coherent path (__ldg), whose stale
+// reads under this early trigger failed 7 of 30 decode test runs (W8A16 and NF4, then reading x
+// by __ldg; 0 of 20 with __ldcg: docs/lab/2026-11-24-decode-h200.md, runs 16-19 and 27).
 // PTQKIT_DECODE_PDL=0 launches them plainly (benchmarks compare).
-__device__ __forceinline__ void pdl_begin() { pdl::wait_prior_grid(); }
-__device__ __forceinline__ void pdl_end() {
-  __threadfence();
-  __syncthreads();
+__device__ __forceinline__ void pdl_begin() {
+  pdl::wait_prior_grid();
   pdl::allow_dependents();
 }
 bool decode_pdl() {
@@ -107,7 +108,6 @@ __global__ void rmsnorm_rows(const float* X, const float* w, int d, float eps, T
   const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
 #pragma unroll 4
   for (int i = threadIdx.x; i < d; i += blockDim.x) out[size_t(blockIdx.x) * d + i] = from_f<T>(x[i] * inv * w[i]);
-  pdl_end();
 }
 
 // The same with 256 threads and the row held in registers (float4 loads, one pass over X): for
@@ -138,7 +138,6 @@ __global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float ep
     T* o = out + size_t(blockIdx.x) * d + 4 * i;
     o[0] = from_f<T>(v[k].x * inv * g.x), o[1] = from_f<T>(v[k].y * inv * g.y), o[2] = from_f<T>(v[k].z * inv * g.z), o[3] = from_f<T>(v[k].w * inv * g.w);
   }
-  pdl_end();
 }
 
 struct RopeArgs {
@@ -186,107 +185,168 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
     kc[at] = from_f<T>(x);
     vc[at] = from_f<T>(a.v[size_t(r) * a.kv_stride + h * a.hd + i] + (a.bv ? a.bv[h * a.hd + i] : 0.0f));
   }
-  pdl_end();
 }
 
-// grid (rows, nh, splits), 256 threads; shared: hd (q) + max_len (scores) + 32 + warps x hd floats.
-// Scores: warp w takes positions j0 + w, j0 + w + warps, ...; lanes split the dot product (a
-// thread per position, tried, is 2.5x slower at batch 32: its K reads are 8 KB apart). P·V: the
-// same positions per warp, each lane holding dims lane, lane + 32, ... (hd <= 256), then the
-// warps' partial sums added.
+// grid (rows, nh, splits), 256 threads; shared: max_len (scores) + 32 + warps x hd floats.
+// 16-byte loads: a position's key and value rows are read by L lanes, 8 dims each (hd % 8 == 0,
+// L the power of two >= hd / 8), so a warp takes 32 / L positions at a time (warp w the positions
+// j0 + (w + warps i) 32 / L + lane / L). Scores into shared memory, softmax, then P·V with each
+// lane summing its 8 dims over its positions; the warp's position groups are added by shuffles,
+// the warps in shared memory. (Run 28: 2-byte loads, a warp per position, ran the batch-32
+// attention at 2.85 ms a step against 1.51 ms here.) q, K, V and the partials through L2 (__ldcg):
+// q is written by the kernel before under PDL, the partials by other CTAs of this one.
 constexpr int kAttnMaxWarps = 8, kMaxHd = 256, kMaxSplits = 16, kSplitBelow = 512;   // a CTA of 8 warps (32 at batch 1 was 0.55 ms a step; splits instead)
 // With gridDim.z = S > 1 (flash-decoding, where CTAs are few: batch 1), CTA z takes the z-th of
 // S equal runs of the positions and writes its max, its exp-sum and its unnormalized P·V to
-// partial [rows, nh, S, 2 + hd]; attend_combine rescales and adds them.
-template <class T>
+// partial [rows, nh, S, 2 + hd]; the last of the head's S CTAs to arrive (arrivals [rows, nh],
+// reset by it) rescales and adds them in split order: ctx = Σ_z e^(m_z - M) o_z / Σ_z e^(m_z - M) sum_z.
+template <class T, int L>
 __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
-                       float scale, T* ctx, float* partial) {
+                       float scale, T* ctx, float* partial, int* arrivals) {
+  constexpr int P = 32 / L, U = 4;   // positions per warp step; steps per batch of loads in flight
   extern __shared__ float sh[];
-  pdl_begin();
-  float* q = sh;
-  float* s = sh + hd;
+  float* s = sh;
   float* red = s + max_len;
   float* part = red + 32;   // [warps][hd]
   const int r = blockIdx.x, b = r / T_, t = r % T_, h = blockIdx.y, kvh = h / (nh / nkv);
-  const int end = *pos + t, first = window > 0 ? max(0, end - window + 1) : 0;
+  // Before the wait: the position and the first batch of key and value rows that earlier steps
+  // wrote (positions < *pos). Every kernel before the one this waits for has completed (each waits
+  // for its own predecessor before it lets the next one launch), so those are final.
+  const int p0 = *pos, end = p0 + t, first = window > 0 ? max(0, end - window + 1) : 0;
   const int S = gridDim.z, chunk = (end - first + S) / S;   // positions per split (the last may hold fewer)
   const int j0 = first + int(blockIdx.z) * chunk, last = min(end, j0 + chunk - 1);
-  float* out = partial ? partial + ((size_t(r) * nh + h) * S + blockIdx.z) * size_t(2 + hd) : nullptr;
+  float* head_part = partial ? partial + (size_t(r) * nh + h) * S * size_t(2 + hd) : nullptr;
+  float* out = head_part ? head_part + blockIdx.z * size_t(2 + hd) : nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32, stride = nwarps * P;
+  const int sub = lane / L, d0 = (lane % L) * 8;
+  const bool on = d0 < hd;
+  const int kvw = nkv * hd;
+  const T* K = kc + size_t(b) * max_len * kvw + kvh * hd + (on ? d0 : 0);   // lanes past hd read dims 0..7, unused
+  const T* V = vc + size_t(b) * max_len * kvw + kvh * hd + (on ? d0 : 0);
+  auto row = [&](const T* base, int j) { return __ldcg(reinterpret_cast<const uint4*>(base + size_t(j) * kvw)); };
+  const int jw = j0 + warp * P + sub;   // the lane's first position; the batch's are jw + u stride, clamped to last
+  uint4 kr[U], vr[U];
+  bool early[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int j = min(jw + u * stride, last);
+    early[u] = j0 <= last && j < p0;
+    if (early[u]) kr[u] = row(K, j), vr[u] = row(V, j);
+  }
+  pdl_begin();
   if (j0 > last) {   // an empty split (uniform over the CTA)
     for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) out[i] = i == 0 ? -FLT_MAX : 0.0f;
-    pdl_end();
-    return;
-  }
-  const int kvw = nkv * hd;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = to_f(qh[size_t(r) * nh * hd + h * hd + i]);
-  __syncthreads();
-  const T* K = kc + size_t(b) * max_len * kvw + kvh * hd;
-  const T* V = vc + size_t(b) * max_len * kvw + kvh * hd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-#pragma unroll 4
-  for (int j = j0 + warp; j <= last; j += nwarps) {   // unrolled: the K loads of 4 positions overlap
-    float d = 0;
-    for (int i = lane; i < hd; i += 32) d += q[i] * to_f(K[size_t(j) * kvw + i]);
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if (lane == 0) s[j] = d * scale;
-  }
-  __syncthreads();
-  float m = -FLT_MAX;
-  for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, s[j]);
-  m = block_max(m, red);
-  float sum = 0;
-  for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) {
-    const float e = __expf(s[j] - m);
-    s[j] = e;
-    sum += e;
-  }
-  sum = block_sum(sum, red);   // ends with a barrier after the exponentials are stored
-  __syncthreads();
-  float acc[kMaxHd / 32];
+  } else {
+    float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (on) {
+      const uint4 u = __ldcg(reinterpret_cast<const uint4*>(qh + size_t(r) * nh * hd + h * hd + d0));
+      const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
-  for (int e = 0; e < kMaxHd / 32; ++e) acc[e] = 0;
-#pragma unroll 4
-  for (int j = j0 + warp; j <= last; j += nwarps) {   // unrolled: the V loads of 4 positions overlap
-    const float pj = s[j];
-    const T* vr = V + size_t(j) * kvw;
+      for (int i = 0; i < 8; ++i) q[i] = to_f(e[i]);
+    }
 #pragma unroll
-    for (int e = 0; e < kMaxHd / 32; ++e)
-      if (lane + 32 * e < hd) acc[e] += pj * to_f(vr[lane + 32 * e]);
+    for (int u = 0; u < U; ++u)
+      if (!early[u]) {
+        const int j = min(jw + u * stride, last);
+        kr[u] = row(K, j), vr[u] = row(V, j);
+      }
+    // Scores: a batch of U rows per lane loaded, then used (loads inside the per-position branch
+    // ran one at a time). jb - sub, the warp's first position of the batch, is uniform over the warp.
+    for (int jb = jw; jb - sub <= last; jb += U * stride) {
+      if (jb != jw)
+#pragma unroll
+        for (int u = 0; u < U; ++u) kr[u] = row(K, min(jb + u * stride, last));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const T* k = reinterpret_cast<const T*>(&kr[u]);
+        float d = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d = fmaf(q[i], to_f(k[i]), d);
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        const int j = jb + u * stride;
+        if (lane % L == 0 && j <= last) s[j] = d * scale;
+      }
+    }
+    __syncthreads();
+    float m = -FLT_MAX;
+    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, s[j]);
+    m = block_max(m, red);
+    float sum = 0;
+    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) {
+      const float e = __expf(s[j] - m);
+      s[j] = e;
+      sum += e;
+    }
+    sum = block_sum(sum, red);   // ends with a barrier after the exponentials are stored
+    __syncthreads();
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int jb = jw; jb - sub <= last; jb += U * stride) {
+      if (jb != jw)
+#pragma unroll
+        for (int u = 0; u < U; ++u) vr[u] = row(V, min(jb + u * stride, last));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = jb + u * stride;
+        if (on && j <= last) {
+          const float pj = s[j];
+          const T* v = reinterpret_cast<const T*>(&vr[u]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] = fmaf(pj, to_f(v[i]), acc[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1)   // the warp's P position groups
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if (sub == 0 && on)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) part[warp * hd + d0 + i] = acc[i];
+    __syncthreads();
+    const float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+      float o = 0;
+      for (int w = 0; w < nwarps; ++w) o += part[w * hd + i];
+      if (out) out[2 + i] = o;
+      else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
+    }
+    if (out && threadIdx.x == 0) out[0] = m, out[1] = sum;
   }
-#pragma unroll
-  for (int e = 0; e < kMaxHd / 32; ++e)
-    if (lane + 32 * e < hd) part[warp * hd + lane + 32 * e] = acc[e];
+  if (!out) return;
+  __shared__ int is_last;
+  __threadfence();   // this split's partial is visible device-wide before its arrival counts
   __syncthreads();
-  const float inv = 1.0f / sum;
+  int* arrived = arrivals + size_t(r) * nh + h;
+  if (threadIdx.x == 0) {
+    is_last = atomicAdd(arrived, 1) == S - 1;
+    if (is_last) *arrived = 0;   // ready for the next step (every split has arrived)
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-    float o = 0;
-    for (int w = 0; w < nwarps; ++w) o += part[w * hd + i];
-    if (out) out[2 + i] = o;
-    else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
-  }
-  if (out && threadIdx.x == 0) out[0] = m, out[1] = sum;
-  pdl_end();
-}
-
-// grid (rows, nh), a thread per dim: ctx = Σ_z e^(m_z - M) o_z / Σ_z e^(m_z - M) sum_z, M = max_z m_z.
-template <class T>
-__global__ void attend_combine(const float* partial, int S, int nh, int hd, T* ctx) {
-  pdl_begin();
-  const int r = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
-  if (i < hd) {
-    const float* p = partial + (size_t(r) * nh + h) * S * size_t(2 + hd);
     float M = -FLT_MAX;
-    for (int z = 0; z < S; ++z) M = fmaxf(M, p[z * (2 + hd)]);
+    for (int z = 0; z < S; ++z) M = fmaxf(M, __ldcg(head_part + z * (2 + hd)));
     float tot = 0, o = 0;
     for (int z = 0; z < S; ++z) {
-      const float* q = p + z * (2 + hd);
-      const float w = q[1] > 0.0f ? __expf(q[0] - M) : 0.0f;
-      tot += w * q[1];
-      o += w * q[2 + i];
+      const float* q = head_part + z * (2 + hd);
+      const float se = __ldcg(q + 1), w = se > 0.0f ? __expf(__ldcg(q) - M) : 0.0f;
+      tot += w * se;
+      o += w * __ldcg(q + 2 + i);
     }
     ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
   }
-  pdl_end();
+}
+
+template <class T>
+using AttendKernel = void (*)(const T*, const T*, const T*, const int*, int, int, int, int, int, int, float, T*, float*, int*);
+// The kernel for head size hd (decode_supported: hd % 8 == 0, hd <= 256).
+template <class T>
+AttendKernel<T> attend_kernel(int hd) {
+  const int lanes = hd / 8;
+  return lanes <= 1 ? attend<T, 1> : lanes <= 2 ? attend<T, 2> : lanes <= 4 ? attend<T, 4> : lanes <= 8 ? attend<T, 8>
+       : lanes <= 16 ? attend<T, 16> : attend<T, 32>;
 }
 
 // act [rows, f] = silu(g) * u; g and u rows `stride` apart (f apart, or 2f: one stacked gate_up Linear).
@@ -299,7 +359,6 @@ __global__ void silu_mul(const float* g, const float* u, int64_t f, int64_t stri
     const float x = g[at];
     out[i] = from_f<T>(x / (1.0f + __expf(-x)) * u[at]);
   }
-  pdl_end();
 }
 
 // One CTA per sequence: the argmax of its logits row (lowest id on ties) -> tokens[b] and
@@ -347,6 +406,7 @@ DeviceBuffer<float> upload_f32(const VecF& v, const char* what) {
 bool decode_supported(const LlamaConfig& c, std::string* why) {
   std::string w;
   if (c.head_dim > kMaxHd) w = "head_dim above 256";
+  else if (c.head_dim % 8 != 0) w = "head_dim not a multiple of 8";
   if (why) *why = w;
   return w.empty();
 }
@@ -365,7 +425,8 @@ struct DecodeCuda::Impl {
   DeviceBuffer<int> pos_d, step_d, tokens_d, history_d;
   // Per-row buffers, grown to the largest step seen.
   int64_t rows_cap = 0;
-  DeviceBuffer<float> X, qkv, gu, logits, partial;   // qkv: q, k, v outputs; gu: gate, up outputs
+  DeviceBuffer<float> X, qkv, gu, logits, partial;
+  DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches   // qkv: q, k, v outputs; gu: gate, up outputs
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
 
   void grow(int64_t rows) {
@@ -382,6 +443,8 @@ struct DecodeCuda::Impl {
     // Split attention runs where rows x heads < kSplitBelow: only those rows need partials.
     const int64_t split_rows = std::min<int64_t>(rows, std::max(1, (kSplitBelow - 1) / c.num_attention_heads));
     partial = DeviceBuffer<float>(size_t(split_rows * c.num_attention_heads * kMaxSplits * (c.head_dim + 2)), "decode attention partials");
+    arrivals = DeviceBuffer<int>(size_t(split_rows * c.num_attention_heads), "decode attention arrivals");
+    fill_bytes(arrivals.get(), 0, size_t(split_rows * c.num_attention_heads) * 4);
     rows_cap = rows;
   }
 
@@ -475,7 +538,7 @@ struct DecodeCuda::Impl {
     // 3.5% faster than at 6; batch 8 slower at 16 than at 8).
     const int splits = rows * nh >= kSplitBelow ? 1 : std::clamp(std::min(int(2048 / (rows * nh)), max_len / 32), 1, 16);
     const int attn_threads = 256;
-    const size_t attn_smem = size_t(hd + max_len + 32 + attn_threads / 32 * hd) * 4;
+    const size_t attn_smem = size_t(max_len + 32 + attn_threads / 32 * hd) * 4;
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
@@ -504,13 +567,10 @@ struct DecodeCuda::Impl {
       launch_pdl("rope_append", pdl, -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
                  reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       mark();
-      launch_pdl("attend", pdl, -1, attend<T>, dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
+      launch_pdl("attend", pdl, -1, attend_kernel<T>(hd), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
                  reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()),
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
-                 reinterpret_cast<T*>(ctx.get()), splits > 1 ? partial.get() : nullptr);
-      if (splits > 1)
-        launch_pdl("attend_combine", pdl, -1, attend_combine<T>, dim3(unsigned(rows), unsigned(nh)), dim3(unsigned(threads_hd)), 0,
-                   static_cast<const float*>(partial.get()), splits, nh, hd, reinterpret_cast<T*>(ctx.get()));
+                 reinterpret_cast<T*>(ctx.get()), splits > 1 ? partial.get() : nullptr, arrivals.get());
       mark();
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
       mark();
@@ -580,12 +640,12 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
   if (max_len > c.max_position_embeddings)
     fail(Errc::input, "", "max_position_embeddings", std::to_string(max_len) + " positions asked, the model's context is " + std::to_string(c.max_position_embeddings));
-  if (size_t(max_len + c.head_dim * (1 + kAttnMaxWarps) + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
+  if (size_t(max_len + c.head_dim * kAttnMaxWarps + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
   m.B = batch;
   m.max_len = max_len;
-  const int attn_smem = int(size_t(max_len + c.head_dim * (1 + kAttnMaxWarps) + 32) * 4);
-  PTQ_CUDA(cudaFuncSetAttribute(attend<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
-  PTQ_CUDA(cudaFuncSetAttribute(attend<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
+  const int attn_smem = int(size_t(max_len + c.head_dim * kAttnMaxWarps + 32) * 4);
+  PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__half>(c.head_dim), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
+  PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__nv_bfloat16>(c.head_dim), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
   for (const DecodeLayer& W : w.layers) {
     Impl::LayerDev D;
     D.in_norm = upload_f32(W.in_norm, "decode norms");

@@ -254,19 +254,21 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = acc[r][t][2] = acc[r][t][3] = 0.0f;
 
+  // x through L2 (__ldcg), never the non-coherent path: under PDL the kernel before may have
+  // let this one launch before it wrote x, and __ldg reads then went stale (eval/decode_cuda.cu).
   auto step = [&](const uint4 (&q)[RT][kU4], const Meta (&meta)[RT], int s) {
     const bool in_k = 64 * s + 16 * c < K;   // this lane's 16 columns: all inside K or all past it
     const __half* xs = xr + 64 * s;
     auto load_x = [&](int t, uint4 (&xl)[2]) {
       if constexpr (kLeanX) {
         const uint4* xt = reinterpret_cast<const uint4*>(x + (xo + 64 * s));
-        xl[0] = in_k ? __ldg(xt) : make_uint4(0, 0, 0, 0);
-        xl[1] = in_k ? __ldg(xt + 1) : make_uint4(0, 0, 0, 0);
+        xl[0] = in_k ? __ldcg(xt) : make_uint4(0, 0, 0, 0);
+        xl[1] = in_k ? __ldcg(xt + 1) : make_uint4(0, 0, 0, 0);
         return;
       }
       const __half* xt = kHoist ? xs + xoff[t] : xr + int64_t(min(t * 8 + g, M - 1) - min(g, M - 1)) * K + 64 * s;
-      xl[0] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt)) : make_uint4(0, 0, 0, 0);
-      xl[1] = in_k ? __ldg(reinterpret_cast<const uint4*>(xt + 8)) : make_uint4(0, 0, 0, 0);
+      xl[0] = in_k ? __ldcg(reinterpret_cast<const uint4*>(xt)) : make_uint4(0, 0, 0, 0);
+      xl[1] = in_k ? __ldcg(reinterpret_cast<const uint4*>(xt + 8)) : make_uint4(0, 0, 0, 0);
     };
     k_step<NT, RT, kStepScale>(fmt, q, meta, load_x, acc);
   };
