@@ -117,9 +117,16 @@ constexpr int kNormVecThreads = 256, kNormVecMax = 8;
 template <class T>
 __global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float eps, T* out) {
   __shared__ float red[32];
+  const int n4 = d / 4;
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 g[kNormVecMax];   // the norm's weights, never written by a kernel: loaded before the wait
+#pragma unroll
+  for (int k = 0; k < kNormVecMax; ++k) {
+    const int i = int(threadIdx.x) + k * kNormVecThreads;
+    g[k] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   pdl_begin();
   const float4* x = reinterpret_cast<const float4*>(X + size_t(blockIdx.x) * d);
-  const int n4 = d / 4;
   float4 v[kNormVecMax];
   float ss = 0;
 #pragma unroll
@@ -129,14 +136,17 @@ __global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float ep
     ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
   }
   const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int i = int(threadIdx.x) + k * kNormVecThreads;
     if (i >= n4) break;
-    const float4 g = w4[i];
-    T* o = out + size_t(blockIdx.x) * d + 4 * i;
-    o[0] = from_f<T>(v[k].x * inv * g.x), o[1] = from_f<T>(v[k].y * inv * g.y), o[2] = from_f<T>(v[k].z * inv * g.z), o[3] = from_f<T>(v[k].w * inv * g.w);
+    union {
+      T h[4];
+      uint2 u;
+    } o;
+    o.h[0] = from_f<T>(v[k].x * inv * g[k].x), o.h[1] = from_f<T>(v[k].y * inv * g[k].y), o.h[2] = from_f<T>(v[k].z * inv * g[k].z);
+    o.h[3] = from_f<T>(v[k].w * inv * g[k].w);
+    reinterpret_cast<uint2*>(out + size_t(blockIdx.x) * d)[i] = o.u;   // 4 values in one 8-byte store
   }
 }
 
