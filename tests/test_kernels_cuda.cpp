@@ -120,7 +120,8 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
 
 TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activations (per token and per tensor, f16 and bf16)") {
   PTQ_REQUIRE_GPU();
-  const int64_t rows = 37, cols = 1000;
+  const int64_t rows = 37;
+  for (int64_t cols : {int64_t(1000), int64_t(1004), int64_t(11008)})   // the row in registers (cols % 8 == 0) and the general kernel
   for (DType dt : {DType::F16, DType::BF16})
     for (ActQuant a : {ActQuant{ActQuant::per_token, 0}, ActQuant{ActQuant::per_tensor, 0.02f}}) {
       MatF x(rows, cols);
@@ -143,7 +144,7 @@ TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activati
       quantize_activations(x, a, qr, sr);   // the reference (lib/model/llama.cpp)
       int64_t same = 0;
       for (int64_t i = 0; i < qr.size(); ++i) same += qr.data()[i] == q[size_t(i)];
-      INFO("dtype " << dtype_name(dt) << ", mode " << int(a.mode));
+      INFO("dtype " << dtype_name(dt) << ", mode " << int(a.mode) << ", cols " << cols);
       CHECK(same == qr.size());
       CHECK(s == sr);
       CHECK(s[5] == (a.mode == ActQuant::per_token ? 1.0f : 0.02f));
