@@ -10,7 +10,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "core/error.h"
+#include "cuda/pdl.cuh"
 #include "cuda/runtime.h"
 #include "kernels/w8a8.h"
 
@@ -53,6 +56,8 @@ constexpr int kRowVecThreads = 256, kRowVecMax = 8;
 template <class T>
 __global__ void __launch_bounds__(kRowVecThreads) quantize_rows_vec_kernel(const T* x, int cols, bool per_token, float static_scale, int8_t* q, float* s) {
   __shared__ float sh[32];
+  pdl::wait_prior_grid();   // launched with PDL: x comes from the kernel before
+  pdl::allow_dependents();  // the product after it loads its first weights meanwhile (it reads q and s after its own wait)
   const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(blockIdx.x) * cols);
   const int n8 = cols / 8;
   uint4 v[kRowVecMax];
@@ -104,11 +109,11 @@ void quantize_activations_int8(const void* x, DType dt, int64_t rows, int64_t co
   const bool per_token = a.mode == ActQuant::per_token;
   const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kRowVecThreads * kRowVecMax;
   if (vec && dt == DType::F16)
-    quantize_rows_vec_kernel<__half><<<unsigned(rows), kRowVecThreads, 0, static_cast<cudaStream_t>(current_stream())>>>(static_cast<const __half*>(x), int(cols), per_token,
-                                                                                                                    a.static_scale, q, s);
+    launch_pdl("quantize_rows_vec_kernel", true, -1, quantize_rows_vec_kernel<__half>, dim3(unsigned(rows)), dim3(kRowVecThreads), 0,
+               static_cast<const __half*>(x), int(cols), per_token, a.static_scale, q, s);
   else if (vec && dt == DType::BF16)
-    quantize_rows_vec_kernel<__nv_bfloat16><<<unsigned(rows), kRowVecThreads, 0, static_cast<cudaStream_t>(current_stream())>>>(
-        static_cast<const __nv_bfloat16*>(x), int(cols), per_token, a.static_scale, q, s);
+    launch_pdl("quantize_rows_vec_kernel", true, -1, quantize_rows_vec_kernel<__nv_bfloat16>, dim3(unsigned(rows)), dim3(kRowVecThreads), 0,
+               static_cast<const __nv_bfloat16*>(x), int(cols), per_token, a.static_scale, q, s);
   else if (dt == DType::F16) quantize_rows_kernel<__half><<<unsigned(rows), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(static_cast<const __half*>(x), cols, per_token, a.static_scale, q, s);
   else if (dt == DType::BF16)
     quantize_rows_kernel<__nv_bfloat16><<<unsigned(rows), 256, 0, static_cast<cudaStream_t>(current_stream())>>>(static_cast<const __nv_bfloat16*>(x), cols, per_token, a.static_scale, q, s);

@@ -13,6 +13,9 @@
 // warp's 4 rows (16 loads in flight), and each x piece read from shared memory serves the 4 rows
 // (4 dp4a per piece per activation row) into M x 4 int32 accumulators; a warp reduction at the end.
 // Each weight byte is read once from HBM: at M = 1 the kernel is bound by w's bytes.
+// Launch: programmatic dependent launch (cuda/pdl.cuh), as the quantizer before it: each warp
+// issues its first weights, then waits for the kernel before; x, sx and y are read after the wait,
+// and never through __ldg (an earlier kernel wrote them). Measured: docs/lab (decode, run 38).
 // The reference is ref_gemm_w8a8 (lib/kernels/reference.h).
 #include <cuda_runtime.h>
 
@@ -20,6 +23,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 #include "kernels/w8a8.h"
@@ -38,6 +42,7 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
   __shared__ __align__(16) int8_t xs[kM * kTile];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
+  pdl::allow_dependents();   // launched with PDL: the next kernel may be scheduled as this one's CTAs exit
   int acc[kRowsPerWarp][kM];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)
@@ -54,6 +59,7 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
       for (int r = 0; r < kRowsPerWarp; ++r)
         wv[u][r] = (c < tk / 16 && n0 + r < N) ? __ldg(reinterpret_cast<const int4*>(w + size_t(n0 + r) * K + k0) + c) : make_int4(0, 0, 0, 0);
     }
+    if (k0 == 0) pdl::wait_prior_grid();   // the first tile's weights are in flight; x, sx and y come from earlier kernels
     __syncthreads();   // the previous tile's x is no longer read
     for (int i = threadIdx.x; i < kM * (tk / 16); i += blockDim.x) {
       const int m = i / (tk / 16), c = i % (tk / 16);
@@ -87,7 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
       int a = acc[r][m];
       for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
       if (lane == 0 && n < N) {
-        const float v = float(a) * sx[m] * sw[n];
+        const float v = float(a) * __ldcg(sx + m) * sw[n];   // sx: written by the kernel before (not the non-coherent path)
         float* out = y + size_t(m) * N + n;
         *out = beta == 0.0f ? v : v + beta * *out;
       }
@@ -124,6 +130,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
 #pragma unroll
   for (int t = 0; t < kNT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0;
   const int chunks = K / 64;
+  pdl::allow_dependents();   // launched with PDL (as the GEMV above)
   for (int c0 = warp; c0 < chunks; c0 += kMmaWarps * kMmaUnroll) {
     uint4 a0[kMmaUnroll], a1[kMmaUnroll];
 #pragma unroll
@@ -132,6 +139,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
       a0[u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w0 + 64 * c)) : make_uint4(0, 0, 0, 0);
       a1[u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w1 + 64 * c)) : make_uint4(0, 0, 0, 0);
     }
+    if (c0 == warp) pdl::wait_prior_grid();   // the first weights are in flight; x comes from the kernel before
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
       const int c = c0 + u * kMmaWarps;
@@ -145,6 +153,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
       }
     }
   }
+  pdl::wait_prior_grid();   // a warp with no chunks too: y is read and written after the kernel before
 #pragma unroll
   for (int t = 0; t < kNT; ++t)
 #pragma unroll
@@ -157,7 +166,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
     for (int v = 0; v < kMmaWarps; ++v) a += red[v][t][e][l];
     const int n = n0 + l / 4 + (e >= 2 ? 8 : 0), m = 8 * t + 2 * (l % 4) + (e & 1);   // c0, c1: row g; c2, c3: row g + 8
     if (n < N && m < M) {
-      const float v = float(a) * sx[m] * sw[n];
+      const float v = float(a) * __ldcg(sx + m) * sw[n];
       float* out = y + size_t(m) * N + n;
       *out = beta == 0.0f ? v : v + beta * *out;
     }
@@ -170,9 +179,8 @@ void launch_mma(const int8_t* x, const float* sx, const int8_t* w, const float* 
     if constexpr (kNT > 1) launch_mma<kNT - 1>(x, sx, w, sw, M, N, K, y, beta);
     return;
   }
-  w8a8_mma_kernel<kNT><<<unsigned((N + 15) / 16), kMmaWarps * 32, 0, static_cast<cudaStream_t>(current_stream())>>>(x, sx, w, sw, int(M), int(N),
-                                                                                                                  int(K), y, beta);
-  PTQ_CUDA_LAUNCH("w8a8_mma_kernel");
+  launch_pdl("w8a8_mma_kernel", true, -1, w8a8_mma_kernel<kNT>, dim3(unsigned((N + 15) / 16)), dim3(kMmaWarps * 32), 0, x, sx, w, sw, int(M),
+             int(N), int(K), y, beta);
 }
 
 template <int kM>
@@ -182,9 +190,8 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
     return;
   }
   const int64_t per_cta = kWarps * kRowsPerWarp;
-  w8a8_gemv_kernel<kM><<<unsigned((N + per_cta - 1) / per_cta), kWarps * 32, 0, static_cast<cudaStream_t>(current_stream())>>>(x, sx, w, sw, int(N),
-                                                                                                                                int(K), y, beta);
-  PTQ_CUDA_LAUNCH("w8a8_gemv_kernel");
+  launch_pdl("w8a8_gemv_kernel", true, -1, w8a8_gemv_kernel<kM>, dim3(unsigned((N + per_cta - 1) / per_cta)), dim3(kWarps * 32), 0, x, sx, w,
+             sw, int(N), int(K), y, beta);
 }
 }  // namespace
 
