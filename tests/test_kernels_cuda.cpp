@@ -121,34 +121,35 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
 TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activations (per token and per tensor, f16 and bf16)") {
   PTQ_REQUIRE_GPU();
   const int64_t rows = 37;
-  for (int64_t cols : {int64_t(1000), int64_t(1004), int64_t(11008)})   // the row in registers (cols % 8 == 0) and the general kernel
-  for (DType dt : {DType::F16, DType::BF16})
-    for (ActQuant a : {ActQuant{ActQuant::per_token, 0}, ActQuant{ActQuant::per_tensor, 0.02f}}) {
-      MatF x(rows, cols);
-      Rng r{uint64_t(int(dt) * 10 + a.mode)};
-      for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = round_to(dt, float(r.normal() * (i % 97 == 0 ? 8.0 : 1.0)));
-      x.row(5).setZero();   // a zero row: scale 1
-      std::vector<uint16_t> x16(size_t(x.size()));
-      convert_from_f32(dt, x.data(), x16.data(), x16.size());
-      cuda::DeviceBuffer<uint16_t> dx(x16.size(), "test x");
-      cuda::DeviceBuffer<int8_t> dq(x16.size(), "test q");
-      cuda::DeviceBuffer<float> ds(size_t(rows), "test s");
-      cuda::copy_to_device(dx.get(), x16.data(), x16.size() * 2);
-      cuda::quantize_activations_int8(dx.get(), dt, rows, cols, a, dq.get(), ds.get());
-      std::vector<int8_t> q(x16.size());
-      VecF s(rows);
-      cuda::copy_to_host(q.data(), dq.get(), q.size());
-      cuda::copy_to_host(s.data(), ds.get(), size_t(rows) * 4);
-      MatI qr;
-      VecF sr;
-      quantize_activations(x, a, qr, sr);   // the reference (lib/model/llama.cpp)
-      int64_t same = 0;
-      for (int64_t i = 0; i < qr.size(); ++i) same += qr.data()[i] == q[size_t(i)];
-      INFO("dtype " << dtype_name(dt) << ", mode " << int(a.mode) << ", cols " << cols);
-      CHECK(same == qr.size());
-      CHECK(s == sr);
-      CHECK(s[5] == (a.mode == ActQuant::per_token ? 1.0f : 0.02f));
-    }
+  for (int64_t cols : {int64_t(1000), int64_t(1004), int64_t(11008)}) {   // the row in registers (cols % 8 == 0) and the general kernel
+    for (DType dt : {DType::F16, DType::BF16})
+      for (ActQuant a : {ActQuant{ActQuant::per_token, 0}, ActQuant{ActQuant::per_tensor, 0.02f}}) {
+        MatF x(rows, cols);
+        Rng r{uint64_t(int(dt) * 10 + a.mode)};
+        for (int64_t i = 0; i < x.size(); ++i) x.data()[i] = round_to(dt, float(r.normal() * (i % 97 == 0 ? 8.0 : 1.0)));
+        x.row(5).setZero();   // a zero row: scale 1
+        std::vector<uint16_t> x16(size_t(x.size()));
+        convert_from_f32(dt, x.data(), x16.data(), x16.size());
+        cuda::DeviceBuffer<uint16_t> dx(x16.size(), "test x");
+        cuda::DeviceBuffer<int8_t> dq(x16.size(), "test q");
+        cuda::DeviceBuffer<float> ds(size_t(rows), "test s");
+        cuda::copy_to_device(dx.get(), x16.data(), x16.size() * 2);
+        cuda::quantize_activations_int8(dx.get(), dt, rows, cols, a, dq.get(), ds.get());
+        std::vector<int8_t> q(x16.size());
+        VecF s(rows);
+        cuda::copy_to_host(q.data(), dq.get(), q.size());
+        cuda::copy_to_host(s.data(), ds.get(), size_t(rows) * 4);
+        MatI qr;
+        VecF sr;
+        quantize_activations(x, a, qr, sr);   // the reference (lib/model/llama.cpp)
+        int64_t same = 0;
+        for (int64_t i = 0; i < qr.size(); ++i) same += qr.data()[i] == q[size_t(i)];
+        INFO("dtype " << dtype_name(dt) << ", mode " << int(a.mode) << ", cols " << cols);
+        CHECK(same == qr.size());
+        CHECK(s == sr);
+        CHECK(s[5] == (a.mode == ActQuant::per_token ? 1.0f : 0.02f));
+      }
+  }
 }
 
 TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128, nested absmax, odd M and shapes)") {

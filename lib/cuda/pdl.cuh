@@ -6,7 +6,11 @@
 //   - before wait_prior_grid() it reads only what no kernel writes (packed weights: written by
 //     synchronous host copies when a Linear is built, never by a kernel);
 //   - wait_prior_grid() returns once the previous kernel in the stream has completed and its
-//     writes are visible: every read of activations or workspaces, and every write, comes after it;
+//     writes are visible: every read of activations or workspaces, and every write, comes after it,
+//     and none of those reads goes through the non-coherent path (__ldg, or a const __restrict__
+//     pointer the compiler turns into one): the kernel may have launched before the data was
+//     written, and such reads measured stale (docs/lab/2026-11-24-decode-h200.md, runs 16-19, 27);
+//     use plain loads, __ldcg or cp.async.cg;
 //   - allow_dependents() lets the next such kernel be scheduled as this grid's CTAs exit (once
 //     every CTA has called it or exited). Without it the next kernel starts at this one's end.
 // Below sm_90 both are no-ops and launch_pdl is a plain launch. PTQKIT_PDL=0 turns the attribute

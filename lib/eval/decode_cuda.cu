@@ -47,6 +47,17 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float
 template <class T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// Four values rounded to T and written with one 8-byte store (p 8-byte aligned).
+template <class T>
+__device__ __forceinline__ void store4(T* p, float a, float b, float c, float d) {
+  union {
+    T h[4];
+    uint2 u;
+  } o;
+  o.h[0] = from_f<T>(a), o.h[1] = from_f<T>(b), o.h[2] = from_f<T>(c), o.h[3] = from_f<T>(d);
+  *reinterpret_cast<uint2*>(p) = o.u;
+}
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
 // Sum over the CTA (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 __device__ float block_sum(float v, float* red) {
@@ -140,13 +151,7 @@ __global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float ep
   for (int k = 0; k < kNormVecMax; ++k) {
     const int i = int(threadIdx.x) + k * kNormVecThreads;
     if (i >= n4) break;
-    union {
-      T h[4];
-      uint2 u;
-    } o;
-    o.h[0] = from_f<T>(v[k].x * inv * g[k].x), o.h[1] = from_f<T>(v[k].y * inv * g[k].y), o.h[2] = from_f<T>(v[k].z * inv * g[k].z);
-    o.h[3] = from_f<T>(v[k].w * inv * g[k].w);
-    reinterpret_cast<uint2*>(out + size_t(blockIdx.x) * d)[i] = o.u;   // 4 values in one 8-byte store
+    store4(out + size_t(blockIdx.x) * d + 4 * i, v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
   }
 }
 
@@ -205,7 +210,7 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
 // the warps in shared memory. (Run 28: 2-byte loads, a warp per position, ran the batch-32
 // attention at 2.85 ms a step against 1.51 ms here.) q, K, V and the partials through L2 (__ldcg):
 // q is written by the kernel before under PDL, the partials by other CTAs of this one.
-constexpr int kAttnMaxWarps = 8, kMaxHd = 256, kMaxSplits = 16, kSplitBelow = 512;   // a CTA of 8 warps (32 at batch 1 was 0.55 ms a step; splits instead)
+constexpr int kAttnMaxWarps = 8, kMaxHd = 256, kMaxSplits = 16, kSplitBelow = 512, kSplitCtas = 768, kSplitMinPositions = 64;   // a CTA of 8 warps (32 at batch 1 was 0.55 ms a step; splits instead)
 // With gridDim.z = S > 1 (flash-decoding, where CTAs are few: batch 1), CTA z takes the z-th of
 // S equal runs of the positions and writes its max, its exp-sum and its unnormalized P·V to
 // partial [rows, nh, S, 2 + hd]; the last of the head's S CTAs to arrive (arrivals [rows, nh],
@@ -366,8 +371,7 @@ __global__ void silu_mul(const float* g, const float* u, int64_t f, int64_t stri
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     const int64_t at = i / f * stride + i % f;
-    const float x = g[at];
-    out[i] = from_f<T>(x / (1.0f + __expf(-x)) * u[at]);
+    out[i] = from_f<T>(silu_times(g[at], u[at]));
   }
 }
 
@@ -379,13 +383,7 @@ __global__ void silu_mul4(const float* g, const float* u, int64_t f, int64_t str
   if (i < n) {
     const int64_t at = i / f * stride + i % f;
     const float4 x = __ldcg(reinterpret_cast<const float4*>(g + at)), y = __ldcg(reinterpret_cast<const float4*>(u + at));
-    union {
-      T h[4];
-      uint2 v;
-    } o;
-    o.h[0] = from_f<T>(x.x / (1.0f + __expf(-x.x)) * y.x), o.h[1] = from_f<T>(x.y / (1.0f + __expf(-x.y)) * y.y);
-    o.h[2] = from_f<T>(x.z / (1.0f + __expf(-x.z)) * y.z), o.h[3] = from_f<T>(x.w / (1.0f + __expf(-x.w)) * y.w);
-    *reinterpret_cast<uint2*>(out + i) = o.v;
+    store4(out + i, silu_times(x.x, y.x), silu_times(x.y, y.y), silu_times(x.z, y.z), silu_times(x.w, y.w));
   }
 }
 
@@ -453,8 +451,8 @@ struct DecodeCuda::Impl {
   DeviceBuffer<int> pos_d, step_d, tokens_d, history_d;
   // Per-row buffers, grown to the largest step seen.
   int64_t rows_cap = 0;
-  DeviceBuffer<float> X, qkv, gu, logits, partial;
-  DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches   // qkv: q, k, v outputs; gu: gate, up outputs
+  DeviceBuffer<float> X, qkv, gu, logits, partial;   // qkv: q, k, v outputs; gu: gate, up outputs
+  DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
 
   void grow(int64_t rows) {
@@ -565,7 +563,7 @@ struct DecodeCuda::Impl {
     // CTAs, about 768 CTAs in all and at least 64 positions of the cache each (run 35, with the
     // attention's batched loads: batch 1 at 6 splits 2.5% faster than at 12, batch 8 at 3 splits
     // 15% faster than at 8).
-    const int splits = rows * nh >= kSplitBelow ? 1 : std::clamp(std::min(int(768 / (rows * nh)), max_len / 64), 1, 16);
+    const int splits = rows * nh >= kSplitBelow ? 1 : std::clamp(std::min(int(kSplitCtas / (rows * nh)), max_len / kSplitMinPositions), 1, kMaxSplits);
     const int attn_threads = 256;
     const size_t attn_smem = size_t(max_len + 32 + attn_threads / 32 * hd) * 4;
     for (size_t l = 0; l < w.layers.size(); ++l) {

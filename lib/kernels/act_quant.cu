@@ -24,29 +24,36 @@ template <class T> __device__ float to_f(T v);
 template <> __device__ float to_f<__half>(__half v) { return __half2float(v); }
 template <> __device__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-template <class T>
-__global__ void quantize_rows_kernel(const T* x, int64_t cols, bool per_token, float static_scale, int8_t* q, float* s) {
+// The row's scale from this thread's max |x| (m): per token the CTA's max / 127 (blockDim a
+// multiple of 32; every thread reaches it), else the static scale; 1 where not positive. Thread 0
+// writes it to s[row].
+__device__ float row_scale(float m, bool per_token, float static_scale, float* s) {
   __shared__ float sh[32];
-  const T* xr = x + int64_t(blockIdx.x) * cols;
   float scale = static_scale;
   if (per_token) {
-    float m = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xr[c])));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
     __syncthreads();
-    if (threadIdx.x < 32) {
-      m = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0f;
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      if (threadIdx.x == 0) sh[0] = m;
-    }
-    __syncthreads();
-    scale = sh[0] / 127.0f;
+    m = 0;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, sh[w]);
+    scale = m / 127.0f;
   }
   if (!(scale > 0)) scale = 1.0f;
   if (threadIdx.x == 0) s[blockIdx.x] = scale;
+  return scale;
+}
+// q = x / s rounded half to even, clamped: IEEE division, as quantize_activations on the host.
+__device__ __forceinline__ int8_t code_of(float x, float scale) { return int8_t(fminf(127.0f, fmaxf(-128.0f, rintf(__fdiv_rn(x, scale))))); }
+
+template <class T>
+__global__ void quantize_rows_kernel(const T* x, int64_t cols, bool per_token, float static_scale, int8_t* q, float* s) {
+  const T* xr = x + int64_t(blockIdx.x) * cols;
+  float m = 0;
+  if (per_token)
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xr[c])));
+  const float scale = row_scale(m, per_token, static_scale, s);
   int8_t* qr = q + int64_t(blockIdx.x) * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) qr[c] = int8_t(fminf(127.0f, fmaxf(-128.0f, rintf(__fdiv_rn(to_f(xr[c]), scale)))));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) qr[c] = code_of(to_f(xr[c]), scale);
 }
 
 // The same with the row in registers (cols % 8 == 0, cols <= 8 x 256 x kRowVecMax): 16-byte loads,
@@ -55,7 +62,6 @@ __global__ void quantize_rows_kernel(const T* x, int64_t cols, bool per_token, f
 constexpr int kRowVecThreads = 256, kRowVecMax = 8;
 template <class T>
 __global__ void __launch_bounds__(kRowVecThreads) quantize_rows_vec_kernel(const T* x, int cols, bool per_token, float static_scale, int8_t* q, float* s) {
-  __shared__ float sh[32];
   pdl::wait_prior_grid();   // launched with PDL: x comes from the kernel before
   pdl::allow_dependents();  // the product after it loads its first weights meanwhile (it reads q and s after its own wait)
   const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(blockIdx.x) * cols);
@@ -70,17 +76,7 @@ __global__ void __launch_bounds__(kRowVecThreads) quantize_rows_vec_kernel(const
 #pragma unroll
     for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(to_f(e[j])));
   }
-  float scale = static_scale;
-  if (per_token) {
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = 0;
-    for (int w = 0; w < kRowVecThreads / 32; ++w) m = fmaxf(m, sh[w]);
-    scale = m / 127.0f;
-  }
-  if (!(scale > 0)) scale = 1.0f;
-  if (threadIdx.x == 0) s[blockIdx.x] = scale;
+  const float scale = row_scale(m, per_token, static_scale, s);
   uint2* qr = reinterpret_cast<uint2*>(q + int64_t(blockIdx.x) * cols);
 #pragma unroll
   for (int k = 0; k < kRowVecMax; ++k) {
@@ -92,7 +88,7 @@ __global__ void __launch_bounds__(kRowVecThreads) quantize_rows_vec_kernel(const
       uint2 u;
     } o;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o.c[j] = int8_t(fminf(127.0f, fmaxf(-128.0f, rintf(__fdiv_rn(to_f(e[j]), scale)))));
+    for (int j = 0; j < 8; ++j) o.c[j] = code_of(to_f(e[j]), scale);
     qr[i] = o.u;
   }
 }
