@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
     __syncthreads();   // the previous tile's x is no longer read
     for (int i = threadIdx.x; i < kM * (tk / 16); i += blockDim.x) {
       const int m = i / (tk / 16), c = i % (tk / 16);
-      reinterpret_cast<int4*>(xs + m * kTile)[c] = __ldg(reinterpret_cast<const int4*>(x + size_t(m) * K + k0) + c);
+      reinterpret_cast<int4*>(xs + m * kTile)[c] = __ldcg(reinterpret_cast<const int4*>(x + size_t(m) * K + k0) + c);   // through L2: written by the kernel before
     }
     __syncthreads();
 #pragma unroll
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
       const uint32_t A0[4] = {a0[u].x, a1[u].x, a0[u].y, a1[u].y}, A1[4] = {a0[u].z, a1[u].z, a0[u].w, a1[u].w};
 #pragma unroll
       for (int t = 0; t < kNT; ++t) {
-        const uint4 b = xin[t] ? __ldg(reinterpret_cast<const uint4*>(xr[t] + 64 * c)) : make_uint4(0, 0, 0, 0);
+        const uint4 b = xin[t] ? __ldcg(reinterpret_cast<const uint4*>(xr[t] + 64 * c)) : make_uint4(0, 0, 0, 0);   // x: L2, not __ldg (PDL)
         ptx::mma_m16n8k32_s8(acc[t], A0, b.x, b.y);
         ptx::mma_m16n8k32_s8(acc[t], A1, b.z, b.w);
       }
