@@ -232,21 +232,23 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
   // Every work split the planner can choose gives the reference result: 1 or 2 row tiles per warp
   // (63 tiles: the last CTA's second tile lies past N), 1, 3 or 16 K slices (3: uneven), fp32 per-k-step
   // scales (per channel) and f16 scales (groups of 80, act-order), K = 2000 (the last k-step is a quarter full).
+  // 8-bit codes too: at M <= 8 they have both loops with one row tile as well.
   const int64_t Ks = 2000;
+  for (int bits : {4, 8})
   for (int gs : {-1, 80}) {
-    const QuantizedLinear qs = random_q(4, N, Ks, gs, gs < 0, gs > 0, 91);
+    const QuantizedLinear qs = random_q(bits, N, Ks, gs, gs < 0, gs > 0, 91);
     const GptqPacked ps = pack_gptq(qs, true);
     auto Ls = cuda::W4A16Linear::from_gptq(ps, true);
     for (int64_t Mf : {1, 5, 16, 32})
       for (int rt : {1, 2})
         for (int slices : {1, 3, 16})
-          for (int loop : {1, 2}) {   // at M <= 8 with two row tiles, 4-bit: the plain loop and the overlapped batches (elsewhere one loop: run once)
-            if (loop == 2 && !(Mf <= 8 && rt == 2)) continue;
+          for (int loop : {1, 2}) {   // at M <= 8 with two row tiles (8-bit: one too): the plain loop and the overlapped batches (elsewhere one loop: run once)
+            if (loop == 2 && !(Mf <= 8 && (rt == 2 || bits == 8))) continue;
             cuda::set_a16_split({rt, slices, 0, loop});
             Rng rs{uint64_t(Mf * 7 + rt)};
             const double rel = a16_error(*Ls, Mf, Ks, N, rs, cuda::A16Path::mma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, Mf, ps, true, yy); });
             cuda::set_a16_split({});
-            INFO("g" << gs << " M=" << Mf << " rt=" << rt << " slices=" << slices << " loop=" << loop << ": relative error " << rel);
+            INFO(bits << "-bit g" << gs << " M=" << Mf << " rt=" << rt << " slices=" << slices << " loop=" << loop << ": relative error " << rel);
             CHECK(rel <= 2e-3);
           }
   }

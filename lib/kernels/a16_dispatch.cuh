@@ -171,7 +171,10 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
     // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
     // codes both ways (two tiles overlap their batches). NF4 is mixed and keeps the model's choice.
-    const int rt_only = !Format::kPairTable && nt == 2 ? 2 : 0;   // the GPTQ formats (NF4 runs with its pair table)
+    // 8-bit codes at one row: one row tile (run 43, docs/lab/2026-11-24-decode-h200.md: its
+    // overlapped x-staged kernel as fast as the model's pick or faster on every Llama shape, 5% on
+    // 14336 x 4096, where the model picks two plain tiles).
+    const int rt_only = !Format::kPairTable && nt == 2 ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;   // the GPTQ formats (NF4 runs with its pair table)
     if (it == plans.end()) {
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);

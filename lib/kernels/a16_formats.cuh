@@ -21,8 +21,9 @@ struct GptqFormat {
   static constexpr int kU4 = BITS / 4;   // uint4 per lane per k-step
   static constexpr bool kPairTable = false;
   // One row tile at M <= 8 overlaps its batches too (a16_mma.cuh, overlap_variants): measured for
-  // 4-bit codes (docs/lab/kernels.md); 8-bit codes were not tried.
-  static constexpr bool kOverlapM8 = BITS == 4;
+  // 4-bit codes (docs/lab/kernels.md); 8-bit codes have both loops there, the planner's choice
+  // (docs/lab/2026-11-24-decode-h200.md, run 43).
+  static constexpr bool kOverlapM8 = true;
   static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
   using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
   struct Prep {

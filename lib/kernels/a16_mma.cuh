@@ -180,6 +180,7 @@ constexpr int batch_steps(int nt, int rt) {
 enum class Overlap { plain_only, overlap_only, both };
 template <class Format>
 constexpr Overlap overlap_variants(int nt, int rt) {
+  if (nt == 1 && Format::kOverlapM8 && Format::kU4 == 2) return Overlap::both;   // 8-bit codes: both loops, one or two row tiles
   if (Format::kU4 != 1) return Overlap::plain_only;
   if (nt == 2 && rt == 2) return Overlap::overlap_only;
   if (nt == 1 && Format::kOverlapM8) return rt == 1 ? Overlap::overlap_only : Overlap::both;
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   // at each k-step either way (registers), but from the offset in about 20 instructions, not 30
   // (the 64-bit row pointer and a second base for the second load); other kernels unchanged.
   constexpr bool kHoist = NT == 2 && RT == 2;
-  constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8;
+  constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8 && (Format::kU4 == 1 || kOverlap);   // 8-bit codes: the overlapped loop only
   static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the GPTQ 4-bit kernel at M = 1, one 16-byte chunk per lane");
   constexpr int kAcc = 4 * NT * RT;   // fp32 sums per lane (the C fragments of RT row tiles x NT n8 tiles)
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
