@@ -9,6 +9,9 @@
 #include "eval/decode_cuda.h"
 #include "eval/perplexity_cuda.h"
 #include "formats/open.h"
+#include "kernels/w8a8.h"
+#include "pipeline/pipeline.h"
+#include "testing.h"
 #include "model/generate.h"
 #include "model/synth.h"
 #include "testing_cuda.h"
@@ -16,8 +19,10 @@
 using namespace ptq;
 
 namespace {
-void check_gpu_greedy(const std::string& model, int prefix, int steps) {
-  const std::string path = ptqtest::assets() + "/models/" + model;
+// The checkpoint at path (default: the shared model) against the CPU; the prompt: the first
+// `prefix` tokens of the model's golden input.
+void check_gpu_greedy(const std::string& model, int prefix, int steps, std::string path = "") {
+  if (path.empty()) path = ptqtest::assets() + "/models/" + model;
   auto m = open_model(path);
   SafetensorsFile g(ptqtest::assets() + "/golden/golden-" + model + ".safetensors");
   const TensorView iv = g.get("input_ids");
@@ -95,5 +100,55 @@ TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels
       for (int32_t x : t) CHECK((x >= 0 && x < c.vocab_size));
       CHECK(both.position() == 10);
     }
+  }
+}
+
+// W8A8 checkpoints (SmoothQuant with per-token activations; static per-tensor ones): the GPU decode
+// against the CPU reference, whose W8A8 Linears quantize fp32 activations (the GPU's are rounded to
+// 16 bits first, as every GPU Linear takes them: greedy tokens equal, logits within 2%). The decode
+// quantizes these Linears' inputs in the RMSNorm and silu·mul kernels (DecodeLayer::lin8): the
+// logits must be bit for bit those of the same weights with the int8 forms removed, where the
+// separate quantizer (tests/test_kernels_cuda.cpp: against quantize_activations) does it.
+TEST_CASE("decode cuda: W8A8 checkpoints decode as the CPU reference, int8 inputs quantized by the norm and silu kernels exactly as by the quantizer") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  if (!cuda::w8a8_supported()) PTQ_SKIP("W8A8 checkpoints run on the GPU's W8A8 GEMM, which needs sm_90: " + cuda::describe());
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  const char* yamls[] = {"quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: 0.5}, activations: {strategy: token, dynamic: true}}\n"
+                         "export: {format: [compressed-tensors]}\n",
+                         "quantization: {method: rtn, bits: 8, group_size: -1, activations: {strategy: tensor, dynamic: false}}\n"
+                         "export: {format: [compressed-tensors]}\n"};
+  int k = 0;
+  for (const char* yaml : yamls) {
+    INFO(yaml);
+    Recipe r = parse_recipe(YAML::Load(yaml), "r.yaml");
+    r.model = a + "/models/distilled-13m";
+    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+    r.output = d / ("w8a8-" + std::to_string(k++));
+    run_quantize(r, {});
+    check_gpu_greedy("distilled-13m", 32, 16, r.output);
+
+    auto m = open_model(r.output);
+    cuda::GpuLogits gl(*m, r.output);
+    cuda::DecodeWeights fused = gl.decode_weights(), plain = fused;
+    int int8_forms = 0, linears = 0;
+    for (cuda::DecodeLayer& L : plain.layers) {
+      for (size_t j = 0; j < 7; ++j) linears += bool(L.lin[j]), int8_forms += bool(L.lin8[j]), L.lin8[j] = {};
+      linears += bool(L.qkv) + bool(L.gate_up);
+      int8_forms += bool(L.qkv8) + bool(L.gate_up8);
+      L.qkv8 = L.gate_up8 = {};
+    }
+    CHECK(linears >= 8 * 4);   // distilled-13m: 8 layers (q, k, v and gate, up stacked where stored alike)
+    CHECK(int8_forms == linears);   // every Linear W8A8
+    SafetensorsFile g(a + "/golden/golden-distilled-13m.safetensors");
+    const int32_t* ids = reinterpret_cast<const int32_t*>(g.get("input_ids").data);
+    const std::vector<int32_t> prompt(ids, ids + 32);
+    cuda::DecodeCuda df(fused, 1, 64), dp(plain, 1, 64);
+    df.feed(prompt, 32);
+    dp.feed(prompt, 32);
+    CHECK((df.logits().array() == dp.logits().array()).all());
+    CHECK(df.decode_greedy(16) == dp.decode_greedy(16));
+    CHECK((df.logits().array() == dp.logits().array()).all());
   }
 }

@@ -32,6 +32,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/random.h"
 #include "cuda/runtime.h"
+#include "kernels/act_quant.cuh"
 #include "kernels/act_quant.h"
 #include "kernels/bench_kernels.h"
 #include "kernels/nf4.h"
@@ -95,6 +96,11 @@ __device__ __forceinline__ void pdl_begin() {
 }
 bool decode_pdl() {
   static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_PDL"); return !(e && *e == '0'); }();
+  return on;
+}
+// PTQKIT_DECODE_INT8_FUSE=0: W8A8 Linears quantize their own inputs (benchmarks compare).
+bool decode_int8_fuse() {
+  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_INT8_FUSE"); return !(e && *e == '0'); }();
   return on;
 }
 
@@ -387,6 +393,81 @@ __global__ void silu_mul4(const float* g, const float* u, int64_t f, int64_t str
   }
 }
 
+// W8A8 Linears after the norm or the silu·mul (DecodeLayer::lin8): the producer quantizes its own
+// output, one CTA per row. Each value is rounded to T exactly as rmsnorm_rows_vec / silu_mul4 store
+// it, then quantized as quantize_rows_vec_kernel quantizes what it reads (act8::row_scale, code_of):
+// the codes and scales of the two kernels, in one launch.
+template <class T>
+__device__ __forceinline__ float rounded(float x) {
+  return to_f(from_f<T>(x));
+}
+template <class T>
+__global__ void rmsnorm_quant_rows_vec(const float* X, const float* w, int d, float eps, bool per_token, float static_scale, int8_t* q, float* s) {
+  __shared__ float red[32];
+  const int n4 = d / 4;
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 g[kNormVecMax];   // the norm's weights, never written by a kernel: loaded before the wait
+#pragma unroll
+  for (int k = 0; k < kNormVecMax; ++k) {
+    const int i = int(threadIdx.x) + k * kNormVecThreads;
+    g[k] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  pdl_begin();
+  const float4* x = reinterpret_cast<const float4*>(X + size_t(blockIdx.x) * d);
+  float4 v[kNormVecMax];
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < kNormVecMax; ++k) {
+    const int i = int(threadIdx.x) + k * kNormVecThreads;
+    v[k] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
+  float m = 0;
+#pragma unroll
+  for (int k = 0; k < kNormVecMax; ++k) {   // past the row: zeros (g is zero there)
+    v[k] = make_float4(rounded<T>(v[k].x * inv * g[k].x), rounded<T>(v[k].y * inv * g[k].y), rounded<T>(v[k].z * inv * g[k].z), rounded<T>(v[k].w * inv * g[k].w));
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+  }
+  const float scale = act8::row_scale(m, per_token, static_scale, s);
+#pragma unroll
+  for (int k = 0; k < kNormVecMax; ++k) {
+    const int i = int(threadIdx.x) + k * kNormVecThreads;
+    if (i >= n4) break;
+    act8::store_codes4(q + size_t(blockIdx.x) * d + 4 * i, v[k].x, v[k].y, v[k].z, v[k].w, scale);
+  }
+}
+
+// f % 4 == 0 and f <= 4 x 1024 x kSiluQuantMax (14336 on Llama 3 8B: 4 values a thread 4 times).
+constexpr int kSiluQuantThreads = 1024, kSiluQuantMax = 4;
+template <class T>
+__global__ void __launch_bounds__(kSiluQuantThreads) silu_mul_quant_rows(const float* g, const float* u, int f, int64_t stride, bool per_token,
+                                                                          float static_scale, int8_t* q, float* s) {
+  pdl_begin();
+  const float4* g4 = reinterpret_cast<const float4*>(g + size_t(blockIdx.x) * stride);
+  const float4* u4 = reinterpret_cast<const float4*>(u + size_t(blockIdx.x) * stride);
+  const int n4 = f / 4;
+  float4 a[kSiluQuantMax];
+  float m = 0;
+#pragma unroll
+  for (int k = 0; k < kSiluQuantMax; ++k) {
+    const int i = int(threadIdx.x) + k * kSiluQuantThreads;
+    a[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < n4) {
+      const float4 x = __ldcg(g4 + i), y = __ldcg(u4 + i);
+      a[k] = make_float4(rounded<T>(silu_times(x.x, y.x)), rounded<T>(silu_times(x.y, y.y)), rounded<T>(silu_times(x.z, y.z)), rounded<T>(silu_times(x.w, y.w)));
+    }
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(a[k].x), fabsf(a[k].y)), fmaxf(fabsf(a[k].z), fabsf(a[k].w))));
+  }
+  const float scale = act8::row_scale(m, per_token, static_scale, s);
+#pragma unroll
+  for (int k = 0; k < kSiluQuantMax; ++k) {
+    const int i = int(threadIdx.x) + k * kSiluQuantThreads;
+    if (i >= n4) break;
+    act8::store_codes4(q + size_t(blockIdx.x) * f + 4 * i, a[k].x, a[k].y, a[k].z, a[k].w, scale);
+  }
+}
+
 // One CTA per sequence: the argmax of its logits row (lowest id on ties) -> tokens[b] and
 // history[*step * batch + b]; the last CTA's thread 0 advances *step.
 __global__ void argmax_rows(const float* logits, int vocab, int* tokens, int* history, int* step, int batch) {
@@ -454,6 +535,8 @@ struct DecodeCuda::Impl {
   DeviceBuffer<float> X, qkv, gu, logits, partial;   // qkv: q, k, v outputs; gu: gate, up outputs
   DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
+  DeviceBuffer<int8_t> xq8;   // a W8A8 Linear's input quantized by its producer (DecodeLayer::lin8) [rows, max(d, f)]
+  DeviceBuffer<float> sx8;    // its per-row scales
 
   void grow(int64_t rows) {
     if (rows <= rows_cap) return;
@@ -466,6 +549,8 @@ struct DecodeCuda::Impl {
     qh = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode rotated q");
     ctx = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode attention context");
     act = DeviceBuffer<uint16_t>(size_t(rows * std::max<int64_t>(f, c.moe_intermediate_size)), "decode MLP activation");
+    xq8 = DeviceBuffer<int8_t>(size_t(rows * std::max(d, f)), "decode int8 activations");
+    sx8 = DeviceBuffer<float>(size_t(rows), "decode int8 activation scales");
     // Split attention runs where rows x heads < kSplitBelow: only those rows need partials.
     const int64_t split_rows = std::min<int64_t>(rows, std::max(1, (kSplitBelow - 1) / c.num_attention_heads));
     partial = DeviceBuffer<float>(size_t(split_rows * c.num_attention_heads * kMaxSplits * (c.head_dim + 2)), "decode attention partials");
@@ -559,6 +644,18 @@ struct DecodeCuda::Impl {
         launch_pdl("rmsnorm_rows", pdl, -1, rmsnorm_rows<T>, dim3(unsigned(rows)), dim3(kNormThreads), 0, static_cast<const float*>(X.get()),
                    static_cast<const float*>(nw.get()), int(d), eps, reinterpret_cast<T*>(xn.get()), 1, 0);
     };
+    // W8A8 Linears reading a norm's output, all with one activation spec: the norm quantizes it.
+    auto same = [](const ActQuant& a, const ActQuant& b) { return a.mode == b.mode && a.static_scale == b.static_scale; };
+    auto int8_input = [&](const Int8Linear& stacked, const LinearFn& stacked_fn, const Int8Linear& a, const Int8Linear& b, const Int8Linear* c3) -> const ActQuant* {
+      if (!norm_vec || !decode_int8_fuse()) return nullptr;
+      if (stacked_fn) return stacked ? &stacked.act : nullptr;
+      if (!a || !b || (c3 && !*c3) || !same(a.act, b.act) || (c3 && !same(a.act, c3->act))) return nullptr;
+      return &a.act;
+    };
+    auto norm_quant = [&](const DeviceBuffer<float>& nw, const ActQuant& a) {
+      launch_pdl("rmsnorm_quant_rows_vec", pdl, -1, rmsnorm_quant_rows_vec<T>, dim3(unsigned(rows)), dim3(kNormVecThreads), 0, static_cast<const float*>(X.get()),
+                 static_cast<const float*>(nw.get()), int(d), eps, a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
+    };
     // Few (row, head) pairs (batch 1 to 8 on 7B shapes): each head's positions split over up to 16
     // CTAs, about 768 CTAs in all and at least 64 positions of the cache each (run 35, with the
     // attention's batched loads: batch 1 at 6 splits 2.5% faster than at 12, batch 8 at 3 splits
@@ -570,21 +667,28 @@ struct DecodeCuda::Impl {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
       mark();
-      norm(D.in_norm);
+      const ActQuant* attn8 = int8_input(W.qkv8, W.qkv, W.lin8[0], W.lin8[1], &W.lin8[2]);
+      if (attn8) norm_quant(D.in_norm, *attn8);
+      else norm(D.in_norm);
       mark();
+      // A Linear on the norm's output: its int8 form on the quantized rows, else on xn.
+      auto linear = [&](const LinearFn& fn, const Int8Linear& fn8, bool int8, float* y, float beta) {
+        if (int8) fn8.fn(xq8.get(), sx8.get(), rows, y, beta);
+        else fn(xn.get(), rows, y, beta);
+      };
       const int64_t qd = c.q_dim(), kvd = c.kv_dim();
       float *yq = qkv.get(), *yk, *yv;
       int q_stride, kv_stride;
       if (W.qkv) {   // one Linear: row r holds q, k, v side by side
-        W.qkv(xn.get(), rows, yq, 0.0f);
+        linear(W.qkv, W.qkv8, attn8, yq, 0.0f);
         yk = yq + qd, yv = yk + kvd;
         q_stride = kv_stride = int(qd + 2 * kvd);
       } else {
         yk = yq + rows * qd, yv = yk + rows * kvd;
         q_stride = int(qd), kv_stride = int(kvd);
-        W.lin[0](xn.get(), rows, yq, 0.0f);
-        W.lin[1](xn.get(), rows, yk, 0.0f);
-        W.lin[2](xn.get(), rows, yv, 0.0f);
+        linear(W.lin[0], W.lin8[0], attn8, yq, 0.0f);
+        linear(W.lin[1], W.lin8[1], attn8, yk, 0.0f);
+        linear(W.lin[2], W.lin8[2], attn8, yv, 0.0f);
       }
       mark();
       RopeArgs a{yq, yk, yv, q_stride, kv_stride,
@@ -601,7 +705,9 @@ struct DecodeCuda::Impl {
       mark();
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
       mark();
-      norm(D.post_norm);
+      const ActQuant* mlp8 = W.experts.empty() ? int8_input(W.gate_up8, W.gate_up, W.lin8[4], W.lin8[5], nullptr) : nullptr;   // MoE: xn is gathered
+      if (mlp8) norm_quant(D.post_norm, *mlp8);
+      else norm(D.post_norm);
       mark();
       if (!W.experts.empty()) {
         moe<T>(W, rows);
@@ -612,14 +718,22 @@ struct DecodeCuda::Impl {
       const float *yg = gu.get(), *yu;
       int64_t gu_stride;
       if (W.gate_up) {   // one Linear: row r holds gate, up side by side
-        W.gate_up(xn.get(), rows, gu.get(), 0.0f);
+        linear(W.gate_up, W.gate_up8, mlp8, gu.get(), 0.0f);
         yu = yg + f, gu_stride = 2 * f;
       } else {
         yu = yg + rows * f, gu_stride = f;
-        W.lin[4](xn.get(), rows, gu.get(), 0.0f);
-        W.lin[5](xn.get(), rows, gu.get() + rows * f, 0.0f);
+        linear(W.lin[4], W.lin8[4], mlp8, gu.get(), 0.0f);
+        linear(W.lin[5], W.lin8[5], mlp8, gu.get() + rows * f, 0.0f);
       }
       mark();
+      if (W.lin8[6] && decode_int8_fuse() && f % 4 == 0 && f <= 4 * kSiluQuantThreads * kSiluQuantMax) {   // W8A8 down: silu·mul quantizes its output
+        const ActQuant& a = W.lin8[6].act;
+        launch_pdl("silu_mul_quant_rows", pdl, -1, silu_mul_quant_rows<T>, dim3(unsigned(rows)), dim3(kSiluQuantThreads), 0, yg, yu, int(f), gu_stride,
+                   a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
+        mark();
+        W.lin8[6].fn(xq8.get(), sx8.get(), rows, X.get(), 1.0f);   // X += down(act)
+        continue;
+      }
       if (f % 4 == 0)
         launch_pdl("silu_mul4", pdl, -1, silu_mul4<T>, dim3(unsigned((rows * f / 4 + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
                    reinterpret_cast<T*>(act.get()));
@@ -839,7 +953,9 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
     if (c.qk_norm) L.q_norm = L.k_norm = VecF::Ones(c.head_dim);
     for (size_t j = 0; j < n; ++j) {
       const Proj p = projs[j];
-      LinearFn& fn = p == Proj::qkv ? L.qkv : p == Proj::gate_up ? L.gate_up : L.lin[size_t(std::find(kAllProj.begin(), kAllProj.end(), p) - kAllProj.begin())];
+      const size_t slot = size_t(std::find(kAllProj.begin(), kAllProj.end(), p) - kAllProj.begin());
+      LinearFn& fn = p == Proj::qkv ? L.qkv : p == Proj::gate_up ? L.gate_up : L.lin[slot];
+      Int8Linear& fn8 = p == Proj::qkv ? L.qkv8 : p == Proj::gate_up ? L.gate_up8 : L.lin8[slot];
       const int64_t N = linear_shape(c, p).out, K = linear_shape(c, p).in;
       const uint64_t seed = uint64_t(100 + l * 9 + int(p));
       if (format == "f16") {
@@ -862,6 +978,10 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
         const float* Sp = sb->get();
         fn = [Wp, Sp, N, K](const void* x, int64_t rows, float* y, float beta) {
           w8a8_linear_f32(x, DType::F16, ActQuant{ActQuant::per_token, 0.0f}, Wp, Sp, rows, N, K, y, beta);
+        };
+        fn8.act = ActQuant{ActQuant::per_token, 0.0f};
+        fn8.fn = [Wp, Sp, N, K](const int8_t* xq, const float* sx, int64_t rows, float* y, float beta) {
+          w8a8_linear_int8_f32(xq, sx, Wp, Sp, rows, N, K, y, beta);
         };
         w.step_weight_bytes += double(N * K) + double(N) * 4;
       } else if (format == "nf4") {

@@ -20,6 +20,7 @@
 // plain launches.
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,10 +32,24 @@ namespace ptq::cuda {
 
 using LinearFn = LayerForwardCuda::LinearFn;   // y fp32 [rows, out] = x (dt) [rows, in] · Wᵀ + beta · y
 
+// A W8A8 Linear's product on its input already quantized: xq [rows, in] int8, sx [rows] fp32, as
+// `act` quantizes x (kernels/act_quant.h). Where every Linear that reads a norm's output (q, k, v;
+// gate, up), or the down projection, has this form with one spec, the decode quantizes in the
+// kernel that produces its input (RMSNorm or silu·mul and the quantizer in one launch: the same
+// codes as the two kernels, one launch a Linear input fewer); else it calls the LinearFn, which
+// quantizes x itself.
+struct Int8Linear {
+  ActQuant act;
+  std::function<void(const int8_t* xq, const float* sx, int64_t rows, float* y, float beta)> fn;
+  explicit operator bool() const { return bool(fn); }
+};
+
 struct DecodeLayer {
   std::array<LinearFn, 7> lin;           // q, k, v, o, gate, up, down (kAllProj order); q, k, v empty where qkv
                                          // is set, gate, up where gate_up is
   LinearFn qkv, gate_up;                 // stacked: out rows q, k, v (gate, up) in order, as Phi-3 stores them
+  std::array<Int8Linear, 7> lin8;        // the same Linears' int8-input form where they are W8A8 (else empty)
+  Int8Linear qkv8, gate_up8;
   VecF in_norm, post_norm, q_norm, k_norm;   // q_norm, k_norm: Qwen3's per-head norms, else empty
   std::array<VecF, 3> qkv_bias;          // empty where none
   // MoE layers: the router (W [experts, hidden], fp32 on the host, as the CPU reference routes) and

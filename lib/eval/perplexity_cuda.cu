@@ -41,6 +41,8 @@ struct GpuLogits::Impl {
   // Every Linear of every layer in the layer schedule's order (experts' included): y = x·Wᵀ + beta·y on the device
   std::vector<LayerForwardCuda::LinearFn> linears;       // empty where the layer's fused Linear below serves it
   std::vector<std::array<LayerForwardCuda::LinearFn, 2>> fused;   // per layer: q, k, v and gate, up stacked (empty where kept apart)
+  std::vector<Int8Linear> linears8;                       // the same Linears' int8-input form where they are W8A8 (the decode's)
+  std::vector<std::array<Int8Linear, 2>> fused8;
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
   size_t packed_modules = 0;                              // checkpoint modules these packed Linears hold
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
@@ -80,7 +82,8 @@ enum class Stored { gptq, w8a8, nf4, dense };
 // stored; several (q, k, v or gate, up) are their rows stacked, where every part is stored the same
 // way (GPTQ with one g_idx, W8A8 with one activation spec, NF4 with one block size, or float);
 // an empty function where they differ (the caller keeps them apart).
-LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Part>& parts, int64_t in) {
+// W8A8 Linears also give their int8-input form (q8, where not null).
+LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Part>& parts, int64_t in, Int8Linear* q8 = nullptr) {
   int64_t out = 0;
   for (const Part& p : parts) out += p.out;
   auto stored = [&](const std::string& n) {
@@ -137,6 +140,12 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
       m.packed_modules += parts.size();
       const GpuLogits::Impl::W8A8* w = m.w8.back().get();
       const DType dt = m.dt;
+      if (q8) {
+        q8->act = act;
+        q8->fn = [w](const int8_t* xq, const float* sx, int64_t rows, float* y, float beta) {
+          w8a8_linear_int8_f32(xq, sx, w->w.get(), w->sw.get(), rows, w->out, w->in, y, beta);
+        };
+      }
       return [w, dt](const void* x, int64_t rows, float* y, float beta) { w8a8_linear_f32(x, dt, w->act, w->w.get(), w->sw.get(), rows, w->out, w->in, y, beta); };
     }
     if (parts.size() > 1) return {};
@@ -195,6 +204,7 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   const WeightSource& ws = model.weights();
   const Sources src{ws, reader.get(), nf4_ck.get()};
   m.fused.resize(size_t(c.num_hidden_layers));
+  m.fused8.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     m.norms.emplace_back(read_vector(ws, pre + "input_layernorm.weight", d), read_vector(ws, pre + "post_attention_layernorm.weight", d));
@@ -210,7 +220,7 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
         if (!has(p)) return;
         ps.push_back({linear_name(c, l, LinearId{p}), linear_shape(c, LinearId{p}).out});
       }
-      m.fused[size_t(l)][size_t(slot)] = load_linear(m, src, ps, d);
+      m.fused[size_t(l)][size_t(slot)] = load_linear(m, src, ps, d, &m.fused8[size_t(l)][size_t(slot)]);
     };
     fuse(0, {Proj::q, Proj::k, Proj::v});
     fuse(1, {Proj::gate, Proj::up});
@@ -220,7 +230,8 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
       m.biases.push_back(ws.has(name + ".bias") ? read_vector(ws, name + ".bias", out_i) : VecF());
       const bool in_fused = p.expert < 0 && (((p.proj == Proj::q || p.proj == Proj::k || p.proj == Proj::v) && m.fused[size_t(l)][0]) ||
                                              ((p.proj == Proj::gate || p.proj == Proj::up) && m.fused[size_t(l)][1]));
-      m.linears.push_back(in_fused ? LinearFn() : load_linear(m, src, {{name, out_i}}, in_i));
+      m.linears8.emplace_back();
+      m.linears.push_back(in_fused ? LinearFn() : load_linear(m, src, {{name, out_i}}, in_i, &m.linears8.back()));
     }
   }
   m.final_norm = read_vector(ws, "model.norm.weight", d);
@@ -256,8 +267,11 @@ DecodeWeights GpuLogits::decode_weights() const {
     if (c.qk_norm) L.q_norm = m.head_norms[size_t(l)].first, L.k_norm = m.head_norms[size_t(l)].second;
     L.qkv = m.fused[size_t(l)][0];
     L.gate_up = m.fused[size_t(l)][1];
+    L.qkv8 = m.fused8[size_t(l)][0];
+    L.gate_up8 = m.fused8[size_t(l)][1];
     for (LinearId p : layer_schedule(c, l).linears()) {   // the constructor's order
       const VecF& bias = m.biases[k];
+      const Int8Linear& f8 = m.linears8[k];
       const LinearFn& f = m.linears[k++];
       if (p.expert >= 0) {
         if (bias.size()) fail(Errc::usage, "", "--device", "cuda decode: expert biases are not served");
@@ -267,6 +281,7 @@ DecodeWeights GpuLogits::decode_weights() const {
       if (p.proj == Proj::qkv || p.proj == Proj::gate_up) {   // Phi-3's, as stored
         if (bias.size()) fail(Errc::usage, "", "--device", "cuda decode: biases on fused Linears are not served");
         (p.proj == Proj::qkv ? L.qkv : L.gate_up) = f;
+        (p.proj == Proj::qkv ? L.qkv8 : L.gate_up8) = f8;
         continue;
       }
       int j = 0;
@@ -274,6 +289,7 @@ DecodeWeights GpuLogits::decode_weights() const {
       if (j < 3) L.qkv_bias[size_t(j)] = bias;
       else if (bias.size()) fail(Errc::usage, "", "--device", "cuda decode: biases on o/gate/up/down are not served");
       L.lin[size_t(j)] = f;   // empty where L.qkv / L.gate_up serves it
+      L.lin8[size_t(j)] = f8;
     }
     w.layers.push_back(std::move(L));
   }

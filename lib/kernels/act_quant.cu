@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "cuda/pdl.cuh"
 #include "cuda/runtime.h"
+#include "kernels/act_quant.cuh"
 #include "kernels/w8a8.h"
 
 namespace ptq::cuda {
@@ -24,26 +25,8 @@ template <class T> __device__ float to_f(T v);
 template <> __device__ float to_f<__half>(__half v) { return __half2float(v); }
 template <> __device__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// The row's scale from this thread's max |x| (m): per token the CTA's max / 127 (blockDim a
-// multiple of 32; every thread reaches it), else the static scale; 1 where not positive. Thread 0
-// writes it to s[row].
-__device__ float row_scale(float m, bool per_token, float static_scale, float* s) {
-  __shared__ float sh[32];
-  float scale = static_scale;
-  if (per_token) {
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = 0;
-    for (int w = 0; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, sh[w]);
-    scale = m / 127.0f;
-  }
-  if (!(scale > 0)) scale = 1.0f;
-  if (threadIdx.x == 0) s[blockIdx.x] = scale;
-  return scale;
-}
-// q = x / s rounded half to even, clamped: IEEE division, as quantize_activations on the host.
-__device__ __forceinline__ int8_t code_of(float x, float scale) { return int8_t(fminf(127.0f, fmaxf(-128.0f, rintf(__fdiv_rn(x, scale))))); }
+using act8::code_of;
+using act8::row_scale;
 
 template <class T>
 __global__ void quantize_rows_kernel(const T* x, int64_t cols, bool per_token, float static_scale, int8_t* q, float* s) {
@@ -128,10 +111,14 @@ void w8a8_linear_f32(const void* x, DType dt, const ActQuant& act, const int8_t*
   DeviceBuffer<int8_t> xq(size_t(M * K), "W8A8 activations (int8)");
   DeviceBuffer<float> sx(size_t(M), "W8A8 activation scales");
   quantize_activations_int8(x, dt, M, K, act, xq.get(), sx.get());
-  if (w8a8_gemv_serves(M, K)) return w8a8_gemv(xq.get(), sx.get(), w, sw, M, N, K, y, beta);   // decode
-  if (beta == 0.0f) return w8a8_gemm(xq.get(), sx.get(), w, sw, M, N, K, y, true);
+  w8a8_linear_int8_f32(xq.get(), sx.get(), w, sw, M, N, K, y, beta);
+}
+
+void w8a8_linear_int8_f32(const int8_t* xq, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+  if (w8a8_gemv_serves(M, K)) return w8a8_gemv(xq, sx, w, sw, M, N, K, y, beta);   // decode
+  if (beta == 0.0f) return w8a8_gemm(xq, sx, w, sw, M, N, K, y, true);
   DeviceBuffer<float> t(size_t(M * N), "W8A8 output (fp32)");
-  w8a8_gemm(xq.get(), sx.get(), w, sw, M, N, K, t.get(), true);
+  w8a8_gemm(xq, sx, w, sw, M, N, K, t.get(), true);
   add_scaled(y, t.get(), M * N, beta);
 }
 

@@ -29,5 +29,8 @@ void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* s
 // M <= kW8A8GemvMaxM, else w8a8_gemm (sm_90) and add_scaled where beta is not 0.
 void w8a8_linear_f32(const void* x, DType dt, const ActQuant& act, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y,
                      float beta);
+// The same on activations already quantized (xq [M, K] int8, sx [M]): the decode quantizes them in
+// the kernel that produces them (eval/decode_cuda.cu).
+void w8a8_linear_int8_f32(const int8_t* xq, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
 
 }  // namespace ptq::cuda
