@@ -13,6 +13,7 @@
 #include "gptq/gptq_cuda.h"
 #include "cuda/random.h"
 #include "kernels/act_quant.h"
+#include "kernels/f16_gemv.h"
 #include "kernels/reference.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
@@ -252,6 +253,61 @@ TEST_CASE("gpu: the tensor-core A16 path: split-K reduction deterministic, fp32 
             CHECK(rel <= 2e-3);
           }
   }
+}
+
+// f16 Linears through the A16 kernel reading the weights in place (f16_gemv.h) against the fp64
+// product of the same f16 operands: every loop and split at 1..64 rows, rows past a tile (N = 1000),
+// beta 0 and 1. fp32 sums of exact f16 products: 1e-5 norm-wise is the fp32 rounding of sums of
+// 2048 terms with margin; a misplaced column or row would be O(1).
+TEST_CASE("gpu: f16 Linears through the A16 tensor-core kernel, weights in place, equal the fp64 product at every split") {
+  PTQ_REQUIRE_GPU();
+  struct Shape { int64_t N, K; };
+  for (const Shape sh : {Shape{1000, 2048}, Shape{4096, 4096}, Shape{48, 64}}) {
+    Rng r{uint64_t(sh.N + sh.K)};
+    std::vector<uint16_t> wh(size_t(sh.N * sh.K)), xh(size_t(64 * sh.K));
+    std::vector<double> w(wh.size()), x(xh.size());
+    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_f16_bits(float(r.normal() * 0.05)), w[i] = f16_bits_to_f32(wh[i]);
+    for (size_t i = 0; i < xh.size(); ++i) xh[i] = f32_to_f16_bits(float(r.normal())), x[i] = f16_bits_to_f32(xh[i]);
+    std::vector<float> y0(size_t(64 * sh.N));
+    for (auto& v : y0) v = float(r.uniform() - 0.5);
+    cuda::DeviceBuffer<uint16_t> dw(wh.size(), "W"), dx(xh.size(), "x");
+    cuda::DeviceBuffer<float> dy(y0.size(), "y");
+    cuda::copy_to_device(dw.get(), wh.data(), wh.size() * 2);
+    cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+    std::vector<double> ref(size_t(64 * sh.N));   // x · Wᵀ in fp64, the 64 rows
+    for (int64_t m = 0; m < 64; ++m)
+      for (int64_t n = 0; n < sh.N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < sh.K; ++k) acc += x[size_t(m * sh.K + k)] * w[size_t(n * sh.K + k)];
+        ref[size_t(m * sh.N + n)] = acc;
+      }
+    for (int64_t M : {1, 3, 8, 9, 16, 17, 32, 64})
+      for (int rt : {1, 2})
+        for (int slices : {0, 3})
+          for (int loop : {1, 2})
+            for (float beta : {0.0f, 1.0f}) {
+              if (rt == 2 && M > 32) continue;
+              cuda::copy_to_device(dy.get(), y0.data(), size_t(M * sh.N) * 4);
+              cuda::set_a16_split({rt, slices, 0, loop});
+              cuda::f16_linear_f32(dw.get(), dx.get(), M, sh.N, sh.K, dy.get(), beta, true);
+              cuda::set_a16_split({});
+              std::vector<float> y(size_t(M * sh.N));
+              cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+              double num = 0, den = 0;
+              for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < sh.N; ++n) {
+                  const double want = beta * double(y0[size_t(m * sh.N + n)]) + ref[size_t(m * sh.N + n)];
+                  const double d = double(y[size_t(m * sh.N + n)]) - want;
+                  num += d * d, den += want * want;
+                }
+              INFO("N " << sh.N << " K " << sh.K << " M " << M << " rt " << rt << " slices " << slices << " loop " << loop << " beta " << beta);
+              CHECK(std::sqrt(num / den) <= 1e-5);
+            }
+  }
+  cuda::DeviceBuffer<uint16_t> a(64 * 96, "a");
+  cuda::DeviceBuffer<float> y(64 * 64, "y");
+  CHECK_THROWS_AS(cuda::f16_linear_f32(a.get(), a.get(), 1, 64, 96, y.get(), 0.0f, true), Error);   // K not a multiple of 64
+  CHECK_THROWS_AS(cuda::f16_linear_f32(a.get(), a.get(), 65, 64, 64, y.get(), 0.0f, true), Error);  // M above 64
 }
 
 // The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start

@@ -35,6 +35,7 @@
 #include "kernels/act_quant.cuh"
 #include "kernels/act_quant.h"
 #include "kernels/bench_kernels.h"
+#include "kernels/f16_gemv.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
@@ -945,7 +946,6 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
     if (format == "w4a16" || format == "w8a16") w4[j] = random_gptq_linear(sh.out, sh.in, format == "w4a16" ? 4 : 8, 0.002f, r);
     else if (format == "nf4") nf[j] = random_nf4_linear(sh.out, sh.in, 0.02f, r);
   }
-  const cudaDataType ct = CUDA_R_16F;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     DecodeLayer L;
     L.in_norm = VecF::Ones(d);
@@ -960,11 +960,7 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
       const uint64_t seed = uint64_t(100 + l * 9 + int(p));
       if (format == "f16") {
         const void* W = f16_buffer(N * K, seed, 0.02f);
-        fn = [W, N, K, ct](const void* x, int64_t rows, float* y, float beta) {
-          const float one = 1.0f;
-          PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(rows), int(K), &one, W, ct, int(K), x, ct, int(K), &beta, y,
-                                  CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        };
+        fn = [W, N, K](const void* x, int64_t rows, float* y, float beta) { f16_linear_f32(W, x, rows, N, K, y, beta); };
         w.step_weight_bytes += double(N * K) * 2;
       } else if (format == "w8a8") {
         auto wb = std::make_shared<DeviceBuffer<int8_t>>(size_t(N * K), "synthetic weights (int8)");

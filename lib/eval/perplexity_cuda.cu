@@ -11,6 +11,7 @@
 #include "model/forward_cuda.h"
 #include "cuda/runtime.h"
 #include "formats/open.h"
+#include "kernels/f16_gemv.h"
 #include "formats/packed.h"
 #include "kernels/act_quant.h"
 #include "kernels/nf4.h"
@@ -175,6 +176,8 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
   m.dense.push_back(upload16(W, m.dt, "evaluation weights (16-bit)"));
   const void* w = m.dense.back().get();
   const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  if (m.dt == DType::F16)   // decode-sized M through the A16 kernel reading W in place (kernels/f16_gemv.h), else cuBLAS
+    return [w, in, out](const void* x, int64_t rows, float* y, float beta) { f16_linear_f32(w, x, rows, out, in, y, beta); };
   return [w, in, out, ct](const void* x, int64_t rows, float* y, float beta) {
     const float one = 1.0f;
     PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, w, ct, int(in), x, ct, int(in), &beta, y,

@@ -24,6 +24,7 @@ struct GptqFormat {
   // 4-bit codes (docs/lab/kernels.md); 8-bit codes have both loops there, the planner's choice
   // (docs/lab/2026-11-24-decode-h200.md, run 43).
   static constexpr bool kOverlapM8 = true;
+  static constexpr bool kRowMajor = false;   // codes in fragment order (relayout.h)
   static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
   using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
   struct Prep {
@@ -91,6 +92,7 @@ struct Nf4Format {
   static constexpr int kU4 = 1;
   static constexpr bool kPairTable = false;
   static constexpr bool kOverlapM8 = false;   // the L2-fed kernel runs Nf4PairFormat below, which overlaps
+  static constexpr bool kRowMajor = false;
   using Meta = float2;
   using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
   uint32_t lo[4], hi[4];
@@ -165,6 +167,42 @@ struct Nf4PairFormat : Nf4Format {
     a[2] = at((w >> 9) & 0x7F80u);
     a[3] = at((w >> 17) & 0x7F80u);
     if constexpr (SCALED) scale(p, a);
+  }
+};
+
+// f16 weights as stored ([N, K] row-major, K % 64 == 0), for the L2-fed kernel only: the identity
+// dequantization, no metadata. The kernel loads each lane's fragments in place (kRowMajor,
+// code_ptr): lane (g, c) of row tile t at k-step s reads columns 64s + 16c .. + 15 of rows
+// 16t + g (uint4 0, 1) and 16t + g + 8 (uint4 2, 3; rows past N read row N - 1, never stored), and
+// fragment f is its columns k0 = 64s + 16c + 4f .. + 3 (a16_mma.cuh's k order, which x's B
+// operand follows). A warp's loads of a k-step cover 16 rows x 128 bytes: whole cache lines.
+// The point: f16 Linears at decode batch 1 under PDL (cuBLAS's kernels cannot wait under it).
+struct F16RowFormat {
+  static constexpr int kU4 = 4;
+  static constexpr bool kPairTable = false;
+  static constexpr bool kOverlapM8 = true;   // both loops at M <= 8 (overlap_variants); the planner picks
+  static constexpr bool kRowMajor = true;
+  static constexpr int kLoadsM8 = 4;
+  using Meta = uint32_t;   // none: meta_ptr points at any readable word
+  using Prep = int;
+  const uint32_t* any_word;
+  int N, K;
+  __device__ const Meta* meta_ptr(int, int, int, bool) const { return any_word; }
+  __device__ float2 scales(const Meta&) const { return make_float2(1.0f, 1.0f); }
+  template <bool SCALED>
+  __device__ Prep prep(const Meta&) const { return 0; }
+  __device__ const uint4* code_ptr(const uint4* W, int tile, int s, int j, int lane) const {
+    const int row = min(16 * tile + (lane >> 2) + 8 * (j >> 1), N - 1);
+    return W + (int64_t(row) * K + 64 * s + 16 * (lane & 3) + 8 * (j & 1)) / 8;
+  }
+  template <bool SCALED>
+  __device__ void dequant(const uint4 (&q)[4], int f, const Prep&, uint32_t* a) const {
+    const uint4 &g = q[f >> 1], &g8 = q[2 + (f >> 1)];   // rows g, g + 8: columns 16c + 8 (f >> 1) .. + 7
+    const bool upper = f & 1;                             // columns + 4 .. + 7 of those
+    a[0] = upper ? g.z : g.x;    // row g, k0 k0+1
+    a[1] = upper ? g8.z : g8.x;  // row g + 8
+    a[2] = upper ? g.w : g.y;    // row g, k0+2 k0+3
+    a[3] = upper ? g8.w : g8.y;
   }
 };
 

@@ -180,7 +180,7 @@ constexpr int batch_steps(int nt, int rt) {
 enum class Overlap { plain_only, overlap_only, both };
 template <class Format>
 constexpr Overlap overlap_variants(int nt, int rt) {
-  if (nt == 1 && Format::kOverlapM8 && Format::kU4 == 2) return Overlap::both;   // 8-bit codes: both loops, one or two row tiles
+  if (nt == 1 && Format::kOverlapM8 && Format::kU4 >= 2) return Overlap::both;   // 8-bit codes, f16 weights: both loops, one or two row tiles
   if (Format::kU4 != 1) return Overlap::plain_only;
   if (nt == 2 && rt == 2) return Overlap::overlap_only;
   if (nt == 1 && Format::kOverlapM8) return rt == 1 ? Overlap::overlap_only : Overlap::both;
@@ -242,7 +242,8 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
 #pragma unroll
   for (int t = 0; t < NT; ++t) xoff[t] = kHoist ? (min(t * 8 + g, M - 1) - min(g, M - 1)) * K : 0;
   auto code_at = [&](int r, int s, int b, int j) {   // uint4 j of k-step s + b of row tile r
-    if constexpr (kHoist) return wp[r] + int64_t(s) * (kU4 * 32) + (b * kU4 + j) * 32;
+    if constexpr (Format::kRowMajor) return fmt.code_ptr(W, tile[r], s + b, j, lane);   // weights as stored (F16RowFormat)
+    else if constexpr (kHoist) return wp[r] + int64_t(s) * (kU4 * 32) + (b * kU4 + j) * 32;
     else return wp[r] + int64_t((s + b) * kU4 + j) * 32;
   };
   // Launched with PDL (cuda/pdl.cuh): the next kernel may take this one's SMs as its CTAs exit, and
@@ -374,7 +375,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int j = 0; j < kU4; ++j) q[r][j] = __ldcs(wp[r] + int64_t(s * kU4 + j) * 32);
+        for (int j = 0; j < kU4; ++j) q[r][j] = __ldcs(code_at(r, s, 0, j));
 #pragma unroll
       for (int r = 0; r < RT; ++r) m[r] = __ldg(fmt.meta_ptr(tile[r], s, lane, kStepScale));
       wait_prior();
