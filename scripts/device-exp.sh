@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# On the GPU machine, after scripts/device-build.sh: one experiment's run — the decode table
+# (llama2-7b), the A/Bs named by the environment, then the whole GPU test binary. Logs into $OUT.
+#   INT8AB=1   W8A8 batch 1 and 8 with the int8 inputs quantized by their own kernel (PTQKIT_DECODE_INT8_FUSE=0)
+#   W8SWEEP=1  bench kernels W8A16 at M = 1 and 8 with the plain and overlapped loops forced
+#   W8A8AB=1   W8A8 batch 1 with one register set in the GEMV (PTQKIT_W8A8_PIPE=0) and with the int8 mma.sync form from one row (PTQKIT_W8A8_MMA_FROM=1)
+#   F16AB=1    f16 with cuBLAS for every Linear (PTQKIT_F16_MMA_MAX=0) and with the A16 kernel up to 8 and 32 rows
+#   W8A8ROW=1  W8A8 batch 1 and bench kernels at 1, 2 rows with the tiled GEMV (PTQKIT_W8A8_ROW=0) against the whole-x one
+#   SWEEP2=1   W8A8 batch 1 with 1 and 4 weight rows a warp in the whole-x GEMV; W8A16 M = 1 over forced K slices
+#   NOTEST=1   skip test_cuda
+set -uo pipefail
+source "$(dirname "$0")/device-env.sh"
+P=${PRESET:-llama2-7b}
+.device/bin/ptqkit bench decode --preset "$P" --formats ${FORMATS:-f16,w8a16,w4a16,nf4,w8a8} --batch ${BATCH:-1,8,32} --json "$out/bench-decode-$P.json" 2>&1 | tee "$out/bench-decode-$P.log"
+if [ -n "${INT8AB:-}" ]; then
+  PTQKIT_DECODE_INT8_FUSE=0 .device/bin/ptqkit bench decode --preset "$P" --formats w8a8 --batch 1,8 2>&1 | tee "$out/bench-decode-int8-unfused.log"
+fi
+if [ -n "${W8A8AB:-}" ]; then
+  PTQKIT_W8A8_PIPE=0 .device/bin/ptqkit bench decode --preset "$P" --formats w8a8 --batch 1 2>&1 | tee "$out/bench-decode-w8a8-nopipe.log"
+  PTQKIT_W8A8_MMA_FROM=1 .device/bin/ptqkit bench decode --preset "$P" --formats w8a8 --batch 1 2>&1 | tee "$out/bench-decode-w8a8-mma1.log"
+  .device/bin/ptqkit bench kernels --kernels w8a8 --m 1 2 --runs 50 2>&1 | tee "$out/bench-kernels-w8a8.log"
+  PTQKIT_W8A8_PIPE=0 .device/bin/ptqkit bench kernels --kernels w8a8 --m 1 2 --runs 50 2>&1 | tee "$out/bench-kernels-w8a8-nopipe.log"
+fi
+if [ -n "${F16AB:-}" ]; then
+  PTQKIT_F16_MMA_MAX=0 .device/bin/ptqkit bench decode --preset "$P" --formats f16 --batch 1,8 2>&1 | tee "$out/bench-decode-f16-cublas.log"
+  PTQKIT_F16_MMA_MAX=8 .device/bin/ptqkit bench decode --preset "$P" --formats f16 --batch 1,8 2>&1 | tee "$out/bench-decode-f16-mma8.log"
+  PTQKIT_F16_MMA_MAX=32 PTQKIT_A16_PLAN_LOG=1 .device/bin/ptqkit bench decode --preset "$P" --formats f16 --batch 32 2>&1 | tee "$out/bench-decode-f16-mma32.log"
+fi
+if [ -n "${W8A8ROW:-}" ]; then
+  PTQKIT_W8A8_ROW=0 .device/bin/ptqkit bench decode --preset "$P" --formats w8a8 --batch 1 2>&1 | tee "$out/bench-decode-w8a8-tiled.log"
+  .device/bin/ptqkit bench kernels --kernels w8a8 --m 1 2 --runs 50 2>&1 | grep -v "^W8A8 .* 8192 " | tee "$out/bench-kernels-w8a8.log"
+  PTQKIT_W8A8_ROW=0 .device/bin/ptqkit bench kernels --kernels w8a8 --m 1 2 --runs 50 2>&1 | grep -v "^W8A8 .* 8192 " | tee "$out/bench-kernels-w8a8-tiled.log"
+fi
+if [ -n "${SWEEP2:-}" ]; then
+  for r in 1 4; do PTQKIT_W8A8_ROW_ROWS=$r .device/bin/ptqkit bench decode --preset "$P" --formats w8a8 --batch 1 2>&1 | tail -n 1 | sed "s/^/rows $r: /" | tee -a "$out/bench-decode-w8a8-rows.log"; done
+  PTQKIT_A16_SWEEP="1:1:0:2,1:2:0:2,1:4:0:2,1:8:0:2,1:16:0:2" .device/bin/ptqkit bench kernels --kernels w8a16 --m 1 --runs 50 --shapes 4096x4096 12288x4096 22016x4096 4096x11008 2>&1 | tee "$out/bench-kernels-w8-slices.log"
+fi
+if [ -n "${W8SWEEP:-}" ]; then
+  PTQKIT_A16_PLAN_LOG=1 PTQKIT_A16_SWEEP="1:0:0:1,1:0:0:2,2:0:0:1,2:0:0:2" .device/bin/ptqkit bench kernels --kernels w8a16 --m 1 8 --runs 50 2>&1 | tee "$out/bench-kernels-w8.log"
+fi
+if [ -z "${NOTEST:-}" ]; then
+  timeout 400 .device/bin/test_cuda 2>&1 | tee "$out/test_cuda.log" | tail -4
+fi
