@@ -132,12 +132,14 @@ __global__ void rmsnorm_rows(const float* X, const float* w, int d, float eps, T
 // d % 4 == 0 and d <= 4 * 256 * kNormVecMax (run 21: 2.6% faster decode steps at batch 1 than
 // rmsnorm_rows' 1024 threads and two passes, which serves the rest and the final norm).
 constexpr int kNormVecThreads = 256, kNormVecMax = 8;
-template <class T>
-__global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float eps, T* out) {
+// The CTA's row of X normed in fp32: v[k] = float4 (threadIdx.x + 256 k) of X[row] / rms * w, zeros
+// past d. Runs the kernel's pdl_begin: the norm's weights (never written by a kernel) are loaded
+// before the wait.
+__device__ __forceinline__ void normed_row_vec(const float* X, const float* w, int d, float eps, float4 (&v)[kNormVecMax]) {
   __shared__ float red[32];
   const int n4 = d / 4;
   const float4* w4 = reinterpret_cast<const float4*>(w);
-  float4 g[kNormVecMax];   // the norm's weights, never written by a kernel: loaded before the wait
+  float4 g[kNormVecMax];
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int i = int(threadIdx.x) + k * kNormVecThreads;
@@ -145,7 +147,6 @@ __global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float ep
   }
   pdl_begin();
   const float4* x = reinterpret_cast<const float4*>(X + size_t(blockIdx.x) * d);
-  float4 v[kNormVecMax];
   float ss = 0;
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
@@ -155,10 +156,17 @@ __global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float ep
   }
   const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
 #pragma unroll
+  for (int k = 0; k < kNormVecMax; ++k) v[k] = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
+}
+template <class T>
+__global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float eps, T* out) {
+  float4 v[kNormVecMax];
+  normed_row_vec(X, w, d, eps, v);
+#pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int i = int(threadIdx.x) + k * kNormVecThreads;
-    if (i >= n4) break;
-    store4(out + size_t(blockIdx.x) * d + 4 * i, v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
+    if (i >= d / 4) break;
+    store4(out + size_t(blockIdx.x) * d + 4 * i, v[k].x, v[k].y, v[k].z, v[k].w);
   }
 }
 
@@ -404,37 +412,19 @@ __device__ __forceinline__ float rounded(float x) {
 }
 template <class T>
 __global__ void rmsnorm_quant_rows_vec(const float* X, const float* w, int d, float eps, bool per_token, float static_scale, int8_t* q, float* s) {
-  __shared__ float red[32];
-  const int n4 = d / 4;
-  const float4* w4 = reinterpret_cast<const float4*>(w);
-  float4 g[kNormVecMax];   // the norm's weights, never written by a kernel: loaded before the wait
-#pragma unroll
-  for (int k = 0; k < kNormVecMax; ++k) {
-    const int i = int(threadIdx.x) + k * kNormVecThreads;
-    g[k] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  pdl_begin();
-  const float4* x = reinterpret_cast<const float4*>(X + size_t(blockIdx.x) * d);
   float4 v[kNormVecMax];
-  float ss = 0;
-#pragma unroll
-  for (int k = 0; k < kNormVecMax; ++k) {
-    const int i = int(threadIdx.x) + k * kNormVecThreads;
-    v[k] = i < n4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-  }
-  const float inv = rsqrtf(block_sum(ss, red) / float(d) + eps);
+  normed_row_vec(X, w, d, eps, v);
   float m = 0;
 #pragma unroll
-  for (int k = 0; k < kNormVecMax; ++k) {   // past the row: zeros (g is zero there)
-    v[k] = make_float4(rounded<T>(v[k].x * inv * g[k].x), rounded<T>(v[k].y * inv * g[k].y), rounded<T>(v[k].z * inv * g[k].z), rounded<T>(v[k].w * inv * g[k].w));
+  for (int k = 0; k < kNormVecMax; ++k) {   // past the row: zeros
+    v[k] = make_float4(rounded<T>(v[k].x), rounded<T>(v[k].y), rounded<T>(v[k].z), rounded<T>(v[k].w));
     m = fmaxf(m, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
   }
   const float scale = act8::row_scale(m, per_token, static_scale, s);
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) {
     const int i = int(threadIdx.x) + k * kNormVecThreads;
-    if (i >= n4) break;
+    if (i >= d / 4) break;
     act8::store_codes4(q + size_t(blockIdx.x) * d + 4 * i, v[k].x, v[k].y, v[k].z, v[k].w, scale);
   }
 }

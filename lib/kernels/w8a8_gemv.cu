@@ -35,6 +35,44 @@ constexpr int kWarps = 8, kRowsPerWarp = 4, kTile = 2048, kMaxM = 16, kUnroll = 
 constexpr int kMmaFromM = 3;   // measured: docs/lab/2026-11-24-decode-h200.md (run 23)
 bool tensor_cores() { return compute_capability() >= 80; }   // int8 mma.sync: sm_80 and up
 
+// The two GEMV forms below share their arithmetic: per x piece (16 codes) of activation row m, 4
+// dp4a into each weight row's sum; at the end each warp's lane sums added by shuffles and scaled.
+// xp(m): the piece of row m from shared memory.
+template <int kRows, int kM, class XPiece>
+__device__ __forceinline__ void dp4a_piece(int (&acc)[kRows][kM], const int4 (&wv)[kRows], XPiece&& xp) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    const int4 xv = xp(m);   // one x piece serves the warp's rows
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      int a = acc[r][m];
+      a = __dp4a(wv[r].x, xv.x, a);
+      a = __dp4a(wv[r].y, xv.y, a);
+      a = __dp4a(wv[r].z, xv.z, a);
+      a = __dp4a(wv[r].w, xv.w, a);
+      acc[r][m] = a;
+    }
+  }
+}
+// y[m, n0 + r] = sx[m] · sw[n] · (the warp's sum) + beta · y, lane 0 writing.
+template <int kRows, int kM>
+__device__ __forceinline__ void store_rows(int (&acc)[kRows][kM], int n0, int lane, const float* sx, const float* sw, int N, float* y, float beta) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int n = n0 + r;
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      int a = acc[r][m];
+      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0 && n < N) {
+        const float v = float(a) * __ldcg(sx + m) * sw[n];   // sx: written by the kernel before (not the non-coherent path)
+        float* out = y + size_t(m) * N + n;
+        *out = beta == 0.0f ? v : v + beta * *out;
+      }
+    }
+  }
+}
+
 // kM: the activation rows, a template parameter so that the accumulators stay in registers.
 template <int kM>
 __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __restrict__ x, const float* __restrict__ sx, const int8_t* __restrict__ w,
@@ -70,35 +108,10 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_kernel(const int8_t* __
     for (int u = 0; u < kUnroll; ++u) {
       const int c = lane + 32 * u;
       if (c >= tk / 16) break;
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        const int4 xv = reinterpret_cast<const int4*>(xs + m * kTile)[c];   // one x piece serves the warp's rows
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          int a = acc[r][m];
-          a = __dp4a(wv[u][r].x, xv.x, a);
-          a = __dp4a(wv[u][r].y, xv.y, a);
-          a = __dp4a(wv[u][r].z, xv.z, a);
-          a = __dp4a(wv[u][r].w, xv.w, a);
-          acc[r][m] = a;
-        }
-      }
+      dp4a_piece(acc, wv[u], [&](int m) { return reinterpret_cast<const int4*>(xs + m * kTile)[c]; });
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int n = n0 + r;
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      int a = acc[r][m];
-      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0 && n < N) {
-        const float v = float(a) * __ldcg(sx + m) * sw[n];   // sx: written by the kernel before (not the non-coherent path)
-        float* out = y + size_t(m) * N + n;
-        *out = beta == 0.0f ? v : v + beta * *out;
-      }
-    }
-  }
+  store_rows(acc, n0, lane, sx, sw, N, y, beta);
 }
 
 // One or two activation rows with K <= kRowMaxK (the decode at batch 1): the whole of x staged in
@@ -137,19 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_row_kernel(const int8_t
     for (int u = 0; u < kUnroll; ++u) {
       const int c = lane + 32 * u;
       if (c >= tk / 16) break;
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        const int4 xv = reinterpret_cast<const int4*>(xs + m * kRowMaxK + k0)[c];
-#pragma unroll
-        for (int r = 0; r < kRowRows; ++r) {
-          int a = acc[r][m];
-          a = __dp4a(wv[u][r].x, xv.x, a);
-          a = __dp4a(wv[u][r].y, xv.y, a);
-          a = __dp4a(wv[u][r].z, xv.z, a);
-          a = __dp4a(wv[u][r].w, xv.w, a);
-          acc[r][m] = a;
-        }
-      }
+      dp4a_piece(acc, wv[u], [&](int m) { return reinterpret_cast<const int4*>(xs + m * kRowMaxK + k0)[c]; });
     }
   };
   Tile w0, w1;
@@ -167,20 +168,7 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_row_kernel(const int8_t
     if (k0 + 2 * kTile < K) load(k0 + 2 * kTile, w0);
     use(k0 + kTile, w1);
   }
-#pragma unroll
-  for (int r = 0; r < kRowRows; ++r) {
-    const int n = n0 + r;
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      int a = acc[r][m];
-      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0 && n < N) {
-        const float v = float(a) * __ldcg(sx + m) * sw[n];
-        float* out = y + size_t(m) * N + n;
-        *out = beta == 0.0f ? v : v + beta * *out;
-      }
-    }
-  }
+  store_rows(acc, n0, lane, sx, sw, N, y, beta);
 }
 
 // The tensor-core form (int8 mma.sync m16n8k32) for M = 3..32 where K % 64 == 0: a CTA owns 16
