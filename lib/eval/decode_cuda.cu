@@ -10,6 +10,9 @@
 //                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: the
 //                   last split to finish combines them)
 //   silu_mul        act = silu(g) * u -> 16-bit
+//   rmsnorm_quant_rows_vec, silu_mul_quant_rows
+//                   the same two with their output quantized to int8 for W8A8 Linears
+//                   (DecodeLayer::lin8; the reference is quantize_activations)
 //   argmax_rows     next token per sequence, written to the token buffer and the history
 // The CPU reference of each is the same stage in lib/model/llama.cpp (attention_cached,
 // rmsnorm, head_rmsnorm, apply_rope, silu_mul).
@@ -24,6 +27,7 @@
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
@@ -635,13 +639,16 @@ struct DecodeCuda::Impl {
         launch_pdl("rmsnorm_rows", pdl, -1, rmsnorm_rows<T>, dim3(unsigned(rows)), dim3(kNormThreads), 0, static_cast<const float*>(X.get()),
                    static_cast<const float*>(nw.get()), int(d), eps, reinterpret_cast<T*>(xn.get()), 1, 0);
     };
-    // W8A8 Linears reading a norm's output, all with one activation spec: the norm quantizes it.
-    auto same = [](const ActQuant& a, const ActQuant& b) { return a.mode == b.mode && a.static_scale == b.static_scale; };
-    auto int8_input = [&](const Int8Linear& stacked, const LinearFn& stacked_fn, const Int8Linear& a, const Int8Linear& b, const Int8Linear* c3) -> const ActQuant* {
+    // The one activation spec of the Linears that read a norm's output where all are W8A8 with
+    // it (then the norm quantizes), else null.
+    auto int8_input = [&](std::initializer_list<const Int8Linear*> readers) -> const ActQuant* {
       if (!norm_vec || !decode_int8_fuse()) return nullptr;
-      if (stacked_fn) return stacked ? &stacked.act : nullptr;
-      if (!a || !b || (c3 && !*c3) || !same(a.act, b.act) || (c3 && !same(a.act, c3->act))) return nullptr;
-      return &a.act;
+      const ActQuant* a = nullptr;
+      for (const Int8Linear* r : readers) {
+        if (!*r || (a && (r->act.mode != a->mode || r->act.static_scale != a->static_scale))) return nullptr;
+        a = &r->act;
+      }
+      return a;
     };
     auto norm_quant = [&](const DeviceBuffer<float>& nw, const ActQuant& a) {
       launch_pdl("rmsnorm_quant_rows_vec", pdl, -1, rmsnorm_quant_rows_vec<T>, dim3(unsigned(rows)), dim3(kNormVecThreads), 0, static_cast<const float*>(X.get()),
@@ -658,7 +665,7 @@ struct DecodeCuda::Impl {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
       mark();
-      const ActQuant* attn8 = int8_input(W.qkv8, W.qkv, W.lin8[0], W.lin8[1], &W.lin8[2]);
+      const ActQuant* attn8 = W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]});
       if (attn8) norm_quant(D.in_norm, *attn8);
       else norm(D.in_norm);
       mark();
@@ -696,7 +703,9 @@ struct DecodeCuda::Impl {
       mark();
       W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
       mark();
-      const ActQuant* mlp8 = W.experts.empty() ? int8_input(W.gate_up8, W.gate_up, W.lin8[4], W.lin8[5], nullptr) : nullptr;   // MoE: xn is gathered
+      const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
+                             : W.gate_up        ? int8_input({&W.gate_up8})
+                                                : int8_input({&W.lin8[4], &W.lin8[5]});
       if (mlp8) norm_quant(D.post_norm, *mlp8);
       else norm(D.post_norm);
       mark();

@@ -154,7 +154,7 @@ template <class Format>
 void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N,
              int64_t K) {
   const int nt = n8_tiles(M);
-  // At M = 1 the planner weighs the overlapped GPTQ 4-bit kernels in their x-staged form (kStageX),
+  // At M = 1 the planner weighs the overlapped kernels in their x-staged form (kStageX),
   // the one it launches where their warps walk more than one batch; with two row tiles that form
   // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
   auto kern = [&](int rt, bool overlap) {

@@ -24,10 +24,10 @@
 // matrix holds its weights. Accumulation is fp32 either way.
 // Work. A warp owns RT (1 or 2) row tiles and one of S K slices, walked in batches of up to 4 uint4
 // loads per lane (2 above M = 16) issued before their math (4-bit codes at 9..16 rows with RT = 2,
-// and GPTQ 4-bit at M <= 8: the next batch issued while this one's MMAs run; at M <= 8 with RT = 2
-// the planner picks that loop or the plain one, overlap_variants); with RT = 2 the x fragments are loaded
+// and the formats with kOverlapM8 at M <= 8: the next batch issued while this one's MMAs run; where
+// overlap_variants gives both, the planner picks that loop or the plain one); with RT = 2 the x fragments are loaded
 // once for both tiles (at M = 16 x is read 4x more often than W: that halves it). At M = 1 the
-// overlapped GPTQ 4-bit kernels (one row tile: where a warp walks more than one batch) copy each
+// overlapped kernels (one row tile: where a warp walks more than one batch) copy each
 // batch's x into shared memory by cp.async first (kStageX: one L2 round trip a batch). A CTA = the S
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
@@ -229,13 +229,13 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   // instructions a k-step and the codes' 12 a batch). Not elsewhere: there the same change moved
   // register counts and plans, and measured slower. The form matters: with xs folded into load_x,
   // ptxas gives the W4 kernel 100 registers instead of 124 and it runs slower.
-  // One n8 tile and one row tile of GPTQ 4-bit codes (the M <= 8 kernel held to 64 registers):
+  // One n8 tile and one row tile with overlapped batches (the M <= 8 kernel held to 64 registers):
   // x's address from one 32-bit element offset, both loads off one base. ptxas rematerializes it
   // at each k-step either way (registers), but from the offset in about 20 instructions, not 30
   // (the 64-bit row pointer and a second base for the second load); other kernels unchanged.
   constexpr bool kHoist = NT == 2 && RT == 2;
   constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8 && (Format::kU4 == 1 || kOverlap);   // 8-bit codes: the overlapped loop only
-  static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the GPTQ 4-bit kernel at M = 1, one 16-byte chunk per lane");
+  static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the overlapped one-n8-tile kernel at M = 1, one 16-byte chunk per lane");
   constexpr int kAcc = 4 * NT * RT;   // fp32 sums per lane (the C fragments of RT row tiles x NT n8 tiles)
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
         for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
       });
     };
-    // kStageX (M = 1, GPTQ 4-bit, overlapped batches; run_mma says where): the batch's x (its 4 or 2
-    // k-steps of 64 columns, 512 or 256 bytes) is copied into the warp's own rows of red by one
+    // kStageX (M = 1, overlapped batches; run_mma says where): the batch's x (its 4, 2 or 1
+    // k-steps of 64 columns, 512, 256 or 128 bytes) is copied into the warp's own rows of red by one
     // 16-byte cp.async per lane (zeros past K and past the batch), so each batch takes one L2 round
     // trip for x, not the one or two per k-step that ptxas schedules within 64 registers; the MMAs
     // read it with two shared-memory loads per k-step and no address arithmetic.
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     const int rr = o % (16 * RT), n = o / (16 * RT), r = rr / 16, row = rr % 16, t = n / 8, nn = n % 8;
     const int src = ((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2;
     float v = 0.0f;
-    // The one-row-tile GPTQ 4-bit kernel: unrolled to the compiled bound, so the S loads issue
+    // The one-row-tile overlapped kernel (kLeanX): unrolled to the compiled bound, so the S loads issue
     // together and the adds follow in slice order (the same sums). Not elsewhere: the same unroll
     // moved the registers of the other kernels, and at 9..16 rows it gained nothing for W4 and lost
     // for W8.
