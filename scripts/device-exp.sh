@@ -3,7 +3,6 @@
 # (llama2-7b), the A/Bs named by the environment, then the whole GPU test binary. Logs into $OUT.
 #   INT8AB=1   W8A8 batch 1 and 8 with the int8 inputs quantized by their own kernel (PTQKIT_DECODE_INT8_FUSE=0)
 #   W8SWEEP=1  bench kernels W8A16 at M = 1 and 8 with the plain and overlapped loops forced
-#   W8A8AB=1   W8A8 batch 8, 32 and bench kernels at 4..32 rows with the int8 mma.sync form's batches in one register set (PTQKIT_W8A8_MMA_PIPE=0)
 #   F16AB=1    f16 with cuBLAS for every Linear (PTQKIT_F16_MMA_MAX=0) and with the A16 kernel up to 8 and 32 rows
 #   W8A8ROW=1  W8A8 batch 1 and bench kernels at 1, 2 rows with the tiled GEMV (PTQKIT_W8A8_ROW=0) against the whole-x one
 #   SWEEP2=1   W8A8 batch 1 with 1 and 4 weight rows a warp in the whole-x GEMV; W8A16 M = 1 over forced K slices
@@ -14,11 +13,6 @@ P=${PRESET:-llama2-7b}
 .device/bin/ptqkit bench decode --preset "$P" --formats ${FORMATS:-f16,w8a16,w4a16,nf4,w8a8} --batch ${BATCH:-1,8,32} --json "$out/bench-decode-$P.json" 2>&1 | tee "$out/bench-decode-$P.log"
 if [ -n "${INT8AB:-}" ]; then
   PTQKIT_DECODE_INT8_FUSE=0 .device/bin/ptqkit bench decode --preset "$P" --formats w8a8 --batch 1,8 2>&1 | tee "$out/bench-decode-int8-unfused.log"
-fi
-if [ -n "${W8A8AB:-}" ]; then
-  PTQKIT_W8A8_MMA_PIPE=0 .device/bin/ptqkit bench decode --preset "$P" --formats w8a8 --batch 8,32 2>&1 | tee "$out/bench-decode-w8a8-nopipe.log"
-  .device/bin/ptqkit bench kernels --kernels w8a8 --m 4 8 16 32 --runs 50 2>&1 | grep -v "^W8A8 .* 8192 " | tee "$out/bench-kernels-w8a8.log"
-  PTQKIT_W8A8_MMA_PIPE=0 .device/bin/ptqkit bench kernels --kernels w8a8 --m 4 8 16 32 --runs 50 2>&1 | grep -v "^W8A8 .* 8192 " | tee "$out/bench-kernels-w8a8-nopipe.log"
 fi
 if [ -n "${F16AB:-}" ]; then
   PTQKIT_F16_MMA_MAX=0 .device/bin/ptqkit bench decode --preset "$P" --formats f16 --batch 1,8 2>&1 | tee "$out/bench-decode-f16-cublas.log"
