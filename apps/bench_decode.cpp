@@ -3,7 +3,9 @@
 // floor: the bytes one step reads (weights, plus the KV cache at the mean position) at the
 // device-to-device copy bandwidth measured in the same run. Prompt P tokens (prefill, timed),
 // then D tokens decoded greedily on the device (timed).
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -49,7 +51,11 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   std::printf("%-7s %5s | %9s %8s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "vs f16", "prefill t/s");
   nlohmann::json rows = nlohmann::json::array();
   std::map<int, double> f16_tps;
-  for (const std::string& fmt : a.formats) {
+  // f16 first where it is asked for: the other formats' "vs f16" is against it (a format without
+  // f16 in the run prints "-" there, and null in the JSON).
+  std::vector<std::string> formats = a.formats;
+  std::stable_partition(formats.begin(), formats.end(), [](const std::string& f) { return f == "f16"; });
+  for (const std::string& fmt : formats) {
     cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, fmt, !a.apart);
     const double wbytes = w.step_weight_bytes;
     auto shared = std::make_shared<cuda::DecodeWeights>(std::move(w));
@@ -77,13 +83,17 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       const double kv = 2.0 * 2.0 * double(c.kv_dim()) * c.num_hidden_layers * double(B) * (P + D / 2.0);
       const double floor_tps = double(B) / ((wbytes + kv) / (copy_gbs * 1e9));
       if (fmt == "f16") f16_tps[B] = tps;
-      const double vs = f16_tps.count(B) ? tps / f16_tps[B] : 0;
-      std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %7.2fx | %11.0f%s\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps, vs,
+      const bool have_f16 = f16_tps.count(B) > 0;
+      const double vs = have_f16 ? tps / f16_tps[B] : 0;
+      char vs_text[16];
+      if (have_f16) std::snprintf(vs_text, sizeof vs_text, "%7.2fx", vs);
+      else std::snprintf(vs_text, sizeof vs_text, "%8s", "-");
+      std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %s | %11.0f%s\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps, vs_text,
                   double(B) * P / prefill_s, dec.graph_used() ? "  graph" : "");
       std::fflush(stdout);
       rows.push_back({{"format", fmt}, {"batch", B}, {"tok_s", tps}, {"ms_per_step", step_ms}, {"floor_tok_s", floor_tps},
                       {"weight_bytes_per_step", wbytes}, {"kv_bytes_per_step", kv}, {"prefill_tok_s", double(B) * P / prefill_s},
-                      {"vs_f16", vs}, {"graph", dec.graph_used()}});
+                      {"vs_f16", have_f16 ? nlohmann::json(vs) : nlohmann::json(nullptr)}, {"graph", dec.graph_used()}});
     }
   }
   if (!a.json_out.empty())
