@@ -237,7 +237,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
       const uint32_t A0[4] = {B.a0[u].x, B.a1[u].x, B.a0[u].y, B.a1[u].y}, A1[4] = {B.a0[u].z, B.a1[u].z, B.a0[u].w, B.a1[u].w};
 #pragma unroll
       for (int t = 0; t < kNT; ++t) {
-        const uint4 b = kX ? B.b[kX ? u : 0][kX ? t : 0] : x_piece(t, c);
+        uint4 b;
+        if constexpr (kX) b = B.b[u][t];
+        else b = x_piece(t, c);
         ptx::mma_m16n8k32_s8(acc[t], A0, b.x, b.y);
         ptx::mma_m16n8k32_s8(acc[t], A1, b.z, b.w);
       }
