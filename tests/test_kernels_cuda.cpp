@@ -1,5 +1,6 @@
 // The packed-weight kernels (lib/kernels/*.cu) against the reference kernels of lib/kernels:
 // W4A16/W8A16, NF4, W8A8, int8 activations, split-K, PDL chains, shared-x and wgmma paths.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -13,6 +14,7 @@
 #include "gptq/gptq_cuda.h"
 #include "cuda/random.h"
 #include "kernels/act_quant.h"
+#include "kernels/bench_kernels.h"
 #include "kernels/f16_gemv.h"
 #include "kernels/reference.h"
 #include "kernels/nf4.h"
@@ -308,6 +310,84 @@ TEST_CASE("gpu: f16 Linears through the A16 tensor-core kernel, weights in place
   cuda::DeviceBuffer<float> y(64 * 64, "y");
   CHECK_THROWS_AS(cuda::f16_linear_f32(a.get(), a.get(), 1, 64, 96, y.get(), 0.0f, true), Error);   // K not a multiple of 64
   CHECK_THROWS_AS(cuda::f16_linear_f32(a.get(), a.get(), 65, 64, 64, y.get(), 0.0f, true), Error);  // M above 64
+}
+
+// The RMSNorm folded into the Linear that writes the row (a16_fold_norm: decode at batch 1, NF4).
+// At M = 1 the NF4 kernel's last CTA normalizes y after its beta y: out must equal the fp64 norm of
+// the y the kernel wrote (its GEMM is checked against the reference above), rounded to f16, at
+// every split, twice in a row with the same bytes (the arrival counter resets; the sum of squares
+// runs in a fixed order). The formats it does not fold for (f16, GPTQ) and NF4 at M = 2 leave the
+// request untaken and out untouched.
+TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64 norm of its output") {
+  PTQ_REQUIRE_GPU();
+  const int64_t K = 2048;
+  for (const int64_t N : {int64_t(4096), int64_t(1000)}) {
+    Rng r{uint64_t(N)};
+    std::vector<uint16_t> xh(size_t(2 * K));
+    for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+    std::vector<float> y0(size_t(2 * N)), g(static_cast<size_t>(N));
+    for (auto& v : y0) v = float(r.uniform() - 0.5);
+    for (auto& v : g) v = float(0.5 + r.uniform());
+    const float eps = 1e-5f;
+    cuda::DeviceBuffer<uint16_t> dw(size_t(N * K), "W"), dx(xh.size(), "x"), dout(static_cast<size_t>(N), "out");
+    cuda::DeviceBuffer<float> dy(y0.size(), "y"), dg(g.size(), "w");
+    cuda::DeviceBuffer<int> arrivals(1, "arrivals");
+    cuda::fill_bytes(arrivals.get(), 0, 4);
+    cuda::fill_bytes(dw.get(), 0, size_t(N * K) * 2);
+    cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+    cuda::copy_to_device(dg.get(), g.data(), g.size() * 4);
+    const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
+    const auto nf = cuda::random_nf4_linear(N, K, 0.02f, r);
+    const cuda::A16RowNorm rn{dg.get(), dout.get(), arrivals.get(), eps};
+    auto out_bytes = [&] {
+      std::vector<uint16_t> out(static_cast<size_t>(N));
+      cuda::copy_to_host(out.data(), dout.get(), out.size() * 2);
+      return out;
+    };
+    // One call with the fold asked: whether it was taken.
+    auto run = [&](const std::string& fmt, int64_t M) {
+      cuda::fill_bytes(dout.get(), 0, size_t(N) * 2);
+      cuda::copy_to_device(dy.get(), y0.data(), size_t(M * N) * 4);
+      cuda::a16_fold_norm(&rn);
+      if (fmt == "f16") cuda::f16_linear_f32(dw.get(), dx.get(), M, N, K, dy.get(), 1.0f, true);
+      else if (fmt == "w4") w4->gemm_f32(dx.get(), M, dy.get(), 1.0f);
+      else nf->gemm_f32(dx.get(), M, dy.get(), 1.0f);
+      return cuda::a16_norm_folded();
+    };
+    for (int rt : {1, 2})
+      for (int slices : {0, 3, 16})
+        for (int loop : {1, 2}) {
+          std::vector<uint16_t> first;   // rep 0's out: rep 1 must give the same bytes
+          for (int rep = 0; rep < 2; ++rep) {
+            cuda::set_a16_split({rt, slices, 0, loop});
+            const bool taken = run("nf4", 1);
+            cuda::set_a16_split({});
+            INFO("N " << N << " rt " << rt << " slices " << slices << " loop " << loop << " rep " << rep);
+            REQUIRE(taken);
+            std::vector<float> y(static_cast<size_t>(N));
+            cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+            double ss = 0;
+            for (float v : y) ss += double(v) * v;
+            const double inv = 1.0 / std::sqrt(ss / double(N) + eps);
+            const std::vector<uint16_t> out = out_bytes();
+            double worst = 0;
+            for (int64_t n = 0; n < N; ++n) {
+              const double want = double(y[size_t(n)]) * inv * g[size_t(n)], got = f16_bits_to_f32(out[size_t(n)]);
+              worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-3));
+            }
+            INFO("worst relative error of the folded norm " << worst);
+            CHECK(worst <= 1.5e-3);   // f16 rounding (2^-11) plus fp32 sums
+            if (rep == 0) first = out;
+            else CHECK(out == first);
+          }
+        }
+    CHECK_FALSE(run("nf4", 2));
+    CHECK_FALSE(run("w4", 1));
+    CHECK_FALSE(run("f16", 1));
+    CHECK_FALSE(cuda::a16_norm_folded());   // cleared
+    const std::vector<uint16_t> out = out_bytes();
+    CHECK(std::all_of(out.begin(), out.end(), [](uint16_t v) { return v == 0; }));
+  }
 }
 
 // The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start

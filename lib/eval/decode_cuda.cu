@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -106,6 +107,12 @@ bool decode_pdl() {
 // PTQKIT_DECODE_INT8_FUSE=0: W8A8 Linears quantize their own inputs (benchmarks compare).
 bool decode_int8_fuse() {
   static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_INT8_FUSE"); return !(e && *e == '0'); }();
+  return on;
+}
+// PTQKIT_DECODE_NORM_FOLD=0: every RMSNorm is its own kernel (benchmarks compare); else at one
+// row the o and down Linears normalize the row they write where their kernel can (a16_fold_norm).
+bool decode_norm_fold() {
+  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_NORM_FOLD"); return !(e && *e == '0'); }();
   return on;
 }
 
@@ -529,6 +536,7 @@ struct DecodeCuda::Impl {
   int64_t rows_cap = 0;
   DeviceBuffer<float> X, qkv, gu, logits, partial;   // qkv: q, k, v outputs; gu: gate, up outputs
   DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches
+  DeviceBuffer<int> norm_arrivals;   // [1]: the folded norm's CTAs arrived (a16_fold_norm), zero between launches
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
   DeviceBuffer<int8_t> xq8;   // a W8A8 Linear's input quantized by its producer (DecodeLayer::lin8) [rows, max(d, f)]
   DeviceBuffer<float> sx8;    // its per-row scales
@@ -551,6 +559,10 @@ struct DecodeCuda::Impl {
     partial = DeviceBuffer<float>(size_t(split_rows * c.num_attention_heads * kMaxSplits * (c.head_dim + 2)), "decode attention partials");
     arrivals = DeviceBuffer<int>(size_t(split_rows * c.num_attention_heads), "decode attention arrivals");
     fill_bytes(arrivals.get(), 0, size_t(split_rows * c.num_attention_heads) * 4);
+    if (!norm_arrivals.get()) {
+      norm_arrivals = DeviceBuffer<int>(1, "decode folded-norm arrivals");
+      fill_bytes(norm_arrivals.get(), 0, 4);
+    }
     rows_cap = rows;
   }
 
@@ -661,13 +673,35 @@ struct DecodeCuda::Impl {
     const int splits = rows * nh >= kSplitBelow ? 1 : std::clamp(std::min(int(kSplitCtas / (rows * nh)), max_len / kSplitMinPositions), 1, kMaxSplits);
     const int attn_threads = 256;
     const size_t attn_smem = size_t(max_len + 32 + attn_threads / 32 * hd) * 4;
+    auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
+    // At one row (f16 activations, the norm's vector form) the Linear that writes X (o, down)
+    // normalizes it into xn where its kernel can (a16_fold_norm: the A16 and f16 kernels at M = 1);
+    // residual_linear says whether it did, else the norm kernel runs as before.
+    const bool fold = rows == 1 && std::is_same_v<T, __half> && norm_vec && decode_norm_fold();
+    auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm) {
+      if (!fold || !next_norm) {
+        fn(x, rows, X.get(), 1.0f);
+        return false;
+      }
+      const A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
+      a16_fold_norm(&rn);
+      try {
+        fn(x, rows, X.get(), 1.0f);
+      } catch (...) {
+        a16_norm_folded();
+        throw;
+      }
+      return a16_norm_folded();
+    };
+    bool in_normed = false;   // the layer's input norm done by the previous layer's down Linear
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
       mark();
-      const ActQuant* attn8 = W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]});
+      const ActQuant* attn8 = attn8_of(W);
       if (attn8) norm_quant(D.in_norm, *attn8);
-      else norm(D.in_norm);
+      else if (!in_normed) norm(D.in_norm);
+      in_normed = false;
       mark();
       // A Linear on the norm's output: its int8 form on the quantized rows, else on xn.
       auto linear = [&](const LinearFn& fn, const Int8Linear& fn8, bool int8, float* y, float beta) {
@@ -701,13 +735,13 @@ struct DecodeCuda::Impl {
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
                  reinterpret_cast<T*>(ctx.get()), splits > 1 ? partial.get() : nullptr, arrivals.get());
       mark();
-      W.lin[3](ctx.get(), rows, X.get(), 1.0f);   // X += o(ctx)
-      mark();
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
                                                 : int8_input({&W.lin8[4], &W.lin8[5]});
+      const bool post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm);   // X += o(ctx)
+      mark();
       if (mlp8) norm_quant(D.post_norm, *mlp8);
-      else norm(D.post_norm);
+      else if (!post_normed) norm(D.post_norm);
       mark();
       if (!W.experts.empty()) {
         moe<T>(W, rows);
@@ -741,7 +775,8 @@ struct DecodeCuda::Impl {
         launch_pdl("silu_mul", pdl, -1, silu_mul<T>, dim3(unsigned((rows * f + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
                    reinterpret_cast<T*>(act.get()));
       mark();
-      W.lin[6](act.get(), rows, X.get(), 1.0f);   // X += down(act)
+      const bool next = l + 1 < w.layers.size() && !attn8_of(w.layers[l + 1]);   // the next layer's input norm, unless it quantizes
+      in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr);   // X += down(act)
     }
     mark();
   }

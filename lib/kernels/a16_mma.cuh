@@ -195,6 +195,70 @@ constexpr int min_ctas(int nt, int rt, bool k_step_scale, bool overlap) {
   return held ? 2 : 0;
 }
 
+// The folded RMSNorm (a16_path.h, A16RowNorm) at M = 1, called by every thread of every CTA after
+// its y stores. Thread 0 counts the CTA's arrival with an acquire-release atomic after a barrier
+// (the release covers the CTA's y stores, which the barrier ordered before it: no fence); the CTA
+// that arrives last loads y (through L2: other CTAs wrote it) and w, V float4 of each a thread and
+// pass, sums the squares of y in a fixed order (thread layout, shuffles: the same bytes every run),
+// and writes out = f16(y * inv * w), inv = rsqrt(mean(y²) + eps): the decode norm kernel's
+// arithmetic, its sum in another order. Rows past V float4 a thread are read twice (Llama's 4096
+// at the 512-thread plans: once). No shared memory beyond 33 floats of sm: a larger allocation
+// than its neighbours' asks for another carveout, which an SM changes only when idle (the first
+// form, the row and w staged in 33 KB, ran the W8A16 step 7% slower).
+__device__ __forceinline__ void norm_row_after(const A16RowNorm& nr, const float* y, int N, float* sm) {
+  int* flag = reinterpret_cast<int*>(sm + 32);
+  __syncthreads();   // the CTA's y stores, before thread 0's release (also: every thread is done with sm)
+  if (threadIdx.x == 0) {
+    int before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(nr.arrivals) : "memory");
+    const bool last = before == int(gridDim.x) - 1;
+    if (last) *nr.arrivals = 0;   // every CTA has arrived: ready for the next launch
+    *flag = last;
+  }
+  __syncthreads();
+  if (!*flag) return;
+  constexpr int V = 2;
+  const int n4 = N / 4, step = V * int(blockDim.x);
+  const float4* y4 = reinterpret_cast<const float4*>(y);
+  const float4* w4 = reinterpret_cast<const float4*>(nr.w);
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 yv[V], wv[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = int(threadIdx.x) + v * int(blockDim.x);
+    yv[v] = i < n4 ? __ldcg(y4 + i) : zero;
+    wv[v] = i < n4 ? __ldg(w4 + i) : zero;
+  }
+  auto sq = [](float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; };
+  float ss = 0.0f;
+#pragma unroll
+  for (int v = 0; v < V; ++v) ss += sq(yv[v]);
+  for (int i = int(threadIdx.x) + step; i < n4; i += int(blockDim.x)) ss += sq(__ldcg(y4 + i));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.0f;
+  for (int w = 0; w < int(blockDim.x >> 5); ++w) tot += sm[w];
+  const float inv = rsqrtf(tot / float(N) + nr.eps);
+  uint2* out = static_cast<uint2*>(nr.out);
+  auto store = [&](int i, float4 a, float4 g) {
+    union {
+      __half2 h[2];
+      uint2 u;
+    } o;
+    o.h[0] = __floats2half2_rn(a.x * inv * g.x, a.y * inv * g.y);
+    o.h[1] = __floats2half2_rn(a.z * inv * g.z, a.w * inv * g.w);
+    out[i] = o.u;
+  };
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int i = int(threadIdx.x) + v * int(blockDim.x);
+    if (i < n4) store(i, yv[v], wv[v]);
+  }
+  for (int i = int(threadIdx.x) + step; i < n4; i += int(blockDim.x)) store(i, __ldcg(y4 + i), __ldg(w4 + i));
+}
+
 // y = x · Wᵀ for M <= 8 * NT rows, RT row tiles per warp (x loaded once for them). Dynamic shared
 // memory: S * 32 * 4 * NT * RT floats. kOverlap: the next batch's loads follow this batch's steps
 // in program order (see below). Held to 64 registers (two CTAs of 512 threads per SM) at M <= 8:
@@ -202,10 +266,10 @@ constexpr int min_ctas(int nt, int rt, bool k_step_scale, bool overlap) {
 // the plain loop) and the plain two-row-tile kernel of the GPTQ formats with whole-k-step scales
 // (free, 70 / 66: 3 CTAs of 256 threads resident instead of 4, and W4 14336 x 4096 would leave its
 // one-wave plan; held, it spills 4 / 8 bytes (W4 / W8) and is faster).
-template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false>
+template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
-               int M, int N, int K, int sps) {
+               int M, int N, int K, int sps, A16RowNorm norm) {
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
   // kOverlap: the next batch's loads follow this batch's steps in program order, so the compiler
   // issues them while the MMAs run: 4-bit codes at 9..16 rows with two row tiles, and GPTQ 4-bit at
@@ -413,6 +477,9 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     if (yf) yf[i] = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
     else yh[i] = __float2half_rn(v);
   }
+  // kFold (one n8 tile: run_mma launches it only at M = 1 with fp32 y and a request): its own
+  // instantiation, so the other kernels' code and registers are those without it.
+  if constexpr (kFold) norm_row_after(norm, yf, N, red);
 }
 
 // W in f16 ([N, K] row-major, scaled in f16 as an f16 dequantized matrix holds it): a warp per
@@ -458,6 +525,12 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
 // The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
+// The thread's folded-norm request (a16_fold_norm) and whether a call took it.
+struct FoldRequest {
+  const A16RowNorm* norm = nullptr;
+  bool taken = false;
+};
+inline thread_local FoldRequest g_fold;
 
 // CTAs of kern with S warps resident per SM (the occupancy calculator).
 inline int resident_ctas(const void* kern, int S, size_t smem) {

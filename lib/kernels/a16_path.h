@@ -44,4 +44,22 @@ struct A16Split {
 };
 void set_a16_split(A16Split split);
 
+// The RMSNorm of the row a Linear writes, folded into that Linear's kernel (decode at batch 1: the
+// o and down projections write the residual row X, which the next norm reads). The CTA that
+// finishes last (an arrival counter, reset by it for the next launch) reads the whole row y (fp32,
+// after its beta y) and w, and writes out [N] f16 = y / rms(y) * w, rms = sqrt(mean(y²) + eps) in
+// fp32: the norm kernel's output, one kernel boundary fewer. arrivals: one int, zero before the
+// first launch. Only NF4's L2-fed kernel (a16_mma.cuh) at M = 1 with fp32 y and N % 4 == 0 folds
+// (measured: a16_dispatch.cuh's run_mma).
+struct A16RowNorm {
+  const float* w = nullptr;   // [N]
+  void* out = nullptr;        // [N] f16
+  int* arrivals = nullptr;
+  float eps = 0.0f;
+};
+// Asks the next A16 call on this thread to fold `norm` (nullptr: nothing). a16_norm_folded() says
+// whether a call took it and clears the request either way, so it never reaches a later call.
+void a16_fold_norm(const A16RowNorm* norm);
+bool a16_norm_folded();
+
 }  // namespace ptq::cuda
