@@ -6,18 +6,19 @@
 #   F16AB=1    f16 with cuBLAS for every Linear (PTQKIT_F16_MMA_MAX=0) and with the A16 kernel up to 8 and 32 rows
 #   W8A8ROW=1  W8A8 batch 1 and bench kernels at 1, 2 rows with the tiled GEMV (PTQKIT_W8A8_ROW=0) against the whole-x one
 #   SWEEP2=1   W8A8 batch 1 with 1 and 4 weight rows a warp in the whole-x GEMV; W8A16 M = 1 over forced K slices
-#   FOLDAB=1   batch 1 with the RMSNorm folded into o / down and as its own kernel (PTQKIT_DECODE_NORM_FOLD=0), twice each; plans logged
+#   AB=VAR     the table with VAR=1 and VAR=0, twice each (ABFORMATS, ABBATCH: default all formats, batch 1); plans logged
+#              (AB=PTQKIT_DECODE_NORM_FOLD: NF4's folded norm, lab run 67)
 #   NOTEST=1   skip test_cuda
 set -uo pipefail
 source "$(dirname "$0")/device-env.sh"
 P=${PRESET:-llama2-7b}
 .device/bin/ptqkit bench decode --preset "$P" --formats ${FORMATS:-f16,w8a16,w4a16,nf4,w8a8} --batch ${BATCH:-1,8,32} --json "$out/bench-decode-$P.json" 2>&1 | tee "$out/bench-decode-$P.log"
-if [ -n "${FOLDAB:-}" ]; then
+if [ -n "${AB:-}" ]; then   # AB=VAR: VAR=1 then VAR=0, twice, on ABFORMATS at ABBATCH
   for i in 1 2; do
-    for f in 1 0; do
-      PTQKIT_DECODE_NORM_FOLD=$f PTQKIT_A16_PLAN_LOG=1 .device/bin/ptqkit bench decode --preset "$P" --formats f16,w8a16,w4a16,nf4 --batch 1 \
-        > "$out/bench-decode-fold$f-$i.log" 2>&1
-      grep -v "a16 mma plan" "$out/bench-decode-fold$f-$i.log" | tail -n 8 | sed "s/^/fold $f run $i: /"
+    for v in 1 0; do
+      env "$AB=$v" PTQKIT_A16_PLAN_LOG=1 .device/bin/ptqkit bench decode --preset "$P" --formats ${ABFORMATS:-f16,w8a16,w4a16,nf4,w8a8} --batch ${ABBATCH:-1} \
+        > "$out/bench-decode-ab$v-$i.log" 2>&1
+      grep -v "a16 mma plan\|format  batch" "$out/bench-decode-ab$v-$i.log" | tail -n 15 | sed "s/^/$AB=$v run $i: /"
     done
   done
 fi

@@ -77,16 +77,6 @@ __device__ float block_sum(float v, float* red) {
   for (int i = 0; i < nw; ++i) s += red[i];
   return s;
 }
-__device__ float block_max(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int w = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, nw = int(blockDim.x) / 32;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  float s = -FLT_MAX;
-  for (int i = 0; i < nw; ++i) s = fmaxf(s, red[i]);
-  return s;
-}
 
 // The per-layer kernels below are launched with programmatic dependent launch (cuda/pdl.cuh):
 // pdl_begin, first, waits for the kernel before, then lets the next kernel launch, so its CTAs
@@ -310,16 +300,24 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
       }
     }
     __syncthreads();
-    float m = -FLT_MAX;
+    // The max and the exp-sum in one reduction: each thread's (max, sum of e^(s - max)) over its
+    // positions, merged across the warp by shuffles and across the warps in shared memory (one
+    // barrier, where a max and then a sum took two each; lab run 69).
+    float m = -FLT_MAX, sum = 0;
     for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, s[j]);
-    m = block_max(m, red);
-    float sum = 0;
-    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) {
-      const float e = __expf(s[j] - m);
-      s[j] = e;
-      sum += e;
-    }
-    sum = block_sum(sum, red);   // ends with a barrier after the exponentials are stored
+    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) sum += __expf(s[j] - m);
+    auto merge = [](float& m1, float& l1, float m2, float l2) {
+      const float mm = fmaxf(m1, m2);
+      l1 = (l1 > 0.0f ? l1 * __expf(m1 - mm) : 0.0f) + (l2 > 0.0f ? l2 * __expf(m2 - mm) : 0.0f);
+      m1 = mm;
+    };
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) merge(m, sum, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, sum, o));
+    if (lane == 0) red[warp] = m, red[16 + warp] = sum;
+    __syncthreads();
+    m = -FLT_MAX, sum = 0;
+    for (int w = 0; w < nwarps; ++w) merge(m, sum, red[w], red[16 + w]);
+    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) s[j] = __expf(s[j] - m);
     __syncthreads();
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int jb = jw; jb - sub <= last; jb += U * stride) {
@@ -356,25 +354,33 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   }
   if (!out) return;
   __shared__ int is_last;
-  __threadfence();   // this split's partial is visible device-wide before its arrival counts
-  __syncthreads();
   int* arrived = arrivals + size_t(r) * nh + h;
+  // The combine: thread 0 counts the arrival with an acquire-release atomic after a barrier (its
+  // release covers the CTA's partial, ordered before it by the barrier: no fence); the last CTA
+  // walks the splits once.
+  __syncthreads();
   if (threadIdx.x == 0) {
-    is_last = atomicAdd(arrived, 1) == S - 1;
+    int before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(arrived) : "memory");
+    is_last = before == S - 1;
     if (is_last) *arrived = 0;   // ready for the next step (every split has arrived)
   }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-    float M = -FLT_MAX;
-    for (int z = 0; z < S; ++z) M = fmaxf(M, __ldcg(head_part + z * (2 + hd)));
-    float tot = 0, o = 0;
+    // One pass over the splits in split order, rescaling the running sums at each new max
+    // (unrolled by 4: the loads of 4 splits issue together; all 16 at once took 164 registers).
+    float M = -FLT_MAX, tot = 0, o = 0;
+#pragma unroll 4
     for (int z = 0; z < S; ++z) {
       const float* q = head_part + z * (2 + hd);
-      const float se = __ldcg(q + 1), w = se > 0.0f ? __expf(__ldcg(q) - M) : 0.0f;
-      tot += w * se;
-      o += w * __ldcg(q + 2 + i);
+      const float mz = __ldcg(q), sz = __ldcg(q + 1), oz = __ldcg(q + 2 + i);
+      if (sz > 0.0f) {
+        const float Mn = fmaxf(M, mz), a = tot > 0.0f ? __expf(M - Mn) : 0.0f, b = __expf(mz - Mn);
+        tot = tot * a + sz * b;
+        o = o * a + oz * b;
+        M = Mn;
+      }
     }
     ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
   }
