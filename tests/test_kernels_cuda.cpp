@@ -352,7 +352,7 @@ TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64
       if (fmt == "f16") cuda::f16_linear_f32(dw.get(), dx.get(), M, N, K, dy.get(), 1.0f, true);
       else if (fmt == "w4") w4->gemm_f32(dx.get(), M, dy.get(), 1.0f);
       else nf->gemm_f32(dx.get(), M, dy.get(), 1.0f);
-      return cuda::a16_norm_folded();
+      return cuda::a16_folded();
     };
     for (int rt : {1, 2})
       for (int slices : {0, 3, 16})
@@ -384,10 +384,72 @@ TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64
     CHECK_FALSE(run("nf4", 2));
     CHECK_FALSE(run("w4", 1));
     CHECK_FALSE(run("f16", 1));
-    CHECK_FALSE(cuda::a16_norm_folded());   // cleared
+    CHECK_FALSE(cuda::a16_folded());   // cleared
     const std::vector<uint16_t> out = out_bytes();
     CHECK(std::all_of(out.begin(), out.end(), [](uint16_t v) { return v == 0; }));
   }
+}
+
+// silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu: the decode's MLP up to 8
+// rows). The folded call's act [M, F] must equal the fp64 silu(g) · u of the same Linear's unfolded
+// output y = [g | u] (whose GEMM the tests above check against their references), rounded to f16,
+// for f16 weights, GPTQ 4 and 8-bit and NF4, at 1, 3 and 8 rows and forced K slices; at 9 rows and
+// with a forced one-row-tile split the request is not taken.
+TEST_CASE("gpu: silu of gate times up folded into a stacked A16 or f16 Linear equals the fp64 silu of its output") {
+  PTQ_REQUIRE_GPU();
+  const int64_t F = 1008, N = 2 * F, K = 1024;   // 63 row tiles a half
+  Rng r{42};
+  std::vector<uint16_t> wh(size_t(N * K)), xh(size_t(9 * K));
+  for (auto& v : wh) v = f32_to_f16_bits(float(r.normal() * 0.05));
+  for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+  cuda::DeviceBuffer<uint16_t> dw(wh.size(), "W"), dx(xh.size(), "x"), act(size_t(9 * F), "act");
+  cuda::DeviceBuffer<float> dy(size_t(9 * N), "y");
+  cuda::copy_to_device(dw.get(), wh.data(), wh.size() * 2);
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
+  const auto w8 = cuda::random_gptq_linear(N, K, 8, 0.0002f, r);
+  const auto nf = cuda::random_nf4_linear(N, K, 0.02f, r);
+  auto call = [&](const std::string& fmt, int64_t M) {
+    if (fmt == "f16") cuda::f16_linear_f32(dw.get(), dx.get(), M, N, K, dy.get(), 0.0f, true);
+    else if (fmt == "w4") w4->gemm_f32(dx.get(), M, dy.get(), 0.0f);
+    else if (fmt == "w8") w8->gemm_f32(dx.get(), M, dy.get(), 0.0f);
+    else nf->gemm_f32(dx.get(), M, dy.get(), 0.0f);
+  };
+  for (const std::string fmt : {"f16", "w4", "w8", "nf4"})
+    for (int64_t M : {1, 3, 8})
+      for (int slices : {0, 3})
+        for (int loop : {1, 2}) {
+          INFO(fmt << " M " << M << " slices " << slices << " loop " << loop);
+          call(fmt, M);   // unfolded: y = [g | u]
+          std::vector<float> y(size_t(M * N));
+          cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+          cuda::fill_bytes(act.get(), 0, size_t(9 * F) * 2);
+          cuda::set_a16_split({0, slices, 0, loop});
+          cuda::a16_fold_silu(act.get());
+          call(fmt, M);
+          const bool taken = cuda::a16_folded();
+          cuda::set_a16_split({});
+          REQUIRE(taken);
+          std::vector<uint16_t> a(size_t(M * F));
+          cuda::copy_to_host(a.data(), act.get(), a.size() * 2);
+          double worst = 0;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t j = 0; j < F; ++j) {
+              const double g = y[size_t(m * N + j)], u = y[size_t(m * N + F + j)];
+              const double want = g / (1.0 + std::exp(-g)) * u, got = f16_bits_to_f32(a[size_t(m * F + j)]);
+              worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-2));
+            }
+          INFO("worst relative error " << worst);
+          CHECK(worst <= 2e-3);   // f16 rounding (2^-11), fp32 silu, another split's sums
+        }
+  cuda::a16_fold_silu(act.get());
+  call("w4", 9);
+  CHECK_FALSE(cuda::a16_folded());
+  cuda::set_a16_split({1, 0, 0, 0});
+  cuda::a16_fold_silu(act.get());
+  call("w8", 1);
+  cuda::set_a16_split({});
+  CHECK_FALSE(cuda::a16_folded());
 }
 
 // The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start

@@ -105,6 +105,12 @@ bool decode_norm_fold() {
   static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_NORM_FOLD"); return !(e && *e == '0'); }();
   return on;
 }
+// PTQKIT_DECODE_SILU_FOLD=0: silu·mul is its own kernel (benchmarks compare); else up to 8 rows
+// the stacked gate, up Linear writes it where its kernel can (a16_fold_silu).
+bool decode_silu_fold() {
+  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_SILU_FOLD"); return !(e && *e == '0'); }();
+  return on;
+}
 
 template <class T>
 __global__ void embed_rows(const T* table, const int* tokens, int d, float* X) {
@@ -680,9 +686,20 @@ struct DecodeCuda::Impl {
     const int attn_threads = 256;
     const size_t attn_smem = size_t(max_len + 32 + attn_threads / 32 * hd) * 4;
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
+    // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
+    // step runs the kernel it would have saved).
+    auto folded = [&](auto&& call) {
+      try {
+        call();
+      } catch (...) {
+        a16_folded();
+        throw;
+      }
+      return a16_folded();
+    };
     // At one row (f16 activations, the norm's vector form) the Linear that writes X (o, down)
-    // normalizes it into xn where its kernel can (a16_fold_norm: the A16 and f16 kernels at M = 1);
-    // residual_linear says whether it did, else the norm kernel runs as before.
+    // normalizes it into xn where its kernel does (a16_fold_norm: NF4 at M = 1); residual_linear
+    // says whether it did, else the norm kernel runs as before.
     const bool fold = rows == 1 && std::is_same_v<T, __half> && norm_vec && decode_norm_fold();
     auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm) {
       if (!fold || !next_norm) {
@@ -691,14 +708,11 @@ struct DecodeCuda::Impl {
       }
       const A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
       a16_fold_norm(&rn);
-      try {
-        fn(x, rows, X.get(), 1.0f);
-      } catch (...) {
-        a16_norm_folded();
-        throw;
-      }
-      return a16_norm_folded();
+      return folded([&] { fn(x, rows, X.get(), 1.0f); });
     };
+    // Up to 8 rows a stacked gate, up Linear writes silu(gate) · up itself where its kernel does
+    // (a16_fold_silu: the A16 and f16 kernels), not with a W8A8 down (its silu·mul quantizes).
+    const bool silu_fold = rows <= 8 && std::is_same_v<T, __half> && f % 16 == 0 && decode_silu_fold();
     bool in_normed = false;   // the layer's input norm done by the previous layer's down Linear
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
@@ -757,8 +771,14 @@ struct DecodeCuda::Impl {
       }
       const float *yg = gu.get(), *yu;
       int64_t gu_stride;
+      bool act_done = false;   // act written by the gate, up Linear
       if (W.gate_up) {   // one Linear: row r holds gate, up side by side
-        linear(W.gate_up, W.gate_up8, mlp8, gu.get(), 0.0f);
+        if (silu_fold && !mlp8 && !W.lin8[6]) {
+          a16_fold_silu(act.get());
+          act_done = folded([&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); });
+        } else {
+          linear(W.gate_up, W.gate_up8, mlp8, gu.get(), 0.0f);
+        }
         yu = yg + f, gu_stride = 2 * f;
       } else {
         yu = yg + rows * f, gu_stride = f;
@@ -774,12 +794,14 @@ struct DecodeCuda::Impl {
         W.lin8[6].fn(xq8.get(), sx8.get(), rows, X.get(), 1.0f);   // X += down(act)
         continue;
       }
-      if (f % 4 == 0)
-        launch_pdl("silu_mul4", pdl, -1, silu_mul4<T>, dim3(unsigned((rows * f / 4 + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
-                   reinterpret_cast<T*>(act.get()));
-      else
-        launch_pdl("silu_mul", pdl, -1, silu_mul<T>, dim3(unsigned((rows * f + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
-                   reinterpret_cast<T*>(act.get()));
+      if (!act_done) {
+        if (f % 4 == 0)
+          launch_pdl("silu_mul4", pdl, -1, silu_mul4<T>, dim3(unsigned((rows * f / 4 + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
+                     reinterpret_cast<T*>(act.get()));
+        else
+          launch_pdl("silu_mul", pdl, -1, silu_mul<T>, dim3(unsigned((rows * f + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
+                     reinterpret_cast<T*>(act.get()));
+      }
       mark();
       const bool next = l + 1 < w.layers.size() && !attn8_of(w.layers[l + 1]);   // the next layer's input norm, unless it quantizes
       in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr);   // X += down(act)

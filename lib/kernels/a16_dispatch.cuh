@@ -125,36 +125,40 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
 template <class Format>
 using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, int, int, int, int, A16RowNorm);
 
-template <int NT, int RT, bool kStepScale, class Format, bool kFold>
+template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu>
 MmaKernel<Format> mma_kernel_pick(bool overlap, bool stage_x) {
   constexpr Overlap v = overlap_variants<Format>(NT, RT);
   if constexpr (NT == 1 && Format::kOverlapM8 && v != Overlap::plain_only)
-    if (stage_x && overlap) return mma_kernel<NT, RT, kStepScale, Format, true, true, kFold>;
+    if (stage_x && overlap) return mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu>;
   if constexpr (v == Overlap::both)
-    return overlap ? mma_kernel<NT, RT, kStepScale, Format, true, false, kFold> : mma_kernel<NT, RT, kStepScale, Format, false, false, kFold>;
-  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only, false, kFold>;
+    return overlap ? mma_kernel<NT, RT, kStepScale, Format, true, false, kFold, kSilu> : mma_kernel<NT, RT, kStepScale, Format, false, false, kFold, kSilu>;
+  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only, false, kFold, kSilu>;
 }
-// fold: the kernel with the folded norm (one n8 tile, the formats run_mma folds for).
+// fold: the kernel with the folded norm (one n8 tile, the formats run_mma folds for); silu: the
+// one that writes silu(gate) · up (one n8 tile, two row tiles).
 template <int NT, int RT, bool kStepScale, class Format>
-MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold) {
+MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu) {
   if constexpr (NT == 1 && Format::kPairTable)
-    if (fold) return mma_kernel_pick<NT, RT, kStepScale, Format, true>(overlap, stage_x);
-  return mma_kernel_pick<NT, RT, kStepScale, Format, false>(overlap, stage_x);
+    if (fold) return mma_kernel_pick<NT, RT, kStepScale, Format, true, false>(overlap, stage_x);
+  if constexpr (NT == 1 && RT == 2)
+    if (silu) return mma_kernel_pick<NT, RT, kStepScale, Format, false, true>(overlap, stage_x);
+  return mma_kernel_pick<NT, RT, kStepScale, Format, false, false>(overlap, stage_x);
 }
 template <int NT, class Format>
-MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x, bool fold) {
+MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x, bool fold, bool silu) {
   if constexpr (NT <= 4)
     if (rt == 2)
-      return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold) : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold);
-  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold) : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold);
+      return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold, silu)
+                          : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu);
+  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold, silu) : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu);
 }
 template <class Format>
-MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false, bool fold = false) {
+MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false, bool fold = false, bool silu = false) {
   switch (nt) {
-    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x, fold);
-    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false, false);
-    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false);
-    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false, false);
+    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x, fold, silu);
+    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false, false, false);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false, false);
+    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false, false, false);
   }
 }
 
@@ -172,19 +176,23 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   const bool fold = Format::kPairTable && g_fold.norm && M == 1 && yf && N % 4 == 0;
   A16RowNorm norm{};
   if (fold) norm = *g_fold.norm, g_fold.taken = true;
+  // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: two row tiles
+  // per warp, the gate's and the up's (no forced one-tile split).
+  const bool silu = !fold && g_fold.silu && nt == 1 && N % 32 == 0 && g_split.rt != 1;
+  if (silu) yh = static_cast<__half*>(g_fold.silu), yf = nullptr, g_fold.taken = true;
   // At M = 1 the planner weighs the overlapped kernels in their x-staged form (kStageX),
   // the one it launches where their warps walk more than one batch; with two row tiles that form
   // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
   auto kern = [&](int rt, bool overlap) {
-    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold));
+    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == 2));
   };
   // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1 and a fold only: made once.
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool, bool>, Plan> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool, bool, bool>, Plan> plans;
   Plan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold);   // kern: the fold too
+    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu);
     auto it = plans.find(key);
     // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
     // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
@@ -192,7 +200,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // 8-bit codes at one row: one row tile (run 43, docs/lab/2026-11-24-decode-h200.md: its
     // overlapped x-staged kernel as fast as the model's pick or faster on every Llama shape, 5% on
     // 14336 x 4096, where the model picks two plain tiles).
-    const int rt_only = !Format::kPairTable && nt == 2 ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;   // the GPTQ formats (NF4 runs with its pair table)
+    const int rt_only = silu ? 2 : !Format::kPairTable && nt == 2 ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;   // the GPTQ formats (NF4 runs with its pair table)
     if (it == plans.end()) {
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);   // at least 512 bytes: a fold's 32 sums and flag fit
@@ -202,7 +210,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       // registers). Two row tiles: always, as planned (the staged form takes fewer registers: one
       // wave where the unstaged overlapped loop needs two).
       q.stage_x = M == 1 && nt == 1 && q.overlap && Format::kOverlapM8 && (q.rt == 2 || q.sps > batch_steps<Format>(1, 1));
-      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x, fold));   // the kernel launched
+      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x, fold, silu));   // the kernel launched
       spread(k, q);
       it = plans.emplace(key, q).first;
       if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
@@ -215,7 +223,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     }
     p = it->second;
   }
-  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x, fold), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
+  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x, fold, silu), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
              W, x, yh, yf, beta, int(M), int(N), int(K), p.sps, norm);
 }
 

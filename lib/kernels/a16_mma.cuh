@@ -266,10 +266,14 @@ __device__ __forceinline__ void norm_row_after(const A16RowNorm& nr, const float
 // the plain loop) and the plain two-row-tile kernel of the GPTQ formats with whole-k-step scales
 // (free, 70 / 66: 3 CTAs of 256 threads resident instead of 4, and W4 14336 x 4096 would leave its
 // one-wave plan; held, it spills 4 / 8 bytes (W4 / W8) and is faster).
-template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false>
+// kSilu (one n8 tile, two row tiles: a16_fold_silu): W is a stacked gate, up Linear (N = 2F, F a
+// multiple of 16); CTA b's warps take gate tile b and up tile b + F / 16, and the epilogue writes
+// yh [M, F] f16 = silu(gate) * up (fp32, then rounded: the decode's silu·mul kernel) instead of y.
+template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false, bool kSilu = false>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps, A16RowNorm norm) {
+  static_assert(!kSilu || (NT == 1 && RT == 2), "silu pairs: one n8 tile, a gate and an up row tile per warp");
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
   // kOverlap: the next batch's loads follow this batch's steps in program order, so the compiler
   // issues them while the MMAs run: 4-bit codes at 9..16 rows with two row tiles, and GPTQ 4-bit at
@@ -284,7 +288,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   const uint4* wp[RT];
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
-    tile[r] = min(tile0 + r, tiles - 1);   // past the last tile: a copy of it, not stored
+    tile[r] = kSilu ? int(blockIdx.x) + r * (tiles / 2) : min(tile0 + r, tiles - 1);   // past the last tile: a copy of it, not stored
     wp[r] = W + int64_t(tile[r]) * KS * kU4 * 32 + lane;
   }
   const __half* xr = x + int64_t(min(g, M - 1)) * K + 16 * c;   // B column n = g of n8 tile 0 (rows past M: copies, not stored)
@@ -456,6 +460,22 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) red[(warp * 32 + lane) * kAcc + (r * NT + t) * 4 + e] = acc[r][t][e];
   __syncthreads();
+  if constexpr (kSilu) {
+    const int F = N / 2;
+    for (int o = threadIdx.x; o < 16 * M; o += blockDim.x) {
+      const int row = o % 16, n = o / 16, nn = n % 8;
+      float gu[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int src = ((row % 8) * 4 + nn / 2) * kAcc + r * 4 + (row / 8) * 2 + nn % 2;
+#pragma unroll
+        for (int w = 0; w < max_slices(NT); ++w)
+          if (w < S) gu[r] += red[w * 32 * kAcc + src];
+      }
+      yh[int64_t(n) * F + 16 * int(blockIdx.x) + row] = __float2half_rn(gu[0] / (1.0f + __expf(-gu[0])) * gu[1]);
+    }
+    return;
+  }
   for (int o = threadIdx.x; o < 16 * RT * M; o += blockDim.x) {
     const int rr = o % (16 * RT), n = o / (16 * RT), r = rr / 16, row = rr % 16, t = n / 8, nn = n % 8;
     const int src = ((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2;
@@ -525,9 +545,10 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
 // The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
-// The thread's folded-norm request (a16_fold_norm) and whether a call took it.
+// The thread's fold request (a16_fold_norm, a16_fold_silu) and whether a call took it.
 struct FoldRequest {
   const A16RowNorm* norm = nullptr;
+  void* silu = nullptr;
   bool taken = false;
 };
 inline thread_local FoldRequest g_fold;

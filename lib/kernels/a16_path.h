@@ -57,9 +57,14 @@ struct A16RowNorm {
   int* arrivals = nullptr;
   float eps = 0.0f;
 };
-// Asks the next A16 call on this thread to fold `norm` (nullptr: nothing). a16_norm_folded() says
-// whether a call took it and clears the request either way, so it never reaches a later call.
+// Asks the next A16 call on this thread to fold `norm` (nullptr: nothing).
 void a16_fold_norm(const A16RowNorm* norm);
-bool a16_norm_folded();
+// Asks the next A16 call on this thread, a stacked gate, up Linear (N = 2F, gate rows first, F a
+// multiple of 16), to write act [M, F] f16 = silu(gate) * up (fp32, then rounded) instead of its
+// y: the decode's MLP without its silu·mul kernel. Taken by the L2-fed kernel at M <= 8 (two row
+// tiles a warp: the gate's and the up's), not by a forced one-tile split.
+void a16_fold_silu(void* act);
+// Whether a call took the request; clears it either way, so that it never reaches a later call.
+bool a16_folded();
 
 }  // namespace ptq::cuda

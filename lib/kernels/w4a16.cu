@@ -49,8 +49,9 @@ __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int6
 }  // namespace
 
 void set_a16_split(A16Split split) { a16::g_split = split; }
-void a16_fold_norm(const A16RowNorm* norm) { a16::g_fold = {norm, false}; }
-bool a16_norm_folded() {
+void a16_fold_norm(const A16RowNorm* norm) { a16::g_fold = {norm, nullptr, false}; }
+void a16_fold_silu(void* act) { a16::g_fold = {nullptr, act, false}; }
+bool a16_folded() {
   const bool taken = a16::g_fold.taken;
   a16::g_fold = {};
   return taken;
