@@ -22,6 +22,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -103,6 +104,11 @@ bool decode_int8_fuse() {
 // row the o and down Linears normalize the row they write where their kernel can (a16_fold_norm).
 bool decode_norm_fold() {
   static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_NORM_FOLD"); return !(e && *e == '0'); }();
+  return on;
+}
+// PTQKIT_DECODE_SILU_CLUSTER=0: the W8A8 down's silu·mul quantized by one CTA a row (benchmarks compare).
+bool decode_silu_cluster() {
+  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_SILU_CLUSTER"); return !(e && *e == '0'); }();
   return on;
 }
 // PTQKIT_DECODE_SILU_FOLD=0: silu·mul is its own kernel (benchmarks compare); else up to 8 rows
@@ -482,6 +488,91 @@ __global__ void __launch_bounds__(kSiluQuantThreads) silu_mul_quant_rows(const f
   }
 }
 
+// The same spread over a cluster of kSiluClusterCtas CTAs a row (sm_90: grid (C, rows), cluster
+// (C, 1, 1)): each CTA forms its run of the row in registers and its max |a|; the row's max is
+// read from the cluster's CTAs through distributed shared memory, then each CTA quantizes its own
+// run. One CTA a row (silu_mul_quant_rows) pulls the row's 2 f fp32 values through one SM, whose
+// loads in flight bound it (~5 us a layer at f = 11008, lab run 73). f % 4 == 0 and
+// f <= 4 x C x 256 x kSiluClusterMax.
+constexpr int kSiluClusterCtas = 8, kSiluClusterThreads = 256, kSiluClusterMax = 4;
+template <class T>
+__global__ void __launch_bounds__(kSiluClusterThreads) silu_mul_quant_cluster(const float* g, const float* u, int f, int64_t stride, bool per_token,
+                                                                               float static_scale, int8_t* q, float* s) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ float warp_max[kSiluClusterThreads / 32];
+  __shared__ float cta_max;
+  pdl_begin();
+  cg::cluster_group cluster = cg::this_cluster();
+  const int r = int(blockIdx.y), c = int(cluster.block_rank()), C = int(cluster.num_blocks());
+  const int n4 = f / 4, per = (n4 + C - 1) / C, i0 = c * per, i1 = min(n4, i0 + per);
+  const float4* g4 = reinterpret_cast<const float4*>(g + size_t(r) * stride);
+  const float4* u4 = reinterpret_cast<const float4*>(u + size_t(r) * stride);
+  float4 x[kSiluClusterMax], y[kSiluClusterMax], a[kSiluClusterMax];
+#pragma unroll
+  for (int k = 0; k < kSiluClusterMax; ++k) {   // every load first: they are the kernel's latency
+    const int i = i0 + int(threadIdx.x) + k * kSiluClusterThreads;
+    if (i < i1) x[k] = __ldcg(g4 + i), y[k] = __ldcg(u4 + i);
+  }
+  float m = 0;
+#pragma unroll
+  for (int k = 0; k < kSiluClusterMax; ++k) {
+    const int i = i0 + int(threadIdx.x) + k * kSiluClusterThreads;
+    a[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < i1)
+      a[k] = make_float4(rounded<T>(silu_times(x[k].x, y[k].x)), rounded<T>(silu_times(x[k].y, y[k].y)), rounded<T>(silu_times(x[k].z, y[k].z)),
+                         rounded<T>(silu_times(x[k].w, y[k].w)));
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(a[k].x), fabsf(a[k].y)), fmaxf(fabsf(a[k].z), fabsf(a[k].w))));
+  }
+  float scale = static_scale;
+  if (per_token) {
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = 0;
+      for (int w = 0; w < kSiluClusterThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
+      cta_max = v;
+    }
+    cluster.sync();   // every CTA's max is written
+    m = 0;
+    for (int j = 0; j < C; ++j) m = fmaxf(m, *cluster.map_shared_rank(&cta_max, j));
+    cluster.sync();   // no CTA leaves while another reads its max
+    scale = m / 127.0f;
+  }
+  if (!(scale > 0)) scale = 1.0f;
+  if (c == 0 && threadIdx.x == 0) s[r] = scale;
+#pragma unroll
+  for (int k = 0; k < kSiluClusterMax; ++k) {
+    const int i = i0 + int(threadIdx.x) + k * kSiluClusterThreads;
+    if (i < i1) act8::store_codes4(q + size_t(r) * f + 4 * i, a[k].x, a[k].y, a[k].z, a[k].w, scale);
+  }
+#endif
+}
+
+// silu_mul_quant_cluster on the current stream: grid (C, rows), clusters of C, under PDL where asked.
+template <class T>
+void launch_silu_quant_cluster(bool pdl, unsigned rows, const float* g, const float* u, int f, int64_t stride, bool per_token, float static_scale,
+                               int8_t* q, float* s) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  attr[n].id = cudaLaunchAttributeClusterDimension;
+  attr[n++].val.clusterDim = {unsigned(kSiluClusterCtas), 1, 1};
+  if (pdl && pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(kSiluClusterCtas), rows);
+  cfg.blockDim = dim3(unsigned(kSiluClusterThreads));
+  cfg.stream = static_cast<cudaStream_t>(current_stream());
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, silu_mul_quant_cluster<T>, g, u, f, stride, per_token, static_scale, q, s);
+  if (e != cudaSuccess) cudaGetLastError();
+  check(int(e), "silu_mul_quant_cluster", __FILE__, __LINE__);
+}
+
 // One CTA per sequence: the argmax of its logits row (lowest id on ties) -> tokens[b] and
 // history[*step * batch + b]; the last CTA's thread 0 advances *step.
 __global__ void argmax_rows(const float* logits, int vocab, int* tokens, int* history, int* step, int batch) {
@@ -713,6 +804,9 @@ struct DecodeCuda::Impl {
     // Up to 8 rows a stacked gate, up Linear writes silu(gate) · up itself where its kernel does
     // (a16_fold_silu: the A16 and f16 kernels), not with a W8A8 down (its silu·mul quantizes).
     const bool silu_fold = rows <= 8 && std::is_same_v<T, __half> && f % 16 == 0 && decode_silu_fold();
+    // W8A8 down: silu·mul quantized by a cluster of CTAs a row where the GPU has clusters (sm_90).
+    const bool silu_cluster = compute_capability() >= 90 && f % 4 == 0 && f <= 4 * kSiluClusterCtas * kSiluClusterThreads * kSiluClusterMax &&
+                              decode_silu_cluster();
     bool in_normed = false;   // the layer's input norm done by the previous layer's down Linear
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
@@ -788,8 +882,11 @@ struct DecodeCuda::Impl {
       mark();
       if (W.lin8[6] && decode_int8_fuse() && f % 4 == 0 && f <= 4 * kSiluQuantThreads * kSiluQuantMax) {   // W8A8 down: silu·mul quantizes its output
         const ActQuant& a = W.lin8[6].act;
-        launch_pdl("silu_mul_quant_rows", pdl, -1, silu_mul_quant_rows<T>, dim3(unsigned(rows)), dim3(kSiluQuantThreads), 0, yg, yu, int(f), gu_stride,
-                   a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
+        if (silu_cluster)
+          launch_silu_quant_cluster<T>(pdl, unsigned(rows), yg, yu, int(f), gu_stride, a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
+        else
+          launch_pdl("silu_mul_quant_rows", pdl, -1, silu_mul_quant_rows<T>, dim3(unsigned(rows)), dim3(kSiluQuantThreads), 0, yg, yu, int(f), gu_stride,
+                     a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
         mark();
         W.lin8[6].fn(xq8.get(), sx8.get(), rows, X.get(), 1.0f);   // X += down(act)
         continue;
