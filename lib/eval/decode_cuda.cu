@@ -10,12 +10,15 @@
 //                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: the
 //                   last split to finish combines them)
 //   silu_mul        act = silu(g) * u -> 16-bit
-//   rmsnorm_quant_rows_vec, silu_mul_quant_rows
+//   rmsnorm_quant_rows_vec, silu_mul_quant_rows (silu_mul_quant_cluster: a cluster of CTAs a row)
 //                   the same two with their output quantized to int8 for W8A8 Linears
 //                   (DecodeLayer::lin8; the reference is quantize_activations)
 //   argmax_rows     next token per sequence, written to the token buffer and the history
 // The CPU reference of each is the same stage in lib/model/llama.cpp (attention_cached,
 // rmsnorm, head_rmsnorm, apply_rope, silu_mul).
+// Folded into the Linears' kernels where measured faster (kernels/a16_path.h): up to 8 rows the
+// stacked gate, up Linear writes act itself (a16_fold_silu: no silu_mul launch); at one row NF4's
+// o and down Linears write the next RMSNorm's xn (a16_fold_norm: no rmsnorm launch).
 // The per-layer kernels are launched with programmatic dependent launch (see pdl_begin below).
 #include "eval/decode_cuda.h"
 
