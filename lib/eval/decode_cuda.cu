@@ -89,36 +89,30 @@ __device__ float block_sum(float v, float* red) {
 // W8A8 kernels read x by __ldcg or cp.async.cg, not the non-coherent path (__ldg), whose stale
 // reads under this early trigger failed 7 of 30 decode test runs (W8A16 and NF4, then reading x
 // by __ldg; 0 of 20 with __ldcg: docs/lab/2026-11-24-decode-h200.md, runs 16-19 and 27).
-// PTQKIT_DECODE_PDL=0 launches them plainly (benchmarks compare).
+// PTQKIT_DECODE_PDL=0 launches them plainly (decode_on below).
 __device__ __forceinline__ void pdl_begin() {
   pdl::wait_prior_grid();
   pdl::allow_dependents();
 }
-bool decode_pdl() {
-  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_PDL"); return !(e && *e == '0'); }();
-  return on;
+bool switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && *e == '0');
 }
-// PTQKIT_DECODE_INT8_FUSE=0: W8A8 Linears quantize their own inputs (benchmarks compare).
-bool decode_int8_fuse() {
-  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_INT8_FUSE"); return !(e && *e == '0'); }();
-  return on;
-}
-// PTQKIT_DECODE_NORM_FOLD=0: every RMSNorm is its own kernel (benchmarks compare); else at one
-// row the o and down Linears normalize the row they write where their kernel can (a16_fold_norm).
-bool decode_norm_fold() {
-  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_NORM_FOLD"); return !(e && *e == '0'); }();
-  return on;
-}
-// PTQKIT_DECODE_SILU_CLUSTER=0: the W8A8 down's silu·mul quantized by one CTA a row (benchmarks compare).
-bool decode_silu_cluster() {
-  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_SILU_CLUSTER"); return !(e && *e == '0'); }();
-  return on;
-}
-// PTQKIT_DECODE_SILU_FOLD=0: silu·mul is its own kernel (benchmarks compare); else up to 8 rows
-// the stacked gate, up Linear writes it where its kernel can (a16_fold_silu).
-bool decode_silu_fold() {
-  static const bool on = [] { const char* e = std::getenv("PTQKIT_DECODE_SILU_FOLD"); return !(e && *e == '0'); }();
-  return on;
+// The decode's switches (benchmarks compare), each on unless its variable is set to 0:
+//   PTQKIT_DECODE_PDL           the small kernels under PDL (else launched plainly)
+//   PTQKIT_DECODE_INT8_FUSE     W8A8 Linears' inputs quantized by the norm / silu·mul kernels
+//                               before them (else each Linear quantizes its own)
+//   PTQKIT_DECODE_NORM_FOLD     at one row the o and down Linears write the next RMSNorm's input
+//                               where their kernel does (a16_fold_norm)
+//   PTQKIT_DECODE_SILU_FOLD     up to 8 rows the stacked gate, up Linear writes silu·mul where its
+//                               kernel does (a16_fold_silu)
+//   PTQKIT_DECODE_SILU_CLUSTER  the W8A8 down's silu·mul quantized by a cluster of CTAs a row
+//                               (else one CTA a row)
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster };
+bool decode_on(Switch w) {
+  static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
+                            switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER")};
+  return on[int(w)];
 }
 
 template <class T>
@@ -747,7 +741,7 @@ struct DecodeCuda::Impl {
     const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
     const int half = int(cos.size() / size_t(max_len));
     const int threads_hd = (hd + 31) / 32 * 32;
-    const bool pdl = decode_pdl();
+    const bool pdl = decode_on(Switch::pdl);
     const bool norm_vec = d % 4 == 0 && d <= 4 * kNormVecThreads * kNormVecMax;
     auto norm = [&](const DeviceBuffer<float>& nw) {
       if (norm_vec)
@@ -760,7 +754,7 @@ struct DecodeCuda::Impl {
     // The one activation spec of the Linears that read a norm's output where all are W8A8 with
     // it (then the norm quantizes), else null.
     auto int8_input = [&](std::initializer_list<const Int8Linear*> readers) -> const ActQuant* {
-      if (!norm_vec || !decode_int8_fuse()) return nullptr;
+      if (!norm_vec || !decode_on(Switch::int8_fuse)) return nullptr;
       const ActQuant* a = nullptr;
       for (const Int8Linear* r : readers) {
         if (!*r || (a && (r->act.mode != a->mode || r->act.static_scale != a->static_scale))) return nullptr;
@@ -794,7 +788,7 @@ struct DecodeCuda::Impl {
     // At one row (f16 activations, the norm's vector form) the Linear that writes X (o, down)
     // normalizes it into xn where its kernel does (a16_fold_norm: NF4 at M = 1); residual_linear
     // says whether it did, else the norm kernel runs as before.
-    const bool fold = rows == 1 && std::is_same_v<T, __half> && norm_vec && decode_norm_fold();
+    const bool fold = rows == 1 && std::is_same_v<T, __half> && norm_vec && decode_on(Switch::norm_fold);
     auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm) {
       if (!fold || !next_norm) {
         fn(x, rows, X.get(), 1.0f);
@@ -806,10 +800,10 @@ struct DecodeCuda::Impl {
     };
     // Up to 8 rows a stacked gate, up Linear writes silu(gate) · up itself where its kernel does
     // (a16_fold_silu: the A16 and f16 kernels), not with a W8A8 down (its silu·mul quantizes).
-    const bool silu_fold = rows <= 8 && std::is_same_v<T, __half> && f % 16 == 0 && decode_silu_fold();
+    const bool silu_fold = rows <= 8 && std::is_same_v<T, __half> && f % 16 == 0 && decode_on(Switch::silu_fold);
     // W8A8 down: silu·mul quantized by a cluster of CTAs a row where the GPU has clusters (sm_90).
     const bool silu_cluster = compute_capability() >= 90 && f % 4 == 0 && f <= 4 * kSiluClusterCtas * kSiluClusterThreads * kSiluClusterMax &&
-                              decode_silu_cluster();
+                              decode_on(Switch::silu_cluster);
     bool in_normed = false;   // the layer's input norm done by the previous layer's down Linear
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
@@ -883,7 +877,7 @@ struct DecodeCuda::Impl {
         linear(W.lin[5], W.lin8[5], mlp8, gu.get() + rows * f, 0.0f);
       }
       mark();
-      if (W.lin8[6] && decode_int8_fuse() && f % 4 == 0 && f <= 4 * kSiluQuantThreads * kSiluQuantMax) {   // W8A8 down: silu·mul quantizes its output
+      if (W.lin8[6] && decode_on(Switch::int8_fuse) && f % 4 == 0 && f <= 4 * kSiluQuantThreads * kSiluQuantMax) {   // W8A8 down: silu·mul quantizes its output
         const ActQuant& a = W.lin8[6].act;
         if (silu_cluster)
           launch_silu_quant_cluster<T>(pdl, unsigned(rows), yg, yu, int(f), gu_stride, a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());

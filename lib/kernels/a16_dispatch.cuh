@@ -186,7 +186,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   auto kern = [&](int rt, bool overlap) {
     return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == 2));
   };
-  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1 and a fold only: made once.
+  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1 and a fold (norm or silu) only: made once.
   static std::mutex mu;
   static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool, bool, bool>, Plan> plans;
   Plan p;

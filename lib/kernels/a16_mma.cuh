@@ -32,6 +32,10 @@
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
 // second, partial one (measured: docs/lab/kernels.md).
+// Epilogues (a16_path.h; each its own instantiation, the others' code unchanged): y, or at M = 1
+// the RMSNorm of the row y by the CTA that arrives last (kFold, NF4), or up to 8 rows of a stacked
+// gate, up Linear silu(gate) · up in f16 (kSilu: a warp's two row tiles are the gate's and the
+// up's of the same 16 rows).
 // Launch: programmatic dependent launch (cuda/pdl.cuh): the kernel may start while the previous one
 // in the stream runs; each warp issues its first batch of codes and metadata, then waits for that
 // kernel before it reads x or writes y. A grid smaller than the GPU holds is spread (spread()): at
