@@ -38,11 +38,12 @@ __device__ __forceinline__ void allow_dependents() {
 }  // namespace pdl
 
 // kern<<<grid, block, smem>>>(args...) on the thread's current stream (cuda/runtime.h), with programmatic stream
-// serialization where `pdl` and pdl_enabled(), and a shared-memory carveout (percent of the
-// largest) when carveout >= 0; a launch error names `what`.
+// serialization where `pdl` and pdl_enabled(), a shared-memory carveout (percent of the largest)
+// when carveout >= 0, and thread-block clusters of `cluster` CTAs along x when cluster > 0
+// (sm_90); a launch error names `what`.
 template <class... P, class... A>
-void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
-  cudaLaunchAttribute attr[2];
+void launch_ex(const char* what, bool pdl, int carveout, int cluster, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
+  cudaLaunchAttribute attr[3];
   unsigned n = 0;
   if (pdl && pdl_enabled()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -51,6 +52,10 @@ void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), di
   if (carveout >= 0) {
     attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
     attr[n++].val.sharedMemCarveout = unsigned(carveout);
+  }
+  if (cluster > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {unsigned(cluster), 1, 1};
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -62,6 +67,11 @@ void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), di
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...);
   if (e != cudaSuccess) cudaGetLastError();   // a refused launch: not left for the next launch's check
   check(int(e), what, __FILE__, __LINE__);
+}
+// The same without clusters.
+template <class... P, class... A>
+void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
+  launch_ex(what, pdl, carveout, 0, kern, grid, block, smem, std::forward<A>(args)...);
 }
 
 }  // namespace ptq::cuda

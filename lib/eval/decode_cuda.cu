@@ -553,29 +553,6 @@ __global__ void __launch_bounds__(kSiluClusterThreads) silu_mul_quant_cluster(co
 #endif
 }
 
-// silu_mul_quant_cluster on the current stream: grid (C, rows), clusters of C, under PDL where asked.
-template <class T>
-void launch_silu_quant_cluster(bool pdl, unsigned rows, const float* g, const float* u, int f, int64_t stride, bool per_token, float static_scale,
-                               int8_t* q, float* s) {
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  attr[n].id = cudaLaunchAttributeClusterDimension;
-  attr[n++].val.clusterDim = {unsigned(kSiluClusterCtas), 1, 1};
-  if (pdl && pdl_enabled()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(kSiluClusterCtas), rows);
-  cfg.blockDim = dim3(unsigned(kSiluClusterThreads));
-  cfg.stream = static_cast<cudaStream_t>(current_stream());
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, silu_mul_quant_cluster<T>, g, u, f, stride, per_token, static_scale, q, s);
-  if (e != cudaSuccess) cudaGetLastError();
-  check(int(e), "silu_mul_quant_cluster", __FILE__, __LINE__);
-}
-
 // One CTA per sequence: the argmax of its logits row (lowest id on ties) -> tokens[b] and
 // history[*step * batch + b]; the last CTA's thread 0 advances *step.
 __global__ void argmax_rows(const float* logits, int vocab, int* tokens, int* history, int* step, int batch) {
@@ -886,7 +863,8 @@ struct DecodeCuda::Impl {
       if (W.lin8[6] && decode_on(Switch::int8_fuse) && f % 4 == 0 && f <= 4 * kSiluQuantThreads * kSiluQuantMax) {   // W8A8 down: silu·mul quantizes its output
         const ActQuant& a = W.lin8[6].act;
         if (silu_cluster)
-          launch_silu_quant_cluster<T>(pdl, unsigned(rows), yg, yu, int(f), gu_stride, a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
+          launch_ex("silu_mul_quant_cluster", pdl, -1, kSiluClusterCtas, silu_mul_quant_cluster<T>, dim3(unsigned(kSiluClusterCtas), unsigned(rows)),
+                    dim3(kSiluClusterThreads), 0, yg, yu, int(f), gu_stride, a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
         else
           launch_pdl("silu_mul_quant_rows", pdl, -1, silu_mul_quant_rows<T>, dim3(unsigned(rows)), dim3(kSiluQuantThreads), 0, yg, yu, int(f), gu_stride,
                      a.mode == ActQuant::per_token, a.static_scale, xq8.get(), sx8.get());
