@@ -22,7 +22,8 @@
 // k-step each warpgroup dequantizes its 4 fragments into registers (scales in f16, as the
 // dequantized matrix holds them: numerics.md) and issues 4 wgmmas, fp32 accumulators in registers
 // (BN / 2 per thread); one warpgroup's dequantization overlaps the other's wgmmas (and, at BN <=
-// 32, other CTAs': 60-71 registers, several CTAs per SM). Split-K partials are summed in slice
+// 32, other CTAs': 60-71 registers, several CTAs per SM), and for NF4 and from 128 rows its own
+// (the interleaved loop: each fragment dequantized behind the wgmmas in flight). Split-K partials are summed in slice
 // order by the last CTA to arrive (a16_split_k.cuh): deterministic.
 // Roofline, 4096 x 4096 W4 g128 at M = 128: 8.9 MB of codes (3.0 us at 3.0 TB/s) and 4.3 GFLOP
 // (4.4 us at the H100's dense f16 wgmma peak, 989 TFLOP/s); cuBLAS f16 reads 33.6 MB and does the
@@ -36,6 +37,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "core/error.h"
 #include "cuda/pdl.cuh"
@@ -162,7 +164,7 @@ struct Wgmma<256> {
   }
 };
 
-template <int BN, class Format>
+template <int BN, class Format, bool kInterleave>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                  float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
@@ -212,11 +214,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  uint32_t a[4][4];   // the A fragments of one k-step (fragment f: k16 step f)
 
-  // K-step i. The wgmmas of k-step i - 1 retire before its codes are dequantized: dequantizing
-  // into a second register set while they run (as CUTLASS's mixed-input mainloop transforms the
-  // next k-block) made ptxas serialize every wgmma here (C7513), so the overlap is across the two
-  // warpgroups only.
+  // K-step i, one of two loops (interleaved(), below). Plain: the wgmmas of k-step i - 1 retire,
+  // then all four fragments are dequantized and their wgmmas issued as one group; the overlap is
+  // across the two warpgroups. Interleaved: a group per fragment, fragment f dequantized into a[f]
+  // as soon as the group that last read a[f] (k-step i - 1's) retired, i.e. behind three groups
+  // still in flight; a wgmma.fence between the writes and the wgmma that reads them. (Dequantizing
+  // the whole next k-step into a second register set while this one's wgmmas run made ptxas
+  // serialize every wgmma, C7513; a register set per fragment with per-fragment groups does not.)
   // Launched with PDL (cuda/pdl.cuh): the first stages' codes and metadata (never written by a
   // kernel) are in flight before the wait for the previous kernel (permute_x); x, the split-K
   // workspace and y come after it. The group of the first commit holds them all.
@@ -237,18 +243,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < kU4; ++j) cq[j] = reinterpret_cast<const uint4*>(st + BN * 128)[j * kThreads + tid];
     const Meta meta = reinterpret_cast<const Meta*>(st + BN * 128 + kU4 * kThreads * 16)[tid];
-    ptx::wgmma_wait<0>();   // k-step i - 1 retired: the A registers are free
-    uint32_t a[4][4];
-    const auto prep = fmt.template prep<true>(meta);
-#pragma unroll
-    for (int f = 0; f < 4; ++f) fmt.template dequant<true>(cq, f, prep, a[f]);
-    ptx::fence_regs(acc);
-    ptx::wgmma_fence();
     const uint32_t xs = sbase + uint32_t((i % D) * SB);
+    const auto prep = fmt.template prep<true>(meta);
+    if constexpr (kInterleave) {
 #pragma unroll
-    for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
-    ptx::wgmma_commit();
-    ptx::fence_regs(acc);
+      for (int f = 0; f < 4; ++f) {
+        ptx::wgmma_wait<3>();   // the group that read a[f] (k-step i - 1's fragment f) retired
+        fmt.template dequant<true>(cq, f, prep, a[f]);
+        ptx::wgmma_fence();
+        Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
+        ptx::wgmma_commit();
+      }
+    } else {
+      ptx::wgmma_wait<0>();   // k-step i - 1 retired: the A registers are free
+#pragma unroll
+      for (int f = 0; f < 4; ++f) fmt.template dequant<true>(cq, f, prep, a[f]);
+      ptx::fence_regs(acc);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
+      ptx::wgmma_commit();
+      ptx::fence_regs(acc);
+    }
   }
   ptx::wgmma_wait<0>();
   ptx::fence_regs(acc);
@@ -283,15 +299,22 @@ using WgmmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float
 // x rows staged per k-step (wgmma's N): the next of 8, 16, 32, 64, 128, 256 at or above M.
 constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
 
+// The k-step loop: each fragment dequantized behind the wgmmas still in flight (interleaved), or
+// all four after the previous k-step's retired. Measured on the H200 (lab run 84, bench kernels,
+// the wgmma path forced): interleaved NF4 +1-8% at 32-128 rows (its dequantization is the
+// longest), GPTQ +0.5-4% at 128 rows but -2-6% at 32-64 (decode batch 32: W4A16 -1.3%, NF4 +0.9%).
+template <int BN, class Format>
+constexpr bool interleaved() { return std::is_same_v<Format, Nf4Format> || BN >= 128; }
+
 template <class Format>
 WgmmaKernel<Format> wgmma_kernel_of(int bn) {
   switch (bn) {
-    case 8: return wgmma_kernel<8, Format>;
-    case 16: return wgmma_kernel<16, Format>;
-    case 32: return wgmma_kernel<32, Format>;
-    case 64: return wgmma_kernel<64, Format>;
-    case 128: return wgmma_kernel<128, Format>;
-    default: return wgmma_kernel<256, Format>;
+    case 8: return wgmma_kernel<8, Format, interleaved<8, Format>()>;
+    case 16: return wgmma_kernel<16, Format, interleaved<16, Format>()>;
+    case 32: return wgmma_kernel<32, Format, interleaved<32, Format>()>;
+    case 64: return wgmma_kernel<64, Format, interleaved<64, Format>()>;
+    case 128: return wgmma_kernel<128, Format, interleaved<128, Format>()>;
+    default: return wgmma_kernel<256, Format, interleaved<256, Format>()>;
   }
 }
 
