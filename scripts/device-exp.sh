@@ -8,6 +8,9 @@
 #   SWEEP2=1   W8A8 batch 1 with 1 and 4 weight rows a warp in the whole-x GEMV; W8A16 M = 1 over forced K slices
 #   AB=VAR     the table with VAR=1 and VAR=0, twice each (ABFORMATS, ABBATCH: default all formats, batch 1); plans logged
 #              (AB=PTQKIT_DECODE_NORM_FOLD: NF4's folded norm, lab run 67)
+#   WG=1       bench kernels, the wgmma A16 kernel forced at 32, 64, 128 rows (lab run 84: its two k-step loops)
+#   PATH32=1   bench kernels at 32 rows on the decode's shapes (stacked qkv, gate/up; o; down): every A16 path, K slices 1-16
+#   PATHS2=1   bench kernels at 17, 32, 64 rows on the Llama and the decode's stacked shapes: mma (planned, 2 row tiles), wgmma, shared_x
 #   NOTEST=1   skip test_cuda
 set -uo pipefail
 source "$(dirname "$0")/device-env.sh"
@@ -41,6 +44,17 @@ if [ -n "${SWEEP2:-}" ]; then
 fi
 if [ -n "${W8SWEEP:-}" ]; then
   PTQKIT_A16_PLAN_LOG=1 PTQKIT_A16_SWEEP="1:0:0:1,1:0:0:2,2:0:0:1,2:0:0:2" .device/bin/ptqkit bench kernels --kernels w8a16 --m 1 8 --runs 50 2>&1 | tee "$out/bench-kernels-w8.log"
+fi
+if [ -n "${WG:-}" ]; then
+  PTQKIT_A16_PATHS=wgmma .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m 32,64,128 --runs 50 > "$out/bench-kernels-wg.log" 2>&1
+fi
+if [ -n "${PATH32:-}" ]; then
+  PTQKIT_A16_PATHS=mma,shared_x,wgmma PTQKIT_A16_SWEEP="0:1,0:2,0:4,0:8,0:16,2:0,1:0" .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m 32 --runs 30 \
+    --shapes 12288x4096 22016x4096 4096x4096 4096x11008 > "$out/bench-kernels-path32.log" 2>&1
+fi
+if [ -n "${PATHS2:-}" ]; then
+  PTQKIT_A16_PATHS=mma,shared_x,wgmma PTQKIT_A16_SWEEP="2:0" .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m 17,32,64 --runs 30 \
+    --shapes 4096x4096 11008x4096 4096x11008 14336x4096 4096x14336 12288x4096 22016x4096 6144x4096 28672x4096 > "$out/bench-kernels-paths2.log" 2>&1
 fi
 if [ -z "${NOTEST:-}" ]; then
   timeout 400 .device/bin/test_cuda 2>&1 | tee "$out/test_cuda.log" | tail -4

@@ -200,7 +200,10 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // 8-bit codes at one row: one row tile (run 43, docs/lab/2026-11-24-decode-h200.md: its
     // overlapped x-staged kernel as fast as the model's pick or faster on every Llama shape, 5% on
     // 14336 x 4096, where the model picks two plain tiles).
-    const int rt_only = silu ? 2 : !Format::kPairTable && nt == 2 ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;   // the GPTQ formats (NF4 runs with its pair table)
+    // NF4 at 17..32 rows: two row tiles (the model picks one on the layers longer in K, which halves
+    // each warp's reuse of the x it reads through L2: 4096 x 11008 at 32 rows 45.0 us against 26.2,
+    // 6144 x 4096 31.4 against 19.7; docs/lab/2026-11-24-decode-h200.md run 86).
+    const int rt_only = silu ? 2 : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;
     if (it == plans.end()) {
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
       q.smem = red_bytes(q.S, nt, q.rt);   // at least 512 bytes: a fold's 32 sums and flag fit

@@ -4,28 +4,34 @@
 
 namespace ptq::cuda {
 
-// automatic picks by shape and code width (a16_auto_path): the tensor-core kernel with x read
-// through L1/L2 (kernels/a16_mma.cuh, `mma`) for small M, the one with x staged in shared memory
+// automatic picks by shape and codes (a16_auto_path): the tensor-core kernel with x read through
+// L1/L2 (kernels/a16_mma.cuh, `mma`) for small M, the one with x staged in shared memory
 // (kernels/a16_shared_x.cuh, `shared_x`) for 33..64 rows of a layer larger than 4096 x 4096 without
 // sm_90, the Hopper wgmma kernel (kernels/a16_wgmma.cu, `wgmma`) on an sm_90 GPU from 33 rows (17
-// for 4-bit codes on large layers), dequantize to f16 + cuBLAS above. The others force one
+// for the GPTQ codes of large layers), dequantize to f16 + cuBLAS above. The others force one
 // (benchmarks, tests); mma refuses M > 64, shared_x M > 128, wgmma M > 256 or a GPU other than
 // sm_90 (Errc::usage).
 enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 
 // Crossovers measured on the H100 (docs/lab/kernels.md): the wgmma kernel beats every other path at 33..128 rows (W4 M = 64:
 // 1.04-1.57x cuBLAS f16 against shared_x's 0.93-1.13x; M = 128: 0.79-1.22x against dequantize +
-// cuBLAS's 0.52-0.68x), at 129..256 rows on layers larger than 4096 x 4096 (its K slices then fill
-// the GPU without a second wave), and at 17..32 rows for 4-bit codes (W4, NF4) on layers larger
-// than 4096 x 4096 (W4 M = 32: 1.64-1.78x against the L2-fed kernel's 1.05-1.51x; NF4 1.37-1.45x
-// against 0.80-1.16x; 8-bit codes and 4096 x 4096 stay faster on the L2-fed kernel); elsewhere (or
-// without sm_90): x staged in shared memory for 33..64 rows of a layer larger than 4096 x 4096, the
-// L2-fed kernel below, dequantize + cuBLAS above 64 rows. bits: the code width (4: GPTQ 4-bit or
-// NF4, 8).
+// cuBLAS's 0.52-0.68x) and at 129..256 rows on layers larger than 4096 x 4096 (its K slices then fill
+// the GPU without a second wave); elsewhere (or without sm_90): x staged in shared memory for
+// 33..64 rows of a layer larger than 4096 x 4096, the L2-fed kernel below, dequantize + cuBLAS
+// above 64 rows. At 17..32 rows (the H200, nine Llama and stacked decode shapes at 17 and 32 rows,
+// docs/lab/2026-11-24-decode-h200.md run 86): wgmma for GPTQ 4-bit codes on layers of 4096 x 11008
+// elements or more (11008 x 4096 at 32 rows: 24.2 us against the L2-fed kernel's 29.0; 6144 x 4096
+// stays: 18.2 against 19.1), for GPTQ 8-bit codes on those larger than 12288 x 4096 or longer in K
+// than in N (22016 x 4096: 45.4 against 55.3, 4096 x 11008: 25.9 against 30.5; 11008 and 12288 x
+// 4096 stay: 28.4 against 29.8), never for NF4 (the L2-fed kernel with two row tiles a warp:
+// 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2 against 31.1; 28672 x 4096 65.4 against
+// 61.9, the one shape it loses). bits: the codes, 4 or 8 (GPTQ), 0 (NF4).
 constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
-  const bool big = N * K > int64_t(4096) * 4096;
-  if (wgmma && (M >= 33 || (M >= 17 && big && bits == 4)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
+  const int64_t size = N * K;
+  const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008;
+  const bool wgmma_from_17 = bits == 4 ? large : bits == 8 ? large && (K > N || size > int64_t(12288) * 4096) : false;
+  if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
   return M > kA16MmaMaxM ? A16Path::dequant : M >= 33 && big ? A16Path::shared_x : A16Path::mma;
 }
 constexpr const char* a16_path_name(A16Path p) {

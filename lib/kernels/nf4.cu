@@ -109,14 +109,14 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   return L;
 }
 
-A16Path Nf4Linear::path_for(int64_t M) const { return a16::resolve(A16Path::automatic, M, p_->N, p_->K, 4, ""); }
+A16Path Nf4Linear::path_for(int64_t M) const { return a16::resolve(A16Path::automatic, M, p_->N, p_->K, 0, ""); }
 void Nf4Linear::gemm(const void* x, int64_t M, void* y, A16Path path) const { run(x, M, y, false, 0.0f, path); }
 void Nf4Linear::gemm_f32(const void* x, int64_t M, float* y, float beta, A16Path path) const { run(x, M, y, true, beta, path); }
 
 void Nf4Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A16Path path) const {
   const Impl& m = *p_;
   if (M < 1) return;
-  path = a16::resolve(path, M, m.N, m.K, 4, "NF4");
+  path = a16::resolve(path, M, m.N, m.K, 0, "NF4");
   const auto* xh = static_cast<const __half*>(x);
   auto* cw = reinterpret_cast<const uint4*>(m.codes.get());
   if (path != A16Path::dequant) {
