@@ -45,8 +45,9 @@ fi
 if [ -n "${W8SWEEP:-}" ]; then
   PTQKIT_A16_PLAN_LOG=1 PTQKIT_A16_SWEEP="1:0:0:1,1:0:0:2,2:0:0:1,2:0:0:2" .device/bin/ptqkit bench kernels --kernels w8a16 --m 1 8 --runs 50 2>&1 | tee "$out/bench-kernels-w8.log"
 fi
-if [ -n "${WG:-}" ]; then
-  PTQKIT_A16_PATHS=wgmma .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m 32,64,128 --runs 50 > "$out/bench-kernels-wg.log" 2>&1
+if [ -n "${WG:-}" ]; then   # WGM: the rows (default 32,64,128); WGSHAPES: the shapes (default the nine of PATHS2)
+  PTQKIT_A16_PATHS=wgmma .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m ${WGM:-32,64,128} --runs 50 \
+    --shapes ${WGSHAPES:-4096x4096 11008x4096 4096x11008 14336x4096 4096x14336 12288x4096 22016x4096 6144x4096 28672x4096} > "$out/bench-kernels-wg.log" 2>&1
 fi
 if [ -n "${PATH32:-}" ]; then
   PTQKIT_A16_PATHS=mma,shared_x,wgmma PTQKIT_A16_SWEEP="0:1,0:2,0:4,0:8,0:16,2:0,1:0" .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m 32 --runs 30 \
