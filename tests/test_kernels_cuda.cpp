@@ -707,6 +707,46 @@ TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equ
   CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 63, 32, y.get(), true), Error);   // N odd
 }
 
+TEST_CASE("gpu: a W8A8 Linear of 10240 rows at 17 to 32 rows takes the wgmma GEMM: the exact int32 reference and the decode product's bytes") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::w8a8_supported()) PTQ_SKIP("the W8A8 GEMM needs sm_90: " + cuda::describe());
+  const int64_t N = cuda::kW8A8GemmFromN, K = 256;
+  Rng r{2024};
+  const Int8Linear L(N, K, r);
+  cuda::DeviceBuffer<int8_t> dx(size_t(32 * K), "x");
+  cuda::DeviceBuffer<float> dsx(32, "sx"), dy(size_t(32 * N), "y"), dv(size_t(32 * N), "y by the decode product");
+  CHECK(cuda::w8a8_takes_gemv(16, N, K));
+  CHECK(cuda::w8a8_takes_gemv(32, N - 2, K));
+  for (int64_t M : {17, 24, 32}) {
+    CHECK_FALSE(cuda::w8a8_takes_gemv(M, N, K));
+    std::vector<int8_t> x(static_cast<size_t>(M * K));
+    std::vector<float> sx(static_cast<size_t>(M)), ref(static_cast<size_t>(M * N)), y0(static_cast<size_t>(M * N));
+    for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
+    for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
+    for (auto& v : y0) v = float(r.uniform() - 0.5);
+    ref_gemm_w8a8(x.data(), sx.data(), L.w.data(), L.sw.data(), M, N, K, ref.data());
+    cuda::copy_to_device(dx.get(), x.data(), x.size());
+    cuda::copy_to_device(dsx.get(), sx.data(), sx.size() * 4);
+    for (float beta : {0.0f, 1.0f}) {
+      cuda::copy_to_device(dy.get(), y0.data(), y0.size() * 4);
+      cuda::copy_to_device(dv.get(), y0.data(), y0.size() * 4);
+      cuda::w8a8_linear_int8_f32(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, N, K, dy.get(), beta);   // the GEMM
+      cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, N, K, dv.get(), beta);               // the decode product
+      std::vector<float> y(static_cast<size_t>(M * N)), v(y.size());
+      cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+      cuda::copy_to_host(v.data(), dv.get(), v.size() * 4);
+      size_t bad = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        const double want = double(ref[i]) + (beta != 0.0f ? double(y0[i]) : 0.0);
+        if (!(std::abs(double(y[i]) - want) <= 4.8e-7 * std::abs(double(ref[i])) + 6e-8 * std::abs(want) + 1e-30)) ++bad;
+      }
+      INFO("M " << M << " beta " << beta << ": " << bad << " elements off");
+      CHECK(bad == 0);
+      CHECK(std::memcmp(y.data(), v.data(), y.size() * 4) == 0);
+    }
+  }
+}
+
 TEST_CASE("gpu: the W8A8 decode GEMV (dp4a up to 16 rows, int8 mma.sync from 3 to 32 where K % 64 == 0) equals the exact int32 reference, with beta") {
   PTQ_REQUIRE_GPU();
   struct Shape { int64_t N, K; };

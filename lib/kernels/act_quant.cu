@@ -115,7 +115,7 @@ void w8a8_linear_f32(const void* x, DType dt, const ActQuant& act, const int8_t*
 }
 
 void w8a8_linear_int8_f32(const int8_t* xq, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
-  if (w8a8_gemv_serves(M, K)) return w8a8_gemv(xq, sx, w, sw, M, N, K, y, beta);   // decode
+  if (w8a8_takes_gemv(M, N, K)) return w8a8_gemv(xq, sx, w, sw, M, N, K, y, beta);   // decode
   if (beta == 0.0f) return w8a8_gemm(xq, sx, w, sw, M, N, K, y, true);
   DeviceBuffer<float> t(size_t(M * N), "W8A8 output (fp32)");
   w8a8_gemm(xq, sx, w, sw, M, N, K, t.get(), true);

@@ -238,8 +238,8 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       fill_random_normal(xb.get(), DType::BF16, maxM * K, 4, 1.0f);
       DeviceBuffer<float> yf(size_t(maxM * N), "W8A8 decode GEMV output");
       for (int64_t M : Ms8) {
-        // Decode-sized M: the GEMV (w8a8_gemv.cu, fp32 out), which the decode engine uses there; above: the wgmma GEMM.
-        const bool gemv = w8a8_gemv_serves(M, K);
+        // The kernel a W8A8 Linear takes (w8a8_takes_gemv): the decode product (w8a8_gemv.cu, fp32 out) or the wgmma GEMM.
+        const bool gemv = w8a8_takes_gemv(M, N, K);
         const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
           if (gemv) w8a8_gemv(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yf.get(), 0.0f);
           else w8a8_gemm(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yb.get(), false);

@@ -22,11 +22,19 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
 // on sm_80 and up (int8 tensor cores); Errc::usage otherwise. The thread's current stream.
 constexpr int64_t kW8A8GemvMaxM = 32;
 bool w8a8_gemv_serves(int64_t M, int64_t K);
+// Which a W8A8 Linear of M rows takes (w8a8_linear_f32): the decode product where it serves M,
+// except at 17..32 rows on layers of kW8A8GemmFromN rows or more on sm_90, where the wgmma GEMM's
+// 128-row tiles fill most SMs without a split and beat the int8 mma.sync form (H200, lab run 92,
+// stream µs at 32 rows: 22016x4096 38.0 against 63.6, 11008x4096 30.6 against 38.7, 28672x4096
+// 45.5 against 77.2; 6144x4096 28.0 against 26.8 and the 4096-row layers 0.6x of it stay). Both
+// form float(acc) · sx[m] · sw[n] from the exact int32 sum: the same bytes either way.
+constexpr int64_t kW8A8GemmFromN = 10240;
+bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K);
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
 
 // A W8A8 Linear as the GPU forward and the decode call it: y [M, N] fp32 = (x quantized by `act`)
-// · wᵀ + beta · y, x [M, K] 16-bit (dt): quantize_activations_int8, then w8a8_gemv for
-// M <= kW8A8GemvMaxM, else w8a8_gemm (sm_90) and add_scaled where beta is not 0.
+// · wᵀ + beta · y, x [M, K] 16-bit (dt): quantize_activations_int8, then w8a8_gemv where
+// w8a8_takes_gemv, else w8a8_gemm (sm_90) and add_scaled where beta is not 0.
 void w8a8_linear_f32(const void* x, DType dt, const ActQuant& act, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y,
                      float beta);
 // The same on activations already quantized (xq [M, K] int8, sx [M]): the decode quantizes them in

@@ -324,4 +324,8 @@ void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* s
 
 bool w8a8_gemv_serves(int64_t M, int64_t K) { return M >= 1 && (M <= kMaxM || (M <= kW8A8GemvMaxM && K % 64 == 0 && tensor_cores())); }
 
+bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K) {
+  return w8a8_gemv_serves(M, K) && !(M > kMaxM && N >= kW8A8GemmFromN && N % 2 == 0 && w8a8_supported());
+}
+
 }  // namespace ptq::cuda
