@@ -25,8 +25,9 @@ bool w8a8_gemv_serves(int64_t M, int64_t K);
 // Which a W8A8 Linear of M rows takes (w8a8_linear_f32): the decode product where it serves M,
 // except at 17..32 rows on layers of kW8A8GemmFromN rows or more on sm_90, where the wgmma GEMM's
 // 128-row tiles fill most SMs without a split and beat the int8 mma.sync form (H200, lab run 92,
-// stream µs at 32 rows: 22016x4096 38.0 against 63.6, 11008x4096 30.6 against 38.7, 28672x4096
-// 45.5 against 77.2; 6144x4096 28.0 against 26.8 and the 4096-row layers 0.6x of it stay). Both
+// single-launch µs at 32 rows: 22016x4096 38.0 against 63.6, 11008x4096 30.6 against 38.7, 28672x4096
+// 45.5 against 77.2; on 6144x4096 the GEMM took 28.0 against 26.8 and on the 4096-row layers
+// 0.64-0.66x the product's speed, so they stay on the product). Both
 // form float(acc) · sx[m] · sw[n] from the exact int32 sum: the same bytes either way.
 constexpr int64_t kW8A8GemmFromN = 10240;
 bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K);
