@@ -81,9 +81,11 @@ inline void spread(const void* kern, Plan& p) {
 // wave wins). RT = 2 up to M = 32; rt_only: the RT the caller measured best (where the layer has that
 // many tiles), 0: the model's. batch_of(rt): the kernel's batch_steps.
 template <class KernOf, class VariantsOf, class BatchOf>
-Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, BatchOf batch_of, int rt_only = 0) {
+Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, BatchOf batch_of, int rt_only = 0, int pair = 1) {
+  // pair = 2: the split silu kernel, whose CTA pairs the tiles b and b + tiles / 2 in 2 S warps
+  // (ctas: tiles / 2; residency with 2 S warps); S stays the K slices.
   const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
-  Plan best{1, 1, tiles, KS, variants(1) == Overlap::overlap_only};
+  Plan best{1, 1, tiles / pair, KS, variants(1) == Overlap::overlap_only};
   int64_t best_cost = INT64_MAX, best_waves = 0, best_pairs = 0, best_warps = 0;
   for (int rt : {1, 2})
   for (bool overlap : {true, false}) {
@@ -91,13 +93,13 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
     if ((g_split.rt && rt != g_split.rt) || (!g_split.rt && rt_only && tiles >= rt_only && rt != rt_only)) continue;
     if (overlap ? variants(rt) == Overlap::plain_only : variants(rt) == Overlap::overlap_only) continue;
     if (g_split.loop && variants(rt) == Overlap::both && overlap != (g_split.loop == 2)) continue;
-    const int ctas = (tiles + rt - 1) / rt;
-    for (int S = 1; S <= max_slices(nt) && S <= KS; S *= 2) {
-      const int per_sm = resident_ctas(kern(rt, overlap), S, red_bytes(S, nt, rt));
+    const int ctas = (tiles / pair + rt - 1) / rt;
+    for (int S = 1; S * pair <= max_slices(nt) && S <= KS; S *= 2) {
+      const int per_sm = resident_ctas(kern(rt, overlap), S * pair, red_bytes(S * pair, nt, rt));
       if (per_sm == 0) break;
       const int64_t waves = (ctas + int64_t(per_sm) * sms - 1) / (int64_t(per_sm) * sms), sps = (KS + S - 1) / S;
       if (nt <= 2 && S > 1 && waves > 2) break;   // M <= 16: a third wave of latency-bound warps costs more than it saves (NF4 11008 rows: 1.62x vs 1.95x)
-      const int64_t cost = waves * sps, pairs = int64_t(tiles) * S, warps = int64_t(ctas) * S;
+      const int64_t cost = waves * sps, pairs = int64_t(tiles) * S, warps = int64_t(ctas) * S * pair;
       const bool better = cost != best_cost     ? cost < best_cost
                           : waves != best_waves ? waves < best_waves
                           : pairs != best_pairs ? pairs > best_pairs
@@ -108,7 +110,7 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
       }
     }
   }
-  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt), KS}));
+  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt) / pair, KS}));
   best.sps = (KS + best.S - 1) / best.S;
   // One row: each slice rounded up to whole batches (the last slice shorter) where that saves round
   // trips to memory: a warp walks sps / B batches and sps % B single k-steps, and a round trip costs
@@ -140,7 +142,7 @@ template <int NT, int RT, bool kStepScale, class Format>
 MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu) {
   if constexpr (NT == 1 && Format::kPairTable)
     if (fold) return mma_kernel_pick<NT, RT, kStepScale, Format, true, false>(overlap, stage_x);
-  if constexpr (NT == 1 && RT == 2)
+  if constexpr (NT == 1)
     if (silu) return mma_kernel_pick<NT, RT, kStepScale, Format, false, true>(overlap, stage_x);
   return mma_kernel_pick<NT, RT, kStepScale, Format, false, false>(overlap, stage_x);
 }
@@ -176,15 +178,21 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   const bool fold = Format::kPairTable && g_fold.norm && M == 1 && yf && N % 4 == 0;
   A16RowNorm norm{};
   if (fold) norm = *g_fold.norm, g_fold.taken = true;
-  // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: two row tiles
-  // per warp, the gate's and the up's (no forced one-tile split).
+  // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: each CTA takes
+  // a gate row tile and the up row tile of the same rows (no forced one-tile split).
   const bool silu = !fold && g_fold.silu && nt == 1 && N % 32 == 0 && g_split.rt != 1;
+  // At one row of the quantized formats the gate and the up tile go to different warps of one CTA
+  // (kSilu with one row tile: the one-tile plan, CTAs paired) instead of one warp holding both: in
+  // the decode step at batch 1 (llama2-7b, docs/lab/2026-11-24-decode-h200.md runs 98-99) NF4
+  // 504.7 / 513.7 tok/s against 479.8 / 487.0, W4A16 +0.4-0.9%, W8A16 +0.4-0.5%; f16 lost 2% and
+  // batch 8 lost 2-12% for every format, so they keep one warp per gate, up pair.
+  const bool silu_split = silu && M == 1 && !Format::kRowMajor;
   if (silu) yh = static_cast<__half*>(g_fold.silu), yf = nullptr, g_fold.taken = true;
   // At M = 1 the planner weighs the overlapped kernels in their x-staged form (kStageX),
   // the one it launches where their warps walk more than one batch; with two row tiles that form
   // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
   auto kern = [&](int rt, bool overlap) {
-    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == 2));
+    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == (silu_split ? 1 : 2)));
   };
   // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1 and a fold (norm or silu) only: made once.
   static std::mutex mu;
@@ -192,7 +200,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   Plan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu);
+    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu);   // kern(1, ...): the split silu kernel where it runs
     auto it = plans.find(key);
     // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
     // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
@@ -203,9 +211,11 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // NF4 at 17..32 rows: two row tiles (the model picks one on the layers longer in K, which halves
     // each warp's reuse of the x it reads through L2: 4096 x 11008 at 32 rows 45.0 us against 26.2,
     // 6144 x 4096 31.4 against 19.7; docs/lab/2026-11-24-decode-h200.md run 86).
-    const int rt_only = silu ? 2 : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;
+    const int rt_only = silu ? (silu_split ? 1 : 2) : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;
     if (it == plans.end()) {
-      Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only);
+      Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only,
+                    silu_split ? 2 : 1);
+      if (silu_split) q.S *= 2;   // gate tile b and up tile b + F / 16 in one CTA: S K slices of each
       q.smem = red_bytes(q.S, nt, q.rt);   // at least 512 bytes: a fold's 32 sums and flag fit
       // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks
       // more than one batch (staging takes the x loads off each batch's critical path; with one

@@ -34,8 +34,9 @@
 // second, partial one (measured: docs/lab/kernels.md).
 // Epilogues (a16_path.h; each its own instantiation, the others' code unchanged): y, or at M = 1
 // the RMSNorm of the row y by the CTA that arrives last (kFold, NF4), or up to 8 rows of a stacked
-// gate, up Linear silu(gate) · up in f16 (kSilu: a warp's two row tiles are the gate's and the
-// up's of the same 16 rows).
+// gate, up Linear silu(gate) · up in f16 (kSilu: a CTA holds the gate's and the up's row tile of
+// the same 16 rows, in one warp's two row tiles or, at one row of the quantized formats, in two
+// halves of its warps).
 // Launch: programmatic dependent launch (cuda/pdl.cuh): the kernel may start while the previous one
 // in the stream runs; each warp issues its first batch of codes and metadata, then waits for that
 // kernel before it reads x or writes y. A grid smaller than the GPU holds is spread (spread()): at
@@ -270,14 +271,16 @@ __device__ __forceinline__ void norm_row_after(const A16RowNorm& nr, const float
 // the plain loop) and the plain two-row-tile kernel of the GPTQ formats with whole-k-step scales
 // (free, 70 / 66: 3 CTAs of 256 threads resident instead of 4, and W4 14336 x 4096 would leave its
 // one-wave plan; held, it spills 4 / 8 bytes (W4 / W8) and is faster).
-// kSilu (one n8 tile, two row tiles: a16_fold_silu): W is a stacked gate, up Linear (N = 2F, F a
-// multiple of 16); CTA b's warps take gate tile b and up tile b + F / 16, and the epilogue writes
-// yh [M, F] f16 = silu(gate) * up (fp32, then rounded: the decode's silu·mul kernel) instead of y.
+// kSilu (one n8 tile: a16_fold_silu): W is a stacked gate, up Linear (N = 2F, F a multiple of 16);
+// CTA b takes gate tile b and up tile b + F / 16 — with RT = 2 each warp both (its K slice of
+// each), with RT = 1 warps 0..S/2-1 the gate's K slices and S/2..S-1 the up's — and the epilogue
+// writes yh [M, F] f16 = silu(gate) * up (fp32, then rounded: the decode's silu·mul kernel) instead
+// of y. Both sum each tile's slices in slice order.
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false, bool kSilu = false>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps, A16RowNorm norm) {
-  static_assert(!kSilu || (NT == 1 && RT == 2), "silu pairs: one n8 tile, a gate and an up row tile per warp");
+  static_assert(!kSilu || NT == 1, "silu: one n8 tile; RT = 2: a gate and an up row tile per warp, RT = 1: gate warps and up warps");
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
   // kOverlap: the next batch's loads follow this batch's steps in program order, so the compiler
   // issues them while the MMAs run: 4-bit codes at 9..16 rows with two row tiles, and GPTQ 4-bit at
@@ -287,12 +290,16 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
   const int g = lane >> 2, c = lane & 3, tiles = (N + 15) / 16, tile0 = blockIdx.x * RT, KS = (K + 63) / 64;
-  const int s0 = warp * sps, s1 = min(KS, s0 + sps);
+  // kSilu with one row tile: warps 0..S/2-1 take the gate tile's K slices, S/2..S-1 the up tile's.
+  constexpr bool kSiluSplit = kSilu && RT == 1;
+  const int s0 = (kSiluSplit ? warp % (S / 2) : warp) * sps, s1 = min(KS, s0 + sps);
   int tile[RT];
   const uint4* wp[RT];
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
-    tile[r] = kSilu ? int(blockIdx.x) + r * (tiles / 2) : min(tile0 + r, tiles - 1);   // past the last tile: a copy of it, not stored
+    tile[r] = kSiluSplit ? int(blockIdx.x) + (warp >= S / 2 ? tiles / 2 : 0)
+              : kSilu    ? int(blockIdx.x) + r * (tiles / 2)
+                         : min(tile0 + r, tiles - 1);   // past the last tile: a copy of it, not stored
     wp[r] = W + int64_t(tile[r]) * KS * kU4 * 32 + lane;
   }
   const __half* xr = x + int64_t(min(g, M - 1)) * K + 16 * c;   // B column n = g of n8 tile 0 (rows past M: copies, not stored)
@@ -471,10 +478,17 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       float gu[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int src = ((row % 8) * 4 + nn / 2) * kAcc + r * 4 + (row / 8) * 2 + nn % 2;
+        if constexpr (kSiluSplit) {   // the gate's slices in warps 0..S/2-1, the up's after them
+          const int src = ((row % 8) * 4 + nn / 2) * kAcc + (row / 8) * 2 + nn % 2;
 #pragma unroll
-        for (int w = 0; w < max_slices(NT); ++w)
-          if (w < S) gu[r] += red[w * 32 * kAcc + src];
+          for (int w = 0; w < max_slices(NT) / 2; ++w)
+            if (w < S / 2) gu[r] += red[(r * (S / 2) + w) * 32 * kAcc + src];
+        } else {
+          const int src = ((row % 8) * 4 + nn / 2) * kAcc + r * 4 + (row / 8) * 2 + nn % 2;
+#pragma unroll
+          for (int w = 0; w < max_slices(NT); ++w)
+            if (w < S) gu[r] += red[w * 32 * kAcc + src];
+        }
       }
       yh[int64_t(n) * F + 16 * int(blockIdx.x) + row] = __float2half_rn(gu[0] / (1.0f + __expf(-gu[0])) * gu[1]);
     }

@@ -67,8 +67,9 @@ struct A16RowNorm {
 void a16_fold_norm(const A16RowNorm* norm);
 // Asks the next A16 call on this thread, a stacked gate, up Linear (N = 2F, gate rows first, F a
 // multiple of 16), to write act [M, F] f16 = silu(gate) * up (fp32, then rounded) instead of its
-// y: the decode's MLP without its silu·mul kernel. Taken by the L2-fed kernel at M <= 8 (two row
-// tiles a warp: the gate's and the up's), not by a forced one-tile split.
+// y: the decode's MLP without its silu·mul kernel. Taken by the L2-fed kernel at M <= 8 (a CTA
+// holds the gate's and the up's row tile: in each warp, or at one row of the quantized formats in
+// two halves of its warps), not by a forced one-tile split.
 void a16_fold_silu(void* act);
 // Whether a call took the request; clears it either way, so that it never reaches a later call.
 bool a16_folded();
