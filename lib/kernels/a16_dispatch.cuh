@@ -181,11 +181,12 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: each CTA takes
   // a gate row tile and the up row tile of the same rows (no forced one-tile split).
   const bool silu = !fold && g_fold.silu && nt == 1 && N % 32 == 0 && g_split.rt != 1;
-  // At one row of the quantized formats the gate and the up tile go to different warps of one CTA
-  // (kSilu with one row tile: the one-tile plan, CTAs paired) instead of one warp holding both: in
-  // the decode step at batch 1 (llama2-7b, docs/lab/2026-11-24-decode-h200.md runs 98-99) NF4
-  // 504.7 / 513.7 tok/s against 479.8 / 487.0, W4A16 +0.4-0.9%, W8A16 +0.4-0.5%; f16 lost 2% and
-  // batch 8 lost 2-12% for every format, so they keep one warp per gate, up pair.
+  // At one row of the quantized formats the gate and the up tile go to two halves of one CTA's
+  // warps (kSilu with one row tile, planned with the pair's 2S warps: plan()'s pair) instead of one
+  // warp holding both: the decode step at batch 1 (docs/lab/2026-11-24-decode-h200.md runs 98-102)
+  // NF4 496.5 tok/s against 480.8 on llama2-7b and 445.5 against 411.3 on llama3-8b, W4A16 518.5
+  // against 493.8 on llama3-8b, the rest within 0.5%; f16 lost 2% and batch 8 lost 2-12% for every
+  // format (run 98), so they keep one warp per gate, up pair.
   const bool silu_split = silu && M == 1 && !Format::kRowMajor;
   if (silu) yh = static_cast<__half*>(g_fold.silu), yf = nullptr, g_fold.taken = true;
   // At M = 1 the planner weighs the overlapped kernels in their x-staged form (kStageX),
