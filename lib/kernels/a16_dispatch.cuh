@@ -142,7 +142,7 @@ template <int NT, int RT, bool kStepScale, class Format>
 MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu) {
   if constexpr (NT == 1 && Format::kPairTable)
     if (fold) return mma_kernel_pick<NT, RT, kStepScale, Format, true, false>(overlap, stage_x);
-  if constexpr (NT == 1)
+  if constexpr (NT == 1 && (RT == 2 || !Format::kRowMajor))   // one row tile: the split fold, quantized formats only (run_mma)
     if (silu) return mma_kernel_pick<NT, RT, kStepScale, Format, false, true>(overlap, stage_x);
   return mma_kernel_pick<NT, RT, kStepScale, Format, false, false>(overlap, stage_x);
 }
