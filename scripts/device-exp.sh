@@ -14,6 +14,7 @@
 #   NOTEST=1   skip test_cuda
 set -uo pipefail
 source "$(dirname "$0")/device-env.sh"
+SHAPES9="4096x4096 11008x4096 4096x11008 14336x4096 4096x14336 12288x4096 22016x4096 6144x4096 28672x4096"   # the Llama layers, the decode's stacked ones, llama3-8b's
 P=${PRESET:-llama2-7b}
 .device/bin/ptqkit bench decode --preset "$P" --formats ${FORMATS:-f16,w8a16,w4a16,nf4,w8a8} --batch ${BATCH:-1,8,32} --json "$out/bench-decode-$P.json" 2>&1 | tee "$out/bench-decode-$P.log"
 if [ -n "${AB:-}" ]; then   # AB=VAR: VAR=1 then VAR=0, twice, on ABFORMATS at ABBATCH
@@ -47,7 +48,7 @@ if [ -n "${W8SWEEP:-}" ]; then
 fi
 if [ -n "${WG:-}" ]; then   # WGM: the rows (default 32,64,128); WGSHAPES: the shapes (default the nine of PATHS2)
   PTQKIT_A16_PATHS=wgmma .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m ${WGM:-32,64,128} --runs 50 \
-    --shapes ${WGSHAPES:-4096x4096 11008x4096 4096x11008 14336x4096 4096x14336 12288x4096 22016x4096 6144x4096 28672x4096} > "$out/bench-kernels-wg.log" 2>&1
+    --shapes ${WGSHAPES:-$SHAPES9} > "$out/bench-kernels-wg.log" 2>&1
 fi
 if [ -n "${PATH32:-}" ]; then
   PTQKIT_A16_PATHS=mma,shared_x,wgmma PTQKIT_A16_SWEEP="0:1,0:2,0:4,0:8,0:16,2:0,1:0" .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m 32 --runs 30 \
@@ -55,7 +56,7 @@ if [ -n "${PATH32:-}" ]; then
 fi
 if [ -n "${PATHS2:-}" ]; then
   PTQKIT_A16_PATHS=mma,shared_x,wgmma PTQKIT_A16_SWEEP="2:0" .device/bin/ptqkit bench kernels --kernels w4a16,w8a16,nf4 --m 17,32,64 --runs 30 \
-    --shapes 4096x4096 11008x4096 4096x11008 14336x4096 4096x14336 12288x4096 22016x4096 6144x4096 28672x4096 > "$out/bench-kernels-paths2.log" 2>&1
+    --shapes $SHAPES9 > "$out/bench-kernels-paths2.log" 2>&1
 fi
 if [ -z "${NOTEST:-}" ]; then
   timeout 400 .device/bin/test_cuda 2>&1 | tee "$out/test_cuda.log" | tail -4

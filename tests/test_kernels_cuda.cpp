@@ -567,16 +567,18 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
       {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::mma, P::mma},        {11008, 4096, P::wgmma, P::mma, P::mma},
       {12288, 4096, P::wgmma, P::mma, P::mma},   {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::mma},
       {28672, 4096, P::wgmma, P::wgmma, P::mma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
-  for (const Cell& c : cells)
+  for (const Cell& c : cells) {
+    INFO(c.N << " x " << c.K);
     for (int64_t M : {17, 24, 32}) {
-      INFO(c.N << " x " << c.K << " at M = " << M);
+      INFO("M = " << M);
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 4, true) == c.w4);
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 8, true) == c.w8);
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 0, true) == c.nf4);
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 4, false) == P::mma);   // without sm_90
-      CHECK(cuda::a16_auto_path(16, c.N, c.K, 4, true) == P::mma);
-      CHECK(cuda::a16_auto_path(33, c.N, c.K, 0, true) == P::wgmma);
     }
+    CHECK(cuda::a16_auto_path(16, c.N, c.K, 4, true) == P::mma);     // the table's bounds
+    CHECK(cuda::a16_auto_path(33, c.N, c.K, 0, true) == P::wgmma);
+  }
 }
 
 TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {
@@ -643,6 +645,16 @@ struct Int8Linear {
     cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
   }
 };
+// Elements of a W8A8 product y [M, N] fp32 off the exact reference ref (+ beta y0 where beta is not
+// 0): the product as w8a8_gemm's fp32 output (4.8e-7 relative), then one fp32 addition.
+size_t w8a8_elements_off(const std::vector<float>& y, const std::vector<float>& ref, const std::vector<float>& y0, float beta) {
+  size_t bad = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const double want = double(ref[i]) + (beta != 0.0f ? double(y0[i]) : 0.0);
+    if (!(std::abs(double(y[i]) - want) <= 4.8e-7 * std::abs(double(ref[i])) + 6e-8 * std::abs(want) + 1e-30)) ++bad;
+  }
+  return bad;
+}
 }  // namespace
 
 TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equals the exact int32 reference, bf16 and fp32 out") {
@@ -735,11 +747,7 @@ TEST_CASE("gpu: a W8A8 Linear of 10240 rows at 17 to 32 rows takes the wgmma GEM
       std::vector<float> y(static_cast<size_t>(M * N)), v(y.size());
       cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
       cuda::copy_to_host(v.data(), dv.get(), v.size() * 4);
-      size_t bad = 0;
-      for (size_t i = 0; i < y.size(); ++i) {
-        const double want = double(ref[i]) + (beta != 0.0f ? double(y0[i]) : 0.0);
-        if (!(std::abs(double(y[i]) - want) <= 4.8e-7 * std::abs(double(ref[i])) + 6e-8 * std::abs(want) + 1e-30)) ++bad;
-      }
+      const size_t bad = w8a8_elements_off(y, ref, y0, beta);
       INFO("M " << M << " beta " << beta << ": " << bad << " elements off");
       CHECK(bad == 0);
       CHECK(std::memcmp(y.data(), v.data(), y.size() * 4) == 0);
@@ -773,12 +781,7 @@ TEST_CASE("gpu: the W8A8 decode GEMV (dp4a up to 16 rows, int8 mma.sync from 3 t
         cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, sh.N, sh.K, dy.get(), beta);
         std::vector<float> y(static_cast<size_t>(M * sh.N));
         cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
-        size_t bad = 0;
-        for (size_t i = 0; i < y.size(); ++i) {
-          const double want = double(ref[i]) + (beta != 0.0f ? double(y0[i]) : 0.0);
-          // the product as w8a8_gemm's fp32 output (4.8e-7 relative), then one fp32 addition
-          if (!(std::abs(double(y[i]) - want) <= 4.8e-7 * std::abs(double(ref[i])) + 6e-8 * std::abs(want) + 1e-30)) ++bad;
-        }
+        const size_t bad = w8a8_elements_off(y, ref, y0, beta);
         INFO("N " << sh.N << " K " << sh.K << " M " << M << " beta " << beta << ": " << bad << " elements off");
         CHECK(bad == 0);
       }
