@@ -39,10 +39,10 @@ __device__ __forceinline__ void allow_dependents() {
 
 // kern<<<grid, block, smem>>>(args...) on the thread's current stream (cuda/runtime.h), with programmatic stream
 // serialization where `pdl` and pdl_enabled(), a shared-memory carveout (percent of the largest)
-// when carveout >= 0, and thread-block clusters of `cluster` CTAs along x when cluster > 0
-// (sm_90); a launch error names `what`.
+// when carveout >= 0, and thread-block clusters of cluster.x x cluster.y x cluster.z CTAs when
+// cluster.x > 0 (sm_90; an int n is n CTAs along x); a launch error names `what`.
 template <class... P, class... A>
-void launch_ex(const char* what, bool pdl, int carveout, int cluster, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
+void launch_ex(const char* what, bool pdl, int carveout, dim3 cluster, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
   cudaLaunchAttribute attr[3];
   unsigned n = 0;
   if (pdl && pdl_enabled()) {
@@ -53,9 +53,9 @@ void launch_ex(const char* what, bool pdl, int carveout, int cluster, void (*ker
     attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
     attr[n++].val.sharedMemCarveout = unsigned(carveout);
   }
-  if (cluster > 0) {
+  if (cluster.x > 0) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n++].val.clusterDim = {unsigned(cluster), 1, 1};
+    attr[n++].val.clusterDim = {cluster.x, cluster.y, cluster.z};
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -71,7 +71,7 @@ void launch_ex(const char* what, bool pdl, int carveout, int cluster, void (*ker
 // The same without clusters.
 template <class... P, class... A>
 void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
-  launch_ex(what, pdl, carveout, 0, kern, grid, block, smem, std::forward<A>(args)...);
+  launch_ex(what, pdl, carveout, dim3(0), kern, grid, block, smem, std::forward<A>(args)...);
 }
 
 }  // namespace ptq::cuda

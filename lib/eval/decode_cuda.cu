@@ -108,10 +108,12 @@ bool switch_on(const char* name) {
 //                               kernel does (a16_fold_silu)
 //   PTQKIT_DECODE_SILU_CLUSTER  the W8A8 down's silu·mul quantized by a cluster of CTAs a row
 //                               (else one CTA a row)
-enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster };
+//   PTQKIT_DECODE_ATTN_CLUSTER  the attention's splits of a head combined in a cluster (else by
+//                               the last CTA to arrive, through global memory)
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
-                            switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER")};
+                            switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER")};
   return on[int(w)];
 }
 
@@ -236,10 +238,47 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
 // attention at 2.85 ms a step against 1.51 ms here.) q, K, V and the partials through L2 (__ldcg):
 // q is written by the kernel before under PDL, the partials by other CTAs of this one.
 constexpr int kAttnMaxWarps = 8, kMaxHd = 256, kMaxSplits = 16, kSplitBelow = 512, kSplitCtas = 768, kSplitMinPositions = 64;   // a CTA of 8 warps (32 at batch 1 was 0.55 ms a step; splits instead)
+constexpr int kClusterSplits = 8;   // the most splits combined in a cluster (the portable cluster size)
+// Shared memory of attend: scores (max_len), the reduction (32), the warps' P·V sums (warps x hd),
+// the CTA's record (2 + hd) and, clustered, every split's record (kClusterSplits x (2 + hd)).
+inline size_t attend_smem(int max_len, int warps, int hd, bool clustered) {
+  return size_t(max_len + 32 + warps * hd + (2 + hd) * (clustered ? 1 + kClusterSplits : 1)) * 4;
+}
+// ctx_row [hd] = the S records [S][2 + hd] (max, exp-sum, unnormalized P·V) combined: one pass
+// over the splits in split order, rescaling the running sums at each new max (unrolled by 4: the
+// loads of 4 splits issue together; all 16 at once took 164 registers). Records in global memory
+// (written by other CTAs) are read through L2 (__ldcg), those in shared memory plainly.
+template <bool kGlobal, class T>
+__device__ __forceinline__ void combine_splits(int S, int hd, const float* recs, T* ctx_row) {
+  auto ld = [](const float* p) {
+    if constexpr (kGlobal) return __ldcg(p);
+    else return *p;
+  };
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    float M = -FLT_MAX, tot = 0, o = 0;
+#pragma unroll 4
+    for (int z = 0; z < S; ++z) {
+      const float* q = recs + z * (2 + hd);
+      const float mz = ld(q), sz = ld(q + 1), oz = ld(q + 2 + i);
+      if (sz > 0.0f) {
+        const float Mn = fmaxf(M, mz), a = tot > 0.0f ? __expf(M - Mn) : 0.0f, b = __expf(mz - Mn);
+        tot = tot * a + sz * b;
+        o = o * a + oz * b;
+        M = Mn;
+      }
+    }
+    ctx_row[i] = from_f<T>(o / tot);
+  }
+}
 // With gridDim.z = S > 1 (flash-decoding, where CTAs are few: batch 1), CTA z takes the z-th of
-// S equal runs of the positions and writes its max, its exp-sum and its unnormalized P·V to
-// partial [rows, nh, S, 2 + hd]; the last of the head's S CTAs to arrive (arrivals [rows, nh],
-// reset by it) rescales and adds them in split order: ctx = Σ_z e^(m_z - M) o_z / Σ_z e^(m_z - M) sum_z.
+// S equal runs of the positions and forms its record: its max, its exp-sum and its unnormalized
+// P·V. One CTA then rescales and adds the S records in split order:
+// ctx = Σ_z e^(m_z - M) o_z / Σ_z e^(m_z - M) sum_z. Where the launch makes the S CTAs of a head one
+// cluster (partial null; S <= kClusterSplits, sm_90) each CTA writes its record into the shared
+// memory of the cluster's last CTA, which combines after one cluster barrier. Otherwise the records
+// go to partial [rows, nh, S, 2 + hd] and the last of the head's S CTAs to arrive (arrivals
+// [rows, nh], reset by it) combines them from there: a global write, an atomic and a read, each an
+// L2 round trip on the step's critical path (lab run 104: the cluster form 1.3-3.4% faster batch-1 steps).
 template <class T, int L>
 __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx, float* partial, int* arrivals) {
@@ -248,6 +287,12 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   float* s = sh;
   float* red = s + max_len;
   float* part = red + 32;   // [warps][hd]
+  float* rec = part + blockDim.x / 32 * hd;   // [2 + hd]: this CTA's record (S > 1)
+  float* recs = rec + 2 + hd;                 // [S][2 + hd]: every split's record, in the combining CTA (clustered)
+  const bool clustered = gridDim.z > 1 && !partial;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (clustered) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");   // this CTA runs (waited for before the pushes)
+#endif
   const int r = blockIdx.x, b = r / T_, t = r % T_, h = blockIdx.y, kvh = h / (nh / nkv);
   // Before the wait: the position and the first batch of key and value rows that earlier steps
   // wrote (positions < *pos). Every kernel before the one this waits for has completed (each waits
@@ -256,7 +301,6 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
   const int S = gridDim.z, chunk = (end - first + S) / S;   // positions per split (the last may hold fewer)
   const int j0 = first + int(blockIdx.z) * chunk, last = min(end, j0 + chunk - 1);
   float* head_part = partial ? partial + (size_t(r) * nh + h) * S * size_t(2 + hd) : nullptr;
-  float* out = head_part ? head_part + blockIdx.z * size_t(2 + hd) : nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32, stride = nwarps * P;
   const int sub = lane / L, d0 = (lane % L) * 8;
   const bool on = d0 < hd;
@@ -274,8 +318,8 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
     if (early[u]) kr[u] = row(K, j), vr[u] = row(V, j);
   }
   pdl_begin();
-  if (j0 > last) {   // an empty split (uniform over the CTA)
-    for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) out[i] = i == 0 ? -FLT_MAX : 0.0f;
+  if (j0 > last) {   // an empty split (uniform over the CTA; S > 1)
+    for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) rec[i] = i == 0 ? -FLT_MAX : 0.0f;
   } else {
     float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (on) {
@@ -356,12 +400,31 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
       float o = 0;
       for (int w = 0; w < nwarps; ++w) o += part[w * hd + i];
-      if (out) out[2 + i] = o;
+      if (S > 1) rec[2 + i] = o;
       else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
     }
-    if (out && threadIdx.x == 0) out[0] = m, out[1] = sum;
+    if (S > 1 && threadIdx.x == 0) rec[0] = m, rec[1] = sum;
   }
-  if (!out) return;
+  if (S == 1) return;
+  T* ctx_row = ctx + size_t(r) * nh * hd + h * hd;
+  __syncthreads();
+  if (clustered) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The push: every CTA has started (the arrival at its start), so the last CTA's shared memory
+    // may be written; the release-acquire barrier then orders the writes before its reads.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    float* dst = cluster.map_shared_rank(recs, S - 1) + blockIdx.z * (2 + hd);
+    for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) dst[i] = rec[i];
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    if (int(blockIdx.z) == S - 1) combine_splits<false>(S, hd, recs, ctx_row);
+#endif
+    return;
+  }
+  float* out = head_part + blockIdx.z * size_t(2 + hd);
+  for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) out[i] = rec[i];
   __shared__ int is_last;
   int* arrived = arrivals + size_t(r) * nh + h;
   // The combine: thread 0 counts the arrival with an acquire-release atomic after a barrier (its
@@ -375,24 +438,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
     if (is_last) *arrived = 0;   // ready for the next step (every split has arrived)
   }
   __syncthreads();
-  if (!is_last) return;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-    // One pass over the splits in split order, rescaling the running sums at each new max
-    // (unrolled by 4: the loads of 4 splits issue together; all 16 at once took 164 registers).
-    float M = -FLT_MAX, tot = 0, o = 0;
-#pragma unroll 4
-    for (int z = 0; z < S; ++z) {
-      const float* q = head_part + z * (2 + hd);
-      const float mz = __ldcg(q), sz = __ldcg(q + 1), oz = __ldcg(q + 2 + i);
-      if (sz > 0.0f) {
-        const float Mn = fmaxf(M, mz), a = tot > 0.0f ? __expf(M - Mn) : 0.0f, b = __expf(mz - Mn);
-        tot = tot * a + sz * b;
-        o = o * a + oz * b;
-        M = Mn;
-      }
-    }
-    ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
-  }
+  if (is_last) combine_splits<true>(S, hd, head_part, ctx_row);
 }
 
 template <class T>
@@ -755,7 +801,9 @@ struct DecodeCuda::Impl {
     // 15% faster than at 8).
     const int splits = rows * nh >= kSplitBelow ? 1 : std::clamp(std::min(int(kSplitCtas / (rows * nh)), max_len / kSplitMinPositions), 1, kMaxSplits);
     const int attn_threads = 256;
-    const size_t attn_smem = size_t(max_len + 32 + attn_threads / 32 * hd) * 4;
+    // The splits of a head combined in a cluster where they fit one (sm_90).
+    const bool attn_cluster = splits > 1 && splits <= kClusterSplits && compute_capability() >= 90 && decode_on(Switch::attn_cluster);
+    const size_t attn_smem = attend_smem(max_len, attn_threads / 32, hd, attn_cluster);
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
     // step runs the kernel it would have saved).
@@ -824,10 +872,10 @@ struct DecodeCuda::Impl {
       launch_pdl("rope_append", pdl, -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
                  reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       mark();
-      launch_pdl("attend", pdl, -1, attend_kernel<T>(hd), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
+      launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
                  reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()),
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
-                 reinterpret_cast<T*>(ctx.get()), splits > 1 ? partial.get() : nullptr, arrivals.get());
+                 reinterpret_cast<T*>(ctx.get()), splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get());
       mark();
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
@@ -926,10 +974,10 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
   if (max_len > c.max_position_embeddings)
     fail(Errc::input, "", "max_position_embeddings", std::to_string(max_len) + " positions asked, the model's context is " + std::to_string(c.max_position_embeddings));
-  if (size_t(max_len + c.head_dim * kAttnMaxWarps + 32) * 4 > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~50k positions");
+  const int attn_smem = int(attend_smem(max_len, kAttnMaxWarps, c.head_dim, true));   // the most any launch asks
+  if (attn_smem > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~48k positions");
   m.B = batch;
   m.max_len = max_len;
-  const int attn_smem = int(size_t(max_len + c.head_dim * kAttnMaxWarps + 32) * 4);
   PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__half>(c.head_dim), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
   PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__nv_bfloat16>(c.head_dim), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
   for (const DecodeLayer& W : w.layers) {
