@@ -110,10 +110,13 @@ bool switch_on(const char* name) {
 //                               (else one CTA a row)
 //   PTQKIT_DECODE_ATTN_CLUSTER  the attention's splits of a head combined in a cluster (else by
 //                               the last CTA to arrive, through global memory)
-enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster };
+//   PTQKIT_DECODE_ROPE_FOLD     a batch-1 decode step's rotary and KV append done by the
+//                               attention (else by rope_append before it)
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
-                            switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER")};
+                            switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER"),
+                            switch_on("PTQKIT_DECODE_ROPE_FOLD")};
   return on[int(w)];
 }
 
@@ -193,17 +196,12 @@ struct RopeArgs {
   float eps;
 };
 
-// grid (rows, nh + nkv), block hd threads (rounded up to 32). Head h < nh: a query head; else
-// the key/value head h - nh.
-template <class T>
-__global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
-  extern __shared__ float sh[];           // hd values + 32 for the reduction
-  pdl_begin();
-  float* red = sh + a.hd;
-  const int r = blockIdx.x, b = r / a.T, t = r % a.T, p = *a.pos + t;
-  const bool is_q = int(blockIdx.y) < a.nh;
-  const int h = is_q ? int(blockIdx.y) : int(blockIdx.y) - a.nh, i = threadIdx.x;
-  const int width = is_q ? a.nh * a.hd : a.nkv * a.hd;
+// Element i = threadIdx.x (< hd) of row r's head h of q (is_q) or k, as the cache and the
+// attention take it: the Linear's output plus its bias, the head's RMSNorm where the model has one
+// (Qwen3), rotated at position p; 0 past hd. Every thread of the CTA calls it (a reduction and
+// barriers); sh holds hd floats, red 32. Plain loads: the Linear before wrote its input (PDL).
+__device__ float rope_element(const RopeArgs& a, int r, int h, bool is_q, int p, float* sh, float* red) {
+  const int i = threadIdx.x;
   const float* src = is_q ? a.q : a.k;
   const float* bias = is_q ? a.bq : a.bk;
   float x = 0;
@@ -213,6 +211,7 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
     const float ss = block_sum(i < a.hd ? x * x : 0.0f, red);
     if (i < a.hd) x = x * rsqrtf(ss / float(a.hd) + a.eps) * nw[i];
   }
+  __syncthreads();   // an earlier call's reads of sh are done
   if (i < a.hd) sh[i] = x;
   __syncthreads();
   if (i < a.hd && i < 2 * a.half) {
@@ -220,12 +219,30 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
     const float cs = a.cos[size_t(p) * a.half + j], sn = a.sin[size_t(p) * a.half + j];
     x = i < a.half ? sh[i] * cs - sh[i + a.half] * sn : sh[i] * cs + sh[i - a.half] * sn;
   }
+  return x;
+}
+// Element i of row r's value head h: the Linear's output plus its bias.
+__device__ __forceinline__ float value_element(const RopeArgs& a, int r, int h, int i) {
+  return a.v[size_t(r) * a.kv_stride + h * a.hd + i] + (a.bv ? a.bv[h * a.hd + i] : 0.0f);
+}
+
+// grid (rows, nh + nkv), block hd threads (rounded up to 32). Head h < nh: a query head; else
+// the key/value head h - nh. A batch-1 decode step folds this into the attention (attend, rope.q
+// non-null); the prompt's rows, whose attention reads each other's keys, and batches run it first.
+template <class T>
+__global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
+  extern __shared__ float sh[];           // hd values + 32 for the reduction
+  pdl_begin();
+  const int r = blockIdx.x, b = r / a.T, t = r % a.T, p = *a.pos + t;
+  const bool is_q = int(blockIdx.y) < a.nh;
+  const int h = is_q ? int(blockIdx.y) : int(blockIdx.y) - a.nh, i = threadIdx.x;
+  const float x = rope_element(a, r, h, is_q, p, sh, sh + a.hd);
   if (i < a.hd && is_q) {
-    qh[size_t(r) * width + h * a.hd + i] = from_f<T>(x);
+    qh[size_t(r) * a.nh * a.hd + h * a.hd + i] = from_f<T>(x);
   } else if (i < a.hd) {
     const size_t at = (size_t(b) * a.max_len + p) * size_t(a.nkv * a.hd) + size_t(h * a.hd + i);
     kc[at] = from_f<T>(x);
-    vc[at] = from_f<T>(a.v[size_t(r) * a.kv_stride + h * a.hd + i] + (a.bv ? a.bv[h * a.hd + i] : 0.0f));
+    vc[at] = from_f<T>(value_element(a, r, h, i));
   }
 }
 
@@ -279,9 +296,15 @@ __device__ __forceinline__ void combine_splits(int S, int hd, const float* recs,
 // go to partial [rows, nh, S, 2 + hd] and the last of the head's S CTAs to arrive (arrivals
 // [rows, nh], reset by it) combines them from there: a global write, an atomic and a read, each an
 // L2 round trip on the step's critical path (lab run 104: the cluster form 1.3-3.4% faster batch-1 steps).
+// With rope.q non-null (a decode step: one new token a row) the CTA forms q, and the CTA whose
+// split holds the new position its key and value, from the q, k, v Linear's output itself
+// (rope_element: rope_append's arithmetic, rounded to T as the cache holds them); the CTA of the
+// first query head of a key/value group appends them to the cache. No CTA reads that position
+// from the cache in this launch, so the append needs no ordering here (lab run 105: the rotary
+// kernel off each layer's chain, ~0.7 us a layer at batch 1).
 template <class T, int L>
-__global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
-                       float scale, T* ctx, float* partial, int* arrivals) {
+__global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
+                       float scale, T* ctx, float* partial, int* arrivals, RopeArgs rope) {
   constexpr int P = 32 / L, U = 4;   // positions per warp step; steps per batch of loads in flight
   extern __shared__ float sh[];
   float* s = sh;
@@ -322,24 +345,50 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
     for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) rec[i] = i == 0 ? -FLT_MAX : 0.0f;
   } else {
     float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (on) {
+    const bool fresh = rope.q && last == end;   // this split holds the new position, formed here (uniform)
+    uint4 kn = make_uint4(0, 0, 0, 0), vn = kn;   // its key and value rows (dims d0 .. d0 + 7), as the cache holds them
+    if (rope.q) {
+      // part (written only after P·V) holds q, the new key and value, and rope_element's scratch.
+      const int i = threadIdx.x;
+      const float x = rope_element(rope, r, h, true, end, part + 3 * hd, red);
+      if (i < hd) part[i] = to_f(from_f<T>(x));
+      if (fresh) {
+        const float k = rope_element(rope, r, kvh, false, end, part + 3 * hd, red);
+        if (i < hd) part[hd + i] = k, part[2 * hd + i] = value_element(rope, r, kvh, i);
+      }
+      __syncthreads();
+      if (on) {
+        T ke[8], ve[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) q[e] = part[d0 + e], ke[e] = from_f<T>(part[hd + d0 + e]), ve[e] = from_f<T>(part[2 * hd + d0 + e]);
+        if (fresh) kn = *reinterpret_cast<const uint4*>(ke), vn = *reinterpret_cast<const uint4*>(ve);
+      }
+      if (fresh && h % (nh / nkv) == 0 && i < hd) {
+        const size_t at = (size_t(b) * max_len + end) * size_t(kvw) + size_t(kvh * hd + i);
+        kc[at] = from_f<T>(part[hd + i]);
+        vc[at] = from_f<T>(part[2 * hd + i]);
+      }
+    } else if (on) {
       const uint4 u = __ldcg(reinterpret_cast<const uint4*>(qh + size_t(r) * nh * hd + h * hd + d0));
       const T* e = reinterpret_cast<const T*>(&u);
 #pragma unroll
       for (int i = 0; i < 8; ++i) q[i] = to_f(e[i]);
     }
+    // A row of the cache, or the new position's where this CTA formed it.
+    auto key = [&](int j) { return fresh && j == end ? kn : row(K, j); };
+    auto value = [&](int j) { return fresh && j == end ? vn : row(V, j); };
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (!early[u]) {
         const int j = min(jw + u * stride, last);
-        kr[u] = row(K, j), vr[u] = row(V, j);
+        kr[u] = key(j), vr[u] = value(j);
       }
     // Scores: a batch of U rows per lane loaded, then used (loads inside the per-position branch
     // ran one at a time). jb - sub, the warp's first position of the batch, is uniform over the warp.
     for (int jb = jw; jb - sub <= last; jb += U * stride) {
       if (jb != jw)
 #pragma unroll
-        for (int u = 0; u < U; ++u) kr[u] = row(K, min(jb + u * stride, last));
+        for (int u = 0; u < U; ++u) kr[u] = key(min(jb + u * stride, last));
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const T* k = reinterpret_cast<const T*>(&kr[u]);
@@ -376,7 +425,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
     for (int jb = jw; jb - sub <= last; jb += U * stride) {
       if (jb != jw)
 #pragma unroll
-        for (int u = 0; u < U; ++u) vr[u] = row(V, min(jb + u * stride, last));
+        for (int u = 0; u < U; ++u) vr[u] = value(min(jb + u * stride, last));
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = jb + u * stride;
@@ -442,7 +491,7 @@ __global__ void attend(const T* qh, const T* kc, const T* vc, const int* pos, in
 }
 
 template <class T>
-using AttendKernel = void (*)(const T*, const T*, const T*, const int*, int, int, int, int, int, int, float, T*, float*, int*);
+using AttendKernel = void (*)(const T*, T*, T*, const int*, int, int, int, int, int, int, float, T*, float*, int*, RopeArgs);
 // The kernel for head size hd (decode_supported: hd % 8 == 0, hd <= 256).
 template <class T>
 AttendKernel<T> attend_kernel(int hd) {
@@ -804,6 +853,10 @@ struct DecodeCuda::Impl {
     // The splits of a head combined in a cluster where they fit one (sm_90).
     const bool attn_cluster = splits > 1 && splits <= kClusterSplits && compute_capability() >= 90 && decode_on(Switch::attn_cluster);
     const size_t attn_smem = attend_smem(max_len, attn_threads / 32, hd, attn_cluster);
+    // One sequence's decode step: the attention forms q and the new key and value itself (lab run
+    // 105: batch 1 W4A16 +1.4%, NF4 +1.0%; at batch 8 and 32, where every split and query head
+    // forms them again, 0.5-1.6% slower).
+    const bool rope_fold = rows == 1 && decode_on(Switch::rope_fold);
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
     // step runs the kernel it would have saved).
@@ -869,13 +922,16 @@ struct DecodeCuda::Impl {
                  W.qkv_bias[0].size() ? D.bq.get() : nullptr, W.qkv_bias[1].size() ? D.bk.get() : nullptr, W.qkv_bias[2].size() ? D.bv.get() : nullptr,
                  W.q_norm.size() ? D.q_norm.get() : nullptr, W.k_norm.size() ? D.k_norm.get() : nullptr,
                  cos.get(), sin.get(), pos_d.get(), T_, nh, nkv, hd, half, max_len, eps};
-      launch_pdl("rope_append", pdl, -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
-                 reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
+      if (!rope_fold)
+        launch_pdl("rope_append", pdl, -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
+                   reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       mark();
+      RopeArgs folded_rope = a;   // the attention forms q, k, v itself where rope.q is set
+      if (!rope_fold) folded_rope.q = nullptr;
       launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
-                 reinterpret_cast<const T*>(qh.get()), reinterpret_cast<const T*>(D.K.get()), reinterpret_cast<const T*>(D.V.get()),
+                 reinterpret_cast<const T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()),
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
-                 reinterpret_cast<T*>(ctx.get()), splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get());
+                 reinterpret_cast<T*>(ctx.get()), splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get(), folded_rope);
       mark();
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
