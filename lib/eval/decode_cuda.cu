@@ -196,17 +196,26 @@ struct RopeArgs {
   float eps;
 };
 
-// Element i = threadIdx.x (< hd) of row r's head h of q (is_q) or k, as the cache and the
-// attention take it: the Linear's output plus its bias, the head's RMSNorm where the model has one
-// (Qwen3), rotated at position p; 0 past hd. Every thread of the CTA calls it (a reduction and
-// barriers); sh holds hd floats, red 32. Plain loads: the Linear before wrote its input (PDL).
-__device__ float rope_element(const RopeArgs& a, int r, int h, bool is_q, int p, float* sh, float* red) {
+// Thread i's cos and sin of position p for rotary (i < 2 half: index i mod half; else 1, 0):
+// constant tables, so the attention reads them before its PDL wait.
+__device__ __forceinline__ void rope_cos_sin(const RopeArgs& a, int p, float& cs, float& sn) {
+  const int i = threadIdx.x, j = i < a.half ? i : i - a.half;
+  cs = 1.0f, sn = 0.0f;
+  if (i < a.hd && i < 2 * a.half) cs = a.cos[size_t(p) * a.half + j], sn = a.sin[size_t(p) * a.half + j];
+}
+// Element i = threadIdx.x (< hd) of row r's head h of q (is_q) or k as the Linear wrote it, plus
+// its bias; 0 past hd. Plain loads: the Linear before wrote it (PDL).
+__device__ __forceinline__ float rope_input(const RopeArgs& a, int r, int h, bool is_q) {
   const int i = threadIdx.x;
   const float* src = is_q ? a.q : a.k;
   const float* bias = is_q ? a.bq : a.bk;
-  float x = 0;
-  if (i < a.hd) x = src[size_t(r) * (is_q ? a.q_stride : a.kv_stride) + h * a.hd + i] + (bias ? bias[h * a.hd + i] : 0.0f);
-  const float* nw = is_q ? a.q_norm : a.k_norm;
+  return i < a.hd ? src[size_t(r) * (is_q ? a.q_stride : a.kv_stride) + h * a.hd + i] + (bias ? bias[h * a.hd + i] : 0.0f) : 0.0f;
+}
+// That element as the cache and the attention take it: the head's RMSNorm where the model has one
+// (nw: Qwen3), then rotated with thread i's (cs, sn) (rope_cos_sin). Every thread of the CTA calls
+// it (a reduction and barriers); sh holds hd floats, red 32.
+__device__ float rope_rotate(const RopeArgs& a, float x, const float* nw, float cs, float sn, float* sh, float* red) {
+  const int i = threadIdx.x;
   if (nw) {
     const float ss = block_sum(i < a.hd ? x * x : 0.0f, red);
     if (i < a.hd) x = x * rsqrtf(ss / float(a.hd) + a.eps) * nw[i];
@@ -214,11 +223,7 @@ __device__ float rope_element(const RopeArgs& a, int r, int h, bool is_q, int p,
   __syncthreads();   // an earlier call's reads of sh are done
   if (i < a.hd) sh[i] = x;
   __syncthreads();
-  if (i < a.hd && i < 2 * a.half) {
-    const int j = i < a.half ? i : i - a.half;
-    const float cs = a.cos[size_t(p) * a.half + j], sn = a.sin[size_t(p) * a.half + j];
-    x = i < a.half ? sh[i] * cs - sh[i + a.half] * sn : sh[i] * cs + sh[i - a.half] * sn;
-  }
+  if (i < a.hd && i < 2 * a.half) x = i < a.half ? sh[i] * cs - sh[i + a.half] * sn : sh[i] * cs + sh[i - a.half] * sn;
   return x;
 }
 // Element i of row r's value head h: the Linear's output plus its bias.
@@ -236,7 +241,9 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   const int r = blockIdx.x, b = r / a.T, t = r % a.T, p = *a.pos + t;
   const bool is_q = int(blockIdx.y) < a.nh;
   const int h = is_q ? int(blockIdx.y) : int(blockIdx.y) - a.nh, i = threadIdx.x;
-  const float x = rope_element(a, r, h, is_q, p, sh, sh + a.hd);
+  float cs, sn;
+  rope_cos_sin(a, p, cs, sn);
+  const float x = rope_rotate(a, rope_input(a, r, h, is_q), is_q ? a.q_norm : a.k_norm, cs, sn, sh, sh + a.hd);
   if (i < a.hd && is_q) {
     qh[size_t(r) * a.nh * a.hd + h * a.hd + i] = from_f<T>(x);
   } else if (i < a.hd) {
@@ -296,12 +303,13 @@ __device__ __forceinline__ void combine_splits(int S, int hd, const float* recs,
 // go to partial [rows, nh, S, 2 + hd] and the last of the head's S CTAs to arrive (arrivals
 // [rows, nh], reset by it) combines them from there: a global write, an atomic and a read, each an
 // L2 round trip on the step's critical path (lab run 104: the cluster form 1.3-3.4% faster batch-1 steps).
-// With rope.q non-null (a decode step: one new token a row) the CTA forms q, and the CTA whose
-// split holds the new position its key and value, from the q, k, v Linear's output itself
-// (rope_element: rope_append's arithmetic, rounded to T as the cache holds them); the CTA of the
-// first query head of a key/value group appends them to the cache. No CTA reads that position
-// from the cache in this launch, so the append needs no ordering here (lab run 105: the rotary
-// kernel off each layer's chain, ~0.7 us a layer at batch 1).
+// With rope.q non-null (a batch-1 decode step) the CTA forms q, and the CTA whose split holds the
+// new position its key and value, from the q, k, v Linear's output itself (rope_rotate:
+// rope_append's arithmetic, rounded to T as the cache holds them; cos and sin read before the
+// wait, the three inputs together after it); the CTA of the first query head of a key/value group
+// appends them to the cache. No CTA reads that position from the cache in this launch, so the
+// append needs no ordering here (lab runs 105, 108: a kernel less a layer, batch 1 W4A16 +2.7%,
+// NF4 +2.2%).
 template <class T, int L>
 __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx, float* partial, int* arrivals, RopeArgs rope) {
@@ -340,6 +348,8 @@ __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh
     early[u] = j0 <= last && j < p0;
     if (early[u]) kr[u] = row(K, j), vr[u] = row(V, j);
   }
+  float cs = 1.0f, sn = 0.0f;   // the new position's rotary (rope.q set)
+  if (rope.q) rope_cos_sin(rope, end, cs, sn);
   pdl_begin();
   if (j0 > last) {   // an empty split (uniform over the CTA; S > 1)
     for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) rec[i] = i == 0 ? -FLT_MAX : 0.0f;
@@ -348,13 +358,16 @@ __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh
     const bool fresh = rope.q && last == end;   // this split holds the new position, formed here (uniform)
     uint4 kn = make_uint4(0, 0, 0, 0), vn = kn;   // its key and value rows (dims d0 .. d0 + 7), as the cache holds them
     if (rope.q) {
-      // part (written only after P·V) holds q, the new key and value, and rope_element's scratch.
+      // part (written only after P·V) holds q, the new key and value, and rope_rotate's scratch.
+      // The q, k and v inputs are read together: one L2 round trip.
       const int i = threadIdx.x;
-      const float x = rope_element(rope, r, h, true, end, part + 3 * hd, red);
+      const float xq = rope_input(rope, r, h, true), xk = fresh ? rope_input(rope, r, kvh, false) : 0.0f;
+      const float xv = fresh && i < hd ? value_element(rope, r, kvh, i) : 0.0f;
+      const float x = rope_rotate(rope, xq, rope.q_norm, cs, sn, part + 3 * hd, red);
       if (i < hd) part[i] = to_f(from_f<T>(x));
       if (fresh) {
-        const float k = rope_element(rope, r, kvh, false, end, part + 3 * hd, red);
-        if (i < hd) part[hd + i] = k, part[2 * hd + i] = value_element(rope, r, kvh, i);
+        const float k = rope_rotate(rope, xk, rope.k_norm, cs, sn, part + 3 * hd, red);
+        if (i < hd) part[hd + i] = k, part[2 * hd + i] = xv;
       }
       __syncthreads();
       if (on) {
@@ -853,9 +866,9 @@ struct DecodeCuda::Impl {
     // The splits of a head combined in a cluster where they fit one (sm_90).
     const bool attn_cluster = splits > 1 && splits <= kClusterSplits && compute_capability() >= 90 && decode_on(Switch::attn_cluster);
     const size_t attn_smem = attend_smem(max_len, attn_threads / 32, hd, attn_cluster);
-    // One sequence's decode step: the attention forms q and the new key and value itself (lab run
-    // 105: batch 1 W4A16 +1.4%, NF4 +1.0%; at batch 8 and 32, where every split and query head
-    // forms them again, 0.5-1.6% slower).
+    // One sequence's decode step: the attention forms q and the new key and value itself (lab runs
+    // 105, 108: batch 1 W4A16 +2.7%, NF4 +2.2%; at batch 8 and 32, where every split and query
+    // head forms them again, 0.5-1.6% slower in run 105's form).
     const bool rope_fold = rows == 1 && decode_on(Switch::rope_fold);
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
