@@ -232,8 +232,8 @@ __device__ __forceinline__ float value_element(const RopeArgs& a, int r, int h, 
 }
 
 // grid (rows, nh + nkv), block hd threads (rounded up to 32). Head h < nh: a query head; else
-// the key/value head h - nh. A batch-1 decode step folds this into the attention (attend, rope.q
-// non-null); the prompt's rows, whose attention reads each other's keys, and batches run it first.
+// the key/value head h - nh. A batch-1 decode step folds this into the attention (attend with
+// kRope); the prompt's rows, whose attention reads each other's keys, and batches run it first.
 template <class T>
 __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   extern __shared__ float sh[];           // hd values + 32 for the reduction
@@ -303,14 +303,15 @@ __device__ __forceinline__ void combine_splits(int S, int hd, const float* recs,
 // go to partial [rows, nh, S, 2 + hd] and the last of the head's S CTAs to arrive (arrivals
 // [rows, nh], reset by it) combines them from there: a global write, an atomic and a read, each an
 // L2 round trip on the step's critical path (lab run 104: the cluster form 1.3-3.4% faster batch-1 steps).
-// With rope.q non-null (a batch-1 decode step) the CTA forms q, and the CTA whose split holds the
+// With kRope (a batch-1 decode step) the CTA forms q, and the CTA whose split holds the
 // new position its key and value, from the q, k, v Linear's output itself (rope_rotate:
 // rope_append's arithmetic, rounded to T as the cache holds them; cos and sin read before the
 // wait, the three inputs together after it); the CTA of the first query head of a key/value group
 // appends them to the cache. No CTA reads that position from the cache in this launch, so the
 // append needs no ordering here (lab runs 105, 108: a kernel less a layer, batch 1 W4A16 +2.7%,
-// NF4 +2.2%).
-template <class T, int L>
+// NF4 +2.2%). Its own instantiation: in the one kernel the fold's code took the attention from 69
+// to 86 registers, 2 CTAs an SM instead of 3, and prefill and batch 8 lost 4-8% (run 110).
+template <class T, int L, bool kRope>
 __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx, float* partial, int* arrivals, RopeArgs rope) {
   constexpr int P = 32 / L, U = 4;   // positions per warp step; steps per batch of loads in flight
@@ -348,16 +349,16 @@ __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh
     early[u] = j0 <= last && j < p0;
     if (early[u]) kr[u] = row(K, j), vr[u] = row(V, j);
   }
-  float cs = 1.0f, sn = 0.0f;   // the new position's rotary (rope.q set)
-  if (rope.q) rope_cos_sin(rope, end, cs, sn);
+  float cs = 1.0f, sn = 0.0f;   // the new position's rotary (kRope)
+  if constexpr (kRope) rope_cos_sin(rope, end, cs, sn);
   pdl_begin();
   if (j0 > last) {   // an empty split (uniform over the CTA; S > 1)
     for (int i = threadIdx.x; i < hd + 2; i += blockDim.x) rec[i] = i == 0 ? -FLT_MAX : 0.0f;
   } else {
     float q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    const bool fresh = rope.q && last == end;   // this split holds the new position, formed here (uniform)
+    const bool fresh = kRope && last == end;   // this split holds the new position, formed here (uniform)
     uint4 kn = make_uint4(0, 0, 0, 0), vn = kn;   // its key and value rows (dims d0 .. d0 + 7), as the cache holds them
-    if (rope.q) {
+    if constexpr (kRope) {
       // part (written only after P·V) holds q, the new key and value, and rope_rotate's scratch.
       // The q, k and v inputs are read together: one L2 round trip.
       const int i = threadIdx.x;
@@ -505,13 +506,15 @@ __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh
 
 template <class T>
 using AttendKernel = void (*)(const T*, T*, T*, const int*, int, int, int, int, int, int, float, T*, float*, int*, RopeArgs);
-// The kernel for head size hd (decode_supported: hd % 8 == 0, hd <= 256).
-template <class T>
-AttendKernel<T> attend_kernel(int hd) {
+// The kernel for head size hd (decode_supported: hd % 8 == 0, hd <= 256), with the rotary folded in or not.
+template <class T, bool kRope>
+AttendKernel<T> attend_kernel_of(int hd) {
   const int lanes = hd / 8;
-  return lanes <= 1 ? attend<T, 1> : lanes <= 2 ? attend<T, 2> : lanes <= 4 ? attend<T, 4> : lanes <= 8 ? attend<T, 8>
-       : lanes <= 16 ? attend<T, 16> : attend<T, 32>;
+  return lanes <= 1 ? attend<T, 1, kRope> : lanes <= 2 ? attend<T, 2, kRope> : lanes <= 4 ? attend<T, 4, kRope> : lanes <= 8 ? attend<T, 8, kRope>
+       : lanes <= 16 ? attend<T, 16, kRope> : attend<T, 32, kRope>;
 }
+template <class T>
+AttendKernel<T> attend_kernel(int hd, bool rope) { return rope ? attend_kernel_of<T, true>(hd) : attend_kernel_of<T, false>(hd); }
 
 // act [rows, f] = silu(g) * u; g and u rows `stride` apart (f apart, or 2f: one stacked gate_up Linear).
 template <class T>
@@ -939,12 +942,10 @@ struct DecodeCuda::Impl {
         launch_pdl("rope_append", pdl, -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
                    reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       mark();
-      RopeArgs folded_rope = a;   // the attention forms q, k, v itself where rope.q is set
-      if (!rope_fold) folded_rope.q = nullptr;
-      launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
+      launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd, rope_fold), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
                  reinterpret_cast<const T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()),
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
-                 reinterpret_cast<T*>(ctx.get()), splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get(), folded_rope);
+                 reinterpret_cast<T*>(ctx.get()), splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get(), a);
       mark();
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
@@ -1047,8 +1048,10 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   if (attn_smem > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~48k positions");
   m.B = batch;
   m.max_len = max_len;
-  PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__half>(c.head_dim), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
-  PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__nv_bfloat16>(c.head_dim), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
+  for (bool rope : {false, true}) {
+    PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__half>(c.head_dim, rope), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
+    PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__nv_bfloat16>(c.head_dim, rope), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
+  }
   for (const DecodeLayer& W : w.layers) {
     Impl::LayerDev D;
     D.in_norm = upload_f32(W.in_norm, "decode norms");
