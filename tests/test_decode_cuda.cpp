@@ -103,6 +103,42 @@ TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels
   }
 }
 
+// The attention's other forms against the ones the greedy test above checks against the CPU (at
+// batch 1 with a 512-position cache: up to 8 splits a head, combined in a cluster on sm_90, the
+// rotary formed by the attention): 16 splits (a 1,024-position cache), combined through global
+// memory; and two sequences at once, whose step runs the rotary kernel. Same tokens, logits within
+// fp32 summation order.
+TEST_CASE("decode cuda: the attention's global split combine and the batched rotary decode as the batch-1 cluster form") {
+  PTQ_REQUIRE_GPU();
+  LlamaConfig c = parse_config(synth_config_json("small", 2, DType::F16), "small");
+  c.max_position_embeddings = 1024;
+  const cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, "w4a16", true);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((7 * i + 3) % int(c.vocab_size));
+  auto run = [&](int batch, int max_len, std::vector<int32_t>& tokens) {
+    cuda::DecodeCuda d(w, batch, max_len);
+    std::vector<int32_t> p;
+    for (int b = 0; b < batch; ++b) p.insert(p.end(), prompt.begin(), prompt.end());
+    d.feed(p, int(prompt.size()));
+    tokens = d.decode_greedy(12);
+    return MatF(d.logits().row(0));
+  };
+  std::vector<int32_t> t_cluster, t_global, t_batched;
+  const MatF l_cluster = run(1, 512, t_cluster);   // 8 splits: one cluster a head where sm_90
+  const MatF l_global = run(1, 1024, t_global);    // 16 splits: through global memory
+  const MatF l_batched = run(2, 512, t_batched);   // two rows: the rotary kernel, 8 splits
+  const double scale = l_cluster.cwiseAbs().maxCoeff();
+  CHECK(t_global == t_cluster);
+  REQUIRE(t_batched.size() == 24);   // [step, sequence]
+  for (int b = 0; b < 2; ++b) {
+    std::vector<int32_t> seq;
+    for (int i = 0; i < 12; ++i) seq.push_back(t_batched[size_t(2 * i + b)]);
+    CHECK(seq == t_cluster);
+  }
+  CHECK((l_global - l_cluster).cwiseAbs().maxCoeff() <= 1e-3 * scale);
+  CHECK((l_batched - l_cluster).cwiseAbs().maxCoeff() <= 1e-3 * scale);
+}
+
 // W8A8 checkpoints (SmoothQuant with per-token activations; static per-tensor ones): the GPU decode
 // against the CPU reference, whose W8A8 Linears quantize fp32 activations (the GPU's are rounded to
 // 16 bits first, as every GPU Linear takes them: greedy tokens equal, logits within 2%). The decode
