@@ -309,7 +309,7 @@ __device__ __forceinline__ void combine_splits(int S, int hd, const float* recs,
 // wait, the three inputs together after it); the CTA of the first query head of a key/value group
 // appends them to the cache. No CTA reads that position from the cache in this launch, so the
 // append needs no ordering here (lab runs 105, 108: a kernel less a layer, batch 1 W4A16 +2.7%,
-// NF4 +2.2%). Its own instantiation: in the one kernel the fold's code took the attention from 69
+// NF4 +2.2%). Its own instantiation: in the one kernel the fold's code took the attention from 64
 // to 86 registers, 2 CTAs an SM instead of 3, and prefill and batch 8 lost 4-8% (run 110).
 template <class T, int L, bool kRope>
 __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
