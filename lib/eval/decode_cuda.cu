@@ -5,10 +5,10 @@
 //   rmsnorm_rows    xn [rows, d] 16-bit = X / rms(X) * w, one CTA per row, fp32 statistics
 //                   (rmsnorm_rows_vec: the same with the row in registers)
 //   rope_append     per (row, head): bias, Qwen3 head norm, rotary at pos + t; q -> 16-bit q,
-//                   k, v -> the cache at [b, pos + t]
+//                   k, v -> the cache at [b, pos + t] (at batch 1 the attention does this itself)
 //   attend          per (row, head[, split]): scores over the cached positions <= its own
-//                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: the
-//                   last split to finish combines them)
+//                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: one
+//                   cluster a head combining in shared memory, or the last split to finish)
 //   silu_mul        act = silu(g) * u -> 16-bit
 //   rmsnorm_quant_rows_vec, silu_mul_quant_rows (silu_mul_quant_cluster: a cluster of CTAs a row)
 //                   the same two with their output quantized to int8 for W8A8 Linears
