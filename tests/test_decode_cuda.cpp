@@ -20,8 +20,10 @@ using namespace ptq;
 
 namespace {
 // The checkpoint at path (default: the shared model) against the CPU; the prompt: the first
-// `prefix` tokens of the model's golden input.
-void check_gpu_greedy(const std::string& model, int prefix, int steps, std::string path = "") {
+// `prefix` tokens of the model's golden input, fed to each of `batch` sequences. The cache: up to
+// 512 positions, or `cache` where given (the model's context raised to it where shorter: the steps
+// stay well inside the trained one).
+void check_gpu_greedy(const std::string& model, int prefix, int steps, std::string path = "", int cache = 0, int batch = 1) {
   if (path.empty()) path = ptqtest::assets() + "/models/" + model;
   auto m = open_model(path);
   SafetensorsFile g(ptqtest::assets() + "/golden/golden-" + model + ".safetensors");
@@ -40,20 +42,29 @@ void check_gpu_greedy(const std::string& model, int prefix, int steps, std::stri
     cpu_logits.push_back(l);
   }
   cuda::GpuLogits gl(*m, path);
-  // A cache of up to 512 positions: at batch 1 the attention then splits each head's positions
-  // over several CTAs (max_len / 64, at most 8) and combines them.
-  cuda::DecodeCuda dec(gl.decode_weights(), 1, std::min(m->config().max_position_embeddings, 512));
-  dec.feed(prompt, prefix);
+  // At batch 1 and 2 the attention splits each head's positions over several CTAs (max_len / 64,
+  // at most 16) and combines them: up to 8 in a cluster (sm_90), more through global memory.
+  cuda::DecodeWeights w = gl.decode_weights();
+  if (cache) w.c.max_position_embeddings = std::max(w.c.max_position_embeddings, cache);
+  const int max_len = cache ? cache : std::min(w.c.max_position_embeddings, 512);
+  cuda::DecodeCuda dec(std::move(w), batch, max_len);
+  std::vector<int32_t> prompts;
+  for (int b = 0; b < batch; ++b) prompts.insert(prompts.end(), prompt.begin(), prompt.end());
+  dec.feed(prompts, prefix);
   const MatF first = dec.logits();
   double maxd = 0, scale = 0;
   for (Eigen::Index j = 0; j < first.cols(); ++j) {
     maxd = std::max(maxd, double(std::abs(first(0, j) - cpu_logits[0][j])));
     scale = std::max(scale, double(std::abs(cpu_logits[0][j])));
   }
-  const std::vector<int32_t> got = dec.decode_greedy(steps);
-  INFO(model << ": prefill logits max |GPU - CPU| " << maxd << " (largest |logit| " << scale << ")");
+  const std::vector<int32_t> got = dec.decode_greedy(steps);   // [step, sequence]
+  INFO(model << ", cache " << max_len << ", batch " << batch << ": prefill logits max |GPU - CPU| " << maxd << " (largest |logit| " << scale << ")");
   CHECK(maxd < 0.02 * scale);
-  CHECK(got == want);
+  for (int b = 0; b < batch; ++b) {
+    std::vector<int32_t> seq;
+    for (int i = 0; i < steps; ++i) seq.push_back(got[size_t(i * batch + b)]);
+    CHECK(seq == want);
+  }
 }
 }  // namespace
 
@@ -103,40 +114,15 @@ TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels
   }
 }
 
-// The attention's other forms against the ones the greedy test above checks against the CPU (at
-// batch 1 with a 512-position cache: up to 8 splits a head, combined in a cluster on sm_90, the
-// rotary formed by the attention): 16 splits (a 1,024-position cache), combined through global
-// memory; and two sequences at once, whose step runs the rotary kernel. Same tokens, logits within
-// fp32 summation order.
-TEST_CASE("decode cuda: the attention's global split combine and the batched rotary decode as the batch-1 cluster form") {
+// The attention's other forms against the CPU: 16 splits a head at batch 1 (a 1,024-position
+// cache), combined through global memory rather than in a cluster; two sequences, whose decode
+// steps run the rotary kernel rather than the attention's own rotary.
+TEST_CASE("decode cuda: the attention's global split combine and the batched rotary kernel give the CPU reference's greedy tokens") {
   PTQ_REQUIRE_GPU();
-  LlamaConfig c = parse_config(synth_config_json("small", 2, DType::F16), "small");
-  c.max_position_embeddings = 1024;
-  const cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, "w4a16", true);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 40; ++i) prompt.push_back((7 * i + 3) % int(c.vocab_size));
-  auto run = [&](int batch, int max_len, std::vector<int32_t>& tokens) {
-    cuda::DecodeCuda d(w, batch, max_len);
-    std::vector<int32_t> p;
-    for (int b = 0; b < batch; ++b) p.insert(p.end(), prompt.begin(), prompt.end());
-    d.feed(p, int(prompt.size()));
-    tokens = d.decode_greedy(12);
-    return MatF(d.logits().row(0));
-  };
-  std::vector<int32_t> t_cluster, t_global, t_batched;
-  const MatF l_cluster = run(1, 512, t_cluster);   // 8 splits: one cluster a head where sm_90
-  const MatF l_global = run(1, 1024, t_global);    // 16 splits: through global memory
-  const MatF l_batched = run(2, 512, t_batched);   // two rows: the rotary kernel, 8 splits
-  const double scale = l_cluster.cwiseAbs().maxCoeff();
-  CHECK(t_global == t_cluster);
-  REQUIRE(t_batched.size() == 24);   // [step, sequence]
-  for (int b = 0; b < 2; ++b) {
-    std::vector<int32_t> seq;
-    for (int i = 0; i < 12; ++i) seq.push_back(t_batched[size_t(2 * i + b)]);
-    CHECK(seq == t_cluster);
-  }
-  CHECK((l_global - l_cluster).cwiseAbs().maxCoeff() <= 1e-3 * scale);
-  CHECK((l_batched - l_cluster).cwiseAbs().maxCoeff() <= 1e-3 * scale);
+  PTQ_REQUIRE_ASSETS();
+  check_gpu_greedy("stories260k", 32, 16, "", 1024, 1);
+  check_gpu_greedy("stories260k", 32, 16, "", 512, 2);
+  check_gpu_greedy("tiny-qwen3", 16, 8, "", 512, 2);   // head norms and GQA in the rotary kernel
 }
 
 // W8A8 checkpoints (SmoothQuant with per-token activations; static per-tensor ones): the GPU decode
