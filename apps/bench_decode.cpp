@@ -2,7 +2,11 @@
 // synthetic checkpoint of a preset's shapes (random weights on the GPU), beside each format's
 // floor: the bytes one step reads (weights, plus the KV cache at the mean position) at the
 // device-to-device copy bandwidth measured in the same run. Prompt P tokens (prefill, timed),
-// then D tokens decoded greedily on the device (timed).
+// then D tokens decoded greedily on the device (timed). Beside it the chain floor: the step's
+// launch structure (argmax, embed; per layer norm, the q, k, v Linear(s), attention, o, norm, the
+// gate, up Linear(s), down; norm, lm_head, advance) as a graph of kernels that only read each
+// stage's bytes (kernels/bench_kernels.h: stream_chain_ms), so what the step's kernel count and
+// dependencies cost with ideal bodies, measured in the same run.
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -20,6 +24,7 @@
 
 #include "cuda/runtime.h"
 #include "eval/decode_cuda.h"
+#include "kernels/bench_kernels.h"
 #endif
 
 namespace ptq {
@@ -48,7 +53,11 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   }
   std::printf("bench decode on %s: %s (%d layers), prompt %d then %d tokens greedy; q, k, v and gate, up %s; copy %.0f GB/s (read + write)\n",
               cuda::describe().c_str(), a.preset.c_str(), c.num_hidden_layers, P, D, a.apart ? "apart" : "stacked", copy_gbs);
-  std::printf("%-7s %5s | %9s %8s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "vs f16", "prefill t/s");
+  // The step's launches alone: the chain of a stacked step's kernel count, each reading 16 bytes.
+  const double empty_chain_ms = cuda::stream_chain_ms(std::vector<double>(size_t(5 + 7 * c.num_hidden_layers), 16.0), 20);
+  std::printf("chain of %d empty links (the step's launches alone): %.3f ms\n", 5 + 7 * c.num_hidden_layers, empty_chain_ms);
+  std::printf("%-7s %5s | %9s %8s | %9s %6s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "chain", "%chain", "vs f16",
+              "prefill t/s");
   nlohmann::json rows = nlohmann::json::array();
   std::map<int, double> f16_tps;
   // f16 first where it is asked for: the other formats' "vs f16" is against it (a format without
@@ -82,22 +91,40 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       // Per step: the weights once, and each sequence's K and V up to the mean position.
       const double kv = 2.0 * 2.0 * double(c.kv_dim()) * c.num_hidden_layers * double(B) * (P + D / 2.0);
       const double floor_tps = double(B) / ((wbytes + kv) / (copy_gbs * 1e9));
+      // The chain floor's kernels (the header), each reading its stage's bytes: activations in
+      // fp32 (the residual) or 16-bit, norm weights in fp32, the cache's K and V of each layer.
+      const double d = double(c.hidden_size), act = double(B) * d;
+      std::vector<double> chain = {double(B) * c.vocab_size * 4, act * 2};
+      for (int l = 0; l < c.num_hidden_layers; ++l) {
+        const auto& lb = shared->layer_linear_bytes;
+        chain.push_back(act * 4 + d * 4);
+        chain.insert(chain.end(), lb[0].begin(), lb[0].end());
+        chain.push_back(kv / c.num_hidden_layers);
+        chain.insert(chain.end(), lb[1].begin(), lb[1].end());
+        chain.push_back(act * 4 + d * 4);
+        chain.insert(chain.end(), lb[2].begin(), lb[2].end());
+        chain.insert(chain.end(), lb[3].begin(), lb[3].end());
+      }
+      chain.insert(chain.end(), {act * 4 + d * 4, double(c.vocab_size) * d * 2, 4.0});
+      const double chain_tps = double(B) / (cuda::stream_chain_ms(chain, 20) * 1e-3);
       if (fmt == "f16") f16_tps[B] = tps;
       const bool have_f16 = f16_tps.count(B) > 0;
       const double vs = have_f16 ? tps / f16_tps[B] : 0;
       char vs_text[16];
       if (have_f16) std::snprintf(vs_text, sizeof vs_text, "%7.2fx", vs);
       else std::snprintf(vs_text, sizeof vs_text, "%8s", "-");
-      std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %s | %11.0f%s\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps, vs_text,
-                  double(B) * P / prefill_s, dec.graph_used() ? "  graph" : "");
+      std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %9.1f %5.1f%% | %s | %11.0f%s\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps,
+                  chain_tps, 100 * tps / chain_tps, vs_text, double(B) * P / prefill_s, dec.graph_used() ? "  graph" : "");
       std::fflush(stdout);
       rows.push_back({{"format", fmt}, {"batch", B}, {"tok_s", tps}, {"ms_per_step", step_ms}, {"floor_tok_s", floor_tps},
+                      {"chain_floor_tok_s", chain_tps}, {"chain_kernels", chain.size()},
                       {"weight_bytes_per_step", wbytes}, {"kv_bytes_per_step", kv}, {"prefill_tok_s", double(B) * P / prefill_s},
                       {"vs_f16", have_f16 ? nlohmann::json(vs) : nlohmann::json(nullptr)}, {"graph", dec.graph_used()}});
     }
   }
   if (!a.json_out.empty())
-    write_file_atomic(a.json_out, nlohmann::json({{"device", cuda::describe()}, {"preset", a.preset}, {"stacked", !a.apart}, {"copy_gbs", copy_gbs}, {"prompt", P},
+    write_file_atomic(a.json_out, nlohmann::json({{"device", cuda::describe()}, {"preset", a.preset}, {"stacked", !a.apart}, {"copy_gbs", copy_gbs},
+                                                  {"empty_chain_ms", empty_chain_ms}, {"prompt", P},
                                                   {"decode", D}, {"rows", rows}}).dump(2) + "\n");
   return 0;
 #endif

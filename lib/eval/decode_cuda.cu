@@ -1208,6 +1208,7 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
   }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     DecodeLayer L;
+    double before = w.step_weight_bytes;
     L.in_norm = VecF::Ones(d);
     L.post_norm = VecF::Ones(d);
     if (c.qk_norm) L.q_norm = L.k_norm = VecF::Ones(c.head_dim);
@@ -1253,6 +1254,11 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
         fn = [qp](const void* x, int64_t rows, float* y, float beta) { qp->gemm_f32(x, rows, y, beta); };
         w.step_weight_bytes += double(qp->weight_bytes());
       }
+      if (l == 0) {
+        const int stage = p == Proj::o ? 1 : p == Proj::gate_up || p == Proj::gate || p == Proj::up ? 2 : p == Proj::down ? 3 : 0;
+        w.layer_linear_bytes[size_t(stage)].push_back(w.step_weight_bytes - before);
+      }
+      before = w.step_weight_bytes;
     }
     w.step_weight_bytes += double(d) * 8;
     w.layers.push_back(std::move(L));

@@ -67,6 +67,9 @@ struct DecodeWeights {
   const void* embed = nullptr;           // [vocab, hidden] in dt, device
   std::vector<std::shared_ptr<void>> owners;   // keep the device weights the functions use alive
   double step_weight_bytes = 0;          // weight bytes one step reads (Linears, lm_head, norms)
+  // One layer's Linears' bytes by stage, in step order: q, k, v (or the stacked qkv); o; gate, up
+  // (or gate_up); down. Synthetic weights only (bench decode's chain floor); empty otherwise.
+  std::array<std::vector<double>, 4> layer_linear_bytes;
   std::string what;                      // what runs the Linears
 };
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "cuda/pdl.cuh"
 #include "cuda/random.h"
 #include "cuda/runtime.h"
 #include "kernels/bench_kernels.h"
@@ -266,6 +267,97 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     }
   }
   cublasDestroy(h);
+}
+
+// ---- the chain floor (bench_kernels.h: stream_chain_ms)
+
+namespace {
+// One link of stream_chain_ms: the n uint4 at p read once by a grid-stride walk, U 16-byte
+// streaming loads (__ldcs) a thread in flight; the first U issued before the wait for the previous
+// kernel (as the A16 kernels issue their first batch of codes), the rest after. The XOR of what it read keeps the loads live (it is
+// stored only when it equals a constant no random pool is likely to give); the output word is the
+// previous kernel's plus one, written after the wait: the dependency the step's kernels have.
+constexpr int kChainThreads = 256;
+template <int U>
+__global__ void __launch_bounds__(kChainThreads) stream_link(const uint4* __restrict__ p, int64_t n, const int* prev, int* next) {
+  pdl::allow_dependents();
+  const int64_t stride = int64_t(gridDim.x) * kChainThreads;
+  int64_t i = int64_t(blockIdx.x) * kChainThreads + threadIdx.x;
+  uint32_t acc = 0;
+  auto load = [&](uint4 (&v)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = i + u * stride < n ? __ldcs(p + i + u * stride) : make_uint4(0, 0, 0, 0);
+    i += U * stride;
+  };
+  auto fold = [&](const uint4 (&v)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  };
+  uint4 v[U];
+  load(v);
+  pdl::wait_prior_grid();
+  fold(v);
+  while (i < n) {
+    load(v);
+    fold(v);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) next[0] = __ldcg(prev) + 1;
+  if (acc == 0x9e3779b9u) next[1] = int(acc);
+}
+int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : dflt;
+}
+}  // namespace
+
+double stream_chain_ms(const std::vector<double>& bytes, int reps) {
+  std::vector<int64_t> n(bytes.size()), at(bytes.size() + 1, 0);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    n[i] = std::max<int64_t>(1, int64_t(bytes[i] / 16.0 + 0.5));
+    at[i + 1] = at[i] + (n[i] + 15) / 16 * 16;   // each region 256-byte aligned
+  }
+  DeviceBuffer<uint4> pool(size_t(at.back()), "chain floor regions");
+  DeviceBuffer<int> words(2 * (bytes.size() + 1), "chain floor words");
+  PTQ_CUDA(cudaMemset(pool.get(), 0x5a, size_t(at.back()) * 16));
+  PTQ_CUDA(cudaMemset(words.get(), 0, words.size() * sizeof(int)));
+  int dev = 0, sms = 0;
+  PTQ_CUDA(cudaGetDevice(&dev));
+  PTQ_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  // 16 loads a thread in flight, 2,048 threads an SM for a large region (fewer CTAs for a small
+  // one, a thread's first U loads covering it): the fastest of the
+  // sweep over 4, 8, 16 loads and 1,024, 2,048 threads (docs/lab/2026-11-24-decode-h200.md run
+  // 116: 512 KB in flight an SM; 64 KB reads the W4A16 step's bytes 30% slower).
+  // PTQKIT_CHAIN_UNROLL (4, 8 or 16) and PTQKIT_CHAIN_THREADS repeat the sweep.
+  const int U = env_int("PTQKIT_CHAIN_UNROLL", 16), per_sm = env_int("PTQKIT_CHAIN_THREADS", 2048);
+  const int64_t full = int64_t(sms) * std::max(1, per_sm / kChainThreads);
+  auto kern = U >= 16 ? stream_link<16> : U >= 8 ? stream_link<8> : stream_link<4>;
+  const int u = U >= 16 ? 16 : U >= 8 ? 8 : 4;
+  cudaStream_t s = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  PTQ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  set_current_stream(s);
+  PTQ_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const int64_t ctas = std::clamp<int64_t>((n[i] + kChainThreads * u - 1) / (kChainThreads * u), 1, full);
+    launch_pdl("stream_link", true, -1, kern, dim3(unsigned(ctas)), dim3(kChainThreads), 0, pool.get() + at[i], n[i], words.get() + 2 * i,
+               words.get() + 2 * (i + 1));
+  }
+  PTQ_CUDA(cudaStreamEndCapture(s, &graph));
+  set_current_stream(nullptr);
+  PTQ_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  Timer t;
+  PTQ_CUDA(cudaGraphLaunch(exec, s));
+  PTQ_CUDA(cudaEventRecord(t.a, s));
+  for (int r = 0; r < reps; ++r) PTQ_CUDA(cudaGraphLaunch(exec, s));
+  PTQ_CUDA(cudaEventRecord(t.b, s));
+  PTQ_CUDA(cudaEventSynchronize(t.b));
+  float ms = 0;
+  PTQ_CUDA(cudaEventElapsedTime(&ms, t.a, t.b));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  return double(ms) / reps;
 }
 
 }  // namespace ptq::cuda

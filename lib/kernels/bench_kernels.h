@@ -20,4 +20,16 @@ std::unique_ptr<Nf4Linear> random_nf4_linear(int64_t N, int64_t K, float absmax,
 // shapes: (N = out, K = in); prints one line per (kernel, shape, M). kernels: any of w4a16, w8a16,
 // nf4, w8a8.
 void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs, const std::vector<std::string>& kernels);
+
+// A chain of dependent launches with ideal bodies (`bench decode`'s chain floor): one CUDA graph
+// of bytes.size() kernels, kernel i reading bytes[i] bytes once (16-byte streaming loads from a
+// region of its own, so no byte comes from L2 across replays) and doing nothing else. Each is
+// launched as the decode step's kernels are (programmatic dependent launch): it lets the next one
+// launch at once, issues its first loads (16 a thread, 2,048 threads an SM) before it waits for
+// the one before, and
+// after the wait reads that one's output word and writes its own. What a step of that many
+// kernels with those bytes costs when every kernel streams at the rate the hardware gives a lone
+// read; the step's own kernels also multiply, dequantize and reduce. Returns ms per replay, the
+// mean of `reps` replays after one untimed.
+double stream_chain_ms(const std::vector<double>& bytes, int reps);
 }
