@@ -53,9 +53,11 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   }
   std::printf("bench decode on %s: %s (%d layers), prompt %d then %d tokens greedy; q, k, v and gate, up %s; copy %.0f GB/s (read + write)\n",
               cuda::describe().c_str(), a.preset.c_str(), c.num_hidden_layers, P, D, a.apart ? "apart" : "stacked", copy_gbs);
-  // The step's launches alone: the chain of a stacked step's kernel count, each reading 16 bytes.
-  const double empty_chain_ms = cuda::stream_chain_ms(std::vector<double>(size_t(5 + 7 * c.num_hidden_layers), 16.0), 20);
-  std::printf("chain of %d empty links (the step's launches alone): %.3f ms\n", 5 + 7 * c.num_hidden_layers, empty_chain_ms);
+  // The step's launches alone: the chain floor's kernel count (below: 5, and per layer 3 and its
+  // Linears, 4 stacked or 7 apart), each reading 16 bytes.
+  const int chain_links = 5 + (3 + (a.apart ? 7 : 4)) * c.num_hidden_layers;
+  const double empty_chain_ms = cuda::stream_chain_ms(std::vector<double>(size_t(chain_links), 16.0), 20);
+  std::printf("chain of %d empty links (the step's launches alone): %.3f ms\n", chain_links, empty_chain_ms);
   std::printf("%-7s %5s | %9s %8s | %9s %6s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "chain", "%chain", "vs f16",
               "prefill t/s");
   nlohmann::json rows = nlohmann::json::array();

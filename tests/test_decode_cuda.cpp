@@ -54,7 +54,7 @@ void check_gpu_greedy(const std::string& model, int prefix, int steps, std::stri
   const MatF first = dec.logits();
   double maxd = 0, scale = 0;
   for (Eigen::Index j = 0; j < first.cols(); ++j) {
-    maxd = std::max(maxd, double(std::abs(first(0, j) - cpu_logits[0][j])));
+    for (int b = 0; b < batch; ++b) maxd = std::max(maxd, double(std::abs(first(b, j) - cpu_logits[0][j])));   // every sequence's
     scale = std::max(scale, double(std::abs(cpu_logits[0][j])));
   }
   const std::vector<int32_t> got = dec.decode_greedy(steps);   // [step, sequence]
