@@ -14,7 +14,7 @@ strip .device/bin/ptqkit .device/bin/test_cuda   # symbols off, and compressed: 
 gzip -6 .device/bin/ptqkit .device/bin/test_cuda  # (scripts/device-env.sh unpacks them on the GPU machine)
 # A base build to compare against on the GPU (scripts/device-compare.sh): BASE_PTQKIT=path/to/ptqkit,
 # built the same way (-DPTQKIT_NATIVE=OFF -DPTQKIT_MARCH=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES=90).
-if [ -n "${BASE_PTQKIT:-}" ]; then mkdir -p .device/base && cp "$BASE_PTQKIT" .device/base/ptqkit; fi
+if [ -n "${BASE_PTQKIT:-}" ]; then mkdir -p .device/base && strip -o .device/base/ptqkit "$BASE_PTQKIT" && gzip -6 .device/base/ptqkit; fi
 for l in libyaml-cpp.so.0.7 libsentencepiece.so.0 libcrypto.so.3 libgomp.so.1; do cp -L "/lib/x86_64-linux-gnu/$l" .device/lib/; done
 A=${PTQKIT_ASSETS:-../shared/assets}
 cp -r "$A/models/distilled-13m" "$A/models/stories260k" "$A/models/llama2xs" .device/assets/models/

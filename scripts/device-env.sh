@@ -4,7 +4,7 @@
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${OUT:-runs/device}
 mkdir -p "$out"
-for z in .device/bin/*.gz; do   # scripts/device-build.sh packs the binaries (the carry limit)
+for z in .device/bin/*.gz .device/base/*.gz; do   # scripts/device-build.sh packs the binaries (the carry limit)
   [ -e "$z" ] && gzip -dc "$z" > "${z%.gz}" && chmod +x "${z%.gz}"
 done
 export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
