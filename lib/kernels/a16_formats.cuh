@@ -53,7 +53,7 @@ struct GptqFormat {
     }
     return p;
   }
-  template <bool SCALED>
+  template <bool SCALED, bool kWide = false>
   __device__ void dequant(const uint4 (&q)[kU4], int f, const Prep& p, uint32_t* a) const {
     constexpr uint32_t magic = 0x64006400u;
     auto h2 = [](uint32_t u) { return *reinterpret_cast<const __half2*>(&u); };
@@ -115,7 +115,7 @@ struct Nf4Format {
     p01 = prmt(l, h, 0x5140u);   // bytes l0 h0 l1 h1
     p23 = prmt(l, h, 0x7362u);
   }
-  template <bool SCALED>
+  template <bool SCALED, bool kWide = false>
   __device__ void dequant(const uint4 (&q)[1], int f, const Prep& p, uint32_t* a) const {
     const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w;
     lookup4(w, a[0], a[1]);         // a0a1 row g, a2a3 row g + 8 (columns k0, k0 + 1)
@@ -157,15 +157,40 @@ struct Nf4PairFormat : Nf4Format {
       reinterpret_cast<uint4*>(pair_table())[i] = make_uint4(p, p, p, p);
     }
   }
-  template <bool SCALED>
+  // Byte i of w -> a[i] (a0a1 row g, a2a3 row g + 8 at k0, k0 + 1; a4..a7 at k0 + 2, k0 + 3): the
+  // byte by one PRMT, its word's shared address (byte x 128 + the lane's column) by one multiply-add
+  // from the lane's base, one 32-bit LDS. Written as C (shift, mask, or with the lane, add of the
+  // table), ptxas spent ~5.6 integer instructions a lookup (lab run 122). Not volatile: the table
+  // is constant once filled (fill_pairs, then a barrier), so the compiler may schedule it freely.
+  template <uint32_t SEL>
+  __device__ static uint32_t pair_at(uint32_t w, uint32_t base) {
+    uint32_t v;
+    asm("{\n .reg .b32 b, ad;\n prmt.b32 b, %1, 0, %2;\n mad.lo.u32 ad, b, 128, %3;\n ld.shared.u32 %0, [ad];\n}\n"
+        : "=r"(v)
+        : "r"(w), "n"(SEL), "r"(base));
+    return v;
+  }
+  // kWide (k_step with 2 or more n8 tiles, M > 8): the lookup as C, whose schedules measured faster
+  // there (lab run 129: the PRMT form took the 4096² kernel at 16 rows from 12.6 to 18.2 µs and at
+  // 32 rows from 26.9 to 36.2; at one n8 tile it is 3-5% faster).
+  template <bool SCALED, bool kWide = false>
   __device__ void dequant(const uint4 (&q)[1], int f, const Prep& p, uint32_t* a) const {
-    const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w, lane4 = (threadIdx.x & 31) * 4;
-    const char* t = reinterpret_cast<const char*>(pair_table());
-    auto at = [&](uint32_t byte_x128) { return *reinterpret_cast<const uint32_t*>(t + (byte_x128 | lane4)); };
-    a[0] = at((w << 7) & 0x7F80u);   // byte i of w -> a[i]: a0a1 row g, a2a3 row g + 8 at k0, k0 + 1; a4..a7 at k0 + 2, k0 + 3
-    a[1] = at((w >> 1) & 0x7F80u);
-    a[2] = at((w >> 9) & 0x7F80u);
-    a[3] = at((w >> 17) & 0x7F80u);
+    const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w;
+    if constexpr (kWide) {
+      const uint32_t lane4 = (threadIdx.x & 31) * 4;
+      const char* t = reinterpret_cast<const char*>(pair_table());
+      auto at = [&](uint32_t byte_x128) { return *reinterpret_cast<const uint32_t*>(t + (byte_x128 | lane4)); };
+      a[0] = at((w << 7) & 0x7F80u);
+      a[1] = at((w >> 1) & 0x7F80u);
+      a[2] = at((w >> 9) & 0x7F80u);
+      a[3] = at((w >> 17) & 0x7F80u);
+    } else {
+      const uint32_t base = ptx::smem_addr(pair_table()) + (threadIdx.x & 31) * 4;
+      a[0] = pair_at<0x4440>(w, base);
+      a[1] = pair_at<0x4441>(w, base);
+      a[2] = pair_at<0x4442>(w, base);
+      a[3] = pair_at<0x4443>(w, base);
+    }
     if constexpr (SCALED) scale(p, a);
   }
 };
@@ -195,7 +220,7 @@ struct F16RowFormat {
     const int row = min(16 * tile + (lane >> 2) + 8 * (j >> 1), N - 1);
     return W + (int64_t(row) * K + 64 * s + 16 * (lane & 3) + 8 * (j & 1)) / 8;
   }
-  template <bool SCALED>
+  template <bool SCALED, bool kWide = false>
   __device__ void dequant(const uint4 (&q)[4], int f, const Prep&, uint32_t* a) const {
     const uint4 &g = q[f >> 1], &g8 = q[2 + (f >> 1)];   // rows g, g + 8: columns 16c + 8 (f >> 1) .. + 7
     const bool upper = f & 1;                             // columns + 4 .. + 7 of those

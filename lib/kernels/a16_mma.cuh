@@ -119,7 +119,7 @@ __device__ __forceinline__ void k_step(const Format& fmt, const uint4 (&q)[RT][F
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         uint32_t a[4];
-        fmt.template dequant<!kStepScale>(q[r], f, prep, a);
+        fmt.template dequant<!kStepScale, (NT > 1)>(q[r], f, prep, a);
 #pragma unroll
         for (int t = 0; t < NT; ++t) mma(r, t, a, xv[t], f);
       }
@@ -130,7 +130,7 @@ __device__ __forceinline__ void k_step(const Format& fmt, const uint4 (&q)[RT][F
     for (int r = 0; r < RT; ++r) {
       const auto prep = fmt.template prep<!kStepScale>(meta[r]);
 #pragma unroll
-      for (int f = 0; f < 4; ++f) fmt.template dequant<!kStepScale>(q[r], f, prep, a[r][f]);
+      for (int f = 0; f < 4; ++f) fmt.template dequant<!kStepScale, true>(q[r], f, prep, a[r][f]);
     }
     if constexpr (kInterleave) {   // x in blocks of 4 n8 tiles; MMAs back to back on different accumulators (few warps per SM)
 #pragma unroll
