@@ -171,8 +171,8 @@ struct Nf4PairFormat : Nf4Format {
     return v;
   }
   // kWide (k_step with 2 or more n8 tiles, M > 8): the lookup as C, whose schedules measured faster
-  // there (lab run 129: the PRMT form took the 4096² kernel at 16 rows from 12.6 to 18.2 µs and at
-  // 32 rows from 26.9 to 36.2; at one n8 tile it is 3-5% faster).
+  // there (the PRMT form took the 4096² kernel at 32 rows from 26.9 to 36.2 µs, lab run 129, and at
+  // 16 rows from 12.6 to 18.2, run 130; at one n8 tile it is 4-6% faster, run 131).
   template <bool SCALED, bool kWide = false>
   __device__ void dequant(const uint4 (&q)[1], int f, const Prep& p, uint32_t* a) const {
     const uint32_t w = f == 0 ? q[0].x : f == 1 ? q[0].y : f == 2 ? q[0].z : q[0].w;
