@@ -135,8 +135,9 @@ struct Nf4Format {
 // NF4 for the L2-fed kernel (a16_mma.cuh), which holds a pair table in shared memory: word
 // [b][lane] = {V(b & 15), V(b >> 4)} for each byte b of codes, one copy per lane (a lane reads only
 // its own column: no bank conflicts), 32 KB. A byte of codes is one fragment register: per 2
-// codes a shift, a mask, an add and an LDS, where the PRMT lookup takes 11 integer instructions per
-// 4 codes. The kernel fills the table once per CTA.
+// codes a PRMT, an IMAD and an LDS (pair_at; at 16 rows and more the C form below), where the
+// in-register PRMT lookup of Nf4Format takes 11 integer instructions per 4 codes. The kernel fills
+// the table once per CTA.
 struct Nf4PairFormat : Nf4Format {
   static constexpr bool kPairTable = true;
   static constexpr int kPairWords = 256 * 32;
