@@ -174,9 +174,10 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_row_kernel(const int8_t
 }
 
 // The tensor-core form (int8 mma.sync m16n8k32) for M = 3..32 where K % 64 == 0: a CTA owns 16
-// rows of w and splits K over its 8 warps (warp v takes the 64-byte chunks v, v + 8, ...). The
-// weights are the MMA's A operand (16 rows) and the activation rows its B operand (kNT tiles of 8
-// tokens), so the weight bytes still stream once while the products run on tensor cores. The sum
+// rows of w (32 at 5..8 rows: kRT = 2, each warp both tiles) and splits K over its 8 warps (warp v
+// takes the 64-byte chunks v, v + 8, ...). The weights are the MMA's A operand (16 rows) and the
+// activation rows its B operand (kNT tiles of 8 tokens), so the weight bytes still stream once
+// while the products run on tensor cores. The sum
 // over K does not care in which order the k's are paired, so each lane loads 16 contiguous bytes
 // of rows g and g + 8 of w and of token rows g (+ 8t) of x at the same offset 16·(lane % 4) of a
 // chunk, and feeds bytes 0..7 to one MMA and 8..15 to the next: A and B see the same permutation
@@ -190,14 +191,18 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_row_kernel(const int8_t
 // and 17..32 rows 2 was slower (decode batch 8 -3.1%, batch 32 -4.6%).
 constexpr int kMmaWarps = 8;
 constexpr int mma_unroll(int nt) { return nt == 2 ? 2 : 4; }
-template <int kNT, int kMmaUnroll = mma_unroll(kNT)>
+// kRT: row tiles of 16 a CTA, each warp all of them (the x pieces shared).
+template <int kNT, int kMmaUnroll = mma_unroll(kNT), int kRT = 1>
 __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* __restrict__ x, const float* __restrict__ sx, const int8_t* __restrict__ w,
                                                                   const float* __restrict__ sw, int M, int N, int K, float* y, float beta) {
-  __shared__ int red[kMmaWarps][kNT][4][32];
+  __shared__ int red[kMmaWarps][kRT * kNT][4][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const int n0 = blockIdx.x * 16;
-  const int8_t* w0 = w + size_t(min(n0 + g, N - 1)) * K + 16 * tq;       // rows past N read row N - 1 (never written)
-  const int8_t* w1 = w + size_t(min(n0 + g + 8, N - 1)) * K + 16 * tq;
+  const int n0 = blockIdx.x * 16 * kRT;
+  const int8_t* wr[kRT][2];
+#pragma unroll
+  for (int r = 0; r < kRT; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wr[r][h] = w + size_t(min(n0 + 16 * r + 8 * h + g, N - 1)) * K + 16 * tq;   // rows past N read row N - 1 (never written)
   const int8_t* xr[kNT];
   bool xin[kNT];
 #pragma unroll
@@ -205,21 +210,25 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
     xin[t] = 8 * t + g < M;
     xr[t] = x + size_t(min(8 * t + g, M - 1)) * K + 16 * tq;
   }
-  int acc[kNT][4];
+  int acc[kRT][kNT][4];
 #pragma unroll
-  for (int t = 0; t < kNT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0;
+  for (int r = 0; r < kRT; ++r)
+#pragma unroll
+    for (int t = 0; t < kNT; ++t) acc[r][t][0] = acc[r][t][1] = acc[r][t][2] = acc[r][t][3] = 0;
   const int chunks = K / 64;
   pdl::allow_dependents();   // launched with PDL (as the GEMV above)
   constexpr bool kX = kNT <= 2;   // x pieces in the register sets too: up to 16 rows (run 60: without them 16 rows ran 1.4-1.6x slower)
   struct Batch {
-    uint4 a0[kMmaUnroll], a1[kMmaUnroll], b[kX ? kMmaUnroll : 1][kX ? kNT : 1];
+    uint4 a[kRT][2][kMmaUnroll], b[kX ? kMmaUnroll : 1][kX ? kNT : 1];
   };
   auto load_w = [&](int c0, Batch& B) {
 #pragma unroll
     for (int u = 0; u < kMmaUnroll; ++u) {
       const int c = c0 + u * kMmaWarps;
-      B.a0[u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w0 + 64 * c)) : make_uint4(0, 0, 0, 0);
-      B.a1[u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(w1 + 64 * c)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < kRT; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) B.a[r][h][u] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(wr[r][h] + 64 * c)) : make_uint4(0, 0, 0, 0);
     }
   };
   auto x_piece = [&](int t, int c) {   // x: through L2, not __ldg (PDL)
@@ -238,14 +247,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
     for (int u = 0; u < kMmaUnroll; ++u) {
       const int c = c0 + u * kMmaWarps;
       if (c >= chunks) break;
-      const uint32_t A0[4] = {B.a0[u].x, B.a1[u].x, B.a0[u].y, B.a1[u].y}, A1[4] = {B.a0[u].z, B.a1[u].z, B.a0[u].w, B.a1[u].w};
 #pragma unroll
       for (int t = 0; t < kNT; ++t) {
         uint4 b;
         if constexpr (kX) b = B.b[u][t];
         else b = x_piece(t, c);
-        ptx::mma_m16n8k32_s8(acc[t], A0, b.x, b.y);
-        ptx::mma_m16n8k32_s8(acc[t], A1, b.z, b.w);
+#pragma unroll
+        for (int r = 0; r < kRT; ++r) {
+          const uint4 &lo = B.a[r][0][u], &hi = B.a[r][1][u];
+          const uint32_t A0[4] = {lo.x, hi.x, lo.y, hi.y}, A1[4] = {lo.z, hi.z, lo.w, hi.w};
+          ptx::mma_m16n8k32_s8(acc[r][t], A0, b.x, b.y);
+          ptx::mma_m16n8k32_s8(acc[r][t], A1, b.z, b.w);
+        }
       }
     }
   };
@@ -262,16 +275,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* 
     use(c0 + kStep, q);
   }
 #pragma unroll
-  for (int t = 0; t < kNT; ++t)
+  for (int r = 0; r < kRT; ++r)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[warp][t][e][lane] = acc[t][e];
+    for (int t = 0; t < kNT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][r * kNT + t][e][lane] = acc[r][t][e];
   __syncthreads();
-  // Thread i of the CTA finishes element (t, e, lane) = i of the kNT * 4 * 32.
-  for (int i = threadIdx.x; i < kNT * 4 * 32; i += blockDim.x) {
-    const int t = i / 128, e = i / 32 % 4, l = i % 32;
+  // Thread i of the CTA finishes element (r, t, e, lane) = i of the kRT * kNT * 4 * 32 (int32 sums: any order, the same bytes).
+  for (int i = threadIdx.x; i < kRT * kNT * 4 * 32; i += blockDim.x) {
+    const int rt = i / 128, r = rt / kNT, t = rt % kNT, e = i / 32 % 4, l = i % 32;
     int a = 0;
-    for (int v = 0; v < kMmaWarps; ++v) a += red[v][t][e][l];
-    const int n = n0 + l / 4 + (e >= 2 ? 8 : 0), m = 8 * t + 2 * (l % 4) + (e & 1);   // c0, c1: row g; c2, c3: row g + 8
+    for (int v = 0; v < kMmaWarps; ++v) a += red[v][rt][e][l];
+    const int n = n0 + 16 * r + l / 4 + (e >= 2 ? 8 : 0), m = 8 * t + 2 * (l % 4) + (e & 1);   // c0, c1: row g; c2, c3: row g + 8
     if (n < N && m < M) {
       const float v = float(a) * __ldcg(sx + m) * sw[n];
       float* out = y + size_t(m) * N + n;
@@ -285,6 +300,19 @@ void launch_mma(const int8_t* x, const float* sx, const int8_t* w, const float* 
   if ((M + 7) / 8 != kNT) {
     if constexpr (kNT > 1) launch_mma<kNT - 1>(x, sx, w, sw, M, N, K, y, beta);
     return;
+  }
+  // 5..8 rows: two row tiles a warp (32 rows a CTA) sharing each x piece, batches of 2 chunks (114
+  // registers): decode batch 8 +2.6% on llama2-7b (lab run 141: 2,567 / 2,572 tok/s against 2,505 /
+  // 2,504; single launches within ±2% of the one-tile form). At 3..4 rows the one-tile form was as
+  // fast or faster, and 4 K slices a CTA slower in either form. PTQKIT_W8A8_MMA_RT=1 or 2 forces
+  // one form (sweeps).
+  if constexpr (kNT == 1) {
+    static const int rt = [] { const char* e = std::getenv("PTQKIT_W8A8_MMA_RT"); return e ? std::atoi(e) : 0; }();
+    if (rt == 2 || (rt == 0 && M >= 5)) {
+      launch_pdl("w8a8_mma_kernel", true, -1, w8a8_mma_kernel<1, 2, 2>, dim3(unsigned((N + 31) / 32)), dim3(kMmaWarps * 32), 0, x, sx, w, sw, int(M),
+                 int(N), int(K), y, beta);
+      return;
+    }
   }
   launch_pdl("w8a8_mma_kernel", true, -1, w8a8_mma_kernel<kNT>, dim3(unsigned((N + 15) / 16)), dim3(kMmaWarps * 32), 0, x, sx, w, sw, int(M),
              int(N), int(K), y, beta);
