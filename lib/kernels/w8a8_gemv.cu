@@ -177,18 +177,18 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_row_kernel(const int8_t
 // rows of w (32 at 5..8 rows: kRT = 2, each warp both tiles) and splits K over its 8 warps (warp v
 // takes the 64-byte chunks v, v + 8, ...). The weights are the MMA's A operand (16 rows) and the
 // activation rows its B operand (kNT tiles of 8 tokens), so the weight bytes still stream once
-// while the products run on tensor cores. The sum
-// over K does not care in which order the k's are paired, so each lane loads 16 contiguous bytes
-// of rows g and g + 8 of w and of token rows g (+ 8t) of x at the same offset 16·(lane % 4) of a
-// chunk, and feeds bytes 0..7 to one MMA and 8..15 to the next: A and B see the same permutation
-// of k, and every load is a 16-byte vector. int32 sums (exact), then the 8 warps' partial sums
-// added in shared memory in warp order, and the epilogue of the GEMV above.
+// while the products run on tensor cores. The sum over K does not care in which order the k's are
+// paired, so each lane loads 16 contiguous bytes of rows g and g + 8 of w and of token rows g
+// (+ 8t) of x at the same offset 16·(lane % 4) of a chunk, and feeds bytes 0..7 to one MMA and
+// 8..15 to the next: A and B see the same permutation of k, and every load is a 16-byte vector.
+// int32 sums (exact), then the 8 warps' partial sums added in shared memory in warp order, and the
+// epilogue of the GEMV above.
 // A warp walks its chunks in batches of kMmaUnroll held in two register sets: the next batch's
 // weights (and, up to 16 rows, its x pieces) are in flight while this batch's MMAs run (run 55:
 // decode batch 8 +7.5%, batch 32 +1.5% against one batch loaded, then used). Batches of 4 chunks,
 // but 2 at 9..16 rows (mma_unroll): there 4 took 162 registers (one CTA of 256 threads an SM) and
-// 2 takes 90, and the 16-row product ran 1.18-1.41x cuBLAS bf16 against 1.42-1.64x (lab run 133); at 1..8
-// and 17..32 rows 2 was slower (decode batch 8 -3.1%, batch 32 -4.6%).
+// 2 takes 90, and the 16-row product ran 1.18-1.41x cuBLAS bf16 against 1.42-1.64x (lab run 133);
+// at 1..8 rows (one row tile) and 17..32 rows 2 was slower (decode batch 8 -3.1%, batch 32 -4.6%).
 constexpr int kMmaWarps = 8;
 constexpr int mma_unroll(int nt) { return nt == 2 ? 2 : 4; }
 // kRT: row tiles of 16 a CTA, each warp all of them (the x pieces shared).
