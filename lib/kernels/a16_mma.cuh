@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   // NF4's pair table: filled before any load (the fill needs a barrier every warp reaches), before
   // the wait for the previous kernel.
   if constexpr (Format::kPairTable) {
-    fmt.fill_pairs();
+    fmt.template fill_pairs<(NT > 1)>();
     __syncthreads();
   }
   if constexpr (kOverlap) {
