@@ -8,6 +8,7 @@
 // stage's bytes (kernels/bench_kernels.h: stream_chain_ms), so what the step's kernel count and
 // dependencies cost with ideal bodies, measured in the same run.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <map>
 #include <cstdio>
@@ -28,6 +29,31 @@
 #endif
 
 namespace ptq {
+
+#ifdef PTQKIT_HAVE_CUDA
+namespace {
+// The decode step's launches as the chain floor's links (kernels/bench_kernels.h: stream_chain_ms),
+// each the bytes its stage reads: argmax (the fp32 logits), embed (a 16-bit row a sequence); per
+// layer the norm (the fp32 residual and its weights), the q, k, v Linear(s), attention (the layer's
+// K and V of kv, the step's), o, the norm, the gate, up Linear(s), down; the final norm, lm_head,
+// advance. lb: one layer's Linears' bytes by stage (DecodeWeights::layer_linear_bytes).
+std::vector<double> step_chain(const LlamaConfig& c, int B, double kv, const std::array<std::vector<double>, 4>& lb) {
+  const double d = double(c.hidden_size), act = double(B) * d, norm = act * 4 + d * 4;
+  std::vector<double> chain = {double(B) * c.vocab_size * 4, act * 2};
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    chain.push_back(norm);
+    chain.insert(chain.end(), lb[0].begin(), lb[0].end());
+    chain.push_back(kv / c.num_hidden_layers);
+    chain.insert(chain.end(), lb[1].begin(), lb[1].end());
+    chain.push_back(norm);
+    chain.insert(chain.end(), lb[2].begin(), lb[2].end());
+    chain.insert(chain.end(), lb[3].begin(), lb[3].end());
+  }
+  chain.insert(chain.end(), {norm, double(c.vocab_size) * d * 2, 4.0});
+  return chain;
+}
+}  // namespace
+#endif
 
 int run_bench_decode(const BenchDecodeArgs& a) {
 #ifndef PTQKIT_HAVE_CUDA
@@ -53,13 +79,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   }
   std::printf("bench decode on %s: %s (%d layers), prompt %d then %d tokens greedy; q, k, v and gate, up %s; copy %.0f GB/s (read + write)\n",
               cuda::describe().c_str(), a.preset.c_str(), c.num_hidden_layers, P, D, a.apart ? "apart" : "stacked", copy_gbs);
-  // The step's launches alone: the chain floor's kernel count (below: 5, and per layer 3 and its
-  // Linears, 4 stacked or 7 apart), each reading 16 bytes.
-  const int chain_links = 5 + (3 + (a.apart ? 7 : 4)) * c.num_hidden_layers;
-  const double empty_chain_ms = cuda::stream_chain_ms(std::vector<double>(size_t(chain_links), 16.0), 20);
-  std::printf("chain of %d empty links (the step's launches alone): %.3f ms\n", chain_links, empty_chain_ms);
-  std::printf("%-7s %5s | %9s %8s | %9s %6s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "chain", "%chain", "vs f16",
-              "prefill t/s");
+  double empty_chain_ms = -1;   // the step's launches alone, each link reading 16 bytes: printed with the first format's weights
   nlohmann::json rows = nlohmann::json::array();
   std::map<int, double> f16_tps;
   // f16 first where it is asked for: the other formats' "vs f16" is against it (a format without
@@ -70,6 +90,14 @@ int run_bench_decode(const BenchDecodeArgs& a) {
     cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, fmt, !a.apart);
     const double wbytes = w.step_weight_bytes;
     auto shared = std::make_shared<cuda::DecodeWeights>(std::move(w));
+    if (empty_chain_ms < 0) {   // the same links in every format (stacked or apart)
+      std::vector<double> links = step_chain(c, 1, 0, shared->layer_linear_bytes);
+      std::fill(links.begin(), links.end(), 16.0);
+      empty_chain_ms = cuda::stream_chain_ms(links, 20);
+      std::printf("chain of %zu empty links (the step's launches alone): %.3f ms\n", links.size(), empty_chain_ms);
+      std::printf("%-7s %5s | %9s %8s | %9s %6s | %9s %6s | %8s | %11s\n", "format", "batch", "tok/s", "ms/step", "floor", "%floor", "chain", "%chain",
+                  "vs f16", "prefill t/s");
+    }
     for (int B : a.batches) {
       cuda::DecodeWeights wb = *shared;   // the same device weights (owners shared)
       cuda::DecodeCuda dec(std::move(wb), B, max_len);
@@ -93,21 +121,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       // Per step: the weights once, and each sequence's K and V up to the mean position.
       const double kv = 2.0 * 2.0 * double(c.kv_dim()) * c.num_hidden_layers * double(B) * (P + D / 2.0);
       const double floor_tps = double(B) / ((wbytes + kv) / (copy_gbs * 1e9));
-      // The chain floor's kernels (the header), each reading its stage's bytes: activations in
-      // fp32 (the residual) or 16-bit, norm weights in fp32, the cache's K and V of each layer.
-      const double d = double(c.hidden_size), act = double(B) * d;
-      std::vector<double> chain = {double(B) * c.vocab_size * 4, act * 2};
-      for (int l = 0; l < c.num_hidden_layers; ++l) {
-        const auto& lb = shared->layer_linear_bytes;
-        chain.push_back(act * 4 + d * 4);
-        chain.insert(chain.end(), lb[0].begin(), lb[0].end());
-        chain.push_back(kv / c.num_hidden_layers);
-        chain.insert(chain.end(), lb[1].begin(), lb[1].end());
-        chain.push_back(act * 4 + d * 4);
-        chain.insert(chain.end(), lb[2].begin(), lb[2].end());
-        chain.insert(chain.end(), lb[3].begin(), lb[3].end());
-      }
-      chain.insert(chain.end(), {act * 4 + d * 4, double(c.vocab_size) * d * 2, 4.0});
+      const std::vector<double> chain = step_chain(c, B, kv, shared->layer_linear_bytes);
       const double chain_tps = double(B) / (cuda::stream_chain_ms(chain, 20) * 1e-3);
       if (fmt == "f16") f16_tps[B] = tps;
       const bool have_f16 = f16_tps.count(B) > 0;

@@ -8,7 +8,7 @@ pat=${1:-mma_kernel}
 for o in .device/obj/*.o; do
   /usr/local/cuda/bin/cuobjdump -sass "$o" > "$out/$(basename "$o" .o).sass" 2>&1
   python3 - "$out/$(basename "$o" .o).sass" "$pat" "$(basename "$o")" <<'PY'
-import re, sys, collections
+import collections, os, re, sys
 path, pat, tag = sys.argv[1:4]
 cur = None; counts = {}
 for line in open(path):
@@ -21,7 +21,6 @@ for k, c in counts.items():
         top = " ".join(f"{op} {n}" for op, n in c.most_common(14))
         print(f"{tag} {k[-90:]}: total {sum(c.values())}: {top}")
 # the matching kernels' SASS alone, for reading
-import os
 keep = False
 with open(path) as f, open(path + "." + pat[:24].replace("/", "_") + ".txt", "w") as o:
     for line in f:

@@ -15,8 +15,9 @@
 // zero codes with zero scales, and a lane whose 16 columns lie past K reads no x (x rows are K
 // long: K must be a multiple of 16). The Format (a16_formats.cuh) supplies kU4 (uint4 per lane per
 // k-step), kLoadsM8 (uint4 loads per lane per batch at M <= 8), kPairTable (the kernel has it fill
-// a shared lookup table first: fill_pairs, NF4), its Meta, and dequant(words, fragment) -> 4 f16x2
-// registers.
+// a shared lookup table first: fill_pairs, NF4), its Meta, and dequant<SCALED, kWide>(words,
+// fragment) -> 4 f16x2 registers (kWide: k_step has two or more n8 tiles; only NF4's pair table
+// picks its lookup by it, the other formats ignore it).
 // Scales: when a group holds whole k-steps (group size a multiple of 64, or one group per row),
 // the fragments are dequantized unscaled ((q - z) exactly, or the NF4 value), each k-step's four
 // mma sum into a fresh fp32 partial, and the partial is scaled in fp32 (kStepScale); otherwise

@@ -274,9 +274,10 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
 namespace {
 // One link of stream_chain_ms: the n uint4 at p read once by a grid-stride walk, U 16-byte
 // streaming loads (__ldcs) a thread in flight; the first U issued before the wait for the previous
-// kernel (as the A16 kernels issue their first batch of codes), the rest after. The XOR of what it read keeps the loads live (it is
-// stored only when it equals a constant no random pool is likely to give); the output word is the
-// previous kernel's plus one, written after the wait: the dependency the step's kernels have.
+// kernel (as the A16 kernels issue their first batch of codes), the rest after. The XOR of what it
+// read keeps the loads live (it is stored only when it equals a constant no random pool is likely
+// to give); the output word is the previous kernel's plus one, written after the wait: the
+// dependency the step's kernels have.
 constexpr int kChainThreads = 256;
 template <int U>
 __global__ void __launch_bounds__(kChainThreads) stream_link(const uint4* __restrict__ p, int64_t n, const int* prev, int* next) {
@@ -336,14 +337,14 @@ double stream_chain_ms(const std::vector<double>& bytes, int reps) {
   PTQ_CUDA(cudaGetDevice(&dev));
   PTQ_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   // 16 loads a thread in flight, 2,048 threads an SM for a large region (fewer CTAs for a small
-  // one, a thread's first U loads covering it): the fastest of the
-  // sweep over 4, 8, 16 loads and 1,024, 2,048 threads (docs/lab/2026-11-24-decode-h200.md run
-  // 116: 512 KB in flight an SM; 64 KB reads the W4A16 step's bytes 30% slower).
+  // one, a thread's first U loads covering it): the fastest of the sweep over 4, 8, 16 loads and
+  // 1,024, 2,048 threads (docs/lab/2026-11-24-decode-h200.md run 116: 512 KB in flight an SM; 64
+  // KB reads the W4A16 step's bytes 30% slower).
   // PTQKIT_CHAIN_UNROLL (4, 8 or 16) and PTQKIT_CHAIN_THREADS repeat the sweep.
   const int U = env_int("PTQKIT_CHAIN_UNROLL", 16), per_sm = env_int("PTQKIT_CHAIN_THREADS", 2048);
   const int64_t full = int64_t(sms) * std::max(1, per_sm / kChainThreads);
-  auto kern = U >= 16 ? stream_link<16> : U >= 8 ? stream_link<8> : stream_link<4>;
   const int u = U >= 16 ? 16 : U >= 8 ? 8 : 4;
+  auto kern = u == 16 ? stream_link<16> : u == 8 ? stream_link<8> : stream_link<4>;
   cudaStream_t s = nullptr;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;

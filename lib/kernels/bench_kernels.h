@@ -23,13 +23,12 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
 
 // A chain of dependent launches with ideal bodies (`bench decode`'s chain floor): one CUDA graph
 // of bytes.size() kernels, kernel i reading bytes[i] bytes once (16-byte streaming loads from a
-// region of its own in a pool of at most 2 GiB, so no byte comes from L2) and doing nothing else. Each is
-// launched as the decode step's kernels are (programmatic dependent launch): it lets the next one
-// launch at once, issues its first loads (16 a thread, 2,048 threads an SM) before it waits for
-// the one before, and
-// after the wait reads that one's output word and writes its own. What a step of that many
-// kernels with those bytes costs when every kernel streams at the rate the hardware gives a lone
-// read; the step's own kernels also multiply, dequantize and reduce. Returns ms per replay, the
-// mean of `reps` replays after one untimed.
+// region of its own in a pool of at most 2 GiB, so no byte comes from L2) and doing nothing else.
+// Each is launched as the decode step's kernels are (programmatic dependent launch): it lets the
+// next one launch at once, issues its first loads (16 a thread, 2,048 threads an SM) before it
+// waits for the one before, and after the wait reads that one's output word and writes its own.
+// What a step of that many kernels with those bytes costs when every kernel streams at the rate
+// the hardware gives a lone read; the step's own kernels also multiply, dequantize and reduce.
+// Returns ms per replay, the mean of `reps` replays after one untimed.
 double stream_chain_ms(const std::vector<double>& bytes, int reps);
 }
