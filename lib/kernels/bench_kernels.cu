@@ -100,6 +100,10 @@ std::unique_ptr<W4A16Linear> random_gptq_linear(int64_t N, int64_t K, int bits, 
   for (auto& c : codes) c = uint8_t(r.next() & ((1u << bits) - 1));
   q.set_codes(codes.data());
   for (auto& v : q.scales) v = scale;
+  // The symmetric zero point (QuantizedLinear::empty leaves 0): weights centred on zero. With 0 every
+  // weight was positive, and a synthetic 7B's 8-bit MLP overflowed f16 (silu·mul's act, found by
+  // PTQKIT_DECODE_CHECK, lab run 151); the kernels' speed does not depend on the values.
+  for (auto& z : q.zeros) z = 1 << (bits - 1);
   return W4A16Linear::from_gptq(pack_gptq(q, true), true);
 }
 
