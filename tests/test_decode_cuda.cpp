@@ -9,6 +9,7 @@
 #include "eval/decode_cuda.h"
 #include "eval/perplexity_cuda.h"
 #include "formats/open.h"
+#include "kernels/a16_path.h"
 #include "kernels/w8a8.h"
 #include "pipeline/pipeline.h"
 #include "testing.h"
@@ -111,6 +112,35 @@ TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels
       for (int32_t x : t) CHECK((x >= 0 && x < c.vocab_size));
       CHECK(both.position() == 10);
     }
+  }
+}
+
+// From 17 rows the norm and silu·mul kernels write x in the wgmma A16 kernel's k-step order too,
+// and the Linears that run that kernel read it instead of permuting x themselves: one llama2-7b
+// layer (its q, k, v, gate, up and down take the wgmma kernel at 24 and 48 rows) gives the same
+// logits and tokens, to the bit, as with the Linears' own permute pass.
+TEST_CASE("decode cuda: x written in the wgmma kernel's order by the norm and silu·mul gives the bytes of the Linears' own permute pass") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const LlamaConfig c = parse_config(synth_config_json("llama2-7b", 1, DType::F16), "llama2-7b");
+  for (const char* f : {"w4a16", "w8a16"}) {
+    INFO(f);
+    cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, true);
+    const int B = 24;
+    std::vector<int32_t> p(size_t(B * 2));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
+    cuda::DecodeCuda a(w, B, 8), b(w, B, 8);
+    b.set_permuted_x(false);
+    a.feed(p, 2);   // 48 rows
+    b.feed(p, 2);
+    CHECK(a.permuted_x_used());
+    CHECK_FALSE(b.permuted_x_used());
+    const MatF la = a.logits(), lb = b.logits();
+    CHECK(lb.allFinite());
+    CHECK(la.allFinite());
+    CHECK((la - lb).cwiseAbs().maxCoeff() == 0.0f);
+    CHECK(a.decode_greedy(3) == b.decode_greedy(3));   // 24 rows a step
+    CHECK((a.logits() - b.logits()).cwiseAbs().maxCoeff() == 0.0f);
   }
 }
 

@@ -631,6 +631,80 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
   CHECK_THROWS_AS(L->gemm(dx.get(), 257, dy.get(), cuda::A16Path::wgmma), Error);
 }
 
+// The decode's stacked shapes at 24 and 48 rows (batch 24: decode steps and two-token prefills),
+// the codes the synthetic decode checkpoints have (8-bit per channel, 4-bit g128, symmetric).
+TEST_CASE("gpu: the wgmma A16 kernel on the decode's stacked shapes at 24 and 48 rows equals the reference GEMM") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  struct Shape { int64_t N, K; };
+  for (int bits : {8, 4})
+    for (const Shape& sh : {Shape{22016, 4096}, Shape{4096, 11008}, Shape{12288, 4096}}) {
+      const QuantizedLinear q = random_q(bits, sh.N, sh.K, bits == 4 ? 128 : -1, true, false, uint64_t(800 + bits));
+      const GptqPacked pk = pack_gptq(q, true);
+      auto L = cuda::W4A16Linear::from_gptq(pk, true);
+      for (int64_t M : {24, 48}) {
+        Rng r{uint64_t(M + bits)};
+        const double rel = a16_error(*L, M, sh.K, sh.N, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+        INFO(bits << "-bit " << sh.N << "x" << sh.K << " M=" << M << ": relative error " << rel);
+        CHECK(rel <= 2e-3);
+      }
+    }
+}
+
+// The order is a permutation of each k-step's 64 columns that keeps column pairs together, and the
+// kernel reading a producer's copy in it (a16_offer_wgmma_x) gives the bytes of its own permute pass.
+TEST_CASE("gpu: the wgmma A16 kernel takes x in its k-step order from a producer (a16_offer_wgmma_x): the bytes of its own permute pass") {
+  for (int64_t s : {0, 1, 7}) {   // a bijection of each k-step's columns, pairs side by side
+    std::vector<int> seen(64, 0);
+    for (int64_t j = 0; j < 64; ++j) {
+      const int64_t p = cuda::a16_wgmma_x_col(64 * s + j);
+      REQUIRE((p >= 64 * s && p < 64 * s + 64));
+      ++seen[size_t(p - 64 * s)];
+      if (j % 2) CHECK(p == cuda::a16_wgmma_x_col(64 * s + j - 1) + 1);
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 64);
+  }
+  CHECK(cuda::a16_wgmma_x_col(2) == 8);    // pair 1 (word 1 of chunk 0) -> 4
+  CHECK(cuda::a16_wgmma_x_col(16) == 2);   // pair 8 (word 0 of chunk 2) -> 1
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t N = 1000, K = 2048;
+  for (int bits : {4, 8}) {
+    const QuantizedLinear q = random_q(bits, N, K, 128, false, false, uint64_t(700 + bits));
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    for (int64_t M : {17, 32, 64, 100}) {
+      INFO(bits << "-bit M=" << M);
+      Rng r{uint64_t(M)};
+      std::vector<uint16_t> xh(size_t(M * K)), xp(xh.size()), y1(size_t(M * N)), y2(y1.size());
+      for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) xp[size_t(m * K + cuda::a16_wgmma_x_col(k))] = xh[size_t(m * K + k)];
+      cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dxp(xp.size(), "x permuted"), dy(y1.size(), "y");
+      cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+      cuda::copy_to_device(dxp.get(), xp.data(), xp.size() * 2);
+      L->gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
+      cuda::copy_to_host(y1.data(), dy.get(), y1.size() * 2);
+      cuda::fill_bytes(dy.get(), 0xff, y1.size() * 2);
+      cuda::a16_offer_wgmma_x(dx.get(), dxp.get());
+      L->gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
+      CHECK(cuda::a16_took_wgmma_x());
+      cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
+      CHECK(y1 == y2);
+      // Offered for another x, or to a call of another kernel: not taken, and cleared.
+      cuda::a16_offer_wgmma_x(dxp.get(), dxp.get());
+      L->gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
+      CHECK_FALSE(cuda::a16_took_wgmma_x());
+      cuda::fill_bytes(dy.get(), 0xff, y1.size() * 2);
+      cuda::a16_offer_wgmma_x(dx.get(), dxp.get());
+      L->gemm(dx.get(), M, dy.get(), M <= cuda::kA16MmaMaxM ? cuda::A16Path::mma : cuda::A16Path::dequant);
+      CHECK_FALSE(cuda::a16_took_wgmma_x());
+      cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
+      CHECK(std::none_of(y2.begin(), y2.end(), [](uint16_t v) { return v == 0xffff; }));   // written (not the poison)
+    }
+  }
+}
+
 namespace {
 // A random int8 Linear [N, K] with per-row scales, on the host and the device.
 struct Int8Linear {

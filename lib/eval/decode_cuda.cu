@@ -19,6 +19,9 @@
 // Folded into the Linears' kernels where measured faster (kernels/a16_path.h): up to 8 rows the
 // stacked gate, up Linear writes act itself (a16_fold_silu: no silu_mul launch); at one row NF4's
 // o and down Linears write the next RMSNorm's xn (a16_fold_norm: no rmsnorm launch).
+// From 17 rows the norm and silu·mul kernels also write their output in the wgmma A16 kernel's
+// k-step order (a16_wgmma_x_col), which the Linear after them takes where it runs that kernel
+// (a16_offer_wgmma_x: no permute launch of its own).
 // The per-layer kernels are launched with programmatic dependent launch (see pdl_begin below).
 #include "eval/decode_cuda.h"
 
@@ -28,10 +31,12 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
 #include <string>
 #include <type_traits>
 
@@ -67,6 +72,18 @@ __device__ __forceinline__ void store4(T* p, float a, float b, float c, float d)
   } o;
   o.h[0] = from_f<T>(a), o.h[1] = from_f<T>(b), o.h[2] = from_f<T>(c), o.h[3] = from_f<T>(d);
   *reinterpret_cast<uint2*>(p) = o.u;
+}
+// The same four values (columns col .. col + 3 of a row, col % 4 == 0, the row's length a multiple
+// of 64) at their places in the wgmma A16 kernel's order: two 4-byte stores.
+template <class T>
+__device__ __forceinline__ void store4_wgmma_order(T* row, int64_t col, float a, float b, float c, float d) {
+  union {
+    T h[2];
+    uint32_t u;
+  } lo, hi;
+  lo.h[0] = from_f<T>(a), lo.h[1] = from_f<T>(b), hi.h[0] = from_f<T>(c), hi.h[1] = from_f<T>(d);
+  *reinterpret_cast<uint32_t*>(row + a16_wgmma_x_col(col)) = lo.u;
+  *reinterpret_cast<uint32_t*>(row + a16_wgmma_x_col(col + 2)) = hi.u;
 }
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
@@ -112,11 +129,13 @@ bool switch_on(const char* name) {
 //                               the last CTA to arrive, through global memory)
 //   PTQKIT_DECODE_ROPE_FOLD     a batch-1 decode step's rotary and KV append done by the
 //                               attention (else by rope_append before it)
-enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold };
+//   PTQKIT_DECODE_XPERM         from 17 rows the norm and silu·mul write x in the wgmma kernel's
+//                               order too (DecodeCuda::set_permuted_x)
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
                             switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER"),
-                            switch_on("PTQKIT_DECODE_ROPE_FOLD")};
+                            switch_on("PTQKIT_DECODE_ROPE_FOLD"), switch_on("PTQKIT_DECODE_XPERM")};
   return on[int(w)];
 }
 
@@ -173,8 +192,9 @@ __device__ __forceinline__ void normed_row_vec(const float* X, const float* w, i
 #pragma unroll
   for (int k = 0; k < kNormVecMax; ++k) v[k] = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z, v[k].w * inv * g[k].w);
 }
+// outp (d % 64 == 0, or null): the row again in the wgmma A16 kernel's order (store4_wgmma_order).
 template <class T>
-__global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float eps, T* out) {
+__global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float eps, T* out, T* outp = nullptr) {
   float4 v[kNormVecMax];
   normed_row_vec(X, w, d, eps, v);
 #pragma unroll
@@ -182,6 +202,7 @@ __global__ void rmsnorm_rows_vec(const float* X, const float* w, int d, float ep
     const int i = int(threadIdx.x) + k * kNormVecThreads;
     if (i >= d / 4) break;
     store4(out + size_t(blockIdx.x) * d + 4 * i, v[k].x, v[k].y, v[k].z, v[k].w);
+    if (outp) store4_wgmma_order(outp + size_t(blockIdx.x) * d, 4 * i, v[k].x, v[k].y, v[k].z, v[k].w);
   }
 }
 
@@ -527,15 +548,18 @@ __global__ void silu_mul(const float* g, const float* u, int64_t f, int64_t stri
   }
 }
 
-// The same, 4 values a thread (f and stride multiples of 4): 16-byte loads, one 8-byte store.
+// The same, 4 values a thread (f and stride multiples of 4): 16-byte loads, one 8-byte store; outp
+// (f % 64 == 0, or null): act again in the wgmma A16 kernel's order (store4_wgmma_order).
 template <class T>
-__global__ void silu_mul4(const float* g, const float* u, int64_t f, int64_t stride, int64_t n, T* out) {
+__global__ void silu_mul4(const float* g, const float* u, int64_t f, int64_t stride, int64_t n, T* out, T* outp = nullptr) {
   pdl_begin();
   const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (i < n) {
     const int64_t at = i / f * stride + i % f;
     const float4 x = __ldcg(reinterpret_cast<const float4*>(g + at)), y = __ldcg(reinterpret_cast<const float4*>(u + at));
-    store4(out + i, silu_times(x.x, y.x), silu_times(x.y, y.y), silu_times(x.z, y.z), silu_times(x.w, y.w));
+    const float a = silu_times(x.x, y.x), b = silu_times(x.y, y.y), c = silu_times(x.z, y.z), d = silu_times(x.w, y.w);
+    store4(out + i, a, b, c, d);
+    if (outp) store4_wgmma_order(outp + i / f * f, i % f, a, b, c, d);
   }
 }
 
@@ -718,6 +742,11 @@ struct DecodeCuda::Impl {
   DecodeWeights w;
   int B = 1, max_len = 0, pos = 0;
   bool graphs = true, graph_used = false;
+  bool xperm = decode_on(Switch::xperm), xperm_used = false;   // set_permuted_x; whether a Linear took the permuted x
+  // By rows: whether the Linears after the input norm, the post-attention norm and the silu·mul
+  // took x in the wgmma order (-1: not yet seen; the first step of a row count writes and offers
+  // it, later ones only where it was taken: f16's and NF4's Linears never take it).
+  std::map<int64_t, std::array<int8_t, 3>> xperm_taken;
   bool moe_layers = false;   // routing on the host each step: no graphs
   struct LayerDev {
     DeviceBuffer<float> in_norm, post_norm, q_norm, k_norm, bq, bk, bv;
@@ -732,6 +761,7 @@ struct DecodeCuda::Impl {
   DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches
   DeviceBuffer<int> norm_arrivals;   // [1]: the folded norm's CTAs arrived (a16_fold_norm), zero between launches
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
+  DeviceBuffer<uint16_t> xn_perm, act_perm;   // xn and act in the wgmma A16 kernel's order (d, f multiples of 64)
   DeviceBuffer<int8_t> xq8;   // a W8A8 Linear's input quantized by its producer (DecodeLayer::lin8) [rows, max(d, f)]
   DeviceBuffer<float> sx8;    // its per-row scales
 
@@ -746,6 +776,8 @@ struct DecodeCuda::Impl {
     qh = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode rotated q");
     ctx = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode attention context");
     act = DeviceBuffer<uint16_t>(size_t(rows * std::max<int64_t>(f, c.moe_intermediate_size)), "decode MLP activation");
+    if (d % 64 == 0) xn_perm = DeviceBuffer<uint16_t>(size_t(rows * d), "decode normed x, wgmma order");
+    if (f % 64 == 0) act_perm = DeviceBuffer<uint16_t>(size_t(rows * f), "decode MLP activation, wgmma order");
     xq8 = DeviceBuffer<int8_t>(size_t(rows * std::max(d, f)), "decode int8 activations");
     sx8 = DeviceBuffer<float>(size_t(rows), "decode int8 activation scales");
     // Split attention runs where rows x heads < kSplitBelow: only those rows need partials.
@@ -757,6 +789,11 @@ struct DecodeCuda::Impl {
       norm_arrivals = DeviceBuffer<int>(1, "decode folded-norm arrivals");
       fill_bytes(norm_arrivals.get(), 0, 4);
     }
+    if (check)   // PTQKIT_DECODE_CHECK: no stale bytes read as a stage's output
+      for (auto [p, n] : {std::pair<void*, size_t>{X.get(), size_t(rows * d) * 4}, {qkv.get(), size_t(rows * (qd + 2 * kvd)) * 4},
+                          {gu.get(), size_t(rows * 2 * f) * 4}, {xn.get(), size_t(rows * d) * 2}, {ctx.get(), size_t(rows * qd) * 2},
+                          {act.get(), size_t(rows * f) * 2}})
+        fill_bytes(p, 0, n);
     rows_cap = rows;
   }
 
@@ -767,7 +804,43 @@ struct DecodeCuda::Impl {
   static constexpr int kStages = 10;   // 9 per layer (norm1 ... down), then the head
   std::vector<double> stage_ms = std::vector<double>(kStages, 0.0);
   int ev_n = 0;
+  // PTQKIT_DECODE_CHECK=1: after each stage (plain launches only) the step's buffers are read back
+  // and the first stage that leaves a non-finite value in one of them is named on stderr, once per
+  // buffer: where a NaN or an infinity comes from.
+  bool check = [] { const char* e = std::getenv("PTQKIT_DECODE_CHECK"); return e && *e == '1'; }();
+  int64_t check_rows = 0;
+  int check_n = 0;
+  std::map<std::string, bool> check_seen;
+  void check_stage() {
+    // mark() k of a layer ends the stage before it: the layer's first ends the previous layer's down (or the embedding).
+    static const char* names[kStages - 1] = {"down (or the embedding)", "norm1", "qkv", "rope+append", "attention", "o", "norm2", "gate_up", "silu"};
+    PTQ_CUDA(cudaDeviceSynchronize());
+    const LlamaConfig& c = w.c;
+    const int64_t r = check_rows, d = c.hidden_size, f = c.intermediate_size;
+    auto scan = [&](const char* what, const void* p, int64_t n, bool f32) {
+      if (!p || n <= 0 || check_seen[what]) return;
+      std::vector<uint32_t> h(size_t(f32 ? n : (n + 1) / 2));
+      copy_to_host(h.data(), p, size_t(f32 ? n * 4 : n * 2));
+      int64_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t v = f32 ? h[size_t(i)] : (h[size_t(i / 2)] >> (16 * (i % 2))) & 0xffffu;
+        bad += f32 ? (v & 0x7f800000u) == 0x7f800000u : (v & 0x7c00u) == 0x7c00u;
+      }
+      if (!bad) return;
+      check_seen[what] = true;
+      std::fprintf(stderr, "decode check: %lld non-finite values in %s after stage %s of layer %d (%lld rows)\n", (long long)bad, what,
+                   names[check_n % (kStages - 1)], check_n / (kStages - 1), (long long)r);
+    };
+    scan("X", X.get(), r * d, true);
+    scan("q, k, v", qkv.get(), r * (c.q_dim() + 2 * c.kv_dim()), true);
+    scan("gate, up", gu.get(), r * 2 * f, true);
+    scan("xn", xn.get(), r * d, false);
+    scan("ctx", ctx.get(), r * c.q_dim(), false);
+    scan("act", act.get(), r * f, false);
+    ++check_n;
+  }
   void mark() {
+    if (check && !current_stream() && check_rows) check_stage();
     if (!profile || current_stream()) return;
     if (ev_n == int(ev.size())) {
       cudaEvent_t e;
@@ -831,16 +904,43 @@ struct DecodeCuda::Impl {
   void layers(int T_) {
     const LlamaConfig& c = w.c;
     const int64_t rows = int64_t(B) * T_, d = c.hidden_size, f = c.intermediate_size;
+    check_rows = rows, check_n = 0;
     const float eps = float(c.rms_norm_eps);
     const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
     const int half = int(cos.size() / size_t(max_len));
     const int threads_hd = (hd + 31) / 32 * 32;
     const bool pdl = decode_on(Switch::pdl);
     const bool norm_vec = d % 4 == 0 && d <= 4 * kNormVecThreads * kNormVecMax;
-    auto norm = [&](const DeviceBuffer<float>& nw) {
+    // 17..256 rows of f16 activations (where the wgmma A16 kernel may serve a Linear): the norm and
+    // silu·mul also write their output in that kernel's order, offered to the Linear after them
+    // (a16_offer_wgmma_x); lab runs 148-150: batch 32 W4A16 +3.4%, W8A16 +2.6% with the permute
+    // launches gone. Where the Linears after a producer did not take it at a row count (f16's
+    // cuBLAS, NF4's kernels), later steps of that count skip the second write (xperm_taken).
+    // Which producer writes it (0: the input norm, 1: the post-attention norm, 2: silu·mul).
+    const bool xperm_rows = xperm && std::is_same_v<T, __half> && rows >= 17 && rows <= kA16WgmmaMaxM;
+    std::array<int8_t, 3>& known = xperm_taken.try_emplace(rows, std::array<int8_t, 3>{-1, -1, -1}).first->second;
+    std::array<bool, 3> took{false, false, false};
+    auto perm_of = [&](int producer, const DeviceBuffer<uint16_t>& buf, bool ok) {
+      return xperm_rows && ok && buf.get() && known[size_t(producer)] != 0 ? reinterpret_cast<T*>(buf.get()) : nullptr;
+    };
+    T* const xnp[2] = {perm_of(0, xn_perm, norm_vec), perm_of(1, xn_perm, norm_vec)};
+    T* const actp = perm_of(2, act_perm, f % 4 == 0);
+    // fn(x, ...) with x's copy xp in the wgmma order offered (null: a plain call).
+    auto offered = [&](int producer, const void* x, const void* xp, auto&& call) {
+      if (!xp) return call();
+      a16_offer_wgmma_x(x, xp);
+      try {
+        call();
+      } catch (...) {
+        a16_took_wgmma_x();
+        throw;
+      }
+      if (a16_took_wgmma_x()) took[size_t(producer)] = true, xperm_used = true;
+    };
+    auto norm = [&](const DeviceBuffer<float>& nw, T* outp) {
       if (norm_vec)
         launch_pdl("rmsnorm_rows_vec", pdl, -1, rmsnorm_rows_vec<T>, dim3(unsigned(rows)), dim3(kNormVecThreads), 0, static_cast<const float*>(X.get()),
-                   static_cast<const float*>(nw.get()), int(d), eps, reinterpret_cast<T*>(xn.get()));
+                   static_cast<const float*>(nw.get()), int(d), eps, reinterpret_cast<T*>(xn.get()), outp);
       else
         launch_pdl("rmsnorm_rows", pdl, -1, rmsnorm_rows<T>, dim3(unsigned(rows)), dim3(kNormThreads), 0, static_cast<const float*>(X.get()),
                    static_cast<const float*>(nw.get()), int(d), eps, reinterpret_cast<T*>(xn.get()), 1, 0);
@@ -910,28 +1010,30 @@ struct DecodeCuda::Impl {
       LayerDev& D = L[l];
       mark();
       const ActQuant* attn8 = attn8_of(W);
+      const void* xn_p = nullptr;   // xn in the wgmma order, where the norm before the Linear wrote it
       if (attn8) norm_quant(D.in_norm, *attn8);
-      else if (!in_normed) norm(D.in_norm);
+      else if (!in_normed) norm(D.in_norm, xnp[0]), xn_p = xnp[0];
       in_normed = false;
       mark();
       // A Linear on the norm's output: its int8 form on the quantized rows, else on xn.
-      auto linear = [&](const LinearFn& fn, const Int8Linear& fn8, bool int8, float* y, float beta) {
+      // producer: the norm before it (0 or 1).
+      auto linear = [&](const LinearFn& fn, const Int8Linear& fn8, bool int8, float* y, float beta, int producer) {
         if (int8) fn8.fn(xq8.get(), sx8.get(), rows, y, beta);
-        else fn(xn.get(), rows, y, beta);
+        else offered(producer, xn.get(), xn_p, [&] { fn(xn.get(), rows, y, beta); });
       };
       const int64_t qd = c.q_dim(), kvd = c.kv_dim();
       float *yq = qkv.get(), *yk, *yv;
       int q_stride, kv_stride;
       if (W.qkv) {   // one Linear: row r holds q, k, v side by side
-        linear(W.qkv, W.qkv8, attn8, yq, 0.0f);
+        linear(W.qkv, W.qkv8, attn8, yq, 0.0f, 0);
         yk = yq + qd, yv = yk + kvd;
         q_stride = kv_stride = int(qd + 2 * kvd);
       } else {
         yk = yq + rows * qd, yv = yk + rows * kvd;
         q_stride = int(qd), kv_stride = int(kvd);
-        linear(W.lin[0], W.lin8[0], attn8, yq, 0.0f);
-        linear(W.lin[1], W.lin8[1], attn8, yk, 0.0f);
-        linear(W.lin[2], W.lin8[2], attn8, yv, 0.0f);
+        linear(W.lin[0], W.lin8[0], attn8, yq, 0.0f, 0);
+        linear(W.lin[1], W.lin8[1], attn8, yk, 0.0f, 0);
+        linear(W.lin[2], W.lin8[2], attn8, yv, 0.0f, 0);
       }
       mark();
       RopeArgs a{yq, yk, yv, q_stride, kv_stride,
@@ -952,8 +1054,9 @@ struct DecodeCuda::Impl {
                                                 : int8_input({&W.lin8[4], &W.lin8[5]});
       const bool post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm);   // X += o(ctx)
       mark();
+      xn_p = nullptr;
       if (mlp8) norm_quant(D.post_norm, *mlp8);
-      else if (!post_normed) norm(D.post_norm);
+      else if (!post_normed) norm(D.post_norm, xnp[1]), xn_p = xnp[1];
       mark();
       if (!W.experts.empty()) {
         moe<T>(W, rows);
@@ -969,13 +1072,13 @@ struct DecodeCuda::Impl {
           a16_fold_silu(act.get());
           act_done = folded([&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); });
         } else {
-          linear(W.gate_up, W.gate_up8, mlp8, gu.get(), 0.0f);
+          linear(W.gate_up, W.gate_up8, mlp8, gu.get(), 0.0f, 1);
         }
         yu = yg + f, gu_stride = 2 * f;
       } else {
         yu = yg + rows * f, gu_stride = f;
-        linear(W.lin[4], W.lin8[4], mlp8, gu.get(), 0.0f);
-        linear(W.lin[5], W.lin8[5], mlp8, gu.get() + rows * f, 0.0f);
+        linear(W.lin[4], W.lin8[4], mlp8, gu.get(), 0.0f, 1);
+        linear(W.lin[5], W.lin8[5], mlp8, gu.get() + rows * f, 0.0f, 1);
       }
       mark();
       if (W.lin8[6] && decode_on(Switch::int8_fuse) && f % 4 == 0 && f <= 4 * kSiluQuantThreads * kSiluQuantMax) {   // W8A8 down: silu·mul quantizes its output
@@ -993,15 +1096,19 @@ struct DecodeCuda::Impl {
       if (!act_done) {
         if (f % 4 == 0)
           launch_pdl("silu_mul4", pdl, -1, silu_mul4<T>, dim3(unsigned((rows * f / 4 + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
-                     reinterpret_cast<T*>(act.get()));
+                     reinterpret_cast<T*>(act.get()), actp);
         else
           launch_pdl("silu_mul", pdl, -1, silu_mul<T>, dim3(unsigned((rows * f + 255) / 256)), dim3(256), 0, yg, yu, f, gu_stride, rows * f,
                      reinterpret_cast<T*>(act.get()));
       }
       mark();
       const bool next = l + 1 < w.layers.size() && !attn8_of(w.layers[l + 1]);   // the next layer's input norm, unless it quantizes
-      in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr);   // X += down(act)
+      // X += down(act)
+      offered(2, act.get(), act_done ? nullptr : actp, [&] { in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr); });
     }
+    if (xperm_rows)
+      for (size_t i = 0; i < 3; ++i)
+        if (known[i] < 0) known[i] = took[i] ? 1 : 0;
     mark();
   }
 
@@ -1174,6 +1281,8 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
 }
 
 void DecodeCuda::set_graphs(bool on) { p_->graphs = on; }
+void DecodeCuda::set_permuted_x(bool on) { p_->xperm = on; }
+bool DecodeCuda::permuted_x_used() const { return p_->xperm_used; }
 bool DecodeCuda::graph_used() const { return p_->graph_used; }
 
 // ---- synthetic weights for `bench decode` ----

@@ -92,6 +92,10 @@ class DecodeCuda {
   std::vector<int32_t> decode_greedy(int n);
   void set_graphs(bool on);
   bool graph_used() const;               // whether the last decode_greedy replayed a graph
+  // From 17 rows the norm and silu·mul kernels also write their output in the wgmma A16 kernel's
+  // k-step order for the Linears after them (on by default; PTQKIT_DECODE_XPERM=0 turns it off).
+  void set_permuted_x(bool on);
+  bool permuted_x_used() const;          // whether a Linear has read it since construction
   const DecodeWeights& weights() const;
  private:
   struct Impl;

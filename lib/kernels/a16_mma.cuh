@@ -564,11 +564,16 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
 // The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
-// The thread's fold request (a16_fold_norm, a16_fold_silu) and whether a call took it.
+// The thread's fold request (a16_fold_norm, a16_fold_silu) and whether a call took it; and the
+// offer of x in the wgmma kernel's k-step order (a16_offer_wgmma_x: x_of, its copy x_perm) and
+// whether a call took it.
 struct FoldRequest {
   const A16RowNorm* norm = nullptr;
   void* silu = nullptr;
   bool taken = false;
+  const void* x_of = nullptr;
+  const void* x_perm = nullptr;
+  bool x_taken = false;
 };
 inline thread_local FoldRequest g_fold;
 

@@ -74,4 +74,20 @@ void a16_fold_silu(void* act);
 // Whether a call took the request; clears it either way, so that it never reaches a later call.
 bool a16_folded();
 
+// The column of x's row at which the wgmma kernel (kernels/a16_wgmma.cu) reads column col, for K
+// a multiple of 64: inside each 64-column k-step the column pairs are permuted as the weights'
+// fragment order needs (pair w = 8c + 4p + k goes to 16p + 4k + c: a 4 x 4 transpose of 4-byte
+// words); col and col + 1 (col even) stay side by side. The kernel's own permute pass writes this
+// order; a producer may write it instead (a16_offer_wgmma_x).
+constexpr int64_t a16_wgmma_x_col(int64_t col) {
+  const int64_t w = col % 64 / 2;
+  return col / 64 * 64 + 2 * (((w & 7) << 2) | (w >> 3)) + col % 2;
+}
+// Offers the next A16 call on this thread x_perm [M, K] f16, x in that order (K % 64 == 0): a call
+// whose x is x_of and whose kernel is the wgmma one reads x_perm and skips its permute pass (one
+// launch and an L2 round trip fewer a Linear: the decode step at 17..32 rows, lab runs 148-150); any
+// other call ignores it. a16_took_wgmma_x says whether the call took it and clears the offer.
+void a16_offer_wgmma_x(const void* x_of, const void* x_perm);
+bool a16_took_wgmma_x();
+
 }  // namespace ptq::cuda

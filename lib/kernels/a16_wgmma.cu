@@ -14,7 +14,9 @@
 // logical k 2c, 2c + 1 | 2c + 8, 2c + 9 of the k16 step f), so x is permuted the same way once per
 // call (permute_x_kernel: column pair (c, f, hi) of each 64-column k-step to the 4-byte slot
 // 8f + 4hi + c; rows padded to whole k-steps with zeros) into a workspace, which the kernel copies
-// as it lies.
+// as it lies — or, where the caller offers x already in that order (a16_offer_wgmma_x, K % 64 ==
+// 0: the decode's norm and silu·mul write it, a16_wgmma_x_col), it reads that copy and no permute
+// pass runs.
 // Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
 // stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
 // the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math
@@ -358,8 +360,18 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     p = it->second;
   }
   const int64_t KP = (K + 63) / 64 * 64, units = M * (KP / 64) * 2;
-  DeviceBuffer<__half> xp(size_t(M * KP), "A16 wgmma permuted activations");
-  launch_pdl("a16 permute_x_kernel", true, -1, permute_x_kernel, dim3(unsigned((units + 255) / 256)), dim3(256), 0, x, xp.get(), int(M), int(K), int(KP));
+  // x in the kernel's order already (a16_offer_wgmma_x: the decode's norm and silu·mul write it
+  // beside x): no permute pass. Else permute_x writes it into a workspace.
+  DeviceBuffer<__half> xp;
+  const __half* xk = nullptr;
+  if (g_fold.x_perm && g_fold.x_of == x && KP == K) {
+    xk = static_cast<const __half*>(g_fold.x_perm);
+    g_fold.x_taken = true;
+  } else {
+    xp = DeviceBuffer<__half>(size_t(M * KP), "A16 wgmma permuted activations");
+    launch_pdl("a16 permute_x_kernel", true, -1, permute_x_kernel, dim3(unsigned((units + 255) / 256)), dim3(256), 0, x, xp.get(), int(M), int(K), int(KP));
+    xk = xp.get();
+  }
   DeviceBuffer<float> part;
   int* arrivals = nullptr;
   if (p.slices > 1) {
@@ -367,9 +379,12 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     arrivals = arrival_counters(p.groups);
   }
   // PDL for the GEMM from 64 staged x rows (one CTA per SM). With x tiles of 8..32 rows (several
-  // CTAs per SM, fewer CTAs than the GPU holds) it lost on most layers (the next kernel's CTAs
-  // crowd SMs this one still holds): off there. permute_x always takes it.
-  launch_pdl("a16 wgmma_kernel", bn >= 64, -1, kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xp.get(), yh, yf, beta, part.get(), arrivals,
+  // CTAs per SM, fewer CTAs than the GPU holds) it lost on most layers after permute_x (the next
+  // kernel's CTAs crowd SMs this one still holds): off there. With x in the kernel's order from
+  // the kernel before (a norm, silu·mul), on for 8-bit codes: decode batch 32 W8A16 +1.6%, while
+  // W4A16 lost 1.4% (docs/lab/2026-11-24-decode-h200.md, run 154). permute_x always takes it.
+  const bool pdl = bn >= 64 || (!xp.get() && Format::kU4 == 2);
+  launch_pdl("a16 wgmma_kernel", pdl, -1, kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xk, yh, yf, beta, part.get(), arrivals,
              int(M), int(N), int(K), p.sps);
 }
 

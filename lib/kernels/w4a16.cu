@@ -56,6 +56,14 @@ bool a16_folded() {
   a16::g_fold = {};
   return taken;
 }
+void a16_offer_wgmma_x(const void* x_of, const void* x_perm) {
+  a16::g_fold.x_of = x_of, a16::g_fold.x_perm = x_perm, a16::g_fold.x_taken = false;
+}
+bool a16_took_wgmma_x() {
+  const bool taken = a16::g_fold.x_taken;
+  a16::g_fold.x_of = a16::g_fold.x_perm = nullptr, a16::g_fold.x_taken = false;
+  return taken;
+}
 
 struct W4A16Linear::Impl {
   int64_t N = 0, K = 0, groups = 0, gs = 0;
