@@ -19,5 +19,14 @@ q nccl1 --gpus 1
 grep -o '"forward": "[^"]*"' /tmp/g-nccl1/report.json
 CUDA_VISIBLE_DEVICES=0,0 q twoonone --gpus 2
 G=${GPUS:-1}
+# The N-GPU run first (a short lease gets it), with NCCL's own log and a time limit: on 2026-11-28
+# `--gpus 2` did not finish in 110 s and printed nothing (docs/lab/2026-11-25-gpus-h200.md).
+NCCL_DEBUG=${NCCL_DEBUG:-INFO} timeout "${GPUS_TIMEOUT:-300}" .device/bin/ptqkit bench gptq --preset "${PRESET:-llama2-7b}" --layers 2 --samples 128 --gpus "$G" \
+  > "$out/bench-gptq-gpus$G.log" 2>&1
+rc=$?
+grep -E "per layer|hessian|forward|total|error" "$out/bench-gptq-gpus$G.log" | head -8
+if [ $rc -ne 0 ]; then   # timed out or failed: where it stood
+  echo "--gpus $G: exit $rc"; grep -v "NCCL INFO" "$out/bench-gptq-gpus$G.log" | tail -n 20; grep "NCCL INFO" "$out/bench-gptq-gpus$G.log" | tail -n 20
+  nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv
+fi
 .device/bin/ptqkit bench gptq --preset "${PRESET:-llama2-7b}" --layers 2 --samples 128 2>&1 | grep -E "per layer|hessian|forward  |total" | head -6
-.device/bin/ptqkit bench gptq --preset "${PRESET:-llama2-7b}" --layers 2 --samples 128 --gpus "$G" 2>&1 | grep -E "per layer|hessian|forward|total|error" | head -8
