@@ -118,6 +118,12 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       dec.decode_greedy(D);   // ends with a copy of the tokens to the host
       const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = double(B) * D / decode_s, step_ms = 1e3 * decode_s / D;
+      // The last step's logits, after the timing: a synthetic model whose activations overflow
+      // (its W8A16 Linears did before their zero point was set, lab run 151) times GEMMs on NaN.
+      const bool finite = dec.logits().allFinite();
+      if (!finite)
+        std::fprintf(stderr, "bench decode: %s at batch %d ended with non-finite logits: these timings ran on NaN or infinities "
+                     "(PTQKIT_DECODE_CHECK=1 with --no-graph names the stage)\n", fmt.c_str(), B);
       // Per step: the weights once, and each sequence's K and V up to the mean position.
       const double kv = 2.0 * 2.0 * double(c.kv_dim()) * c.num_hidden_layers * double(B) * (P + D / 2.0);
       const double floor_tps = double(B) / ((wbytes + kv) / (copy_gbs * 1e9));
@@ -131,11 +137,12 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       else std::snprintf(vs_text, sizeof vs_text, "%8s", "-");
       std::printf("%-7s %5d | %9.1f %8.3f | %9.1f %5.1f%% | %9.1f %5.1f%% | %s | %11.0f%s\n", fmt.c_str(), B, tps, step_ms, floor_tps, 100 * tps / floor_tps,
                   chain_tps, 100 * tps / chain_tps, vs_text, double(B) * P / prefill_s, dec.graph_used() ? "  graph" : "");
+      if (!finite) std::printf("  (non-finite logits)\n");
       std::fflush(stdout);
       rows.push_back({{"format", fmt}, {"batch", B}, {"tok_s", tps}, {"ms_per_step", step_ms}, {"floor_tok_s", floor_tps},
                       {"chain_floor_tok_s", chain_tps}, {"chain_kernels", chain.size()},
                       {"weight_bytes_per_step", wbytes}, {"kv_bytes_per_step", kv}, {"prefill_tok_s", double(B) * P / prefill_s},
-                      {"vs_f16", have_f16 ? nlohmann::json(vs) : nlohmann::json(nullptr)}, {"graph", dec.graph_used()}});
+                      {"vs_f16", have_f16 ? nlohmann::json(vs) : nlohmann::json(nullptr)}, {"graph", dec.graph_used()}, {"logits_finite", finite}});
     }
   }
   if (!a.json_out.empty())
