@@ -925,17 +925,22 @@ struct DecodeCuda::Impl {
     };
     T* const xnp[2] = {perm_of(0, xn_perm, norm_vec), perm_of(1, xn_perm, norm_vec)};
     T* const actp = perm_of(2, act_perm, f % 4 == 0);
+    // A call with a request to its A16 kernel made before it (a16_path.h: a fold, an offered x):
+    // whether the kernel took it, as `taken` answers, which also clears the request (on a throw too).
+    auto answered = [](auto&& call, bool (*taken)()) {
+      try {
+        call();
+      } catch (...) {
+        taken();
+        throw;
+      }
+      return taken();
+    };
     // fn(x, ...) with x's copy xp in the wgmma order offered (null: a plain call).
     auto offered = [&](int producer, const void* x, const void* xp, auto&& call) {
       if (!xp) return call();
       a16_offer_wgmma_x(x, xp);
-      try {
-        call();
-      } catch (...) {
-        a16_took_wgmma_x();
-        throw;
-      }
-      if (a16_took_wgmma_x()) took[size_t(producer)] = true, xperm_used = true;
+      if (answered(call, a16_took_wgmma_x)) took[size_t(producer)] = true, xperm_used = true;
     };
     auto norm = [&](const DeviceBuffer<float>& nw, T* outp) {
       if (norm_vec)
@@ -976,15 +981,7 @@ struct DecodeCuda::Impl {
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
     // step runs the kernel it would have saved).
-    auto folded = [&](auto&& call) {
-      try {
-        call();
-      } catch (...) {
-        a16_folded();
-        throw;
-      }
-      return a16_folded();
-    };
+    auto folded = [&](auto&& call) { return answered(call, a16_folded); };
     // At one row (f16 activations, the norm's vector form) the Linear that writes X (o, down)
     // normalizes it into xn where its kernel does (a16_fold_norm: NF4 at M = 1); residual_linear
     // says whether it did, else the norm kernel runs as before.
