@@ -677,7 +677,12 @@ TEST_CASE("gpu: the wgmma A16 kernel takes x in its k-step order from a producer
       INFO(bits << "-bit M=" << M);
       Rng r{uint64_t(M)};
       std::vector<uint16_t> xh(size_t(M * K)), xp(xh.size()), y1(size_t(M * N)), y2(y1.size());
-      for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+      std::vector<float> xf(xh.size()), ref(y1.size());
+      for (size_t i = 0; i < xh.size(); ++i) {
+        xf[i] = round_to(DType::F16, float(r.normal()));
+        xh[i] = f32_to_f16_bits(xf[i]);
+      }
+      ref_gemm_gptq(xf.data(), M, pk, true, ref.data());
       for (int64_t m = 0; m < M; ++m)
         for (int64_t k = 0; k < K; ++k) xp[size_t(m * K + cuda::a16_wgmma_x_col(k))] = xh[size_t(m * K + k)];
       cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dxp(xp.size(), "x permuted"), dy(y1.size(), "y");
@@ -691,10 +696,14 @@ TEST_CASE("gpu: the wgmma A16 kernel takes x in its k-step order from a producer
       CHECK(cuda::a16_took_wgmma_x());
       cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
       CHECK(y1 == y2);
-      // Offered for another x, or to a call of another kernel: not taken, and cleared.
+      CHECK(rel_error_f16(y2, ref) <= 2e-3);   // and the reference GEMM's product
+      // Offered for another x, or to a call of another kernel: not taken (the plain call's bytes), and cleared.
+      cuda::fill_bytes(dy.get(), 0xff, y1.size() * 2);
       cuda::a16_offer_wgmma_x(dxp.get(), dxp.get());
       L->gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
       CHECK_FALSE(cuda::a16_took_wgmma_x());
+      cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
+      CHECK(y1 == y2);
       cuda::fill_bytes(dy.get(), 0xff, y1.size() * 2);
       cuda::a16_offer_wgmma_x(dx.get(), dxp.get());
       L->gemm(dx.get(), M, dy.get(), M <= cuda::kA16MmaMaxM ? cuda::A16Path::mma : cuda::A16Path::dequant);
