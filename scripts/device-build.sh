@@ -10,7 +10,7 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTQKIT_NATIVE=O
 cmake --build build-device --parallel "$(nproc)" --target ptqkit test_cuda
 rm -rf .device && mkdir -p .device/bin .device/lib .device/assets/models .device/assets/text/tinystories .device/assets/golden
 cp build-device/bin/ptqkit build-device/bin/test_cuda .device/bin/
-strip .device/bin/ptqkit .device/bin/test_cuda   # symbols off, and compressed: .device travels within the 64 MiB carry limit
+strip --strip-debug .device/bin/ptqkit .device/bin/test_cuda   # debug info off (function names kept for backtraces), and compressed: .device travels within the 64 MiB carry limit
 gzip -6 .device/bin/ptqkit .device/bin/test_cuda  # (scripts/device-env.sh unpacks them on the GPU machine)
 # A base build to compare against on the GPU (scripts/device-compare.sh): BASE_PTQKIT=path/to/ptqkit,
 # built the same way (-DPTQKIT_NATIVE=OFF -DPTQKIT_MARCH=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES=90).

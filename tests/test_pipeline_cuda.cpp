@@ -367,6 +367,9 @@ TEST_CASE("gpu: quantize --gpus 1 (NCCL, one rank) writes the bytes of the one-G
     CHECK(back == h);
     CHECK(c.same(0x0123456789abcdefull));
     CHECK_THROWS_WITH(cuda::Comm("00ff", 0, 1), Catch::Contains("hex digits"));
+    c.close();   // the normal end; after it a collective is refused, a second close does nothing
+    CHECK_THROWS_WITH(c.sum(dh.get(), h.size()), Catch::Contains("closed"));
+    c.close();
   }
   r.gpus = 0;
   r.output = d / "one";
@@ -377,4 +380,38 @@ TEST_CASE("gpu: quantize --gpus 1 (NCCL, one rank) writes the bytes of the one-G
   CHECK_THAT(rep["forward"].get<std::string>(), Catch::Contains("data-parallel over 1 GPUs"));
   // An all-reduce over one rank is a copy: the same Hessians, so the same codes, byte for byte.
   CHECK(read_text_file(d / "one/model.safetensors") == read_text_file(d / "nccl/model.safetensors"));
+}
+
+// Two ranks (worker processes running the ptqkit CLI, PTQKIT_DIST_EXE): the run ends (on
+// 2026-11-28 it hung in NCCL's teardown: rank 0 waited for a worker that waited for rank 0) and
+// writes the one-GPU run's bytes, twice. Exact, not approximate: with 32 windows of 512 tokens each
+// rank's 8192 tokens are one of the one-GPU run's fp32 groups of 8 x 1024 rows (hessian_cuda.h),
+// so the fp64 sum adds the same two terms. (With shares that split a group the fp32 sums round
+// differently: 8 windows of 128 tokens moved a Linear's loss by 1.4% with act-order.)
+TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-GPU run's bytes, twice") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  int visible = 0;
+  cudaGetDeviceCount(&visible);
+  if (visible < 2) PTQ_SKIP("quantize --gpus 2 needs two GPUs; " + std::to_string(visible) + " visible");
+  if (!cuda::nccl_built()) PTQ_SKIP("this build has no NCCL");
+  if (!std::filesystem::exists(ptqtest::ptqkit_bin())) PTQ_SKIP("the ptqkit CLI is not at " + ptqtest::ptqkit_bin() + " (set PTQKIT_BIN)");
+  ::setenv("PTQKIT_DIST_EXE", ptqtest::ptqkit_bin().c_str(), 1);
+  ptqtest::TempDir d;
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, act_order: true, static_groups: true}\nexport: {format: [gptq]}\n"), "r.yaml");
+  r.model = ptqtest::assets() + "/models/distilled-13m";
+  r.calibration = {"random", 32, 512, 0};
+  r.device = "cuda";
+  r.output = d / "one";
+  run_quantize(r, {});
+  r.gpus = 2;
+  r.output = d / "two-a";
+  const json two = run_quantize(r, {});
+  r.output = d / "two-b";
+  run_quantize(r, {});
+  ::unsetenv("PTQKIT_DIST_EXE");
+  CHECK_THAT(two["forward"].get<std::string>(), Catch::Contains("data-parallel over 2 GPUs"));
+  const std::string one = read_text_file(d / "one/model.safetensors");
+  CHECK(read_text_file(d / "two-a/model.safetensors") == one);
+  CHECK(read_text_file(d / "two-b/model.safetensors") == one);
 }

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "cuda/runtime.h"
@@ -17,6 +19,16 @@ namespace ptq::cuda {
 #ifdef PTQKIT_HAVE_NCCL
 
 namespace {
+// PTQKIT_DIST_TRACE=1: each rank says on stderr when it enters and leaves NCCL's init and every
+// collective (seconds since this process's first trace), so that a run that stops shows where.
+void trace(int rank, const char* what, size_t n, const char* phase) {
+  static const bool on = [] { const char* e = std::getenv("PTQKIT_DIST_TRACE"); return e && *e && *e != '0'; }();
+  if (!on) return;
+  static const auto t0 = std::chrono::steady_clock::now();
+  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "ptqkit: rank %d %9.3f s %s %s (%zu)\n", rank, t, phase, what, n);
+}
+
 void nccl_check(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return;
   const char* last = ncclGetLastError(nullptr);
@@ -33,15 +45,21 @@ std::string nccl_version() {
 
 struct Comm::Impl {
   ncclComm_t comm = nullptr;
-  std::atomic<bool> aborted{false};
+  enum State { open, closed, aborted };
+  std::atomic<int> state{open};   // one transition out of open: close() or abort(), whichever comes first
+  bool leave(State to) {
+    int o = open;
+    return state.compare_exchange_strong(o, to);
+  }
   // Waits for the stream; a collective an abort cut short reports an error, not a hang.
   void usable(const char* what) const {
-    if (aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
+    if (state == aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
+    if (state == closed) fail(Errc::usage, "NCCL", what, "the communicator is closed");
   }
   void finish(ncclResult_t r, const char* what) {
     nccl_check(r, what);
     PTQ_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
-    if (aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
+    if (state == aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
   }
 };
 
@@ -61,44 +79,62 @@ Comm::Comm(const std::string& id, int rank, int size) : p_(std::make_unique<Impl
   ncclUniqueId u;
   if (id.size() != 2 * sizeof u.internal) fail(Errc::usage, "", "--dist-id", "expected " + std::to_string(2 * sizeof u.internal) + " hex digits");
   for (size_t i = 0; i < sizeof u.internal; ++i) u.internal[i] = char(std::stoi(id.substr(2 * i, 2), nullptr, 16));
+  trace(rank, "ncclCommInitRank", size_t(size), "enter");
   nccl_check(ncclCommInitRank(&p_->comm, size, u, rank), "ncclCommInitRank");
+  trace(rank, "ncclCommInitRank", size_t(size), "leave");
 }
 
 Comm::~Comm() {
-  if (p_->comm && !p_->aborted) ncclCommDestroy(p_->comm);   // abort() has freed it
+  if (p_->comm) abort();   // not closed: this rank is failing, so it does not wait for the others
+}
+
+void Comm::close() {
+  if (!p_->leave(Impl::closed)) return;
+  trace(rank_, "ncclCommFinalize + ncclCommDestroy", size_t(size_), "enter");
+  nccl_check(ncclCommFinalize(p_->comm), "ncclCommFinalize");
+  nccl_check(ncclCommDestroy(p_->comm), "ncclCommDestroy");
+  trace(rank_, "ncclCommFinalize + ncclCommDestroy", size_t(size_), "leave");
 }
 
 void Comm::sum(double* dev, size_t n) const {
   p_->usable("ncclAllReduce");
+  trace(rank_, "ncclAllReduce (fp64 sum)", n, "enter");
   p_->finish(ncclAllReduce(dev, dev, n, ncclFloat64, ncclSum, p_->comm, cudaStreamLegacy), "ncclAllReduce (fp64 sum)");
+  trace(rank_, "ncclAllReduce (fp64 sum)", n, "leave");
 }
 void Comm::sum(int64_t* dev, size_t n) const {
   p_->usable("ncclAllReduce");
+  trace(rank_, "ncclAllReduce (int64 sum)", n, "enter");
   p_->finish(ncclAllReduce(dev, dev, n, ncclInt64, ncclSum, p_->comm, cudaStreamLegacy), "ncclAllReduce (int64 sum)");
+  trace(rank_, "ncclAllReduce (int64 sum)", n, "leave");
 }
 bool Comm::same(uint64_t v) const {
   p_->usable("ncclAllReduce");
   DeviceBuffer<uint64_t> d(2, "digest");
   const uint64_t h[2] = {v, ~v};   // max(v) and max(~v) = ~min(v)
   copy_to_device(d.get(), h, sizeof h);
+  trace(rank_, "ncclAllReduce (digest)", 2, "enter");
   p_->finish(ncclAllReduce(d.get(), d.get(), 2, ncclUint64, ncclMax, p_->comm, cudaStreamLegacy), "ncclAllReduce (digest)");
   uint64_t r[2];
   copy_to_host(r, d.get(), sizeof r);
+  trace(rank_, "ncclAllReduce (digest)", 2, "leave");
   return r[0] == v && ~r[1] == v;
 }
 void Comm::share(void* dev, const std::vector<size_t>& off) const {
   p_->usable("ncclBroadcast");
   if (off.size() != size_t(size_) + 1) fail(Errc::usage, "NCCL", "share", "one offset per rank and the end");
   auto* b = static_cast<uint8_t*>(dev);
+  trace(rank_, "ncclBroadcast x ranks (bytes)", off.back() - off.front(), "enter");
   nccl_check(ncclGroupStart(), "ncclGroupStart");
   for (int r = 0; r < size_; ++r)
     nccl_check(ncclBroadcast(b + off[size_t(r)], b + off[size_t(r)], off[size_t(r) + 1] - off[size_t(r)], ncclUint8, r, p_->comm, cudaStreamLegacy),
                "ncclBroadcast");
   p_->finish(ncclGroupEnd(), "ncclGroupEnd (broadcasts)");
+  trace(rank_, "ncclBroadcast x ranks (bytes)", off.back() - off.front(), "leave");
 }
 
 void Comm::abort() {
-  if (p_->aborted.exchange(true)) return;
+  if (!p_->leave(Impl::aborted)) return;   // closed (or closing: NCCL's own teardown owns it), or aborted already
   ncclCommAbort(p_->comm);
 }
 
@@ -119,6 +155,7 @@ void Comm::sum(double*, size_t) const { no_nccl(); }
 void Comm::sum(int64_t*, size_t) const { no_nccl(); }
 bool Comm::same(uint64_t) const { no_nccl(); }
 void Comm::share(void*, const std::vector<size_t>&) const { no_nccl(); }
+void Comm::close() {}
 void Comm::abort() {}
 
 #endif

@@ -33,8 +33,14 @@ class Comm {
   // Rank r's bytes [off[r], off[r + 1]) of the device buffer `dev` copied to every rank (one
   // broadcast per rank, in place): after it every rank holds every rank's part.
   void share(void* dev, const std::vector<size_t>& off) const;
+  // The normal end, on every rank at the same point after its last collective: ncclCommFinalize
+  // then ncclCommDestroy, which NCCL 2.28 completes only once every rank has called it (a rank
+  // that waits for another process before closing deadlocks both: lab, 2026-11-28). Later calls
+  // refuse (Errc::usage); a second close() does nothing.
+  void close();
   // From another thread, when a peer process has died: calls blocked in a collective return an
-  // error instead of waiting forever.
+  // error instead of waiting forever. A communicator neither closed nor aborted is aborted by its
+  // destructor (a failing rank must not wait for its peers).
   void abort();
 
  private:

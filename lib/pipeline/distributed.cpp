@@ -64,9 +64,15 @@ class Workers {
     const std::vector<std::string> gpus = visible_gpus();
     const int threads = std::max(1, int(std::thread::hardware_concurrency()) / n);
     const pid_t parent = ::getpid();
+    // This executable by its own path, so that each rank shows as ptqkit (/proc/self/exe if
+    // unreadable); PTQKIT_DIST_EXE names another (a test binary's ranks run the ptqkit CLI).
+    std::error_code ec;
+    std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    if (ec || exe.empty()) exe = "/proc/self/exe";
+    if (const char* e = std::getenv("PTQKIT_DIST_EXE"); e && *e) exe = e;
     for (int rank = 1; rank < n; ++rank) {
       // Everything the child needs is built before fork (only exec and plain system calls after it).
-      std::vector<std::string> args = {"/proc/self/exe", "-q", "--threads", std::to_string(threads), "dist-worker", "--recipe", recipe_file,
+      std::vector<std::string> args = {exe, "-q", "--threads", std::to_string(threads), "dist-worker", "--recipe", recipe_file,
                                        "--rank", std::to_string(rank), "--size", std::to_string(n), "--id", id};
       std::vector<std::string> env;
       for (char** e = environ; *e; ++e)
@@ -170,7 +176,7 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / n));   // the cores shared as the workers share them
   cuda::Comm comm(id, 0, n);
   w.watch(comm);
-  DistRank d{0, n, &comm};
+  DistRank d{0, n, &comm, [&comm] { comm.close(); }};
   QuantizeOptions o = opt;
   o.dist = &d;
   nlohmann::json rep;
@@ -189,7 +195,7 @@ void run_quantize_worker(const std::string& recipe_file, int rank, int size, con
   const Recipe r = load_recipe(recipe_file);
   try {
     cuda::Comm comm(id, rank, size);
-    DistRank d{rank, size, &comm};
+    DistRank d{rank, size, &comm, [&comm] { comm.close(); }};
     QuantizeOptions o;
     o.dist = &d;
     run_quantize(r, o);

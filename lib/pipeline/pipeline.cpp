@@ -690,6 +690,9 @@ void quantize_layers(Run& R, QuantStore* store) {
     }
     bar.finish();
   }
+  // No collective follows the layers: every rank closes its communicator here, so that rank 0
+  // exports with the workers already gone (NCCL's teardown waits for every rank).
+  if (R.opt.dist && R.opt.dist->layers_done) R.opt.dist->layers_done();
 }
 
 // ---------------------------------------------------------------- the report

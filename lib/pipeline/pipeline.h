@@ -10,6 +10,7 @@
 // the quantized layer produces the next input. Resident memory: one layer's fp32 weights, the
 // calibration activations, and the Hessians of the current group.
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "pipeline/recipe.h"
@@ -23,6 +24,7 @@ namespace cuda { class Comm; }
 struct DistRank {
   int rank = 0, size = 1;
   const cuda::Comm* comm = nullptr;
+  std::function<void()> layers_done;   // every rank, after its last layer's collectives: closes the communicator
 };
 
 struct QuantizeOptions {
