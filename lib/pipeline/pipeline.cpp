@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -739,6 +740,12 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     load_model(R);
     calibrate(R);
     quantize_layers(R, nullptr);
+    if (const char* e = std::getenv("PTQKIT_DIST_TRACE"); e && *e && *e != '0') {   // its phases, as rank 0's report has them
+      std::string line;
+      for (const auto* m : {&R.t.phase, &R.t.upload, &R.t.solve})
+        for (const auto& [k, v] : *m) line += " " + k + " " + std::to_string(v).substr(0, 6);
+      std::fprintf(stderr, "ptqkit: rank %d phases (s):%s; total %.3f\n", opt.dist->rank, line.c_str(), seconds_since(t_start));
+    }
     return json::object();
   }
   OutputDir out(R.r.output, opt.force, opt.resume, /*keep_on_failure=*/opt.resume);   // never destroy what --resume was asked to continue
