@@ -36,7 +36,9 @@ class Comm {
   // The normal end, on every rank at the same point after its last collective: ncclCommFinalize
   // then ncclCommDestroy, which NCCL 2.28 completes only once every rank has called it (a rank
   // that waits for another process before closing deadlocks both: lab, 2026-11-28). Later calls
-  // refuse (Errc::usage); a second close() does nothing.
+  // refuse (Errc::usage); a second close() does nothing. Not covered: a peer that dies after its
+  // last collective and before its own close() leaves this one waiting (abort() does not
+  // interrupt a close in progress: NCCL's teardown owns the communicator then).
   void close();
   // From another thread, when a peer process has died: calls blocked in a collective return an
   // error instead of waiting forever. A communicator neither closed nor aborted is aborted by its
