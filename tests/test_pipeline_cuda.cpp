@@ -397,6 +397,7 @@ TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-
   if (!cuda::nccl_built()) PTQ_SKIP("this build has no NCCL");
   if (!std::filesystem::exists(ptqtest::ptqkit_bin())) PTQ_SKIP("the ptqkit CLI is not at " + ptqtest::ptqkit_bin() + " (set PTQKIT_BIN)");
   ::setenv("PTQKIT_DIST_EXE", ptqtest::ptqkit_bin().c_str(), 1);
+  struct Unset { ~Unset() { ::unsetenv("PTQKIT_DIST_EXE"); } } unset;   // also when a run throws
   ptqtest::TempDir d;
   Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, act_order: true, static_groups: true}\nexport: {format: [gptq]}\n"), "r.yaml");
   r.model = ptqtest::assets() + "/models/distilled-13m";
@@ -409,7 +410,6 @@ TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-
   const json two = run_quantize(r, {});
   r.output = d / "two-b";
   run_quantize(r, {});
-  ::unsetenv("PTQKIT_DIST_EXE");
   CHECK_THAT(two["forward"].get<std::string>(), Catch::Contains("data-parallel over 2 GPUs"));
   const std::string one = read_text_file(d / "one/model.safetensors");
   CHECK(read_text_file(d / "two-a/model.safetensors") == one);

@@ -49,12 +49,12 @@ inline RunResult run_command(const std::string& command) {
   int st = ::pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
 }
-// Runs `ptqkit ARGS`.
 // The ptqkit CLI: $PTQKIT_BIN where set (a test binary run away from its build folder), else the build's.
 inline std::string ptqkit_bin() {
   const char* e = std::getenv("PTQKIT_BIN");
   return e && *e ? e : PTQKIT_BIN;
 }
+// Runs `ptqkit ARGS`.
 inline RunResult run_ptqkit(const std::string& args) { return run_command(ptqkit_bin() + " " + args); }
 
 }  // namespace ptqtest

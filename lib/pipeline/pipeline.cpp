@@ -742,8 +742,12 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     quantize_layers(R, nullptr);
     if (const char* e = std::getenv("PTQKIT_DIST_TRACE"); e && *e && *e != '0') {   // its phases, as rank 0's report has them
       std::string line;
+      char v3[32];
       for (const auto* m : {&R.t.phase, &R.t.upload, &R.t.solve})
-        for (const auto& [k, v] : *m) line += " " + k + " " + std::to_string(v).substr(0, 6);
+        for (const auto& [k, v] : *m) {
+          std::snprintf(v3, sizeof v3, " %.3f", v);
+          line += " " + k + v3;
+        }
       std::fprintf(stderr, "ptqkit: rank %d phases (s):%s; total %.3f\n", opt.dist->rank, line.c_str(), seconds_since(t_start));
     }
     return json::object();
