@@ -606,11 +606,15 @@ class LayerLoader {
   LayerWeights get(int l) {
     PhaseTimer t(R_.t.phase["load"]);
     LayerWeights w = next_.valid() ? next_.get() : load(l);
-    // Half the cores: it overlaps the layer's compute, while the main thread keeps the other
-    // half for its own host work (RTN, dequantization, packing into the layer store).
+    // Half of this process's threads (--threads, or cores / N under --gpus N): it overlaps the
+    // layer's compute, while the main thread keeps the other half for its own host work (RTN,
+    // dequantization, packing into the layer store) and its GPU launches. (Half the machine's
+    // cores in every one of N processes starved the launching threads: each rank loads and
+    // converts the whole layer, so two ranks' loaders filled all the cores; lab, 2026-11-28.)
+    const int share = omp_get_max_threads();   // the calling thread's: a new thread starts from the default
     if (l + 1 < R_.c().num_hidden_layers)
-      next_ = std::async(std::launch::async, [this, l] {
-        omp_set_num_threads(std::max(1, omp_get_num_procs() / 2));
+      next_ = std::async(std::launch::async, [this, l, share] {
+        omp_set_num_threads(std::max(1, share / 2));
         const auto t0 = Clock::now();
         LayerWeights lw = load(l + 1);
         R_.prefetch_seconds += seconds_since(t0);
