@@ -690,25 +690,22 @@ TEST_CASE("gpu: the wgmma A16 kernel takes x in its k-step order from a producer
       cuda::copy_to_device(dxp.get(), xp.data(), xp.size() * 2);
       L->gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
       cuda::copy_to_host(y1.data(), dy.get(), y1.size() * 2);
-      cuda::fill_bytes(dy.get(), 0xff, y1.size() * 2);
-      cuda::a16_offer_wgmma_x(dx.get(), dxp.get());
-      L->gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
-      CHECK(cuda::a16_took_wgmma_x());
-      cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
+      // y2 = the call on x with (x_of, x permuted) offered, y poisoned first; whether it took the offer.
+      auto offered = [&](const void* x_of, cuda::A16Path path) {
+        cuda::fill_bytes(dy.get(), 0xff, y2.size() * 2);
+        cuda::a16_offer_wgmma_x(x_of, dxp.get());
+        L->gemm(dx.get(), M, dy.get(), path);
+        const bool took = cuda::a16_took_wgmma_x();
+        cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
+        return took;
+      };
+      CHECK(offered(dx.get(), cuda::A16Path::wgmma));
       CHECK(y1 == y2);
       CHECK(rel_error_f16(y2, ref) <= 2e-3);   // and the reference GEMM's product
       // Offered for another x, or to a call of another kernel: not taken (the plain call's bytes), and cleared.
-      cuda::fill_bytes(dy.get(), 0xff, y1.size() * 2);
-      cuda::a16_offer_wgmma_x(dxp.get(), dxp.get());
-      L->gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
-      CHECK_FALSE(cuda::a16_took_wgmma_x());
-      cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
+      CHECK_FALSE(offered(dxp.get(), cuda::A16Path::wgmma));
       CHECK(y1 == y2);
-      cuda::fill_bytes(dy.get(), 0xff, y1.size() * 2);
-      cuda::a16_offer_wgmma_x(dx.get(), dxp.get());
-      L->gemm(dx.get(), M, dy.get(), M <= cuda::kA16MmaMaxM ? cuda::A16Path::mma : cuda::A16Path::dequant);
-      CHECK_FALSE(cuda::a16_took_wgmma_x());
-      cuda::copy_to_host(y2.data(), dy.get(), y2.size() * 2);
+      CHECK_FALSE(offered(dx.get(), M <= cuda::kA16MmaMaxM ? cuda::A16Path::mma : cuda::A16Path::dequant));
       CHECK(std::none_of(y2.begin(), y2.end(), [](uint16_t v) { return v == 0xffff; }));   // written (not the poison)
     }
   }

@@ -564,18 +564,22 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
 // The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
-// The thread's fold request (a16_fold_norm, a16_fold_silu) and whether a call took it; and the
-// offer of x in the wgmma kernel's k-step order (a16_offer_wgmma_x: x_of, its copy x_perm) and
-// whether a call took it.
+// The thread's fold request (a16_fold_norm, a16_fold_silu) and whether a call took it.
 struct FoldRequest {
   const A16RowNorm* norm = nullptr;
   void* silu = nullptr;
   bool taken = false;
-  const void* x_of = nullptr;
-  const void* x_perm = nullptr;
-  bool x_taken = false;
 };
 inline thread_local FoldRequest g_fold;
+// The thread's offer of x in the wgmma kernel's k-step order (a16_offer_wgmma_x: x_of, its copy
+// x_perm) and whether a call took it: apart from the fold request, so that neither's setting or
+// clearing touches the other.
+struct XOffer {
+  const void* x_of = nullptr;
+  const void* x_perm = nullptr;
+  bool taken = false;
+};
+inline thread_local XOffer g_x_offer;
 
 // CTAs of kern with S warps resident per SM (the occupancy calculator).
 inline int resident_ctas(const void* kern, int S, size_t smem) {

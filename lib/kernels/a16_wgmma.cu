@@ -364,9 +364,9 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   // beside x): no permute pass. Else permute_x writes it into a workspace.
   DeviceBuffer<__half> xp;
   const __half* xk = nullptr;
-  if (g_fold.x_perm && g_fold.x_of == x && KP == K) {
-    xk = static_cast<const __half*>(g_fold.x_perm);
-    g_fold.x_taken = true;
+  if (g_x_offer.x_perm && g_x_offer.x_of == x && KP == K) {
+    xk = static_cast<const __half*>(g_x_offer.x_perm);
+    g_x_offer.taken = true;
   } else {
     xp = DeviceBuffer<__half>(size_t(M * KP), "A16 wgmma permuted activations");
     launch_pdl("a16 permute_x_kernel", true, -1, permute_x_kernel, dim3(unsigned((units + 255) / 256)), dim3(256), 0, x, xp.get(), int(M), int(K), int(KP));

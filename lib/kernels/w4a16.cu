@@ -56,12 +56,10 @@ bool a16_folded() {
   a16::g_fold = {};
   return taken;
 }
-void a16_offer_wgmma_x(const void* x_of, const void* x_perm) {
-  a16::g_fold.x_of = x_of, a16::g_fold.x_perm = x_perm, a16::g_fold.x_taken = false;
-}
+void a16_offer_wgmma_x(const void* x_of, const void* x_perm) { a16::g_x_offer = {x_of, x_perm, false}; }
 bool a16_took_wgmma_x() {
-  const bool taken = a16::g_fold.x_taken;
-  a16::g_fold.x_of = a16::g_fold.x_perm = nullptr, a16::g_fold.x_taken = false;
+  const bool taken = a16::g_x_offer.taken;
+  a16::g_x_offer = {};
   return taken;
 }
 
