@@ -56,10 +56,14 @@ struct Comm::Impl {
     if (state == aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
     if (state == closed) fail(Errc::usage, "NCCL", what, "the communicator is closed");
   }
-  void finish(ncclResult_t r, const char* what) {
-    nccl_check(r, what);
+  // One collective (call() enqueues it: its result) over n elements, traced on entry and exit.
+  template <class Call>
+  void collective(int rank, const char* what, size_t n, Call call) {
+    trace(rank, what, n, "enter");
+    nccl_check(call(), what);
     PTQ_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
     if (state == aborted) fail(Errc::io, "NCCL", what, "aborted: a peer process failed");
+    trace(rank, what, n, "leave");
   }
 };
 
@@ -98,39 +102,33 @@ void Comm::close() {
 
 void Comm::sum(double* dev, size_t n) const {
   p_->usable("ncclAllReduce");
-  trace(rank_, "ncclAllReduce (fp64 sum)", n, "enter");
-  p_->finish(ncclAllReduce(dev, dev, n, ncclFloat64, ncclSum, p_->comm, cudaStreamLegacy), "ncclAllReduce (fp64 sum)");
-  trace(rank_, "ncclAllReduce (fp64 sum)", n, "leave");
+  p_->collective(rank_, "ncclAllReduce (fp64 sum)", n, [&] { return ncclAllReduce(dev, dev, n, ncclFloat64, ncclSum, p_->comm, cudaStreamLegacy); });
 }
 void Comm::sum(int64_t* dev, size_t n) const {
   p_->usable("ncclAllReduce");
-  trace(rank_, "ncclAllReduce (int64 sum)", n, "enter");
-  p_->finish(ncclAllReduce(dev, dev, n, ncclInt64, ncclSum, p_->comm, cudaStreamLegacy), "ncclAllReduce (int64 sum)");
-  trace(rank_, "ncclAllReduce (int64 sum)", n, "leave");
+  p_->collective(rank_, "ncclAllReduce (int64 sum)", n, [&] { return ncclAllReduce(dev, dev, n, ncclInt64, ncclSum, p_->comm, cudaStreamLegacy); });
 }
 bool Comm::same(uint64_t v) const {
   p_->usable("ncclAllReduce");
   DeviceBuffer<uint64_t> d(2, "digest");
   const uint64_t h[2] = {v, ~v};   // max(v) and max(~v) = ~min(v)
   copy_to_device(d.get(), h, sizeof h);
-  trace(rank_, "ncclAllReduce (digest)", 2, "enter");
-  p_->finish(ncclAllReduce(d.get(), d.get(), 2, ncclUint64, ncclMax, p_->comm, cudaStreamLegacy), "ncclAllReduce (digest)");
+  p_->collective(rank_, "ncclAllReduce (digest)", 2, [&] { return ncclAllReduce(d.get(), d.get(), 2, ncclUint64, ncclMax, p_->comm, cudaStreamLegacy); });
   uint64_t r[2];
   copy_to_host(r, d.get(), sizeof r);
-  trace(rank_, "ncclAllReduce (digest)", 2, "leave");
   return r[0] == v && ~r[1] == v;
 }
 void Comm::share(void* dev, const std::vector<size_t>& off) const {
   p_->usable("ncclBroadcast");
   if (off.size() != size_t(size_) + 1) fail(Errc::usage, "NCCL", "share", "one offset per rank and the end");
   auto* b = static_cast<uint8_t*>(dev);
-  trace(rank_, "ncclBroadcast x ranks (bytes)", off.back() - off.front(), "enter");
-  nccl_check(ncclGroupStart(), "ncclGroupStart");
-  for (int r = 0; r < size_; ++r)
-    nccl_check(ncclBroadcast(b + off[size_t(r)], b + off[size_t(r)], off[size_t(r) + 1] - off[size_t(r)], ncclUint8, r, p_->comm, cudaStreamLegacy),
-               "ncclBroadcast");
-  p_->finish(ncclGroupEnd(), "ncclGroupEnd (broadcasts)");
-  trace(rank_, "ncclBroadcast x ranks (bytes)", off.back() - off.front(), "leave");
+  p_->collective(rank_, "ncclGroupEnd (broadcasts)", off.back() - off.front(), [&] {
+    nccl_check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < size_; ++r)
+      nccl_check(ncclBroadcast(b + off[size_t(r)], b + off[size_t(r)], off[size_t(r) + 1] - off[size_t(r)], ncclUint8, r, p_->comm, cudaStreamLegacy),
+                 "ncclBroadcast");
+    return ncclGroupEnd();
+  });
 }
 
 void Comm::abort() {

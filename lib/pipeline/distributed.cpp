@@ -75,16 +75,13 @@ class Workers {
       std::vector<std::string> args = {exe, "-q", "--threads", std::to_string(threads), "dist-worker", "--recipe", recipe_file,
                                        "--rank", std::to_string(rank), "--size", std::to_string(n), "--id", id};
       std::vector<std::string> env;
-      bool wait_policy = false;
-      for (char** e = environ; *e; ++e) {
+      for (char** e = environ; *e; ++e)
         if (std::string(*e).rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) env.push_back(*e);
-        wait_policy = wait_policy || std::string(*e).rfind("OMP_WAIT_POLICY=", 0) == 0;
-      }
       env.push_back("CUDA_VISIBLE_DEVICES=" + gpus[size_t(rank)]);
       // OpenMP threads that sleep when idle (unless the user chose): N processes' spinning
       // threads took the cores their launching threads needed (two H200s, llama2-7b, 256
       // windows: 0.70 s a layer with spinning threads, 0.59 s passive; docs/lab/2026-11-25-gpus-h200.md).
-      if (!wait_policy) env.push_back("OMP_WAIT_POLICY=passive");
+      if (!std::getenv("OMP_WAIT_POLICY")) env.push_back("OMP_WAIT_POLICY=passive");
       std::vector<char*> argv, envp;
       for (auto& a : args) argv.push_back(a.data());
       for (auto& e : env) envp.push_back(e.data());
