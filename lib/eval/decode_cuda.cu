@@ -274,20 +274,28 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
   }
 }
 
-// grid (rows, nh, splits), 256 threads; shared: max_len (scores) + 32 + warps x hd floats.
+// grid (rows, nh, splits), 256 threads; shared: 32 + warps x hd floats, the records (below).
 // 16-byte loads: a position's key and value rows are read by L lanes, 8 dims each (hd % 8 == 0,
 // L the power of two >= hd / 8), so a warp takes 32 / L positions at a time (warp w the positions
-// j0 + (w + warps i) 32 / L + lane / L). Scores into shared memory, softmax, then P·V with each
-// lane summing its 8 dims over its positions; the warp's position groups are added by shuffles,
-// the warps in shared memory. (Run 28: 2-byte loads, a warp per position, ran the batch-32
-// attention at 2.85 ms a step against 1.51 ms here.) q, K, V and the partials through L2 (__ldcg):
-// q is written by the kernel before under PDL, the partials by other CTAs of this one.
+// j0 + (w + warps i) 32 / L + lane / L). One pass over the positions (online softmax): each group
+// of L lanes keeps a running max m, its exp-sum l and the unnormalized P·V of its 8 dims over its
+// positions, rescaled by e^(m_old - m_new) once a batch of U steps (its keys and values loaded
+// together); the warp's position groups are merged by shuffles, the warps in shared memory after
+// the kernel's one barrier. (Run 28: 2-byte loads, a warp per position, ran the batch-32 attention
+// at 2.85 ms a step against 1.51 ms in the 16-byte form. Runs 165-166: the one pass against the
+// two passes it replaced (scores into shared memory, a softmax, then P·V, four barriers): batch 8
+// +1.6-3.3%, batch 32 +0.7-0.9%, prefill +5%; 4 steps a batch (80 registers, or 64 with spills),
+// and a warp's own cp.async ring of 2-4 stages in shared memory, were slower than 2 steps in
+// registers.) With no scores in shared memory the cache's length is not bounded by it. q, K, V and
+// the partials through L2 (__ldcg): q is written by the kernel before under PDL, the partials by
+// other CTAs of this one.
 constexpr int kAttnMaxWarps = 8, kMaxHd = 256, kMaxSplits = 16, kSplitBelow = 512, kSplitCtas = 768, kSplitMinPositions = 64;   // a CTA of 8 warps (32 at batch 1 was 0.55 ms a step; splits instead)
+constexpr int kAttnThreads = 32 * kAttnMaxWarps;
 constexpr int kClusterSplits = 8;   // the most splits combined in a cluster (the portable cluster size)
-// Shared memory of attend: scores (max_len), the reduction (32), the warps' P·V sums (warps x hd),
-// the CTA's record (2 + hd) and, clustered, every split's record (kClusterSplits x (2 + hd)).
-inline size_t attend_smem(int max_len, int warps, int hd, bool clustered) {
-  return size_t(max_len + 32 + warps * hd + (2 + hd) * (clustered ? 1 + kClusterSplits : 1)) * 4;
+// Shared memory of attend: the reduction (32), the warps' P·V sums (warps x hd), the CTA's record
+// (2 + hd) and, clustered, every split's record (kClusterSplits x (2 + hd)).
+inline size_t attend_smem(int warps, int hd, bool clustered) {
+  return size_t(32 + warps * hd + (2 + hd) * (clustered ? 1 + kClusterSplits : 1)) * 4;
 }
 // ctx_row [hd] = the S records [S][2 + hd] (max, exp-sum, unnormalized P·V) combined: one pass
 // over the splits in split order, rescaling the running sums at each new max (unrolled by 4: the
@@ -332,13 +340,13 @@ __device__ __forceinline__ void combine_splits(int S, int hd, const float* recs,
 // append needs no ordering here (lab runs 105, 108: a kernel less a layer, batch 1 W4A16 +2.7%,
 // NF4 +2.2%). Its own instantiation: in the one kernel the fold's code took the attention from 64
 // to 86 registers, 2 CTAs an SM instead of 3, and prefill and batch 8 lost 4-8% (run 110).
+// Registers: 64 (4 CTAs an SM) without kRope; 80 with it (batch 1: few CTAs).
 template <class T, int L, bool kRope>
-__global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
+__global__ void __launch_bounds__(kAttnThreads, kRope ? 1 : 4) attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx, float* partial, int* arrivals, RopeArgs rope) {
-  constexpr int P = 32 / L, U = 4;   // positions per warp step; steps per batch of loads in flight
+  constexpr int P = 32 / L, U = 2;   // positions per warp step; steps per batch of loads in flight
   extern __shared__ float sh[];
-  float* s = sh;
-  float* red = s + max_len;
+  float* red = sh;
   float* part = red + 32;   // [warps][hd]
   float* rec = part + blockDim.x / 32 * hd;   // [2 + hd]: this CTA's record (S > 1)
   float* recs = rec + 2 + hd;                 // [S][2 + hd]: every split's record, in the combining CTA (clustered)
@@ -418,76 +426,69 @@ __global__ void attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh
         const int j = min(jw + u * stride, last);
         kr[u] = key(j), vr[u] = value(j);
       }
-    // Scores: a batch of U rows per lane loaded, then used (loads inside the per-position branch
-    // ran one at a time). jb - sub, the warp's first position of the batch, is uniform over the warp.
+    // A batch of U rows of K and of V per lane loaded, then used (loads inside the per-position
+    // branch ran one at a time). jb - sub, the warp's first position of the batch, is uniform over
+    // the warp. Positions past last score -FLT_MAX and weigh 0.
+    float m = -FLT_MAX, l = 0, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int jb = jw; jb - sub <= last; jb += U * stride) {
       if (jb != jw)
 #pragma unroll
-        for (int u = 0; u < U; ++u) kr[u] = key(min(jb + u * stride, last));
+        for (int u = 0; u < U; ++u) {
+          const int j = min(jb + u * stride, last);
+          kr[u] = key(j), vr[u] = value(j);
+        }
+      float d[U], mb = m;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const T* k = reinterpret_cast<const T*>(&kr[u]);
-        float d = 0;
+        float e = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) d = fmaf(q[i], to_f(k[i]), d);
+        for (int i = 0; i < 8; ++i) e = fmaf(q[i], to_f(k[i]), e);
 #pragma unroll
-        for (int o = L / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-        const int j = jb + u * stride;
-        if (lane % L == 0 && j <= last) s[j] = d * scale;
+        for (int o = L / 2; o > 0; o >>= 1) e += __shfl_xor_sync(0xffffffffu, e, o);
+        d[u] = jb + u * stride <= last ? e * scale : -FLT_MAX;
+        mb = fmaxf(mb, d[u]);
       }
-    }
-    __syncthreads();
-    // The max and the exp-sum in one reduction: each thread's (max, sum of e^(s - max)) over its
-    // positions, merged across the warp by shuffles and across the warps in shared memory (one
-    // barrier, where a max and then a sum took two each; lab run 69).
-    float m = -FLT_MAX, sum = 0;
-    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) m = fmaxf(m, s[j]);
-    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) sum += __expf(s[j] - m);
-    auto merge = [](float& m1, float& l1, float m2, float l2) {
-      const float mm = fmaxf(m1, m2);
-      l1 = (l1 > 0.0f ? l1 * __expf(m1 - mm) : 0.0f) + (l2 > 0.0f ? l2 * __expf(m2 - mm) : 0.0f);
-      m1 = mm;
-    };
+      const float a = __expf(m - mb);   // 1 where the max held; 0 from -FLT_MAX
+      l *= a;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) merge(m, sum, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, sum, o));
-    if (lane == 0) red[warp] = m, red[16 + warp] = sum;
-    __syncthreads();
-    m = -FLT_MAX, sum = 0;
-    for (int w = 0; w < nwarps; ++w) merge(m, sum, red[w], red[16 + w]);
-    for (int j = j0 + threadIdx.x; j <= last; j += blockDim.x) s[j] = __expf(s[j] - m);
-    __syncthreads();
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int jb = jw; jb - sub <= last; jb += U * stride) {
-      if (jb != jw)
-#pragma unroll
-        for (int u = 0; u < U; ++u) vr[u] = value(min(jb + u * stride, last));
+      for (int i = 0; i < 8; ++i) acc[i] *= a;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int j = jb + u * stride;
-        if (on && j <= last) {
-          const float pj = s[j];
-          const T* v = reinterpret_cast<const T*>(&vr[u]);
+        const float pj = jb + u * stride <= last ? __expf(d[u] - mb) : 0.0f;
+        const T* v = reinterpret_cast<const T*>(&vr[u]);
+        l += pj;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[i] = fmaf(pj, to_f(v[i]), acc[i]);
-        }
+        for (int i = 0; i < 8; ++i) acc[i] = fmaf(pj, to_f(v[i]), acc[i]);
       }
+      m = mb;
     }
+    // The warp's P position groups by shuffles, then the warps in shared memory: (m, l, acc)
+    // merged by rescaling to the larger max (a group with no position: -FLT_MAX, 0, 0, weight 0).
 #pragma unroll
-    for (int o = L; o < 32; o <<= 1)   // the warp's P position groups
+    for (int o = L; o < 32; o <<= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o), mm = fmaxf(m, m2);
+      const float a = __expf(m - mm), c = __expf(m2 - mm);
+      l = l * a + l2 * c;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+      for (int i = 0; i < 8; ++i) acc[i] = acc[i] * a + __shfl_xor_sync(0xffffffffu, acc[i], o) * c;
+      m = mm;
+    }
     if (sub == 0 && on)
 #pragma unroll
       for (int i = 0; i < 8; ++i) part[warp * hd + d0 + i] = acc[i];
+    if (lane == 0) red[warp] = m, red[16 + warp] = l;
     __syncthreads();
-    const float inv = 1.0f / sum;
+    float M = -FLT_MAX, tot = 0;
+    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, red[w]);
+    for (int w = 0; w < nwarps; ++w) tot += red[16 + w] * __expf(red[w] - M);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
       float o = 0;
-      for (int w = 0; w < nwarps; ++w) o += part[w * hd + i];
+      for (int w = 0; w < nwarps; ++w) o += part[w * hd + i] * __expf(red[w] - M);
       if (S > 1) rec[2 + i] = o;
-      else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o * inv);
+      else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
     }
-    if (S > 1 && threadIdx.x == 0) rec[0] = m, rec[1] = sum;
+    if (S > 1 && threadIdx.x == 0) rec[0] = M, rec[1] = tot;
   }
   if (S == 1) return;
   T* ctx_row = ctx + size_t(r) * nh * hd + h * hd;
@@ -970,10 +971,10 @@ struct DecodeCuda::Impl {
     // attention's batched loads: batch 1 at 6 splits 2.5% faster than at 12, batch 8 at 3 splits
     // 15% faster than at 8).
     const int splits = rows * nh >= kSplitBelow ? 1 : std::clamp(std::min(int(kSplitCtas / (rows * nh)), max_len / kSplitMinPositions), 1, kMaxSplits);
-    const int attn_threads = 256;
+    const int attn_threads = kAttnThreads;
     // The splits of a head combined in a cluster where they fit one (sm_90).
     const bool attn_cluster = splits > 1 && splits <= kClusterSplits && compute_capability() >= 90 && decode_on(Switch::attn_cluster);
-    const size_t attn_smem = attend_smem(max_len, attn_threads / 32, hd, attn_cluster);
+    const size_t attn_smem = attend_smem(attn_threads / 32, hd, attn_cluster);
     // One sequence's decode step: the attention forms q and the new key and value itself (lab runs
     // 105, 108: batch 1 W4A16 +2.7%, NF4 +2.2%; at batch 8 and 32, where every split and query
     // head forms them again, 0.5-1.6% slower in run 105's form).
@@ -1148,14 +1149,9 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
   if (max_len > c.max_position_embeddings)
     fail(Errc::input, "", "max_position_embeddings", std::to_string(max_len) + " positions asked, the model's context is " + std::to_string(c.max_position_embeddings));
-  const int attn_smem = int(attend_smem(max_len, kAttnMaxWarps, c.head_dim, true));   // the most any launch asks
-  if (attn_smem > 200 * 1024) fail(Errc::usage, "", "--max-tokens", "the GPU decode's attention holds at most ~48k positions");
+  static_assert(kMaxHd <= 256, "attend's shared memory (attend_smem: under 18 KB at hd 256) within the 48 KB default");
   m.B = batch;
   m.max_len = max_len;
-  for (bool rope : {false, true}) {
-    PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__half>(c.head_dim, rope), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
-    PTQ_CUDA(cudaFuncSetAttribute(attend_kernel<__nv_bfloat16>(c.head_dim, rope), cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem));
-  }
   for (const DecodeLayer& W : w.layers) {
     Impl::LayerDev D;
     D.in_norm = upload_f32(W.in_norm, "decode norms");
