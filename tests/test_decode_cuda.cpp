@@ -154,6 +154,7 @@ TEST_CASE("decode cuda: the attention's global split combine and the batched rot
   check_gpu_greedy("stories260k", 32, 16, "", 512, 2);
   check_gpu_greedy("tiny-qwen3", 16, 8, "", 512, 2);   // head norms and GQA in the rotary kernel
   check_gpu_greedy("stories260k", 32, 16, "", 512, 64);   // 64 rows x 8 heads: the rows with many (row, head) pairs
+  check_gpu_greedy("distilled-13m", 32, 8, "", 512, 2);    // head_dim 64: the prompt by flash attention, a sequence at a time
 }
 
 // W8A8 checkpoints (SmoothQuant with per-token activations; static per-tensor ones): the GPU decode

@@ -226,7 +226,7 @@ void launch(const void* q, const void* k, const void* v, void* ctx, int windows,
     configured = true;
   }
   const dim3 grid(unsigned((T + kBr - 1) / kBr), unsigned(heads), unsigned(windows));
-  flash_attention_kernel<E, HD><<<grid, kThreads, smem>>>(static_cast<const E*>(q), static_cast<const E*>(k), static_cast<const E*>(v),
+  flash_attention_kernel<E, HD><<<grid, kThreads, smem, static_cast<cudaStream_t>(current_stream())>>>(static_cast<const E*>(q), static_cast<const E*>(k), static_cast<const E*>(v),
                                                          static_cast<E*>(ctx), T, heads, heads / kv_heads, scale * 1.4426950408889634f, window);
   PTQ_CUDA_LAUNCH("flash_attention_kernel");
 }
