@@ -8,7 +8,8 @@
 //                   k, v -> the cache at [b, pos + t] (at batch 1 the attention does this itself)
 //   attend          per (row, head[, split]): scores over the cached positions <= its own
 //                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: one
-//                   cluster a head combining in shared memory, or the last split to finish)
+//                   cluster a head combining in shared memory, or the last split to finish);
+//                   a prompt fed from position 0 takes flash_attention (model/attention_cuda.h)
 //   silu_mul        act = silu(g) * u -> 16-bit
 //   rmsnorm_quant_rows_vec, silu_mul_quant_rows (silu_mul_quant_cluster: a cluster of CTAs a row)
 //                   the same two with their output quantized to int8 for W8A8 Linears
