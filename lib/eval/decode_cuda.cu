@@ -298,7 +298,7 @@ constexpr int kAttnThreads = 32 * kAttnMaxWarps;
 constexpr int kClusterSplits = 8;   // the most splits combined in a cluster (the portable cluster size)
 // Shared memory of attend: the reduction (32), the warps' P·V sums (warps x hd), the CTA's record
 // (2 + hd) and, clustered, every split's record (kClusterSplits x (2 + hd)).
-inline size_t attend_smem(int warps, int hd, bool clustered) {
+constexpr size_t attend_smem(int warps, int hd, bool clustered) {
   return size_t(32 + warps * hd + (2 + hd) * (clustered ? 1 + kClusterSplits : 1)) * 4;
 }
 // ctx_row [hd] = the S records [S][2 + hd] (max, exp-sum, unnormalized P·V) combined: one pass
@@ -986,7 +986,7 @@ struct DecodeCuda::Impl {
     // A prompt fed from position 0 (the cache holds only its own keys): flash attention over each
     // sequence's T rows, which reads each key and value tile once for a block of queries, where
     // attend reads a row's whole prefix for every (row, head): T^2 / 2 rows of the cache a head
-    // (lab run 172: a 2,048-token prompt's prefill 3.9x faster on llama2-7b f16). Head sizes 64 and 128.
+    // (lab run 172: a 2,048-token prompt's prefill 3.0-3.2x faster on llama2-7b and llama3-8b). Head sizes 64 and 128.
     const bool flash_prefill = T_ > 1 && pos == 0 && flash_attention_supported(int(hd)) && decode_on(Switch::flash_prefill);
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
@@ -1164,7 +1164,7 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   if (!decode_supported(c, &why)) fail(Errc::usage, "", "--device", "cuda decode of this model: " + why + " (use --device cpu)");
   if (max_len > c.max_position_embeddings)
     fail(Errc::input, "", "max_position_embeddings", std::to_string(max_len) + " positions asked, the model's context is " + std::to_string(c.max_position_embeddings));
-  static_assert(kMaxHd <= 256, "attend's shared memory (attend_smem: under 18 KB at hd 256) within the 48 KB default");
+  static_assert(attend_smem(kAttnMaxWarps, kMaxHd, true) <= 48 * 1024, "attend's shared memory within the 48 KB default (no opt-in)");
   m.B = batch;
   m.max_len = max_len;
   for (const DecodeLayer& W : w.layers) {
