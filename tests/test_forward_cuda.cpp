@@ -119,11 +119,12 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
   }
 }
 
-TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim 64 and 128, GQA, ragged T, sliding window)") {
+TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim 64, 96 and 128, GQA, ragged T, sliding window)") {
   PTQ_REQUIRE_GPU();
   struct Case { DType dt; int windows, T, heads, kv, hd, window; };
   const Case cases[] = {{DType::F16, 2, 100, 4, 2, 64, 0},  {DType::F16, 1, 300, 2, 1, 128, 0}, {DType::BF16, 2, 130, 4, 4, 128, 0},
-                        {DType::F16, 1, 257, 4, 2, 64, 50}, {DType::BF16, 1, 200, 2, 2, 64, 64}, {DType::F16, 3, 64, 2, 2, 128, 0}};
+                        {DType::F16, 1, 257, 4, 2, 64, 50}, {DType::BF16, 1, 200, 2, 2, 64, 64}, {DType::F16, 3, 64, 2, 2, 128, 0},
+                        {DType::F16, 2, 150, 4, 2, 96, 0},  {DType::BF16, 1, 200, 4, 1, 96, 64}};   // 96: Phi-3-mini's head size
   Rng r(17);
   for (const Case& k : cases) {
     const int64_t rows = int64_t(k.windows) * k.T, nq = rows * k.heads * k.hd, nk = rows * k.kv * k.hd;
@@ -161,7 +162,7 @@ TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim
     CHECK(worst <= (k.dt == DType::F16 ? 4e-3 : 3e-2));
     CHECK(h == h2);   // deterministic
   }
-  CHECK_THROWS_AS(cuda::flash_attention(DType::F16, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 2, 96, 0.1f, 0), Error);
+  CHECK_THROWS_AS(cuda::flash_attention(DType::F16, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 2, 80, 0.1f, 0), Error);
 }
 
 TEST_CASE("gpu: the GPU forward of a MoE layer (routing, every expert) matches the fp32 CPU reference, and so do the experts' Hessians") {

@@ -986,7 +986,7 @@ struct DecodeCuda::Impl {
     // A prompt fed from position 0 (the cache holds only its own keys): flash attention over each
     // sequence's T rows, which reads each key and value tile once for a block of queries, where
     // attend reads a row's whole prefix for every (row, head): T^2 / 2 rows of the cache a head
-    // (lab run 172: a 2,048-token prompt's prefill 3.0-3.2x faster on llama2-7b and llama3-8b). Head sizes 64 and 128.
+    // (lab run 172: a 2,048-token prompt's prefill 3.0-3.2x faster on llama2-7b and llama3-8b). Head sizes 64, 96, 128.
     const bool flash_prefill = T_ > 1 && pos == 0 && flash_attention_supported(int(hd)) && decode_on(Switch::flash_prefill);
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the

@@ -9,7 +9,7 @@
 //
 // A step for B sequences of T new tokens (prefill: T = prompt length; decode: T = 1), all on the
 // device, each layer: rmsnorm -> q, k, v -> head norms, rotary, KV append -> attention over the
-// cache (a prompt fed from position 0, head sizes 64 and 128: flash attention over its own rows)
+// cache (a prompt fed from position 0, head sizes 64, 96, 128: flash attention over its own rows)
 // -> X += o(ctx) -> rmsnorm -> silu(gate) * up -> X += down(act). The position is read from
 // device memory by every kernel, so a step does not depend on host state.
 // Serves every family ptqkit reads; a layer's q, k, v (gate, up) run as one Linear where the weights

@@ -1,7 +1,7 @@
 // attention_cuda.cu — flash attention for the calibration forward (attention_cuda.h).
 //
 // Contract. Q, K, V, ctx 16-bit (f16 or bf16) row-major, rows = tokens, head h at columns
-// h*hd .. h*hd+hd-1 (hd = 64 or 128; row strides heads*hd and kv_heads*hd, so 16-byte aligned);
+// h*hd .. h*hd+hd-1 (hd = 64, 96 or 128; row strides heads*hd and kv_heads*hd, so 16-byte aligned);
 // causal within each window of T tokens (any T >= 1), optional sliding window; GQA by h / group.
 // Reference: attention_reference (fp64, below) and lib/model/llama.cpp's attention_core (fp32);
 // tests/test_forward_cuda.cpp compares against both.
@@ -65,9 +65,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
                : "r"(addr));
 }
 
-// Byte offset of 16-byte chunk c of row r in a tile of rows of HD 16-bit values (HD / 8 chunks),
-// XOR-swizzled over 8 rows: the 8 rows an ldmatrix reads at one chunk hit 8 different banks.
-template <int HD> __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * HD * 2 + ((c ^ (r & 7)) << 4)); }
+// A tile row in shared memory: HD 16-bit values padded to a power-of-two count of 16-byte chunks
+// (hd 96: 12 chunks in a row of 16), so the XOR swizzle below stays inside the row.
+template <int HD> constexpr int pitch() { return HD <= 64 ? 64 : 128; }
+// Byte offset of 16-byte chunk c of row r in a tile (HD / 8 chunks used), XOR-swizzled over 8
+// rows: the 8 rows an ldmatrix reads at one chunk hit 8 different banks.
+template <int HD> __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * pitch<HD>() * 2 + ((c ^ (r & 7)) << 4)); }
 
 // rows [row0, row0 + 64) of a [*, ld] matrix (columns col0 ..) into a swizzled tile; rows at or past
 // `valid` are zero-filled.
@@ -95,7 +98,7 @@ flash_attention_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
   const uint8_t* Qb = reinterpret_cast<const uint8_t*>(Q + int64_t(s) * Tlen * ldq + int64_t(h) * HD);
   const uint8_t* Kb = reinterpret_cast<const uint8_t*>(K + int64_t(s) * Tlen * ldk + int64_t(hk) * HD);
   const uint8_t* Vb = reinterpret_cast<const uint8_t*>(V + int64_t(s) * Tlen * ldk + int64_t(hk) * HD);
-  const uint32_t sQ = smem_addr(smem), sK = sQ + kBr * HD * 2, sV = sK + 2 * kBc * HD * 2;
+  const uint32_t sQ = smem_addr(smem), sK = sQ + kBr * pitch<HD>() * 2, sV = sK + 2 * kBc * pitch<HD>() * 2;
 
   // Key tiles [kt0, kt1]: up to the last query row's diagonal, from the first row's window start.
   const int last = min(q0 + kBr, Tlen) - 1;
@@ -114,8 +117,8 @@ flash_attention_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
   for (int kt = kt0; kt <= kt1; ++kt) {
     const int buf = (kt - kt0) & 1;
     if (kt < kt1) {   // prefetch the next tile into the other buffer
-      load_tile<HD>(sK + (buf ^ 1) * kBc * HD * 2, Kb, ldk, (kt + 1) * kBc, Tlen);
-      load_tile<HD>(sV + (buf ^ 1) * kBc * HD * 2, Vb, ldk, (kt + 1) * kBc, Tlen);
+      load_tile<HD>(sK + (buf ^ 1) * kBc * pitch<HD>() * 2, Kb, ldk, (kt + 1) * kBc, Tlen);
+      load_tile<HD>(sV + (buf ^ 1) * kBc * pitch<HD>() * 2, Vb, ldk, (kt + 1) * kBc, Tlen);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -124,7 +127,7 @@ flash_attention_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
     __syncthreads();
     if (kt == kt0)
       for (int ks = 0; ks < kKS; ++ks) ldmatrix_x4(qf[ks], sQ + swz<HD>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
-    const uint32_t tK = sK + buf * kBc * HD * 2, tV = sV + buf * kBc * HD * 2;
+    const uint32_t tK = sK + buf * kBc * pitch<HD>() * 2, tV = sV + buf * kBc * pitch<HD>() * 2;
 
     // S = Q K^T for this warp's 16 rows and the tile's 64 keys: 8 n8 tiles.
     float sc[kBc / 8][4];
@@ -219,7 +222,7 @@ flash_attention_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T
 
 template <class E, int HD>
 void launch(const void* q, const void* k, const void* v, void* ctx, int windows, int T, int heads, int kv_heads, float scale, int window) {
-  constexpr int smem = (kBr + 4 * kBc) * HD * 2;
+  constexpr int smem = (kBr + 4 * kBc) * pitch<HD>() * 2;
   static bool configured = false;
   if (!configured) {
     PTQ_CUDA(cudaFuncSetAttribute(flash_attention_kernel<E, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -232,16 +235,17 @@ void launch(const void* q, const void* k, const void* v, void* ctx, int windows,
 }
 }  // namespace
 
-bool flash_attention_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
+bool flash_attention_supported(int head_dim) { return head_dim == 64 || head_dim == 96 || head_dim == 128; }
 
 void flash_attention(DType dt, const void* q, const void* k, const void* v, void* ctx, int windows, int T, int heads, int kv_heads,
                      int head_dim, float scale, int window) {
-  if (!flash_attention_supported(head_dim)) fail(Errc::usage, "", "head_dim", "flash attention takes head_dim 64 or 128, got " + std::to_string(head_dim));
+  if (!flash_attention_supported(head_dim)) fail(Errc::usage, "", "head_dim", "flash attention takes head_dim 64, 96 or 128, got " + std::to_string(head_dim));
   if (dt != DType::F16 && dt != DType::BF16) fail(Errc::usage, "", "dtype", "flash attention takes f16 or bf16");
   if (kv_heads <= 0 || heads % kv_heads) fail(Errc::usage, "", "num_key_value_heads", "heads not a multiple of KV heads");
   if (windows <= 0 || T <= 0) return;
   const bool h16 = dt == DType::F16;
   if (head_dim == 128) (h16 ? launch<__half, 128> : launch<__nv_bfloat16, 128>)(q, k, v, ctx, windows, T, heads, kv_heads, scale, window);
+  else if (head_dim == 96) (h16 ? launch<__half, 96> : launch<__nv_bfloat16, 96>)(q, k, v, ctx, windows, T, heads, kv_heads, scale, window);
   else (h16 ? launch<__half, 64> : launch<__nv_bfloat16, 64>)(q, k, v, ctx, windows, T, heads, kv_heads, scale, window);
 }
 

@@ -7,7 +7,7 @@
 
 namespace ptq::cuda {
 
-// Whether flash_attention serves this head size (64 or 128; the forward falls back to cuBLAS
+// Whether flash_attention serves this head size (64, 96 or 128; the forward falls back to cuBLAS
 // GEMMs and a softmax kernel otherwise).
 bool flash_attention_supported(int head_dim);
 

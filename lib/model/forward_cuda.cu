@@ -3,7 +3,7 @@
 // Contract. Activations: S windows of T tokens, rows [S*T, width] row-major, token (s, t) at row
 // s*T + t. X (fp32) is the residual stream; Linears read 16-bit inputs and 16-bit weights
 // [out, in] and accumulate in fp32 (GemmEx). Processed in chunks of whole windows of at most
-// kChunkTokens tokens. Attention: flash_attention (attention_cuda.cu) for head_dim 64 and 128;
+// kChunkTokens tokens. Attention: flash_attention (attention_cuda.cu) for head_dim 64, 96 and 128;
 // otherwise per window, scores = Q K^T for all heads (strided-batched GEMM, fp32 out; GQA by one
 // batched call per query head of a KV group), causal (and sliding-window) softmax in fp32 to
 // 16-bit P, ctx = P V in 16-bit. The reference is lib/model/llama.cpp
@@ -298,7 +298,7 @@ struct LayerForwardCuda::Impl {
   int64_t N, chunk_rows, F;   // F: the stage buffer's row width, max(q_dim, ffn)
   DType dt;
   size_t es = 2;
-  bool flash = false;   // attention by flash_attention (head_dim 64 or 128), else cuBLAS + softmax
+  bool flash = false;   // attention by flash_attention (head_dim 64, 96 or 128), else cuBLAS + softmax
   // Spill: X and the stage buffer live in page-locked host memory (hX, hStage) and each chunk is
   // copied into X / stage (then one chunk each) and back, in stream order.
   bool spill = false;
