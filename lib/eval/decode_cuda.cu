@@ -975,10 +975,9 @@ struct DecodeCuda::Impl {
     // attention's batched loads: batch 1 at 6 splits 2.5% faster than at 12, batch 8 at 3 splits
     // 15% faster than at 8).
     const int splits = rows * nh >= kSplitBelow ? 1 : std::clamp(std::min(int(kSplitCtas / (rows * nh)), max_len / kSplitMinPositions), 1, kMaxSplits);
-    const int attn_threads = kAttnThreads;
     // The splits of a head combined in a cluster where they fit one (sm_90).
     const bool attn_cluster = splits > 1 && splits <= kClusterSplits && compute_capability() >= 90 && decode_on(Switch::attn_cluster);
-    const size_t attn_smem = attend_smem(attn_threads / 32, hd, attn_cluster);
+    const size_t attn_smem = attend_smem(kAttnMaxWarps, hd, attn_cluster);
     // One sequence's decode step: the attention forms q and the new key and value itself (lab runs
     // 105, 108: batch 1 W4A16 +2.7%, NF4 +2.2%; at batch 8 and 32, where every split and query
     // head forms them again, 0.5-1.6% slower in run 105's form).
@@ -1057,7 +1056,7 @@ struct DecodeCuda::Impl {
           flash_attention(w.dt, qh.get() + s * qrows, D.K.get() + s * kvrows, D.V.get() + s * kvrows, ctx.get() + s * qrows, 1, T_, nh, nkv, int(hd),
                           1.0f / std::sqrt(float(hd)), c.sliding_window);
       } else
-      launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd, rope_fold), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(attn_threads)), attn_smem,
+      launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd, rope_fold), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(kAttnThreads)), attn_smem,
                  reinterpret_cast<const T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()),
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
                  reinterpret_cast<T*>(ctx.get()), splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get(), a);
