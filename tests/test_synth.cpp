@@ -68,9 +68,9 @@ TEST_CASE("synth refuses an existing output without force, and unknown presets")
   CHECK_THROWS_WITH(synth_model(o, d / "z"), Catch::Contains("unknown preset 'llama9'"));
 }
 
-TEST_CASE("the Qwen3 and MoE presets carry their published sizes (Qwen3-8B 8.2B, Mixtral-8x7B 46.7B, Qwen3-30B-A3B 30.5B parameters)") {
+TEST_CASE("the Qwen3, MoE and Phi-3 presets carry their published sizes (Qwen3-8B 8.2B, Mixtral-8x7B 46.7B, Qwen3-30B-A3B 30.5B, Phi-3-mini 3.82B parameters)") {
   struct Want { const char* preset; double params; };
-  for (const Want w : {Want{"qwen3-8b", 8.2e9}, Want{"mixtral-8x7b", 46.7e9}, Want{"qwen3-30b-a3b", 30.5e9}}) {
+  for (const Want w : {Want{"qwen3-8b", 8.2e9}, Want{"mixtral-8x7b", 46.7e9}, Want{"qwen3-30b-a3b", 30.5e9}, Want{"phi3-mini", 3.82e9}}) {
     const LlamaConfig c = parse_config(synth_config_json(w.preset, -1, DType::BF16), "x");
     const double total = double(c.params_per_layer()) * c.num_hidden_layers + 2.0 * double(c.vocab_size) * c.hidden_size;
     INFO(w.preset << ": " << total);
@@ -78,5 +78,7 @@ TEST_CASE("the Qwen3 and MoE presets carry their published sizes (Qwen3-8B 8.2B,
   }
   const LlamaConfig m = parse_config(synth_config_json("qwen3-30b-a3b", -1, DType::BF16), "x");
   CHECK((m.num_experts == 128 && m.experts_per_token == 8 && m.moe_intermediate_size == 768 && m.head_dim == 128 && m.qk_norm && m.moe_layer(47)));
+  const LlamaConfig phi = parse_config(synth_config_json("phi3-mini", -1, DType::BF16), "x");
+  CHECK((phi.fused && phi.head_dim == 96 && phi.num_key_value_heads == 32 && phi.vocab_size == 32064));
 }
 

@@ -37,6 +37,9 @@ constexpr Preset kPresets[] = {
     {"qwen3-8b", 4096, 12288, 36, 32, 8, 151936, 40960, 1000000.0, false, "qwen3", 128},
     {"mixtral-8x7b", 4096, 14336, 32, 32, 8, 32000, 32768, 1000000.0, false, "mixtral", 128, 8, 2, 14336},
     {"qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 151936, 40960, 1000000.0, false, "qwen3_moe", 128, 128, 8, 768},
+    // microsoft/Phi-3-mini-4k-instruct's shapes (head_dim 96; fused qkv_proj and gate_up_proj; its
+    // sliding window of 2,047 positions is left out: full attention, as at prompts shorter than it)
+    {"phi3-mini", 3072, 8192, 32, 32, 32, 32064, 4096, 10000.0, false, "phi3", 96},
     {"tiny-moe", 128, 384, 2, 4, 2, 512, 256, 10000.0, false, "qwen3_moe", 32, 8, 2, 64},   // tests
 };
 const Preset& find_preset(const std::string& n) {
@@ -57,7 +60,7 @@ std::vector<std::string> synth_presets() {
 json synth_config_json(const std::string& preset, int layers, DType dtype) {
   const Preset& p = find_preset(preset);
   const std::string mt = p.model_type;
-  const char* arch = mt == "qwen3" ? "Qwen3ForCausalLM" : mt == "mixtral" ? "MixtralForCausalLM" : mt == "qwen3_moe" ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM";
+  const char* arch = mt == "qwen3" ? "Qwen3ForCausalLM" : mt == "mixtral" ? "MixtralForCausalLM" : mt == "qwen3_moe" ? "Qwen3MoeForCausalLM" : mt == "phi3" ? "Phi3ForCausalLM" : "LlamaForCausalLM";
   json c = {{"architectures", {arch}},
             {"model_type", mt},
             {"hidden_size", p.hidden},
