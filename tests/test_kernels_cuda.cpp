@@ -560,7 +560,7 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 // 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 // The automatic path's table at 17..32 rows on sm_90 (a16_path.h), as measured on the H200 (lab
 // run 86): which kernel was fastest on each of the nine Llama and stacked decode shapes. No GPU needed.
-TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Llama shapes") {
+TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Llama and Phi-3 shapes") {
   using P = cuda::A16Path;
   struct Cell { int64_t N, K; P w4, w8, nf4; };
   const Cell cells[] = {
@@ -578,6 +578,19 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
     }
     CHECK(cuda::a16_auto_path(16, c.N, c.K, 4, true) == P::mma);     // the table's bounds
     CHECK(cuda::a16_auto_path(33, c.N, c.K, 0, true) == P::wgmma);
+  }
+  // Phi-3-mini (lab run 182): q, k, v 9216 x 3072, o 3072 x 3072, gate, up 16384 x 3072, down 3072 x 8192
+  const Cell phi[] = {{9216, 3072, P::wgmma, P::mma, P::mma}, {3072, 3072, P::mma, P::mma, P::mma},
+                      {16384, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 8192, P::shared_x, P::shared_x, P::mma}};
+  for (const Cell& c : phi) {
+    INFO(c.N << " x " << c.K);
+    for (int64_t M : {17, 24, 32}) {
+      INFO("M = " << M);
+      CHECK(cuda::a16_auto_path(M, c.N, c.K, 4, true) == c.w4);
+      CHECK(cuda::a16_auto_path(M, c.N, c.K, 8, true) == (c.K == 8192 && M < 25 ? P::mma : c.w8));   // W8's shared_x from 25 rows
+      CHECK(cuda::a16_auto_path(M, c.N, c.K, 0, true) == c.nf4);
+      CHECK(cuda::a16_auto_path(M, c.N, c.K, 4, false) == P::mma);
+    }
   }
 }
 

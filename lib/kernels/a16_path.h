@@ -27,12 +27,22 @@ enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 // 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2 against 31.1; 28672 x 4096 65.4 against
 // 61.9, the one shape it loses). bits: the codes, 4 or 8 (GPTQ), 0 (NF4).
 constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
+// Phi-3-mini's layers (K = 3072; the H200, 2026-11-29, lab run 182, stream µs at 32 rows) moved
+// three cells that the Llama shapes had left open: W4 9216 x 3072 (q, k, v) to wgmma (21.7 against
+// the L2-fed kernel's 23.2), W8 16384 x 3072 (gate, up: a tall layer) to wgmma (25.6 against 28.7),
+// and the mid-sized layers longer in K than in N (3072 x 8192, down) to x staged in shared memory
+// (W4 18.2 against 21.4 from 17 rows; W8 20.0 against 22.0 at 32 rows, 19.7 against 19.2 at 17, so
+// from 25; decode batch 32 W8A16 +4.7%, W4A16 +3.3%, run 184). The Llama cells are unchanged (run 183:
+// shared_x never beat their choice there).
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
   const int64_t size = N * K;
-  const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008;
-  const bool wgmma_from_17 = bits == 4 ? large : bits == 8 ? large && (K > N || size > int64_t(12288) * 4096) : false;
+  const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
+  const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096)
+                             : bits == 8 ? large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)
+                                         : false;
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
-  return M > kA16MmaMaxM ? A16Path::dequant : M >= 33 && big ? A16Path::shared_x : A16Path::mma;
+  const bool shared_x_from_17 = wgmma && K > N && mid && !large && (bits == 4 ? M >= 17 : bits == 8 ? M >= 25 : false);
+  return M > kA16MmaMaxM ? A16Path::dequant : (M >= 33 && big) || (M <= 32 && shared_x_from_17) ? A16Path::shared_x : A16Path::mma;
 }
 constexpr const char* a16_path_name(A16Path p) {
   return p == A16Path::mma ? "mma" : p == A16Path::shared_x ? "shared_x" : p == A16Path::dequant ? "dequant" : p == A16Path::wgmma ? "wgmma" : "automatic";
