@@ -664,6 +664,36 @@ TEST_CASE("gpu: the wgmma A16 kernel on the decode's stacked shapes at 24 and 48
     }
 }
 
+// 17024 rows = 133 groups of 128: more than the H200's (and H100's) 132 SMs, so at 33..128 rows the
+// kernel runs its variant of two CTAs an SM (a16_wgmma.cu, lab runs 185-186).
+TEST_CASE("gpu: the wgmma A16 kernel's two-CTA variant (more 128-row groups than SMs, 33..128 rows) equals the reference GEMM") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t N = 17024, K = 512;
+  for (int bits : {8, 4}) {
+    const QuantizedLinear q = random_q(bits, N, K, bits == 4 ? 128 : -1, true, false, uint64_t(900 + bits));
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    for (int64_t M : {48, 128}) {
+      Rng r{uint64_t(M + bits)};
+      const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+      INFO(bits << "-bit " << N << "x" << K << " M=" << M << ": relative error " << rel);
+      CHECK(rel <= 2e-3);
+    }
+  }
+  Rng rw{901};
+  std::vector<float> W(size_t(N * K));
+  for (auto& v : W) v = float(rw.normal() * 0.02);
+  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  auto F = cuda::Nf4Linear::from_nf4(t, N, K);
+  for (int64_t M : {48, 128}) {
+    Rng r{uint64_t(M)};
+    const double err = a16_error(*F, M, K, N, r, cuda::A16Path::wgmma, [&](const float* x, float* y) { ref_gemm_nf4(x, M, t, N, K, y); });
+    INFO("NF4 " << N << "x" << K << " M=" << M << ": relative error " << err);
+    CHECK(err <= 3e-3);
+  }
+}
+
 // The order is a permutation of each k-step's 64 columns that keeps column pairs together, and the
 // kernel reading a producer's copy in it (a16_offer_wgmma_x) gives the bytes of its own permute pass.
 TEST_CASE("gpu: the wgmma A16 kernel takes x in its k-step order from a producer (a16_offer_wgmma_x): the bytes of its own permute pass") {

@@ -26,7 +26,10 @@
 // (BN / 2 per thread); one warpgroup's dequantization overlaps the other's wgmmas (and, at BN <=
 // 32, other CTAs': 60-71 registers, several CTAs per SM), and for NF4 and from 128 rows its own
 // (the interleaved loop: each fragment dequantized behind the wgmmas in flight). Split-K partials are summed in slice
-// order by the last CTA to arrive (a16_split_k.cuh): deterministic.
+// order by the last CTA to arrive (a16_split_k.cuh): deterministic. At 64 and 128 staged rows
+// (144 and 152 registers: one CTA an SM) a layer of more 128-row groups than SMs runs a variant
+// held to 128 registers and a ring of at most 110 KB, two CTAs an SM, so that its CTAs fit one
+// wave (run(), below).
 // Roofline, 4096 x 4096 W4 g128 at M = 128: 8.9 MB of codes (3.0 us at 3.0 TB/s) and 4.3 GFLOP
 // (4.4 us at the H100's dense f16 wgmma peak, 989 TFLOP/s); cuBLAS f16 reads 33.6 MB and does the
 // same flops (21.8 us measured, docs/lab/kernels.md).
@@ -62,9 +65,9 @@ constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
 // ([kU4][256 threads] uint4) and the metadata ([256] of 8 bytes) of the CTA's rows; a multiple of
 // 1024 (the swizzle's alignment) for every BN.
 constexpr int stage_bytes(int bn, int u4) { return bn * 128 + u4 * kThreads * 16 + kThreads * 8; }
-// Stages: as many as fit in 220 KB, 3 to 6.
-constexpr int stages(int bn, int u4) { return std::min(6, std::max(3, (220 * 1024) / stage_bytes(bn, u4))); }
-constexpr size_t smem_bytes(int bn, int u4) { return size_t(stages(bn, u4)) * stage_bytes(bn, u4) + 1024; }   // + alignment
+// Stages: as many as fit in 220 KB (110 KB for a kernel of two CTAs an SM), 3 to 6.
+constexpr int stages(int bn, int u4, int per_sm = 1) { return std::min(6, std::max(3, (220 * 1024 / per_sm) / stage_bytes(bn, u4))); }
+constexpr size_t smem_bytes(int bn, int u4, int per_sm = 1) { return size_t(stages(bn, u4, per_sm)) * stage_bytes(bn, u4) + 1024; }   // + alignment
 
 // x [M, K] -> xp [M, KP] (KP = K rounded up to 64) in the fragment order's K permutation, zeros
 // past K. A thread per (row, k-step, p): the 16-byte chunks 2c + p (c = 0..3) of the k-step hold
@@ -166,12 +169,12 @@ struct Wgmma<256> {
   }
 };
 
-template <int BN, class Format, bool kInterleave>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int BN, class Format, bool kInterleave, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                  float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
 #ifdef PTQ_A16_WGMMA
-  constexpr int kU4 = Format::kU4, D = stages(BN, kU4), SB = stage_bytes(BN, kU4);
+  constexpr int kU4 = Format::kU4, D = stages(BN, kU4, kMinBlocks), SB = stage_bytes(BN, kU4);
   using Meta = typename Format::Meta;
   static_assert(sizeof(Meta) == 8, "8-byte metadata per lane and tile");
   extern __shared__ uint8_t smem_raw[];
@@ -308,6 +311,12 @@ constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ?
 template <int BN, class Format>
 constexpr bool interleaved() { return std::is_same_v<Format, Nf4Format> || BN >= 128; }
 
+// BN = 64 and 128 held to 128 registers and 110 KB of ring, two CTAs an SM: for the layers whose
+// CTAs at one an SM need more than one wave.
+template <class Format>
+WgmmaKernel<Format> wgmma_kernel_two_per_sm(int bn) {
+  return bn == 64 ? wgmma_kernel<64, Format, interleaved<64, Format>(), 2> : wgmma_kernel<128, Format, interleaved<128, Format>(), 2>;
+}
 template <class Format>
 WgmmaKernel<Format> wgmma_kernel_of(int bn) {
   switch (bn) {
@@ -344,20 +353,50 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   if (M > kA16WgmmaMaxM) fail(Errc::usage, "", "M", "the wgmma A16 kernel takes M <= " + std::to_string(kA16WgmmaMaxM) + " rows, got M = " + std::to_string(M));
   if (!a16_wgmma_supported()) fail(Errc::usage, "", "device", "the wgmma A16 kernel is built for sm_90 (H100/H200) only: " + describe());
   const int bn = wgmma_bn(M);
-  const auto kern = wgmma_kernel_of<Format>(bn);
-  const size_t smem = smem_bytes(bn, Format::kU4);
+  auto kern = wgmma_kernel_of<Format>(bn);
+  size_t smem = smem_bytes(bn, Format::kU4);
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int>, WgmmaPlan> plans;
+  struct Chosen {
+    WgmmaKernel<Format> kern;
+    WgmmaPlan plan;
+    size_t smem;
+  };
+  static std::map<std::tuple<const void*, int64_t, int64_t, int>, Chosen> plans;
   WgmmaPlan p;
   {
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_tuple(reinterpret_cast<const void*>(kern), N, K, g_split.slices);   // kern: format and BN
     auto it = plans.find(key);
     if (it == plans.end()) {   // first call of this kernel and shape: its shared memory (over the 48 KB default) allowed once
-      PTQ_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(kern), cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      it = plans.emplace(key, plan_wgmma(N, K, resident_ctas(reinterpret_cast<const void*>(kern), kThreads / 32, smem))).first;
+      auto planned = [&](WgmmaKernel<Format> k, size_t bytes) {
+        PTQ_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(k), cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+        return plan_wgmma(N, K, resident_ctas(reinterpret_cast<const void*>(k), kThreads / 32, bytes));
+      };
+      WgmmaPlan plan = planned(kern, smem);
+      WgmmaKernel<Format> chosen = kern;
+      size_t chosen_smem = smem;
+      // At 64 and 128 staged rows one CTA an SM (144 and 152 registers): a layer of more 128-row
+      // groups than SMs (no split) ran in two waves. The two-CTA kernel holds it in one, with the
+      // same slices. Stream µs (docs/lab/2026-11-24-decode-h200.md, runs 185-186), 22016x4096 and
+      // 28672x4096: at 64 rows W4 53.1 -> 46.5 and 53.9 -> 47.7, W8 56.8 -> 49.3 and 58.1 -> 50.8,
+      // NF4 72.1 -> 64.6 and 72.7 -> 65.4; at 128 rows W4 71.9 -> 64.2 and 73.0 -> 68.4, W8 73.2 ->
+      // 65.8 and 75.0 -> 69.7, NF4 87.4 -> 81.8 and 88.4 -> 84.5. Decode llama3-8b batch 64 W8A16
+      // +5.4%, W4A16 +4.5%, NF4 +4.1%; batch 128 +3.0%, +2.7%, +0.6%; prefill +2.5-3.6%. Where it
+      // would take more slices instead it lost (run 89), so it is not used there.
+      if ((bn == 64 || bn == 128) && !g_split.slices && int64_t(plan.groups) * plan.slices > sm_count()) {
+        const size_t smem2 = smem_bytes(bn, Format::kU4, 2);
+        const WgmmaPlan plan2 = planned(wgmma_kernel_two_per_sm<Format>(bn), smem2);
+        if (plan2.slices == plan.slices) {
+          plan = plan2;
+          chosen = wgmma_kernel_two_per_sm<Format>(bn);
+          chosen_smem = smem2;
+        }
+      }
+      it = plans.emplace(key, Chosen{chosen, plan, chosen_smem}).first;
     }
-    p = it->second;
+    kern = it->second.kern;
+    p = it->second.plan;
+    smem = it->second.smem;
   }
   const int64_t KP = (K + 63) / 64 * 64, units = M * (KP / 64) * 2;
   // x in the kernel's order already (a16_offer_wgmma_x: the decode's norm and silu·mul write it
