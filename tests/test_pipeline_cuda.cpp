@@ -61,10 +61,10 @@ TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0
   // module 0.78% on the H100; 1.18% on the H200 once the CPU softmax took Eigen's vectorized exp
   // (layer 1 k_proj, mean drift -0.008%: docs/lab/2026-11-28-cpu-attention.md). So each loss and
   // its GPTQ/RTN ratio within 2%, with no systematic drift (below). The GPU forward rounds GEMM
-  // operands to 16 bits, so from layer 1 on every module sees slightly different inputs (and the code flips they cause): there the loss is on a
-  // slightly different H, and the measure that compares like with like is GPTQ's loss over RTN's
-  // on the same H, with the raw losses and that ratio within 2% and no systematic drift (mean
-  // relative difference within 0.3%). Measured on the H100: worst ratio difference 0.94% with the
+  // operands to 16 bits, so from layer 1 on every module sees slightly different inputs (and the
+  // code flips they cause): there the loss is on a slightly different H, and the measure that
+  // compares like with like is GPTQ's loss over RTN's on the same H, with the raw losses and that
+  // ratio within 2% and no systematic drift (mean relative difference within 0.3%). Measured on the H100: worst ratio difference 0.94% with the
   // unfused attention, 1.45% with flash attention (layer 1 q/k_proj; the layer's output is as
   // accurate as before, 1.9e-4 against fp32, and the mean drift is -0.07%): which codes flip in
   // layer 0 moves the next layer's H, so the worst single module is a draw, not a bias.
