@@ -559,12 +559,13 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 // GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
 // 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 // The automatic path's table at 17..32 rows on sm_90 (a16_path.h), as measured on the H200 (lab
-// run 86): which kernel was fastest on each of the nine Llama and stacked decode shapes. No GPU needed.
+// run 86; W8 11008 x 4096 with 3 K slices, run 197): which kernel was fastest on each of the nine
+// Llama and stacked decode shapes. No GPU needed.
 TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Llama and Phi-3 shapes") {
   using P = cuda::A16Path;
   struct Cell { int64_t N, K; P w4, w8, nf4; };
   const Cell cells[] = {
-      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::mma, P::mma},        {11008, 4096, P::wgmma, P::mma, P::mma},
+      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::mma, P::mma},        {11008, 4096, P::wgmma, P::wgmma, P::mma},
       {12288, 4096, P::wgmma, P::mma, P::mma},   {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::mma},
       {28672, 4096, P::wgmma, P::wgmma, P::mma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
   for (const Cell& c : cells) {
@@ -579,8 +580,8 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
     CHECK(cuda::a16_auto_path(16, c.N, c.K, 4, true) == P::mma);     // the table's bounds
     CHECK(cuda::a16_auto_path(33, c.N, c.K, 0, true) == P::wgmma);
   }
-  // Phi-3-mini (lab run 182): q, k, v 9216 x 3072, o 3072 x 3072, gate, up 16384 x 3072, down 3072 x 8192
-  const Cell phi[] = {{9216, 3072, P::wgmma, P::mma, P::mma}, {3072, 3072, P::mma, P::mma, P::mma},
+  // Phi-3-mini (lab runs 182, 196: W8's q, k, v on wgmma with 3 K slices): q, k, v 9216 x 3072, o 3072 x 3072, gate, up 16384 x 3072, down 3072 x 8192
+  const Cell phi[] = {{9216, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 3072, P::mma, P::mma, P::mma},
                       {16384, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 8192, P::shared_x, P::shared_x, P::mma}};
   for (const Cell& c : phi) {
     INFO(c.N << " x " << c.K);
@@ -592,6 +593,20 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 4, false) == P::mma);
     }
   }
+  // The wgmma kernel's measured slice counts (lab runs 188, 196): 3 on 9216 x 3072, 22016 x 4096 and 11008 x 4096 for
+  // the GPTQ codes at 17..32 rows, the planner's elsewhere.
+  for (int bits : {4, 8})
+    for (int64_t M : {17, 24, 32}) {
+      INFO(bits << "-bit M = " << M);
+      CHECK(cuda::a16_wgmma_slices(M, 9216, 3072, bits) == 3);
+      CHECK(cuda::a16_wgmma_slices(M, 22016, 4096, bits) == 3);
+      CHECK(cuda::a16_wgmma_slices(M, 11008, 4096, bits) == 3);
+      CHECK(cuda::a16_wgmma_slices(M, 12288, 4096, bits) == 0);
+      CHECK(cuda::a16_wgmma_slices(M, 16384, 3072, bits) == 0);
+    }
+  CHECK(cuda::a16_wgmma_slices(33, 22016, 4096, 4) == 0);
+  CHECK(cuda::a16_wgmma_slices(16, 9216, 3072, 4) == 0);
+  CHECK(cuda::a16_wgmma_slices(32, 9216, 3072, 0) == 0);
 }
 
 TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {

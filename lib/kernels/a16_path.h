@@ -23,22 +23,38 @@ enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 // elements or more (11008 x 4096 at 32 rows: 24.2 us against the L2-fed kernel's 29.0; 6144 x 4096
 // stays: 18.2 against 19.1), for GPTQ 8-bit codes on those larger than 12288 x 4096 or longer in K
 // than in N (22016 x 4096: 45.4 against 55.3, 4096 x 11008: 25.9 against 30.5; 11008 and 12288 x
-// 4096 stay: 28.4 against 29.8), never for NF4 (the L2-fed kernel with two row tiles a warp:
+// 4096 stayed: 28.4 against 29.8; 11008 x 4096 moved with 3 K slices, below), never for NF4 (the L2-fed kernel with two row tiles a warp:
 // 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2 against 31.1; 28672 x 4096 65.4 against
 // 61.9, the one shape it loses). bits: the codes, 4 or 8 (GPTQ), 0 (NF4).
 constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
+// The wgmma kernel's K slices at 17..32 rows (32 staged x rows) where a count other than its
+// planner's power of two measured faster (the H200, stream µs at 32 rows with the slices forced
+// 1..16; lab runs 188 and 196): 3 slices on 9216 x 3072 (Phi-3-mini's q, k, v; W4 18.8 against 21.7
+// at 4 slices, W8 20.1 against 24.2), 22016 x 4096 (llama2-7b's gate, up; W8 42.3 against 45.6 at
+// 1, W4 36.7 against 37.9 at 2) and 11008 x 4096 (W4 22.3 against 24.3 at 4, W8 24.4 against 29.8).
+// 0: the planner's (28672, 14336 and 6144 x 4096 and the layers longer in K: within 2% of the best
+// count, or it). No model of the split picked these without losing elsewhere (run 189: 16 slices on
+// 22016 rows), so they are cells, like the path table. bits: 4 or 8 (GPTQ), 0 (NF4, which takes
+// the L2-fed kernel at these rows).
+constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
+  if (M < 17 || M > 32 || (bits != 4 && bits != 8)) return 0;
+  return (N == 9216 && K == 3072) || (N == 22016 && K == 4096) || (N == 11008 && K == 4096) ? 3 : 0;
+}
 // Phi-3-mini's layers (K = 3072; the H200, 2026-11-29, lab run 182, stream µs at 32 rows) moved
 // three cells that the Llama shapes had left open: W4 9216 x 3072 (q, k, v) to wgmma (21.7 against
 // the L2-fed kernel's 23.2), W8 16384 x 3072 (gate, up: a tall layer) to wgmma (25.6 against 28.7),
 // and the mid-sized layers longer in K than in N (3072 x 8192, down) to x staged in shared memory
 // (W4 18.2 against 21.4 from 17 rows; W8 20.0 against 22.0 at 32 rows, 19.7 against 19.2 at 17, so
 // from 25; decode batch 32 W8A16 +4.7%, W4A16 +3.3%, run 184). The Llama cells are unchanged (run 183:
-// shared_x never beat their choice there).
+// shared_x never beat their choice there). With 3 K slices (a16_wgmma_slices) the wgmma kernel
+// also takes W8 9216 x 3072 (run 196: 19.7 against the L2-fed kernel's 23.2 µs at 32 rows, 19.1
+// against 22.0 at 24) and W8 11008 x 4096 (run 197: 24.4 against 28.8 at 32 rows, 23.7 against
+// 27.5 at 24); W8 12288 x 4096 stays (29.3 against 30.2).
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
   const int64_t size = N * K;
   const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
   const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096)
-                             : bits == 8 ? large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)
+                             : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) == 3
                                          : false;
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
   const bool shared_x_from_17 = wgmma && K > N && mid && !large && (bits == 4 ? M >= 17 : bits == 8 ? M >= 25 : false);

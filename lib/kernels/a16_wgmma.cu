@@ -337,7 +337,8 @@ struct WgmmaPlan {
 // the CTAs resident at once (the occupancy calculator: shared memory and registers; 1 per SM from
 // 64 staged x rows), e.g. at 64..256 rows: 4096 rows 4 slices, 11008 and 14336 rows none. (A wave
 // model, waves x k-steps per CTA, chose 8 slices in 7 waves at 14336 rows: 1.22x -> 0.63x cuBLAS at
-// M = 128.) A forced split (g_split: slices) overrides.
+// M = 128.) A forced split (g_split: slices) overrides; at 17..32 rows so do the measured cells of
+// a16_wgmma_slices (run, below).
 inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm) {
   const int KS = int((K + 63) / 64), groups = int((N + 127) / 128);
   const int64_t resident = int64_t(sm_count()) * std::max(1, per_sm);
@@ -373,6 +374,13 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
         return plan_wgmma(N, K, resident_ctas(reinterpret_cast<const void*>(k), kThreads / 32, bytes));
       };
       WgmmaPlan plan = planned(kern, smem);
+      // Measured slice counts at 17..32 rows (a16_path.h, a16_wgmma_slices).
+      constexpr int bits = std::is_same_v<Format, Nf4Format> ? 0 : 4 * Format::kU4;
+      if (const int s = a16_wgmma_slices(M, N, K, bits); s && !g_split.slices && bn == 32) {
+        const int KS = int((K + 63) / 64);
+        plan.sps = (KS + s - 1) / s;
+        plan.slices = (KS + plan.sps - 1) / plan.sps;
+      }
       WgmmaKernel<Format> chosen = kern;
       size_t chosen_smem = smem;
       // At 64 and 128 staged rows one CTA an SM (144 and 152 registers): a layer of more 128-row
