@@ -344,10 +344,10 @@ __device__ __forceinline__ void combine_splits(int S, int hd, const float* recs,
 // append needs no ordering here (lab runs 105, 108: a kernel less a layer, batch 1 W4A16 +2.7%,
 // NF4 +2.2%). Its own instantiation: in the one kernel the fold's code took the attention from 64
 // to 86 registers, 2 CTAs an SM instead of 3, and prefill and batch 8 lost 4-8% (run 110).
-// Registers: 64 (4 CTAs an SM) without kRope; 80 with it (batch 1: few CTAs).
+// Registers: 64 (4 CTAs an SM) without kRope; 105 with it (2 CTAs an SM: batch 1 has few CTAs).
 // Steps a batch of loads (U): 2 at 64 registers (4, or 64 with spills, were slower: runs 165-166);
-// with kRope 4, so that a split's positions of a batch-1 step (64 at head size 128; 6 splits of a 384-long
-// cache) are all in flight before the wait: decode batch 1 +0.3-0.7% (lab run 190).
+// with kRope 4, so that a split's positions in a batch-1 step (64 at head size 128: 6 splits of a
+// 384-long cache) are all in flight before the wait: decode batch 1 +0.3-0.7% (lab run 190).
 template <class T, int L, bool kRope>
 __global__ void __launch_bounds__(kAttnThreads, kRope ? 1 : 4) attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
                        float scale, T* ctx, float* partial, int* arrivals, RopeArgs rope) {
