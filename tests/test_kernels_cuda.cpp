@@ -607,6 +607,14 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_slices(33, 22016, 4096, 4) == 0);
   CHECK(cuda::a16_wgmma_slices(16, 9216, 3072, 4) == 0);
   CHECK(cuda::a16_wgmma_slices(32, 9216, 3072, 0) == 0);
+  // The L2-fed kernel's (lab run 198): 3 on NF4 16384 x 3072 at 17..32 rows only.
+  for (int64_t M : {17, 24, 32}) {
+    CHECK(cuda::a16_mma_slices(M, 16384, 3072, 0) == 3);
+    CHECK(cuda::a16_mma_slices(M, 16384, 3072, 4) == 0);
+    CHECK(cuda::a16_mma_slices(M, 9216, 3072, 0) == 0);
+  }
+  CHECK(cuda::a16_mma_slices(16, 16384, 3072, 0) == 0);
+  CHECK(cuda::a16_mma_slices(33, 16384, 3072, 0) == 0);
 }
 
 TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {

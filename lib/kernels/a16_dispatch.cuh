@@ -216,6 +216,14 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     if (it == plans.end()) {
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only,
                     silu_split ? 2 : 1);
+      // Measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199: phi3-mini NF4
+      // decode batch 32 +4.1%).
+      constexpr int bits = Format::kPairTable ? 0 : Format::kRowMajor ? -1 : 4 * Format::kU4;
+      if (const int s = a16_mma_slices(M, N, K, bits); s && !g_split.slices) {
+        const int KS = int((K + 63) / 64);
+        q.S = s;
+        q.sps = (KS + s - 1) / s;
+      }
       if (silu_split) q.S *= 2;   // gate tile b and up tile b + F / 16 in one CTA: S K slices of each
       q.smem = red_bytes(q.S, nt, q.rt);   // at least 512 bytes: a fold's 32 sums and flag fit
       // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks

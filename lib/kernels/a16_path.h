@@ -40,6 +40,14 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
   if (M < 17 || M > 32 || (bits != 4 && bits != 8)) return 0;
   return (N == 9216 && K == 3072) || (N == 22016 && K == 4096) || (N == 11008 && K == 4096) ? 3 : 0;
 }
+// The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
+// planner's power of two measured faster (the H200, lab run 198, stream µs at 32 rows): NF4 16384 x
+// 3072 (Phi-3-mini's gate, up) 3 slices, 23.6 against 29.0 (on 9216 x 3072, 22016 x 4096 and 11008 x
+// 4096 3 slices lost 13-19%; run 199: 28.4 -> 24.0 at 32 rows, 26.9 -> 22.9 at 24, phi3-mini NF4
+// decode batch 32 +4.1%). 0: the planner's. bits: 4 or 8 (GPTQ), 0 (NF4).
+constexpr int a16_mma_slices(int64_t M, int64_t N, int64_t K, int bits) {
+  return M >= 17 && M <= 32 && bits == 0 && N == 16384 && K == 3072 ? 3 : 0;
+}
 // Phi-3-mini's layers (K = 3072; the H200, 2026-11-29, lab run 182, stream µs at 32 rows) moved
 // three cells that the Llama shapes had left open: W4 9216 x 3072 (q, k, v) to wgmma (21.7 against
 // the L2-fed kernel's 23.2), W8 16384 x 3072 (gate, up: a tall layer) to wgmma (25.6 against 28.7),
