@@ -81,7 +81,7 @@ inline void spread(const void* kern, Plan& p) {
 // wave wins). RT = 2 up to M = 32; rt_only: the RT the caller measured best (where the layer has that
 // many tiles), 0: the model's. batch_of(rt): the kernel's batch_steps.
 template <class KernOf, class VariantsOf, class BatchOf>
-Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, BatchOf batch_of, int rt_only = 0, int pair = 1) {
+Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, BatchOf batch_of, int rt_only = 0, int pair = 1, int slices = 0) {
   // pair = 2: the split silu kernel, whose CTA pairs the tiles b and b + tiles / 2 in 2 S warps
   // (ctas: tiles / 2; residency with 2 S warps); S stays the K slices.
   const int tiles = int((N + 15) / 16), KS = int((K + 63) / 64), nt = n8_tiles(M), sms = sm_count();
@@ -110,7 +110,8 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
       }
     }
   }
-  if (g_split.slices) best.S = std::max(1, std::min({g_split.slices, max_slices(nt) / pair, KS}));
+  // K slices forced: a sweep's (g_split), else a measured cell's (slices: a16_mma_slices).
+  if (const int forced = g_split.slices ? g_split.slices : slices) best.S = std::max(1, std::min({forced, max_slices(nt) / pair, KS}));
   best.sps = (KS + best.S - 1) / best.S;
   // One row: each slice rounded up to whole batches (the last slice shorter) where that saves round
   // trips to memory: a warp walks sps / B batches and sps % B single k-steps, and a round trip costs
@@ -214,16 +215,10 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // 6144 x 4096 31.4 against 19.7; docs/lab/2026-11-24-decode-h200.md run 86).
     const int rt_only = silu ? (silu_split ? 1 : 2) : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;
     if (it == plans.end()) {
+      // With the measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199:
+      // phi3-mini NF4 decode batch 32 +4.1%).
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only,
-                    silu_split ? 2 : 1);
-      // Measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199: phi3-mini NF4
-      // decode batch 32 +4.1%).
-      constexpr int bits = Format::kPairTable ? 0 : Format::kRowMajor ? -1 : 4 * Format::kU4;
-      if (const int s = a16_mma_slices(M, N, K, bits); s && !g_split.slices) {
-        const int KS = int((K + 63) / 64);
-        q.S = s;
-        q.sps = (KS + s - 1) / s;
-      }
+                    silu_split ? 2 : 1, a16_mma_slices(M, N, K, code_bits<Format>()));
       if (silu_split) q.S *= 2;   // gate tile b and up tile b + F / 16 in one CTA: S K slices of each
       q.smem = red_bytes(q.S, nt, q.rt);   // at least 512 bytes: a fold's 32 sums and flag fit
       // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks

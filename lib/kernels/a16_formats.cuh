@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/a16_mma.cuh"
 
@@ -250,6 +251,13 @@ struct F16RowFormat {
     a[3] = upper ? g8.w : g8.y;
   }
 };
+
+// The codes' bits as a16_path.h's tables take them: 4 or 8 (GPTQ), 0 (NF4, either form), -1 (f16
+// weights read in place).
+template <class Format>
+constexpr int code_bits() {
+  return std::is_base_of_v<Nf4Format, Format> ? 0 : Format::kRowMajor ? -1 : 4 * Format::kU4;
+}
 
 // The format the L2-fed kernel runs: NF4 with its pair table, the others as they are.
 template <class Format>

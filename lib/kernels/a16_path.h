@@ -23,9 +23,10 @@ enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 // elements or more (11008 x 4096 at 32 rows: 24.2 us against the L2-fed kernel's 29.0; 6144 x 4096
 // stays: 18.2 against 19.1), for GPTQ 8-bit codes on those larger than 12288 x 4096 or longer in K
 // than in N (22016 x 4096: 45.4 against 55.3, 4096 x 11008: 25.9 against 30.5; 11008 and 12288 x
-// 4096 stayed: 28.4 against 29.8; 11008 x 4096 moved with 3 K slices, below), never for NF4 (the L2-fed kernel with two row tiles a warp:
-// 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2 against 31.1; 28672 x 4096 65.4 against
-// 61.9, the one shape it loses). bits: the codes, 4 or 8 (GPTQ), 0 (NF4).
+// 4096 stayed: 28.4 against 29.8; 11008 x 4096 moved with 3 K slices, below), never for NF4 (the
+// L2-fed kernel with two row tiles a warp: 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2
+// against 31.1; 28672 x 4096 65.4 against 61.9, the one shape it loses). bits: the codes, 4 or 8
+// (GPTQ), 0 (NF4).
 constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
 // The wgmma kernel's K slices at 17..32 rows (32 staged x rows) where a count other than its
 // planner's power of two measured faster (the H200, stream µs at 32 rows with the slices forced
@@ -67,7 +68,7 @@ constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool 
   const int64_t size = N * K;
   const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
   const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096)
-                             : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) == 3
+                             : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) != 0
                                          : false;
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
   const bool shared_x_from_17 = wgmma && K > N && mid && !large && (bits == 4 ? M >= 17 : bits == 8 ? M >= 25 : false);

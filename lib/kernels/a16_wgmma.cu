@@ -337,14 +337,14 @@ struct WgmmaPlan {
 // the CTAs resident at once (the occupancy calculator: shared memory and registers; 1 per SM from
 // 64 staged x rows), e.g. at 64..256 rows: 4096 rows 4 slices, 11008 and 14336 rows none. (A wave
 // model, waves x k-steps per CTA, chose 8 slices in 7 waves at 14336 rows: 1.22x -> 0.63x cuBLAS at
-// M = 128.) A forced split (g_split: slices) overrides; at 17..32 rows so do the measured cells of
-// a16_wgmma_slices (run, below).
-inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm) {
+// M = 128.) A forced split (g_split: slices) overrides; else at 17..32 rows so does a measured cell
+// (slices: a16_wgmma_slices).
+inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
   const int KS = int((K + 63) / 64), groups = int((N + 127) / 128);
   const int64_t resident = int64_t(sm_count()) * std::max(1, per_sm);
   int S = 1;
   while (int64_t(groups) * S * 2 <= resident && 2 * S <= std::min(kMaxSlices, KS)) S *= 2;
-  if (g_split.slices) S = std::max(1, std::min(g_split.slices, KS));
+  if (const int forced = g_split.slices ? g_split.slices : slices) S = std::max(1, std::min(forced, KS));
   const int sps = (KS + S - 1) / S;
   return {groups, (KS + sps - 1) / sps, sps};   // no empty slice
 }
@@ -371,16 +371,9 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     if (it == plans.end()) {   // first call of this kernel and shape: its shared memory (over the 48 KB default) allowed once
       auto planned = [&](WgmmaKernel<Format> k, size_t bytes) {
         PTQ_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(k), cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-        return plan_wgmma(N, K, resident_ctas(reinterpret_cast<const void*>(k), kThreads / 32, bytes));
+        return plan_wgmma(N, K, resident_ctas(reinterpret_cast<const void*>(k), kThreads / 32, bytes), a16_wgmma_slices(M, N, K, code_bits<Format>()));
       };
-      WgmmaPlan plan = planned(kern, smem);
-      // Measured slice counts at 17..32 rows (a16_path.h, a16_wgmma_slices).
-      constexpr int bits = std::is_same_v<Format, Nf4Format> ? 0 : 4 * Format::kU4;
-      if (const int s = a16_wgmma_slices(M, N, K, bits); s && !g_split.slices && bn == 32) {
-        const int KS = int((K + 63) / 64);
-        plan.sps = (KS + s - 1) / s;
-        plan.slices = (KS + plan.sps - 1) / plan.sps;
-      }
+      WgmmaPlan plan = planned(kern, smem);   // with the measured slice counts at 17..32 rows (a16_path.h)
       WgmmaKernel<Format> chosen = kern;
       size_t chosen_smem = smem;
       // At 64 and 128 staged rows one CTA an SM (144 and 152 registers): a layer of more 128-row
