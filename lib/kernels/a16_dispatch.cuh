@@ -41,6 +41,17 @@ struct Plan {
   int carveout = -1;   // shared-memory carveout at launch (percent), -1: the driver's choice
 };
 
+// Lets kern take dynamic shared memory up to the opt-in limit (the attribute is per kernel), so that
+// the occupancy calculator answers the planner the same whatever an earlier plan of the kernel set:
+// NF4's kernel of two row tiles at 17..32 rows needs 64 KB a CTA for 8 K slices (its 32 KB pair
+// table and the slice sums), and before this its plans depended on the order of the shapes planned
+// (llama2-7b's o projection took 4 slices, llama3-8b's 8, where a qkv plan had set the limit
+// first; lab runs 204-205: llama2-7b NF4 at batch 32 +4.2% with 8 there, phi3-mini +4.6% with 8 on
+// its 3072 x 3072).
+inline void allow_opt_in_smem(const void* kern) {
+  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic_smem(kern)));
+}
+
 // Spreads the plan's CTAs: no SM takes more than cap = ceil(ctas / SMs) of them. A grid smaller
 // than the GPU holds, launched while the previous kernel's CTAs still occupy SMs (PDL), otherwise
 // piles up on the SMs that freed first. The launch asks for the smallest shared-memory carveout
@@ -61,7 +72,6 @@ inline void spread(const void* kern, Plan& p) {
   const int most = max_dynamic_smem(kern);
   if (padded > size_t(most)) return;
   const int percent = int(int64_t(carve) * 100 / sm_bytes);
-  PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most));   // the kernel serves other shapes: the most
   PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, percent));   // for the calculator only
   const int now = resident_ctas(kern, p.S, padded);
   PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, -1));
@@ -94,6 +104,7 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
     if (overlap ? variants(rt) == Overlap::plain_only : variants(rt) == Overlap::overlap_only) continue;
     if (g_split.loop && variants(rt) == Overlap::both && overlap != (g_split.loop == 2)) continue;
     const int ctas = (tiles / pair + rt - 1) / rt;
+    allow_opt_in_smem(kern(rt, overlap));
     for (int S = 1; S * pair <= max_slices(nt) && S <= KS; S *= 2) {
       const int per_sm = resident_ctas(kern(rt, overlap), S * pair, red_bytes(S * pair, nt, rt));
       if (per_sm == 0) break;
@@ -228,6 +239,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       // wave where the unstaged overlapped loop needs two).
       q.stage_x = M == 1 && nt == 1 && q.overlap && Format::kOverlapM8 && (q.rt == 2 || q.sps > batch_steps<Format>(1, 1));
       const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x, fold, silu));   // the kernel launched
+      allow_opt_in_smem(k);   // the kernel launched (x-staged, folded or silu forms): a CTA past 48 KB
       spread(k, q);
       it = plans.emplace(key, q).first;
       if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)

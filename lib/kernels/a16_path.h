@@ -42,17 +42,17 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
   return (N == 9216 && K == 3072) || (N == 22016 && K == 4096) || (N == 11008 && K == 4096) ? 3 : 0;
 }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
-// planner's power of two measured faster (the H200, stream µs at 32 rows; 24 rows alike): NF4
-// 16384 x 3072 (Phi-3-mini's gate, up) 3 slices, 28.4 -> 24.0 (lab runs 198-199: phi3-mini NF4
-// decode batch 32 +4.1%), and NF4 28672 x 4096 (llama3-8b's gate, up) 3 slices, 62.2 -> 57.9
-// (run 200; not measured in the decode). The GPTQ layers it serves there and NF4's other decode
-// layers were best at the planner's count, except 4096 x 4096 and 6144 x 4096 at 6 slices (15.3 ->
-// 13.4, 19.0 -> 17.5), which need more than the default 48 KB of shared memory a CTA (the pair
-// table's 32 KB and 24 KB of slice sums): not taken (run 201: that launch needs the opt-in
-// attribute first). 0: the planner's. bits: 4 or 8 (GPTQ), 0 (NF4).
+// planner's measured faster in the decode step (the H200, batch 32, one cell at a time and then
+// together: cells that pay alone can lose beside the others, as the kernels overlap under PDL):
+// NF4 16384 x 3072 (Phi-3-mini's gate, up) 3 slices (stream µs at 32 rows 28.4 -> 24.0; phi3-mini
+// NF4 +4.2%, lab runs 199, 206) and NF4 6144 x 4096 (llama3-8b's q, k, v) 6 slices (19.2 -> 17.8;
+// llama3-8b NF4 +1.0%, runs 204-206). Measured and not taken (runs 204-206): 3 slices on 9216 x
+// 3072 and 12288 x 4096 (+2.1% and +1.5% alone, -2.3% and -2.7% beside the other cells), 28672 x
+// 4096 (+0.2%), and every GPTQ layer this kernel serves there (3 and 6 slices 1-12% slower than the
+// planner's, 8 equal). 0: the planner's. bits: 4 or 8 (GPTQ), 0 (NF4).
 constexpr int a16_mma_slices(int64_t M, int64_t N, int64_t K, int bits) {
   if (M < 17 || M > 32 || bits != 0) return 0;
-  return (N == 16384 && K == 3072) || (N == 28672 && K == 4096) ? 3 : 0;
+  return N == 16384 && K == 3072 ? 3 : N == 6144 && K == 4096 ? 6 : 0;
 }
 // Phi-3-mini's layers (K = 3072; the H200, 2026-11-29, lab run 182, stream µs at 32 rows) moved
 // three cells that the Llama shapes had left open: W4 9216 x 3072 (q, k, v) to wgmma (21.7 against
