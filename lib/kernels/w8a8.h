@@ -27,9 +27,11 @@ bool w8a8_gemv_serves(int64_t M, int64_t K);
 // 128-row tiles fill most SMs without a split and beat the int8 mma.sync form (H200, lab run 92,
 // single-launch µs at 32 rows: 22016x4096 38.0 against 63.6, 11008x4096 30.6 against 38.7, 28672x4096
 // 45.5 against 77.2; on 6144x4096 the GEMM took 28.0 against 26.8 and on the 4096-row layers
-// 0.64-0.66x the product's speed, so they stay on the product). Both
+// 0.64-0.66x the product's speed, so they stay on the product). From 9216 rows, not 10240: Phi-3-mini's
+// q, k, v (9216x3072) on the GEMM decodes 1.5% faster at batch 32 (lab run 209: 8,773 / 8,750
+// against 8,638 / 8,619 tok/s; every phi3-mini layer on the GEMM 6,535). Both
 // form float(acc) · sx[m] · sw[n] from the exact int32 sum: the same bytes either way.
-constexpr int64_t kW8A8GemmFromN = 10240;
+constexpr int64_t kW8A8GemmFromN = 9216;
 bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K);
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
 
