@@ -56,7 +56,8 @@ inline void allow_opt_in_smem(const void* kern) {
 // than the GPU holds, launched while the previous kernel's CTAs still occupy SMs (PDL), otherwise
 // piles up on the SMs that freed first. The launch asks for the smallest shared-memory carveout
 // that holds cap CTAs (the rest of the 256 KB stays L1, which caches x) and pads each CTA to 1/cap
-// of it (each CTA also takes 1 KB reserved by the system); the occupancy calculator confirms.
+// of it (each CTA also takes 1 KB reserved by the system, and the padding may pass 48 KB: the
+// caller has allowed kern the opt-in limit, allow_opt_in_smem); the occupancy calculator confirms.
 inline void spread(const void* kern, Plan& p) {
   const int per_sm = resident_ctas(kern, p.S, p.smem), cap = (p.ctas + sm_count() - 1) / sm_count();
   if (cap >= per_sm) return;
