@@ -19,8 +19,6 @@
 // cuBLAS rate measured beside it (≈ 780 TFLOP/s) 175 us: the target (1.5× cuBLAS bf16) is 117 us.
 #include "kernels/w8a8.h"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,11 +28,12 @@
 #include "core/error.h"
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
+#include "cuda/tma.cuh"
 
 namespace ptq::cuda {
 
 namespace {
-constexpr int kBM = 128, kBN = 256, kBK = 128, kStages = 4, kThreads = 384, kGroupM = 8;
+constexpr int kBM = 128, kBN = 256, kBK = kTmaBoxBytes, kStages = 4, kThreads = 384, kGroupM = 8;
 constexpr int kABytes = kBM * kBK, kBBytes = kBN * kBK, kStageBytes = kABytes + kBBytes;   // 16 + 32 KiB
 constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;                  // + alignment, mbarriers
 
@@ -47,27 +46,11 @@ using ptx::smem_addr;
 
 __device__ __forceinline__ uint64_t smem_desc(const void* p) { return ptx::smem_desc_sw128(smem_addr(p)); }
 
-__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* b, int parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_addr(b)), "r"(parity) : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)), "r"(bytes) : "memory");
-}
-// One box of a 2-D tensor map (inner coordinate c0 in bytes of K, outer c1 in rows) into shared memory.
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-               ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)) : "memory");
-}
+using tma::mbar_arrive;
+using tma::mbar_expect_tx;
+using tma::mbar_init;
+using tma::mbar_wait;
+using tma::tma_load;
 
 __device__ __forceinline__ void wgmma_m64n256k32_s8(int (&d)[128], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
@@ -128,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);    // the producer's arrive (with the copy's byte count)
       mbar_init(&empty[s], 2);   // one arrive per consumer warpgroup
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    tma::mbar_init_fence();
   }
   __syncthreads();
   // Persistent: CTA b takes tiles b, b + gridDim.x, ...; the ring's slice counter runs across tiles,
@@ -203,23 +186,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // PTQ_W8A8_WGMMA (other targets: an empty body, never launched: w8a8_supported())
 }
 
-// A 2-D tensor map over an int8 [rows, K] row-major matrix, boxes of 128 bytes × box_rows, 128-byte swizzle.
-CUtensorMap tensor_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    PTQ_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "not found in the CUDA driver");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  CUtensorMap m;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)}, strides[1] = {cuuint64_t(K)};
-  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)}, elem[2] = {1, 1};
-  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "failed with CUresult " + std::to_string(int(r)));
-  return m;
-}
 }  // namespace
 
 bool w8a8_supported() {
@@ -239,7 +205,7 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
   }();
   (void)attrs;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16) fail(Errc::usage, "", "x, w", "the W8A8 kernel needs 16-byte aligned operands");
-  const CUtensorMap mx = tensor_map(x, M, K, kBM), mw = tensor_map(w, N, K, kBN);
+  const CUtensorMap mx = tensor_map_int8(x, M, K, kBM), mw = tensor_map_int8(w, N, K, kBN);
   static const int sms = [] {
     int dev = 0, n = 0;
     PTQ_CUDA(cudaGetDevice(&dev));

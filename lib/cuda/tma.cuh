@@ -1,0 +1,74 @@
+// tma.cuh — the copy engine (TMA) and mbarriers of the sm_90a kernels that stream int8 tiles into
+// shared memory (kernels/w8a8.cu, kernels/w8a8_wgmma_gemv.cu): a tensor map over an int8 [rows, K]
+// matrix in boxes of 128 bytes of K (the 128-byte swizzle wgmma's descriptors read), the box copy
+// completing on an mbarrier, and the mbarrier's init, arrive and wait. One definition each, so the
+// kernels agree on the layout their wgmma descriptors assume (cuda/ptx.cuh: smem_desc_sw128).
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/ptx.cuh"
+
+namespace ptq::cuda {
+
+// Bytes of K a box holds: one 128-byte swizzle row.
+constexpr int kTmaBoxBytes = 128;
+
+// A 2-D tensor map over an int8 [rows, K] row-major matrix (K a multiple of 16, p 16-byte aligned):
+// boxes of 128 bytes x box_rows, 128-byte swizzle; the parts of a box past K or rows are filled
+// with zeros (and counted in the bytes the box delivers).
+inline CUtensorMap tensor_map_int8(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    PTQ_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "not found in the CUDA driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)}, strides[1] = {cuuint64_t(K)};
+  const cuuint32_t box[2] = {cuuint32_t(kTmaBoxBytes), cuuint32_t(box_rows)}, elem[2] = {1, 1};
+  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "failed with CUresult " + std::to_string(int(r)));
+  return m;
+}
+
+namespace tma {
+
+__device__ __forceinline__ void mbar_init(uint64_t* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ptx::smem_addr(b)), "r"(count));
+}
+// The inits visible to the copy engine and the other threads (then a CTA barrier).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_wait(uint64_t* b, int parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(ptx::smem_addr(b)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ptx::smem_addr(b)) : "memory");
+}
+// An arrival that also expects `bytes` more from copies completing on b.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ptx::smem_addr(b)), "r"(bytes) : "memory");
+}
+// One box of a 2-D tensor map (inner coordinate c0 in bytes of K, outer c1 in rows) into shared
+// memory at dst (1024-byte aligned for the swizzle), completing on bar.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(ptx::smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(ptx::smem_addr(bar))
+               : "memory");
+}
+
+}  // namespace tma
+}  // namespace ptq::cuda
