@@ -805,11 +805,27 @@ struct Int8Linear {
   std::vector<float> sw;
   cuda::DeviceBuffer<int8_t> dw;
   cuda::DeviceBuffer<float> dsw;
-  Int8Linear(int64_t N, int64_t K, Rng& r) : w(size_t(N * K)), sw(size_t(N)), dw(size_t(N * K), "w"), dsw(size_t(N), "sw") {
+  int64_t N, K;
+  Int8Linear(int64_t N_, int64_t K_, Rng& r) : w(size_t(N_ * K_)), sw(size_t(N_)), dw(size_t(N_ * K_), "w"), dsw(size_t(N_), "sw"), N(N_), K(K_) {
     for (auto& v : w) v = int8_t(int(r.next() % 255) - 127);
     for (auto& v : sw) v = float(1e-4 * (0.5 + r.uniform()));
     cuda::copy_to_device(dw.get(), w.data(), w.size());
     cuda::copy_to_device(dsw.get(), sw.data(), sw.size() * 4);
+  }
+};
+// M random int8 activation rows for L with per-row scales (copied to dx, dsx), a prior y0 [M, N]
+// for beta, and the exact reference product ref = x · Lᵀ (ref_gemm_w8a8).
+struct W8A8Inputs {
+  std::vector<int8_t> x;
+  std::vector<float> sx, ref, y0;
+  W8A8Inputs(const Int8Linear& L, int64_t M, Rng& r, int8_t* dx, float* dsx)
+      : x(size_t(M * L.K)), sx(size_t(M)), ref(size_t(M * L.N)), y0(size_t(M * L.N)) {
+    for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
+    for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
+    for (auto& v : y0) v = float(r.uniform() - 0.5);
+    ref_gemm_w8a8(x.data(), sx.data(), L.w.data(), L.sw.data(), M, L.N, L.K, ref.data());
+    cuda::copy_to_device(dx, x.data(), x.size());
+    cuda::copy_to_device(dsx, sx.data(), sx.size() * 4);
   }
 };
 // Elements of a W8A8 product y [M, N] fp32 off the exact reference ref (+ beta y0 where beta is not
@@ -886,37 +902,36 @@ TEST_CASE("gpu: the W8A8 GEMM (wgmma, fused per-token x per-channel rescale) equ
   CHECK_THROWS_AS(cuda::w8a8_gemm(a.get(), s.get(), a.get(), s.get(), 4, 63, 32, y.get(), true), Error);   // N odd
 }
 
-TEST_CASE("gpu: a W8A8 Linear of 9216 rows at 17 to 32 rows takes the wgmma GEMM: the exact int32 reference and the decode product's bytes") {
+TEST_CASE("gpu: a W8A8 Linear at 9 to 32 rows takes the wgmma product: the exact int32 reference, the GEMM's bytes and the mma.sync product's") {
   PTQ_REQUIRE_GPU();
-  if (!cuda::w8a8_supported()) PTQ_SKIP("the W8A8 GEMM needs sm_90: " + cuda::describe());
-  const int64_t N = cuda::kW8A8GemmFromN, K = 256;
+  if (!cuda::w8a8_supported()) PTQ_SKIP("the W8A8 wgmma kernels need sm_90: " + cuda::describe());
+  const int64_t N = 9216, K = 256;
   Rng r{2024};
   const Int8Linear L(N, K, r);
   cuda::DeviceBuffer<int8_t> dx(size_t(32 * K), "x");
-  cuda::DeviceBuffer<float> dsx(32, "sx"), dy(size_t(32 * N), "y"), dv(size_t(32 * N), "y by the decode product");
-  CHECK(cuda::w8a8_takes_gemv(16, N, K));
-  CHECK(cuda::w8a8_takes_gemv(32, N - 2, K));
-  for (int64_t M : {17, 24, 32}) {
-    CHECK_FALSE(cuda::w8a8_takes_gemv(M, N, K));
-    std::vector<int8_t> x(static_cast<size_t>(M * K));
-    std::vector<float> sx(static_cast<size_t>(M)), ref(static_cast<size_t>(M * N)), y0(static_cast<size_t>(M * N));
-    for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
-    for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
-    for (auto& v : y0) v = float(r.uniform() - 0.5);
-    ref_gemm_w8a8(x.data(), sx.data(), L.w.data(), L.sw.data(), M, N, K, ref.data());
-    cuda::copy_to_device(dx.get(), x.data(), x.size());
-    cuda::copy_to_device(dsx.get(), sx.data(), sx.size() * 4);
+  cuda::DeviceBuffer<float> dsx(32, "sx"), dy(size_t(32 * N), "y"), dg(size_t(32 * N), "y by the GEMM"), dv(size_t(32 * N), "y by the mma.sync product");
+  CHECK_FALSE(cuda::w8a8_wgmma_takes(cuda::kW8A8WgmmaFromM - 1, N, K));
+  for (int64_t M : {9, 16, 17, 24, 32}) {
+    CHECK(cuda::w8a8_wgmma_takes(M, N, K));
+    CHECK(cuda::w8a8_takes_gemv(M, N, K));
+    const W8A8Inputs in(L, M, r, dx.get(), dsx.get());
+    const auto &ref = in.ref, &y0 = in.y0;
+    cuda::w8a8_gemm(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, N, K, dg.get(), true);   // float(acc) · sx · sw, no beta
+    std::vector<float> g(static_cast<size_t>(M * N));
+    cuda::copy_to_host(g.data(), dg.get(), g.size() * 4);
     for (float beta : {0.0f, 1.0f}) {
       cuda::copy_to_device(dy.get(), y0.data(), y0.size() * 4);
       cuda::copy_to_device(dv.get(), y0.data(), y0.size() * 4);
-      cuda::w8a8_linear_int8_f32(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, N, K, dy.get(), beta);   // the GEMM
-      cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, N, K, dv.get(), beta);               // the decode product
-      std::vector<float> y(static_cast<size_t>(M * N)), v(y.size());
+      cuda::w8a8_linear_int8_f32(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, N, K, dy.get(), beta);   // the wgmma product
+      cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, N, K, dv.get(), beta, false);          // the mma.sync product
+      std::vector<float> y(static_cast<size_t>(M * N)), v(y.size()), want(y.size());
       cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
       cuda::copy_to_host(v.data(), dv.get(), v.size() * 4);
+      for (size_t i = 0; i < want.size(); ++i) want[i] = beta == 0.0f ? g[i] : std::fmaf(beta, y0[i], g[i]);   // add_scaled's rounding
       const size_t bad = w8a8_elements_off(y, ref, y0, beta);
       INFO("M " << M << " beta " << beta << ": " << bad << " elements off");
       CHECK(bad == 0);
+      CHECK(std::memcmp(y.data(), want.data(), y.size() * 4) == 0);
       CHECK(std::memcmp(y.data(), v.data(), y.size() * 4) == 0);
     }
   }
@@ -934,18 +949,12 @@ TEST_CASE("gpu: the W8A8 decode GEMV (dp4a up to 16 rows, int8 mma.sync from 3 t
     cuda::DeviceBuffer<float> dsx(32, "sx"), dy(size_t(32 * sh.N), "y");
     for (int64_t M : {1, 2, 3, 5, 8, 9, 16, 17, 24, 32}) {
       if (M > 16 && sh.K % 64) continue;   // refused below
-      std::vector<int8_t> x(static_cast<size_t>(M * sh.K));
-      std::vector<float> sx(static_cast<size_t>(M)), ref(static_cast<size_t>(M * sh.N)), y0(static_cast<size_t>(M * sh.N));
-      for (auto& v : x) v = int8_t(int(r.next() % 255) - 127);
-      for (auto& v : sx) v = float(0.01 * (0.5 + r.uniform()));
-      for (auto& v : y0) v = float(r.uniform() - 0.5);
-      ref_gemm_w8a8(x.data(), sx.data(), L.w.data(), L.sw.data(), M, sh.N, sh.K, ref.data());
-      cuda::copy_to_device(dx.get(), x.data(), x.size());
-      cuda::copy_to_device(dsx.get(), sx.data(), sx.size() * 4);
+      const W8A8Inputs in(L, M, r, dx.get(), dsx.get());
+      const auto &ref = in.ref, &y0 = in.y0;
       for (float beta : {0.0f, 1.0f}) {
         if (beta == 0.0f) cuda::fill_bytes(dy.get(), 0xff, size_t(M * sh.N) * 4);   // NaN: every output must be written
         else cuda::copy_to_device(dy.get(), y0.data(), y0.size() * 4);
-        cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, sh.N, sh.K, dy.get(), beta);
+        cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, sh.N, sh.K, dy.get(), beta, false);   // dp4a / mma.sync, not the wgmma form
         std::vector<float> y(static_cast<size_t>(M * sh.N));
         cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
         const size_t bad = w8a8_elements_off(y, ref, y0, beta);
@@ -956,8 +965,52 @@ TEST_CASE("gpu: the W8A8 decode GEMV (dp4a up to 16 rows, int8 mma.sync from 3 t
   }
   cuda::DeviceBuffer<int8_t> a(64 * 64, "a");
   cuda::DeviceBuffer<float> s(64, "s"), y(64 * 64, "y");
-  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 17, 64, 32, y.get(), 0.0f), Error);   // M above 16 with K % 64 != 0
-  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 33, 64, 64, y.get(), 0.0f), Error);   // M above 32
-  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 1, 64, 24, y.get(), 0.0f), Error);    // K not a multiple of 16
+  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 17, 64, 32, y.get(), 0.0f, false), Error);   // M above 16 with K % 64 != 0 (the wgmma form takes it)
+  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 33, 64, 64, y.get(), 0.0f), Error);          // M above 32
+  CHECK_THROWS_AS(cuda::w8a8_gemv(a.get(), s.get(), a.get(), s.get(), 1, 64, 24, y.get(), 0.0f), Error);           // K not a multiple of 16
+}
+
+TEST_CASE("gpu: the W8A8 decode product on wgmma (copy-engine ring, K split over a cluster) equals the exact int32 reference and the mma.sync product's bytes") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::w8a8_supported()) PTQ_SKIP("the wgmma W8A8 product needs sm_90: " + cuda::describe());
+  struct Shape { int64_t N, K; };
+  // The planner's K slices (a cluster of CTAs a 128-row group): 333x2064 6 slices of 3 K-steps
+  // (the last 2064 - 16 x 128 = 16 bytes: a box mostly past K), 4096x4096 8, 1024x14336 8,
+  // 17000x256 one (133 groups: more than the resident CTAs allow a split); 96x48 a single box
+  // past K and N; 4096x4096 and 1024x14336 also the decode's rows past 16 (K % 64 == 0).
+  const Shape shapes[] = {{96, 48}, {333, 2064}, {4096, 4096}, {1024, 14336}, {17000, 256}};
+  int seed = 2300;
+  for (const Shape& sh : shapes) {
+    Rng r{uint64_t(seed++)};
+    const Int8Linear L(sh.N, sh.K, r);
+    cuda::DeviceBuffer<int8_t> dx(size_t(32 * sh.K), "x");
+    cuda::DeviceBuffer<float> dsx(32, "sx"), dy(size_t(32 * sh.N), "y"), dv(size_t(32 * sh.N), "y by the mma.sync product");
+    for (int64_t M : {1, 2, 5, 8, 9, 16, 17, 24, 32}) {
+      const W8A8Inputs in(L, M, r, dx.get(), dsx.get());
+      const auto &ref = in.ref, &y0 = in.y0;
+      const bool other = cuda::w8a8_gemv_serves(M, sh.K);   // the dp4a / mma.sync forms serve these rows
+      for (float beta : {0.0f, 1.0f}) {
+        if (beta == 0.0f) cuda::fill_bytes(dy.get(), 0xff, size_t(M * sh.N) * 4);   // NaN: every output must be written
+        else cuda::copy_to_device(dy.get(), y0.data(), y0.size() * 4);
+        cuda::copy_to_device(dv.get(), y0.data(), y0.size() * 4);
+        cuda::w8a8_wgmma_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, sh.N, sh.K, dy.get(), beta);
+        std::vector<float> y(static_cast<size_t>(M * sh.N));
+        cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+        const size_t bad = w8a8_elements_off(y, ref, y0, beta);
+        INFO("N " << sh.N << " K " << sh.K << " M " << M << " beta " << beta << ": " << bad << " elements off");
+        CHECK(bad == 0);
+        if (other) {   // both form float(exact int32 sum) · sx · sw (+ beta y): the same bytes
+          cuda::w8a8_gemv(dx.get(), dsx.get(), L.dw.get(), L.dsw.get(), M, sh.N, sh.K, dv.get(), beta, false);
+          std::vector<float> v(y.size());
+          cuda::copy_to_host(v.data(), dv.get(), v.size() * 4);
+          CHECK(std::memcmp(y.data(), v.data(), y.size() * 4) == 0);
+        }
+      }
+    }
+  }
+  cuda::DeviceBuffer<int8_t> a(64 * 64, "a");
+  cuda::DeviceBuffer<float> s(64, "s"), y(64 * 64, "y");
+  CHECK_THROWS_AS(cuda::w8a8_wgmma_gemv(a.get(), s.get(), a.get(), s.get(), 33, 64, 64, y.get(), 0.0f), Error);   // M above 32
+  CHECK_THROWS_AS(cuda::w8a8_wgmma_gemv(a.get(), s.get(), a.get(), s.get(), 1, 64, 24, y.get(), 0.0f), Error);    // K not a multiple of 16
 }
 

@@ -243,8 +243,9 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       fill_random_normal(xb.get(), DType::BF16, maxM * K, 4, 1.0f);
       DeviceBuffer<float> yf(size_t(maxM * N), "W8A8 decode GEMV output");
       for (int64_t M : Ms8) {
-        // The kernel a W8A8 Linear takes (w8a8_takes_gemv): the decode product (w8a8_gemv.cu, fp32 out) or the wgmma GEMM.
-        const bool gemv = w8a8_takes_gemv(M, N, K);
+        // The kernel a W8A8 Linear takes (w8a8_takes_gemv): the decode product (w8a8_gemv.cu, fp32 out; its wgmma form
+        // w8a8_wgmma_gemv.cu from kW8A8WgmmaFromM rows: "W8A8w") or the wgmma GEMM.
+        const bool gemv = w8a8_takes_gemv(M, N, K), wg = gemv && w8a8_wgmma_takes(M, N, K);
         const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
           if (gemv) w8a8_gemv(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yf.get(), 0.0f);
           else w8a8_gemm(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yb.get(), false);
@@ -264,7 +265,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
         }
         const double ops = 2.0 * double(M) * double(N) * double(K);
         char shape[32];
-        std::snprintf(shape, sizeof shape, "W8A8%s %lldx%lld", gemv ? "v" : "", (long long)N, (long long)K);
+        std::snprintf(shape, sizeof shape, "W8A8%s %lldx%lld", wg ? "w" : gemv ? "v" : "", (long long)N, (long long)K);
         std::printf("%-17s %5lld | %9.1f %8.1f | %9.1f %8.1f %6.2fx | %9.1f %6.2fx\n", shape, (long long)M, ours, ops / ours * 1e-6, bf, ops / bf * 1e-6, bf / ours,
                     i8, i8 > 0 ? i8 / ours : 0.0);
       }

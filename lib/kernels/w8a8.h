@@ -22,18 +22,27 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
 // on sm_80 and up (int8 tensor cores); Errc::usage otherwise. The thread's current stream.
 constexpr int64_t kW8A8GemvMaxM = 32;
 bool w8a8_gemv_serves(int64_t M, int64_t K);
-// Which a W8A8 Linear of M rows takes (w8a8_linear_f32): the decode product where it serves M,
-// except at 17..32 rows on layers of kW8A8GemmFromN rows or more on sm_90, where the wgmma GEMM's
-// 128-row tiles fill most SMs without a split and beat the int8 mma.sync form (H200, lab run 92,
-// single-launch µs at 32 rows: 22016x4096 38.0 against 63.6, 11008x4096 30.6 against 38.7, 28672x4096
-// 45.5 against 77.2; on 6144x4096 the GEMM took 28.0 against 26.8 and on the 4096-row layers
-// 0.64-0.66x the product's speed, so they stay on the product). From 9216 rows, not 10240: Phi-3-mini's
-// q, k, v (9216x3072) on the GEMM decodes 1.5% faster at batch 32 (lab run 209: 8,773 / 8,750
-// against 8,638 / 8,619 tok/s; every phi3-mini layer on the GEMM 6,535). Both
-// form float(acc) · sx[m] · sw[n] from the exact int32 sum: the same bytes either way.
-constexpr int64_t kW8A8GemmFromN = 9216;
+// Which a W8A8 Linear of M rows takes (w8a8_linear_f32): the decode product where it serves M (its
+// wgmma form from kW8A8WgmmaFromM rows on sm_90, below), else the wgmma GEMM (sm_90).
 bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K);
-void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
+// wgmma: whether w8a8_gemv may dispatch to w8a8_wgmma_gemv (false: the dp4a and int8 mma.sync
+// forms only, which tests and sweeps compare against).
+void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta,
+               bool wgmma = true);
+// The same product on Hopper's int8 wgmma with both operands streamed by the copy engine
+// (w8a8_wgmma_gemv.cu): 1..32 rows, K a multiple of 16 below 2^17, sm_90; Errc::usage otherwise.
+// Same bytes as the other forms (and as the GEMM): float(exact int32 sum) · sx · sw (+ beta y).
+bool w8a8_wgmma_gemv_serves(int64_t M, int64_t K);
+void w8a8_wgmma_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);
+// Where w8a8_gemv takes the wgmma form: from kW8A8WgmmaFromM rows where it serves (PTQKIT_W8A8_WG_FROM
+// moves the bound for sweeps; 0: never). Measured on the H200 (docs/lab/2026-11-24-decode-h200.md,
+// runs 213-218), decode W8A8 against the forms before it: batch 32 llama2-7b 6,536 -> 8,345 tok/s
+// (1.06x -> 1.35x f16), llama3-8b 6,631 -> 8,349, phi3-mini 8,712 -> 10,850; batch 16 llama2-7b
+// 4,415 -> 5,105; from 5 or 1 rows batch 8 lost 7% and batch 1 19%. At 17..32 rows it also
+// replaced the wgmma GEMM on the layers of 9,216 rows or more (22016x4096 at 32 rows 36.4 against
+// 38.5 µs; the GEMM's 256-row tiles left the 4096-row layers a sixth of the SMs).
+constexpr int64_t kW8A8WgmmaFromM = 9;
+bool w8a8_wgmma_takes(int64_t M, int64_t N, int64_t K);
 
 // A W8A8 Linear as the GPU forward and the decode call it: y [M, N] fp32 = (x quantized by `act`)
 // · wᵀ + beta · y, x [M, K] 16-bit (dt): quantize_activations_int8, then w8a8_gemv where

@@ -7,7 +7,9 @@
 // exact in int32 as in w8a8.cu (K < 2^17); the epilogue forms float(acc) · sx[m] · sw[n] in fp32,
 // the same expression as w8a8.cu's and ref_gemm_w8a8's. Accepted: 1 <= M <= 16 with K a multiple
 // of 16 (any sm, dp4a: sm_61+), and up to 32 rows with K % 64 == 0 (int8 mma.sync: sm_80+, the
-// form below that takes M >= 3 there); x and w 16-byte aligned.
+// form below that takes M >= 3 there); x and w 16-byte aligned. On sm_90 from kW8A8WgmmaFromM rows
+// w8a8_gemv hands the call to the wgmma form (w8a8_wgmma_gemv.cu: copy-engine ring, int8 wgmma;
+// K a multiple of 16 up to 32 rows), which measured faster there (w8a8.h).
 // Math: a CTA of 8 warps owns 32 rows of w (4 per warp); K is walked in tiles of 2 KiB: the CTA
 // stages x[:, tile] in shared memory, then each lane loads its 4 16-byte pieces of each of its
 // warp's 4 rows (16 loads in flight), and each x piece read from shared memory serves the 4 rows
@@ -341,7 +343,17 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
 }
 }  // namespace
 
-void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+bool w8a8_wgmma_takes(int64_t M, int64_t N, int64_t K) {
+  static const int from = [] {   // the first M the wgmma product takes (PTQKIT_W8A8_WG_FROM, sweeps; 0: never)
+    const char* e = std::getenv("PTQKIT_W8A8_WG_FROM");
+    return e ? std::atoi(e) : int(kW8A8WgmmaFromM);
+  }();
+  (void)N;
+  return from > 0 && M >= from && w8a8_wgmma_gemv_serves(M, K);
+}
+
+void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta, bool wgmma) {
+  if (wgmma && w8a8_wgmma_takes(M, N, K)) return w8a8_wgmma_gemv(x, sx, w, sw, M, N, K, y, beta);
   if (M < 1 || M > kW8A8GemvMaxM) fail(Errc::usage, "", "w8a8_gemv", "takes 1.." + std::to_string(kW8A8GemvMaxM) + " rows, not " + std::to_string(M));
   if (M > kMaxM && !w8a8_gemv_serves(M, K))
     fail(Errc::usage, "", "w8a8_gemv", std::to_string(M) + " rows need K % 64 == 0 and tensor cores (sm_80+); K is " + std::to_string(K));
@@ -356,8 +368,6 @@ void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* s
 
 bool w8a8_gemv_serves(int64_t M, int64_t K) { return M >= 1 && (M <= kMaxM || (M <= kW8A8GemvMaxM && K % 64 == 0 && tensor_cores())); }
 
-bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K) {
-  return w8a8_gemv_serves(M, K) && !(M > kMaxM && N >= kW8A8GemmFromN && N % 2 == 0 && w8a8_supported());
-}
+bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K) { return w8a8_wgmma_takes(M, N, K) || w8a8_gemv_serves(M, K); }
 
 }  // namespace ptq::cuda

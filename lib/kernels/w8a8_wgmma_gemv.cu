@@ -1,0 +1,258 @@
+// w8a8_wgmma_gemv.cu — the W8A8 decode product on Hopper: weights and activations streamed into
+// shared memory by the copy engine (TMA), products on int8 wgmma, K split over a cluster of CTAs.
+//
+// Contract. The same as w8a8_gemv (w8a8_gemv.cu), which dispatches here (w8a8_wgmma_takes):
+// x [M, K] int8 row-major with per-row scales sx [M] fp32; w [N, K] int8 row-major (the Linear's
+// weight as stored) with per-row scales sw [N] fp32; y [M, N] fp32 = float(Σ_k x·w) · sx[m] · sw[n]
+// + beta · y (beta 0: y is only written). The sum is exact in int32 (K < 2^17) whatever the order
+// of its parts, and the epilogue is w8a8_gemv's expression, so both give the same bytes. Accepted:
+// 1 <= M <= 32, K a multiple of 16 (the tensor map's row pitch), x and w 16-byte aligned; sm_90.
+// The reference is ref_gemm_w8a8 (kernels/reference.h).
+// Work. Swapped operands: wgmma's A (its M = 64 rows) is w, 64 rows a consumer warpgroup, and its B
+// (N = BN = 8, 16 or 32) the activation rows, so a few tokens cost a narrow n and no padding of
+// the weight stream. A CTA: 128 rows of w (two consumer warpgroups) and one producer warp, whose
+// lane 0 streams K-steps of 128 bytes — w's 128 rows and x's BN rows, two boxes in the 128-byte
+// swizzle (rows past M and N, columns past K: zeros from the copy engine) — into a ring of kStages,
+// each completing on its "full" mbarrier (the bytes counted); the consumers issue four wgmma
+// m64nBNk32 (s8 · s8 -> s32) a stage and release it on its "empty" mbarrier once retired. No
+// dequantization, no copies or CTA barriers in the consumers' loop. The weights of the first
+// stages are requested before the PDL wait (they are never written by a kernel), x after it.
+// Split K: the grid is (row groups of 128, S slices), the S CTAs of a row group one cluster.
+// Each CTA leaves its int32 partial in its own shared memory; after a cluster barrier CTA r adds
+// the S partials of its share of the outputs through distributed shared memory (no global
+// workspace, no arrival counter) and writes y. S: the most, up to 4, that keep the grid within the
+// CTAs resident at once (two an SM: ~100 KB of shared memory at BN = 32).
+// Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 213-218): at most 4 slices (8 ran
+// the 4096-row layers 25-30% slower: W8A8 4096x11008 at 32 rows 29.6 against 23.4 µs), a ring of 4
+// stages (8, one CTA an SM, decoded llama2-7b at batch 32 11% slower, phi3-mini 6% faster). Where
+// it serves: from 9 rows (w8a8_wgmma_takes): decode W8A8 at batch 32 +28% on llama2-7b (6,536 ->
+// 8,345 tok/s), batch 16 +16%; at 1..8 rows the mma.sync and dp4a forms stay (batch 8 -7%, batch
+// 1 -19% through this kernel: its fixed cost, the cluster and the ring's fill, outweighs its stream).
+// Roofline: N·K bytes of w once from HBM (4096 x 4096: 16.8 MB, 4.0 µs at 4.2 TB/s), x (M·K) once
+// a CTA from L2.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "core/error.h"
+#include "cuda/pdl.cuh"
+#include "cuda/ptx.cuh"
+#include "cuda/runtime.h"
+#include "cuda/tma.cuh"
+#include "kernels/w8a8.h"
+
+namespace ptq::cuda {
+
+namespace {
+namespace cg = cooperative_groups;
+
+constexpr int kRows = 128, kBK = kTmaBoxBytes, kConsumers = 256, kThreads = kConsumers + 32, kStages = 4, kMaxSlices = 4;
+constexpr int kWBytes = kRows * kBK;   // w's box of a stage: 16 KiB
+constexpr int kRedStride = kRows + 4;  // int32 words a token row of the partial (+4: the epilogue's stores hit 32 banks)
+template <int BN>
+constexpr int stage_bytes() { return kWBytes + BN * kBK; }   // a multiple of 1024 (the swizzle's alignment) for BN = 8, 16, 32
+template <int BN>
+constexpr size_t smem_bytes() { return size_t(kStages * stage_bytes<BN>() + BN * kRedStride * 4 + 2 * kStages * 8 + 1024); }   // + mbarriers, alignment
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PTQ_W8A8_GEMV_WGMMA 1
+#endif
+
+// d (int32, BN / 2 a thread) += a (64 x 32 int8, shared memory) · b (BN x 32 int8, shared memory), both K-major.
+template <int BN>
+struct WgmmaS8;
+template <>
+struct WgmmaS8<8> {
+  __device__ static void mma(int (&d)[4], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\nwgmma.mma_async.sync.aligned.m64n8k32.s32.s8.s8 {%0, %1, %2, %3}, %4, %5, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "l"(a), "l"(b));
+  }
+};
+template <>
+struct WgmmaS8<16> {
+  __device__ static void mma(int (&d)[8], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\nwgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+                 : "l"(a), "l"(b));
+  }
+};
+template <>
+struct WgmmaS8<32> {
+  __device__ static void mma(int (&d)[16], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\nwgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]),
+          "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+        : "l"(a), "l"(b));
+  }
+};
+
+template <int BN>
+__global__ void __launch_bounds__(kThreads) w8a8_wgmma_gemv_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                                                                   const float* __restrict__ sx, const float* __restrict__ sw, int M, int N, int K,
+                                                                   float* y, float beta, int sps) {
+#ifdef PTQ_W8A8_GEMV_WGMMA
+  constexpr int SB = stage_bytes<BN>();
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  int* red = reinterpret_cast<int*>(smem + kStages * SB);   // [BN][kRedStride]: this CTA's int32 partial, token-major
+  uint64_t* full = reinterpret_cast<uint64_t*>(red + BN * kRedStride);
+  uint64_t* empty = full + kStages;
+  const int KS = (K + kBK - 1) / kBK, s0 = blockIdx.y * sps, steps = max(0, min(KS, s0 + sps) - s0);
+  const int n0 = blockIdx.x * kRows;
+  if (threadIdx.x == kConsumers) {   // the producer: its descriptors fetched while the barriers are set up
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbar_init(&full[s], 1);    // the producer's arrive (with the boxes' byte count)
+      tma::mbar_init(&empty[s], 2);   // one arrive per consumer warpgroup
+    }
+    tma::mbar_init_fence();
+  }
+  __syncthreads();
+  pdl::allow_dependents();
+  if (threadIdx.x >= kConsumers) {   // the producer warp: lane 0 streams the ring
+    if (threadIdx.x == kConsumers) {
+      const int pre = min(kStages, steps);
+      for (int i = 0; i < pre; ++i) {   // the weights first: never written by a kernel
+        tma::mbar_expect_tx(&full[i], SB);
+        tma::tma_load(smem + i * SB, &map_w, (s0 + i) * kBK, n0, &full[i]);
+      }
+      pdl::wait_prior_grid();   // x comes from the kernel before
+      for (int i = 0; i < pre; ++i) tma::tma_load(smem + i * SB + kWBytes, &map_x, (s0 + i) * kBK, 0, &full[i]);
+      for (int i = kStages; i < steps; ++i) {
+        const int s = i % kStages;
+        tma::mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
+        tma::mbar_expect_tx(&full[s], SB);
+        tma::tma_load(smem + s * SB, &map_w, (s0 + i) * kBK, n0, &full[s]);
+        tma::tma_load(smem + s * SB + kWBytes, &map_x, (s0 + i) * kBK, 0, &full[s]);
+      }
+    } else {
+      pdl::wait_prior_grid();   // every thread that writes y waits first
+    }
+  } else {
+    pdl::wait_prior_grid();
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, q = (threadIdx.x / 32) % 4;
+    int acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0;
+    for (int i = 0; i < steps; ++i) {
+      const int s = i % kStages;
+      tma::mbar_wait(&full[s], (i / kStages) & 1);
+      const uint32_t a = ptx::smem_addr(smem + s * SB + wg * 64 * kBK), b = ptx::smem_addr(smem + s * SB + kWBytes);
+      ptx::fence_regs(acc);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kBK / 32; ++k) WgmmaS8<BN>::mma(acc, ptx::smem_desc_sw128(a + 32 * k), ptx::smem_desc_sw128(b + 32 * k));
+      ptx::wgmma_commit();
+      ptx::fence_regs(acc);
+      ptx::wgmma_wait<1>();   // the previous stage's wgmmas retired: release it
+      if (i > 0 && threadIdx.x % 128 == 0) tma::mbar_arrive(&empty[(i - 1) % kStages]);
+    }
+    ptx::wgmma_wait<0>();
+    ptx::fence_regs(acc);
+    // Accumulator layout of m64nBNk32: warp q holds w rows 16q + g (+ 8); register 4j + e is token
+    // 8j + 2c + (e & 1) of row 16q + g + 8 (e >> 1).
+    const int g = lane >> 2, c = lane & 3, r0 = 64 * wg + 16 * q + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(8 * j + 2 * c + (e & 1)) * kRedStride + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+  }
+  // The sum over the cluster's S partials (a cluster of one: this CTA's own), then the epilogue.
+  // CTA r of the cluster takes quads (4 rows of one token) r, r + S, ...
+  cg::cluster_group cluster = cg::this_cluster();
+  const int S = int(gridDim.y), rank = int(blockIdx.y), rows = min(kRows, N - n0), quads = M * (kRows / 4);
+  if (S > 1) cluster.sync();
+  else __syncthreads();
+  for (int o = rank * kThreads + int(threadIdx.x); o < quads; o += S * kThreads) {
+    const int n = o / (kRows / 4), r = 4 * (o % (kRows / 4));
+    if (r >= rows) continue;
+    int4 sum = make_int4(0, 0, 0, 0);
+    for (int z = 0; z < S; ++z) {   // exact in int32: the order does not matter
+      const int* src = S > 1 ? cluster.map_shared_rank(red, z) : red;
+      const int4 v = *reinterpret_cast<const int4*>(src + n * kRedStride + r);
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const int part[4] = {sum.x, sum.y, sum.z, sum.w};
+    const float s_n = __ldcg(sx + n);   // sx: written by the kernel before (not the non-coherent path)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (r + e >= rows) break;
+      const int R = n0 + r + e;
+      const float v = float(part[e]) * s_n * sw[R];
+      float* out = y + int64_t(n) * N + R;
+      *out = beta == 0.0f ? v : __fmaf_rn(beta, *out, v);   // as add_scaled and w8a8_gemv round it
+    }
+  }
+  if (S > 1) cluster.sync();   // no CTA leaves while another reads its partial
+#endif  // PTQ_W8A8_GEMV_WGMMA (other targets: an empty body, never launched: w8a8_supported())
+}
+
+// Tensor maps are encoded on the host once per (pointer, rows, K, box rows): a Linear's weights and
+// the decode's activation buffers keep their addresses, so a step does not re-encode them.
+const CUtensorMap* cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> maps;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(static_cast<const void*>(p), rows, K, box_rows);
+  auto it = maps.find(key);
+  if (it == maps.end()) {
+    if (maps.size() >= 4096) maps.clear();   // bounded: freed buffers' addresses are reused
+    it = maps.emplace(key, tensor_map_int8(p, rows, K, box_rows)).first;
+  }
+  return &it->second;
+}
+
+// K slices (a cluster's CTAs): the most, up to kMaxSlices and two K-steps a slice, that keep the
+// grid within the CTAs resident at once (PTQKIT_W8A8_WG_SLICES forces a count up to 8, the portable
+// cluster size, for sweeps).
+int slices_for(int64_t groups, int KS, int resident) {
+  static const int forced = [] { const char* e = std::getenv("PTQKIT_W8A8_WG_SLICES"); return e ? std::atoi(e) : 0; }();
+  int S = forced > 0 ? forced : int(std::max<int64_t>(1, resident / std::max<int64_t>(1, groups)));
+  S = std::min({S, forced > 0 ? 8 : kMaxSlices, std::max(1, KS / 2)});
+  return std::max(1, S);
+}
+
+template <int BN>
+void launch(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+  static const int resident = [] {
+    PTQ_CUDA(cudaFuncSetAttribute(w8a8_wgmma_gemv_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<BN>())));
+    int per_sm = 0, dev = 0, sms = 0;
+    PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w8a8_wgmma_gemv_kernel<BN>, kThreads, smem_bytes<BN>()));
+    PTQ_CUDA(cudaGetDevice(&dev));
+    PTQ_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(1, per_sm) * sms;
+  }();
+  const int64_t groups = (N + kRows - 1) / kRows;
+  const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, resident), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
+  const CUtensorMap *mx = cached_map(x, M, K, BN), *mw = cached_map(w, N, K, kRows);
+  launch_ex("w8a8_wgmma_gemv_kernel", true, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), w8a8_wgmma_gemv_kernel<BN>, dim3(unsigned(groups), unsigned(S)), dim3(kThreads),
+            smem_bytes<BN>(), *mx, *mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
+}
+
+}  // namespace
+
+bool w8a8_wgmma_gemv_serves(int64_t M, int64_t K) { return M >= 1 && M <= 32 && K % 16 == 0 && K >= 16 && K < (int64_t(1) << 17) && w8a8_supported(); }
+
+void w8a8_wgmma_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+  if (!w8a8_wgmma_gemv_serves(M, K))
+    fail(Errc::usage, "", "w8a8_wgmma_gemv", "takes 1..32 rows with K a multiple of 16 below 2^17 on sm_90; got M = " + std::to_string(M) + ", K = " + std::to_string(K) + " on " + describe());
+  if (N < 1 || N > (int64_t(1) << 24)) fail(Errc::usage, "", "w8a8_wgmma_gemv", "takes 1..2^24 output rows, not " + std::to_string(N));
+  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16) fail(Errc::usage, "", "x, w", "the W8A8 product needs 16-byte aligned operands");
+  if (M <= 8) launch<8>(x, sx, w, sw, M, N, K, y, beta);
+  else if (M <= 16) launch<16>(x, sx, w, sw, M, N, K, y, beta);
+  else launch<32>(x, sx, w, sw, M, N, K, y, beta);
+}
+
+}  // namespace ptq::cuda
