@@ -22,7 +22,8 @@
 // the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math
 // (the stage refilled was read by the wgmmas of two k-steps back, retired before the barrier). Per
 // k-step each warpgroup dequantizes its 4 fragments into registers (scales in f16, as the
-// dequantized matrix holds them: numerics.md) and issues 4 wgmmas, fp32 accumulators in registers
+// dequantized matrix holds them: numerics.md; GPTQ codes with one group: q - z only, each row's
+// scale applied to its accumulators once at the end in fp32) and issues 4 wgmmas, fp32 accumulators in registers
 // (BN / 2 per thread); one warpgroup's dequantization overlaps the other's wgmmas (and, at BN <=
 // 32, other CTAs': 60-71 registers, several CTAs per SM), and for NF4 and from 128 rows its own
 // (the interleaved loop: each fragment dequantized behind the wgmmas in flight). Split-K partials are summed in slice
@@ -169,7 +170,9 @@ struct Wgmma<256> {
   }
 };
 
-template <int BN, class Format, bool kInterleave, int kMinBlocks = 1>
+// kRowScale (GPTQ codes with one group, per-channel scales): the fragments are dequantized to
+// q - z only and each row's scale multiplies its accumulators once at the end, in fp32.
+template <int BN, class Format, bool kInterleave, int kMinBlocks = 1, bool kRowScale = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                  float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
@@ -249,12 +252,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int j = 0; j < kU4; ++j) cq[j] = reinterpret_cast<const uint4*>(st + BN * 128)[j * kThreads + tid];
     const Meta meta = reinterpret_cast<const Meta*>(st + BN * 128 + kU4 * kThreads * 16)[tid];
     const uint32_t xs = sbase + uint32_t((i % D) * SB);
-    const auto prep = fmt.template prep<true>(meta);
+    const auto prep = fmt.template prep<!kRowScale>(meta);
     if constexpr (kInterleave) {
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         ptx::wgmma_wait<3>();   // the group that read a[f] (k-step i - 1's fragment f) retired
-        fmt.template dequant<true>(cq, f, prep, a[f]);
+        fmt.template dequant<!kRowScale>(cq, f, prep, a[f]);
         ptx::wgmma_fence();
         Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
         ptx::wgmma_commit();
@@ -262,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     } else {
       ptx::wgmma_wait<0>();   // k-step i - 1 retired: the A registers are free
 #pragma unroll
-      for (int f = 0; f < 4; ++f) fmt.template dequant<true>(cq, f, prep, a[f]);
+      for (int f = 0; f < 4; ++f) fmt.template dequant<!kRowScale>(cq, f, prep, a[f]);
       ptx::fence_regs(acc);
       ptx::wgmma_fence();
 #pragma unroll
@@ -277,6 +280,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
   // 8j + 2c + (e & 1) of W row 16q + g + 8 (e >> 1).
+  if constexpr (kRowScale) {   // the one group's scales of rows g and g + 8 (weights' metadata: readable any time)
+    const float2 sc = fmt.scales(*fmt.meta_ptr(tile, 0, lane, false));
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] *= (i & 2) ? sc.y : sc.x;
+  }
   const int g = lane >> 2, c = lane & 3;
   const bool split = gridDim.y > 1;
   float* out = split ? part + int64_t(blockIdx.y) * M * N : yf;
@@ -313,20 +321,39 @@ constexpr bool interleaved() { return std::is_same_v<Format, Nf4Format> || BN >=
 
 // BN = 64 and 128 held to 128 registers and 110 KB of ring, two CTAs an SM: for the layers whose
 // CTAs at one an SM need more than one wave.
+// Whether a call's scales go per row at the end (kRowScale): GPTQ codes with one group (per-channel
+// scales). Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, run 225), against the scales
+// in f16 on every fragment: W8 22016x4096 at 32 rows 42.1 -> 40.0 µs, at 64 rows 49.2 -> 46.9;
+// decode W8A16 batch 32 llama2-7b +2.8%, llama3-8b +4.2%, batch 64 +3.2-3.4%.
 template <class Format>
-WgmmaKernel<Format> wgmma_kernel_two_per_sm(int bn) {
-  return bn == 64 ? wgmma_kernel<64, Format, interleaved<64, Format>(), 2> : wgmma_kernel<128, Format, interleaved<128, Format>(), 2>;
+bool scales_per_row(const Format& f) {
+  if constexpr (std::is_base_of_v<Nf4Format, Format>) return false;
+  else return f.groups == 1;
 }
-template <class Format>
+template <class Format, bool kRowScale>
+WgmmaKernel<Format> wgmma_kernel_two_per_sm(int bn) {
+  return bn == 64 ? wgmma_kernel<64, Format, interleaved<64, Format>(), 2, kRowScale> : wgmma_kernel<128, Format, interleaved<128, Format>(), 2, kRowScale>;
+}
+template <class Format, bool kRowScale>
 WgmmaKernel<Format> wgmma_kernel_of(int bn) {
   switch (bn) {
-    case 8: return wgmma_kernel<8, Format, interleaved<8, Format>()>;
-    case 16: return wgmma_kernel<16, Format, interleaved<16, Format>()>;
-    case 32: return wgmma_kernel<32, Format, interleaved<32, Format>()>;
-    case 64: return wgmma_kernel<64, Format, interleaved<64, Format>()>;
-    case 128: return wgmma_kernel<128, Format, interleaved<128, Format>()>;
-    default: return wgmma_kernel<256, Format, interleaved<256, Format>()>;
+    case 8: return wgmma_kernel<8, Format, interleaved<8, Format>(), 1, kRowScale>;
+    case 16: return wgmma_kernel<16, Format, interleaved<16, Format>(), 1, kRowScale>;
+    case 32: return wgmma_kernel<32, Format, interleaved<32, Format>(), 1, kRowScale>;
+    case 64: return wgmma_kernel<64, Format, interleaved<64, Format>(), 1, kRowScale>;
+    case 128: return wgmma_kernel<128, Format, interleaved<128, Format>(), 1, kRowScale>;
+    default: return wgmma_kernel<256, Format, interleaved<256, Format>(), 1, kRowScale>;
   }
+}
+template <class Format>
+WgmmaKernel<Format> wgmma_kernel_of(int bn, bool row_scale) {
+  if constexpr (std::is_base_of_v<Nf4Format, Format>) return wgmma_kernel_of<Format, false>(bn);
+  else return row_scale ? wgmma_kernel_of<Format, true>(bn) : wgmma_kernel_of<Format, false>(bn);
+}
+template <class Format>
+WgmmaKernel<Format> wgmma_kernel_two_per_sm(int bn, bool row_scale) {
+  if constexpr (std::is_base_of_v<Nf4Format, Format>) return wgmma_kernel_two_per_sm<Format, false>(bn);
+  else return row_scale ? wgmma_kernel_two_per_sm<Format, true>(bn) : wgmma_kernel_two_per_sm<Format, false>(bn);
 }
 
 struct WgmmaPlan {
@@ -354,7 +381,8 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   if (M > kA16WgmmaMaxM) fail(Errc::usage, "", "M", "the wgmma A16 kernel takes M <= " + std::to_string(kA16WgmmaMaxM) + " rows, got M = " + std::to_string(M));
   if (!a16_wgmma_supported()) fail(Errc::usage, "", "device", "the wgmma A16 kernel is built for sm_90 (H100/H200) only: " + describe());
   const int bn = wgmma_bn(M);
-  auto kern = wgmma_kernel_of<Format>(bn);
+  const bool row_scale = scales_per_row(fmt);
+  auto kern = wgmma_kernel_of<Format>(bn, row_scale);
   size_t smem = smem_bytes(bn, Format::kU4);
   static std::mutex mu;
   struct Chosen {
@@ -386,10 +414,10 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
       // would take more slices instead it lost (run 89), so it is not used there.
       if ((bn == 64 || bn == 128) && !g_split.slices && int64_t(plan.groups) * plan.slices > sm_count()) {
         const size_t smem2 = smem_bytes(bn, Format::kU4, 2);
-        const WgmmaPlan plan2 = planned(wgmma_kernel_two_per_sm<Format>(bn), smem2);
+        const WgmmaPlan plan2 = planned(wgmma_kernel_two_per_sm<Format>(bn, row_scale), smem2);
         if (plan2.slices == plan.slices) {
           plan = plan2;
-          chosen = wgmma_kernel_two_per_sm<Format>(bn);
+          chosen = wgmma_kernel_two_per_sm<Format>(bn, row_scale);
           chosen_smem = smem2;
         }
       }

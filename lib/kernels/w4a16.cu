@@ -19,7 +19,7 @@
 // where scaled in f16 (2^-11 relative); fp32 sums (tests: 2e-3 relative, norm-wise).
 // Paths by M (a16_path.h): the tensor-core kernels a16_mma.cuh (x through L1), a16_wgmma.cu (sm_90,
 // 33..128 rows, 129..256 and at 4 bits 17..32 on large layers) and a16_shared_x.cuh (33..64 rows of large layers
-// without sm_90), the last two scaling weights in f16; else dequantize to f16 and cuBLAS. Accepted: K and the group size multiples of 16 (or
+// without sm_90), the last two scaling weights in f16 (wgmma: per-channel scales in fp32 at the end); else dequantize to f16 and cuBLAS. Accepted: K and the group size multiples of 16 (or
 // one group), groups of equal size, N any; 3-bit weights refused.
 // Roofline at M = 1: reads N*K*BITS/8 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
