@@ -319,8 +319,6 @@ constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ?
 template <int BN, class Format>
 constexpr bool interleaved() { return std::is_same_v<Format, Nf4Format> || BN >= 128; }
 
-// BN = 64 and 128 held to 128 registers and 110 KB of ring, two CTAs an SM: for the layers whose
-// CTAs at one an SM need more than one wave.
 // Whether a call's scales go per row at the end (kRowScale): GPTQ codes with one group (per-channel
 // scales). Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, run 225), against the scales
 // in f16 on every fragment: W8 22016x4096 at 32 rows 42.1 -> 40.0 µs, at 64 rows 49.2 -> 46.9;
@@ -330,6 +328,8 @@ bool scales_per_row(const Format& f) {
   if constexpr (std::is_base_of_v<Nf4Format, Format>) return false;
   else return f.groups == 1;
 }
+// BN = 64 and 128 held to 128 registers and 110 KB of ring, two CTAs an SM: for the layers whose
+// CTAs at one an SM need more than one wave.
 template <class Format, bool kRowScale>
 WgmmaKernel<Format> wgmma_kernel_two_per_sm(int bn) {
   return bn == 64 ? wgmma_kernel<64, Format, interleaved<64, Format>(), 2, kRowScale> : wgmma_kernel<128, Format, interleaved<128, Format>(), 2, kRowScale>;
