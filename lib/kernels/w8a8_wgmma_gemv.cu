@@ -200,8 +200,9 @@ __global__ void __launch_bounds__(kThreads) w8a8_wgmma_gemv_kernel(const __grid_
 }
 
 // Tensor maps are encoded on the host once per (pointer, rows, K, box rows): a Linear's weights and
-// the decode's activation buffers keep their addresses, so a step does not re-encode them.
-const CUtensorMap* cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
+// the decode's activation buffers keep their addresses, so a step does not re-encode them. Returned
+// by value: a later call may clear the cache.
+CUtensorMap cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
   static std::mutex mu;
   static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> maps;
   std::lock_guard<std::mutex> lock(mu);
@@ -211,7 +212,7 @@ const CUtensorMap* cached_map(const int8_t* p, int64_t rows, int64_t K, int box_
     if (maps.size() >= 4096) maps.clear();   // bounded: freed buffers' addresses are reused
     it = maps.emplace(key, tensor_map_int8(p, rows, K, box_rows)).first;
   }
-  return &it->second;
+  return it->second;
 }
 
 // K slices (a cluster's CTAs): the most, up to kMaxSlices and two K-steps a slice, that keep the
@@ -236,9 +237,9 @@ void launch(const int8_t* x, const float* sx, const int8_t* w, const float* sw, 
   }();
   const int64_t groups = (N + kRows - 1) / kRows;
   const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, resident), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
-  const CUtensorMap *mx = cached_map(x, M, K, BN), *mw = cached_map(w, N, K, kRows);
+  const CUtensorMap mx = cached_map(x, M, K, BN), mw = cached_map(w, N, K, kRows);
   launch_ex("w8a8_wgmma_gemv_kernel", true, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), w8a8_wgmma_gemv_kernel<BN>, dim3(unsigned(groups), unsigned(S)), dim3(kThreads),
-            smem_bytes<BN>(), *mx, *mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
+            smem_bytes<BN>(), mx, mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
 }
 
 }  // namespace
