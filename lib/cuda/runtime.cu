@@ -52,6 +52,16 @@ int compute_capability() {
   return cc;
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    PTQ_CUDA(cudaGetDevice(&dev));
+    PTQ_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("PTQKIT_PDL");

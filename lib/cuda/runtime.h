@@ -16,6 +16,8 @@ std::string describe();           // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.
 // The current device's compute capability as major * 10 + minor (90 for sm_90), 0 without a usable
 // device. Asked once per process (a process uses one device).
 int compute_capability();
+// The current device's streaming multiprocessors; asked once per process. Throws without a device.
+int sm_count();
 // Whether kernels launched with launch_pdl (cuda/pdl.cuh) may overlap the one before them: an
 // sm_90+ GPU and PTQKIT_PDL not "0". Decided once per process.
 bool pdl_enabled();

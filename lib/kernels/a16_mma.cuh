@@ -602,14 +602,5 @@ inline int max_dynamic_smem(const void* kern) {
   return optin - static_smem(kern);
 }
 
-inline int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    PTQ_CUDA(cudaGetDevice(&dev));
-    PTQ_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
 
 }  // namespace ptq::cuda::a16

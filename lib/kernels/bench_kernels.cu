@@ -338,9 +338,7 @@ double stream_chain_ms(const std::vector<double>& bytes, int reps) {
   DeviceBuffer<int> words(2 * (bytes.size() + 1), "chain floor words");
   PTQ_CUDA(cudaMemset(pool.get(), 0x5a, size_t(pool16) * 16));
   PTQ_CUDA(cudaMemset(words.get(), 0, words.size() * sizeof(int)));
-  int dev = 0, sms = 0;
-  PTQ_CUDA(cudaGetDevice(&dev));
-  PTQ_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = sm_count();
   // 16 loads a thread in flight, 2,048 threads an SM for a large region (fewer CTAs for a small
   // one, a thread's first U loads covering it): the fastest of the sweep over 4, 8, 16 loads and
   // 1,024, 2,048 threads (docs/lab/2026-11-24-decode-h200.md run 116: 512 KB in flight an SM; 64

@@ -206,12 +206,7 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
   (void)attrs;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16) fail(Errc::usage, "", "x, w", "the W8A8 kernel needs 16-byte aligned operands");
   const CUtensorMap mx = tensor_map_int8(x, M, K, kBM), mw = tensor_map_int8(w, N, K, kBN);
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    PTQ_CUDA(cudaGetDevice(&dev));
-    PTQ_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
+  const int sms = sm_count();
   const int64_t tiles = ((M + kBM - 1) / kBM) * ((N + kBN - 1) / kBN);
   if (tiles > INT32_MAX) fail(Errc::usage, "", "shape", "the W8A8 kernel takes at most 2^31 tiles of 128 x 256");
   const unsigned grid = unsigned(std::min<int64_t>(tiles, sms));   // one CTA per SM (its shared memory), persistent

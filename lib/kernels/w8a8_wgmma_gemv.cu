@@ -229,11 +229,9 @@ template <int BN>
 void launch(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
   static const int resident = [] {
     PTQ_CUDA(cudaFuncSetAttribute(w8a8_wgmma_gemv_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<BN>())));
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0;
     PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w8a8_wgmma_gemv_kernel<BN>, kThreads, smem_bytes<BN>()));
-    PTQ_CUDA(cudaGetDevice(&dev));
-    PTQ_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(1, per_sm) * sms;
+    return std::max(1, per_sm) * sm_count();
   }();
   const int64_t groups = (N + kRows - 1) / kRows;
   const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, resident), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
