@@ -910,9 +910,9 @@ TEST_CASE("gpu: a W8A8 Linear at 9 to 32 rows takes the wgmma product: the exact
   const Int8Linear L(N, K, r);
   cuda::DeviceBuffer<int8_t> dx(size_t(32 * K), "x");
   cuda::DeviceBuffer<float> dsx(32, "sx"), dy(size_t(32 * N), "y"), dg(size_t(32 * N), "y by the GEMM"), dv(size_t(32 * N), "y by the mma.sync product");
-  CHECK_FALSE(cuda::w8a8_wgmma_takes(cuda::kW8A8WgmmaFromM - 1, N, K));
+  CHECK_FALSE(cuda::w8a8_wgmma_takes(cuda::kW8A8WgmmaFromM - 1, K));
   for (int64_t M : {9, 16, 17, 24, 32}) {
-    CHECK(cuda::w8a8_wgmma_takes(M, N, K));
+    CHECK(cuda::w8a8_wgmma_takes(M, K));
     CHECK(cuda::w8a8_takes_gemv(M, N, K));
     const W8A8Inputs in(L, M, r, dx.get(), dsx.get());
     const auto &ref = in.ref, &y0 = in.y0;

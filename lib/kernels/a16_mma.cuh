@@ -602,5 +602,4 @@ inline int max_dynamic_smem(const void* kern) {
   return optin - static_smem(kern);
 }
 
-
 }  // namespace ptq::cuda::a16

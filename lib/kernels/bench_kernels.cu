@@ -245,7 +245,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       for (int64_t M : Ms8) {
         // The kernel a W8A8 Linear takes (w8a8_takes_gemv): the decode product (w8a8_gemv.cu, fp32 out; its wgmma form
         // w8a8_wgmma_gemv.cu from kW8A8WgmmaFromM rows: "W8A8w") or the wgmma GEMM.
-        const bool gemv = w8a8_takes_gemv(M, N, K), wg = gemv && w8a8_wgmma_takes(M, N, K);
+        const bool gemv = w8a8_takes_gemv(M, N, K), wg = gemv && w8a8_wgmma_takes(M, K);
         const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
           if (gemv) w8a8_gemv(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yf.get(), 0.0f);
           else w8a8_gemm(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yb.get(), false);

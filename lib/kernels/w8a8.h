@@ -42,7 +42,7 @@ void w8a8_wgmma_gemv(const int8_t* x, const float* sx, const int8_t* w, const fl
 // replaced the wgmma GEMM on the layers of 9,216 rows or more (22016x4096 at 32 rows 36.4 against
 // 38.5 µs; the GEMM's 256-row tiles left the 4096-row layers a sixth of the SMs).
 constexpr int64_t kW8A8WgmmaFromM = 9;
-bool w8a8_wgmma_takes(int64_t M, int64_t N, int64_t K);
+bool w8a8_wgmma_takes(int64_t M, int64_t K);
 
 // A W8A8 Linear as the GPU forward and the decode call it: y [M, N] fp32 = (x quantized by `act`)
 // · wᵀ + beta · y, x [M, K] 16-bit (dt): quantize_activations_int8, then w8a8_gemv where

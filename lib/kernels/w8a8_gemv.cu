@@ -343,17 +343,16 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
 }
 }  // namespace
 
-bool w8a8_wgmma_takes(int64_t M, int64_t N, int64_t K) {
+bool w8a8_wgmma_takes(int64_t M, int64_t K) {
   static const int from = [] {   // the first M the wgmma product takes (PTQKIT_W8A8_WG_FROM, sweeps; 0: never)
     const char* e = std::getenv("PTQKIT_W8A8_WG_FROM");
     return e ? std::atoi(e) : int(kW8A8WgmmaFromM);
   }();
-  (void)N;
   return from > 0 && M >= from && w8a8_wgmma_gemv_serves(M, K);
 }
 
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta, bool wgmma) {
-  if (wgmma && w8a8_wgmma_takes(M, N, K)) return w8a8_wgmma_gemv(x, sx, w, sw, M, N, K, y, beta);
+  if (wgmma && w8a8_wgmma_takes(M, K)) return w8a8_wgmma_gemv(x, sx, w, sw, M, N, K, y, beta);
   if (M < 1 || M > kW8A8GemvMaxM) fail(Errc::usage, "", "w8a8_gemv", "takes 1.." + std::to_string(kW8A8GemvMaxM) + " rows, not " + std::to_string(M));
   if (M > kMaxM && !w8a8_gemv_serves(M, K))
     fail(Errc::usage, "", "w8a8_gemv", std::to_string(M) + " rows need K % 64 == 0 and tensor cores (sm_80+); K is " + std::to_string(K));
@@ -368,6 +367,6 @@ void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* s
 
 bool w8a8_gemv_serves(int64_t M, int64_t K) { return M >= 1 && (M <= kMaxM || (M <= kW8A8GemvMaxM && K % 64 == 0 && tensor_cores())); }
 
-bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K) { return w8a8_wgmma_takes(M, N, K) || w8a8_gemv_serves(M, K); }
+bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K) { return w8a8_wgmma_takes(M, K) || w8a8_gemv_serves(M, K); }
 
 }  // namespace ptq::cuda

@@ -221,8 +221,7 @@ CUtensorMap cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
 int slices_for(int64_t groups, int KS, int resident) {
   static const int forced = [] { const char* e = std::getenv("PTQKIT_W8A8_WG_SLICES"); return e ? std::atoi(e) : 0; }();
   int S = forced > 0 ? forced : int(std::max<int64_t>(1, resident / std::max<int64_t>(1, groups)));
-  S = std::min({S, forced > 0 ? 8 : kMaxSlices, std::max(1, KS / 2)});
-  return std::max(1, S);
+  return std::min({S, forced > 0 ? 8 : kMaxSlices, std::max(1, KS / 2)});
 }
 
 template <int BN>
