@@ -1,7 +1,8 @@
-// tma.cuh — the copy engine (TMA) and mbarriers of the sm_90a kernels that stream int8 tiles into
-// shared memory (kernels/w8a8.cu, kernels/w8a8_wgmma_gemv.cu): a tensor map over an int8 [rows, K]
-// matrix in boxes of 128 bytes of K (the 128-byte swizzle wgmma's descriptors read), the box copy
-// completing on an mbarrier, and the mbarrier's init, arrive and wait. One definition each, so the
+// tma.cuh — the copy engine (TMA) and mbarriers of the sm_90a kernels that stream tiles into
+// shared memory (kernels/w8a8.cu, kernels/w8a8_wgmma_gemv.cu, kernels/a16_wgmma.cu): a tensor map
+// over an int8 or f16 [rows, K] matrix in boxes of 128 bytes of K (the 128-byte swizzle wgmma's
+// descriptors read), the box copy and the plain bulk copy completing on an mbarrier, and the
+// mbarrier's init, arrive and wait. One definition each, so the
 // kernels agree on the layout their wgmma descriptors assume (cuda/ptx.cuh: smem_desc_sw128).
 #pragma once
 #include <cuda.h>
@@ -19,10 +20,11 @@ namespace ptq::cuda {
 // Bytes of K a box holds: one 128-byte swizzle row.
 constexpr int kTmaBoxBytes = 128;
 
-// A 2-D tensor map over an int8 [rows, K] row-major matrix (K a multiple of 16, p 16-byte aligned):
-// boxes of 128 bytes x box_rows, 128-byte swizzle; the parts of a box past K or rows are filled
-// with zeros (and counted in the bytes the box delivers).
-inline CUtensorMap tensor_map_int8(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
+// A 2-D tensor map over a row-major [rows, cols] matrix of elem_bytes-byte elements (the row pitch
+// a multiple of 16 bytes, p 16-byte aligned): boxes of 128 bytes of a row x box_rows, 128-byte
+// swizzle; the parts of a box past cols or rows are filled with zeros (and counted in the bytes the
+// box delivers).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -30,14 +32,34 @@ inline CUtensorMap tensor_map_int8(const int8_t* p, int64_t rows, int64_t K, int
     if (q != cudaDriverEntryPointSuccess || !fn) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "not found in the CUDA driver");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+inline CUtensorMap tensor_map_2d(CUtensorMapDataType type, int elem_bytes, const void* p, int64_t rows, int64_t cols, int box_rows) {
+  const auto encode = tensor_map_encoder();
   CUtensorMap m;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)}, strides[1] = {cuuint64_t(K)};
-  const cuuint32_t box[2] = {cuuint32_t(kTmaBoxBytes), cuuint32_t(box_rows)}, elem[2] = {1, 1};
-  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)}, strides[1] = {cuuint64_t(cols * elem_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(kTmaBoxBytes / elem_bytes), cuuint32_t(box_rows)}, elem[2] = {1, 1};
+  const CUresult r = encode(&m, type, 2, const_cast<void*>(p), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "failed with CUresult " + std::to_string(int(r)));
   return m;
 }
+// A 3-D tensor map without swizzle over elem_bytes-byte elements: dims[0] contiguous, strides (in
+// bytes, multiples of 16) of dims 1 and 2; boxes of box[0..2] elements (box[0] x elem_bytes a multiple
+// of 16), the parts past dims zero-filled (and counted in the bytes the box delivers).
+inline CUtensorMap tensor_map_3d(CUtensorMapDataType type, const void* p, const int64_t (&dims)[3], const int64_t (&strides)[2], const int (&box)[3]) {
+  CUtensorMap m;
+  const cuuint64_t d[3] = {cuuint64_t(dims[0]), cuuint64_t(dims[1]), cuuint64_t(dims[2])}, st[2] = {cuuint64_t(strides[0]), cuuint64_t(strides[1])};
+  const cuuint32_t b[3] = {cuuint32_t(box[0]), cuuint32_t(box[1]), cuuint32_t(box[2])}, elem[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&m, type, 3, const_cast<void*>(p), d, st, b, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "3-D map failed with CUresult " + std::to_string(int(r)));
+  return m;
+}
+// int8 [rows, K] (K a multiple of 16): boxes of 128 columns.
+inline CUtensorMap tensor_map_int8(const int8_t* p, int64_t rows, int64_t K, int box_rows) { return tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p, rows, K, box_rows); }
+// f16 [rows, K] (K a multiple of 8): boxes of 64 columns.
+inline CUtensorMap tensor_map_f16(const void* p, int64_t rows, int64_t K, int box_rows) { return tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p, rows, K, box_rows); }
 
 namespace tma {
 
@@ -62,11 +84,24 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* b, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ptx::smem_addr(b)), "r"(bytes) : "memory");
 }
-// One box of a 2-D tensor map (inner coordinate c0 in bytes of K, outer c1 in rows) into shared
+// One box of a 2-D tensor map (inner coordinate c0 in elements of K, outer c1 in rows) into shared
 // memory at dst (1024-byte aligned for the swizzle), completing on bar.
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(ptx::smem_addr(dst)),
                "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(ptx::smem_addr(bar))
+               : "memory");
+}
+// One box of a 3-D tensor map (coordinates in elements) into shared memory at dst (16-byte aligned).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(ptx::smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(ptx::smem_addr(bar))
+               : "memory");
+}
+// `bytes` (a multiple of 16) contiguous bytes from global src to shared dst, both 16-byte aligned,
+// completing on bar (the copy engine's 1-D form: no tensor map).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(ptx::smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src)),
+               "r"(bytes), "r"(ptx::smem_addr(bar))
                : "memory");
 }
 
