@@ -572,14 +572,15 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 // GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
 // 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 // The automatic path's table at 17..32 rows on sm_90 (a16_path.h), as measured on the H200 (lab
-// run 86; W8 11008 x 4096 with 3 K slices, run 197): which kernel was fastest on each of the nine
-// Llama and stacked decode shapes. No GPU needed.
+// run 86; W8 11008 x 4096 with 3 K slices, run 197; W8 12288 x 4096 and 3072 x 8192 with the
+// wgmma kernel's streamed form, run 234): which kernel was fastest on each of the nine Llama and
+// stacked decode shapes, and where the streamed form serves. No GPU needed.
 TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Llama and Phi-3 shapes") {
   using P = cuda::A16Path;
   struct Cell { int64_t N, K; P w4, w8, nf4; };
   const Cell cells[] = {
       {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::mma, P::mma},        {11008, 4096, P::wgmma, P::wgmma, P::mma},
-      {12288, 4096, P::wgmma, P::mma, P::mma},   {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::mma},
+      {12288, 4096, P::wgmma, P::wgmma, P::mma}, {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::mma},
       {28672, 4096, P::wgmma, P::wgmma, P::mma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
   for (const Cell& c : cells) {
     INFO(c.N << " x " << c.K);
@@ -595,13 +596,13 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   }
   // Phi-3-mini (lab runs 182, 196: W8's q, k, v on wgmma with 3 K slices): q, k, v 9216 x 3072, o 3072 x 3072, gate, up 16384 x 3072, down 3072 x 8192
   const Cell phi[] = {{9216, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 3072, P::mma, P::mma, P::mma},
-                      {16384, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 8192, P::shared_x, P::shared_x, P::mma}};
+                      {16384, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 8192, P::shared_x, P::wgmma, P::mma}};
   for (const Cell& c : phi) {
     INFO(c.N << " x " << c.K);
     for (int64_t M : {17, 24, 32}) {
       INFO("M = " << M);
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 4, true) == c.w4);
-      CHECK(cuda::a16_auto_path(M, c.N, c.K, 8, true) == (c.K == 8192 && M < 25 ? P::mma : c.w8));   // W8's shared_x from 25 rows
+      CHECK(cuda::a16_auto_path(M, c.N, c.K, 8, true) == c.w8);   // W8 3072 x 8192: the streamed form from 17 rows (15.2 µs against the L2-fed 19.0, run 232)
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 0, true) == c.nf4);
       CHECK(cuda::a16_auto_path(M, c.N, c.K, 4, false) == P::mma);
     }
@@ -636,6 +637,14 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   }
   CHECK(cuda::a16_mma_slices(16, 16384, 3072, 0) == 0);
   CHECK(cuda::a16_mma_slices(33, 16384, 3072, 0) == 0);
+  // The streamed form's cells (decode batch 32 faster with it, run 234): 4-bit from K = 4096, four 8-bit layers.
+  CHECK(cuda::a16_wgmma_streamed(22016, 4096, 4));
+  CHECK(cuda::a16_wgmma_streamed(4096, 11008, 4));
+  CHECK_FALSE(cuda::a16_wgmma_streamed(9216, 3072, 4));
+  CHECK(cuda::a16_wgmma_streamed(12288, 4096, 8));
+  CHECK(cuda::a16_wgmma_streamed(3072, 8192, 8));
+  CHECK_FALSE(cuda::a16_wgmma_streamed(22016, 4096, 8));
+  CHECK_FALSE(cuda::a16_wgmma_streamed(22016, 4096, 0));
 }
 
 TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {
@@ -706,6 +715,66 @@ TEST_CASE("gpu: the wgmma A16 kernel on the decode's stacked shapes at 24 and 48
         CHECK(rel <= 2e-3);
       }
     }
+}
+
+// The streamed form (a16_wgmma.cu, wgmma_tma_kernel: a producer warp's bulk copies, the K slices of
+// a row group one cluster) at 1..32 rows: against the reference GEMM, and against the k-step loop
+// at the same slices (the same k-step order and slice sum: the same bytes). K of 68 and 65 k-steps:
+// slices and stages that start inside a group of 128, a last stage of one k-step; groups of 64 (a
+// stage over two groups), per-channel codes (scales on the accumulators), NF4; N = 1000: the last
+// row group partial.
+TEST_CASE("gpu: the wgmma A16 kernel's streamed form at 1..32 rows equals the reference GEMM and the k-step loop's bytes") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t N = 1000;
+  auto run_form = [&](auto& L, const cuda::DeviceBuffer<uint16_t>& dx, int64_t M, int slices, int form) {
+    cuda::DeviceBuffer<uint16_t> dy(size_t(M * N), "y");
+    cuda::set_a16_split({0, slices, 0, 0, form});
+    L.gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
+    cuda::set_a16_split({});
+    std::vector<uint16_t> y(size_t(M * N));
+    cuda::copy_to_host(y.data(), dy.get(), y.size() * 2);
+    return y;
+  };
+  auto check = [&](auto& L, int64_t K, const std::string& what, double tol, auto&& ref) {
+    for (int64_t M : {1, 9, 17, 32}) {
+      Rng r{uint64_t(M * 7 + K)};
+      std::vector<float> x(size_t(M * K)), yr(size_t(M * N));
+      std::vector<uint16_t> xh(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = round_to(DType::F16, float(r.normal()));
+        xh[i] = f32_to_f16_bits(x[i]);
+      }
+      ref(x.data(), M, yr.data());
+      cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x");
+      cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+      for (int slices : {1, 3, 5}) {
+        const std::vector<uint16_t> streamed = run_form(L, dx, M, slices, 2), looped = run_form(L, dx, M, slices, 1);
+        INFO(what << " K=" << K << " M=" << M << " slices=" << slices << ": relative error " << rel_error_f16(streamed, yr));
+        CHECK(rel_error_f16(streamed, yr) <= tol);
+        CHECK(streamed == looped);
+      }
+    }
+  };
+  struct Case { int bits, gs; int64_t K; };
+  for (const Case& cs : {Case{4, 128, 4352}, Case{8, 64, 4160}, Case{4, -1, 4160}, Case{8, -1, 4352}}) {
+    const QuantizedLinear q = random_q(cs.bits, N, cs.K, cs.gs, true, false, uint64_t(1100 + cs.bits + cs.gs));
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    check(*L, cs.K, std::to_string(cs.bits) + "-bit g" + std::to_string(cs.gs), 2e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_gptq(x, M, pk, true, y); });
+    if (cs.gs == 128) {   // fp32 out with beta = 1, and the same bytes four times
+      cuda::set_a16_split({0, 3, 0, 0, 2});
+      check_repeat_and_beta(*L, pk, 24, cs.K, cuda::A16Path::wgmma, 1107);
+      cuda::set_a16_split({});
+    }
+  }
+  const int64_t Kn = 4160;
+  Rng rw{1109};
+  std::vector<float> W(size_t(N * Kn));
+  for (auto& v : W) v = float(rw.normal() * 0.02);
+  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  auto F = cuda::Nf4Linear::from_nf4(t, N, Kn);
+  check(*F, Kn, "NF4", 3e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, Kn, y); });
 }
 
 // 17024 rows = 133 groups of 128: more than the H200's (and H100's) 132 SMs, so at 33..128 rows the

@@ -23,10 +23,10 @@ enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 // elements or more (11008 x 4096 at 32 rows: 24.2 us against the L2-fed kernel's 29.0; 6144 x 4096
 // stays: 18.2 against 19.1), for GPTQ 8-bit codes on those larger than 12288 x 4096 or longer in K
 // than in N (22016 x 4096: 45.4 against 55.3, 4096 x 11008: 25.9 against 30.5; 11008 and 12288 x
-// 4096 stayed: 28.4 against 29.8; 11008 x 4096 moved with 3 K slices, below), never for NF4 (the
-// L2-fed kernel with two row tiles a warp: 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2
-// against 31.1; 28672 x 4096 65.4 against 61.9, the one shape it loses). bits: the codes, 4 or 8
-// (GPTQ), 0 (NF4).
+// 4096 stayed: 28.4 against 29.8; 11008 x 4096 moved with 3 K slices, 12288 x 4096 and 3072 x
+// 8192 with the streamed form, below), never for NF4 (the L2-fed kernel with two row tiles a warp:
+// 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2 against 31.1; 28672 x 4096 65.4 against 61.9,
+// the one shape it loses). bits: the codes, 4 or 8 (GPTQ), 0 (NF4).
 constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
 // The wgmma kernel's K slices at 17..32 rows (32 staged x rows) where a count other than its
 // planner's power of two measured faster (the H200, stream µs at 32 rows with the slices forced
@@ -40,6 +40,22 @@ constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256; 
 constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
   if (M < 17 || M > 32 || (bits != 4 && bits != 8)) return 0;
   return (N == 9216 && K == 3072) || (N == 22016 && K == 4096) || (N == 11008 && K == 4096) ? 3 : 0;
+}
+// Where the wgmma kernel runs its streamed form at 17..32 rows (a16_wgmma.cu: a producer warp's
+// copies, the K slices of a row group one cluster) instead of its k-step loop, and for GPTQ 8-bit
+// codes also takes the layer from the L2-fed kernel or shared_x (a16_auto_path): the cells where the decode step at
+// batch 32 ran faster with it (the H200, lab runs 231-234). GPTQ 4-bit with K >= 4096; GPTQ 8-bit
+// on 12288 x 4096 (stream µs at 32 rows: 21.8 against the L2-fed kernel's 29.5) and Phi-3-mini's
+// 9216 x 3072, 16384 x 3072 and 3072 x 8192 (15.9, 23.0, 16.6 against the loop's 18.9 and 25.6 and
+// shared_x's 20.2). Decode at batch 32 with these cells against without (run 234, each arm its own
+// process, twice): W4A16 llama2-7b +1.4%, llama3-8b +4.1%, phi3-mini -0.4%; W8A16 +3.8%, 0.0%,
+// +4.1%. Left out: Phi-3-mini's 4-bit layers (K = 3072; -11% in the step at equal kernel figures)
+// and the other 8-bit layers on wgmma (22016 and 28672 x 4096, 4096 x 11008 and 14336: 2-6% slower
+// in the step though faster alone; run 233). Never NF4 (the L2-fed kernel serves it there).
+constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
+  if (bits == 4) return K >= 4096;
+  if (bits == 8) return (N == 12288 && K == 4096) || (N == 9216 && K == 3072) || (N == 16384 && K == 3072) || (N == 3072 && K == 8192);
+  return false;
 }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
 // planner's measured faster in the decode step (the H200, batch 32, one cell at a time and then
@@ -63,12 +79,13 @@ constexpr int a16_mma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // shared_x never beat their choice there). With 3 K slices (a16_wgmma_slices) the wgmma kernel
 // also takes W8 9216 x 3072 (run 196: 19.7 against the L2-fed kernel's 23.2 µs at 32 rows, 19.1
 // against 22.0 at 24) and W8 11008 x 4096 (run 197: 24.4 against 28.8 at 32 rows, 23.7 against
-// 27.5 at 24); W8 12288 x 4096 stays (29.3 against 30.2).
+// 27.5 at 24); W8 12288 x 4096 stayed (29.3 against 30.2) until the streamed form (a16_wgmma_streamed)
+// took it and W8 3072 x 8192.
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
   const int64_t size = N * K;
   const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
   const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096)
-                             : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) != 0
+                             : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) != 0 || a16_wgmma_streamed(N, K, 8)
                                          : false;
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
   const bool shared_x_from_17 = wgmma && K > N && mid && !large && (bits == 4 ? M >= 17 : bits == 8 ? M >= 25 : false);
@@ -83,10 +100,11 @@ bool a16_wgmma_supported();
 // The tensor-core kernels' work split: rt row tiles of 16 per warp (mma only: 1 or 2, 2 up to
 // M = 32), slices K slices (mma: warps of one CTA; shared_x: CTAs summed by the last to arrive),
 // warps row warps per CTA (shared_x only: 4, 8, or 16 up to M = 64), loop (mma only, where both
-// exist: 1 the plain loop, 2 the overlapped batches). 0 = the planner's choice. Forcing it is for
-// sweeps (`bench kernels`, PTQKIT_A16_SWEEP) and tests; process-wide, not thread-safe.
+// exist: 1 the plain loop, 2 the overlapped batches), form (wgmma at 8..32 staged rows: 1 its
+// k-step loop, 2 its streamed form). 0 = the planner's choice. Forcing it is for sweeps (`bench
+// kernels`, PTQKIT_A16_SWEEP) and tests; process-wide, not thread-safe.
 struct A16Split {
-  int rt = 0, slices = 0, warps = 0, loop = 0;
+  int rt = 0, slices = 0, warps = 0, loop = 0, form = 0;
 };
 void set_a16_split(A16Split split);
 

@@ -1,6 +1,8 @@
 // a16_wgmma.cu — the Hopper kernel of the 16-bit-activation formats (W4A16, W8A16, NF4) for 17..256
 // activation rows (a16_path.h: automatic picks it on an sm_90 GPU at 33..128 rows, 129..256 on
-// large layers, 17..32 for 4-bit codes on large layers; forced, any M up to 256):
+// large layers, 17..32 for GPTQ codes on large layers; forced, any M up to 256), in two forms: the
+// k-step loop below, and from 8 to 32 staged rows on measured layers a streamed form fed by the
+// copy engine (wgmma_tma_kernel, further down):
 // y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Reference: ref_gemm_gptq /
 // ref_gemm_nf4 (kernels/reference.h); tests/test_kernels_cuda.cpp checks it against them.
 //
@@ -39,7 +41,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -49,6 +54,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
+#include "cuda/tma.cuh"
 #include "kernels/a16_split_k.cuh"
 #include "kernels/w8a8.h"
 
@@ -306,6 +312,178 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #endif  // PTQ_A16_WGMMA (other targets: an empty body, never launched: a16_wgmma_supported())
 }
 
+// The streamed form at 8..32 staged rows (wgmma_tma_kernel). The loop above spends most of its
+// instructions on its own copies, their addresses and the barrier a k-step (lab run 178: ~183 a
+// warp a k-step, 53 of them dequantization). Here lane 0 of a producer warp streams each stage of
+// kTmaNK k-steps by the copy engine in 2 + kTmaNK boxes: the codes of the CTA's 8 tiles (a 3-D
+// tensor map over the fragment order, [tiles][KS][a tile's k-step]), their metadata of kTmaNK
+// groups from the stage's first ([tiles][groups][8]; none with one group: the consumers read it
+// once), and x a box a k-step (the permuted x, 64 columns x BN rows in the 128-byte swizzle, rows
+// past M zero-filled); all complete on the stage's "full" mbarrier. The two consumer warpgroups
+// read codes and metadata from shared memory, dequantize and issue the wgmmas as the loop does, and
+// release a stage on its "empty" mbarrier once its wgmmas retired: no copies, no CTA barrier in
+// their loop. K is split over a cluster of S CTAs (at most 8, as many as keep the grid resident)
+// whose fp32 partials are added in slice order through distributed shared memory: sum_split_k's
+// order, so at the same slices the loop's bytes (a test checks it). Groups (NF4 blocks) of a
+// multiple of 64 columns, or one group: a k-step reads one group's metadata.
+// Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 228-234), stream µs at 32 rows
+// against the loop: a plain bulk copy a tile (18 copies a stage of 2 k-steps) ran 10-40% slower
+// (a stage of one k-step slower still: the cost is per copy); 4 k-steps a stage in 6 boxes ran W4 22016 x 4096 30.9 against 37.0,
+// W8 22016 x 4096 32.8 against 40.0, W8 12288 x 4096 22.1 against 28.0, but W8 4096 x 11008 28.5
+// against 25.3. In the decode step the kernel figures did not carry over alike (Phi-3-mini's W4
+// layers lost 11% in the step at equal kernel figures; llama3-8b's W8 gate, up and down 6%), so
+// it serves the measured cells of a16_wgmma_streamed (a16_path.h).
+constexpr int kTmaThreads = kThreads + 32, kTmaRedStride = 128 + 4;
+constexpr int tma_stage_bytes(int bn, int u4, int nk) { return (nk * bn * 128 + 8 * nk * u4 * 512 + 8 * nk * 64 + 1023) / 1024 * 1024; }
+constexpr size_t tma_smem_bytes(int bn, int u4, int nk, int D) {
+  return std::max<size_t>(size_t(D) * tma_stage_bytes(bn, u4, nk), size_t(bn) * kTmaRedStride * 4) + 2 * 8 * size_t(D) + 1024;
+}
+
+template <int BN, class Format, bool kRowScale, int kTmaNK>
+__global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                                                                const __grid_constant__ CUtensorMap map_m, Format fmt, __half* __restrict__ yh, float* __restrict__ yf,
+                                                                float beta, int M, int N, int K, int sps, int D) {
+#ifdef PTQ_A16_WGMMA
+  namespace cg = cooperative_groups;
+  constexpr int kU4 = Format::kU4, SB = tma_stage_bytes(BN, kU4, kTmaNK);
+  constexpr int XB = kTmaNK * BN * 128, TB = kTmaNK * kU4 * 512, CB = 8 * TB;   // x boxes, then 8 tiles' codes (TB each), then metadata
+  constexpr int kBytes = XB + CB + (kRowScale ? 0 : 8 * kTmaNK * 64);           // a stage's copies (boxes past K or N: zeros, counted)
+  using Meta = typename Format::Meta;
+  static_assert(sizeof(Meta) == 8, "8-byte metadata per lane and tile");
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + max(D * SB, BN * kTmaRedStride * 4));
+  uint64_t* empty = full + D;
+  float* red = reinterpret_cast<float*>(smem);   // after the loop, over the ring: [BN][kTmaRedStride], token-major
+  const int tiles = (N + 15) / 16, KS = (K + 63) / 64;
+  const int s0 = blockIdx.y * sps, steps = max(0, min(KS, s0 + sps) - s0), nst = (steps + kTmaNK - 1) / kTmaNK;
+  const int tile0 = blockIdx.x * 8;
+  if (threadIdx.x == kThreads) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
+    if (!kRowScale) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_m)) : "memory");
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < D; ++s) {
+      tma::mbar_init(&full[s], 1);    // the producer's arrive (with the stage's byte count)
+      tma::mbar_init(&empty[s], 2);   // one arrive per consumer warpgroup
+    }
+    tma::mbar_init_fence();
+  }
+  __syncthreads();
+  pdl::allow_dependents();
+  const int wg = threadIdx.x / 128, lane = threadIdx.x & 31, q = (threadIdx.x / 32) & 3, tl = 4 * wg + q;   // consumers: tile tl of the CTA's 8
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  if (threadIdx.x >= kThreads) {   // the producer warp: lane 0 streams the ring
+    if (lane == 0) {
+      // Stage i: k-steps s0 + kTmaNK i ..; the codes of the CTA's 8 tiles (one box), the metadata of
+      // kTmaNK groups from the first k-step's (one box), x one box a k-step.
+      auto weights = [&](int i, int slot) {
+        const int s = s0 + kTmaNK * i;
+        uint8_t* st = smem + slot * SB;
+        tma::mbar_expect_tx(&full[slot], kBytes);
+        tma::tma_load_3d(st + XB, &map_w, 0, s, tile0, &full[slot]);
+        if (!kRowScale) tma::tma_load_3d(st + XB + CB, &map_m, 0, int(fmt.meta_ptr(0, s, 0, true) - fmt.meta_ptr(0, 0, 0, true)) / 8, tile0, &full[slot]);
+      };
+      auto activations = [&](int i, int slot) {
+#pragma unroll
+        for (int k = 0; k < kTmaNK; ++k) tma::tma_load(smem + slot * SB + k * BN * 128, &map_x, 64 * (s0 + kTmaNK * i + k), 0, &full[slot]);
+      };
+      const int pre = min(D, nst);
+      for (int i = 0; i < pre; ++i) weights(i, i);   // never written by a kernel: before the wait
+      pdl::wait_prior_grid();                        // x comes from the kernel before
+      for (int i = 0; i < pre; ++i) activations(i, i);
+      for (int i = D; i < nst; ++i) {
+        const int slot = i % D;
+        tma::mbar_wait(&empty[slot], ((i / D) - 1) & 1);
+        weights(i, slot);
+        activations(i, slot);
+      }
+    } else {
+      pdl::wait_prior_grid();
+    }
+  } else {
+    pdl::wait_prior_grid();
+    const int tile = min(tile0 + tl, tiles - 1);
+    uint32_t a[4][4];
+    Meta meta1{};   // one group: its metadata, read once
+    if constexpr (kRowScale) meta1 = *fmt.meta_ptr(tile, 0, lane, false);
+    for (int i = 0; i < nst; ++i) {
+      const int slot = i % D, s = s0 + kTmaNK * i, nk = min(kTmaNK, steps - kTmaNK * i);
+      tma::mbar_wait(&full[slot], (i / D) & 1);
+      const uint8_t* st = smem + slot * SB;
+#pragma unroll
+      for (int k = 0; k < kTmaNK; ++k) {
+        if (k >= nk) break;
+        uint4 cq[kU4];
+#pragma unroll
+        for (int j = 0; j < kU4; ++j) cq[j] = reinterpret_cast<const uint4*>(st + XB + tl * TB)[(k * kU4 + j) * 32 + lane];
+        Meta meta = meta1;
+        if constexpr (!kRowScale) {
+          const int gi = k == 0 ? 0 : int(fmt.meta_ptr(tile, s + k, 0, true) - fmt.meta_ptr(tile, s, 0, true)) / 8;
+          meta = reinterpret_cast<const Meta*>(st + XB + CB + tl * kTmaNK * 64)[gi * 8 + (lane >> 2)];
+        }
+        const auto prep = fmt.template prep<!kRowScale>(meta);
+        ptx::wgmma_wait<0>();   // the previous k-step's wgmmas retired: the A registers are free
+        if (k == 0 && i > 0 && (threadIdx.x & 127) == 0) tma::mbar_arrive(&empty[(i - 1) % D]);   // ... and the previous stage's
+#pragma unroll
+        for (int f = 0; f < 4; ++f) fmt.template dequant<!kRowScale>(cq, f, prep, a[f]);
+        ptx::fence_regs(acc);
+        ptx::wgmma_fence();
+        const uint32_t xs = ptx::smem_addr(st + k * BN * 128);
+#pragma unroll
+        for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
+        ptx::wgmma_commit();
+        ptx::fence_regs(acc);
+      }
+    }
+    ptx::wgmma_wait<0>();
+    ptx::fence_regs(acc);
+    if constexpr (kRowScale) {   // the one group's scales of rows g and g + 8
+      const float2 sc = fmt.scales(*fmt.meta_ptr(tile, 0, lane, false));
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] *= (i & 2) ? sc.y : sc.x;
+    }
+  }
+  __syncthreads();   // every warpgroup's wgmmas retired: the partial goes over the ring
+  if (threadIdx.x < kThreads) {
+    // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
+    // 8j + 2c + (e & 1) of W row 16q + g + 8 (e >> 1).
+    const int g = lane >> 2, c = lane & 3, r0 = 16 * tl + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(8 * j + 2 * c + (e & 1)) * kTmaRedStride + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+  }
+  // The cluster's S partials added in slice order (sum_split_k's), then y. CTA r of the cluster
+  // takes quads (4 rows of one token) r, r + S, ...
+  cg::cluster_group cluster = cg::this_cluster();
+  const int S = int(gridDim.y), rank = int(blockIdx.y), n0 = 128 * int(blockIdx.x), rows = min(128, N - n0), quads = M * 32;
+  if (S > 1) cluster.sync();
+  else __syncthreads();
+  for (int o = rank * kTmaThreads + int(threadIdx.x); o < quads; o += S * kTmaThreads) {
+    const int n = o / 32, r = 4 * (o % 32);
+    if (r >= rows) continue;
+    float4 v = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
+    for (int z = 1; z < S; ++z) {
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kTmaRedStride + r);
+      v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
+    }
+    const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (r + e >= rows) break;
+      const int64_t o2 = int64_t(n) * N + n0 + r + e;
+      if (yf) yf[o2] = vv[e] + (beta != 0.0f ? beta * yf[o2] : 0.0f);
+      else yh[o2] = __float2half_rn(vv[e]);
+    }
+  }
+  if (S > 1) cluster.sync();   // no CTA leaves while another reads its partial
+#endif  // PTQ_A16_WGMMA
+}
+
 template <class Format>
 using WgmmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int);
 
@@ -376,11 +554,109 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
   return {groups, (KS + sps - 1) / sps, sps};   // no empty slice
 }
 
+// The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above everywhere (and the
+// path table without the streamed form's cells), PTQKIT_A16_TMA_NK k-steps a stage (4, or 2),
+// PTQKIT_A16_TMA_STAGES the ring's stages (2), PTQKIT_A16_TMA_SLICES a forced slice count (at most 8,
+// the portable cluster), PTQKIT_A16_TMA_MAXS the most slices the planner takes (8),
+// PTQKIT_A16_TMA_PDL=0 launches without PDL.
+inline int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : dflt;
+}
+// Whether the streamed form takes a call: 8..32 staged rows, groups of whole k-steps (or one), a
+// measured cell (a16_wgmma_streamed) unless forced (g_split.form: tests and sweeps).
+template <class Format>
+bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
+  static const bool on = env_int("PTQKIT_A16_WG_TMA", 1) != 0;
+  bool whole;
+  if constexpr (std::is_base_of_v<Nf4Format, Format>) whole = f.blocks > 1 && f.block.size % 64 == 0;   // one block: K <= 64, the loop
+  else whole = f.groups == 1 || f.group.size % 64 == 0;
+  return bn <= 32 && whole && (g_split.form ? g_split.form == 2 : on && a16_wgmma_streamed(N, K, code_bits<Format>()));
+}
+// The metadata's base and groups (NF4: blocks) a 16-row tile, for its tensor map.
+inline const void* meta_base(const GptqFormat<4>& f) { return f.zs; }
+inline const void* meta_base(const GptqFormat<8>& f) { return f.zs; }
+inline const void* meta_base(const Nf4Format& f) { return f.absmax; }
+inline int meta_groups(const GptqFormat<4>& f) { return f.groups; }
+inline int meta_groups(const GptqFormat<8>& f) { return f.groups; }
+inline int meta_groups(const Nf4Format& f) { return f.blocks; }
+
+template <int BN, class Format>
+void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+  static const int D = std::max(2, env_int("PTQKIT_A16_TMA_STAGES", 2)), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
+  static const int NK = env_int("PTQKIT_A16_TMA_NK", 4) == 2 ? 2 : 4;
+  const bool row_scale = scales_per_row(fmt);
+  const auto kern = NK == 4 ? (row_scale ? wgmma_tma_kernel<BN, Format, true, 4> : wgmma_tma_kernel<BN, Format, false, 4>)
+                            : (row_scale ? wgmma_tma_kernel<BN, Format, true, 2> : wgmma_tma_kernel<BN, Format, false, 2>);
+  const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
+  static std::mutex mu;
+  static std::map<const void*, int> resident;   // CTAs resident at once, per kernel
+  static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> maps;
+  int res = 0;
+  CUtensorMap map, map_w, map_m;
+  const int64_t KP = (K + 63) / 64 * 64, KS = KP / 64, tiles = (N + 15) / 16, u4 = Format::kU4, meta_g = meta_groups(fmt);
+  // Tensor maps, cached by (pointer, extent, box): x [M][KP] f16 in boxes of 64 columns x BN rows;
+  // the codes [tiles][KS][u4 x 64 words of 8 bytes] in boxes of 8 tiles x NK k-steps; the metadata
+  // [tiles][groups][8 words] in boxes of 8 tiles x NK groups.
+  auto cached = [&](const void* p, int64_t a, int64_t b, int c, auto&& make) {
+    const auto key = std::make_tuple(p, a, b, c);
+    auto m = maps.find(key);
+    if (m == maps.end()) {
+      if (maps.size() >= 4096) maps.clear();   // bounded: freed buffers' addresses are reused
+      m = maps.emplace(key, make()).first;
+    }
+    return m->second;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = resident.find(reinterpret_cast<const void*>(kern));
+    if (it == resident.end()) {
+      PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      int per_sm = 0;
+      PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kTmaThreads, smem));
+      it = resident.emplace(reinterpret_cast<const void*>(kern), std::max(1, per_sm) * sm_count()).first;
+    }
+    res = it->second;
+    map = cached(xk, M, KP, -BN, [&] { return tensor_map_f16(xk, M, KP, BN); });
+    map_w = cached(W, tiles, KS, NK, [&] { return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, 8}); });
+    map_m = row_scale ? map_w : cached(meta_base(fmt), tiles, meta_g, NK, [&] { return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, 8}); });
+  }
+  const int64_t groups = (N + 127) / 128;
+  int S = forced > 0 ? std::min(forced, 8) : g_split.slices ? std::min(g_split.slices, 8) : int(std::max<int64_t>(1, std::min<int64_t>(max_s, res / groups)));
+  S = std::max(1, std::min(S, int(KS / NK)));
+  const int sps = int((KS + S - 1) / S);
+  S = (KS + sps - 1) / sps;   // no empty slice
+  static const bool pdl = env_int("PTQKIT_A16_TMA_PDL", 1) != 0;
+  launch_ex("a16 wgmma_tma_kernel", pdl, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), kern, dim3(unsigned(groups), unsigned(S)), dim3(kTmaThreads), smem, map, map_w, map_m, fmt,
+            yh, yf, beta, int(M), int(N), int(K), sps, D);
+}
+
+// x [M, K] in the kernels' k-step order [M, KP]: the copy a producer offered (a16_offer_wgmma_x:
+// the decode's norm and silu·mul write it beside x), else permute_x's, written into xp.
+inline const __half* x_in_kernel_order(const __half* x, int64_t M, int64_t K, DeviceBuffer<__half>& xp) {
+  const int64_t KP = (K + 63) / 64 * 64, units = M * (KP / 64) * 2;
+  if (g_x_offer.x_perm && g_x_offer.x_of == x && KP == K) {
+    g_x_offer.taken = true;
+    return static_cast<const __half*>(g_x_offer.x_perm);
+  }
+  xp = DeviceBuffer<__half>(size_t(M * KP), "A16 wgmma permuted activations");
+  launch_pdl("a16 permute_x_kernel", true, -1, permute_x_kernel, dim3(unsigned((units + 255) / 256)), dim3(256), 0, x, xp.get(), int(M), int(K), int(KP));
+  return xp.get();
+}
+
 template <class Format>
 void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
   if (M > kA16WgmmaMaxM) fail(Errc::usage, "", "M", "the wgmma A16 kernel takes M <= " + std::to_string(kA16WgmmaMaxM) + " rows, got M = " + std::to_string(M));
   if (!a16_wgmma_supported()) fail(Errc::usage, "", "device", "the wgmma A16 kernel is built for sm_90 (H100/H200) only: " + describe());
   const int bn = wgmma_bn(M);
+  if (tma_takes(fmt, bn, N, K)) {
+    DeviceBuffer<__half> xp;
+    const __half* xk = x_in_kernel_order(x, M, K, xp);
+    if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K);
+    else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K);
+    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K);
+    return;
+  }
   const bool row_scale = scales_per_row(fmt);
   auto kern = wgmma_kernel_of<Format>(bn, row_scale);
   size_t smem = smem_bytes(bn, Format::kU4);
@@ -427,19 +703,8 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     p = it->second.plan;
     smem = it->second.smem;
   }
-  const int64_t KP = (K + 63) / 64 * 64, units = M * (KP / 64) * 2;
-  // x in the kernel's order already (a16_offer_wgmma_x: the decode's norm and silu·mul write it
-  // beside x): no permute pass. Else permute_x writes it into a workspace.
   DeviceBuffer<__half> xp;
-  const __half* xk = nullptr;
-  if (g_x_offer.x_perm && g_x_offer.x_of == x && KP == K) {
-    xk = static_cast<const __half*>(g_x_offer.x_perm);
-    g_x_offer.taken = true;
-  } else {
-    xp = DeviceBuffer<__half>(size_t(M * KP), "A16 wgmma permuted activations");
-    launch_pdl("a16 permute_x_kernel", true, -1, permute_x_kernel, dim3(unsigned((units + 255) / 256)), dim3(256), 0, x, xp.get(), int(M), int(K), int(KP));
-    xk = xp.get();
-  }
+  const __half* xk = x_in_kernel_order(x, M, K, xp);
   DeviceBuffer<float> part;
   int* arrivals = nullptr;
   if (p.slices > 1) {
