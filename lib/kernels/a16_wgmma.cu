@@ -176,6 +176,30 @@ struct Wgmma<256> {
   }
 };
 
+// One k-step of a warpgroup in the plain order: its 4 fragments dequantized into a (the
+// registers the previous k-step's wgmmas read: retired before this is called), then 4 wgmma
+// m64nBNk16 adding a · x to acc as one group (x: the k-step's BN rows at shared address xs, in the
+// 128-byte swizzle).
+template <int BN, bool kScaled, class Format, class Prep>
+__device__ __forceinline__ void kstep_wgmma(const Format& fmt, const uint4 (&cq)[Format::kU4], const Prep& prep, uint32_t (&a)[4][4], float (&acc)[BN / 2], uint32_t xs) {
+#pragma unroll
+  for (int f = 0; f < 4; ++f) fmt.template dequant<kScaled>(cq, f, prep, a[f]);
+  ptx::fence_regs(acc);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
+  ptx::wgmma_commit();
+  ptx::fence_regs(acc);
+}
+// GPTQ codes with one group (kRowScale): each row's scale on its fp32 accumulators, once (the
+// weights' metadata, readable any time). Warp rows g (registers with bit 1 clear) and g + 8.
+template <int BN, class Format>
+__device__ __forceinline__ void scale_rows(const Format& fmt, int tile, int lane, float (&acc)[BN / 2]) {
+  const float2 sc = fmt.scales(*fmt.meta_ptr(tile, 0, lane, false));
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] *= (i & 2) ? sc.y : sc.x;
+}
+
 // kRowScale (GPTQ codes with one group, per-channel scales): the fragments are dequantized to
 // q - z only and each row's scale multiplies its accumulators once at the end, in fp32.
 template <int BN, class Format, bool kInterleave, int kMinBlocks = 1, bool kRowScale = false>
@@ -270,14 +294,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     } else {
       ptx::wgmma_wait<0>();   // k-step i - 1 retired: the A registers are free
-#pragma unroll
-      for (int f = 0; f < 4; ++f) fmt.template dequant<!kRowScale>(cq, f, prep, a[f]);
-      ptx::fence_regs(acc);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
-      ptx::wgmma_commit();
-      ptx::fence_regs(acc);
+      kstep_wgmma<BN, !kRowScale>(fmt, cq, prep, a, acc, xs);
     }
   }
   ptx::wgmma_wait<0>();
@@ -286,11 +303,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
   // 8j + 2c + (e & 1) of W row 16q + g + 8 (e >> 1).
-  if constexpr (kRowScale) {   // the one group's scales of rows g and g + 8 (weights' metadata: readable any time)
-    const float2 sc = fmt.scales(*fmt.meta_ptr(tile, 0, lane, false));
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] *= (i & 2) ? sc.y : sc.x;
-  }
+  if constexpr (kRowScale) scale_rows<BN>(fmt, tile, lane, acc);
   const int g = lane >> 2, c = lane & 3;
   const bool split = gridDim.y > 1;
   float* out = split ? part + int64_t(blockIdx.y) * M * N : yf;
@@ -428,24 +441,12 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
         const auto prep = fmt.template prep<!kRowScale>(meta);
         ptx::wgmma_wait<0>();   // the previous k-step's wgmmas retired: the A registers are free
         if (k == 0 && i > 0 && (threadIdx.x & 127) == 0) tma::mbar_arrive(&empty[(i - 1) % D]);   // ... and the previous stage's
-#pragma unroll
-        for (int f = 0; f < 4; ++f) fmt.template dequant<!kRowScale>(cq, f, prep, a[f]);
-        ptx::fence_regs(acc);
-        ptx::wgmma_fence();
-        const uint32_t xs = ptx::smem_addr(st + k * BN * 128);
-#pragma unroll
-        for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
-        ptx::wgmma_commit();
-        ptx::fence_regs(acc);
+        kstep_wgmma<BN, !kRowScale>(fmt, cq, prep, a, acc, ptx::smem_addr(st + k * BN * 128));
       }
     }
     ptx::wgmma_wait<0>();
     ptx::fence_regs(acc);
-    if constexpr (kRowScale) {   // the one group's scales of rows g and g + 8
-      const float2 sc = fmt.scales(*fmt.meta_ptr(tile, 0, lane, false));
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] *= (i & 2) ? sc.y : sc.x;
-    }
+    if constexpr (kRowScale) scale_rows<BN>(fmt, tile, lane, acc);
   }
   __syncthreads();   // every warpgroup's wgmmas retired: the partial goes over the ring
   if (threadIdx.x < kThreads) {
