@@ -555,11 +555,11 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
   return {groups, (KS + sps - 1) / sps, sps};   // no empty slice
 }
 
-// The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above everywhere (and the
-// path table without the streamed form's cells), PTQKIT_A16_TMA_NK k-steps a stage (4, or 2),
-// PTQKIT_A16_TMA_STAGES the ring's stages (2), PTQKIT_A16_TMA_SLICES a forced slice count (at most 8,
-// the portable cluster), PTQKIT_A16_TMA_MAXS the most slices the planner takes (8),
-// PTQKIT_A16_TMA_PDL=0 launches without PDL.
+// The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above on every layer (the
+// path table's choice of kernel stays), PTQKIT_A16_TMA_STAGES the ring's stages (2),
+// PTQKIT_A16_TMA_SLICES a forced slice count (at most 8, the portable cluster),
+// PTQKIT_A16_TMA_MAXS the most slices the planner takes (8), PTQKIT_A16_TMA_PDL=0 launches
+// without PDL.
 inline int env_int(const char* name, int dflt) {
   const char* e = std::getenv(name);
   return e && *e ? std::atoi(e) : dflt;
@@ -585,10 +585,11 @@ inline int meta_groups(const Nf4Format& f) { return f.blocks; }
 template <int BN, class Format>
 void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
   static const int D = std::max(2, env_int("PTQKIT_A16_TMA_STAGES", 2)), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
-  static const int NK = env_int("PTQKIT_A16_TMA_NK", 4) == 2 ? 2 : 4;
+  constexpr int NK = 4;   // k-steps a stage (lab runs 230-231: 2 and 1 slower; one instantiation keeps the build short)
   const bool row_scale = scales_per_row(fmt);
-  const auto kern = NK == 4 ? (row_scale ? wgmma_tma_kernel<BN, Format, true, 4> : wgmma_tma_kernel<BN, Format, false, 4>)
-                            : (row_scale ? wgmma_tma_kernel<BN, Format, true, 2> : wgmma_tma_kernel<BN, Format, false, 2>);
+  auto kern = wgmma_tma_kernel<BN, Format, false, NK>;
+  if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
+    if (row_scale) kern = wgmma_tma_kernel<BN, Format, true, NK>;
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<const void*, int> resident;   // CTAs resident at once, per kernel
