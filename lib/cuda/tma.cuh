@@ -1,8 +1,8 @@
 // tma.cuh — the copy engine (TMA) and mbarriers of the sm_90a kernels that stream tiles into
 // shared memory (kernels/w8a8.cu, kernels/w8a8_wgmma_gemv.cu, kernels/a16_wgmma.cu): a tensor map
 // over an int8 or f16 [rows, K] matrix in boxes of 128 bytes of K (the 128-byte swizzle wgmma's
-// descriptors read), the box copy and the plain bulk copy completing on an mbarrier, and the
-// mbarrier's init, arrive and wait. One definition each, so the
+// descriptors read) and a 3-D one without swizzle, the box copies completing on an mbarrier, and
+// the mbarrier's init, arrive and wait. One definition each, so the
 // kernels agree on the layout their wgmma descriptors assume (cuda/ptx.cuh: smem_desc_sw128).
 #pragma once
 #include <cuda.h>
@@ -20,10 +20,7 @@ namespace ptq::cuda {
 // Bytes of K a box holds: one 128-byte swizzle row.
 constexpr int kTmaBoxBytes = 128;
 
-// A 2-D tensor map over a row-major [rows, cols] matrix of elem_bytes-byte elements (the row pitch
-// a multiple of 16 bytes, p 16-byte aligned): boxes of 128 bytes of a row x box_rows, 128-byte
-// swizzle; the parts of a box past cols or rows are filled with zeros (and counted in the bytes the
-// box delivers).
+// The driver's tensor-map encoder, looked up once.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -34,6 +31,10 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return encode;
 }
+// A 2-D tensor map over a row-major [rows, cols] matrix of elem_bytes-byte elements (the row pitch
+// a multiple of 16 bytes, p 16-byte aligned): boxes of 128 bytes of a row x box_rows, 128-byte
+// swizzle; the parts of a box past cols or rows are filled with zeros (and counted in the bytes the
+// box delivers).
 inline CUtensorMap tensor_map_2d(CUtensorMapDataType type, int elem_bytes, const void* p, int64_t rows, int64_t cols, int box_rows) {
   const auto encode = tensor_map_encoder();
   CUtensorMap m;
@@ -91,17 +92,10 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
                "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(ptx::smem_addr(bar))
                : "memory");
 }
-// One box of a 3-D tensor map (coordinates in elements) into shared memory at dst (16-byte aligned).
+// One box of a 3-D tensor map (coordinates in elements) into shared memory at dst (128-byte aligned).
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(ptx::smem_addr(dst)),
                "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(ptx::smem_addr(bar))
-               : "memory");
-}
-// `bytes` (a multiple of 16) contiguous bytes from global src to shared dst, both 16-byte aligned,
-// completing on bar (the copy engine's 1-D form: no tensor map).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(ptx::smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(src)),
-               "r"(bytes), "r"(ptx::smem_addr(bar))
                : "memory");
 }
 
