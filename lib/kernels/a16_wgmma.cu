@@ -341,9 +341,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // multiple of 64 columns, or one group: a k-step reads one group's metadata.
 // Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 228-234), stream µs at 32 rows
 // against the loop: a plain bulk copy a tile (18 copies a stage of 2 k-steps) ran 10-40% slower
-// (a stage of one k-step slower still: the cost is per copy); 4 k-steps a stage in 6 boxes ran W4 22016 x 4096 30.9 against 37.0,
-// W8 22016 x 4096 32.8 against 40.0, W8 12288 x 4096 22.1 against 28.0, but W8 4096 x 11008 28.5
-// against 25.3. In the decode step the kernel figures did not carry over alike (Phi-3-mini's W4
+// (a stage of one k-step slower still: the cost is per copy); 4 k-steps a stage in 6 boxes ran
+// W4 22016 x 4096 30.9 against 37.0, W8 22016 x 4096 32.8 against 40.0, W8 12288 x 4096 22.1
+// against 28.0, but W8 4096 x 11008 28.5 against 25.3. In the decode step the kernel figures did not carry over alike (Phi-3-mini's W4
 // layers lost 11% in the step at equal kernel figures; llama3-8b's W8 gate, up and down 6%), so
 // it serves the measured cells of a16_wgmma_streamed (a16_path.h).
 constexpr int kTmaThreads = kThreads + 32, kTmaRedStride = 128 + 4;
