@@ -71,6 +71,11 @@ bool pdl_enabled() {
   return on;
 }
 
+int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : dflt;
+}
+
 std::string describe() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);

@@ -21,6 +21,8 @@ int sm_count();
 // Whether kernels launched with launch_pdl (cuda/pdl.cuh) may overlap the one before them: an
 // sm_90+ GPU and PTQKIT_PDL not "0". Decided once per process.
 bool pdl_enabled();
+// An integer sweep switch from the environment: its value, or dflt where unset or empty.
+int env_int(const char* name, int dflt);
 
 void check(int err, const char* what, const char* file, int line);          // cudaError_t
 void check_cublas(int st, const char* what, const char* file, int line);    // cublasStatus_t

@@ -10,7 +10,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "cuda/ptx.cuh"
@@ -56,6 +60,22 @@ inline CUtensorMap tensor_map_3d(CUtensorMapDataType type, const void* p, const 
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "3-D map failed with CUresult " + std::to_string(int(r)));
   return m;
+}
+// A tensor map encoded on the host once per (kind, pointer, two extents, box): a Linear's weights
+// and the decode's activation buffers keep their addresses, so a step does not re-encode them.
+// Bounded (freed buffers' addresses are reused); returned by value, as a later call may clear it.
+enum class TmaMapKind { int8_rows, a16_x, a16_codes, a16_meta };
+inline CUtensorMap cached_tensor_map(TmaMapKind kind, const void* p, int64_t a, int64_t b, int box, const std::function<CUtensorMap()>& make) {
+  static std::mutex mu;
+  static std::map<std::tuple<TmaMapKind, const void*, int64_t, int64_t, int>, CUtensorMap> maps;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kind, p, a, b, box);
+  auto it = maps.find(key);
+  if (it == maps.end()) {
+    if (maps.size() >= 4096) maps.clear();
+    it = maps.emplace(key, make()).first;
+  }
+  return it->second;
 }
 // int8 [rows, K] (K a multiple of 16): boxes of 128 columns.
 inline CUtensorMap tensor_map_int8(const int8_t* p, int64_t rows, int64_t K, int box_rows) { return tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p, rows, K, box_rows); }

@@ -44,7 +44,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -560,10 +559,6 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
 // PTQKIT_A16_TMA_SLICES a forced slice count (at most 8, the portable cluster),
 // PTQKIT_A16_TMA_MAXS the most slices the planner takes (8), PTQKIT_A16_TMA_PDL=0 launches
 // without PDL.
-inline int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e && *e ? std::atoi(e) : dflt;
-}
 // Whether the streamed form takes a call: 8..32 staged rows, groups of whole k-steps (or one), a
 // measured cell (a16_wgmma_streamed) unless forced (g_split.form: tests and sweeps).
 template <class Format>
@@ -593,22 +588,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<const void*, int> resident;   // CTAs resident at once, per kernel
-  static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> maps;
   int res = 0;
-  CUtensorMap map, map_w, map_m;
-  const int64_t KP = (K + 63) / 64 * 64, KS = KP / 64, tiles = (N + 15) / 16, u4 = Format::kU4, meta_g = meta_groups(fmt);
-  // Tensor maps, cached by (pointer, extent, box): x [M][KP] f16 in boxes of 64 columns x BN rows;
-  // the codes [tiles][KS][u4 x 64 words of 8 bytes] in boxes of 8 tiles x NK k-steps; the metadata
-  // [tiles][groups][8 words] in boxes of 8 tiles x NK groups.
-  auto cached = [&](const void* p, int64_t a, int64_t b, int c, auto&& make) {
-    const auto key = std::make_tuple(p, a, b, c);
-    auto m = maps.find(key);
-    if (m == maps.end()) {
-      if (maps.size() >= 4096) maps.clear();   // bounded: freed buffers' addresses are reused
-      m = maps.emplace(key, make()).first;
-    }
-    return m->second;
-  };
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = resident.find(reinterpret_cast<const void*>(kern));
@@ -619,10 +599,18 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
       it = resident.emplace(reinterpret_cast<const void*>(kern), std::max(1, per_sm) * sm_count()).first;
     }
     res = it->second;
-    map = cached(xk, M, KP, -BN, [&] { return tensor_map_f16(xk, M, KP, BN); });
-    map_w = cached(W, tiles, KS, NK, [&] { return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, 8}); });
-    map_m = row_scale ? map_w : cached(meta_base(fmt), tiles, meta_g, NK, [&] { return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, 8}); });
   }
+  const int64_t KP = (K + 63) / 64 * 64, KS = KP / 64, tiles = (N + 15) / 16, u4 = Format::kU4, meta_g = meta_groups(fmt);
+  // Tensor maps (cached_tensor_map): x [M][KP] f16 in boxes of 64 columns x BN rows; the codes
+  // [tiles][KS][u4 x 64 words of 8 bytes] in boxes of 8 tiles x NK k-steps; the metadata
+  // [tiles][groups][8 words] in boxes of 8 tiles x NK groups.
+  const CUtensorMap map = cached_tensor_map(TmaMapKind::a16_x, xk, M, KP, BN, [&] { return tensor_map_f16(xk, M, KP, BN); });
+  const CUtensorMap map_w = cached_tensor_map(TmaMapKind::a16_codes, W, tiles, KS, NK, [&] {
+    return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, 8});
+  });
+  const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(TmaMapKind::a16_meta, meta_base(fmt), tiles, meta_g, NK, [&] {
+    return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, 8});
+  });
   const int64_t groups = (N + 127) / 128;
   int S = forced > 0 ? std::min(forced, 8) : g_split.slices ? std::min(g_split.slices, 8) : int(std::max<int64_t>(1, std::min<int64_t>(max_s, res / groups)));
   S = std::max(1, std::min(S, int(KS / NK)));

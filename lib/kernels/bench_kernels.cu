@@ -310,10 +310,6 @@ __global__ void __launch_bounds__(kChainThreads) stream_link(const uint4* __rest
   if (blockIdx.x == 0 && threadIdx.x == 0) next[0] = __ldcg(prev) + 1;
   if (acc == 0x9e3779b9u) next[1] = int(acc);
 }
-int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e && *e ? std::atoi(e) : dflt;
-}
 }  // namespace
 
 double stream_chain_ms(const std::vector<double>& bytes, int reps) {

@@ -34,11 +34,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
-#include <tuple>
 
 #include "core/error.h"
 #include "cuda/pdl.cuh"
@@ -199,27 +195,15 @@ __global__ void __launch_bounds__(kThreads) w8a8_wgmma_gemv_kernel(const __grid_
 #endif  // PTQ_W8A8_GEMV_WGMMA (other targets: an empty body, never launched: w8a8_supported())
 }
 
-// Tensor maps are encoded on the host once per (pointer, rows, K, box rows): a Linear's weights and
-// the decode's activation buffers keep their addresses, so a step does not re-encode them. Returned
-// by value: a later call may clear the cache.
 CUtensorMap cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int>, CUtensorMap> maps;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(static_cast<const void*>(p), rows, K, box_rows);
-  auto it = maps.find(key);
-  if (it == maps.end()) {
-    if (maps.size() >= 4096) maps.clear();   // bounded: freed buffers' addresses are reused
-    it = maps.emplace(key, tensor_map_int8(p, rows, K, box_rows)).first;
-  }
-  return it->second;
+  return cached_tensor_map(TmaMapKind::int8_rows, p, rows, K, box_rows, [&] { return tensor_map_int8(p, rows, K, box_rows); });
 }
 
 // K slices (a cluster's CTAs): the most, up to kMaxSlices and two K-steps a slice, that keep the
 // grid within the CTAs resident at once (PTQKIT_W8A8_WG_SLICES forces a count up to 8, the portable
 // cluster size, for sweeps).
 int slices_for(int64_t groups, int KS, int resident) {
-  static const int forced = [] { const char* e = std::getenv("PTQKIT_W8A8_WG_SLICES"); return e ? std::atoi(e) : 0; }();
+  static const int forced = env_int("PTQKIT_W8A8_WG_SLICES", 0);
   int S = forced > 0 ? forced : int(std::max<int64_t>(1, resident / std::max<int64_t>(1, groups)));
   return std::min({S, forced > 0 ? 8 : kMaxSlices, std::max(1, KS / 2)});
 }
