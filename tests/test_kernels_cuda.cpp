@@ -777,6 +777,29 @@ TEST_CASE("gpu: the wgmma A16 kernel's streamed form at 1..32 rows equals the re
   check(*F, Kn, "NF4", 3e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, Kn, y); });
 }
 
+// The streamed form's tensor maps are cached by address. The device pool hands a freed block to a
+// request of at least half its size, so a 4-bit layer's codes can land where an 8-bit layer of the
+// same shape had its codes (twice the bytes, the same tiles and k-steps). A map cached by address
+// and extents alone then streamed the 4-bit codes with the 8-bit box (lab run 237: an illegal
+// address in bench kernels); keyed by the whole spec, each gets its own.
+TEST_CASE("gpu: the wgmma A16 streamed form after a freed layer of the same shape and other codes equals the reference GEMM") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t N = 1024, K = 4096, M = 32;
+  cuda::pool_release_cached();
+  cuda::set_a16_split({0, 0, 0, 0, 2});
+  for (int bits : {8, 4, 8, 4}) {
+    const QuantizedLinear q = random_q(bits, N, K, bits == 4 ? 128 : -1, true, false, uint64_t(1200 + bits));
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    Rng r{uint64_t(1210 + bits)};
+    const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+    INFO(bits << "-bit " << N << "x" << K << " M=" << M << ": relative error " << rel);
+    CHECK(rel <= 2e-3);
+  }
+  cuda::set_a16_split({});
+}
+
 // 17024 rows = 133 groups of 128: more than the H200's (and H100's) 132 SMs, so at 33..128 rows the
 // kernel runs its variant of two CTAs an SM (a16_wgmma.cu, lab runs 185-186).
 TEST_CASE("gpu: the wgmma A16 kernel's two-CTA variant (more 128-row groups than SMs, 33..128 rows) equals the reference GEMM") {

@@ -10,7 +10,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -35,52 +34,63 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return encode;
 }
-// A 2-D tensor map over a row-major [rows, cols] matrix of elem_bytes-byte elements (the row pitch
-// a multiple of 16 bytes, p 16-byte aligned): boxes of 128 bytes of a row x box_rows, 128-byte
-// swizzle; the parts of a box past cols or rows are filled with zeros (and counted in the bytes the
-// box delivers).
-inline CUtensorMap tensor_map_2d(CUtensorMapDataType type, int elem_bytes, const void* p, int64_t rows, int64_t cols, int box_rows) {
-  const auto encode = tensor_map_encoder();
+// Everything a tensor map is encoded from, and so the key of its cache (cached_tensor_map): the
+// element type and bytes, the base, the extents (dims[0] contiguous), the byte strides of dims 1
+// and 2, the box, and the swizzle. Parts of a box past the extents are zero-filled (and counted in
+// the bytes the box delivers).
+struct TmaMapSpec {
+  CUtensorMapDataType type;
+  int rank, elem_bytes;
+  bool swizzle_128b;
+  const void* p;
+  int64_t dims[3], strides[2];
+  int box[3];
+  auto key() const {
+    return std::make_tuple(int(type), rank, elem_bytes, swizzle_128b, p, dims[0], dims[1], dims[2], strides[0], strides[1], box[0], box[1], box[2]);
+  }
+};
+// A row-major [rows, cols] matrix of elem_bytes-byte elements (the row pitch a multiple of 16
+// bytes, p 16-byte aligned) in boxes of 128 bytes of a row x box_rows, 128-byte swizzle.
+inline TmaMapSpec tma_spec_2d(CUtensorMapDataType type, int elem_bytes, const void* p, int64_t rows, int64_t cols, int box_rows) {
+  return {type, 2, elem_bytes, true, p, {cols, rows, 1}, {cols * elem_bytes, 0}, {kTmaBoxBytes / elem_bytes, box_rows, 1}};
+}
+// int8 [rows, K] (K a multiple of 16): boxes of 128 columns.
+inline TmaMapSpec tma_spec_int8(const int8_t* p, int64_t rows, int64_t K, int box_rows) { return tma_spec_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p, rows, K, box_rows); }
+// f16 [rows, K] (K a multiple of 8): boxes of 64 columns.
+inline TmaMapSpec tma_spec_f16(const void* p, int64_t rows, int64_t K, int box_rows) { return tma_spec_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p, rows, K, box_rows); }
+// 3-D without swizzle over 8-byte words: dims[0] contiguous, strides (bytes, multiples of 16) of
+// dims 1 and 2; boxes of box[0..2] words.
+inline TmaMapSpec tma_spec_3d_u64(const void* p, const int64_t (&dims)[3], const int64_t (&strides)[2], const int (&box)[3]) {
+  return {CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, 8, false, p, {dims[0], dims[1], dims[2]}, {strides[0], strides[1]}, {box[0], box[1], box[2]}};
+}
+inline CUtensorMap encode_tensor_map(const TmaMapSpec& s) {
   CUtensorMap m;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)}, strides[1] = {cuuint64_t(cols * elem_bytes)};
-  const cuuint32_t box[2] = {cuuint32_t(kTmaBoxBytes / elem_bytes), cuuint32_t(box_rows)}, elem[2] = {1, 1};
-  const CUresult r = encode(&m, type, 2, const_cast<void*>(p), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "failed with CUresult " + std::to_string(int(r)));
+  cuuint64_t d[3], st[2];
+  cuuint32_t b[3], elem[3] = {1, 1, 1};
+  for (int i = 0; i < s.rank; ++i) d[i] = cuuint64_t(s.dims[i]), b[i] = cuuint32_t(s.box[i]);
+  for (int i = 0; i + 1 < s.rank; ++i) st[i] = cuuint64_t(s.strides[i]);
+  const CUresult r = tensor_map_encoder()(&m, s.type, cuuint32_t(s.rank), const_cast<void*>(s.p), d, st, b, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          s.swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", std::to_string(s.rank) + "-D map failed with CUresult " + std::to_string(int(r)));
   return m;
 }
-// A 3-D tensor map without swizzle over elem_bytes-byte elements: dims[0] contiguous, strides (in
-// bytes, multiples of 16) of dims 1 and 2; boxes of box[0..2] elements (box[0] x elem_bytes a multiple
-// of 16), the parts past dims zero-filled (and counted in the bytes the box delivers).
-inline CUtensorMap tensor_map_3d(CUtensorMapDataType type, const void* p, const int64_t (&dims)[3], const int64_t (&strides)[2], const int (&box)[3]) {
-  CUtensorMap m;
-  const cuuint64_t d[3] = {cuuint64_t(dims[0]), cuuint64_t(dims[1]), cuuint64_t(dims[2])}, st[2] = {cuuint64_t(strides[0]), cuuint64_t(strides[1])};
-  const cuuint32_t b[3] = {cuuint32_t(box[0]), cuuint32_t(box[1]), cuuint32_t(box[2])}, elem[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&m, type, 3, const_cast<void*>(p), d, st, b, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail(Errc::io, "GPU", "cuTensorMapEncodeTiled", "3-D map failed with CUresult " + std::to_string(int(r)));
-  return m;
-}
-// A tensor map encoded on the host once per (kind, pointer, two extents, box): a Linear's weights
-// and the decode's activation buffers keep their addresses, so a step does not re-encode them.
-// Bounded (freed buffers' addresses are reused); returned by value, as a later call may clear it.
-enum class TmaMapKind { int8_rows, a16_x, a16_codes, a16_meta };
-inline CUtensorMap cached_tensor_map(TmaMapKind kind, const void* p, int64_t a, int64_t b, int box, const std::function<CUtensorMap()>& make) {
+// A tensor map encoded on the host once per spec: a Linear's weights and the decode's activation
+// buffers keep their addresses, so a step does not re-encode them. The key is the whole spec, so a
+// freed buffer's address reused for another shape or element width gets its own map (lab run 237:
+// a key without the codes' width handed an NF4 layer an 8-bit layer's map at the same address).
+// Bounded; returned by value, as a later call may clear it.
+inline CUtensorMap cached_tensor_map(const TmaMapSpec& spec) {
   static std::mutex mu;
-  static std::map<std::tuple<TmaMapKind, const void*, int64_t, int64_t, int>, CUtensorMap> maps;
+  static std::map<decltype(spec.key()), CUtensorMap> maps;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kind, p, a, b, box);
-  auto it = maps.find(key);
+  auto it = maps.find(spec.key());
   if (it == maps.end()) {
     if (maps.size() >= 4096) maps.clear();
-    it = maps.emplace(key, make()).first;
+    it = maps.emplace(spec.key(), encode_tensor_map(spec)).first;
   }
   return it->second;
 }
-// int8 [rows, K] (K a multiple of 16): boxes of 128 columns.
-inline CUtensorMap tensor_map_int8(const int8_t* p, int64_t rows, int64_t K, int box_rows) { return tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, p, rows, K, box_rows); }
-// f16 [rows, K] (K a multiple of 8): boxes of 64 columns.
-inline CUtensorMap tensor_map_f16(const void* p, int64_t rows, int64_t K, int box_rows) { return tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, p, rows, K, box_rows); }
 
 namespace tma {
 

@@ -560,7 +560,9 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
 // PTQKIT_A16_TMA_MAXS the most slices the planner takes (8), PTQKIT_A16_TMA_PDL=0 launches
 // without PDL.
 // Whether the streamed form takes a call: 8..32 staged rows, groups of whole k-steps (or one), a
-// measured cell (a16_wgmma_streamed) unless forced (g_split.form: tests and sweeps).
+// measured cell (a16_wgmma_streamed) unless forced (g_split.form: tests and sweeps). At 64 and 128
+// staged rows (lab run 237, every wgmma call on it) it ran the large K = 4096 layers 5-18% faster
+// than the loop and the layers long in K 20-45% slower; decode at batch 64 and 128 lost 1-12%.
 template <class Format>
 bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
   static const bool on = env_int("PTQKIT_A16_WG_TMA", 1) != 0;
@@ -604,13 +606,9 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   // Tensor maps (cached_tensor_map): x [M][KP] f16 in boxes of 64 columns x BN rows; the codes
   // [tiles][KS][u4 x 64 words of 8 bytes] in boxes of 8 tiles x NK k-steps; the metadata
   // [tiles][groups][8 words] in boxes of 8 tiles x NK groups.
-  const CUtensorMap map = cached_tensor_map(TmaMapKind::a16_x, xk, M, KP, BN, [&] { return tensor_map_f16(xk, M, KP, BN); });
-  const CUtensorMap map_w = cached_tensor_map(TmaMapKind::a16_codes, W, tiles, KS, NK, [&] {
-    return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, 8});
-  });
-  const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(TmaMapKind::a16_meta, meta_base(fmt), tiles, meta_g, NK, [&] {
-    return tensor_map_3d(CU_TENSOR_MAP_DATA_TYPE_UINT64, meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, 8});
-  });
+  const CUtensorMap map = cached_tensor_map(tma_spec_f16(xk, M, KP, BN));
+  const CUtensorMap map_w = cached_tensor_map(tma_spec_3d_u64(W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, 8}));
+  const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(tma_spec_3d_u64(meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, 8}));
   const int64_t groups = (N + 127) / 128;
   int S = forced > 0 ? std::min(forced, 8) : g_split.slices ? std::min(g_split.slices, 8) : int(std::max<int64_t>(1, std::min<int64_t>(max_s, res / groups)));
   S = std::max(1, std::min(S, int(KS / NK)));

@@ -205,7 +205,7 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
   }();
   (void)attrs;
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16) fail(Errc::usage, "", "x, w", "the W8A8 kernel needs 16-byte aligned operands");
-  const CUtensorMap mx = tensor_map_int8(x, M, K, kBM), mw = tensor_map_int8(w, N, K, kBN);
+  const CUtensorMap mx = encode_tensor_map(tma_spec_int8(x, M, K, kBM)), mw = encode_tensor_map(tma_spec_int8(w, N, K, kBN));
   const int sms = sm_count();
   const int64_t tiles = ((M + kBM - 1) / kBM) * ((N + kBN - 1) / kBN);
   if (tiles > INT32_MAX) fail(Errc::usage, "", "shape", "the W8A8 kernel takes at most 2^31 tiles of 128 x 256");

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) w8a8_wgmma_gemv_kernel(const __grid_
 }
 
 CUtensorMap cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
-  return cached_tensor_map(TmaMapKind::int8_rows, p, rows, K, box_rows, [&] { return tensor_map_int8(p, rows, K, box_rows); });
+  return cached_tensor_map(tma_spec_int8(p, rows, K, box_rows));
 }
 
 // K slices (a cluster's CTAs): the most, up to kMaxSlices and two K-steps a slice, that keep the
