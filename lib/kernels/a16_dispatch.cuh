@@ -20,7 +20,10 @@ namespace ptq::cuda::a16 {
 
 // The kernel that serves a call (automatic: a16_auto_path), or Errc::usage when a forced one cannot take M.
 inline A16Path resolve(A16Path path, int64_t M, int64_t N, int64_t K, int bits, const char* kernel) {
-  if (path == A16Path::automatic) return a16_auto_path(M, N, K, bits, a16_wgmma_supported());
+  if (path == A16Path::automatic) {
+    if (M >= 17 && M <= 32 && a16_wgmma_supported() && a16_streamed_swept(N, K, bits)) return A16Path::wgmma;
+    return a16_auto_path(M, N, K, bits, a16_wgmma_supported());
+  }
   if (path == A16Path::wgmma && !a16_wgmma_supported())
     fail(Errc::usage, "", "device", std::string("the ") + kernel + " wgmma kernel is built for sm_90 (H100/H200) only: " + describe());
   const int64_t most = path == A16Path::mma ? kA16MmaMaxM : path == A16Path::shared_x ? kA16SharedXMaxM : path == A16Path::wgmma ? kA16WgmmaMaxM : INT64_MAX;

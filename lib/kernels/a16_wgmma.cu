@@ -44,10 +44,14 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/pdl.cuh"
@@ -556,7 +560,9 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
 
 // The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above on every layer (the
 // path table's choice of kernel stays), PTQKIT_A16_TMA_STAGES the ring's stages (2),
-// PTQKIT_A16_TMA_SLICES a forced slice count (at most 8, the portable cluster),
+// PTQKIT_A16_TMA_SLICES a forced slice count (at most 8, the portable cluster; clusters of up to
+// 16, non-portable, ran the layers long in K 8-14% slower and decode at batch 32 3-6% slower, lab
+// run 242),
 // PTQKIT_A16_TMA_MAXS the most slices the planner takes (8), PTQKIT_A16_TMA_PDL=0 launches
 // without PDL.
 // Whether the streamed form takes a call: 8..32 staged rows, groups of whole k-steps (or one), a
@@ -569,7 +575,8 @@ bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
   bool whole;
   if constexpr (std::is_base_of_v<Nf4Format, Format>) whole = f.blocks > 1 && f.block.size % 64 == 0;   // one block: K <= 64, the loop
   else whole = f.groups == 1 || f.group.size % 64 == 0;
-  return bn <= 32 && whole && (g_split.form ? g_split.form == 2 : on && a16_wgmma_streamed(N, K, code_bits<Format>()));
+  const int bits = code_bits<Format>();
+  return bn <= 32 && whole && (g_split.form ? g_split.form == 2 : on && (a16_wgmma_streamed(N, K, bits) || a16_streamed_swept(N, K, bits)));
 }
 // The metadata's base and groups (NF4: blocks) a 16-row tile, for its tensor map.
 inline const void* meta_base(const GptqFormat<4>& f) { return f.zs; }
@@ -725,4 +732,21 @@ void run_wgmma(const Nf4Format& fmt, const uint4* W, const __half* x, __half* yh
 
 namespace ptq::cuda {
 bool a16_wgmma_supported() { return w8a8_supported(); }   // the same target: sm_90a
+bool a16_streamed_swept(int64_t N, int64_t K, int bits) {
+  static const std::vector<std::tuple<int64_t, int64_t, int>> cells = [] {
+    std::vector<std::tuple<int64_t, int64_t, int>> c;
+    const char* e = std::getenv("PTQKIT_A16_TMA_CELLS");
+    for (const char* q = e; q && *q;) {
+      long long n = 0, k = 0;
+      int b = 0;
+      if (std::sscanf(q, "%lldx%lld:%d", &n, &k, &b) == 3) c.emplace_back(n, k, b);
+      q = std::strchr(q, ',');
+      if (q) ++q;
+    }
+    return c;
+  }();
+  for (const auto& [n, k, b] : cells)
+    if (n == N && k == K && b == bits) return true;
+  return false;
+}
 }  // namespace ptq::cuda
