@@ -643,10 +643,17 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK_FALSE(cuda::a16_wgmma_streamed(9216, 3072, 4));
   CHECK(cuda::a16_wgmma_streamed(12288, 4096, 8));
   CHECK(cuda::a16_wgmma_streamed(3072, 8192, 8));
-  CHECK(cuda::a16_wgmma_streamed(22016, 4096, 8));   // run 240: llama2-7b W8A16 at batch 32 +2.7%
+  CHECK(cuda::a16_wgmma_streamed(22016, 4096, 8));   // run 240: llama2-7b W8A16 at batch 32 +2.8%
   CHECK_FALSE(cuda::a16_wgmma_streamed(28672, 4096, 8));
   CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 11008, 8));
   CHECK_FALSE(cuda::a16_wgmma_streamed(22016, 4096, 0));
+  // Its ring depth (run 243): 3 stages on 12288 x 4096 (4- and 8-bit) and W8 9216 x 3072, else 2.
+  CHECK(cuda::a16_wgmma_stages(12288, 4096, 4) == 3);
+  CHECK(cuda::a16_wgmma_stages(12288, 4096, 8) == 3);
+  CHECK(cuda::a16_wgmma_stages(9216, 3072, 8) == 3);
+  CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(22016, 4096, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(4096, 11008, 8) == 2);
 }
 
 TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {
@@ -800,6 +807,24 @@ TEST_CASE("gpu: the wgmma A16 streamed form after a freed layer of the same shap
     CHECK(rel <= 2e-3);
   }
   cuda::set_a16_split({});
+}
+
+// The streamed form's 3-stage ring (a16_wgmma_stages: 12288 x 4096) at 24 rows, 4- and 8-bit,
+// against the reference GEMM.
+TEST_CASE("gpu: the wgmma A16 streamed form with a ring of 3 stages (12288 x 4096) equals the reference GEMM") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t N = 12288, K = 4096, M = 24;
+  REQUIRE(cuda::a16_wgmma_stages(N, K, 4) == 3);
+  for (int bits : {4, 8}) {
+    const QuantizedLinear q = random_q(bits, N, K, bits == 4 ? 128 : -1, true, false, uint64_t(1300 + bits));
+    const GptqPacked pk = pack_gptq(q, true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    Rng r{uint64_t(1310 + bits)};
+    const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::automatic, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+    INFO(bits << "-bit " << N << "x" << K << " M=" << M << ": relative error " << rel);
+    CHECK(rel <= 2e-3);
+  }
 }
 
 // 17024 rows = 133 groups of 128: more than the H200's (and H100's) 132 SMs, so at 33..128 rows the

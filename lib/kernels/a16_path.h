@@ -50,17 +50,27 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // shared_x's 20.2). Decode at batch 32 with these cells against without (run 234, each arm its own
 // process, twice): W4A16 llama2-7b +1.4%, llama3-8b +4.1%, phi3-mini -0.4%; W8A16 +3.8%, 0.0%,
 // +4.1%. Then one cell at a time (run 240, PTQKIT_A16_TMA_CELLS): W8 22016 x 4096 (llama2-7b's
-// gate, up; 32.8 µs against the loop's 39.8) +2.7% on llama2-7b's W8A16. Left out: Phi-3-mini's
+// gate, up; 32.8 µs against the loop's 39.8) +2.8% on llama2-7b's W8A16. Left out: Phi-3-mini's
 // 4-bit layers (K = 3072; -11% in the step at equal kernel figures), the other 8-bit layers on
 // wgmma (28672 x 4096 -0.6%, 4096 x 11008 and 14336 slower alone), and the layers the L2-fed kernel
-// serves (run 240: 4096 x 4096 W4 +1.5% on llama2-7b but -8.9% on llama3-8b, W8 -0.9% / -1.7%;
-// 6144 x 4096 W4 -2.5%, W8 -1.9%; Phi-3-mini's 3072 x 3072 W4 -0.3%). Never NF4 (the L2-fed kernel
+// serves (run 240: 4096 x 4096 W4 +1.4% on llama2-7b but -8.8% on llama3-8b, W8 -1.0% / -1.7%;
+// 6144 x 4096 W4 -2.5%, W8 -1.8%; Phi-3-mini's 3072 x 3072 W4 -0.4%). Never NF4 (the L2-fed kernel
 // serves it there).
 constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
   if (bits == 4) return K >= 4096;
   if (bits == 8)
     return (N == 12288 && K == 4096) || (N == 22016 && K == 4096) || (N == 9216 && K == 3072) || (N == 16384 && K == 3072) || (N == 3072 && K == 8192);
   return false;
+}
+// The streamed form's ring depth (stages of 4 k-steps) per cell: 2, or 3 where the decode step at
+// batch 32 measured faster with 3 (the H200, lab run 243, one cell at a time, each arm its own
+// process, twice): 12288 x 4096 (llama2-7b's q, k, v; W4 24.3 -> 22.5 µs at 32 rows) W4A16 +3.3%,
+// W8A16 +1.1%; W8 9216 x 3072 (Phi-3-mini's q, k, v; equal alone, 15.9 µs) phi3-mini W8A16 +4.5%.
+// Slower with 3: the layers long in K (W4 4096 x 11008 23.6 -> 28.7 µs, decode -5.3%; 4096 x 14336
+// -6.8% on llama3-8b) and 22016 x 4096 (30.8 -> 36.9 µs).
+constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
+  const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (N == 9216 && K == 3072 && bits == 8);
+  return three ? 3 : 2;
 }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
 // planner's measured faster in the decode step (the H200, batch 32, one cell at a time and then
@@ -102,8 +112,9 @@ constexpr const char* a16_path_name(A16Path p) {
 // Whether the wgmma kernel runs here (an sm_90 GPU: H100, H200); defined in kernels/a16_wgmma.cu.
 bool a16_wgmma_supported();
 // Cells a sweep adds to a16_wgmma_streamed at 17..32 rows (the wgmma kernel's streamed form, also
-// where a16_auto_path picked another kernel): PTQKIT_A16_TMA_CELLS="NxK:bits,..." (bits 4 or 8),
-// read once; for per-cell A/Bs in the decode step. Defined in kernels/a16_wgmma.cu.
+// where a16_auto_path picked another kernel): PTQKIT_A16_TMA_CELLS="NxK:bits[:stages],..." (bits 4
+// or 8; stages: that cell's ring depth, else PTQKIT_A16_TMA_STAGES's or 2), read once; for per-cell
+// A/Bs in the decode step. Defined in kernels/a16_wgmma.cu.
 bool a16_streamed_swept(int64_t N, int64_t K, int bits);
 
 // The tensor-core kernels' work split: rt row tiles of 16 per warp (mma only: 1 or 2, 2 up to

@@ -559,7 +559,8 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
 }
 
 // The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above on every layer (the
-// path table's choice of kernel stays), PTQKIT_A16_TMA_STAGES the ring's stages (2),
+// path table's choice of kernel stays), PTQKIT_A16_TMA_STAGES the ring's stages on every cell
+// (else a16_wgmma_stages: 2, or 3 on the cells measured faster with 3),
 // PTQKIT_A16_TMA_SLICES a forced slice count (at most 8, the portable cluster; clusters of up to
 // 16, non-portable, ran the layers long in K 8-14% slower and decode at batch 32 3-6% slower, lab
 // run 242),
@@ -586,9 +587,35 @@ inline int meta_groups(const GptqFormat<4>& f) { return f.groups; }
 inline int meta_groups(const GptqFormat<8>& f) { return f.groups; }
 inline int meta_groups(const Nf4Format& f) { return f.blocks; }
 
+// PTQKIT_A16_TMA_CELLS="NxK:bits[:stages],...": cells a sweep adds to the streamed form
+// (a16_streamed_swept), each optionally with its own ring depth. Read once.
+struct SweptCell {
+  int64_t N, K;
+  int bits, stages;
+};
+inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
+  static const std::vector<SweptCell> cells = [] {
+    std::vector<SweptCell> c;
+    const char* e = std::getenv("PTQKIT_A16_TMA_CELLS");
+    for (const char* q = e; q && *q;) {
+      long long n = 0, k = 0;
+      int b = 0, d = 0;
+      if (std::sscanf(q, "%lldx%lld:%d:%d", &n, &k, &b, &d) >= 3) c.push_back({n, k, b, d});
+      q = std::strchr(q, ',');
+      if (q) ++q;
+    }
+    return c;
+  }();
+  for (const SweptCell& c : cells)
+    if (c.N == N && c.K == K && c.bits == bits) return &c;
+  return nullptr;
+}
+
 template <int BN, class Format>
 void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
-  static const int D = std::max(2, env_int("PTQKIT_A16_TMA_STAGES", 2)), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
+  static const int D0 = env_int("PTQKIT_A16_TMA_STAGES", 0), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
+  const SweptCell* cell = swept_cell(N, K, code_bits<Format>());
+  const int D = cell && cell->stages >= 2 ? cell->stages : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
   constexpr int NK = 4;   // k-steps a stage (lab runs 230-231: 2 and 1 slower; one instantiation keeps the build short)
   const bool row_scale = scales_per_row(fmt);
   auto kern = wgmma_tma_kernel<BN, Format, false, NK>;
@@ -596,16 +623,22 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
     if (row_scale) kern = wgmma_tma_kernel<BN, Format, true, NK>;
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
-  static std::map<const void*, int> resident;   // CTAs resident at once, per kernel
+  static std::map<std::pair<const void*, int>, int> resident;   // CTAs resident at once, per kernel and ring depth
+  static std::map<const void*, size_t> allowed;                 // the dynamic shared memory a kernel is allowed
   int res = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = resident.find(reinterpret_cast<const void*>(kern));
+    const auto key = std::make_pair(reinterpret_cast<const void*>(kern), D);
+    auto it = resident.find(key);
     if (it == resident.end()) {
-      PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      size_t& most = allowed[key.first];
+      if (smem > most) {
+        PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        most = smem;
+      }
       int per_sm = 0;
       PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kTmaThreads, smem));
-      it = resident.emplace(reinterpret_cast<const void*>(kern), std::max(1, per_sm) * sm_count()).first;
+      it = resident.emplace(key, std::max(1, per_sm) * sm_count()).first;
     }
     res = it->second;
   }
@@ -732,21 +765,5 @@ void run_wgmma(const Nf4Format& fmt, const uint4* W, const __half* x, __half* yh
 
 namespace ptq::cuda {
 bool a16_wgmma_supported() { return w8a8_supported(); }   // the same target: sm_90a
-bool a16_streamed_swept(int64_t N, int64_t K, int bits) {
-  static const std::vector<std::tuple<int64_t, int64_t, int>> cells = [] {
-    std::vector<std::tuple<int64_t, int64_t, int>> c;
-    const char* e = std::getenv("PTQKIT_A16_TMA_CELLS");
-    for (const char* q = e; q && *q;) {
-      long long n = 0, k = 0;
-      int b = 0;
-      if (std::sscanf(q, "%lldx%lld:%d", &n, &k, &b) == 3) c.emplace_back(n, k, b);
-      q = std::strchr(q, ',');
-      if (q) ++q;
-    }
-    return c;
-  }();
-  for (const auto& [n, k, b] : cells)
-    if (n == N && k == K && b == bits) return true;
-  return false;
-}
+bool a16_streamed_swept(int64_t N, int64_t K, int bits) { return a16::swept_cell(N, K, bits) != nullptr; }
 }  // namespace ptq::cuda
