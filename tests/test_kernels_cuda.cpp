@@ -647,10 +647,14 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK_FALSE(cuda::a16_wgmma_streamed(28672, 4096, 8));
   CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 11008, 8));
   CHECK_FALSE(cuda::a16_wgmma_streamed(22016, 4096, 0));
-  // Its ring depth (run 243): 3 stages on 12288 x 4096 (4- and 8-bit) and W8 9216 x 3072, else 2.
+  // Its ring depth (runs 243, 245): 3 stages on 12288 x 4096 (4- and 8-bit), W8 9216 x 3072 and
+  // 16384 x 3072, else 2.
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 4) == 3);
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 8) == 3);
+  CHECK(cuda::a16_wgmma_stages(16384, 3072, 8) == 3);
+  CHECK(cuda::a16_wgmma_stages(3072, 8192, 8) == 2);
+  CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(22016, 4096, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(4096, 11008, 8) == 2);

@@ -65,11 +65,12 @@ constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
 // The streamed form's ring depth (stages of 4 k-steps) per cell: 2, or 3 where the decode step at
 // batch 32 measured faster with 3 (the H200, lab run 243, one cell at a time, each arm its own
 // process, twice): 12288 x 4096 (llama2-7b's q, k, v; W4 24.3 -> 22.5 µs at 32 rows) W4A16 +3.3%,
-// W8A16 +1.1%; W8 9216 x 3072 (Phi-3-mini's q, k, v; equal alone, 15.9 µs) phi3-mini W8A16 +4.5%.
-// Slower with 3: the layers long in K (W4 4096 x 11008 23.6 -> 28.7 µs, decode -5.3%; 4096 x 14336
-// -6.8% on llama3-8b) and 22016 x 4096 (30.8 -> 36.9 µs).
+// W8A16 +1.1%; W8 9216 x 3072 (Phi-3-mini's q, k, v; equal alone, 15.9 µs) phi3-mini W8A16 +4.5%;
+// W8 16384 x 3072 (its gate, up; run 245) +2.7%. Slower with 3: the layers long in K (W4 4096 x
+// 11008 23.6 -> 28.7 µs, decode -5.3%; 4096 x 14336 -6.8% on llama3-8b; W8 3072 x 8192 -6.0% on
+// phi3-mini), 22016 x 4096 (30.8 -> 36.9 µs) and 28672 x 4096 (W4 -0.4%, W8 -1.3%).
 constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
-  const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (N == 9216 && K == 3072 && bits == 8);
+  const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (K == 3072 && (N == 9216 || N == 16384) && bits == 8);
   return three ? 3 : 2;
 }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
