@@ -790,6 +790,18 @@ TEST_CASE("gpu: the wgmma A16 kernel's streamed form at 1..32 rows equals the re
   check(*F, Kn, "NF4", 3e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, Kn, y); });
 }
 
+// One GPTQ layer of random symmetric codes (4-bit groups of 128, or 8-bit per channel) through
+// `path` at M rows, its relative error against the reference GEMM; the layer is freed on return.
+namespace {
+double gptq_layer_error(int bits, int64_t N, int64_t K, int64_t M, uint64_t seed, cuda::A16Path path) {
+  const QuantizedLinear q = random_q(bits, N, K, bits == 4 ? 128 : -1, true, false, seed);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  Rng r{seed + 10};
+  return a16_error(*L, M, K, N, r, path, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+}
+}  // namespace
+
 // The streamed form's tensor maps are cached by address. The device pool hands a freed block to a
 // request of at least half its size, so a 4-bit layer's codes can land where an 8-bit layer of the
 // same shape had its codes (twice the bytes, the same tiles and k-steps). A map cached by address
@@ -801,12 +813,8 @@ TEST_CASE("gpu: the wgmma A16 streamed form after a freed layer of the same shap
   const int64_t N = 1024, K = 4096, M = 32;
   cuda::pool_release_cached();
   cuda::set_a16_split({0, 0, 0, 0, 2});
-  for (int bits : {8, 4, 8, 4}) {
-    const QuantizedLinear q = random_q(bits, N, K, bits == 4 ? 128 : -1, true, false, uint64_t(1200 + bits));
-    const GptqPacked pk = pack_gptq(q, true);
-    auto L = cuda::W4A16Linear::from_gptq(pk, true);
-    Rng r{uint64_t(1210 + bits)};
-    const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+  for (int bits : {8, 4, 8, 4}) {   // each layer freed before the next is made
+    const double rel = gptq_layer_error(bits, N, K, M, uint64_t(1200 + bits), cuda::A16Path::wgmma);
     INFO(bits << "-bit " << N << "x" << K << " M=" << M << ": relative error " << rel);
     CHECK(rel <= 2e-3);
   }
@@ -821,11 +829,7 @@ TEST_CASE("gpu: the wgmma A16 streamed form with a ring of 3 stages (12288 x 409
   const int64_t N = 12288, K = 4096, M = 24;
   REQUIRE(cuda::a16_wgmma_stages(N, K, 4) == 3);
   for (int bits : {4, 8}) {
-    const QuantizedLinear q = random_q(bits, N, K, bits == 4 ? 128 : -1, true, false, uint64_t(1300 + bits));
-    const GptqPacked pk = pack_gptq(q, true);
-    auto L = cuda::W4A16Linear::from_gptq(pk, true);
-    Rng r{uint64_t(1310 + bits)};
-    const double rel = a16_error(*L, M, K, N, r, cuda::A16Path::automatic, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+    const double rel = gptq_layer_error(bits, N, K, M, uint64_t(1300 + bits), cuda::A16Path::automatic);
     INFO(bits << "-bit " << N << "x" << K << " M=" << M << ": relative error " << rel);
     CHECK(rel <= 2e-3);
   }
