@@ -827,8 +827,9 @@ TEST_CASE("gpu: the wgmma A16 streamed form with a ring of 3 stages (12288 x 409
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
   const int64_t N = 12288, K = 4096, M = 24;
-  REQUIRE(cuda::a16_wgmma_stages(N, K, 4) == 3);
   for (int bits : {4, 8}) {
+    REQUIRE(cuda::a16_wgmma_stages(N, K, bits) == 3);   // the automatic path streams this layer through 3 stages
+    REQUIRE(cuda::a16_wgmma_streamed(N, K, bits));
     const double rel = gptq_layer_error(bits, N, K, M, uint64_t(1300 + bits), cuda::A16Path::automatic);
     INFO(bits << "-bit " << N << "x" << K << " M=" << M << ": relative error " << rel);
     CHECK(rel <= 2e-3);

@@ -624,18 +624,15 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> resident;   // CTAs resident at once, per kernel and ring depth
-  static std::map<const void*, size_t> allowed;                 // the dynamic shared memory a kernel is allowed
   int res = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_pair(reinterpret_cast<const void*>(kern), D);
     auto it = resident.find(key);
     if (it == resident.end()) {
-      size_t& most = allowed[key.first];
-      if (smem > most) {
-        PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        most = smem;
-      }
+      cudaFuncAttributes fa{};   // the attribute is per kernel: raised to the deepest ring asked for, never lowered
+      PTQ_CUDA(cudaFuncGetAttributes(&fa, kern));
+      if (int(smem) > fa.maxDynamicSharedSizeBytes) PTQ_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       int per_sm = 0;
       PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kTmaThreads, smem));
       it = resident.emplace(key, std::max(1, per_sm) * sm_count()).first;
