@@ -165,6 +165,79 @@ TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim
   CHECK_THROWS_AS(cuda::flash_attention(DType::F16, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 2, 80, 0.1f, 0), Error);
 }
 
+TEST_CASE("gpu: decode attention on tensor cores equals an fp64 reference (f16 and bf16, head_dim 64, 96 and 128, groups 1 to 8, splits, sliding window)") {
+  PTQ_REQUIRE_GPU();
+  // One new row per sequence at position `pos` against caches of max_len rows; splits 0: the
+  // library's choice. Positions 0 (one key), 15, 16, 17 and 63, 64 (chunk and warp edges), 300.
+  struct Case { DType dt; int batch, heads, kv, hd, pos, max_len, window, splits; };
+  const Case cases[] = {{DType::F16, 3, 4, 4, 128, 300, 320, 0, 0},  {DType::F16, 2, 8, 2, 128, 17, 64, 0, 1},
+                        {DType::BF16, 2, 8, 1, 128, 63, 80, 0, 0},  {DType::F16, 1, 16, 2, 64, 300, 512, 0, 4},
+                        {DType::F16, 2, 6, 2, 96, 64, 100, 0, 3},   {DType::BF16, 3, 4, 2, 64, 200, 256, 50, 2},
+                        {DType::F16, 2, 2, 2, 128, 0, 16, 0, 1},    {DType::F16, 2, 4, 1, 128, 15, 16, 0, 1},
+                        {DType::F16, 2, 4, 1, 128, 16, 32, 0, 4},   {DType::BF16, 1, 32, 32, 96, 129, 192, 64, 0},
+                        {DType::F16, 4, 32, 8, 128, 255, 384, 0, 0}, {DType::F16, 1, 8, 8, 128, 3, 64, 0, 8}};
+  Rng r(29);
+  for (const Case& k : cases) {
+    const int splits = k.splits ? k.splits : cuda::decode_attention_splits(k.batch, k.heads, k.kv, k.max_len);
+    if (splits > 1 && cuda::compute_capability() < 90) continue;   // the splits merge in a cluster (sm_90)
+    const int64_t nq = int64_t(k.batch) * k.heads * k.hd, kvw = int64_t(k.kv) * k.hd, nk = int64_t(k.batch) * k.max_len * kvw;
+    std::vector<float> q(static_cast<size_t>(nq)), kk(static_cast<size_t>(nk)), v(static_cast<size_t>(nk));
+    for (auto* a : {&q, &kk, &v})
+      for (auto& x : *a) x = round_to(k.dt, float(r.normal() * (a == &v ? 1.0 : 1.22)));
+    const int group = k.heads / k.kv, first = k.window > 0 ? std::max(0, k.pos - k.window + 1) : 0;
+    const double scale = 1.0 / std::sqrt(double(k.hd));
+    std::vector<double> ref(q.size(), 0.0);
+    for (int b = 0; b < k.batch; ++b)
+      for (int h = 0; h < k.heads; ++h) {
+        const float* qi = q.data() + (int64_t(b) * k.heads + h) * k.hd;
+        std::vector<double> p(size_t(k.pos + 1), 0.0);
+        double mx = -INFINITY, sum = 0;
+        for (int j = first; j <= k.pos; ++j) {
+          const float* kj = kk.data() + (int64_t(b) * k.max_len + j) * kvw + int64_t(h / group) * k.hd;
+          double dot = 0;
+          for (int d = 0; d < k.hd; ++d) dot += double(qi[d]) * double(kj[d]);
+          mx = std::max(mx, p[size_t(j)] = dot * scale);
+        }
+        for (int j = first; j <= k.pos; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+        double* out = ref.data() + (int64_t(b) * k.heads + h) * k.hd;
+        for (int j = first; j <= k.pos; ++j) {
+          const float* vj = v.data() + (int64_t(b) * k.max_len + j) * kvw + int64_t(h / group) * k.hd;
+          for (int d = 0; d < k.hd; ++d) out[d] += p[size_t(j)] / sum * double(vj[d]);
+        }
+      }
+    cuda::DeviceBuffer<uint16_t> dq(q.size(), "q"), dk(kk.size(), "k"), dv(v.size(), "v"), dc(q.size(), "ctx"), dc2(q.size(), "ctx again");
+    cuda::DeviceBuffer<int> dpos(1, "pos");
+    cuda::copy_to_device(dpos.get(), &k.pos, 4);
+    for (auto [src, dst] : {std::pair{&q, &dq}, std::pair{&kk, &dk}, std::pair{&v, &dv}}) {
+      std::vector<uint16_t> b(src->size());
+      convert_from_f32(k.dt, src->data(), b.data(), b.size());
+      cuda::copy_to_device(dst->get(), b.data(), b.size() * 2);
+    }
+    cuda::decode_attention(k.dt, dq.get(), dk.get(), dv.get(), dpos.get(), dc.get(), k.batch, k.heads, k.kv, k.hd, k.max_len, k.window, float(scale), splits, false);
+    cuda::decode_attention(k.dt, dq.get(), dk.get(), dv.get(), dpos.get(), dc2.get(), k.batch, k.heads, k.kv, k.hd, k.max_len, k.window, float(scale), splits, true);
+    std::vector<uint16_t> h(q.size()), h2(q.size());
+    cuda::copy_to_host(h.data(), dc.get(), h.size() * 2);
+    cuda::copy_to_host(h2.data(), dc2.get(), h2.size() * 2);
+    std::vector<float> got(h.size());
+    convert_to_f32(k.dt, h.data(), got.data(), got.size());
+    double num = 0, den = 0, worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+      worst = std::max(worst, std::abs(got[i] - ref[i]));
+    }
+    const double rel = std::sqrt(num / den);
+    std::cout << "decode attention " << (k.dt == DType::F16 ? "f16" : "bf16") << " batch " << k.batch << " heads " << k.heads << "/" << k.kv << " hd "
+              << k.hd << " pos " << k.pos << " window " << k.window << " splits " << splits << ": relative error " << rel << ", max abs " << worst << "\n";
+    // P and ctx rounded to 16 bits (2^-11 relative for f16, 2^-8 for bf16); |v| ~ 1
+    CHECK(rel <= (k.dt == DType::F16 ? 1e-3 : 8e-3));
+    CHECK(worst <= (k.dt == DType::F16 ? 4e-3 : 3e-2));
+    CHECK(h == h2);   // deterministic, with or without the PDL attribute
+  }
+  CHECK_THROWS_AS(cuda::decode_attention(DType::F16, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 8, 2, 80, 16, 0, 0.1f, 1, false), Error);
+  CHECK_THROWS_AS(cuda::decode_attention(DType::F16, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 32, 2, 128, 16, 0, 0.1f, 1, false), Error);
+}
+
 TEST_CASE("gpu: the GPU forward of a MoE layer (routing, every expert) matches the fp32 CPU reference, and so do the experts' Hessians") {
   PTQ_REQUIRE_GPU();
   ptqtest::TempDir d;

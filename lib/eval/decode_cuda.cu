@@ -9,7 +9,9 @@
 //   attend          per (row, head[, split]): scores over the cached positions <= its own
 //                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: one
 //                   cluster a head combining in shared memory, or the last split to finish);
-//                   a prompt fed from position 0 takes flash_attention (model/attention_cuda.h)
+//                   a prompt fed from position 0 takes flash_attention (model/attention_cuda.h),
+//                   a decode step of 2+ sequences decode_attention (the same header) where the
+//                   engine's rule below picks it
 //   silu_mul        act = silu(g) * u -> 16-bit
 //   rmsnorm_quant_rows_vec, silu_mul_quant_rows (silu_mul_quant_cluster: a cluster of CTAs a row)
 //                   the same two with their output quantized to int8 for W8A8 Linears
@@ -135,11 +137,14 @@ bool switch_on(const char* name) {
 //                               order too (DecodeCuda::set_permuted_x)
 //   PTQKIT_DECODE_FLASH_PREFILL a prompt fed from position 0 attends by flash attention
 //                               (model/attention_cuda.h; else by attend, a CTA a row and head)
-enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill };
+//   PTQKIT_DECODE_ATTN_MMA      a decode step of 2+ sequences attends by decode_attention (tensor
+//                               cores, a CTA a KV head; else by attend, a CTA a query head)
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, attn_mma };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
                             switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER"),
-                            switch_on("PTQKIT_DECODE_ROPE_FOLD"), switch_on("PTQKIT_DECODE_XPERM"), switch_on("PTQKIT_DECODE_FLASH_PREFILL")};
+                            switch_on("PTQKIT_DECODE_ROPE_FOLD"), switch_on("PTQKIT_DECODE_XPERM"), switch_on("PTQKIT_DECODE_FLASH_PREFILL"),
+                            switch_on("PTQKIT_DECODE_ATTN_MMA")};
   return on[int(w)];
 }
 
@@ -990,6 +995,17 @@ struct DecodeCuda::Impl {
     // attend reads a row's whole prefix for every (row, head): T^2 / 2 rows of the cache a head
     // (lab run 172: a 2,048-token prompt's prefill 3.0-3.2x faster on llama2-7b and llama3-8b). Head sizes 64, 96, 128.
     const bool flash_prefill = T_ > 1 && pos == 0 && flash_attention_supported(int(hd)) && decode_on(Switch::flash_prefill);
+    // A decode step of 2 or more sequences: decode_attention on tensor cores, a CTA per sequence
+    // and KV head (its group of query heads together: each key and value row read once a group),
+    // keys in chunks of 16 loaded straight into MMA fragments (model/attention_cuda.h). Lab runs
+    // 246-248: llama3-8b (4 query heads a KV head) at batch 32 f16 +6%, W4A16 +7%, W8A16 +8%,
+    // batch 8 +3.5-7.5%; llama2-7b (1 a KV head) at batch 8 +3-6%. Not where attend has a CTA for
+    // each of 512+ query heads and no group to share rows (llama2-7b at batch 32: the kernels equal
+    // alone, 25.6 against 25.0 us, the W4A16 step 6.7% slower with the new one). One sequence keeps
+    // attend with the rotary folded in (tuned for batch 1's few CTAs).
+    const bool attn_mma = T_ == 1 && !rope_fold && (nh > nkv || rows * nh < kSplitBelow) && decode_attention_supported(hd, nh, nkv) &&
+                          decode_on(Switch::attn_mma);
+    const int attn_mma_splits = attn_mma ? decode_attention_splits(B, nh, nkv, int(max_len)) : 1;
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
     // step runs the kernel it would have saved).
@@ -1058,7 +1074,10 @@ struct DecodeCuda::Impl {
         for (int s = 0; s < B; ++s)
           flash_attention(w.dt, qh.get() + s * qrows, D.K.get() + s * kvrows, D.V.get() + s * kvrows, ctx.get() + s * qrows, 1, T_, nh, nkv, int(hd),
                           1.0f / std::sqrt(float(hd)), c.sliding_window);
-      } else
+      } else if (attn_mma)
+        decode_attention(w.dt, qh.get(), D.K.get(), D.V.get(), pos_d.get(), ctx.get(), B, nh, nkv, hd, int(max_len), c.sliding_window,
+                         1.0f / std::sqrt(float(hd)), attn_mma_splits, pdl);
+      else
       launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd, rope_fold), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(kAttnThreads)), attn_smem,
                  reinterpret_cast<const T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()),
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),

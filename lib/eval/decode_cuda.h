@@ -5,7 +5,8 @@
 // Precision (as lib/model/forward_cuda.h): the residual stream is fp32; every Linear takes its
 // input in the 16-bit dtype and returns fp32 (LinearFn: cuBLAS GemmEx or a packed-weight kernel,
 // fp32 accumulation); the KV cache holds keys (after rotary) and values in the 16-bit dtype;
-// RMSNorm, rotary, scores and softmax are fp32.
+// RMSNorm, rotary, scores and softmax are fp32 (the attention of 2+ sequences rounds P to 16 bits
+// for its P·V product on tensor cores: model/attention_cuda.h decode_attention).
 //
 // A step for B sequences of T new tokens (prefill: T = prompt length; decode: T = 1), all on the
 // device, each layer: rmsnorm -> q, k, v -> head norms, rotary, KV append -> attention over the
