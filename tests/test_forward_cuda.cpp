@@ -119,6 +119,27 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
   }
 }
 
+namespace {
+// dst (16-bit dt on the device) = src rounded to dt.
+void upload_16(DType dt, const std::vector<float>& src, cuda::DeviceBuffer<uint16_t>& dst) {
+  std::vector<uint16_t> b(src.size());
+  convert_from_f32(dt, src.data(), b.data(), b.size());
+  cuda::copy_to_device(dst.get(), b.data(), b.size() * 2);
+}
+// The relative (L2) and the largest absolute error of 16-bit values h against an fp64 reference.
+std::pair<double, double> error_16(DType dt, const std::vector<uint16_t>& h, const std::vector<double>& ref) {
+  std::vector<float> got(h.size());
+  convert_to_f32(dt, h.data(), got.data(), got.size());
+  double num = 0, den = 0, worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+    worst = std::max(worst, std::abs(got[i] - ref[i]));
+  }
+  return {std::sqrt(num / den), worst};
+}
+}  // namespace
+
 TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim 64, 96 and 128, GQA, ragged T, sliding window)") {
   PTQ_REQUIRE_GPU();
   struct Case { DType dt; int windows, T, heads, kv, hd, window; };
@@ -137,24 +158,12 @@ TEST_CASE("gpu: flash attention equals an fp64 reference (f16 and bf16, head_dim
     cuda::attention_reference(q.data(), kk.data(), v.data(), ref.data(), k.windows, k.T, k.heads, k.kv, k.hd, scale, k.window);
     cuda::DeviceBuffer<uint16_t> dq(q.size(), "q"), dk(kk.size(), "k"), dv(v.size(), "v"), dc(q.size(), "ctx"), dc2(q.size(), "ctx again");
     std::vector<uint16_t> h(q.size()), h2(q.size());
-    for (auto [src, dst] : {std::pair{&q, &dq}, std::pair{&kk, &dk}, std::pair{&v, &dv}}) {
-      std::vector<uint16_t> b(src->size());
-      convert_from_f32(k.dt, src->data(), b.data(), b.size());
-      cuda::copy_to_device(dst->get(), b.data(), b.size() * 2);
-    }
+    for (auto [src, dst] : {std::pair{&q, &dq}, std::pair{&kk, &dk}, std::pair{&v, &dv}}) upload_16(k.dt, *src, *dst);
     cuda::flash_attention(k.dt, dq.get(), dk.get(), dv.get(), dc.get(), k.windows, k.T, k.heads, k.kv, k.hd, float(scale), k.window);
     cuda::flash_attention(k.dt, dq.get(), dk.get(), dv.get(), dc2.get(), k.windows, k.T, k.heads, k.kv, k.hd, float(scale), k.window);
     cuda::copy_to_host(h.data(), dc.get(), h.size() * 2);
     cuda::copy_to_host(h2.data(), dc2.get(), h2.size() * 2);
-    std::vector<float> got(h.size());
-    convert_to_f32(k.dt, h.data(), got.data(), got.size());
-    double num = 0, den = 0, worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      num += (got[i] - ref[i]) * (got[i] - ref[i]);
-      den += ref[i] * ref[i];
-      worst = std::max(worst, std::abs(got[i] - ref[i]));
-    }
-    const double rel = std::sqrt(num / den);
+    const auto [rel, worst] = error_16(k.dt, h, ref);
     std::cout << "flash attention " << (k.dt == DType::F16 ? "f16" : "bf16") << " windows " << k.windows << " T " << k.T << " heads "
               << k.heads << "/" << k.kv << " hd " << k.hd << " window " << k.window << ": relative error " << rel << ", max abs " << worst << "\n";
     // P and ctx rounded to 16 bits (2^-11 relative for f16, 2^-8 for bf16); |v| ~ 1
@@ -208,25 +217,13 @@ TEST_CASE("gpu: decode attention on tensor cores equals an fp64 reference (f16 a
     cuda::DeviceBuffer<uint16_t> dq(q.size(), "q"), dk(kk.size(), "k"), dv(v.size(), "v"), dc(q.size(), "ctx"), dc2(q.size(), "ctx again");
     cuda::DeviceBuffer<int> dpos(1, "pos");
     cuda::copy_to_device(dpos.get(), &k.pos, 4);
-    for (auto [src, dst] : {std::pair{&q, &dq}, std::pair{&kk, &dk}, std::pair{&v, &dv}}) {
-      std::vector<uint16_t> b(src->size());
-      convert_from_f32(k.dt, src->data(), b.data(), b.size());
-      cuda::copy_to_device(dst->get(), b.data(), b.size() * 2);
-    }
+    for (auto [src, dst] : {std::pair{&q, &dq}, std::pair{&kk, &dk}, std::pair{&v, &dv}}) upload_16(k.dt, *src, *dst);
     cuda::decode_attention(k.dt, dq.get(), dk.get(), dv.get(), dpos.get(), dc.get(), k.batch, k.heads, k.kv, k.hd, k.max_len, k.window, float(scale), splits, false);
     cuda::decode_attention(k.dt, dq.get(), dk.get(), dv.get(), dpos.get(), dc2.get(), k.batch, k.heads, k.kv, k.hd, k.max_len, k.window, float(scale), splits, true);
     std::vector<uint16_t> h(q.size()), h2(q.size());
     cuda::copy_to_host(h.data(), dc.get(), h.size() * 2);
     cuda::copy_to_host(h2.data(), dc2.get(), h2.size() * 2);
-    std::vector<float> got(h.size());
-    convert_to_f32(k.dt, h.data(), got.data(), got.size());
-    double num = 0, den = 0, worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      num += (got[i] - ref[i]) * (got[i] - ref[i]);
-      den += ref[i] * ref[i];
-      worst = std::max(worst, std::abs(got[i] - ref[i]));
-    }
-    const double rel = std::sqrt(num / den);
+    const auto [rel, worst] = error_16(k.dt, h, ref);
     std::cout << "decode attention " << (k.dt == DType::F16 ? "f16" : "bf16") << " batch " << k.batch << " heads " << k.heads << "/" << k.kv << " hd "
               << k.hd << " pos " << k.pos << " window " << k.window << " splits " << splits << ": relative error " << rel << ", max abs " << worst << "\n";
     // P and ctx rounded to 16 bits (2^-11 relative for f16, 2^-8 for bf16); |v| ~ 1
