@@ -20,6 +20,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <vector>
 
@@ -260,8 +261,9 @@ void launch(const void* q, const void* k, const void* v, void* ctx, int windows,
 // accumulators as an 8x8 matrix a lane-row per key; movmatrix.trans gives it a lane-row per head,
 // which is P^T's B fragment. Online softmax in fp32 (log2 domain) per head column: the chunk's max
 // over its 16 keys by three shuffles, the sum a lane-partial until the end.
-// Loads: a chunk's K and V (hd 128: 4 KB each) in 64 registers a lane; the next chunk's K is issued
-// once S is formed and its V once P·V is, so a warp's next loads overlap its softmax and MMAs.
+// Loads: a chunk's K and V (hd 128: 4 KB each) in 64 registers a lane, two sets: the next chunk's
+// K and V are issued before this one's MMAs (220 registers at hd 128: 2 CTAs an SM, which the
+// grids of a decode step (a CTA a sequence and KV head, 64-256 of them) do not exceed).
 // (A ring of 2 or 3 chunks a warp in shared memory, filled by cp.async, ran 10-25% slower: lab run 248.)
 // Before the PDL wait a warp loads the rows of its first chunk that earlier steps wrote
 // (positions < *pos). The warps' (max, sum, O) merge in shared memory; with splits (a cluster of
@@ -288,7 +290,7 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 template <int HD> constexpr int dec_warp_floats() { return kDecMaxGroup * (2 + HD + kDecPad); }
 
 template <class T, int HD>
-__global__ void __launch_bounds__(kDecWarps * 32, 3)
+__global__ void __launch_bounds__(kDecWarps * 32, 2)
 decode_attention_kernel(const T* qh, const T* kc, const T* vc, const int* pos, int nh, int nkv, int max_len, int window, float scale_log2, T* ctx) {
   constexpr int KQ = HD / 32;   // 16-byte pieces of a K row a lane reads (two k16 steps each)
   constexpr int DG = HD / 8;    // dims of a V row a lane reads
@@ -308,21 +310,25 @@ decode_attention_kernel(const T* qh, const T* kc, const T* vc, const int* pos, i
   const T* K = kc + size_t(b) * max_len * kvw + size_t(kvh) * HD;
   const T* V = vc + size_t(b) * max_len * kvw + size_t(kvh) * HD;
 
-  uint4 ka[KQ], kb[KQ];   // K rows cb + g, cb + g + 8
-  uint32_t va[4][VR];     // V rows cb + 2c, 2c + 1, 2c + 8, 2c + 9 (dims DG g ..)
+  using I0 = std::integral_constant<int, 0>;
+  using I1 = std::integral_constant<int, 1>;
+  uint4 ka[2][KQ], kb[2][KQ];   // K rows cb + g, cb + g + 8 (two sets: this chunk's, the next one's)
+  uint32_t va[2][4][VR];        // V rows cb + 2c, 2c + 1, 2c + 8, 2c + 9 (dims DG g ..)
   // The rows of the chunk at cb (clamped to `last`; a clamped key scores -inf, a clamped value
   // weighs 0) whose position is before p0 (when = 1), at or after it (when = 2), or all (0),
   // straight from global memory (L2) into the fragment registers.
-  auto load_k = [&](int cb, int when) {
+  auto load_k = [&](auto buf, int cb, int when) {
+    constexpr int B = decltype(buf)::value;
     const int ja = min(cb + g, last), jb = min(cb + g + 8, last);
     const bool la = when == 0 || (when == 1) == (ja < p0), lb = when == 0 || (when == 1) == (jb < p0);
 #pragma unroll
     for (int i = 0; i < KQ; ++i) {
-      if (la) ka[i] = __ldcg(reinterpret_cast<const uint4*>(K + size_t(ja) * kvw + 32 * i + 8 * c));
-      if (lb) kb[i] = __ldcg(reinterpret_cast<const uint4*>(K + size_t(jb) * kvw + 32 * i + 8 * c));
+      if (la) ka[B][i] = __ldcg(reinterpret_cast<const uint4*>(K + size_t(ja) * kvw + 32 * i + 8 * c));
+      if (lb) kb[B][i] = __ldcg(reinterpret_cast<const uint4*>(K + size_t(jb) * kvw + 32 * i + 8 * c));
     }
   };
-  auto load_v = [&](int cb, int when) {
+  auto load_v = [&](auto buf, int cb, int when) {
+    constexpr int B = decltype(buf)::value;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int j = min(cb + 2 * c + (r & 1) + (r >> 1) * 8, last);
@@ -330,20 +336,20 @@ decode_attention_kernel(const T* qh, const T* kc, const T* vc, const int* pos, i
       const T* src = V + size_t(j) * kvw + DG * g;
       if constexpr (DG % 8 == 0) {
 #pragma unroll
-        for (int i = 0; i < DG / 8; ++i) *reinterpret_cast<uint4*>(&va[r][4 * i]) = __ldcg(reinterpret_cast<const uint4*>(src) + i);
+        for (int i = 0; i < DG / 8; ++i) *reinterpret_cast<uint4*>(&va[B][r][4 * i]) = __ldcg(reinterpret_cast<const uint4*>(src) + i);
       } else {   // hd 96: 12 dims, 24 bytes
 #pragma unroll
-        for (int i = 0; i < DG / 4; ++i) *reinterpret_cast<uint2*>(&va[r][2 * i]) = __ldcg(reinterpret_cast<const uint2*>(src) + i);
+        for (int i = 0; i < DG / 4; ++i) *reinterpret_cast<uint2*>(&va[B][r][2 * i]) = __ldcg(reinterpret_cast<const uint2*>(src) + i);
       }
     }
   };
   constexpr int kStride = kDecWarps * kDecChunk;
   int cb = j0 + warp * kDecChunk;
   const bool busy = j0 <= last && cb <= last;   // this warp has a chunk (uniform over the warp)
-  if (busy) load_k(cb, 1), load_v(cb, 1);
+  if (busy) load_k(I0{}, cb, 1), load_v(I0{}, cb, 1);
   pdl::wait_prior_grid();
   pdl::allow_dependents();
-  if (busy) load_k(cb, 2), load_v(cb, 2);
+  if (busy) load_k(I0{}, cb, 2), load_v(I0{}, cb, 2);
   uint4 qf[KQ];   // Q^T's B fragments: head g of the group, dims 32i + 8c ..
   {
     const T* q = qh + (size_t(b) * nh + size_t(kvh) * G + g) * HD;
@@ -354,49 +360,56 @@ decode_attention_kernel(const T* qh, const T* kc, const T* vc, const int* pos, i
   float o[MT][4];
 #pragma unroll
   for (int t = 0; t < MT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  // One chunk from register set B; whether another follows. The next chunk's K and V are issued
+  // into the other set first, so their loads run under this whole chunk (lab run 251: +0.2-1.4% in
+  // the step against issuing K once S is formed and V once P·V is, into the same set).
+  auto step = [&](auto buf) {
+    constexpr int B = decltype(buf)::value;
+    const int next = cb + kStride;
+    const bool more = next <= last;
+    if (more) load_k(std::integral_constant<int, 1 - B>{}, next, 0), load_v(std::integral_constant<int, 1 - B>{}, next, 0);
+    // keys g, g + 8 x heads 2c, 2c + 1; two accumulator sets (even and odd k16 steps) halve the
+    // chain of dependent MMAs
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < KQ; ++i) {
+      const uint32_t a0[4] = {ka[B][i].x, kb[B][i].x, ka[B][i].y, kb[B][i].y}, a1[4] = {ka[B][i].z, kb[B][i].z, ka[B][i].w, kb[B][i].w};
+      Mma<T>::run(s, a0, qf[i].x, qf[i].y);
+      Mma<T>::run(s2, a1, qf[i].z, qf[i].w);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] += s2[e];
+    const bool lo = cb + g <= last, hi = cb + g + 8 <= last;
+    const float x0 = lo ? s[0] * scale_log2 : -INFINITY, x1 = lo ? s[1] * scale_log2 : -INFINITY;
+    const float x2 = hi ? s[2] * scale_log2 : -INFINITY, x3 = hi ? s[3] * scale_log2 : -INFINITY;
+    float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+    for (int d = 4; d < 32; d <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, d));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, d));
+    }
+    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);   // finite: key cb is in the chunk
+    const float a0 = exp2f(m[0] - mn0), a1 = exp2f(m[1] - mn1);
+    const float p0v = exp2f(x0 - mn0), p1v = exp2f(x1 - mn1), p2v = exp2f(x2 - mn0), p3v = exp2f(x3 - mn1);
+    l[0] = l[0] * a0 + p0v + p2v;
+    l[1] = l[1] * a1 + p1v + p3v;
+    m[0] = mn0, m[1] = mn1;
+    const uint32_t b0 = transpose8x8(Mma<T>::pack(p0v, p1v)), b1 = transpose8x8(Mma<T>::pack(p2v, p3v));
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      o[t][0] *= a0, o[t][2] *= a0, o[t][1] *= a1, o[t][3] *= a1;
+      // dims DG g + t (rows g) and DG g + MT + t (rows g + 8) of keys (2c, 2c + 1) and (2c + 8, 2c + 9)
+      auto pair = [&](int r, int e) { return __byte_perm(va[B][r][e / 2], va[B][r + 1][e / 2], (e & 1) ? 0x7632 : 0x5410); };
+      const uint32_t a[4] = {pair(0, t), pair(0, MT + t), pair(2, t), pair(2, MT + t)};
+      Mma<T>::run(o[t], a, b0, b1);
+    }
+    cb = next;
+    return more;
+  };
   if (busy)
     for (;;) {
-      // keys g, g + 8 x heads 2c, 2c + 1; two accumulator sets (even and odd k16 steps) halve the
-      // chain of dependent MMAs
-      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int i = 0; i < KQ; ++i) {
-        const uint32_t a0[4] = {ka[i].x, kb[i].x, ka[i].y, kb[i].y}, a1[4] = {ka[i].z, kb[i].z, ka[i].w, kb[i].w};
-        Mma<T>::run(s, a0, qf[i].x, qf[i].y);
-        Mma<T>::run(s2, a1, qf[i].z, qf[i].w);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[e] += s2[e];
-      const int next = cb + kStride;
-      const bool more = next <= last;
-      if (more) load_k(next, 0);   // K's registers are free: the next chunk's keys load under this one's softmax and P·V
-      const bool lo = cb + g <= last, hi = cb + g + 8 <= last;
-      const float x0 = lo ? s[0] * scale_log2 : -INFINITY, x1 = lo ? s[1] * scale_log2 : -INFINITY;
-      const float x2 = hi ? s[2] * scale_log2 : -INFINITY, x3 = hi ? s[3] * scale_log2 : -INFINITY;
-      float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
-#pragma unroll
-      for (int d = 4; d < 32; d <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(~0u, mx0, d));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(~0u, mx1, d));
-      }
-      const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);   // finite: key cb is in the chunk
-      const float a0 = exp2f(m[0] - mn0), a1 = exp2f(m[1] - mn1);
-      const float p0v = exp2f(x0 - mn0), p1v = exp2f(x1 - mn1), p2v = exp2f(x2 - mn0), p3v = exp2f(x3 - mn1);
-      l[0] = l[0] * a0 + p0v + p2v;
-      l[1] = l[1] * a1 + p1v + p3v;
-      m[0] = mn0, m[1] = mn1;
-      const uint32_t b0 = transpose8x8(Mma<T>::pack(p0v, p1v)), b1 = transpose8x8(Mma<T>::pack(p2v, p3v));
-#pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        o[t][0] *= a0, o[t][2] *= a0, o[t][1] *= a1, o[t][3] *= a1;
-        // dims DG g + t (rows g) and DG g + MT + t (rows g + 8) of keys (2c, 2c + 1) and (2c + 8, 2c + 9)
-        auto pair = [&](int r, int e) { return __byte_perm(va[r][e / 2], va[r + 1][e / 2], (e & 1) ? 0x7632 : 0x5410); };
-        const uint32_t a[4] = {pair(0, t), pair(0, MT + t), pair(2, t), pair(2, MT + t)};
-        Mma<T>::run(o[t], a, b0, b1);
-      }
-      if (!more) break;
-      load_v(next, 0);
-      cb = next;
+      if (!step(I0{})) break;
+      if (!step(I1{})) break;
     }
   // The warp's sums over its lanes of a head (lanes with the same c), then its record.
 #pragma unroll
