@@ -1003,7 +1003,9 @@ struct DecodeCuda::Impl {
     // each of 512+ query heads and no group to share rows (llama2-7b at batch 32: the kernels equal
     // alone, 25.6 against 25.0 us, the W4A16 step 6.7% slower with the new one). One sequence keeps
     // attend with the rotary folded in (tuned for batch 1's few CTAs).
-    const bool attn_mma = T_ == 1 && !rope_fold && (nh > nkv || rows * nh < kSplitBelow) && decode_attention_supported(hd, nh, nkv) &&
+    // PTQKIT_DECODE_ATTN_MMA=2: wherever it can serve (a sweep switch for the A/Bs of that rule).
+    static const bool attn_mma_all = env_int("PTQKIT_DECODE_ATTN_MMA", 1) == 2;
+    const bool attn_mma = T_ == 1 && !rope_fold && (nh > nkv || rows * nh < kSplitBelow || attn_mma_all) && decode_attention_supported(hd, nh, nkv) &&
                           decode_on(Switch::attn_mma);
     const int attn_mma_splits = attn_mma ? decode_attention_splits(B, nh, nkv, int(max_len)) : 1;
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
