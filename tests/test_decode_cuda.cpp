@@ -146,7 +146,8 @@ TEST_CASE("decode cuda: x written in the wgmma kernel's order by the norm and si
 
 // The attention's other forms against the CPU: 16 splits a head at batch 1 (a 1,024-position
 // cache), combined through global memory rather than in a cluster; two sequences, whose decode
-// steps run the rotary kernel rather than the attention's own rotary.
+// steps run the rotary kernel rather than the attention's own rotary, and at head_dim 64 the
+// tensor-core decode attention (model/attention_cuda.h).
 TEST_CASE("decode cuda: the attention's global split combine and the batched rotary kernel give the CPU reference's greedy tokens") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
@@ -154,7 +155,8 @@ TEST_CASE("decode cuda: the attention's global split combine and the batched rot
   check_gpu_greedy("stories260k", 32, 16, "", 512, 2);
   check_gpu_greedy("tiny-qwen3", 16, 8, "", 512, 2);   // head norms and GQA in the rotary kernel
   check_gpu_greedy("stories260k", 32, 16, "", 512, 64);   // 64 rows x 8 heads: the rows with many (row, head) pairs
-  check_gpu_greedy("distilled-13m", 32, 8, "", 512, 2);    // head_dim 64: the prompt by flash attention, a sequence at a time
+  check_gpu_greedy("distilled-13m", 32, 8, "", 512, 2);    // head_dim 64: the prompt by flash attention, a sequence at a time;
+                                                            // the decode steps by decode_attention (3 query heads a KV head)
 }
 
 // W8A8 checkpoints (SmoothQuant with per-token activations; static per-tensor ones): the GPU decode
