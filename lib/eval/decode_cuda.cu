@@ -998,11 +998,12 @@ struct DecodeCuda::Impl {
     // A decode step of 2 or more sequences: decode_attention on tensor cores, a CTA per sequence
     // and KV head (its group of query heads together: each key and value row read once a group),
     // keys in chunks of 16 loaded straight into MMA fragments (model/attention_cuda.h). Lab runs
-    // 246-248: llama3-8b (4 query heads a KV head) at batch 32 f16 +6%, W4A16 +7%, W8A16 +8%,
-    // batch 8 +3.5-7.5%; llama2-7b (1 a KV head) at batch 8 +3-6%. Not where attend has a CTA for
-    // each of 512+ query heads and no group to share rows (llama2-7b at batch 32: the kernels equal
-    // alone, 25.6 against 25.0 us, the W4A16 step 6.7% slower with the new one). One sequence keeps
-    // attend with the rotary folded in (tuned for batch 1's few CTAs).
+    // 246-252: llama3-8b (4 query heads a KV head) at batch 32 +6-9% in every format, batch 8
+    // +4-8%; llama2-7b and phi3-mini (1 a KV head) at batch 8 +3-10% (NF4 on llama2-7b -1.7%).
+    // Not where attend has a CTA for each of 512+ query heads and no group to share rows
+    // (llama2-7b at batch 32: the kernels equal alone, 25.6 against 25.0 us, but the Linear after
+    // the new one slower, the step W4A16 -8%, W8A8 -10%: run 253). One sequence keeps attend with
+    // the rotary folded in (tuned for batch 1's few CTAs).
     // PTQKIT_DECODE_ATTN_MMA=2: wherever it can serve (a sweep switch for the A/Bs of that rule).
     static const bool attn_mma_all = env_int("PTQKIT_DECODE_ATTN_MMA", 1) == 2;
     const bool attn_mma = T_ == 1 && !rope_fold && (nh > nkv || rows * nh < kSplitBelow || attn_mma_all) && decode_attention_supported(hd, nh, nkv) &&

@@ -262,8 +262,8 @@ void launch(const void* q, const void* k, const void* v, void* ctx, int windows,
 // which is P^T's B fragment. Online softmax in fp32 (log2 domain) per head column: the chunk's max
 // over its 16 keys by three shuffles, the sum a lane-partial until the end.
 // Loads: a chunk's K and V (hd 128: 4 KB each) in 64 registers a lane, two sets: the next chunk's
-// K and V are issued before this one's MMAs (220 registers at hd 128: 2 CTAs an SM, which the
-// grids of a decode step (a CTA a sequence and KV head, 64-256 of them) do not exceed).
+// K and V are issued before this one's MMAs (220 registers at hd 128: 2 CTAs an SM, one wave for
+// the grids measured, 192-256 CTAs at batch 8 and 32).
 // (A ring of 2 or 3 chunks a warp in shared memory, filled by cp.async, ran 10-25% slower: lab run 248.)
 // Before the PDL wait a warp loads the rows of its first chunk that earlier steps wrote
 // (positions < *pos). The warps' (max, sum, O) merge in shared memory; with splits (a cluster of
