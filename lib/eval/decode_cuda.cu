@@ -46,6 +46,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "cuda/blas.h"
+#include "cuda/half.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/random.h"
 #include "cuda/runtime.h"
@@ -62,11 +63,6 @@ namespace ptq::cuda {
 
 namespace {
 
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <class T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 // Four values rounded to T and written with one 8-byte store (p 8-byte aligned).
 template <class T>
 __device__ __forceinline__ void store4(T* p, float a, float b, float c, float d) {

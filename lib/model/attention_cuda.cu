@@ -20,12 +20,13 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
 #include "model/attention_cuda.h"
+#include "cuda/half.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
@@ -272,11 +273,8 @@ void launch(const void* q, const void* k, const void* v, void* ctx, int windows,
 // Precision: Q, K, V as stored (16-bit), S and O accumulated in fp32, softmax fp32, P rounded to
 // 16 bits for the P·V product (as flash_attention), ctx rounded to 16 bits.
 constexpr int kDecWarps = 4, kDecMaxGroup = 8, kDecMaxSplits = 8, kDecChunk = 16;
+constexpr int kDecMaxRecords = 32;   // group x splits: the records the last CTA of a cluster merges
 constexpr int kDecPad = 4;   // floats padding each head's row of a warp's O in shared memory (bank spread)
-
-template <class T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // The 8x8 16-bit matrix whose row lane / 4 holds, at columns 2 (lane % 4) and 2 (lane % 4) + 1,
 // the two halves of x (the MMA fragment layout), transposed: the same layout of its transpose.
@@ -445,7 +443,7 @@ decode_attention_kernel(const T* qh, const T* kc, const T* vc, const int* pos, i
       if (d >= 2) acc += r[d] * a;
     }
     if (S == 1) {
-      if (d >= 2) ctx_kv[size_t(h) * HD + (d - 2)] = from_float<T>(acc / sum);
+      if (d >= 2) ctx_kv[size_t(h) * HD + (d - 2)] = from_f<T>(acc / sum);
     } else {
       // This split's record, pushed below: max (log2 units), sum, unnormalized O.
       const float v = d == 0 ? M : d == 1 ? sum : acc;
@@ -479,7 +477,7 @@ decode_attention_kernel(const T* qh, const T* kc, const T* vc, const int* pos, i
       sum += q[1] * a;
       acc += q[2 + d] * a;
     }
-    ctx_kv[size_t(h) * HD + d] = from_float<T>(acc / sum);
+    ctx_kv[size_t(h) * HD + d] = from_f<T>(acc / sum);
   }
 #endif
 }
@@ -491,7 +489,7 @@ template <int HD>
 constexpr size_t decode_smem(int group, int splits) {
   return (size_t(kDecWarps) * dec_warp_floats<HD>() + (splits > 1 ? size_t(group) * (splits + 1) * (2 + HD) : 0)) * 4;
 }
-static_assert(decode_smem<128>(kDecMaxGroup, 32 / kDecMaxGroup) <= 48 * 1024, "decode attention within the default shared memory");
+static_assert(decode_smem<128>(kDecMaxGroup, kDecMaxRecords / kDecMaxGroup) <= 48 * 1024, "decode attention within the default shared memory");
 
 template <class T, int HD>
 void launch_decode(const void* q, const void* k, const void* v, const int* pos, void* ctx, int batch, int heads, int kv_heads, int max_len,
@@ -520,19 +518,18 @@ void flash_attention(DType dt, const void* q, const void* k, const void* v, void
 }
 
 bool decode_attention_supported(int head_dim, int heads, int kv_heads) {
-  return (head_dim == 64 || head_dim == 96 || head_dim == 128) && kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kDecMaxGroup &&
+  return flash_attention_supported(head_dim) && kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kDecMaxGroup &&
          compute_capability() >= 80;
 }
 
 int decode_attention_splits(int batch, int heads, int kv_heads, int max_len) {
-  const int forced = env_int("PTQKIT_DECODE_ATTN_SPLITS", 0);
+  static const int forced = env_int("PTQKIT_DECODE_ATTN_SPLITS", 0);
   if (compute_capability() < 90) return 1;   // the splits merge in a cluster
   const int group = heads / kv_heads, ctas = std::max(1, batch * kv_heads);
-  // Enough CTAs for one an SM, each split at least 4 chunks (one a warp), the cluster's records
-  // within the shared memory budget (group x splits <= 32).
-  int s = forced > 0 ? forced : (sm_count() + ctas - 1) / ctas;
-  if (forced <= 0) s = std::min(s, max_len / (kDecWarps * kDecChunk));
-  return std::clamp(std::min(s, 32 / std::max(1, group)), 1, kDecMaxSplits);
+  // Enough CTAs for one an SM, each split at least 4 chunks (one a warp); at most the cluster's
+  // records the shared memory holds.
+  const int s = forced > 0 ? forced : std::min((sm_count() + ctas - 1) / ctas, max_len / (kDecWarps * kDecChunk));
+  return std::clamp(std::min(s, kDecMaxRecords / std::max(1, group)), 1, kDecMaxSplits);
 }
 
 void decode_attention(DType dt, const void* q, const void* k_cache, const void* v_cache, const int* pos, void* ctx, int batch, int heads,
@@ -541,7 +538,7 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
     fail(Errc::usage, "", "head_dim", "decode attention takes head_dim 64, 96 or 128 and at most 8 query heads a KV head on sm_80+, got head_dim " +
                                           std::to_string(head_dim) + ", " + std::to_string(heads) + "/" + std::to_string(kv_heads) + " heads");
   if (dt != DType::F16 && dt != DType::BF16) fail(Errc::usage, "", "dtype", "decode attention takes f16 or bf16");
-  if (splits < 1 || splits > kDecMaxSplits || (splits > 1 && compute_capability() < 90) || (heads / kv_heads) * splits > 32)
+  if (splits < 1 || splits > kDecMaxSplits || (splits > 1 && compute_capability() < 90) || (heads / kv_heads) * splits > kDecMaxRecords)
     fail(Errc::usage, "", "splits", "decode attention takes 1..8 splits (more than 1 on sm_90 only; group x splits <= 32), got " + std::to_string(splits));
   if (batch <= 0) return;
   const bool h16 = dt == DType::F16;

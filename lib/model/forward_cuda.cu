@@ -29,6 +29,7 @@
 #include "model/forward_cuda.h"
 #include "model/schedule.h"
 #include "cuda/blas.h"
+#include "cuda/half.cuh"
 #include "cuda/runtime.h"
 
 namespace ptq::cuda {
@@ -40,9 +41,6 @@ cublasHandle_t blas() { return blas_handle(); }
 int blocks(int64_t n, int t = 256) { return int((n + t - 1) / t); }
 cudaDataType ctype(DType t) { return t == DType::F16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-template <class T> __device__ T from_f(float x);
-template <> __device__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // Block-wide reductions (blockDim.x a multiple of 32, at most 1024).
 __device__ float block_sum(float v, float* sh) {
