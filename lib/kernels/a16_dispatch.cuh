@@ -143,11 +143,25 @@ Plan plan(int64_t N, int64_t K, int64_t M, KernOf kern, VariantsOf variants, Bat
 template <class Format>
 using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, int, int, int, int, A16RowNorm);
 
+// Whether the x-staged kernel (one row) loads each slot of the next batch as soon as its k-step
+// is done (mma_kernel's kRoll): the format's kRollM1, or PTQKIT_A16_ROLL (a sweep switch, read
+// once): 0 never, 1 always.
+template <class Format>
+bool roll_at_one_row() {
+  static const int mode = [] {
+    const char* e = std::getenv("PTQKIT_A16_ROLL");
+    return e && *e ? std::atoi(e) : -1;
+  }();
+  return mode < 0 ? Format::kRollM1 : mode == 1;
+}
+
 template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu>
 MmaKernel<Format> mma_kernel_pick(bool overlap, bool stage_x) {
   constexpr Overlap v = overlap_variants<Format>(NT, RT);
   if constexpr (NT == 1 && Format::kOverlapM8 && v != Overlap::plain_only)
-    if (stage_x && overlap) return mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu>;
+    if (stage_x && overlap)
+      return roll_at_one_row<Format>() ? mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, true>
+                                         : mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, false>;
   if constexpr (v == Overlap::both)
     return overlap ? mma_kernel<NT, RT, kStepScale, Format, true, false, kFold, kSilu> : mma_kernel<NT, RT, kStepScale, Format, false, false, kFold, kSilu>;
   else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only, false, kFold, kSilu>;

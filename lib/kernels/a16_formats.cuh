@@ -27,6 +27,10 @@ struct GptqFormat {
   static constexpr bool kOverlapM8 = true;
   static constexpr bool kRowMajor = false;   // codes in fragment order (relayout.h)
   static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
+  // At one row (x staged) each slot of the next batch is loaded as soon as its k-step is done
+  // (a16_mma.cuh's kRoll): 8-bit codes only. Decode batch 1 on llama2-7b (docs/lab/2026-11-24-decode-h200.md,
+  // run 257): W8A16 +0.8%, W4A16 -1.7 to -2.0%.
+  static constexpr bool kRollM1 = BITS == 8;
   using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
   struct Prep {
     __half2 z_lo, z_hi, s_lo, s_hi;      // 4-bit: z_hi = -(64 + z) of row g + 8 (the FMA form); 8-bit: {1024 + z} x 2
@@ -93,6 +97,7 @@ struct Nf4Format {
   static constexpr int kU4 = 1;
   static constexpr bool kPairTable = false;
   static constexpr bool kOverlapM8 = false;   // the L2-fed kernel runs Nf4PairFormat below, which overlaps
+  static constexpr bool kRollM1 = false;
   static constexpr bool kRowMajor = false;
   using Meta = float2;
   using Prep = __half2;   // {absmax g, absmax g + 8}, used when SCALED (B = 32)
@@ -146,6 +151,9 @@ struct Nf4PairFormat : Nf4Format {
   // One row tile at M <= 8 overlaps its batches (x staged at M = 1), as GPTQ 4-bit: decode batch 1
   // +3.5% on llama2-7b, batch 8 +0.6% (docs/lab/2026-11-24-decode-h200.md, run 40).
   static constexpr bool kOverlapM8 = true;
+  // And at one row the next batch's slots are loaded as this batch's k-steps free them (kRoll):
+  // decode batch 1 +3.3% on llama2-7b, +4.2% on llama3-8b (run 257).
+  static constexpr bool kRollM1 = true;
   explicit Nf4PairFormat(const Nf4Format& f) : Nf4Format(f) {}
   __device__ static uint32_t* pair_table() {
     __shared__ __align__(16) uint32_t table[kPairWords];
@@ -227,6 +235,7 @@ struct F16RowFormat {
   static constexpr int kU4 = 4;
   static constexpr bool kPairTable = false;
   static constexpr bool kOverlapM8 = true;   // both loops at M <= 8 (overlap_variants); the planner picks
+  static constexpr bool kRollM1 = false;     // the rolled loads at one row: equal for f16 (run 257)
   static constexpr bool kRowMajor = true;
   static constexpr int kLoadsM8 = 4;
   using Meta = uint32_t;   // none: meta_ptr points at any readable word

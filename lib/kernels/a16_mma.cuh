@@ -14,7 +14,7 @@
 // [tiles][groups][8 lanes' g] as the pair (row g, row g + 8). Rows past N and columns past K are
 // zero codes with zero scales, and a lane whose 16 columns lie past K reads no x (x rows are K
 // long: K must be a multiple of 16). The Format (a16_formats.cuh) supplies kU4 (uint4 per lane per
-// k-step), kLoadsM8 (uint4 loads per lane per batch at M <= 8), kPairTable (the kernel has it fill
+// k-step), kLoadsM8 (uint4 loads per lane per batch at M <= 8), kRollM1 (kRoll at one row), kPairTable (the kernel has it fill
 // a shared lookup table first: fill_pairs, NF4), its Meta, and dequant<SCALED, kWide>(words,
 // fragment) -> 4 f16x2 registers (kWide: k_step has two or more n8 tiles; only NF4's pair table
 // picks its lookup by it, the other formats ignore it).
@@ -29,7 +29,10 @@
 // overlap_variants gives both, the planner picks that loop or the plain one); with RT = 2 the x fragments are loaded
 // once for both tiles (at M = 16 x is read 4x more often than W: that halves it). At M = 1 the
 // overlapped kernels (one row tile: where a warp walks more than one batch) copy each
-// batch's x into shared memory by cp.async first (kStageX: one L2 round trip a batch). A CTA = the S
+// batch's x into shared memory by cp.async first (kStageX: one L2 round trip a batch), and for the
+// formats with kRollM1 load each slot of the next batch as soon as its k-step is done (kRoll: in
+// the overlapped loop's SASS at 64 registers the next batch's loads follow all of this batch's
+// MMAs, lab run 255). A CTA = the S
 // slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
 // and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
 // second, partial one (measured: docs/lab/kernels.md).
@@ -277,7 +280,7 @@ __device__ __forceinline__ void norm_row_after(const A16RowNorm& nr, const float
 // each), with RT = 1 warps 0..S/2-1 the gate's K slices and S/2..S-1 the up's — and the epilogue
 // writes yh [M, F] f16 = silu(gate) * up (fp32, then rounded: the decode's silu·mul kernel) instead
 // of y. Both sum each tile's slices in slice order.
-template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false, bool kSilu = false>
+template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false, bool kSilu = false, bool kRoll = false>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps, A16RowNorm norm) {
@@ -316,6 +319,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   constexpr bool kHoist = NT == 2 && RT == 2;
   constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8 && (Format::kU4 == 1 || kOverlap);   // 8-bit codes: the overlapped loop only
   static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the overlapped one-n8-tile kernel at M = 1, one 16-byte chunk per lane");
+  static_assert(!kRoll || kStageX, "the rolled loads: the x-staged kernel");
   constexpr int kAcc = 4 * NT * RT;   // fp32 sums per lane (the C fragments of RT row tiles x NT n8 tiles)
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
@@ -419,11 +423,38 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     int s = s0, nb = min(kBatch, s1 - s0);
     issue(q, m, s, nb);
     pdl::wait_prior_grid();   // every warp waits, one with no k-steps too: a kernel completes after the one before it
-    while (nb > 0) {
-      use(q, m, s, nb);
-      s += nb;
-      nb = min(kBatch, s1 - s);
-      issue(q, m, s, nb);
+    if constexpr (kRoll) {
+      // x staged, one row (mma_kernel_pick says where): slot b of the next batch (k-step sn + b,
+      // if b < nbn) is loaded as soon as k-step b of this batch has used its registers, so the
+      // next batch's bytes are in flight under this batch's math, with no second register set.
+      while (nb > 0) {
+        const int sn = s + nb, nbn = min(kBatch, s1 - sn);
+        const uint4* xst = stage_x(s, nb);
+        each_step(nb, [&](int b) {
+          auto lx = [&](int, uint4 (&xl)[2]) {
+            xl[0] = xst[b * 8 + 2 * c];
+            xl[1] = xst[b * 8 + 2 * c + 1];
+          };
+          k_step<NT, RT, kStepScale>(fmt, q[b], m[b], lx, acc);
+          if (b < nbn) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+              for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(code_at(r, sn, b, j));
+#pragma unroll
+            for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], sn + b, lane, kStepScale));
+          }
+        });
+        s = sn;
+        nb = nbn;
+      }
+    } else {
+      while (nb > 0) {
+        use(q, m, s, nb);
+        s += nb;
+        nb = min(kBatch, s1 - s);
+        issue(q, m, s, nb);
+      }
     }
   } else {   // whole batches loaded, then used; the rest one k-step at a time
     bool waited = false;
