@@ -378,16 +378,16 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
           if (b < nb) f(b);
       }
     };
-    auto issue = [&](Codes& q, Metas& m, int s, int nb) {
-      each_step(nb, [&](int b) {
+    // Slot b of a batch: the codes and metadata of k-step s + b.
+    auto load_slot = [&](Codes& q, Metas& m, int s, int b) {
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
+      for (int r = 0; r < RT; ++r)
 #pragma unroll
-          for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(code_at(r, s, b, j));
+        for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(code_at(r, s, b, j));
 #pragma unroll
-        for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
-      });
+      for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], s + b, lane, kStepScale));
     };
+    auto issue = [&](Codes& q, Metas& m, int s, int nb) { each_step(nb, [&](int b) { load_slot(q, m, s, b); }); };
     // kStageX (M = 1, overlapped batches; run_mma says where): the batch's x (its 4, 2 or 1
     // k-steps of 64 columns, 512, 256 or 128 bytes) is copied into the warp's own rows of red by one
     // 16-byte cp.async per lane (zeros past K and past the batch), so each batch takes one L2 round
@@ -404,16 +404,18 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       __syncwarp();
       return xst;
     };
+    // k-step b of a batch whose x is staged at xst.
+    auto staged_step = [&](const uint4* xst, const Codes& q, const Metas& m, int b) {
+      auto lx = [&](int, uint4 (&xl)[2]) {
+        xl[0] = xst[b * 8 + 2 * c];
+        xl[1] = xst[b * 8 + 2 * c + 1];
+      };
+      k_step<NT, RT, kStepScale>(fmt, q[b], m[b], lx, acc);
+    };
     auto use = [&](const Codes& q, const Metas& m, int s, int nb) {
       if constexpr (kStageX) {
         const uint4* xst = stage_x(s, nb);
-        each_step(nb, [&](int b) {
-          auto lx = [&](int, uint4 (&xl)[2]) {
-            xl[0] = xst[b * 8 + 2 * c];
-            xl[1] = xst[b * 8 + 2 * c + 1];
-          };
-          k_step<NT, RT, kStepScale>(fmt, q[b], m[b], lx, acc);
-        });
+        each_step(nb, [&](int b) { staged_step(xst, q, m, b); });
       } else {
         each_step(nb, [&](int b) { step(q[b], m[b], s + b); });
       }
@@ -431,19 +433,8 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
         const int sn = s + nb, nbn = min(kBatch, s1 - sn);
         const uint4* xst = stage_x(s, nb);
         each_step(nb, [&](int b) {
-          auto lx = [&](int, uint4 (&xl)[2]) {
-            xl[0] = xst[b * 8 + 2 * c];
-            xl[1] = xst[b * 8 + 2 * c + 1];
-          };
-          k_step<NT, RT, kStepScale>(fmt, q[b], m[b], lx, acc);
-          if (b < nbn) {
-#pragma unroll
-            for (int r = 0; r < RT; ++r)
-#pragma unroll
-              for (int j = 0; j < kU4; ++j) q[b][r][j] = __ldcs(code_at(r, sn, b, j));
-#pragma unroll
-            for (int r = 0; r < RT; ++r) m[b][r] = __ldg(fmt.meta_ptr(tile[r], sn + b, lane, kStepScale));
-          }
+          staged_step(xst, q, m, b);
+          if (b < nbn) load_slot(q, m, sn, b);
         });
         s = sn;
         nb = nbn;
