@@ -28,8 +28,8 @@ struct GptqFormat {
   static constexpr bool kRowMajor = false;   // codes in fragment order (relayout.h)
   static constexpr int kLoadsM8 = 4;     // deeper batches were slower (W4 M = 1 11008x4096: 2.93x -> 2.51x at 8)
   // At one row (x staged) each slot of the next batch is loaded as soon as its k-step is done
-  // (a16_mma.cuh's kRoll): 8-bit codes only. Decode batch 1 on llama2-7b (docs/lab/2026-11-24-decode-h200.md,
-  // run 257): W8A16 +0.8%, W4A16 -1.7 to -2.0%.
+  // (a16_mma.cuh's kRoll): 8-bit codes only. Decode batch 1 (docs/lab/2026-11-24-decode-h200.md,
+  // runs 257-258, 261): W8A16 +0.7 to +1.2%; W4A16 -1.7 to -3.2%.
   static constexpr bool kRollM1 = BITS == 8;
   using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
   struct Prep {
@@ -152,7 +152,7 @@ struct Nf4PairFormat : Nf4Format {
   // +3.5% on llama2-7b, batch 8 +0.6% (docs/lab/2026-11-24-decode-h200.md, run 40).
   static constexpr bool kOverlapM8 = true;
   // And at one row the next batch's slots are loaded as this batch's k-steps free them (kRoll):
-  // decode batch 1 +3.3% on llama2-7b, +4.2% on llama3-8b (run 257).
+  // decode batch 1 +4.0% on llama2-7b, +5.0% on llama3-8b, +3.6% on phi3-mini (runs 258, 261).
   static constexpr bool kRollM1 = true;
   explicit Nf4PairFormat(const Nf4Format& f) : Nf4Format(f) {}
   __device__ static uint32_t* pair_table() {

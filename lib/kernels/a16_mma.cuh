@@ -14,10 +14,10 @@
 // [tiles][groups][8 lanes' g] as the pair (row g, row g + 8). Rows past N and columns past K are
 // zero codes with zero scales, and a lane whose 16 columns lie past K reads no x (x rows are K
 // long: K must be a multiple of 16). The Format (a16_formats.cuh) supplies kU4 (uint4 per lane per
-// k-step), kLoadsM8 (uint4 loads per lane per batch at M <= 8), kRollM1 (kRoll at one row), kPairTable (the kernel has it fill
-// a shared lookup table first: fill_pairs, NF4), its Meta, and dequant<SCALED, kWide>(words,
-// fragment) -> 4 f16x2 registers (kWide: k_step has two or more n8 tiles; only NF4's pair table
-// picks its lookup by it, the other formats ignore it).
+// k-step), kLoadsM8 (uint4 loads per lane per batch at M <= 8), kRollM1 (kRoll at one row),
+// kPairTable (the kernel has it fill a shared lookup table first: fill_pairs, NF4), its Meta, and
+// dequant<SCALED, kWide>(words, fragment) -> 4 f16x2 registers (kWide: k_step has two or more n8
+// tiles; only NF4's pair table picks its lookup by it, the other formats ignore it).
 // Scales: when a group holds whole k-steps (group size a multiple of 64, or one group per row),
 // the fragments are dequantized unscaled ((q - z) exactly, or the NF4 value), each k-step's four
 // mma sum into a fresh fp32 partial, and the partial is scaled in fp32 (kStepScale); otherwise
@@ -25,17 +25,16 @@
 // matrix holds its weights. Accumulation is fp32 either way.
 // Work. A warp owns RT (1 or 2) row tiles and one of S K slices, walked in batches of up to 4 uint4
 // loads per lane (2 above M = 16) issued before their math (4-bit codes at 9..16 rows with RT = 2,
-// and the formats with kOverlapM8 at M <= 8: the next batch issued while this one's MMAs run; where
+// and the formats with kOverlapM8 at M <= 8: the next batch issued after this one's MMAs in program order; where
 // overlap_variants gives both, the planner picks that loop or the plain one); with RT = 2 the x fragments are loaded
 // once for both tiles (at M = 16 x is read 4x more often than W: that halves it). At M = 1 the
 // overlapped kernels (one row tile: where a warp walks more than one batch) copy each
 // batch's x into shared memory by cp.async first (kStageX: one L2 round trip a batch), and for the
 // formats with kRollM1 load each slot of the next batch as soon as its k-step is done (kRoll: in
 // the overlapped loop's SASS at 64 registers the next batch's loads follow all of this batch's
-// MMAs, lab run 255). A CTA = the S
-// slices of its RT tiles, summed in shared memory in slice order (deterministic). plan() picks RT
-// and S from the occupancy calculator with a wave model: one full wave of resident CTAs beats a
-// second, partial one (measured: docs/lab/kernels.md).
+// MMAs, lab run 255). A CTA = the S slices of its RT tiles, summed in shared memory in slice
+// order (deterministic). plan() picks RT and S from the occupancy calculator with a wave model:
+// one full wave of resident CTAs beats a second, partial one (measured: docs/lab/kernels.md).
 // Epilogues (a16_path.h; each its own instantiation, the others' code unchanged): y, or at M = 1
 // the RMSNorm of the row y by the CTA that arrives last (kFold, NF4), or up to 8 rows of a stacked
 // gate, up Linear silu(gate) · up in f16 (kSilu: a CTA holds the gate's and the up's row tile of
@@ -287,9 +286,11 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   static_assert(!kSilu || NT == 1, "silu: one n8 tile; RT = 2: a gate and an up row tile per warp, RT = 1: gate warps and up warps");
   constexpr int kU4 = Format::kU4, kBatch = batch_steps<Format>(NT, RT);
   // kOverlap: the next batch's loads follow this batch's steps in program order, so the compiler
-  // issues them while the MMAs run: 4-bit codes at 9..16 rows with two row tiles, and GPTQ 4-bit at
+  // may issue them while the MMAs run: 4-bit codes at 9..16 rows with two row tiles, and GPTQ 4-bit at
   // M <= 8. Elsewhere each batch is loaded, then used: as fast or faster (8-bit codes, one row tile
-  // at 9..16 rows). Both loops sum in the same order.
+  // at 9..16 rows). Both loops sum in the same order. At one row, held to 64 registers, ptxas puts
+  // the next batch's loads after all of this batch's MMAs (lab run 255's SASS); kRoll loads each
+  // slot as its k-step frees it instead.
   using Meta = typename Format::Meta;
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5;
