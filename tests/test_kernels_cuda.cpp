@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 #include <map>
+#include <type_traits>
 
 #include "core/bits.h"
 #include "core/error.h"
@@ -326,6 +327,124 @@ TEST_CASE("gpu: f16 Linears through the A16 tensor-core kernel, weights in place
 }
 
 // The RMSNorm folded into the Linear that writes the row (a16_fold_norm: decode at batch 1, NF4).
+// The norm split between two Linears at one row (A16RowNorm row_ss, a16_norm_in): the writer (W4
+// and f16 weights, every split) must leave the fp64 sums of squares of each 16 rows of the y it
+// wrote (1e-5: fp32 sums of 16 squares) and out = f16(fp32 (y * w) / 16) bit for bit; a reader
+// (GPTQ, NF4, f16) given that out must return its product with the plain input scaled by 16 / rms(y)
+// in fp64 (1e-5 norm-wise: its fp32 sums in another plan's order), twice with the same bytes.
+// Readers of K % 64 != 0 and calls at two rows leave the requests untaken.
+TEST_CASE("gpu: a norm split between two Linears at one row: the writer's sums and f16(y * w / 16), the reader's sums scaled by 16 / rms(y)") {
+  PTQ_REQUIRE_GPU();
+  const int64_t K = 2048, N2 = 1000;   // writer K -> N; reader N -> N2 (62.5 row tiles)
+  for (const int64_t N : {int64_t(4096), int64_t(1008)}) {   // 1008: a reader's K % 64 != 0
+    Rng r{uint64_t(N) + 7};
+    std::vector<uint16_t> xh(size_t(2 * K)), wh(size_t(N * K));
+    for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+    for (auto& v : wh) v = f32_to_f16_bits(float(r.normal() * 0.05));
+    std::vector<float> y0(size_t(2 * N)), g(static_cast<size_t>(N));
+    for (auto& v : y0) v = float(3.0 * (r.uniform() - 0.5));
+    for (auto& v : g) v = float(0.5 + r.uniform());
+    const float eps = 1e-5f;
+    const int64_t tiles = (N + 15) / 16;
+    cuda::DeviceBuffer<uint16_t> dw(wh.size(), "W"), dx(xh.size(), "x"), dout(static_cast<size_t>(N), "out"), dw2(size_t(N2 * N), "W2");
+    cuda::DeviceBuffer<float> dy(y0.size(), "y"), dg(g.size(), "w"), dss(static_cast<size_t>(tiles), "row sums"), dy2(static_cast<size_t>(N2), "y2");
+    cuda::DeviceBuffer<int> arrivals(1, "arrivals");
+    cuda::fill_bytes(arrivals.get(), 0, 4);
+    cuda::copy_to_device(dw.get(), wh.data(), wh.size() * 2);
+    cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+    cuda::copy_to_device(dg.get(), g.data(), g.size() * 4);
+    std::vector<uint16_t> w2h(size_t(N2 * N));
+    for (auto& v : w2h) v = f32_to_f16_bits(float(r.normal() * 0.05));
+    cuda::copy_to_device(dw2.get(), w2h.data(), w2h.size() * 2);
+    const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
+    const auto r4 = cuda::random_gptq_linear(N2, N, N % 64 ? 8 : 4, 0.002f, r);   // K % 64 != 0: 8-bit per channel (groups of 128 need K % 128)
+    const auto rnf = cuda::random_nf4_linear(N2, N % 64 ? 64 : N, 0.02f, r);   // K % 64 != 0: not read
+    cuda::A16RowNorm wn{dg.get(), dout.get(), arrivals.get(), eps};
+    wn.row_ss = dss.get();
+    cuda::A16RowNorm rn{};
+    rn.in_ss = dss.get(), rn.in_eps = eps;
+    auto host = [](const auto& buf, size_t n) {
+      std::vector<std::remove_cv_t<std::remove_pointer_t<decltype(buf.get())>>> v(n);
+      cuda::copy_to_host(v.data(), buf.get(), n * sizeof(v[0]));
+      return v;
+    };
+    // The writer at M rows (beta 1): whether it wrote row_ss (and was not a whole fold).
+    auto write = [&](const std::string& fmt, int64_t M) {
+      cuda::copy_to_device(dy.get(), y0.data(), size_t(M * N) * 4);
+      cuda::a16_fold_norm(&wn);
+      if (fmt == "f16") cuda::f16_linear_f32(dw.get(), dx.get(), M, N, K, dy.get(), 1.0f, true);
+      else w4->gemm_f32(dx.get(), M, dy.get(), 1.0f);
+      const bool folded = cuda::a16_folded();
+      return !folded && cuda::a16_wrote_row_ss();
+    };
+    // A reader on out at one row (beta 0), with the request or plainly: whether it took it.
+    auto read = [&](const std::string& fmt, bool request) {
+      if (request) cuda::a16_norm_in(&rn);
+      if (fmt == "f16") cuda::f16_linear_f32(dw2.get(), dout.get(), 1, N2, N, dy2.get(), 0.0f, true);
+      else if (fmt == "w4") r4->gemm_f32(dout.get(), 1, dy2.get(), 0.0f);
+      else rnf->gemm_f32(dout.get(), 1, dy2.get(), 0.0f);
+      const bool took = cuda::a16_took_norm_in();
+      return std::make_pair(took, host(dy2, static_cast<size_t>(N2)));
+    };
+    for (const std::string wf : {"w4", "f16"})
+      for (int rt : {1, 2})
+        for (int slices : {0, 3, 16})
+          for (int loop : {1, 2}) {
+            std::vector<float> first_ss;
+            std::vector<uint16_t> first_out;
+            for (int rep = 0; rep < 2; ++rep) {
+              cuda::set_a16_split({rt, slices, 0, loop});
+              const bool wrote = write(wf, 1);
+              cuda::set_a16_split({});
+              INFO("writer " << wf << " N " << N << " rt " << rt << " slices " << slices << " loop " << loop << " rep " << rep);
+              REQUIRE(wrote);
+              const std::vector<float> y = host(dy, static_cast<size_t>(N)), ss = host(dss, static_cast<size_t>(tiles));
+              const std::vector<uint16_t> out = host(dout, static_cast<size_t>(N));
+              double worst = 0, total = 0;
+              int64_t out_wrong = 0;
+              for (int64_t t = 0; t < tiles; ++t) {
+                double want = 0;
+                for (int64_t n = 16 * t; n < std::min(N, 16 * t + 16); ++n) want += double(y[size_t(n)]) * y[size_t(n)];
+                worst = std::max(worst, std::abs(double(ss[size_t(t)]) - want) / want);
+                total += want;
+              }
+              for (int64_t n = 0; n < N; ++n) out_wrong += out[size_t(n)] != f32_to_f16_bits(y[size_t(n)] * g[size_t(n)] * cuda::kSplitNormScale);
+              INFO("worst relative error of a 16-row sum " << worst << ", elements of out off " << out_wrong);
+              CHECK(worst <= 1e-5);
+              CHECK(out_wrong == 0);
+              if (rep == 0) first_ss = ss, first_out = out;
+              else CHECK((ss == first_ss && out == first_out));
+              if (wf != "w4" || slices != 0) continue;
+              // Readers of out: their plain product scaled by 16 / rms(y) (fp64).
+              const double scale = 1.0 / std::sqrt(total / double(N) + eps) / double(cuda::kSplitNormScale);
+              for (const std::string rf : {"w4", "nf4", "f16"}) {
+                if (rf != "w4" && N % 64) continue;   // the f16 kernel takes K % 64 == 0 only; NF4 whole blocks
+                const auto [plain_took, plain] = read(rf, false);
+                const auto [took, got] = read(rf, true);
+                const auto [took2, got2] = read(rf, true);
+                INFO("reader " << rf);
+                CHECK_FALSE(plain_took);
+                CHECK(took == (N % 64 == 0));
+                if (!took) continue;
+                double err = 0, ref = 0;
+                for (int64_t n = 0; n < N2; ++n) {
+                  const double want = double(plain[size_t(n)]) * scale;
+                  err += (got[size_t(n)] - want) * (got[size_t(n)] - want), ref += want * want;
+                }
+                INFO("norm-wise error of the reader " << std::sqrt(err / ref));
+                CHECK(std::sqrt(err / ref) <= 1e-5);
+                CHECK(got2 == got);
+              }
+            }
+          }
+    CHECK_FALSE(write("w4", 2));   // two rows: no split
+    cuda::a16_norm_in(&rn);
+    r4->gemm_f32(dout.get(), 1, dy2.get(), 0.0f);
+    CHECK(cuda::a16_took_norm_in() == (N % 64 == 0));
+    CHECK_FALSE(cuda::a16_took_norm_in());   // cleared
+  }
+}
+
 // At M = 1 the NF4 kernel's last CTA normalizes y after its beta y: out must equal the fp64 norm of
 // the y the kernel wrote (its GEMM is checked against the reference above), rounded to f16, at
 // every split, twice in a row with the same bytes (the arrival counter resets; the sum of squares

@@ -135,12 +135,14 @@ bool switch_on(const char* name) {
 //                               (model/attention_cuda.h; else by attend, a CTA a row and head)
 //   PTQKIT_DECODE_ATTN_MMA      a decode step of 2+ sequences attends by decode_attention (tensor
 //                               cores, a CTA a KV head; else by attend, a CTA a query head)
-enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, attn_mma };
+//   PTQKIT_DECODE_NORM_SPLIT    at one row, where the Linear before a norm does not fold it whole,
+//                               the norm is split between the Linears around it (else its kernel)
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, attn_mma, norm_split };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
                             switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER"),
                             switch_on("PTQKIT_DECODE_ROPE_FOLD"), switch_on("PTQKIT_DECODE_XPERM"), switch_on("PTQKIT_DECODE_FLASH_PREFILL"),
-                            switch_on("PTQKIT_DECODE_ATTN_MMA")};
+                            switch_on("PTQKIT_DECODE_ATTN_MMA"), switch_on("PTQKIT_DECODE_NORM_SPLIT")};
   return on[int(w)];
 }
 
@@ -769,6 +771,10 @@ struct DecodeCuda::Impl {
   DeviceBuffer<float> X, qkv, gu, logits, partial;   // qkv: q, k, v outputs; gu: gate, up outputs
   DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches
   DeviceBuffer<int> norm_arrivals;   // [1]: the folded norm's CTAs arrived (a16_fold_norm), zero between launches
+  DeviceBuffer<float> row_ss;        // [2][ceil(d / 16)]: a split norm's sums of squares (A16RowNorm row_ss), after o and after down
+  // Per layer, the Linears after its norms (0: post-attention, 1: input) that did not take a split
+  // norm at one row: their norm runs whole from then on (set by the first step, before a capture).
+  std::vector<std::array<bool, 2>> split_declined;
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
   DeviceBuffer<uint16_t> xn_perm, act_perm;   // xn and act in the wgmma A16 kernel's order (d, f multiples of 64)
   DeviceBuffer<int8_t> xq8;   // a W8A8 Linear's input quantized by its producer (DecodeLayer::lin8) [rows, max(d, f)]
@@ -797,6 +803,7 @@ struct DecodeCuda::Impl {
     if (!norm_arrivals.get()) {
       norm_arrivals = DeviceBuffer<int>(1, "decode folded-norm arrivals");
       fill_bytes(norm_arrivals.get(), 0, 4);
+      row_ss = DeviceBuffer<float>(size_t(2 * ((d + 15) / 16)), "decode split-norm sums");
     }
     if (check)   // PTQKIT_DECODE_CHECK: no stale bytes read as a stage's output
       for (auto [p, n] : {std::pair<void*, size_t>{X.get(), size_t(rows * d) * 4}, {qkv.get(), size_t(rows * (qd + 2 * kvd)) * 4},
@@ -1013,14 +1020,37 @@ struct DecodeCuda::Impl {
     // normalizes it into xn where its kernel does (a16_fold_norm: NF4 at M = 1); residual_linear
     // says whether it did, else the norm kernel runs as before.
     const bool fold = rows == 1 && std::is_same_v<T, __half> && norm_vec && decode_on(Switch::norm_fold);
-    auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm) {
+    // Where the kernel does not fold it whole (the GPTQ and f16 kernels), the norm is split between
+    // the two Linears around it (PTQKIT_DECODE_NORM_SPLIT; a16_path.h, A16RowNorm): the writer
+    // leaves the sums of squares of each 16 rows of X in row_ss and xn = f16(X * w / 16), the
+    // reader scales its fp32 sums by 16 / rms(X). No norm kernel: batch 1 on llama2-7b W4A16
+    // +3.8%, W8A16 +3.1%, f16 +1.7% (lab run 271; leaving the norms out entirely, run 266: +7.2%,
+    // +5.0%, +3.0%). residual_linear answers 1 (X normed into xn), 2 (split: row_ss, xn written) or 0.
+    const bool norm_split = fold && decode_on(Switch::norm_split);
+    if (split_declined.size() != w.layers.size()) split_declined.assign(w.layers.size(), {false, false});
+    auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm, int slot, bool split_ok = true) {
       if (!fold || !next_norm) {
         fn(x, rows, X.get(), 1.0f);
-        return false;
+        return 0;
       }
-      const A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
+      A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
+      if (norm_split && split_ok) rn.row_ss = row_ss.get() + slot * ((d + 15) / 16);
       a16_fold_norm(&rn);
-      return folded([&] { fn(x, rows, X.get(), 1.0f); });
+      if (folded([&] { fn(x, rows, X.get(), 1.0f); })) return 1;
+      return rn.row_ss && a16_wrote_row_ss() ? 2 : 0;
+    };
+    // A Linear on the norm's output where the writer left row_ss (slot): asked to be the split's
+    // reader; where its kernel was not, the norm runs (xn normed: the rest of its readers read it
+    // plainly, slot set to -1) and the Linear again, and from the next step the norm runs whole.
+    auto split_normed = [&](size_t layer, int& slot, const DeviceBuffer<float>& nw, T* outp, auto&& call) {
+      A16RowNorm rn{};
+      rn.in_ss = row_ss.get() + slot * ((d + 15) / 16), rn.in_eps = eps;
+      a16_norm_in(&rn);
+      if (answered(call, a16_took_norm_in)) return;
+      split_declined[layer][size_t(slot)] = true;
+      slot = -1;
+      norm(nw, outp);
+      call();
     };
     // Up to 8 rows a stacked gate, up Linear writes silu(gate) · up itself where its kernel does
     // (a16_fold_silu: the A16 and f16 kernels), not with a W8A8 down (its silu·mul quantizes).
@@ -1028,21 +1058,26 @@ struct DecodeCuda::Impl {
     // W8A8 down: silu·mul quantized by a cluster of CTAs a row where the GPU has clusters (sm_90).
     const bool silu_cluster = compute_capability() >= 90 && f % 4 == 0 && f <= 4 * kSiluClusterCtas * kSiluClusterThreads * kSiluClusterMax &&
                               decode_on(Switch::silu_cluster);
-    bool in_normed = false;   // the layer's input norm done by the previous layer's down Linear
+    int in_normed = 0;   // the layer's input norm done by the previous layer's down Linear (residual_linear's answer)
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
       mark();
       const ActQuant* attn8 = attn8_of(W);
       const void* xn_p = nullptr;   // xn in the wgmma order, where the norm before the Linear wrote it
+      int split = -1;               // the row_ss slot the Linears on xn form it from (the norm split), else -1
+      const DeviceBuffer<float>* split_w = nullptr;
       if (attn8) norm_quant(D.in_norm, *attn8);
+      else if (in_normed == 2) split = 1, split_w = &D.in_norm;
       else if (!in_normed) norm(D.in_norm, xnp[0]), xn_p = xnp[0];
-      in_normed = false;
+      in_normed = 0;
       mark();
-      // A Linear on the norm's output: its int8 form on the quantized rows, else on xn.
+      // A Linear on the norm's output: its int8 form on the quantized rows, else on xn (formed by
+      // the Linear itself where the norm is split).
       // producer: the norm before it (0 or 1).
       auto linear = [&](const LinearFn& fn, const Int8Linear& fn8, bool int8, float* y, float beta, int producer) {
         if (int8) fn8.fn(xq8.get(), sx8.get(), rows, y, beta);
+        else if (split >= 0) split_normed(l, split, *split_w, xnp[producer], [&] { fn(xn.get(), rows, y, beta); });
         else offered(producer, xn.get(), xn_p, [&] { fn(xn.get(), rows, y, beta); });
       };
       const int64_t qd = c.q_dim(), kvd = c.kv_dim();
@@ -1085,10 +1120,12 @@ struct DecodeCuda::Impl {
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
                                                 : int8_input({&W.lin8[4], &W.lin8[5]});
-      const bool post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm);   // X += o(ctx)
+      const int post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm, 0, W.experts.empty() && !split_declined[l][0]);   // X += o(ctx); MoE gathers xn
       mark();
       xn_p = nullptr;
+      split = -1;
       if (mlp8) norm_quant(D.post_norm, *mlp8);
+      else if (post_normed == 2) split = 0, split_w = &D.post_norm;
       else if (!post_normed) norm(D.post_norm, xnp[1]), xn_p = xnp[1];
       mark();
       if (!W.experts.empty()) {
@@ -1102,8 +1139,12 @@ struct DecodeCuda::Impl {
       bool act_done = false;   // act written by the gate, up Linear
       if (W.gate_up) {   // one Linear: row r holds gate, up side by side
         if (silu_fold && !mlp8 && !W.lin8[6]) {
-          a16_fold_silu(act.get());
-          act_done = folded([&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); });
+          auto gate_up = [&] {
+            a16_fold_silu(act.get());
+            act_done = folded([&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); });
+          };
+          if (split >= 0) split_normed(l, split, *split_w, xnp[1], gate_up);
+          else gate_up();
         } else {
           linear(W.gate_up, W.gate_up8, mlp8, gu.get(), 0.0f, 1);
         }
@@ -1137,7 +1178,7 @@ struct DecodeCuda::Impl {
       mark();
       const bool next = l + 1 < w.layers.size() && !attn8_of(w.layers[l + 1]);   // the next layer's input norm, unless it quantizes
       // X += down(act)
-      offered(2, act.get(), act_done ? nullptr : actp, [&] { in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr); });
+      offered(2, act.get(), act_done ? nullptr : actp, [&] { in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr, 1, next && !split_declined[l + 1][1]); });
     }
     if (xperm_rows)
       for (size_t i = 0; i < 3; ++i)

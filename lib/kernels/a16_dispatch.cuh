@@ -155,42 +155,52 @@ bool roll_at_one_row() {
   return mode < 0 ? Format::kRollM1 : mode == 1;
 }
 
-template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu>
-MmaKernel<Format> mma_kernel_pick(bool overlap, bool stage_x) {
+// kNormIn: the reader of a split norm (one n8 tile, M = 1; not with kFold), as its own instantiation.
+template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu, bool kNormIn>
+MmaKernel<Format> mma_kernel_pick_in(bool overlap, bool stage_x) {
   constexpr Overlap v = overlap_variants<Format>(NT, RT);
   if constexpr (NT == 1 && Format::kOverlapM8 && v != Overlap::plain_only)
     if (stage_x && overlap)
-      return roll_at_one_row<Format>() ? mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, true>
-                                         : mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, false>;
+      return roll_at_one_row<Format>() ? mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, true, kNormIn>
+                                         : mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, false, kNormIn>;
   if constexpr (v == Overlap::both)
-    return overlap ? mma_kernel<NT, RT, kStepScale, Format, true, false, kFold, kSilu> : mma_kernel<NT, RT, kStepScale, Format, false, false, kFold, kSilu>;
-  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only, false, kFold, kSilu>;
+    return overlap ? mma_kernel<NT, RT, kStepScale, Format, true, false, kFold, kSilu, false, kNormIn>
+                   : mma_kernel<NT, RT, kStepScale, Format, false, false, kFold, kSilu, false, kNormIn>;
+  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only, false, kFold, kSilu, false, kNormIn>;
+}
+template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu>
+MmaKernel<Format> mma_kernel_pick(bool overlap, bool stage_x, bool norm_in = false) {
+  if constexpr (NT == 1 && !kFold)
+    if (norm_in) return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, true>(overlap, stage_x);
+  return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, false>(overlap, stage_x);
 }
 // fold: the kernel with the folded norm (one n8 tile, the formats run_mma folds for); silu: the
 // one that writes silu(gate) · up (one n8 tile, two row tiles).
 template <int NT, int RT, bool kStepScale, class Format>
-MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu) {
+MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu, bool norm_in) {
   if constexpr (NT == 1 && Format::kPairTable)
     if (fold) return mma_kernel_pick<NT, RT, kStepScale, Format, true, false>(overlap, stage_x);
   if constexpr (NT == 1 && (RT == 2 || !Format::kRowMajor))   // one row tile: the split fold, quantized formats only (run_mma)
-    if (silu) return mma_kernel_pick<NT, RT, kStepScale, Format, false, true>(overlap, stage_x);
-  return mma_kernel_pick<NT, RT, kStepScale, Format, false, false>(overlap, stage_x);
+    if (silu) return mma_kernel_pick<NT, RT, kStepScale, Format, false, true>(overlap, stage_x, norm_in);
+  return mma_kernel_pick<NT, RT, kStepScale, Format, false, false>(overlap, stage_x, norm_in);
 }
 template <int NT, class Format>
-MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x, bool fold, bool silu) {
+MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x, bool fold, bool silu, bool norm_in) {
   if constexpr (NT <= 4)
     if (rt == 2)
-      return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold, silu)
-                          : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu);
-  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold, silu) : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu);
+      return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold, silu, norm_in)
+                          : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu, norm_in);
+  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold, silu, norm_in)
+                      : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu, norm_in);
 }
 template <class Format>
-MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false, bool fold = false, bool silu = false) {
+MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false, bool fold = false, bool silu = false,
+                                bool norm_in = false) {
   switch (nt) {
-    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x, fold, silu);
-    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false, false, false);
-    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false, false);
-    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false, false, false);
+    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x, fold, silu, norm_in);
+    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false, false, false, false);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false, false, false);
+    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false, false, false, false);
   }
 }
 
@@ -207,7 +217,11 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   // NF4's next kernel, launched earlier, fills its pair table under the o / down tail.
   const bool fold = Format::kPairTable && g_fold.norm && M == 1 && yf && N % 4 == 0;
   A16RowNorm norm{};
-  if (fold) norm = *g_fold.norm, g_fold.taken = true;
+  if (fold) norm = *g_fold.norm, norm.row_ss = nullptr, g_fold.taken = true;
+  // The split norm's writer side (A16RowNorm row_ss): any one-row kernel writing fp32 y.
+  else if (g_fold.norm && g_fold.norm->row_ss && M == 1 && yf) norm = *g_fold.norm, g_fold.wrote_ss = true;
+  // Its reader side: any one-row kernel with K % 64 == 0 (the sums copied as float4s).
+  const bool norm_in = g_norm_in.norm && M == 1 && nt == 1 && K % 64 == 0;
   // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: each CTA takes
   // a gate row tile and the up row tile of the same rows (no forced one-tile split).
   const bool silu = !fold && g_fold.silu && nt == 1 && N % 32 == 0 && g_split.rt != 1;
@@ -223,15 +237,16 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   // the one it launches where their warps walk more than one batch; with two row tiles that form
   // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
   auto kern = [&](int rt, bool overlap) {
-    return reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == (silu_split ? 1 : 2)));
+    return reinterpret_cast<const void*>(
+        mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == (silu_split ? 1 : 2), norm_in));
   };
-  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1 and a fold (norm or silu) only: made once.
+  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1, a fold (norm or silu) and x formed from a norm only: made once.
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool, bool, bool>, Plan> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool, bool, bool, bool>, Plan> plans;
   Plan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu);   // kern(1, ...): the split silu kernel where it runs
+    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu, norm_in);   // kern(1, ...): the split silu kernel where it runs
     auto it = plans.find(key);
     // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
     // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
@@ -249,14 +264,14 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only,
                     silu_split ? 2 : 1, a16_mma_slices(M, N, K, code_bits<Format>()));
       if (silu_split) q.S *= 2;   // gate tile b and up tile b + F / 16 in one CTA: S K slices of each
-      q.smem = red_bytes(q.S, nt, q.rt);   // at least 512 bytes: a fold's 32 sums and flag fit
+      q.smem = red_bytes(q.S, nt, q.rt) + (norm_in ? size_t(K / 16) * 4 : 0);   // at least 512 bytes: a fold's 32 sums and flag fit; kNormIn's sums after them
       // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks
       // more than one batch (staging takes the x loads off each batch's critical path; with one
       // batch a warp it only adds a copy), the unstaged kernel otherwise (the same launch bound, 64
       // registers). Two row tiles: always, as planned (the staged form takes fewer registers: one
       // wave where the unstaged overlapped loop needs two).
       q.stage_x = M == 1 && nt == 1 && q.overlap && Format::kOverlapM8 && (q.rt == 2 || q.sps > batch_steps<Format>(1, 1));
-      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x, fold, silu));   // the kernel launched
+      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x, fold, silu, norm_in));   // the kernel launched
       allow_opt_in_smem(k);   // the kernel launched (x-staged, folded or silu forms): a CTA past 48 KB
       spread(k, q);
       it = plans.emplace(key, q).first;
@@ -270,7 +285,8 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     }
     p = it->second;
   }
-  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x, fold, silu), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
+  if (norm_in) norm.in_ss = g_norm_in.norm->in_ss, norm.in_eps = g_norm_in.norm->in_eps, g_norm_in.taken = true;
+  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x, fold, silu, norm_in), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
              W, x, yh, yf, beta, int(M), int(N), int(K), p.sps, norm);
 }
 

@@ -39,7 +39,10 @@
 // the RMSNorm of the row y by the CTA that arrives last (kFold, NF4), or up to 8 rows of a stacked
 // gate, up Linear silu(gate) · up in f16 (kSilu: a CTA holds the gate's and the up's row tile of
 // the same 16 rows, in one warp's two row tiles or, at one row of the quantized formats, in two
-// halves of its warps).
+// halves of its warps). A norm split between two Linears at M = 1 (A16RowNorm row_ss, in_ss): the
+// writer (any one-n8-tile kernel with fp32 y, a runtime test after its stores) also writes the sums
+// of squares of each 16 rows of y and f16(y * w / 16); the reader (kNormIn, its own instantiation)
+// scales its sums by 16 / rms(y) formed from those sums.
 // Launch: programmatic dependent launch (cuda/pdl.cuh): the kernel may start while the previous one
 // in the stream runs; each warp issues its first batch of codes and metadata, then waits for that
 // kernel before it reads x or writes y. A grid smaller than the GPU holds is spread (spread()): at
@@ -279,7 +282,11 @@ __device__ __forceinline__ void norm_row_after(const A16RowNorm& nr, const float
 // each), with RT = 1 warps 0..S/2-1 the gate's K slices and S/2..S-1 the up's — and the epilogue
 // writes yh [M, F] f16 = silu(gate) * up (fp32, then rounded: the decode's silu·mul kernel) instead
 // of y. Both sum each tile's slices in slice order.
-template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false, bool kSilu = false, bool kRoll = false>
+// kNormIn (one n8 tile, at M = 1): the reader's side of a split norm (A16RowNorm): x is f16(y * w /
+// 16) as the writer left it (any column order: the scale is one number), and the sums are scaled by
+// 16 * inv, inv = rsqrt(sum(in_ss) / K + in_eps).
+template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false, bool kSilu = false, bool kRoll = false,
+          bool kNormIn = false>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps, A16RowNorm norm) {
@@ -321,6 +328,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8 && (Format::kU4 == 1 || kOverlap);   // 8-bit codes: the overlapped loop only
   static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the overlapped one-n8-tile kernel at M = 1, one 16-byte chunk per lane");
   static_assert(!kRoll || kStageX, "the rolled loads: the x-staged kernel");
+  static_assert(!kNormIn || (NT == 1 && !kFold), "a split norm's reader: one n8 tile (M = 1)");
   constexpr int kAcc = 4 * NT * RT;   // fp32 sums per lane (the C fragments of RT row tiles x NT n8 tiles)
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
@@ -358,6 +366,16 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       xl[1] = in_k ? __ldcg(reinterpret_cast<const uint4*>(xt + 8)) : make_uint4(0, 0, 0, 0);
     };
     k_step<NT, RT, kStepScale>(fmt, q, meta, load_x, acc);
+  };
+  // kNormIn: the writer's sums of squares (K / 16 floats, written by the kernel before) copied
+  // into shared memory after the slice sums by warp 0 right after the wait; read in the epilogue.
+  auto fetch_in_ss = [&] {
+    if constexpr (kNormIn) {
+      float* dst = red + S * 32 * kAcc;
+      if (warp == 0)
+        for (int j = lane; j < K / 64; j += 32) ptx::cp_async16(ptx::smem_addr(dst + 4 * j), norm.in_ss + 4 * j, 16);
+      ptx::cp_async_commit();
+    }
   };
   // NF4's pair table: filled before any load (the fill needs a barrier every warp reaches), before
   // the wait for the previous kernel.
@@ -426,6 +444,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     int s = s0, nb = min(kBatch, s1 - s0);
     issue(q, m, s, nb);
     pdl::wait_prior_grid();   // every warp waits, one with no k-steps too: a kernel completes after the one before it
+    fetch_in_ss();
     if constexpr (kRoll) {
       // x staged, one row (mma_kernel_pick says where): slot b of the next batch (k-step sn + b,
       // if b < nbn) is loaded as soon as k-step b of this batch has used its registers, so the
@@ -451,7 +470,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   } else {   // whole batches loaded, then used; the rest one k-step at a time
     bool waited = false;
     auto wait_prior = [&] {
-      if (!waited) pdl::wait_prior_grid();
+      if (!waited) pdl::wait_prior_grid(), fetch_in_ss();
       waited = true;
     };
     int s = s0;
@@ -486,6 +505,15 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     }
     wait_prior();   // every warp waits, one with no k-steps too: a kernel completes after the one before it
   }
+  // The writer's side of a split norm (A16RowNorm row_ss; run_mma sets it at M = 1 with fp32 y):
+  // thread o < 16 RT (warp 0) holds row o of the CTA's tiles; its weight w is loaded before the
+  // slice sums' barrier.
+  constexpr bool kRowSs = NT == 1 && !kFold && !kSilu;
+  float w_row = 0.0f;
+  if constexpr (kRowSs) {
+    const int o = threadIdx.x, R = (tile0 + o / 16) * 16 + o % 16;
+    if (norm.row_ss && o < 16 * RT && R < N) w_row = __ldg(norm.w + R);
+  }
   // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
   if constexpr (kStageX) __syncwarp();   // the warp's staged x (its part of red) is read
 #pragma unroll
@@ -495,6 +523,24 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) red[(warp * 32 + lane) * kAcc + (r * NT + t) * 4 + e] = acc[r][t][e];
   __syncthreads();
+  // kNormIn: x was f16(y * w / 16) (the writer's), so the sums take 16 * inv, inv = rsqrt(sum(in_ss)
+  // / K + eps): warp 0 (the threads that write y at M = 1) adds the sums in a fixed order.
+  float inv = 1.0f;
+  if constexpr (kNormIn) {
+    if (warp == 0) {
+      ptx::cp_async_wait<0>();
+      __syncwarp();
+      const float4* s4 = reinterpret_cast<const float4*>(red + S * 32 * kAcc);
+      float ss = 0.0f;
+      for (int j = lane; j < K / 64; j += 32) {
+        const float4 v = s4[j];
+        ss += (v.x + v.y) + (v.z + v.w);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      inv = rsqrtf(ss / float(K) + norm.in_eps) * (1.0f / kSplitNormScale);
+    }
+  }
   if constexpr (kSilu) {
     const int F = N / 2;
     for (int o = threadIdx.x; o < 16 * M; o += blockDim.x) {
@@ -514,10 +560,12 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
             if (w < S) gu[r] += red[w * 32 * kAcc + src];
         }
       }
+      if constexpr (kNormIn) gu[0] *= inv, gu[1] *= inv;
       yh[int64_t(n) * F + 16 * int(blockIdx.x) + row] = __float2half_rn(gu[0] / (1.0f + __expf(-gu[0])) * gu[1]);
     }
     return;
   }
+  float y_row = 0.0f;   // kRowSs: this thread's row of y (M = 1)
   for (int o = threadIdx.x; o < 16 * RT * M; o += blockDim.x) {
     const int rr = o % (16 * RT), n = o / (16 * RT), r = rr / 16, row = rr % 16, t = n / 8, nn = n % 8;
     const int src = ((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2;
@@ -533,11 +581,30 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     } else {
       for (int w = 0; w < S; ++w) v += red[w * 32 * kAcc + src];
     }
+    if constexpr (kNormIn) v *= inv;
     const int R = (tile0 + r) * 16 + row;
     if (R >= N) continue;
     const int64_t i = int64_t(n) * N + R;
-    if (yf) yf[i] = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
-    else yh[i] = __float2half_rn(v);
+    if (yf) {
+      const float y = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
+      yf[i] = y;
+      if constexpr (kRowSs)
+        if (norm.row_ss) y_row = y, static_cast<__half*>(norm.out)[R] = __float2half_rn(y * w_row * kSplitNormScale);   // the reader's x
+    } else {
+      yh[i] = __float2half_rn(v);
+    }
+  }
+  // The writer's side of a split norm (A16RowNorm row_ss; run_mma sets it at M = 1 with fp32 y):
+  // the sum of squares of each 16 rows of y, thread o = row o of the CTA's tiles (16 RT <= 32: warp
+  // 0) with its y from the loop above; a fixed shuffle tree over each half-warp.
+  if constexpr (kRowSs) {
+    if (norm.row_ss && threadIdx.x < 32) {
+      const int o = threadIdx.x;
+      float sq = y_row * y_row;
+#pragma unroll
+      for (int d = 8; d > 0; d >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, d);
+      if (o % 16 == 0 && o < 16 * RT && tile0 + o / 16 < tiles) norm.row_ss[tile0 + o / 16] = sq;
+    }
   }
   // kFold (one n8 tile: run_mma launches it only at M = 1 with fp32 y and a request): its own
   // instantiation, so the other kernels' code and registers are those without it.
@@ -592,8 +659,16 @@ struct FoldRequest {
   const A16RowNorm* norm = nullptr;
   void* silu = nullptr;
   bool taken = false;
+  bool wrote_ss = false;   // the call wrote norm->row_ss (a16_wrote_row_ss)
 };
 inline thread_local FoldRequest g_fold;
+inline thread_local bool g_wrote_ss = false;
+// The thread's request to be a split norm's reader (a16_norm_in) and whether a call took it.
+struct NormInRequest {
+  const A16RowNorm* norm = nullptr;
+  bool taken = false;
+};
+inline thread_local NormInRequest g_norm_in;
 // The thread's offer of x in the wgmma kernel's k-step order (a16_offer_wgmma_x: x_of, its copy
 // x_perm) and whether a call took it: apart from the fold request, so that neither's setting or
 // clearing touches the other.

@@ -141,7 +141,20 @@ struct A16RowNorm {
   void* out = nullptr;        // [N] f16
   int* arrivals = nullptr;
   float eps = 0.0f;
+  // The norm split between the two Linears around it (decode at batch 1, the formats whose kernel
+  // does not fold it whole): the Linear that writes the row (o, down: fp32 y) also writes
+  // row_ss [ceil(N / 16)] = the sum of squares of each 16 rows of y, and out [N] = f16(y * w / 16);
+  // the Linear that reads the norm's output (q, k, v; gate, up) takes that out as its x and scales
+  // its fp32 sums by 16 * inv, inv = rsqrt(sum(in_ss) / K + in_eps) (in_ss: the writer's row_ss).
+  // Each side is its own request (a16_fold_norm with row_ss set; a16_norm_in), taken by the L2-fed
+  // kernel at M = 1: the writer wherever it writes fp32 y, the reader where K % 64 == 0. The 1/16
+  // keeps f16(y * w) finite up to |y * w| < 2^20 (docs/numerics.md).
+  float* row_ss = nullptr;
+  const float* in_ss = nullptr;
+  float in_eps = 0.0f;
 };
+// The writer's scale of a split norm's x (A16RowNorm): a power of two, exact in fp32.
+constexpr float kSplitNormScale = 1.0f / 16.0f;
 // Asks the next A16 call on this thread to fold `norm` (nullptr: nothing).
 void a16_fold_norm(const A16RowNorm* norm);
 // Asks the next A16 call on this thread, a stacked gate, up Linear (N = 2F, gate rows first, F a
@@ -152,6 +165,14 @@ void a16_fold_norm(const A16RowNorm* norm);
 void a16_fold_silu(void* act);
 // Whether a call took the request; clears it either way, so that it never reaches a later call.
 bool a16_folded();
+// Whether the last call asked to fold (a16_fold_norm with row_ss) wrote row_ss and out instead
+// (read after a16_folded).
+bool a16_wrote_row_ss();
+// Asks the next A16 call on this thread to be the reader of a split norm (A16RowNorm: its x the
+// writer's out, in_ss, in_eps); a16_took_norm_in says whether it did (and clears the request). A
+// call that did not took x as a plain input: the caller runs the norm and calls again.
+void a16_norm_in(const A16RowNorm* norm);
+bool a16_took_norm_in();
 
 // The column of x's row at which the wgmma kernel (kernels/a16_wgmma.cu) reads column col, for K
 // a multiple of 64: inside each 64-column k-step the column pairs are permuted as the weights'

@@ -53,7 +53,15 @@ void a16_fold_norm(const A16RowNorm* norm) { a16::g_fold = {norm, nullptr, false
 void a16_fold_silu(void* act) { a16::g_fold = {nullptr, act, false}; }
 bool a16_folded() {
   const bool taken = a16::g_fold.taken;
+  a16::g_wrote_ss = a16::g_fold.wrote_ss;
   a16::g_fold = {};
+  return taken;
+}
+bool a16_wrote_row_ss() { return a16::g_wrote_ss; }
+void a16_norm_in(const A16RowNorm* norm) { a16::g_norm_in = {norm, false}; }
+bool a16_took_norm_in() {
+  const bool taken = a16::g_norm_in.taken;
+  a16::g_norm_in = {};
   return taken;
 }
 void a16_offer_wgmma_x(const void* x_of, const void* x_perm) { a16::g_x_offer = {x_of, x_perm, false}; }
