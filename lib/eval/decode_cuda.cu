@@ -772,6 +772,8 @@ struct DecodeCuda::Impl {
   DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches
   DeviceBuffer<int> norm_arrivals;   // [1]: the folded norm's CTAs arrived (a16_fold_norm), zero between launches
   DeviceBuffer<float> row_ss;        // [2][ceil(d / 16)]: a split norm's sums of squares (A16RowNorm row_ss), after o and after down
+  // A split norm's sums in row_ss: slot 0 after the o projection (the post-attention norm), 1 after down (the next input norm).
+  float* row_ss_at(int slot) { return row_ss.get() + size_t(slot) * size_t((w.c.hidden_size + 15) / 16); }
   // Per layer, the Linears after its norms (0: post-attention, 1: input) that did not take a split
   // norm at one row: their norm runs whole from then on (set by the first step, before a capture).
   std::vector<std::array<bool, 2>> split_declined;
@@ -803,7 +805,7 @@ struct DecodeCuda::Impl {
     if (!norm_arrivals.get()) {
       norm_arrivals = DeviceBuffer<int>(1, "decode folded-norm arrivals");
       fill_bytes(norm_arrivals.get(), 0, 4);
-      row_ss = DeviceBuffer<float>(size_t(2 * ((d + 15) / 16)), "decode split-norm sums");
+      row_ss = DeviceBuffer<float>(size_t(2 * ((d + 15) / 16)), "decode split-norm sums");   // row_ss_at's two slots
     }
     if (check)   // PTQKIT_DECODE_CHECK: no stale bytes read as a stage's output
       for (auto [p, n] : {std::pair<void*, size_t>{X.get(), size_t(rows * d) * 4}, {qkv.get(), size_t(rows * (qd + 2 * kvd)) * 4},
@@ -1025,26 +1027,27 @@ struct DecodeCuda::Impl {
     // leaves the sums of squares of each 16 rows of X in row_ss and xn = f16(X * w / 16), the
     // reader scales its fp32 sums by 16 / rms(X). No norm kernel: batch 1 on llama2-7b W4A16
     // +3.8%, W8A16 +3.1%, f16 +1.7% (lab run 271; leaving the norms out entirely, run 266: +7.2%,
-    // +5.0%, +3.0%). residual_linear answers 1 (X normed into xn), 2 (split: row_ss, xn written) or 0.
+    // +5.0%, +3.0%). residual_linear answers how the next norm was done (Normed).
     const bool norm_split = fold && decode_on(Switch::norm_split);
     if (split_declined.size() != w.layers.size()) split_declined.assign(w.layers.size(), {false, false});
+    enum class Normed { no, whole, split };   // the norm still to run; done into xn; split (row_ss and xn written)
     auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm, int slot, bool split_ok = true) {
       if (!fold || !next_norm) {
         fn(x, rows, X.get(), 1.0f);
-        return 0;
+        return Normed::no;
       }
       A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
-      if (norm_split && split_ok) rn.row_ss = row_ss.get() + slot * ((d + 15) / 16);
+      if (norm_split && split_ok) rn.row_ss = row_ss_at(slot);
       a16_fold_norm(&rn);
-      if (folded([&] { fn(x, rows, X.get(), 1.0f); })) return 1;
-      return rn.row_ss && a16_wrote_row_ss() ? 2 : 0;
+      if (folded([&] { fn(x, rows, X.get(), 1.0f); })) return Normed::whole;
+      return rn.row_ss && a16_wrote_row_ss() ? Normed::split : Normed::no;
     };
     // A Linear on the norm's output where the writer left row_ss (slot): asked to be the split's
     // reader; where its kernel was not, the norm runs (xn normed: the rest of its readers read it
     // plainly, slot set to -1) and the Linear again, and from the next step the norm runs whole.
     auto split_normed = [&](size_t layer, int& slot, const DeviceBuffer<float>& nw, T* outp, auto&& call) {
       A16RowNorm rn{};
-      rn.in_ss = row_ss.get() + slot * ((d + 15) / 16), rn.in_eps = eps;
+      rn.in_ss = row_ss_at(slot), rn.in_eps = eps;
       a16_norm_in(&rn);
       if (answered(call, a16_took_norm_in)) return;
       split_declined[layer][size_t(slot)] = true;
@@ -1058,7 +1061,7 @@ struct DecodeCuda::Impl {
     // W8A8 down: silu·mul quantized by a cluster of CTAs a row where the GPU has clusters (sm_90).
     const bool silu_cluster = compute_capability() >= 90 && f % 4 == 0 && f <= 4 * kSiluClusterCtas * kSiluClusterThreads * kSiluClusterMax &&
                               decode_on(Switch::silu_cluster);
-    int in_normed = 0;   // the layer's input norm done by the previous layer's down Linear (residual_linear's answer)
+    Normed in_normed = Normed::no;   // the layer's input norm as the previous layer's down Linear left it
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
@@ -1068,9 +1071,9 @@ struct DecodeCuda::Impl {
       int split = -1;               // the row_ss slot the Linears on xn form it from (the norm split), else -1
       const DeviceBuffer<float>* split_w = nullptr;
       if (attn8) norm_quant(D.in_norm, *attn8);
-      else if (in_normed == 2) split = 1, split_w = &D.in_norm;
-      else if (!in_normed) norm(D.in_norm, xnp[0]), xn_p = xnp[0];
-      in_normed = 0;
+      else if (in_normed == Normed::split) split = 1, split_w = &D.in_norm;
+      else if (in_normed == Normed::no) norm(D.in_norm, xnp[0]), xn_p = xnp[0];
+      in_normed = Normed::no;
       mark();
       // A Linear on the norm's output: its int8 form on the quantized rows, else on xn (formed by
       // the Linear itself where the norm is split).
@@ -1120,13 +1123,13 @@ struct DecodeCuda::Impl {
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
                                                 : int8_input({&W.lin8[4], &W.lin8[5]});
-      const int post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm, 0, W.experts.empty() && !split_declined[l][0]);   // X += o(ctx); MoE gathers xn
+      const Normed post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm, 0, W.experts.empty() && !split_declined[l][0]);   // X += o(ctx); MoE gathers xn
       mark();
       xn_p = nullptr;
       split = -1;
       if (mlp8) norm_quant(D.post_norm, *mlp8);
-      else if (post_normed == 2) split = 0, split_w = &D.post_norm;
-      else if (!post_normed) norm(D.post_norm, xnp[1]), xn_p = xnp[1];
+      else if (post_normed == Normed::split) split = 0, split_w = &D.post_norm;
+      else if (post_normed == Normed::no) norm(D.post_norm, xnp[1]), xn_p = xnp[1];
       mark();
       if (!W.experts.empty()) {
         moe<T>(W, rows);
