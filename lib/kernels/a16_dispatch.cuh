@@ -155,52 +155,55 @@ bool roll_at_one_row() {
   return mode < 0 ? Format::kRollM1 : mode == 1;
 }
 
-// kNormIn: the reader of a split norm (one n8 tile, M = 1; not with kFold), as its own instantiation.
-template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu, bool kNormIn>
+// kSplit: a split norm's reader or writer (one n8 tile, M = 1; not with kFold), as its own instantiation.
+template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu, SplitNorm kSplit>
 MmaKernel<Format> mma_kernel_pick_in(bool overlap, bool stage_x) {
   constexpr Overlap v = overlap_variants<Format>(NT, RT);
   if constexpr (NT == 1 && Format::kOverlapM8 && v != Overlap::plain_only)
     if (stage_x && overlap)
-      return roll_at_one_row<Format>() ? mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, true, kNormIn>
-                                         : mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, false, kNormIn>;
+      return roll_at_one_row<Format>() ? mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, true, kSplit>
+                                         : mma_kernel<NT, RT, kStepScale, Format, true, true, kFold, kSilu, false, kSplit>;
   if constexpr (v == Overlap::both)
-    return overlap ? mma_kernel<NT, RT, kStepScale, Format, true, false, kFold, kSilu, false, kNormIn>
-                   : mma_kernel<NT, RT, kStepScale, Format, false, false, kFold, kSilu, false, kNormIn>;
-  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only, false, kFold, kSilu, false, kNormIn>;
+    return overlap ? mma_kernel<NT, RT, kStepScale, Format, true, false, kFold, kSilu, false, kSplit>
+                   : mma_kernel<NT, RT, kStepScale, Format, false, false, kFold, kSilu, false, kSplit>;
+  else return mma_kernel<NT, RT, kStepScale, Format, v == Overlap::overlap_only, false, kFold, kSilu, false, kSplit>;
 }
 template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu>
-MmaKernel<Format> mma_kernel_pick(bool overlap, bool stage_x, bool norm_in = false) {
-  if constexpr (NT == 1 && !kFold)
-    if (norm_in) return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, true>(overlap, stage_x);
-  return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, false>(overlap, stage_x);
+MmaKernel<Format> mma_kernel_pick(bool overlap, bool stage_x, SplitNorm split = SplitNorm::none) {
+  if constexpr (NT == 1 && !kFold) {
+    if (split == SplitNorm::reader) return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, SplitNorm::reader>(overlap, stage_x);
+    if constexpr (!kSilu)
+      if (split == SplitNorm::writer) return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, SplitNorm::writer>(overlap, stage_x);
+  }
+  return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, SplitNorm::none>(overlap, stage_x);
 }
 // fold: the kernel with the folded norm (one n8 tile, the formats run_mma folds for); silu: the
 // one that writes silu(gate) · up (one n8 tile, two row tiles).
 template <int NT, int RT, bool kStepScale, class Format>
-MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu, bool norm_in) {
+MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu, SplitNorm split) {
   if constexpr (NT == 1 && Format::kPairTable)
     if (fold) return mma_kernel_pick<NT, RT, kStepScale, Format, true, false>(overlap, stage_x);
   if constexpr (NT == 1 && (RT == 2 || !Format::kRowMajor))   // one row tile: the split fold, quantized formats only (run_mma)
-    if (silu) return mma_kernel_pick<NT, RT, kStepScale, Format, false, true>(overlap, stage_x, norm_in);
-  return mma_kernel_pick<NT, RT, kStepScale, Format, false, false>(overlap, stage_x, norm_in);
+    if (silu) return mma_kernel_pick<NT, RT, kStepScale, Format, false, true>(overlap, stage_x, split);
+  return mma_kernel_pick<NT, RT, kStepScale, Format, false, false>(overlap, stage_x, split);
 }
 template <int NT, class Format>
-MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x, bool fold, bool silu, bool norm_in) {
+MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x, bool fold, bool silu, SplitNorm split) {
   if constexpr (NT <= 4)
     if (rt == 2)
-      return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold, silu, norm_in)
-                          : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu, norm_in);
-  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold, silu, norm_in)
-                      : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu, norm_in);
+      return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold, silu, split)
+                          : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu, split);
+  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold, silu, split)
+                      : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu, split);
 }
 template <class Format>
 MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false, bool fold = false, bool silu = false,
-                                bool norm_in = false) {
+                                SplitNorm split = SplitNorm::none) {
   switch (nt) {
-    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x, fold, silu, norm_in);
-    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false, false, false, false);
-    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false, false, false);
-    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false, false, false, false);
+    case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x, fold, silu, split);
+    case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false, false, false, SplitNorm::none);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false, false, SplitNorm::none);
+    default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false, false, false, SplitNorm::none);
   }
 }
 
@@ -218,9 +221,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   const bool fold = Format::kPairTable && g_fold.norm && M == 1 && yf && N % 4 == 0;
   A16RowNorm norm{};
   if (fold) norm = *g_fold.norm, norm.row_ss = nullptr, g_fold.taken = true;
-  // The split norm's writer side (A16RowNorm row_ss): any one-row kernel writing fp32 y.
-  else if (g_fold.norm && g_fold.norm->row_ss && M == 1 && yf) norm = *g_fold.norm, g_fold.wrote_ss = true;
-  // Its reader side: any one-row kernel with K % 64 == 0 (the sums copied as float4s).
+  // A split norm's reader side: any one-row kernel with K % 64 == 0 (the sums copied as float4s).
   const bool norm_in = g_norm_in.norm && M == 1 && nt == 1 && K % 64 == 0;
   // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: each CTA takes
   // a gate row tile and the up row tile of the same rows (no forced one-tile split).
@@ -233,20 +234,26 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   // format (run 98), so they keep one warp per gate, up pair.
   const bool silu_split = silu && M == 1 && !Format::kRowMajor;
   if (silu) yh = static_cast<__half*>(g_fold.silu), yf = nullptr, g_fold.taken = true;
+  // A split norm's writer side (A16RowNorm row_ss): a one-row kernel writing fp32 y itself (not a
+  // reader too: the decode's Linears are one or the other; a writer that declines leaves the norm
+  // to its kernel).
+  const bool norm_out = !fold && !silu && !norm_in && g_fold.norm && g_fold.norm->row_ss && M == 1 && yf;
+  if (norm_out) norm = *g_fold.norm, g_fold.wrote_ss = true;
+  const SplitNorm split = norm_in ? SplitNorm::reader : norm_out ? SplitNorm::writer : SplitNorm::none;
   // At M = 1 the planner weighs the overlapped kernels in their x-staged form (kStageX),
   // the one it launches where their warps walk more than one batch; with two row tiles that form
   // also takes fewer registers (75 against 82 unstaged: 3 CTAs of 256 threads per SM, not 2).
   auto kern = [&](int rt, bool overlap) {
     return reinterpret_cast<const void*>(
-        mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == (silu_split ? 1 : 2), norm_in));
+        mma_kernel_of<Format>(nt, rt, k_step_scale, overlap, M == 1 && overlap, fold, silu && rt == (silu_split ? 1 : 2), split));
   };
-  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1, a fold (norm or silu) and x formed from a norm only: made once.
+  // Plans depend on the kernel (format, n8 tiles, scales), N, K, a forced split, M = 1, a fold (norm or silu) and a split norm's side: made once.
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool, bool, bool, bool>, Plan> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int, int, bool, bool, bool, SplitNorm>, Plan> plans;
   Plan p;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu, norm_in);   // kern(1, ...): the split silu kernel where it runs
+    const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu, split);   // kern(1, ...): the split silu kernel where it runs
     auto it = plans.find(key);
     // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
     // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
@@ -271,7 +278,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       // registers). Two row tiles: always, as planned (the staged form takes fewer registers: one
       // wave where the unstaged overlapped loop needs two).
       q.stage_x = M == 1 && nt == 1 && q.overlap && Format::kOverlapM8 && (q.rt == 2 || q.sps > batch_steps<Format>(1, 1));
-      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x, fold, silu, norm_in));   // the kernel launched
+      const auto k = reinterpret_cast<const void*>(mma_kernel_of<Format>(nt, q.rt, k_step_scale, q.overlap, q.stage_x, fold, silu, split));   // the kernel launched
       allow_opt_in_smem(k);   // the kernel launched (x-staged, folded or silu forms): a CTA past 48 KB
       spread(k, q);
       it = plans.emplace(key, q).first;
@@ -286,7 +293,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     p = it->second;
   }
   if (norm_in) norm.in_ss = g_norm_in.norm->in_ss, norm.in_eps = g_norm_in.norm->in_eps, g_norm_in.taken = true;
-  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x, fold, silu, norm_in), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
+  launch_pdl("a16 mma_kernel", true, p.carveout, mma_kernel_of<Format>(nt, p.rt, k_step_scale, p.overlap, p.stage_x, fold, silu, split), dim3(unsigned(p.ctas)), dim3(unsigned(32 * p.S)), p.smem, fmt,
              W, x, yh, yf, beta, int(M), int(N), int(K), p.sps, norm);
 }
 

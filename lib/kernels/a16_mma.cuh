@@ -40,9 +40,11 @@
 // gate, up Linear silu(gate) · up in f16 (kSilu: a CTA holds the gate's and the up's row tile of
 // the same 16 rows, in one warp's two row tiles or, at one row of the quantized formats, in two
 // halves of its warps). A norm split between two Linears at M = 1 (A16RowNorm row_ss, in_ss): the
-// writer (any one-n8-tile kernel with fp32 y, a runtime test after its stores) also writes the sums
-// of squares of each 16 rows of y and f16(y * w / 16); the reader (kNormIn, its own instantiation)
-// scales its sums by 16 / rms(y) formed from those sums.
+// writer (SplitNorm::writer: a one-n8-tile kernel with fp32 y) also writes the sums of squares of
+// each 16 rows of y and f16(y * w / 16); the reader (SplitNorm::reader) scales its sums by 16 /
+// rms(y) formed from those sums. Each side is its own instantiation, so the kernels without it keep
+// their code and registers (a runtime test in every one-row kernel moved ptxas's registers in 13
+// of 91 GPTQ kernels: lab run 277).
 // Launch: programmatic dependent launch (cuda/pdl.cuh): the kernel may start while the previous one
 // in the stream runs; each warp issues its first batch of codes and metadata, then waits for that
 // kernel before it reads x or writes y. A grid smaller than the GPU holds is spread (spread()): at
@@ -186,6 +188,10 @@ constexpr int batch_steps(int nt, int rt) {
   return loads / (Format::kU4 * rt) > 0 ? loads / (Format::kU4 * rt) : 1;
 }
 
+// A one-row kernel's side of a norm split between two Linears (A16RowNorm): none, the reader
+// (in_ss: x is the writer's f16(y * w / 16)) or the writer (row_ss, out).
+enum class SplitNorm { none, reader, writer };
+
 // Which loops a kernel of NT n8 tiles and RT row tiles comes in: overlap_only (the batches
 // overlapped, mma_kernel's kOverlap), both (the planner picks), plain_only.
 enum class Overlap { plain_only, overlap_only, both };
@@ -282,11 +288,12 @@ __device__ __forceinline__ void norm_row_after(const A16RowNorm& nr, const float
 // each), with RT = 1 warps 0..S/2-1 the gate's K slices and S/2..S-1 the up's — and the epilogue
 // writes yh [M, F] f16 = silu(gate) * up (fp32, then rounded: the decode's silu·mul kernel) instead
 // of y. Both sum each tile's slices in slice order.
-// kNormIn (one n8 tile, at M = 1): the reader's side of a split norm (A16RowNorm): x is f16(y * w /
-// 16) as the writer left it (any column order: the scale is one number), and the sums are scaled by
-// 16 * inv, inv = rsqrt(sum(in_ss) / K + in_eps).
+// kSplit (one n8 tile, at M = 1), a norm split between two Linears (A16RowNorm):
+//   reader: x is f16(y * w / 16) as the writer left it (any column order: the scale is one number),
+//           and the sums are scaled by 16 * inv, inv = rsqrt(sum(in_ss) / K + in_eps);
+//   writer: fp32 y, and also row_ss (the sum of squares of each 16 rows of y) and out = f16(y * w / 16).
 template <int NT, int RT, bool kStepScale, class Format, bool kOverlap, bool kStageX = false, bool kFold = false, bool kSilu = false, bool kRoll = false,
-          bool kNormIn = false>
+          SplitNorm kSplit = SplitNorm::none>
 __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, kStepScale, kOverlap))
     mma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ x, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                int M, int N, int K, int sps, A16RowNorm norm) {
@@ -328,7 +335,9 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   constexpr bool kLeanX = NT == 1 && RT == 1 && Format::kOverlapM8 && (Format::kU4 == 1 || kOverlap);   // 8-bit codes: the overlapped loop only
   static_assert(!kStageX || (NT == 1 && Format::kOverlapM8 && kOverlap && kBatch * 8 <= 32), "x staged: the overlapped one-n8-tile kernel at M = 1, one 16-byte chunk per lane");
   static_assert(!kRoll || kStageX, "the rolled loads: the x-staged kernel");
+  constexpr bool kNormIn = kSplit == SplitNorm::reader, kRowSs = kSplit == SplitNorm::writer;
   static_assert(!kNormIn || (NT == 1 && !kFold), "a split norm's reader: one n8 tile (M = 1)");
+  static_assert(!kRowSs || (NT == 1 && !kFold && !kSilu), "a split norm's writer: one n8 tile (M = 1), y itself");
   constexpr int kAcc = 4 * NT * RT;   // fp32 sums per lane (the C fragments of RT row tiles x NT n8 tiles)
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
@@ -505,14 +514,13 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     }
     wait_prior();   // every warp waits, one with no k-steps too: a kernel completes after the one before it
   }
-  // The writer's side of a split norm (A16RowNorm row_ss; run_mma sets it at M = 1 with fp32 y):
-  // thread o < 16 RT (warp 0) holds row o of the CTA's tiles; its weight w is loaded before the
-  // slice sums' barrier.
-  constexpr bool kRowSs = NT == 1 && !kFold && !kSilu;
+  // The writer's side of a split norm (kRowSs; run_mma launches it at M = 1 with fp32 y): thread
+  // o < 16 RT (warp 0) holds row o of the CTA's tiles; its weight w is loaded before the slice
+  // sums' barrier.
   float w_row = 0.0f;
   if constexpr (kRowSs) {
     const int o = threadIdx.x, R = (tile0 + o / 16) * 16 + o % 16;
-    if (norm.row_ss && o < 16 * RT && R < N) w_row = __ldg(norm.w + R);
+    if (o < 16 * RT && R < N) w_row = __ldg(norm.w + R);
   }
   // The S slices sum in slice order. C fragment: e = 0, 1 at (W row g, x row 2c + e), e = 2, 3 at W row g + 8.
   if constexpr (kStageX) __syncwarp();   // the warp's staged x (its part of red) is read
@@ -589,16 +597,16 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       const float y = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
       yf[i] = y;
       if constexpr (kRowSs)
-        if (norm.row_ss) y_row = y, static_cast<__half*>(norm.out)[R] = __float2half_rn(y * w_row * kSplitNormScale);   // the reader's x
+        y_row = y, static_cast<__half*>(norm.out)[R] = __float2half_rn(y * w_row * kSplitNormScale);   // the reader's x
     } else {
       yh[i] = __float2half_rn(v);
     }
   }
-  // The writer's side of a split norm (A16RowNorm row_ss; run_mma sets it at M = 1 with fp32 y):
-  // the sum of squares of each 16 rows of y, thread o = row o of the CTA's tiles (16 RT <= 32: warp
-  // 0) with its y from the loop above; a fixed shuffle tree over each half-warp.
+  // The writer's side of a split norm (kRowSs): the sum of squares of each 16 rows of y, thread o =
+  // row o of the CTA's tiles (16 RT <= 32: warp 0) with its y from the loop above; a fixed shuffle
+  // tree over each half-warp.
   if constexpr (kRowSs) {
-    if (norm.row_ss && threadIdx.x < 32) {
+    if (threadIdx.x < 32) {
       const int o = threadIdx.x;
       float sq = y_row * y_row;
 #pragma unroll
