@@ -330,10 +330,11 @@ TEST_CASE("gpu: f16 Linears through the A16 tensor-core kernel, weights in place
 // The norm split between two Linears at one row (A16RowNorm row_ss, a16_norm_in): the writer (W4
 // and f16 weights, every split) must leave the fp64 sums of squares of each 16 rows of the y it
 // wrote (1e-5: fp32 sums of 16 squares) and out = f16(fp32 (y * w) / 16) bit for bit; a reader
-// given that out must return its product scaled by 16 / rms(y) in fp64 (1e-5 norm-wise: fp32 sums),
-// twice with the same bytes. The f16 reader's product is the fp64 one of its host weights and out;
-// the GPTQ and NF4 readers' is their own plain call on out (those GEMMs are checked against the
-// reference GEMM above), so for them only the scale is independent.
+// given that out must return its product scaled by 16 / rms(y) in fp64, twice with the same bytes.
+// The f16 reader's product is the fp64 one of its host weights and out (1e-5 norm-wise: fp32
+// sums). The GPTQ (4-bit g128 act-order, or 8-bit per channel) and NF4 readers' is checked twice:
+// against the host reference GEMM of their packed weights (2e-3, as their GEMM cases above: the
+// kernels dequantize in f16) and against their own plain call on out (1e-5: the scale alone).
 // Readers of K % 64 != 0 and calls at two rows leave the requests untaken.
 TEST_CASE("gpu: a norm split between two Linears at one row: the writer's sums and f16(y * w / 16), the reader's sums scaled by 16 / rms(y)") {
   PTQ_REQUIRE_GPU();
@@ -359,8 +360,15 @@ TEST_CASE("gpu: a norm split between two Linears at one row: the writer's sums a
     for (auto& v : w2h) v = f32_to_f16_bits(float(r.normal() * 0.05));
     cuda::copy_to_device(dw2.get(), w2h.data(), w2h.size() * 2);
     const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
-    const auto r4 = cuda::random_gptq_linear(N2, N, N % 64 ? 8 : 4, 0.002f, r);   // K % 64 != 0: 8-bit per channel (groups of 128 need K % 128)
-    const auto rnf = cuda::random_nf4_linear(N2, N % 64 ? 64 : N, 0.02f, r);   // K % 64 != 0: not read
+    // The readers, packed on the host so that the reference GEMMs read the same codes. K % 64 != 0:
+    // 8-bit per channel (groups of 128 need K % 128); NF4 not read there.
+    const GptqPacked pk4 = pack_gptq(random_q(N % 64 ? 8 : 4, N2, N, N % 64 ? -1 : 128, true, N % 64 == 0, uint64_t(N) + 11), true);
+    const auto r4 = cuda::W4A16Linear::from_gptq(pk4, true);
+    const int64_t Knf = N % 64 ? 64 : N;
+    std::vector<float> wnf(size_t(N2 * Knf));
+    for (auto& v : wnf) v = float(r.normal() * 0.02);
+    const Nf4Tensor tnf = nf4_quantize(wnf.data(), int64_t(wnf.size()), 64, false);
+    const auto rnf = cuda::Nf4Linear::from_nf4(tnf, N2, Knf);
     cuda::A16RowNorm wn{dg.get(), dout.get(), arrivals.get(), eps};
     wn.row_ss = dss.get();
     cuda::A16RowNorm rn{};
@@ -428,24 +436,34 @@ TEST_CASE("gpu: a norm split between two Linears at one row: the writer's sums a
                 CHECK_FALSE(plain_took);
                 CHECK(took == (N % 64 == 0));
                 if (!took) continue;
-                // The f16 reader: an fp64 product of its weights and out, independent of the kernel.
+                // The product independent of the kernel: fp64 for the f16 reader's weights, the
+                // host reference GEMM for the packed ones.
+                std::vector<float> xf(static_cast<size_t>(N)), yref(static_cast<size_t>(N2));
+                for (int64_t k = 0; k < N; ++k) xf[size_t(k)] = f16_bits_to_f32(out[size_t(k)]);
                 std::vector<double> product(static_cast<size_t>(N2));
+                if (rf == "w4") ref_gemm_gptq(xf.data(), 1, pk4, true, yref.data());
+                if (rf == "nf4") ref_gemm_nf4(xf.data(), 1, tnf, N2, Knf, yref.data());
                 for (int64_t n = 0; n < N2; ++n) {
-                  if (rf != "f16") {
-                    product[size_t(n)] = plain[size_t(n)];
-                    continue;
+                  double sum = yref[size_t(n)];
+                  if (rf == "f16") {
+                    sum = 0;
+                    for (int64_t k = 0; k < N; ++k) sum += double(f16_bits_to_f32(w2h[size_t(n * N + k)])) * xf[size_t(k)];
                   }
-                  double sum = 0;
-                  for (int64_t k = 0; k < N; ++k) sum += double(f16_bits_to_f32(w2h[size_t(n * N + k)])) * f16_bits_to_f32(out[size_t(k)]);
                   product[size_t(n)] = sum;
                 }
-                double err = 0, ref = 0;
-                for (int64_t n = 0; n < N2; ++n) {
-                  const double want = product[size_t(n)] * scale;
-                  err += (got[size_t(n)] - want) * (got[size_t(n)] - want), ref += want * want;
-                }
-                INFO("norm-wise error of the reader " << std::sqrt(err / ref));
-                CHECK(std::sqrt(err / ref) <= 1e-5);
+                auto norm_error = [&](auto&& want_of) {
+                  double err = 0, ref = 0;
+                  for (int64_t n = 0; n < N2; ++n) {
+                    const double want = want_of(n) * scale;
+                    err += (got[size_t(n)] - want) * (got[size_t(n)] - want), ref += want * want;
+                  }
+                  return std::sqrt(err / ref);
+                };
+                const double independent = norm_error([&](int64_t n) { return product[size_t(n)]; });
+                const double against_plain = norm_error([&](int64_t n) { return double(plain[size_t(n)]); });
+                INFO("norm-wise error of the reader: against the independent product " << independent << ", against its plain call " << against_plain);
+                CHECK(independent <= (rf == "f16" ? 1e-5 : 2e-3));
+                CHECK(against_plain <= 1e-5);
                 CHECK(got2 == got);
               }
             }
