@@ -1026,8 +1026,8 @@ struct DecodeCuda::Impl {
     // the two Linears around it (PTQKIT_DECODE_NORM_SPLIT; a16_path.h, A16RowNorm): the writer
     // leaves the sums of squares of each 16 rows of X in row_ss and xn = f16(X * w / 16), the
     // reader scales its fp32 sums by 16 / rms(X). No norm kernel: batch 1 on llama2-7b W4A16
-    // +3.8%, W8A16 +3.1%, f16 +1.7% (lab run 271; leaving the norms out entirely, run 266: +7.2%,
-    // +5.0%, +3.0%). residual_linear answers how the next norm was done (Normed).
+    // +3.2%, W8A16 +2.7%, f16 +1.5% against the norm kernel (lab run 278; leaving the norms out
+    // entirely, run 266: +7.2%, +5.0%, +3.0%). residual_linear answers how the next norm was done (Normed).
     const bool norm_split = fold && decode_on(Switch::norm_split);
     if (split_declined.size() != w.layers.size()) split_declined.assign(w.layers.size(), {false, false});
     enum class Normed { no, whole, split };   // the norm still to run; done into xn; split (row_ss and xn written)

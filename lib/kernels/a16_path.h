@@ -147,7 +147,8 @@ struct A16RowNorm {
   // the Linear that reads the norm's output (q, k, v; gate, up) takes that out as its x and scales
   // its fp32 sums by 16 * inv, inv = rsqrt(sum(in_ss) / K + in_eps) (in_ss: the writer's row_ss).
   // Each side is its own request (a16_fold_norm with row_ss set; a16_norm_in), taken by the L2-fed
-  // kernel at M = 1: the writer wherever it writes fp32 y, the reader where K % 64 == 0. The 1/16
+  // kernel at M = 1: the writer where it writes fp32 y itself (not a silu fold, not a reader), the
+  // reader where K % 64 == 0. The 1/16
   // keeps f16(y * w) finite up to |y * w| < 2^20 (docs/numerics.md).
   float* row_ss = nullptr;
   const float* in_ss = nullptr;
