@@ -384,8 +384,7 @@ TEST_CASE("gpu: a norm split between two Linears at one row: the writer's sums a
       cuda::a16_fold_norm(&wn);
       if (fmt == "f16") cuda::f16_linear_f32(dw.get(), dx.get(), M, N, K, dy.get(), 1.0f, true);
       else w4->gemm_f32(dx.get(), M, dy.get(), 1.0f);
-      const bool folded = cuda::a16_folded();
-      return !folded && cuda::a16_wrote_row_ss();
+      return cuda::a16_folded() == cuda::A16Fold::split;
     };
     // A reader on out at one row (beta 0), with the request or plainly: whether it took it.
     auto read = [&](const std::string& fmt, bool request) {
@@ -517,16 +516,17 @@ TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64
       else nf->gemm_f32(dx.get(), M, dy.get(), 1.0f);
       return cuda::a16_folded();
     };
+    using cuda::A16Fold;
     for (int rt : {1, 2})
       for (int slices : {0, 3, 16})
         for (int loop : {1, 2}) {
           std::vector<uint16_t> first;   // rep 0's out: rep 1 must give the same bytes
           for (int rep = 0; rep < 2; ++rep) {
             cuda::set_a16_split({rt, slices, 0, loop});
-            const bool taken = run("nf4", 1);
+            const A16Fold taken = run("nf4", 1);
             cuda::set_a16_split({});
             INFO("N " << N << " rt " << rt << " slices " << slices << " loop " << loop << " rep " << rep);
-            REQUIRE(taken);
+            REQUIRE(taken == A16Fold::whole);
             std::vector<float> y(static_cast<size_t>(N));
             cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
             double ss = 0;
@@ -544,10 +544,10 @@ TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64
             else CHECK(out == first);
           }
         }
-    CHECK_FALSE(run("nf4", 2));
-    CHECK_FALSE(run("w4", 1));
-    CHECK_FALSE(run("f16", 1));
-    CHECK_FALSE(cuda::a16_folded());   // cleared
+    CHECK(run("nf4", 2) == A16Fold::none);
+    CHECK(run("w4", 1) == A16Fold::none);
+    CHECK(run("f16", 1) == A16Fold::none);
+    CHECK(cuda::a16_folded() == A16Fold::none);   // cleared
     const std::vector<uint16_t> out = out_bytes();
     CHECK(std::all_of(out.begin(), out.end(), [](uint16_t v) { return v == 0; }));
   }
@@ -590,9 +590,9 @@ TEST_CASE("gpu: silu of gate times up folded into a stacked A16 or f16 Linear eq
           cuda::set_a16_split({0, slices, 0, loop});
           cuda::a16_fold_silu(act.get());
           call(fmt, M);
-          const bool taken = cuda::a16_folded();
+          const cuda::A16Fold taken = cuda::a16_folded();
           cuda::set_a16_split({});
-          REQUIRE(taken);
+          REQUIRE(taken == cuda::A16Fold::whole);
           std::vector<uint16_t> a(size_t(M * F));
           cuda::copy_to_host(a.data(), act.get(), a.size() * 2);
           double worst = 0;
@@ -607,12 +607,12 @@ TEST_CASE("gpu: silu of gate times up folded into a stacked A16 or f16 Linear eq
         }
   cuda::a16_fold_silu(act.get());
   call("w4", 9);
-  CHECK_FALSE(cuda::a16_folded());
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
   cuda::set_a16_split({1, 0, 0, 0});
   cuda::a16_fold_silu(act.get());
   call("w8", 1);
   cuda::set_a16_split({});
-  CHECK_FALSE(cuda::a16_folded());
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
 }
 
 // The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start

@@ -134,15 +134,17 @@ bool switch_on(const char* name) {
 //   PTQKIT_DECODE_FLASH_PREFILL a prompt fed from position 0 attends by flash attention
 //                               (model/attention_cuda.h; else by attend, a CTA a row and head)
 //   PTQKIT_DECODE_ATTN_MMA      a decode step of 2+ sequences attends by decode_attention (tensor
-//                               cores, a CTA a KV head; else by attend, a CTA a query head)
+//                               cores, a CTA a KV head; else by attend, a CTA a query head) where
+//                               the rule below picks it; 2: wherever it can serve (read by
+//                               attn_mma_mode, not decode_on: it has three values)
 //   PTQKIT_DECODE_NORM_SPLIT    at one row, where the Linear before a norm does not fold it whole,
 //                               the norm is split between the Linears around it (else its kernel)
-enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, attn_mma, norm_split };
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, norm_split };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
                             switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER"),
                             switch_on("PTQKIT_DECODE_ROPE_FOLD"), switch_on("PTQKIT_DECODE_XPERM"), switch_on("PTQKIT_DECODE_FLASH_PREFILL"),
-                            switch_on("PTQKIT_DECODE_ATTN_MMA"), switch_on("PTQKIT_DECODE_NORM_SPLIT")};
+                            switch_on("PTQKIT_DECODE_NORM_SPLIT")};
   return on[int(w)];
 }
 
@@ -944,8 +946,8 @@ struct DecodeCuda::Impl {
     T* const xnp[2] = {perm_of(0, xn_perm, norm_vec), perm_of(1, xn_perm, norm_vec)};
     T* const actp = perm_of(2, act_perm, f % 4 == 0);
     // A call with a request to its A16 kernel made before it (a16_path.h: a fold, an offered x):
-    // whether the kernel took it, as `taken` answers, which also clears the request (on a throw too).
-    auto answered = [](auto&& call, bool (*taken)()) {
+    // what the kernel did with it, as `taken` answers, which also clears the request (on a throw too).
+    auto answered = [](auto&& call, auto taken) {
       try {
         call();
       } catch (...) {
@@ -1009,14 +1011,15 @@ struct DecodeCuda::Impl {
     // (llama2-7b at batch 32: the kernels equal alone, 25.6 against 25.0 us, but the Linear after
     // the new one slower, the step W4A16 -8%, W8A8 -10%: run 253). One sequence keeps attend with
     // the rotary folded in (tuned for batch 1's few CTAs).
-    // PTQKIT_DECODE_ATTN_MMA=2: wherever it can serve (a sweep switch for the A/Bs of that rule).
-    static const bool attn_mma_all = env_int("PTQKIT_DECODE_ATTN_MMA", 1) == 2;
-    const bool attn_mma = T_ == 1 && !rope_fold && (nh > nkv || rows * nh < kSplitBelow || attn_mma_all) && decode_attention_supported(hd, nh, nkv) &&
-                          decode_on(Switch::attn_mma);
+    // PTQKIT_DECODE_ATTN_MMA: 0 never, 2 wherever it can serve (a sweep switch for the A/Bs of that
+    // rule), else by the rule.
+    static const int attn_mma_mode = env_int("PTQKIT_DECODE_ATTN_MMA", 1);
+    const bool attn_mma = T_ == 1 && !rope_fold && attn_mma_mode != 0 && (nh > nkv || rows * nh < kSplitBelow || attn_mma_mode == 2) &&
+                          decode_attention_supported(hd, nh, nkv);
     const int attn_mma_splits = attn_mma ? decode_attention_splits(B, nh, nkv, int(max_len)) : 1;
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
-    // A call with a fold asked of its kernel (a16_path.h): whether the kernel took it (else the
-    // step runs the kernel it would have saved).
+    // A call with a fold asked of its kernel (a16_path.h): what the kernel did with it (A16Fold:
+    // where it did not, the step runs the kernel it would have saved).
     auto folded = [&](auto&& call) { return answered(call, a16_folded); };
     // At one row (f16 activations, the norm's vector form) the Linear that writes X (o, down)
     // normalizes it into xn where its kernel does (a16_fold_norm: NF4 at M = 1); residual_linear
@@ -1039,8 +1042,11 @@ struct DecodeCuda::Impl {
       A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
       if (norm_split && split_ok) rn.row_ss = row_ss_at(slot);
       a16_fold_norm(&rn);
-      if (folded([&] { fn(x, rows, X.get(), 1.0f); })) return Normed::whole;
-      return rn.row_ss && a16_wrote_row_ss() ? Normed::split : Normed::no;
+      switch (folded([&] { fn(x, rows, X.get(), 1.0f); })) {
+        case A16Fold::whole: return Normed::whole;
+        case A16Fold::split: return Normed::split;
+        default: return Normed::no;
+      }
     };
     // A Linear on the norm's output where the writer left row_ss (slot): asked to be the split's
     // reader; where its kernel was not, the norm runs (xn normed: the rest of its readers read it
@@ -1144,7 +1150,7 @@ struct DecodeCuda::Impl {
         if (silu_fold && !mlp8 && !W.lin8[6]) {
           auto gate_up = [&] {
             a16_fold_silu(act.get());
-            act_done = folded([&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); });
+            act_done = folded([&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); }) == A16Fold::whole;
           };
           if (split >= 0) split_normed(l, split, *split_w, xnp[1], gate_up);
           else gate_up();

@@ -220,7 +220,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   // NF4's next kernel, launched earlier, fills its pair table under the o / down tail.
   const bool fold = Format::kPairTable && g_fold.norm && M == 1 && yf && N % 4 == 0;
   A16RowNorm norm{};
-  if (fold) norm = *g_fold.norm, norm.row_ss = nullptr, g_fold.taken = true;
+  if (fold) norm = *g_fold.norm, norm.row_ss = nullptr, g_fold.taken = A16Fold::whole;
   // A split norm's reader side: any one-row kernel with K % 64 == 0 (the sums copied as float4s).
   const bool norm_in = g_norm_in.norm && M == 1 && nt == 1 && K % 64 == 0;
   // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: each CTA takes
@@ -233,12 +233,12 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   // against 493.8 on llama3-8b, the rest within 0.5%; f16 lost 2% and batch 8 lost 2-12% for every
   // format (run 98), so they keep one warp per gate, up pair.
   const bool silu_split = silu && M == 1 && !Format::kRowMajor;
-  if (silu) yh = static_cast<__half*>(g_fold.silu), yf = nullptr, g_fold.taken = true;
+  if (silu) yh = static_cast<__half*>(g_fold.silu), yf = nullptr, g_fold.taken = A16Fold::whole;
   // A split norm's writer side (A16RowNorm row_ss): a one-row kernel writing fp32 y itself (not a
   // reader too: the decode's Linears are one or the other; a writer that declines leaves the norm
   // to its kernel).
   const bool norm_out = !fold && !silu && !norm_in && g_fold.norm && g_fold.norm->row_ss && M == 1 && yf;
-  if (norm_out) norm = *g_fold.norm, g_fold.wrote_ss = true;
+  if (norm_out) norm = *g_fold.norm, g_fold.taken = A16Fold::split;
   const SplitNorm split = norm_in ? SplitNorm::reader : norm_out ? SplitNorm::writer : SplitNorm::none;
   // At M = 1 the planner weighs the overlapped kernels in their x-staged form (kStageX),
   // the one it launches where their warps walk more than one batch; with two row tiles that form

@@ -666,11 +666,9 @@ inline A16Split g_split;
 struct FoldRequest {
   const A16RowNorm* norm = nullptr;
   void* silu = nullptr;
-  bool taken = false;
-  bool wrote_ss = false;   // the call wrote norm->row_ss (a16_wrote_row_ss)
+  A16Fold taken = A16Fold::none;   // what the call did with it (a16_folded)
 };
 inline thread_local FoldRequest g_fold;
-inline thread_local bool g_wrote_ss = false;
 // The thread's request to be a split norm's reader (a16_norm_in) and whether a call took it.
 struct NormInRequest {
   const A16RowNorm* norm = nullptr;

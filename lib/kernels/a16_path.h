@@ -164,11 +164,14 @@ void a16_fold_norm(const A16RowNorm* norm);
 // holds the gate's and the up's row tile: in each warp, or at one row of the quantized formats in
 // two halves of its warps), not by a forced one-tile split.
 void a16_fold_silu(void* act);
-// Whether a call took the request; clears it either way, so that it never reaches a later call.
-bool a16_folded();
-// Whether the last call asked to fold (a16_fold_norm with row_ss) wrote row_ss and out instead
-// (read after a16_folded).
-bool a16_wrote_row_ss();
+// What the call after a fold request (a16_fold_norm, a16_fold_silu) did with it:
+//   none   not taken: the caller runs the kernel the fold would have saved;
+//   whole  taken: the norm's output (or silu(gate) · up) written;
+//   split  a split norm's writer side (a16_fold_norm with row_ss): row_ss and out written, the
+//          norm to be finished by its reader (a16_norm_in).
+enum class A16Fold { none, whole, split };
+// Answers for the last call and clears the request either way, so that it never reaches a later call.
+A16Fold a16_folded();
 // Asks the next A16 call on this thread to be the reader of a split norm (A16RowNorm: its x the
 // writer's out, in_ss, in_eps); a16_took_norm_in says whether it did (and clears the request). A
 // call that did not took x as a plain input: the caller runs the norm and calls again.

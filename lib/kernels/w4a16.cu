@@ -49,15 +49,13 @@ __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int6
 }  // namespace
 
 void set_a16_split(A16Split split) { a16::g_split = split; }
-void a16_fold_norm(const A16RowNorm* norm) { a16::g_fold = {norm, nullptr, false}; }
-void a16_fold_silu(void* act) { a16::g_fold = {nullptr, act, false}; }
-bool a16_folded() {
-  const bool taken = a16::g_fold.taken;
-  a16::g_wrote_ss = a16::g_fold.wrote_ss;
+void a16_fold_norm(const A16RowNorm* norm) { a16::g_fold = {norm, nullptr, A16Fold::none}; }
+void a16_fold_silu(void* act) { a16::g_fold = {nullptr, act, A16Fold::none}; }
+A16Fold a16_folded() {
+  const A16Fold taken = a16::g_fold.taken;
   a16::g_fold = {};
   return taken;
 }
-bool a16_wrote_row_ss() { return a16::g_wrote_ss; }
 void a16_norm_in(const A16RowNorm* norm) { a16::g_norm_in = {norm, false}; }
 bool a16_took_norm_in() {
   const bool taken = a16::g_norm_in.taken;
