@@ -1109,9 +1109,11 @@ struct DecodeCuda::Impl {
                  W.q_norm.size() ? D.q_norm.get() : nullptr, W.k_norm.size() ? D.k_norm.get() : nullptr,
                  cos.get(), sin.get(), pos_d.get(), T_, nh, nkv, hd, half, max_len, eps};
       // A decode step's rotary (2+ sequences) is launched plainly, after the q, k, v Linear has
-      // completed, not under PDL beside its tail: batch 8 on llama2-7b +1-4%, W8A16 at batch 32
-      // +2.3%, the rest equal (lab runs 291-292; why is not established). PTQKIT_DECODE_ROPE_PDL=1
-      // launches it under PDL again (a sweep switch). A prompt's keeps PDL.
+      // completed, not under PDL beside its tail (lab run 292, against PDL in the same call):
+      // llama2-7b batch 8 +0.6% (NF4 +5.8%), batch 32 W8A16 +1.9%, W8A8 +0.8%; llama3-8b within
+      // 0.6% (W8A8 at batch 32 +1.8%); phi3-mini batch 8 -0.3 to -1.4%, W8A8 at batch 32 +3.1%.
+      // Why is not established. PTQKIT_DECODE_ROPE_PDL=1 launches it under PDL again (a sweep
+      // switch). A prompt's keeps PDL.
       static const bool rope_pdl = env_int("PTQKIT_DECODE_ROPE_PDL", 0) != 0;
       if (!rope_fold)
         launch_pdl("rope_append", pdl && (T_ > 1 || rope_pdl), -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
