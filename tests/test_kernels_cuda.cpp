@@ -615,6 +615,65 @@ TEST_CASE("gpu: silu of gate times up folded into a stacked A16 or f16 Linear eq
   CHECK(cuda::a16_folded() == cuda::A16Fold::none);
 }
 
+// The same fold in the wgmma kernel's streamed form at 9..32 rows (GPTQ 4-bit g128, 8-bit per
+// channel, NF4; 1 and 3 K slices): act must equal the fp64 silu(g) · u of that form's unfolded
+// output at the same slices (the same sums), rounded to f16, and its copy in the wgmma kernel's
+// order hold the same values at a16_wgmma_x_col's columns. The L2-fed kernel declines a request
+// with that copy (it does not write it).
+TEST_CASE("gpu: silu of gate times up folded into the wgmma kernel's streamed form at 9 to 32 rows equals the fp64 silu of its output") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t F = 1024, N = 2 * F, K = 1024, Mmax = 32;
+  Rng r{43};
+  std::vector<uint16_t> xh(size_t(Mmax * K));
+  for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), act(size_t(Mmax * F), "act"), perm(size_t(Mmax * F), "act in the wgmma order");
+  cuda::DeviceBuffer<float> dy(size_t(Mmax * N), "y");
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
+  const auto w8 = cuda::random_gptq_linear(N, K, 8, 0.0002f, r);
+  const auto nf = cuda::random_nf4_linear(N, K, 0.02f, r);
+  auto call = [&](const std::string& fmt, int64_t M, cuda::A16Path path) {
+    if (fmt == "w4") w4->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
+    else if (fmt == "w8") w8->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
+    else nf->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
+  };
+  for (const std::string fmt : {"w4", "w8", "nf4"})
+    for (int64_t M : {9, 17, 32})
+      for (int slices : {1, 3}) {
+        INFO(fmt << " M " << M << " slices " << slices);
+        cuda::set_a16_split({0, slices, 0, 0, 2});   // the streamed form
+        call(fmt, M, cuda::A16Path::wgmma);           // unfolded: y = [g | u]
+        std::vector<float> y(size_t(M * N));
+        cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+        cuda::fill_bytes(act.get(), 0, size_t(Mmax * F) * 2);
+        cuda::fill_bytes(perm.get(), 0, size_t(Mmax * F) * 2);
+        cuda::a16_fold_silu(act.get(), perm.get());
+        call(fmt, M, cuda::A16Path::wgmma);
+        const cuda::A16Fold taken = cuda::a16_folded();
+        cuda::set_a16_split({});
+        REQUIRE(taken == cuda::A16Fold::whole);
+        std::vector<uint16_t> a(size_t(M * F)), p(size_t(M * F));
+        cuda::copy_to_host(a.data(), act.get(), a.size() * 2);
+        cuda::copy_to_host(p.data(), perm.get(), p.size() * 2);
+        double worst = 0;
+        int64_t moved = 0;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t j = 0; j < F; ++j) {
+            const double g = y[size_t(m * N + j)], u = y[size_t(m * N + F + j)];
+            const double want = g / (1.0 + std::exp(-g)) * u, got = f16_bits_to_f32(a[size_t(m * F + j)]);
+            worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-2));
+            moved += p[size_t(m * F + cuda::a16_wgmma_x_col(j))] != a[size_t(m * F + j)];
+          }
+        INFO("worst relative error " << worst);
+        CHECK(worst <= 2e-3);   // f16 rounding (2^-11), fp32 silu
+        CHECK(moved == 0);
+      }
+  cuda::a16_fold_silu(act.get(), perm.get());   // the L2-fed kernel at 8 rows: no copy in that order, so it declines
+  call("w4", 8, cuda::A16Path::automatic);
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
+}
+
 // The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start
 // while the one before it runs, reading only W before it waits. A chain of calls queued without a
 // host sync, each reading the previous call's output and overwriting the buffer the call before

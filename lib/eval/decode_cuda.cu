@@ -1061,9 +1061,11 @@ struct DecodeCuda::Impl {
       norm(nw, outp);
       call();
     };
-    // Up to 8 rows a stacked gate, up Linear writes silu(gate) · up itself where its kernel does
-    // (a16_fold_silu: the A16 and f16 kernels), not with a W8A8 down (its silu·mul quantizes).
-    const bool silu_fold = rows <= 8 && std::is_same_v<T, __half> && f % 16 == 0 && decode_on(Switch::silu_fold);
+    // Up to 32 rows a stacked gate, up Linear writes silu(gate) · up itself where its kernel does
+    // (a16_fold_silu: the A16 and f16 kernels up to 8 rows, the wgmma kernel's streamed form at 9..32
+    // on its layers, with act's copy in its order for the down's), not with a W8A8 down (its
+    // silu·mul quantizes). Where the kernel declines, the silu·mul kernel runs.
+    const bool silu_fold = rows <= 32 && std::is_same_v<T, __half> && f % 16 == 0 && decode_on(Switch::silu_fold);
     // W8A8 down: silu·mul quantized by a cluster of CTAs a row where the GPU has clusters (sm_90).
     const bool silu_cluster = compute_capability() >= 90 && f % 4 == 0 && f <= 4 * kSiluClusterCtas * kSiluClusterThreads * kSiluClusterMax &&
                               decode_on(Switch::silu_cluster);
@@ -1156,8 +1158,8 @@ struct DecodeCuda::Impl {
       if (W.gate_up) {   // one Linear: row r holds gate, up side by side
         if (silu_fold && !mlp8 && !W.lin8[6]) {
           auto gate_up = [&] {
-            a16_fold_silu(act.get());
-            act_done = folded([&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); }) == A16Fold::whole;
+            a16_fold_silu(act.get(), actp);
+            act_done = folded([&] { offered(1, xn.get(), xn_p, [&] { W.gate_up(xn.get(), rows, gu.get(), 0.0f); }); }) == A16Fold::whole;
           };
           if (split >= 0) split_normed(l, split, *split_w, xnp[1], gate_up);
           else gate_up();
@@ -1194,7 +1196,7 @@ struct DecodeCuda::Impl {
       mark();
       const bool next = l + 1 < w.layers.size() && !attn8_of(w.layers[l + 1]);   // the next layer's input norm, unless it quantizes
       // X += down(act)
-      offered(2, act.get(), act_done ? nullptr : actp, [&] { in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr, 1, next && !split_declined[l + 1][1]); });
+      offered(2, act.get(), actp, [&] { in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr, 1, next && !split_declined[l + 1][1]); });
     }
     if (xperm_rows)
       for (size_t i = 0; i < 3; ++i)

@@ -225,7 +225,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   const bool norm_in = g_norm_in.norm && M == 1 && nt == 1 && K % 64 == 0;
   // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu) at M <= 8: each CTA takes
   // a gate row tile and the up row tile of the same rows (no forced one-tile split).
-  const bool silu = !fold && g_fold.silu && nt == 1 && N % 32 == 0 && g_split.rt != 1;
+  const bool silu = !fold && g_fold.silu && !g_fold.silu_perm && nt == 1 && N % 32 == 0 && g_split.rt != 1;
   // At one row of the quantized formats the gate and the up tile go to two halves of one CTA's
   // warps (kSilu with one row tile, planned with the pair's 2S warps: plan()'s pair) instead of one
   // warp holding both: the decode step at batch 1 (docs/lab/2026-11-24-decode-h200.md runs 98-102)

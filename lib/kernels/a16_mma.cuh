@@ -666,6 +666,7 @@ inline A16Split g_split;
 struct FoldRequest {
   const A16RowNorm* norm = nullptr;
   void* silu = nullptr;
+  void* silu_perm = nullptr;   // act's copy in the wgmma kernel's order, or null (a16_fold_silu)
   A16Fold taken = A16Fold::none;   // what the call did with it (a16_folded)
 };
 inline thread_local FoldRequest g_fold;

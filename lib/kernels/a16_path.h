@@ -162,8 +162,11 @@ void a16_fold_norm(const A16RowNorm* norm);
 // multiple of 16), to write act [M, F] f16 = silu(gate) * up (fp32, then rounded) instead of its
 // y: the decode's MLP without its silu·mul kernel. Taken by the L2-fed kernel at M <= 8 (a CTA
 // holds the gate's and the up's row tile: in each warp, or at one row of the quantized formats in
-// two halves of its warps), not by a forced one-tile split.
-void a16_fold_silu(void* act);
+// two halves of its warps), not by a forced one-tile split, and where act_perm is null; and by the
+// wgmma kernel's streamed form (8..32 staged rows, F % 64 == 0: a CTA holds 64 gate and the
+// matching 64 up rows), which also writes act_perm [M, F] (when set): act in that kernel's
+// k-step order (a16_wgmma_x_col), the next wgmma Linear's x.
+void a16_fold_silu(void* act, void* act_perm = nullptr);
 // What the call after a fold request (a16_fold_norm, a16_fold_silu) did with it:
 //   none   not taken: the caller runs the kernel the fold would have saved;
 //   whole  taken: the norm's output (or silu(gate) · up) written;

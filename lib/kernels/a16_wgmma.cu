@@ -355,10 +355,15 @@ constexpr size_t tma_smem_bytes(int bn, int u4, int nk, int D) {
   return std::max<size_t>(size_t(D) * tma_stage_bytes(bn, u4, nk), size_t(bn) * kTmaRedStride * 4) + 2 * 8 * size_t(D) + 1024;
 }
 
-template <int BN, class Format, bool kRowScale, int kTmaNK>
+// kSilu (a16_fold_silu; W a stacked gate, up Linear, N = 2F, F % 64 == 0): CTA b's warpgroups take
+// the gate's rows 64b .. 64b + 63 and the up's F + 64b .. (two boxes of 4 tiles a stage where the
+// plain form copies one of 8), and after the cluster's sum it writes act [M, F] f16 = silu(g) · u
+// (fp32, then rounded, as the decode's silu·mul kernel) into yh, and into act_perm (when set) the
+// same values at a16_wgmma_x_col's columns: the next Linear's x in the wgmma kernel's order.
+template <int BN, class Format, bool kRowScale, int kTmaNK, bool kSilu = false>
 __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                                                                 const __grid_constant__ CUtensorMap map_m, Format fmt, __half* __restrict__ yh, float* __restrict__ yf,
-                                                                float beta, int M, int N, int K, int sps, int D) {
+                                                                __half* __restrict__ act_perm, float beta, int M, int N, int K, int sps, int D) {
 #ifdef PTQ_A16_WGMMA
   namespace cg = cooperative_groups;
   constexpr int kU4 = Format::kU4, SB = tma_stage_bytes(BN, kU4, kTmaNK);
@@ -374,6 +379,8 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
   const int tiles = (N + 15) / 16, KS = (K + 63) / 64;
   const int s0 = blockIdx.y * sps, steps = max(0, min(KS, s0 + sps) - s0), nst = (steps + kTmaNK - 1) / kTmaNK;
   const int tile0 = blockIdx.x * 8;
+  // kSilu: the gate's 4 tiles (warpgroup 0) and the up's 4 (warpgroup 1) of the CTA's 64 rows.
+  const int tile_g = blockIdx.x * 4, tile_u = tiles / 2 + blockIdx.x * 4;
   if (threadIdx.x == kThreads) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_w)) : "memory");
@@ -400,8 +407,18 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
         const int s = s0 + kTmaNK * i;
         uint8_t* st = smem + slot * SB;
         tma::mbar_expect_tx(&full[slot], kBytes);
-        tma::tma_load_3d(st + XB, &map_w, 0, s, tile0, &full[slot]);
-        if (!kRowScale) tma::tma_load_3d(st + XB + CB, &map_m, 0, int(fmt.meta_ptr(0, s, 0, true) - fmt.meta_ptr(0, 0, 0, true)) / 8, tile0, &full[slot]);
+        const int mg = int(fmt.meta_ptr(0, s, 0, true) - fmt.meta_ptr(0, 0, 0, true)) / 8;
+        if constexpr (kSilu) {   // boxes of 4 tiles: the gate's, then the up's
+          tma::tma_load_3d(st + XB, &map_w, 0, s, tile_g, &full[slot]);
+          tma::tma_load_3d(st + XB + 4 * TB, &map_w, 0, s, tile_u, &full[slot]);
+          if (!kRowScale) {
+            tma::tma_load_3d(st + XB + CB, &map_m, 0, mg, tile_g, &full[slot]);
+            tma::tma_load_3d(st + XB + CB + 4 * kTmaNK * 64, &map_m, 0, mg, tile_u, &full[slot]);
+          }
+        } else {
+          tma::tma_load_3d(st + XB, &map_w, 0, s, tile0, &full[slot]);
+          if (!kRowScale) tma::tma_load_3d(st + XB + CB, &map_m, 0, mg, tile0, &full[slot]);
+        }
       };
       auto activations = [&](int i, int slot) {
 #pragma unroll
@@ -422,7 +439,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
     }
   } else {
     pdl::wait_prior_grid();
-    const int tile = min(tile0 + tl, tiles - 1);
+    const int tile = kSilu ? (wg == 0 ? tile_g : tile_u) + q : min(tile0 + tl, tiles - 1);
     uint32_t a[4][4];
     Meta meta1{};   // one group: its metadata, read once
     if constexpr (kRowScale) meta1 = *fmt.meta_ptr(tile, 0, lane, false);
@@ -467,21 +484,44 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
   const int S = int(gridDim.y), rank = int(blockIdx.y), n0 = 128 * int(blockIdx.x), rows = min(128, N - n0), quads = M * 32;
   if (S > 1) cluster.sync();
   else __syncthreads();
-  for (int o = rank * kTmaThreads + int(threadIdx.x); o < quads; o += S * kTmaThreads) {
-    const int n = o / 32, r = 4 * (o % 32);
-    if (r >= rows) continue;
-    float4 v = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
-    for (int z = 1; z < S; ++z) {
-      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kTmaRedStride + r);
-      v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
-    }
-    const float vv[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (kSilu) {   // quads of the 64 gate rows, each with the up's quad 64 rows on
+    const int F = N / 2, c0 = 64 * int(blockIdx.x);
+    for (int o = rank * kTmaThreads + int(threadIdx.x); o < M * 16; o += S * kTmaThreads) {
+      const int n = o / 16, r = 4 * (o % 16);
+      float4 g4 = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
+      float4 u4 = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + 64 + r);
+      for (int z = 1; z < S; ++z) {
+        const float* rz = cluster.map_shared_rank(red, z) + n * kTmaRedStride;
+        const float4 tg = *reinterpret_cast<const float4*>(rz + r), tu = *reinterpret_cast<const float4*>(rz + 64 + r);
+        g4.x += tg.x, g4.y += tg.y, g4.z += tg.z, g4.w += tg.w;
+        u4.x += tu.x, u4.y += tu.y, u4.z += tu.z, u4.w += tu.w;
+      }
+      const float gg[4] = {g4.x, g4.y, g4.z, g4.w}, uu[4] = {u4.x, u4.y, u4.z, u4.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (r + e >= rows) break;
-      const int64_t o2 = int64_t(n) * N + n0 + r + e;
-      if (yf) yf[o2] = vv[e] + (beta != 0.0f ? beta * yf[o2] : 0.0f);
-      else yh[o2] = __float2half_rn(vv[e]);
+      for (int e = 0; e < 4; ++e) {
+        const __half v = __float2half_rn(gg[e] / (1.0f + __expf(-gg[e])) * uu[e]);
+        const int col = c0 + r + e;
+        yh[int64_t(n) * F + col] = v;
+        if (act_perm) act_perm[int64_t(n) * F + a16_wgmma_x_col(col)] = v;
+      }
+    }
+  } else {
+    for (int o = rank * kTmaThreads + int(threadIdx.x); o < quads; o += S * kTmaThreads) {
+      const int n = o / 32, r = 4 * (o % 32);
+      if (r >= rows) continue;
+      float4 v = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
+      for (int z = 1; z < S; ++z) {
+        const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kTmaRedStride + r);
+        v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
+      }
+      const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (r + e >= rows) break;
+        const int64_t o2 = int64_t(n) * N + n0 + r + e;
+        if (yf) yf[o2] = vv[e] + (beta != 0.0f ? beta * yf[o2] : 0.0f);
+        else yh[o2] = __float2half_rn(vv[e]);
+      }
     }
   }
   if (S > 1) cluster.sync();   // no CTA leaves while another reads its partial
@@ -612,15 +652,16 @@ inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
 }
 
 template <int BN, class Format>
-void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K, bool silu = false,
+                __half* act_perm = nullptr) {
   static const int D0 = env_int("PTQKIT_A16_TMA_STAGES", 0), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
   const SweptCell* cell = swept_cell(N, K, code_bits<Format>());
   const int D = cell && cell->stages >= 2 ? cell->stages : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
   constexpr int NK = 4;   // k-steps a stage (lab runs 230-231: 2 and 1 slower; one instantiation keeps the build short)
   const bool row_scale = scales_per_row(fmt);
-  auto kern = wgmma_tma_kernel<BN, Format, false, NK>;
+  auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, true> : wgmma_tma_kernel<BN, Format, false, NK>;
   if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
-    if (row_scale) kern = wgmma_tma_kernel<BN, Format, true, NK>;
+    if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, true> : wgmma_tma_kernel<BN, Format, true, NK>;
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> resident;   // CTAs resident at once, per kernel and ring depth
@@ -644,8 +685,10 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   // [tiles][KS][u4 x 64 words of 8 bytes] in boxes of 8 tiles x NK k-steps; the metadata
   // [tiles][groups][8 words] in boxes of 8 tiles x NK groups.
   const CUtensorMap map = cached_tensor_map(tma_spec_f16(xk, M, KP, BN));
-  const CUtensorMap map_w = cached_tensor_map(tma_spec_3d_u64(W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, 8}));
-  const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(tma_spec_3d_u64(meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, 8}));
+  // (kSilu: boxes of 4 tiles, two a stage.)
+  const int box_tiles = silu ? 4 : 8;
+  const CUtensorMap map_w = cached_tensor_map(tma_spec_3d_u64(W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, box_tiles}));
+  const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(tma_spec_3d_u64(meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, box_tiles}));
   const int64_t groups = (N + 127) / 128;
   int S = forced > 0 ? std::min(forced, 8) : g_split.slices ? std::min(g_split.slices, 8) : int(std::max<int64_t>(1, std::min<int64_t>(max_s, res / groups)));
   S = std::max(1, std::min(S, int(KS / NK)));
@@ -653,7 +696,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   S = (KS + sps - 1) / sps;   // no empty slice
   static const bool pdl = env_int("PTQKIT_A16_TMA_PDL", 1) != 0;
   launch_ex("a16 wgmma_tma_kernel", pdl, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), kern, dim3(unsigned(groups), unsigned(S)), dim3(kTmaThreads), smem, map, map_w, map_m, fmt,
-            yh, yf, beta, int(M), int(N), int(K), sps, D);
+            yh, yf, act_perm, beta, int(M), int(N), int(K), sps, D);
 }
 
 // x [M, K] in the kernels' k-step order [M, KP]: the copy a producer offered (a16_offer_wgmma_x:
@@ -677,9 +720,15 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   if (tma_takes(fmt, bn, N, K)) {
     DeviceBuffer<__half> xp;
     const __half* xk = x_in_kernel_order(x, M, K, xp);
-    if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K);
-    else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K);
-    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K);
+    // silu(gate) · up asked of a stacked gate, up Linear (a16_fold_silu): taken here where its
+    // halves are whole 64-row groups.
+    const bool silu = g_fold.silu && !g_fold.norm && N % 128 == 0;
+    __half* act = silu ? static_cast<__half*>(g_fold.silu) : nullptr;
+    __half* act_perm = silu ? static_cast<__half*>(g_fold.silu_perm) : nullptr;
+    if (silu) g_fold.taken = A16Fold::whole, yh = act, yf = nullptr;
+    if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, silu, act_perm);
+    else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, silu, act_perm);
+    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, silu, act_perm);
     return;
   }
   const bool row_scale = scales_per_row(fmt);
