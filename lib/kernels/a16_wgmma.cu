@@ -19,6 +19,9 @@
 // as it lies — or, where the caller offers x already in that order (a16_offer_wgmma_x, K % 64 ==
 // 0: the decode's norm and silu·mul write it, a16_wgmma_x_col), it reads that copy and no permute
 // pass runs.
+// The streamed form also takes a16_fold_silu's request (a stacked gate, up Linear: its CTA holds 64
+// gate and the matching 64 up rows and writes silu(gate) · up, and its copy in the order above for
+// the next Linear; kSilu, below).
 // Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
 // stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
 // the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math
