@@ -553,6 +553,21 @@ TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64
   }
 }
 
+// The worst relative error of act [M, F] (f16 bits) against the fp64 silu(g) · u of y = [g | u]
+// [M, N = 2F] (relative to max(|want|, 1e-2)).
+namespace {
+double silu_act_error(const std::vector<float>& y, const std::vector<uint16_t>& a, int64_t M, int64_t F) {
+  double worst = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < F; ++j) {
+      const double g = y[size_t(m * 2 * F + j)], u = y[size_t(m * 2 * F + F + j)];
+      const double want = g / (1.0 + std::exp(-g)) * u, got = f16_bits_to_f32(a[size_t(m * F + j)]);
+      worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-2));
+    }
+  return worst;
+}
+}  // namespace
+
 // silu(gate) · up written by a stacked gate, up Linear (a16_fold_silu: the decode's MLP up to 8
 // rows). The folded call's act [M, F] must equal the fp64 silu(g) · u of the same Linear's unfolded
 // output y = [g | u] (whose GEMM the tests above check against their references), rounded to f16,
@@ -595,13 +610,7 @@ TEST_CASE("gpu: silu of gate times up folded into a stacked A16 or f16 Linear eq
           REQUIRE(taken == cuda::A16Fold::whole);
           std::vector<uint16_t> a(size_t(M * F));
           cuda::copy_to_host(a.data(), act.get(), a.size() * 2);
-          double worst = 0;
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t j = 0; j < F; ++j) {
-              const double g = y[size_t(m * N + j)], u = y[size_t(m * N + F + j)];
-              const double want = g / (1.0 + std::exp(-g)) * u, got = f16_bits_to_f32(a[size_t(m * F + j)]);
-              worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-2));
-            }
+          const double worst = silu_act_error(y, a, M, F);
           INFO("worst relative error " << worst);
           CHECK(worst <= 2e-3);   // f16 rounding (2^-11), fp32 silu, another split's sums
         }
@@ -656,15 +665,10 @@ TEST_CASE("gpu: silu of gate times up folded into the wgmma kernel's streamed fo
         std::vector<uint16_t> a(size_t(M * F)), p(size_t(M * F));
         cuda::copy_to_host(a.data(), act.get(), a.size() * 2);
         cuda::copy_to_host(p.data(), perm.get(), p.size() * 2);
-        double worst = 0;
+        const double worst = silu_act_error(y, a, M, F);
         int64_t moved = 0;
         for (int64_t m = 0; m < M; ++m)
-          for (int64_t j = 0; j < F; ++j) {
-            const double g = y[size_t(m * N + j)], u = y[size_t(m * N + F + j)];
-            const double want = g / (1.0 + std::exp(-g)) * u, got = f16_bits_to_f32(a[size_t(m * F + j)]);
-            worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-2));
-            moved += p[size_t(m * F + cuda::a16_wgmma_x_col(j))] != a[size_t(m * F + j)];
-          }
+          for (int64_t j = 0; j < F; ++j) moved += p[size_t(m * F + cuda::a16_wgmma_x_col(j))] != a[size_t(m * F + j)];
         INFO("worst relative error " << worst);
         CHECK(worst <= 2e-3);   // f16 rounding (2^-11), fp32 silu
         CHECK(moved == 0);
