@@ -1030,23 +1030,20 @@ struct DecodeCuda::Impl {
     // leaves the sums of squares of each 16 rows of X in row_ss and xn = f16(X * w / 16), the
     // reader scales its fp32 sums by 16 / rms(X). No norm kernel: batch 1 on llama2-7b W4A16
     // +3.2%, W8A16 +2.7%, f16 +1.5% against the norm kernel (lab run 278; leaving the norms out
-    // entirely, run 266: +7.2%, +5.0%, +3.0%). residual_linear answers how the next norm was done (Normed).
+    // entirely, run 266: +7.2%, +5.0%, +3.0%). residual_linear answers how the next norm was done:
+    // its call's A16Fold (none: the norm still to run; whole: done into xn; split: row_ss and xn
+    // written).
     const bool norm_split = fold && decode_on(Switch::norm_split);
     if (split_declined.size() != w.layers.size()) split_declined.assign(w.layers.size(), {false, false});
-    enum class Normed { no, whole, split };   // the norm still to run; done into xn; split (row_ss and xn written)
     auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm, int slot, bool split_ok = true) {
       if (!fold || !next_norm) {
         fn(x, rows, X.get(), 1.0f);
-        return Normed::no;
+        return A16Fold::none;
       }
       A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
       if (norm_split && split_ok) rn.row_ss = row_ss_at(slot);
       a16_fold_norm(&rn);
-      switch (folded([&] { fn(x, rows, X.get(), 1.0f); })) {
-        case A16Fold::whole: return Normed::whole;
-        case A16Fold::split: return Normed::split;
-        default: return Normed::no;
-      }
+      return folded([&] { fn(x, rows, X.get(), 1.0f); });
     };
     // A Linear on the norm's output where the writer left row_ss (slot): asked to be the split's
     // reader; where its kernel was not, the norm runs (xn normed: the rest of its readers read it
@@ -1069,7 +1066,7 @@ struct DecodeCuda::Impl {
     // W8A8 down: silu·mul quantized by a cluster of CTAs a row where the GPU has clusters (sm_90).
     const bool silu_cluster = compute_capability() >= 90 && f % 4 == 0 && f <= 4 * kSiluClusterCtas * kSiluClusterThreads * kSiluClusterMax &&
                               decode_on(Switch::silu_cluster);
-    Normed in_normed = Normed::no;   // the layer's input norm as the previous layer's down Linear left it
+    A16Fold in_normed = A16Fold::none;   // the layer's input norm as the previous layer's down Linear left it
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const DecodeLayer& W = w.layers[l];
       LayerDev& D = L[l];
@@ -1079,9 +1076,9 @@ struct DecodeCuda::Impl {
       int split = -1;               // the row_ss slot the Linears on xn form it from (the norm split), else -1
       const DeviceBuffer<float>* split_w = nullptr;
       if (attn8) norm_quant(D.in_norm, *attn8);
-      else if (in_normed == Normed::split) split = 1, split_w = &D.in_norm;
-      else if (in_normed == Normed::no) norm(D.in_norm, xnp[0]), xn_p = xnp[0];
-      in_normed = Normed::no;
+      else if (in_normed == A16Fold::split) split = 1, split_w = &D.in_norm;
+      else if (in_normed == A16Fold::none) norm(D.in_norm, xnp[0]), xn_p = xnp[0];
+      in_normed = A16Fold::none;
       mark();
       // A Linear on the norm's output: its int8 form on the quantized rows, else on xn (formed by
       // the Linear itself where the norm is split).
@@ -1138,13 +1135,13 @@ struct DecodeCuda::Impl {
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
                                                 : int8_input({&W.lin8[4], &W.lin8[5]});
-      const Normed post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm, 0, W.experts.empty() && !split_declined[l][0]);   // X += o(ctx); MoE gathers xn
+      const A16Fold post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm, 0, W.experts.empty() && !split_declined[l][0]);   // X += o(ctx); MoE gathers xn
       mark();
       xn_p = nullptr;
       split = -1;
       if (mlp8) norm_quant(D.post_norm, *mlp8);
-      else if (post_normed == Normed::split) split = 0, split_w = &D.post_norm;
-      else if (post_normed == Normed::no) norm(D.post_norm, xnp[1]), xn_p = xnp[1];
+      else if (post_normed == A16Fold::split) split = 0, split_w = &D.post_norm;
+      else if (post_normed == A16Fold::none) norm(D.post_norm, xnp[1]), xn_p = xnp[1];
       mark();
       if (!W.experts.empty()) {
         moe<T>(W, rows);
