@@ -144,6 +144,38 @@ TEST_CASE("decode cuda: x written in the wgmma kernel's order by the norm and si
   }
 }
 
+// At 17..32 rows the stacked q, k, v Linear of a GPTQ model writes q and the cache rows rotated
+// itself (a16_fold_rope) and rope_append does not run: one llama2-7b layer (heads of 128, its q, k,
+// v on the wgmma kernel's streamed form there) gives the same logits and tokens, to the bit, as
+// with rope_append after the Linear (the same fp32 sums, the same rotation: kernels/rotary.cuh).
+// 24 sequences prefilled a token each, then decoded (24 rows a step); 12 prefilled two tokens
+// each (24 rows, positions 0 and 1 of each sequence).
+TEST_CASE("decode cuda: the rotary and KV append folded into the q, k, v Linear at 17 to 32 rows give the bytes of the rotary kernel") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const LlamaConfig c = parse_config(synth_config_json("llama2-7b", 1, DType::F16), "llama2-7b");
+  for (const char* f : {"w4a16", "w8a16"})
+    for (auto [B, T] : {std::pair{24, 1}, std::pair{12, 2}}) {
+      INFO(f << " batch " << B << " prompt " << T);
+      cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, true);
+      std::vector<int32_t> p(size_t(B * T));
+      for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
+      cuda::DecodeCuda a(w, B, 8), b(w, B, 8);
+      b.set_rope_in_linear(false);
+      a.feed(p, T);
+      b.feed(p, T);
+      CHECK(a.rope_in_linear_used());
+      CHECK_FALSE(b.rope_in_linear_used());
+      const MatF la = a.logits(), lb = b.logits();
+      CHECK(la.allFinite());
+      CHECK((la - lb).cwiseAbs().maxCoeff() == 0.0f);
+      if (T == 1) {
+        CHECK(a.decode_greedy(3) == b.decode_greedy(3));
+        CHECK((a.logits() - b.logits()).cwiseAbs().maxCoeff() == 0.0f);
+      }
+    }
+}
+
 // The attention's other forms against the CPU: 16 splits a head at batch 1 (a 1,024-position
 // cache), combined through global memory rather than in a cluster; two sequences, whose decode
 // steps run the rotary kernel rather than the attention's own rotary, and at head_dim 64 the

@@ -678,6 +678,110 @@ TEST_CASE("gpu: silu of gate times up folded into the wgmma kernel's streamed fo
   CHECK(cuda::a16_folded() == cuda::A16Fold::none);
 }
 
+// The rotary embedding and KV append folded into a stacked q, k, v Linear (a16_fold_rope: the
+// wgmma kernel's streamed form at 17..32 rows, GPTQ 4-bit g128 and 8-bit per channel, 1 and 3 K
+// slices; 4 query and 2 key/value heads of 128). Against the fp64 rotation of the same form's
+// unfolded output y at the same slices: q rotated, and at each token's row (n / T, pos + n % T) of
+// the caches the rotated key and the value, rounded to f16; every other cache row untouched. NF4,
+// the L2-fed kernel (8 rows) and a shape that is not (nh + 2 nkv) heads decline.
+TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed q, k, v Linear equal the fp64 rotation of its output") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int nh = 4, nkv = 2, hd = 128, max_len = 16, pos = 5, Mmax = 32;
+  const int64_t N = int64_t(nh + 2 * nkv) * hd, K = 1024;
+  Rng r{44};
+  std::vector<uint16_t> xh(size_t(Mmax * K));
+  for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+  std::vector<float> cs(size_t(max_len * 64)), sn(cs.size());   // the model's tables: angle p 10000^(-j / 64)
+  for (int p = 0; p < max_len; ++p)
+    for (int j = 0; j < 64; ++j) {
+      const double a = p * std::pow(10000.0, -j / 64.0);
+      cs[size_t(p * 64 + j)] = float(std::cos(a)), sn[size_t(p * 64 + j)] = float(std::sin(a));
+    }
+  const size_t cache = size_t(Mmax) * max_len * nkv * hd;   // up to Mmax sequences
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), q(size_t(Mmax) * nh * hd, "q"), kc(cache, "k cache"), vc(cache, "v cache");
+  cuda::DeviceBuffer<float> dy(size_t(Mmax * N), "y"), dcos(cs.size(), "cos"), dsin(sn.size(), "sin");
+  cuda::DeviceBuffer<int> dpos(1, "pos");
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  cuda::copy_to_device(dcos.get(), cs.data(), cs.size() * 4);
+  cuda::copy_to_device(dsin.get(), sn.data(), sn.size() * 4);
+  cuda::copy_to_device(dpos.get(), &pos, sizeof(int));
+  const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
+  const auto w8 = cuda::random_gptq_linear(N, K, 8, 0.0002f, r);
+  const auto nf = cuda::random_nf4_linear(N, K, 0.02f, r);
+  auto call = [&](const std::string& fmt, int64_t M, cuda::A16Path path) {
+    if (fmt == "w4") w4->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
+    else if (fmt == "w8") w8->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
+    else nf->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
+  };
+  const uint16_t kUntouched = 0x3C00;   // 1.0 in f16
+  auto fill_caches = [&] {
+    const std::vector<uint16_t> ones(cache, kUntouched);
+    cuda::copy_to_device(kc.get(), ones.data(), cache * 2);
+    cuda::copy_to_device(vc.get(), ones.data(), cache * 2);
+  };
+  for (const std::string fmt : {"w4", "w8"})
+    for (auto [M, T] : {std::pair{17, 1}, std::pair{24, 3}, std::pair{32, 1}})
+      for (int slices : {1, 3}) {
+        INFO(fmt << " M " << M << " T " << T << " slices " << slices);
+        cuda::set_a16_split({0, slices, 0, 0, 2});   // the streamed form
+        call(fmt, M, cuda::A16Path::wgmma);           // unfolded: y = [q | k | v]
+        std::vector<float> y(size_t(M) * size_t(N));
+        cuda::copy_to_host(y.data(), dy.get(), y.size() * 4);
+        cuda::fill_bytes(q.get(), 0, q.size() * 2);
+        fill_caches();
+        const cuda::A16Rope rope{dcos.get(), dsin.get(), dpos.get(), q.get(), kc.get(), vc.get(), T, nh, nkv, max_len};
+        cuda::a16_fold_rope(&rope);
+        call(fmt, M, cuda::A16Path::wgmma);
+        const cuda::A16Fold taken = cuda::a16_folded();
+        cuda::set_a16_split({});
+        REQUIRE(taken == cuda::A16Fold::whole);
+        std::vector<uint16_t> qg(q.size()), kg(cache), vg(cache);
+        cuda::copy_to_host(qg.data(), q.get(), qg.size() * 2);
+        cuda::copy_to_host(kg.data(), kc.get(), cache * 2);
+        cuda::copy_to_host(vg.data(), vc.get(), cache * 2);
+        double worst = 0;
+        std::vector<char> written(cache, 0);
+        for (int n = 0; n < M; ++n) {
+          const int b = n / T, p = pos + n % T;
+          for (int h = 0; h < nh + 2 * nkv; ++h)
+            for (int j = 0; j < hd; ++j) {
+              const float* yh = y.data() + size_t(n) * size_t(N) + size_t(h * hd);
+              const double c = cs[size_t(p * 64 + j % 64)], s = sn[size_t(p * 64 + j % 64)];
+              const double lo = yh[j % 64], hi = yh[64 + j % 64];
+              const double want = h >= nh + nkv ? yh[j] : j < 64 ? lo * c - hi * s : hi * c + lo * s;
+              size_t at = size_t(n) * nh * hd + size_t(h * hd + j);
+              const uint16_t* got = qg.data();
+              if (h >= nh) {
+                const int kv = (h - nh) % nkv;
+                at = (size_t(b) * max_len + size_t(p)) * nkv * hd + size_t(kv * hd + j);
+                got = h < nh + nkv ? kg.data() : vg.data();
+                written[at] |= char(h < nh + nkv ? 1 : 2);
+              }
+              worst = std::max(worst, std::abs(f16_bits_to_f32(got[at]) - want) / std::max(std::abs(want), 1e-2));
+            }
+        }
+        int64_t stray = 0;
+        for (size_t i = 0; i < cache; ++i) stray += (!(written[i] & 1) && kg[i] != kUntouched) + (!(written[i] & 2) && vg[i] != kUntouched);
+        INFO("worst relative error " << worst);
+        CHECK(worst <= 2e-3);   // f16 rounding (2^-11), fp32 products
+        CHECK(stray == 0);
+      }
+  const cuda::A16Rope rope{dcos.get(), dsin.get(), dpos.get(), q.get(), kc.get(), vc.get(), 1, nh, nkv, max_len};
+  cuda::set_a16_split({0, 0, 0, 0, 2});
+  cuda::a16_fold_rope(&rope);   // NF4 on the streamed form: not taken
+  call("nf4", 32, cuda::A16Path::wgmma);
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
+  const cuda::A16Rope other{dcos.get(), dsin.get(), dpos.get(), q.get(), kc.get(), vc.get(), 1, nh + 1, nkv, max_len};
+  cuda::a16_fold_rope(&other);   // N is not (nh + 2 nkv) heads
+  call("w4", 32, cuda::A16Path::wgmma);
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
+  cuda::set_a16_split({});
+  cuda::a16_fold_rope(&rope);   // the L2-fed kernel at 8 rows
+  call("w4", 8, cuda::A16Path::automatic);
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
+}
+
 // The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start
 // while the one before it runs, reading only W before it waits. A chain of calls queued without a
 // host sync, each reading the previous call's output and overwriting the buffer the call before

@@ -5,7 +5,8 @@
 //   rmsnorm_rows    xn [rows, d] 16-bit = X / rms(X) * w, one CTA per row, fp32 statistics
 //                   (rmsnorm_rows_vec: the same with the row in registers)
 //   rope_append     per (row, head): bias, Qwen3 head norm, rotary at pos + t; q -> 16-bit q,
-//                   k, v -> the cache at [b, pos + t] (at batch 1 the attention does this itself)
+//                   k, v -> the cache at [b, pos + t] (at batch 1 the attention does this itself;
+//                   at 17..32 rows the q, k, v Linear where its kernel does: a16_fold_rope)
 //   attend          per (row, head[, split]): scores over the cached positions <= its own
 //                   (sliding window too), softmax, weighted sum of V -> ctx 16-bit (splits: one
 //                   cluster a head combining in shared memory, or the last split to finish);
@@ -19,9 +20,11 @@
 //   argmax_rows     next token per sequence, written to the token buffer and the history
 // The CPU reference of each is the same stage in lib/model/llama.cpp (attention_cached,
 // rmsnorm, head_rmsnorm, apply_rope, silu_mul).
-// Folded into the Linears' kernels where measured faster (kernels/a16_path.h): up to 8 rows the
+// Folded into the Linears' kernels where measured faster (kernels/a16_path.h): up to 32 rows the
 // stacked gate, up Linear writes act itself (a16_fold_silu: no silu_mul launch); at one row NF4's
-// o and down Linears write the next RMSNorm's xn (a16_fold_norm: no rmsnorm launch).
+// o and down Linears write the next RMSNorm's xn (a16_fold_norm: no rmsnorm launch), the other
+// formats' split it with the Linear after the norm; at 2+ rows the stacked q, k, v Linear writes q
+// and the cache rows rotated (a16_fold_rope: no rope_append launch).
 // From 17 rows the norm and silu·mul kernels also write their output in the wgmma A16 kernel's
 // k-step order (a16_wgmma_x_col), which the Linear after them takes where it runs that kernel
 // (a16_offer_wgmma_x: no permute launch of its own).
@@ -55,6 +58,7 @@
 #include "kernels/bench_kernels.h"
 #include "kernels/f16_gemv.h"
 #include "kernels/nf4.h"
+#include "kernels/rotary.cuh"
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
 #include "model/attention_cuda.h"
@@ -121,14 +125,15 @@ bool switch_on(const char* name) {
 //                               before them (else each Linear quantizes its own)
 //   PTQKIT_DECODE_NORM_FOLD     at one row the o and down Linears write the next RMSNorm's input
 //                               where their kernel does (a16_fold_norm)
-//   PTQKIT_DECODE_SILU_FOLD     up to 8 rows the stacked gate, up Linear writes silu·mul where its
+//   PTQKIT_DECODE_SILU_FOLD     up to 32 rows the stacked gate, up Linear writes silu·mul where its
 //                               kernel does (a16_fold_silu)
 //   PTQKIT_DECODE_SILU_CLUSTER  the W8A8 down's silu·mul quantized by a cluster of CTAs a row
 //                               (else one CTA a row)
 //   PTQKIT_DECODE_ATTN_CLUSTER  the attention's splits of a head combined in a cluster (else by
 //                               the last CTA to arrive, through global memory)
 //   PTQKIT_DECODE_ROPE_FOLD     a batch-1 decode step's rotary and KV append done by the
-//                               attention (else by rope_append before it)
+//                               attention, 2+ rows' by the q, k, v Linear where its kernel does
+//                               (a16_fold_rope; else by rope_append before the attention)
 //   PTQKIT_DECODE_XPERM         from 17 rows the norm and silu·mul write x in the wgmma kernel's
 //                               order too (DecodeCuda::set_permuted_x)
 //   PTQKIT_DECODE_FLASH_PREFILL a prompt fed from position 0 attends by flash attention
@@ -253,7 +258,7 @@ __device__ float rope_rotate(const RopeArgs& a, float x, const float* nw, float 
   __syncthreads();   // an earlier call's reads of sh are done
   if (i < a.hd) sh[i] = x;
   __syncthreads();
-  if (i < a.hd && i < 2 * a.half) x = i < a.half ? sh[i] * cs - sh[i + a.half] * sn : sh[i] * cs + sh[i - a.half] * sn;
+  if (i < a.hd && i < 2 * a.half) x = i < a.half ? rotary_lo(sh[i], sh[i + a.half], cs, sn) : rotary_hi(sh[i - a.half], sh[i], cs, sn);
   return x;
 }
 // Element i of row r's value head h: the Linear's output plus its bias.
@@ -756,6 +761,7 @@ struct DecodeCuda::Impl {
   int B = 1, max_len = 0, pos = 0;
   bool graphs = true, graph_used = false;
   bool xperm = decode_on(Switch::xperm), xperm_used = false;   // set_permuted_x; whether a Linear took the permuted x
+  bool rope_in_linear = decode_on(Switch::rope_fold), rope_in_linear_used = false;   // set_rope_in_linear; whether a Linear took it
   // By rows: whether the Linears after the input norm, the post-attention norm and the silu·mul
   // took x in the wgmma order (-1: not yet seen; the first step of a row count writes and offers
   // it, later ones only where it was taken: f16's and NF4's Linears never take it).
@@ -997,6 +1003,10 @@ struct DecodeCuda::Impl {
     // 105, 108: batch 1 W4A16 +2.7%, NF4 +2.2%; at batch 8 and 32, where every split and query
     // head forms them again, 0.5-1.6% slower in run 105's form).
     const bool rope_fold = rows == 1 && decode_on(Switch::rope_fold);
+    // 2+ rows: the stacked q, k, v Linear writes q and the cache rows rotated itself where its kernel
+    // does (a16_fold_rope: the wgmma kernel's streamed form at 17..32 rows, GPTQ codes; heads of 128
+    // rotated whole, no bias, no head norm), and rope_append does not run.
+    const bool rope_linear = rows > 1 && std::is_same_v<T, __half> && hd == kA16RopeHead && 2 * half == int(hd) && rope_in_linear;
     // A prompt fed from position 0 (the cache holds only its own keys): flash attention over each
     // sequence's T rows, which reads each key and value tile once for a block of queries, where
     // attend reads a row's whole prefix for every (row, head): T^2 / 2 rows of the cache a head
@@ -1091,8 +1101,16 @@ struct DecodeCuda::Impl {
       const int64_t qd = c.q_dim(), kvd = c.kv_dim();
       float *yq = qkv.get(), *yk, *yv;
       int q_stride, kv_stride;
+      bool roped = false;   // q and the cache rows written by the q, k, v Linear (a16_fold_rope)
       if (W.qkv) {   // one Linear: row r holds q, k, v side by side
-        linear(W.qkv, W.qkv8, attn8, yq, 0.0f, 0);
+        if (rope_linear && !attn8 && split < 0 && W.qkv_bias[0].size() + W.qkv_bias[1].size() + W.qkv_bias[2].size() + W.q_norm.size() + W.k_norm.size() == 0) {
+          const A16Rope ar{cos.get(), sin.get(), pos_d.get(), qh.get(), D.K.get(), D.V.get(), T_, nh, nkv, int(max_len)};
+          a16_fold_rope(&ar);
+          roped = folded([&] { linear(W.qkv, W.qkv8, false, yq, 0.0f, 0); }) == A16Fold::whole;
+          rope_in_linear_used |= roped;
+        } else {
+          linear(W.qkv, W.qkv8, attn8, yq, 0.0f, 0);
+        }
         yk = yq + qd, yv = yk + kvd;
         q_stride = kv_stride = int(qd + 2 * kvd);
       } else {
@@ -1114,7 +1132,7 @@ struct DecodeCuda::Impl {
       // Why is not established. PTQKIT_DECODE_ROPE_PDL=1 launches it under PDL again (a sweep
       // switch). A prompt's keeps PDL.
       static const bool rope_pdl = env_int("PTQKIT_DECODE_ROPE_PDL", 0) != 0;
-      if (!rope_fold)
+      if (!rope_fold && !roped)
         launch_pdl("rope_append", pdl && (T_ > 1 || rope_pdl), -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
                    reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));
       mark();
@@ -1367,6 +1385,8 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
 void DecodeCuda::set_graphs(bool on) { p_->graphs = on; }
 void DecodeCuda::set_permuted_x(bool on) { p_->xperm = on; }
 bool DecodeCuda::permuted_x_used() const { return p_->xperm_used; }
+void DecodeCuda::set_rope_in_linear(bool on) { p_->rope_in_linear = on; }
+bool DecodeCuda::rope_in_linear_used() const { return p_->rope_in_linear_used; }
 bool DecodeCuda::graph_used() const { return p_->graph_used; }
 
 // ---- synthetic weights for `bench decode` ----

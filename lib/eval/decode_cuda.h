@@ -98,6 +98,10 @@ class DecodeCuda {
   // k-step order for the Linears after them (on by default; PTQKIT_DECODE_XPERM=0 turns it off).
   void set_permuted_x(bool on);
   bool permuted_x_used() const;          // whether a Linear has read it since construction
+  // At 2+ rows the stacked q, k, v Linear writes q and the cache rows rotated where its kernel does
+  // (a16_fold_rope; on by default; PTQKIT_DECODE_ROPE_FOLD=0 turns it off with the batch-1 fold).
+  void set_rope_in_linear(bool on);
+  bool rope_in_linear_used() const;      // whether a Linear has done so since construction
   const DecodeWeights& weights() const;
  private:
   struct Impl;

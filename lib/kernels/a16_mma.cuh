@@ -662,11 +662,13 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
 // The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
-// The thread's fold request (a16_fold_norm, a16_fold_silu) and whether a call took it.
+// The thread's fold request (a16_fold_norm, a16_fold_silu, a16_fold_rope: one at a time) and
+// whether a call took it.
 struct FoldRequest {
   const A16RowNorm* norm = nullptr;
   void* silu = nullptr;
   void* silu_perm = nullptr;   // act's copy in the wgmma kernel's order, or null (a16_fold_silu)
+  const A16Rope* rope = nullptr;
   A16Fold taken = A16Fold::none;   // what the call did with it (a16_folded)
 };
 inline thread_local FoldRequest g_fold;

@@ -167,9 +167,29 @@ void a16_fold_norm(const A16RowNorm* norm);
 // matching 64 up rows), which also writes act_perm [M, F] (when set): act in that kernel's
 // k-step order (a16_wgmma_x_col), the next wgmma Linear's x.
 void a16_fold_silu(void* act, void* act_perm = nullptr);
-// What the call after a fold request (a16_fold_norm, a16_fold_silu) did with it:
+// The rotary embedding and KV-cache append folded into a stacked q, k, v Linear (decode of 2+
+// rows): instead of its y [M, (nh + 2 nkv) 128] the Linear writes, for token n (sequence n / T,
+// position *pos + n % T), q [n, nh 128] f16 = rot(q_n), and at row (n / T, *pos + n % T) of the
+// caches [M / T, max_len, nkv 128] f16 the key rot(k_n) and the value v_n, rot rotating each head's
+// dims (j, j + 64) by (cos, sin)[position][j] (kernels/rotary.cuh: the decode's rope_append
+// arithmetic, so the same bytes). For heads of 128 dims rotated whole, no bias, no head norm (the
+// caller checks those). Taken by the wgmma kernel's streamed form (its CTA holds one head's 128
+// output rows), N == (nh + 2 nkv) 128; every other kernel declines.
+struct A16Rope {
+  const float* cos = nullptr;   // [max_len, 64]
+  const float* sin = nullptr;
+  const int* pos = nullptr;     // the first new token's position (device)
+  void* q = nullptr;            // [M, nh 128] f16
+  void* k_cache = nullptr;      // [M / T, max_len, nkv 128] f16
+  void* v_cache = nullptr;
+  int T = 1, nh = 0, nkv = 0, max_len = 0;
+};
+constexpr int kA16RopeHead = 128;   // the head size the fold takes
+// Asks the next A16 call on this thread to fold `rope` (A16Rope).
+void a16_fold_rope(const A16Rope* rope);
+// What the call after a fold request (a16_fold_norm, a16_fold_silu, a16_fold_rope) did with it:
 //   none   not taken: the caller runs the kernel the fold would have saved;
-//   whole  taken: the norm's output (or silu(gate) · up) written;
+//   whole  taken: the norm's output (or silu(gate) · up, or q and the cache rows) written;
 //   split  a split norm's writer side (a16_fold_norm with row_ss): row_ss and out written, the
 //          norm to be finished by its reader (a16_norm_in).
 enum class A16Fold { none, whole, split };

@@ -21,7 +21,8 @@
 // pass runs.
 // The streamed form also takes a16_fold_silu's request (a stacked gate, up Linear: its CTA holds 64
 // gate and the matching 64 up rows and writes silu(gate) · up, and its copy in the order above for
-// the next Linear; kSilu, below).
+// the next Linear) and, at 17..32 rows for GPTQ codes, a16_fold_rope's (a stacked q, k, v Linear:
+// its CTA holds one head of 128 rows and writes it rotated into q or the KV cache; Epi, below).
 // Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
 // stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
 // the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math
@@ -61,7 +62,9 @@
 #include "cuda/ptx.cuh"
 #include "cuda/runtime.h"
 #include "cuda/tma.cuh"
+#include "kernels/a16_path.h"
 #include "kernels/a16_split_k.cuh"
+#include "kernels/rotary.cuh"
 #include "kernels/w8a8.h"
 
 namespace ptq::cuda::a16 {
@@ -358,16 +361,25 @@ constexpr size_t tma_smem_bytes(int bn, int u4, int nk, int D) {
   return std::max<size_t>(size_t(D) * tma_stage_bytes(bn, u4, nk), size_t(bn) * kTmaRedStride * 4) + 2 * 8 * size_t(D) + 1024;
 }
 
-// kSilu (a16_fold_silu; W a stacked gate, up Linear, N = 2F, F % 64 == 0): CTA b's warpgroups take
-// the gate's rows 64b .. 64b + 63 and the up's F + 64b .. (two boxes of 4 tiles a stage where the
-// plain form copies one of 8), and after the cluster's sum it writes act [M, F] f16 = silu(g) · u
-// (fp32, then rounded, as the decode's silu·mul kernel) into yh, and into act_perm (when set) the
-// same values at a16_wgmma_x_col's columns: the next Linear's x in the wgmma kernel's order.
-template <int BN, class Format, bool kRowScale, int kTmaNK, bool kSilu = false>
+// The epilogue, after the cluster's slice-order sum:
+//   plain  y [M, N] (f16 yh, or fp32 yf + beta yf);
+//   silu   (a16_fold_silu; W a stacked gate, up Linear, N = 2F, F % 64 == 0): CTA b's warpgroups
+//          take the gate's rows 64b .. 64b + 63 and the up's F + 64b .. (two boxes of 4 tiles a
+//          stage where the plain form copies one of 8), and it writes act [M, F] f16 = silu(g) · u
+//          (fp32, then rounded, as the decode's silu·mul kernel) into yh, and into act_perm (when
+//          set) the same values at a16_wgmma_x_col's columns: the next Linear's x in the wgmma
+//          kernel's order;
+//   rope   (a16_fold_rope; W a stacked q, k, v Linear of heads of 128 rows): CTA b holds head b
+//          (q heads, then k's, then v's), each dim j < 64 beside its rotary partner j + 64, and
+//          writes the rotated q head into rope.q, the rotated key and the value into the caches at
+//          their token's position (kernels/rotary.cuh), no y.
+enum class Epi { plain, silu, rope };
+template <int BN, class Format, bool kRowScale, int kTmaNK, Epi kEpi = Epi::plain>
 __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                                                                 const __grid_constant__ CUtensorMap map_m, Format fmt, __half* __restrict__ yh, float* __restrict__ yf,
-                                                                __half* __restrict__ act_perm, float beta, int M, int N, int K, int sps, int D) {
+                                                                __half* __restrict__ act_perm, const A16Rope rope, float beta, int M, int N, int K, int sps, int D) {
 #ifdef PTQ_A16_WGMMA
+  constexpr bool kSilu = kEpi == Epi::silu;
   namespace cg = cooperative_groups;
   constexpr int kU4 = Format::kU4, SB = tma_stage_bytes(BN, kU4, kTmaNK);
   constexpr int XB = kTmaNK * BN * 128, TB = kTmaNK * kU4 * 512, CB = 8 * TB;   // x boxes, then 8 tiles' codes (TB each), then metadata
@@ -487,36 +499,58 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
   const int S = int(gridDim.y), rank = int(blockIdx.y), n0 = 128 * int(blockIdx.x), rows = min(128, N - n0), quads = M * 32;
   if (S > 1) cluster.sync();
   else __syncthreads();
-  if constexpr (kSilu) {   // quads of the 64 gate rows, each with the up's quad 64 rows on
-    const int F = N / 2, c0 = 64 * int(blockIdx.x);
+  // Token n's sums of the CTA's rows r .. r + 3: the S slices' partials added in slice order.
+  auto quad_sum = [&](int n, int r) {
+    float4 v = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
+    for (int z = 1; z < S; ++z) {
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kTmaRedStride + r);
+      v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
+    }
+    return v;
+  };
+  // Four values rounded to f16 at p (8-byte aligned), one store.
+  auto store4 = [](__half* p, float a, float b, float c, float d) {
+    const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
+    *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  };
+  if constexpr (kEpi != Epi::plain) {   // quads of the CTA's first 64 rows, each with its partner quad 64 rows on
+    const int F = N / 2, c0 = 64 * int(blockIdx.x), h = int(blockIdx.x), p0 = kEpi == Epi::rope ? *rope.pos : 0;
     for (int o = rank * kTmaThreads + int(threadIdx.x); o < M * 16; o += S * kTmaThreads) {
       const int n = o / 16, r = 4 * (o % 16);
-      float4 g4 = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
-      float4 u4 = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + 64 + r);
-      for (int z = 1; z < S; ++z) {
-        const float* rz = cluster.map_shared_rank(red, z) + n * kTmaRedStride;
-        const float4 tg = *reinterpret_cast<const float4*>(rz + r), tu = *reinterpret_cast<const float4*>(rz + 64 + r);
-        g4.x += tg.x, g4.y += tg.y, g4.z += tg.z, g4.w += tg.w;
-        u4.x += tu.x, u4.y += tu.y, u4.z += tu.z, u4.w += tu.w;
-      }
-      const float gg[4] = {g4.x, g4.y, g4.z, g4.w}, uu[4] = {u4.x, u4.y, u4.z, u4.w};
+      const float4 a4 = quad_sum(n, r), b4 = quad_sum(n, 64 + r);
+      float a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {b4.x, b4.y, b4.z, b4.w};
+      if constexpr (kSilu) {   // a: the gate, b: the up
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const __half v = __float2half_rn(gg[e] / (1.0f + __expf(-gg[e])) * uu[e]);
-        const int col = c0 + r + e;
-        yh[int64_t(n) * F + col] = v;
-        if (act_perm) act_perm[int64_t(n) * F + a16_wgmma_x_col(col)] = v;
+        for (int e = 0; e < 4; ++e) {
+          const __half v = __float2half_rn(a[e] / (1.0f + __expf(-a[e])) * b[e]);
+          const int col = c0 + r + e;
+          yh[int64_t(n) * F + col] = v;
+          if (act_perm) act_perm[int64_t(n) * F + a16_wgmma_x_col(col)] = v;
+        }
+      } else {   // a: dims r .. r + 3 of head h, b: their partners r + 64 ..
+        const int p = p0 + n % rope.T;
+        if (h < rope.nh + rope.nkv) {   // q and k rotate; v passes
+          const float4 cs = __ldg(reinterpret_cast<const float4*>(rope.cos + int64_t(p) * 64 + r)), sn = __ldg(reinterpret_cast<const float4*>(rope.sin + int64_t(p) * 64 + r));
+          const float c[4] = {cs.x, cs.y, cs.z, cs.w}, si[4] = {sn.x, sn.y, sn.z, sn.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float lo = a[e], hi = b[e];
+            a[e] = rotary_lo(lo, hi, c[e], si[e]), b[e] = rotary_hi(lo, hi, c[e], si[e]);
+          }
+        }
+        const int kv = h < rope.nh ? -1 : (h - rope.nh) % rope.nkv;   // the key or value head
+        __half* dst = kv < 0 ? static_cast<__half*>(rope.q) + (int64_t(n) * rope.nh + h) * 128
+                             : static_cast<__half*>(h < rope.nh + rope.nkv ? rope.k_cache : rope.v_cache) +
+                                   ((int64_t(n / rope.T) * rope.max_len + p) * rope.nkv + kv) * 128;
+        store4(dst + r, a[0], a[1], a[2], a[3]);
+        store4(dst + 64 + r, b[0], b[1], b[2], b[3]);
       }
     }
   } else {
     for (int o = rank * kTmaThreads + int(threadIdx.x); o < quads; o += S * kTmaThreads) {
       const int n = o / 32, r = 4 * (o % 32);
       if (r >= rows) continue;
-      float4 v = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
-      for (int z = 1; z < S; ++z) {
-        const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kTmaRedStride + r);
-        v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
-      }
+      const float4 v = quad_sum(n, r);
       const float vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -655,16 +689,20 @@ inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
 }
 
 template <int BN, class Format>
-void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K, bool silu = false,
-                __half* act_perm = nullptr) {
+void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K, Epi epi = Epi::plain,
+                __half* act_perm = nullptr, const A16Rope& rope = {}) {
   static const int D0 = env_int("PTQKIT_A16_TMA_STAGES", 0), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
   const SweptCell* cell = swept_cell(N, K, code_bits<Format>());
   const int D = cell && cell->stages >= 2 ? cell->stages : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
   constexpr int NK = 4;   // k-steps a stage (lab runs 230-231: 2 and 1 slower; one instantiation keeps the build short)
   const bool row_scale = scales_per_row(fmt);
-  auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, true> : wgmma_tma_kernel<BN, Format, false, NK>;
-  if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
-    if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, true> : wgmma_tma_kernel<BN, Format, true, NK>;
+  const bool silu = epi == Epi::silu;
+  auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, false, NK>;
+  if constexpr (!std::is_base_of_v<Nf4Format, Format>) {   // NF4's blocks are never per-row scales
+    if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, true, NK>;
+    if constexpr (BN == 32)   // the rope epilogue: GPTQ codes at 17..32 rows only (rope_takes)
+      if (epi == Epi::rope) kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
+  }
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> resident;   // CTAs resident at once, per kernel and ring depth
@@ -688,7 +726,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   // [tiles][KS][u4 x 64 words of 8 bytes] in boxes of 8 tiles x NK k-steps; the metadata
   // [tiles][groups][8 words] in boxes of 8 tiles x NK groups.
   const CUtensorMap map = cached_tensor_map(tma_spec_f16(xk, M, KP, BN));
-  // (kSilu: boxes of 4 tiles, two a stage.)
+  // (Epi::silu: boxes of 4 tiles, two a stage.)
   const int box_tiles = silu ? 4 : 8;
   const CUtensorMap map_w = cached_tensor_map(tma_spec_3d_u64(W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, box_tiles}));
   const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(tma_spec_3d_u64(meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, box_tiles}));
@@ -699,7 +737,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   S = (KS + sps - 1) / sps;   // no empty slice
   static const bool pdl = env_int("PTQKIT_A16_TMA_PDL", 1) != 0;
   launch_ex("a16 wgmma_tma_kernel", pdl, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), kern, dim3(unsigned(groups), unsigned(S)), dim3(kTmaThreads), smem, map, map_w, map_m, fmt,
-            yh, yf, act_perm, beta, int(M), int(N), int(K), sps, D);
+            yh, yf, act_perm, rope, beta, int(M), int(N), int(K), sps, D);
 }
 
 // x [M, K] in the kernels' k-step order [M, KP]: the copy a producer offered (a16_offer_wgmma_x:
@@ -729,9 +767,16 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     __half* act = silu ? static_cast<__half*>(g_fold.silu) : nullptr;
     __half* act_perm = silu ? static_cast<__half*>(g_fold.silu_perm) : nullptr;
     if (silu) g_fold.taken = A16Fold::whole, yh = act, yf = nullptr;
-    if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, silu, act_perm);
-    else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, silu, act_perm);
-    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, silu, act_perm);
+    // The rotary and KV append asked of a stacked q, k, v Linear (a16_fold_rope): taken where a
+    // CTA's 128 rows are one head, for GPTQ codes at 32 staged rows (the rows where the path table
+    // puts the decode's q, k, v on this form; NF4 never runs it there).
+    const A16Rope* rope = g_fold.rope;
+    const bool roped = rope && !std::is_base_of_v<Nf4Format, Format> && bn == 32 && N == int64_t(rope->nh + 2 * rope->nkv) * kA16RopeHead && M % rope->T == 0;
+    if (roped) g_fold.taken = A16Fold::whole, yh = nullptr, yf = nullptr;
+    const Epi epi = silu ? Epi::silu : roped ? Epi::rope : Epi::plain;
+    if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
+    else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
+    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
     return;
   }
   const bool row_scale = scales_per_row(fmt);

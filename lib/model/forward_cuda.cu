@@ -31,6 +31,7 @@
 #include "cuda/blas.h"
 #include "cuda/half.cuh"
 #include "cuda/runtime.h"
+#include "kernels/rotary.cuh"
 
 namespace ptq::cuda {
 
@@ -141,8 +142,8 @@ __global__ void rope_cast_kernel(const float* y, T* out, const float* cs, const 
       const Floats<V> c = load<V>(cs + pos * half + k), s = load<V>(sn + pos * half + k);
       for (int i = 0; i < V; ++i) {
         const float a0 = a.v[i], b0 = b.v[i];
-        a.v[i] = a0 * c.v[i] - b0 * s.v[i];
-        b.v[i] = b0 * c.v[i] + a0 * s.v[i];
+        a.v[i] = rotary_lo(a0, b0, c.v[i], s.v[i]);
+        b.v[i] = rotary_hi(a0, b0, c.v[i], s.v[i]);
       }
     }
     store<V>(qr + h * hd + k, a);
