@@ -890,13 +890,13 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 // 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 // The automatic path's table at 17..32 rows on sm_90 (a16_path.h), as measured on the H200 (lab
 // run 86; W8 11008 x 4096 with 3 K slices, run 197; W8 12288 x 4096 and 3072 x 8192 with the
-// wgmma kernel's streamed form, run 234): which kernel was fastest on each of the nine Llama and
+// wgmma kernel's streamed form, run 234; W8 6144 x 4096 with it, runs 296-297): which kernel was fastest on each of the nine Llama and
 // stacked decode shapes, and where the streamed form serves. No GPU needed.
 TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Llama and Phi-3 shapes") {
   using P = cuda::A16Path;
   struct Cell { int64_t N, K; P w4, w8, nf4; };
   const Cell cells[] = {
-      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::mma, P::mma},        {11008, 4096, P::wgmma, P::wgmma, P::mma},
+      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::wgmma, P::mma},      {11008, 4096, P::wgmma, P::wgmma, P::mma},
       {12288, 4096, P::wgmma, P::wgmma, P::mma}, {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::mma},
       {28672, 4096, P::wgmma, P::wgmma, P::mma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
   for (const Cell& c : cells) {
@@ -954,22 +954,28 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   }
   CHECK(cuda::a16_mma_slices(16, 16384, 3072, 0) == 0);
   CHECK(cuda::a16_mma_slices(33, 16384, 3072, 0) == 0);
-  // The streamed form's cells (decode batch 32 faster with it, runs 234 and 240): 4-bit from K = 4096, five 8-bit layers.
+  // The streamed form's cells (decode batch 32 faster with it, runs 234, 240, 297, 300): 4-bit from K = 4096 and Phi-3-mini's
+  // gate, up, six 8-bit layers.
   CHECK(cuda::a16_wgmma_streamed(22016, 4096, 4));
   CHECK(cuda::a16_wgmma_streamed(4096, 11008, 4));
   CHECK_FALSE(cuda::a16_wgmma_streamed(9216, 3072, 4));
+  CHECK(cuda::a16_wgmma_streamed(16384, 3072, 4));   // run 300: phi3-mini W4A16 at batch 32 +4.0% (3 stages)
   CHECK(cuda::a16_wgmma_streamed(12288, 4096, 8));
   CHECK(cuda::a16_wgmma_streamed(3072, 8192, 8));
   CHECK(cuda::a16_wgmma_streamed(22016, 4096, 8));   // run 240: llama2-7b W8A16 at batch 32 +2.8%
+  CHECK(cuda::a16_wgmma_streamed(6144, 4096, 8));    // runs 296-297: llama3-8b W8A16 at batch 32 +6.4% (3 stages, the rotary folded)
   CHECK_FALSE(cuda::a16_wgmma_streamed(28672, 4096, 8));
   CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 11008, 8));
   CHECK_FALSE(cuda::a16_wgmma_streamed(22016, 4096, 0));
-  // Its ring depth (runs 243, 245): 3 stages on 12288 x 4096 (4- and 8-bit), W8 9216 x 3072 and
-  // 16384 x 3072, else 2.
+  // Its ring depth (runs 243, 245, 297, 300): 3 stages on 12288 x 4096 (4- and 8-bit), W8 9216 x 3072,
+  // 16384 x 3072 (4- and 8-bit) and W8 6144 x 4096, else 2.
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 4) == 3);
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(16384, 3072, 8) == 3);
+  CHECK(cuda::a16_wgmma_stages(6144, 4096, 8) == 3);
+  CHECK(cuda::a16_wgmma_stages(6144, 4096, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(16384, 3072, 4) == 3);
   CHECK(cuda::a16_wgmma_stages(3072, 8192, 8) == 2);
   CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);

@@ -55,11 +55,18 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // wgmma (28672 x 4096 -0.6%, 4096 x 11008 and 14336 slower alone), and the layers the L2-fed kernel
 // serves (run 240: 4096 x 4096 W4 +1.4% on llama2-7b but -8.8% on llama3-8b, W8 -1.0% / -1.7%;
 // 6144 x 4096 W4 -2.5%, W8 -1.8%; Phi-3-mini's 3072 x 3072 W4 -0.4%). Never NF4 (the L2-fed kernel
-// serves it there).
+// serves it there). W8 6144 x 4096 (llama3-8b's q, k, v) joined with a ring of 3 stages and the
+// rotary folded into it (a16_fold_rope; lab runs 296-297, twice each): llama3-8b W8A16 at batch 32
+// 8,200 -> 8,726 tok/s (+6.4%; +3.6% without the fold, -1.3% at 2 stages with it, +0.3% at 4);
+// its 4-bit codes stayed on the L2-fed kernel (-1.1% at 2 stages, -1.3% at 3). W4 16384 x 3072
+// (Phi-3-mini's gate, up, with the silu fold since run 293) joined with 3 stages (run 300, twice):
+// phi3-mini W4A16 at batch 32 9,006 -> 9,369 tok/s (+4.0%; -4.4% at 2 stages; its q, k, v 9216 x
+// 3072 stayed off: -3.7% at 2 stages, -4.8% at 3, -0.7% beside the gate, up at 3).
 constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
-  if (bits == 4) return K >= 4096;
+  if (bits == 4) return K >= 4096 || (N == 16384 && K == 3072);
   if (bits == 8)
-    return (N == 12288 && K == 4096) || (N == 22016 && K == 4096) || (N == 9216 && K == 3072) || (N == 16384 && K == 3072) || (N == 3072 && K == 8192);
+    return (N == 12288 && K == 4096) || (N == 22016 && K == 4096) || (N == 6144 && K == 4096) || (N == 9216 && K == 3072) || (N == 16384 && K == 3072) ||
+           (N == 3072 && K == 8192);
   return false;
 }
 // The streamed form's ring depth (stages of 4 k-steps) per cell: 2, or 3 where the decode step at
@@ -68,9 +75,11 @@ constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
 // W8A16 +1.1%; W8 9216 x 3072 (Phi-3-mini's q, k, v; equal alone, 15.9 µs) phi3-mini W8A16 +4.5%;
 // W8 16384 x 3072 (its gate, up; run 245) +2.7%. Slower with 3: the layers long in K (W4 4096 x
 // 11008 23.6 -> 28.7 µs, decode -5.3%; 4096 x 14336 -6.8% on llama3-8b; W8 3072 x 8192 -6.0% on
-// phi3-mini), 22016 x 4096 (30.8 -> 36.9 µs) and 28672 x 4096 (W4 -0.4%, W8 -1.3%).
+// phi3-mini), 22016 x 4096 (30.8 -> 36.9 µs) and 28672 x 4096 (W4 -0.4%, W8 -1.3%). W8 6144 x 4096
+// and W4 16384 x 3072: 3 (runs 296-297 and 300, above).
 constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
-  const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (K == 3072 && (N == 9216 || N == 16384) && bits == 8);
+  const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (K == 3072 && (N == 9216 || N == 16384) && bits == 8) ||
+                     (N == 6144 && K == 4096 && bits == 8) || (N == 16384 && K == 3072 && bits == 4);
   return three ? 3 : 2;
 }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
