@@ -556,6 +556,19 @@ TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64
 // The worst relative error of act [M, F] (f16 bits) against the fp64 silu(g) · u of y = [g | u]
 // [M, N = 2F] (relative to max(|want|, 1e-2)).
 namespace {
+// The three A16 modules of one shape the fold tests call, random (GPTQ 4-bit g128, 8-bit per
+// channel, NF4 blocks of 64), each writing fp32 y [M, N] from x [M, K].
+struct FoldModules {
+  std::unique_ptr<cuda::W4A16Linear> w4, w8;
+  std::unique_ptr<cuda::Nf4Linear> nf;
+  FoldModules(int64_t N, int64_t K, Rng& r)
+      : w4(cuda::random_gptq_linear(N, K, 4, 0.002f, r)), w8(cuda::random_gptq_linear(N, K, 8, 0.0002f, r)), nf(cuda::random_nf4_linear(N, K, 0.02f, r)) {}
+  void gemm_f32(const std::string& fmt, const void* x, int64_t M, float* y, cuda::A16Path path) const {
+    if (fmt == "w4") w4->gemm_f32(x, M, y, 0.0f, path);
+    else if (fmt == "w8") w8->gemm_f32(x, M, y, 0.0f, path);
+    else nf->gemm_f32(x, M, y, 0.0f, path);
+  }
+};
 double silu_act_error(const std::vector<float>& y, const std::vector<uint16_t>& a, int64_t M, int64_t F) {
   double worst = 0;
   for (int64_t m = 0; m < M; ++m)
@@ -639,14 +652,8 @@ TEST_CASE("gpu: silu of gate times up folded into the wgmma kernel's streamed fo
   cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), act(size_t(Mmax * F), "act"), perm(size_t(Mmax * F), "act in the wgmma order");
   cuda::DeviceBuffer<float> dy(size_t(Mmax * N), "y");
   cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
-  const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
-  const auto w8 = cuda::random_gptq_linear(N, K, 8, 0.0002f, r);
-  const auto nf = cuda::random_nf4_linear(N, K, 0.02f, r);
-  auto call = [&](const std::string& fmt, int64_t M, cuda::A16Path path) {
-    if (fmt == "w4") w4->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
-    else if (fmt == "w8") w8->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
-    else nf->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
-  };
+  const FoldModules mods(N, K, r);
+  auto call = [&](const std::string& fmt, int64_t M, cuda::A16Path path) { mods.gemm_f32(fmt, dx.get(), M, dy.get(), path); };
   for (const std::string fmt : {"w4", "w8", "nf4"})
     for (int64_t M : {9, 17, 32})
       for (int slices : {1, 3}) {
@@ -706,14 +713,8 @@ TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed
   cuda::copy_to_device(dcos.get(), cs.data(), cs.size() * 4);
   cuda::copy_to_device(dsin.get(), sn.data(), sn.size() * 4);
   cuda::copy_to_device(dpos.get(), &pos, sizeof(int));
-  const auto w4 = cuda::random_gptq_linear(N, K, 4, 0.002f, r);
-  const auto w8 = cuda::random_gptq_linear(N, K, 8, 0.0002f, r);
-  const auto nf = cuda::random_nf4_linear(N, K, 0.02f, r);
-  auto call = [&](const std::string& fmt, int64_t M, cuda::A16Path path) {
-    if (fmt == "w4") w4->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
-    else if (fmt == "w8") w8->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
-    else nf->gemm_f32(dx.get(), M, dy.get(), 0.0f, path);
-  };
+  const FoldModules mods(N, K, r);
+  auto call = [&](const std::string& fmt, int64_t M, cuda::A16Path path) { mods.gemm_f32(fmt, dx.get(), M, dy.get(), path); };
   const uint16_t kUntouched = 0x3C00;   // 1.0 in f16
   auto fill_caches = [&] {
     const std::vector<uint16_t> ones(cache, kUntouched);
