@@ -700,7 +700,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, false, NK>;
   if constexpr (!std::is_base_of_v<Nf4Format, Format>) {   // NF4's blocks are never per-row scales
     if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, true, NK>;
-    if constexpr (BN == 32)   // the rope epilogue: GPTQ codes at 17..32 rows only (rope_takes)
+    if constexpr (BN == 32)   // the rope epilogue: GPTQ codes at 17..32 rows only (run: roped)
       if (epi == Epi::rope) kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
   }
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
