@@ -1103,7 +1103,7 @@ struct DecodeCuda::Impl {
       int q_stride, kv_stride;
       bool roped = false;   // q and the cache rows written by the q, k, v Linear (a16_fold_rope)
       if (W.qkv) {   // one Linear: row r holds q, k, v side by side
-        if (rope_linear && !attn8 && split < 0 && W.qkv_bias[0].size() + W.qkv_bias[1].size() + W.qkv_bias[2].size() + W.q_norm.size() + W.k_norm.size() == 0) {
+        if (rope_linear && !attn8 && W.qkv_bias[0].size() + W.qkv_bias[1].size() + W.qkv_bias[2].size() + W.q_norm.size() + W.k_norm.size() == 0) {
           const A16Rope ar{cos.get(), sin.get(), pos_d.get(), qh.get(), D.K.get(), D.V.get(), T_, nh, nkv, int(max_len)};
           a16_fold_rope(&ar);
           roped = folded([&] { linear(W.qkv, W.qkv8, false, yq, 0.0f, 0); }) == A16Fold::whole;

@@ -3,9 +3,10 @@
 //   lo' = lo cs - hi sn,   hi' = hi cs + lo sn   (fp32)
 // Each product rounded, then the difference or sum (explicit _rn intrinsics: no FMA contraction,
 // which the compiler would otherwise choose per kernel), so that every kernel that rotates rounds
-// alike: the decode's rope_append and attention (eval/decode_cuda.cu) and the A16 wgmma kernel's
-// q, k, v epilogue (a16_fold_rope, kernels/a16_wgmma.cu) write the same bytes. Reference: the
-// CPU forward's apply_rope (model/llama.cpp).
+// alike: the decode's rope_append and attention (eval/decode_cuda.cu), the A16 wgmma kernel's
+// q, k, v epilogue (a16_fold_rope, kernels/a16_wgmma.cu) and the GPU forward's rope_cast_kernel
+// (model/forward_cuda.cu) write the same bytes. Reference: the CPU forward's apply_rope
+// (model/llama.cpp).
 #pragma once
 
 namespace ptq::cuda {
