@@ -686,11 +686,11 @@ TEST_CASE("gpu: silu of gate times up folded into the wgmma kernel's streamed fo
 }
 
 // The rotary embedding and KV append folded into a stacked q, k, v Linear (a16_fold_rope: the
-// wgmma kernel's streamed form at 17..32 rows, GPTQ 4-bit g128 and 8-bit per channel, 1 and 3 K
-// slices; 4 query and 2 key/value heads of 128). Against the fp64 rotation of the same form's
-// unfolded output y at the same slices: q rotated, and at each token's row (n / T, pos + n % T) of
-// the caches the rotated key and the value, rounded to f16; every other cache row untouched. NF4,
-// the L2-fed kernel (8 rows) and a shape that is not (nh + 2 nkv) heads decline.
+// wgmma kernel's streamed form at 17..32 rows, GPTQ 4-bit g128, 8-bit per channel and NF4 blocks of
+// 64, 1 and 3 K slices; 4 query and 2 key/value heads of 128). Against the fp64 rotation of the
+// same form's unfolded output y at the same slices: q rotated, and at each token's row (n / T, pos
+// + n % T) of the caches the rotated key and the value, rounded to f16; every other cache row
+// untouched. The L2-fed kernel (8 rows) and a shape that is not (nh + 2 nkv) heads decline.
 TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed q, k, v Linear equal the fp64 rotation of its output") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
@@ -721,7 +721,7 @@ TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed
     cuda::copy_to_device(kc.get(), ones.data(), cache * 2);
     cuda::copy_to_device(vc.get(), ones.data(), cache * 2);
   };
-  for (const std::string fmt : {"w4", "w8"})
+  for (const std::string fmt : {"w4", "w8", "nf4"})
     for (auto [M, T] : {std::pair{17, 1}, std::pair{24, 3}, std::pair{32, 1}})
       for (int slices : {1, 3}) {
         INFO(fmt << " M " << M << " T " << T << " slices " << slices);
@@ -770,9 +770,6 @@ TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed
       }
   const cuda::A16Rope rope{dcos.get(), dsin.get(), dpos.get(), q.get(), kc.get(), vc.get(), 1, nh, nkv, max_len};
   cuda::set_a16_split({0, 0, 0, 0, 2});
-  cuda::a16_fold_rope(&rope);   // NF4 on the streamed form: not taken
-  call("nf4", 32, cuda::A16Path::wgmma);
-  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
   const cuda::A16Rope other{dcos.get(), dsin.get(), dpos.get(), q.get(), kc.get(), vc.get(), 1, nh + 1, nkv, max_len};
   cuda::a16_fold_rope(&other);   // N is not (nh + 2 nkv) heads
   call("w4", 32, cuda::A16Path::wgmma);
@@ -897,9 +894,9 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   using P = cuda::A16Path;
   struct Cell { int64_t N, K; P w4, w8, nf4; };
   const Cell cells[] = {
-      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::wgmma, P::mma},      {11008, 4096, P::wgmma, P::wgmma, P::mma},
-      {12288, 4096, P::wgmma, P::wgmma, P::mma}, {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::mma},
-      {28672, 4096, P::wgmma, P::wgmma, P::mma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
+      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::wgmma, P::wgmma},      {11008, 4096, P::wgmma, P::wgmma, P::mma},
+      {12288, 4096, P::wgmma, P::wgmma, P::wgmma}, {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::wgmma},
+      {28672, 4096, P::wgmma, P::wgmma, P::wgmma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
   for (const Cell& c : cells) {
     INFO(c.N << " x " << c.K);
     for (int64_t M : {17, 24, 32}) {
@@ -913,8 +910,8 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
     CHECK(cuda::a16_auto_path(33, c.N, c.K, 0, true) == P::wgmma);
   }
   // Phi-3-mini (lab runs 182, 196: W8's q, k, v on wgmma with 3 K slices): q, k, v 9216 x 3072, o 3072 x 3072, gate, up 16384 x 3072, down 3072 x 8192
-  const Cell phi[] = {{9216, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 3072, P::mma, P::mma, P::mma},
-                      {16384, 3072, P::wgmma, P::wgmma, P::mma}, {3072, 8192, P::shared_x, P::wgmma, P::mma}};
+  const Cell phi[] = {{9216, 3072, P::wgmma, P::wgmma, P::wgmma}, {3072, 3072, P::mma, P::mma, P::mma},
+                      {16384, 3072, P::wgmma, P::wgmma, P::wgmma}, {3072, 8192, P::shared_x, P::wgmma, P::wgmma}};
   for (const Cell& c : phi) {
     INFO(c.N << " x " << c.K);
     for (int64_t M : {17, 24, 32}) {
@@ -967,7 +964,18 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_streamed(6144, 4096, 8));    // runs 296-297: llama3-8b W8A16 at batch 32 +6.4% (3 stages, the rotary folded)
   CHECK_FALSE(cuda::a16_wgmma_streamed(28672, 4096, 8));
   CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 11008, 8));
-  CHECK_FALSE(cuda::a16_wgmma_streamed(22016, 4096, 0));
+  // NF4 (runs 305-307, its pair table in shared memory): the q, k, v and gate, up of each preset and Phi-3-mini's down, not the 4096-row layers or 3072 x 3072.
+  CHECK(cuda::a16_wgmma_streamed(12288, 4096, 0));
+  CHECK(cuda::a16_wgmma_streamed(22016, 4096, 0));
+  CHECK(cuda::a16_wgmma_streamed(28672, 4096, 0));
+  CHECK(cuda::a16_wgmma_streamed(6144, 4096, 0));
+  CHECK(cuda::a16_wgmma_streamed(9216, 3072, 0));
+  CHECK(cuda::a16_wgmma_streamed(16384, 3072, 0));
+  CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 4096, 0));
+  CHECK_FALSE(cuda::a16_wgmma_streamed(3072, 3072, 0));
+  CHECK(cuda::a16_wgmma_streamed(3072, 8192, 0));   // run 307: phi3-mini NF4 +3.8%
+  CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 11008, 0));
+  CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 14336, 0));
   // Its ring depth (runs 243, 245, 297, 300): 3 stages on 12288 x 4096 (4- and 8-bit), W8 9216 x 3072,
   // 16384 x 3072 (4- and 8-bit) and W8 6144 x 4096, else 2.
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 4) == 3);
@@ -976,6 +984,10 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_stages(16384, 3072, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(6144, 4096, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(6144, 4096, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(6144, 4096, 0) == 3);    // run 306: NF4
+  CHECK(cuda::a16_wgmma_stages(16384, 3072, 0) == 3);
+  CHECK(cuda::a16_wgmma_stages(12288, 4096, 0) == 2);
+  CHECK(cuda::a16_wgmma_stages(9216, 3072, 0) == 2);
   CHECK(cuda::a16_wgmma_stages(16384, 3072, 4) == 3);
   CHECK(cuda::a16_wgmma_stages(3072, 8192, 8) == 2);
   CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 2);

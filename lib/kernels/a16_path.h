@@ -24,9 +24,9 @@ enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 // stays: 18.2 against 19.1), for GPTQ 8-bit codes on those larger than 12288 x 4096 or longer in K
 // than in N (22016 x 4096: 45.4 against 55.3, 4096 x 11008: 25.9 against 30.5; 11008 and 12288 x
 // 4096 stayed: 28.4 against 29.8; 11008 x 4096 moved with 3 K slices, 12288 x 4096 and 3072 x
-// 8192 with the streamed form, below), never for NF4 (the L2-fed kernel with two row tiles a warp:
-// 11008 x 4096 24.1 against 31.0, 4096 x 11008 26.2 against 31.1; 28672 x 4096 65.4 against 61.9,
-// the one shape it loses). bits: the codes, 4 or 8 (GPTQ), 0 (NF4).
+// 8192 with the streamed form, below), for NF4 only on the streamed form's cells (below; its k-step
+// loop lost: the L2-fed kernel with two row tiles a warp ran 11008 x 4096 24.1 against 31.0, 4096
+// x 11008 26.2 against 31.1). bits: the codes, 4 or 8 (GPTQ), 0 (NF4).
 constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256;   // what a forced mma / shared_x / wgmma takes
 // The wgmma kernel's K slices at 17..32 rows (32 staged x rows) where a count other than its
 // planner's power of two measured faster (the H200, stream µs at 32 rows with the slices forced
@@ -35,8 +35,8 @@ constexpr int64_t kA16MmaMaxM = 64, kA16SharedXMaxM = 128, kA16WgmmaMaxM = 256; 
 // 1, W4 36.7 against 37.9 at 2) and 11008 x 4096 (W4 22.3 against 24.3 at 4, W8 24.4 against 29.8).
 // 0: the planner's (28672, 14336 and 6144 x 4096 and the layers longer in K: within 2% of the best
 // count, or it). No model of the split picked these without losing elsewhere (run 189: 16 slices on
-// 22016 rows), so they are cells, like the path table. bits: 4 or 8 (GPTQ), 0 (NF4, which takes
-// the L2-fed kernel at these rows).
+// 22016 rows), so they are cells, like the path table. bits: 4 or 8 (GPTQ), 0 (NF4: the planner's,
+// its streamed cells take the cluster's count, a16_wgmma.cu).
 constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
   if (M < 17 || M > 32 || (bits != 4 && bits != 8)) return 0;
   return (N == 9216 && K == 3072) || (N == 22016 && K == 4096) || (N == 11008 && K == 4096) ? 3 : 0;
@@ -54,15 +54,26 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // 4-bit layers (K = 3072; -11% in the step at equal kernel figures), the other 8-bit layers on
 // wgmma (28672 x 4096 -0.6%, 4096 x 11008 and 14336 slower alone), and the layers the L2-fed kernel
 // serves (run 240: 4096 x 4096 W4 +1.4% on llama2-7b but -8.8% on llama3-8b, W8 -1.0% / -1.7%;
-// 6144 x 4096 W4 -2.5%, W8 -1.8%; Phi-3-mini's 3072 x 3072 W4 -0.4%). Never NF4 (the L2-fed kernel
-// serves it there). W8 6144 x 4096 (llama3-8b's q, k, v) joined with a ring of 3 stages and the
+// 6144 x 4096 W4 -2.5%, W8 -1.8%; Phi-3-mini's 3072 x 3072 W4 -0.4%). W8 6144 x 4096 (llama3-8b's q, k, v) joined with a ring of 3 stages and the
 // rotary folded into it (a16_fold_rope; lab runs 296-297, twice each): llama3-8b W8A16 at batch 32
 // 8,200 -> 8,726 tok/s (+6.4%; +3.6% without the fold, -1.3% at 2 stages with it, +0.3% at 4);
 // its 4-bit codes stayed on the L2-fed kernel (-1.1% at 2 stages, -1.3% at 3). W4 16384 x 3072
 // (Phi-3-mini's gate, up, with the silu fold since run 293) joined with 3 stages (run 300, twice):
 // phi3-mini W4A16 at batch 32 9,006 -> 9,369 tok/s (+4.0%; -4.4% at 2 stages; its q, k, v 9216 x
 // 3072 stayed off: -3.7% at 2 stages, -4.8% at 3, -0.7% beside the gate, up at 3).
+// NF4 (bits 0) joined when the streamed form took its pair table in shared memory (a16_wgmma.cu,
+// streamed_format; lab runs 305-306): the q, k, v and gate, up of every preset, where the L2-fed
+// kernel had served it. Stream µs at 32 rows, streamed / L2-fed: 12288 x 4096 22.6 / 24.5, 22016 x
+// 4096 37.2 / 45.6, 28672 x 4096 38.2 / 62.1, 6144 x 4096 (3 stages) 16.3 / 17.7, 9216 x 3072 15.4 /
+// 18.7, 16384 x 3072 21.6 / 24.2, 3072 x 8192 16.4 / 18.9; the 4096-row layers and 3072 x 3072 stay
+// (4096 x 4096 18.2 / 11.6, 4096 x 11008 29.6 / 24.7, 4096 x 14336 36.0 / 32.7, 3072 x 3072 10.4 /
+// 9.2). Decode NF4 at batch 32, the new cells (the rotary folded into the q, k, v with them)
+// against the L2-fed kernel in one call, twice: llama2-7b 6,683 -> 7,358 tok/s (+10.1%; +7.3% of it
+// without the rotary fold), llama3-8b 6,530 -> 7,722 (+18.3%; 6144 x 4096 at 3 stages, +2.2% of
+// it: at 2 it lost 3.3%), phi3-mini 9,123 -> 10,155 (+11.3%, 16384 x 3072 at 3 stages), and 3072 x
+// 8192 (its down) 10,122 -> 10,508 (+3.8%, run 307; at 3 stages -10%).
 constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
+  if (bits == 0) return (K == 4096 && (N == 12288 || N == 22016 || N == 28672 || N == 6144)) || (K == 3072 && (N == 9216 || N == 16384)) || (N == 3072 && K == 8192);
   if (bits == 4) return K >= 4096 || (N == 16384 && K == 3072);
   if (bits == 8)
     return (N == 12288 && K == 4096) || (N == 22016 && K == 4096) || (N == 6144 && K == 4096) || (N == 9216 && K == 3072) || (N == 16384 && K == 3072) ||
@@ -76,10 +87,11 @@ constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
 // W8 16384 x 3072 (its gate, up; run 245) +2.7%. Slower with 3: the layers long in K (W4 4096 x
 // 11008 23.6 -> 28.7 µs, decode -5.3%; 4096 x 14336 -6.8% on llama3-8b; W8 3072 x 8192 -6.0% on
 // phi3-mini), 22016 x 4096 (30.8 -> 36.9 µs) and 28672 x 4096 (W4 -0.4%, W8 -1.3%). W8 6144 x 4096
-// and W4 16384 x 3072: 3 (runs 296-297 and 300, above).
+// and W4 16384 x 3072: 3 (runs 296-297 and 300, above); NF4 6144 x 4096 and 16384 x 3072: 3 (run
+// 306: llama3-8b NF4 at batch 32 +2.2%, phi3-mini +0.8%; NF4 12288 x 4096 at 3 stages -1.3%).
 constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
   const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (K == 3072 && (N == 9216 || N == 16384) && bits == 8) ||
-                     (N == 6144 && K == 4096 && bits == 8) || (N == 16384 && K == 3072 && bits == 4);
+                     (N == 6144 && K == 4096 && (bits == 8 || bits == 0)) || (N == 16384 && K == 3072 && (bits == 4 || bits == 0));
   return three ? 3 : 2;
 }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
@@ -90,7 +102,9 @@ constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
 // llama3-8b NF4 +1.0%, runs 204-206). Measured and not taken (runs 204-206): 3 slices on 9216 x
 // 3072 and 12288 x 4096 (+2.1% and +1.5% alone, -2.3% and -2.7% beside the other cells), 28672 x
 // 4096 (+0.2%), and every GPTQ layer this kernel serves there (3 and 6 slices 1-12% slower than the
-// planner's, 8 equal). 0: the planner's. bits: 4 or 8 (GPTQ), 0 (NF4).
+// planner's, 8 equal). 0: the planner's. bits: 4 or 8 (GPTQ), 0 (NF4). On an sm_90 GPU NF4 runs
+// both layers on the wgmma kernel's streamed form since run 306 (a16_wgmma_streamed); these cells
+// serve the L2-fed kernel where it does not (other GPUs, PTQKIT_A16_NF4_STREAMED=0).
 constexpr int a16_mma_slices(int64_t M, int64_t N, int64_t K, int bits) {
   if (M < 17 || M > 32 || bits != 0) return 0;
   return N == 16384 && K == 3072 ? 3 : N == 6144 && K == 4096 ? 6 : 0;
@@ -111,7 +125,7 @@ constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool 
   const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
   const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096)
                              : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) != 0 || a16_wgmma_streamed(N, K, 8)
-                                         : false;
+                                         : a16_wgmma_streamed(N, K, 0);
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
   const bool shared_x_from_17 = wgmma && K > N && mid && !large && (bits == 4 ? M >= 17 : bits == 8 ? M >= 25 : false);
   return M > kA16MmaMaxM ? A16Path::dequant : (M >= 33 && big) || (M <= 32 && shared_x_from_17) ? A16Path::shared_x : A16Path::mma;

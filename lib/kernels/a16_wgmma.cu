@@ -344,7 +344,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // past M zero-filled); all complete on the stage's "full" mbarrier. The two consumer warpgroups
 // read codes and metadata from shared memory, dequantize and issue the wgmmas as the loop does, and
 // release a stage on its "empty" mbarrier once its wgmmas retired: no copies, no CTA barrier in
-// their loop. K is split over a cluster of S CTAs (at most 8, as many as keep the grid resident)
+// their loop. NF4 dequantizes through its pair table (Nf4PairFormat, 32 KB of static shared memory
+// filled by every thread before the first barrier; streamed_format, below), not the loop's PRMT form. K is split over a cluster of S CTAs (at most 8, as many as keep the grid resident)
 // whose fp32 partials are added in slice order through distributed shared memory: sum_split_k's
 // order, so at the same slices the loop's bytes (a test checks it). Groups (NF4 blocks) of a
 // multiple of 64 columns, or one group: a k-step reads one group's metadata.
@@ -408,6 +409,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
     }
     tma::mbar_init_fence();
   }
+  if constexpr (Format::kPairTable) fmt.template fill_pairs<true>();   // NF4's pair table, before the barrier its lookups follow
   __syncthreads();
   pdl::allow_dependents();
   const int wg = threadIdx.x / 128, lane = threadIdx.x & 31, q = (threadIdx.x / 32) & 3, tl = 4 * wg + q;   // consumers: tile tl of the CTA's 8
@@ -698,11 +700,13 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   const bool row_scale = scales_per_row(fmt);
   const bool silu = epi == Epi::silu;
   auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, false, NK>;
-  if constexpr (!std::is_base_of_v<Nf4Format, Format>) {   // NF4's blocks are never per-row scales
+  if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
     if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, true, NK>;
-    if constexpr (BN == 32)   // the rope epilogue: GPTQ codes at 17..32 rows only (run: roped)
-      if (epi == Epi::rope) kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
-  }
+  if constexpr (BN == 32)   // the rope epilogue: at 17..32 rows only (run: roped)
+    if (epi == Epi::rope) {
+      if constexpr (std::is_base_of_v<Nf4Format, Format>) kern = wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
+      else kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
+    }
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> resident;   // CTAs resident at once, per kernel and ring depth
@@ -753,6 +757,17 @@ inline const __half* x_in_kernel_order(const __half* x, int64_t M, int64_t K, De
   return xp.get();
 }
 
+// The format the streamed form runs: NF4 with its pair table in shared memory (Nf4PairFormat: a
+// byte of codes to an f16 pair by one lookup, where the PRMT form of Nf4Format, which the k-step
+// loop keeps, takes 11 integer instructions a 4 codes), the GPTQ codes as they are. Stream µs at 32
+// rows against the PRMT form (docs/lab/2026-11-24-decode-h200.md, run 305): 12288x4096 22.5 /
+// 32.5, 22016x4096 37.2 / 45.1, 28672x4096 38.2 / 76.3, 4096x4096 18.2 / 16.6.
+template <class Format>
+Format streamed_format(const Format& f) {
+  return f;
+}
+inline Nf4PairFormat streamed_format(const Nf4Format& f) { return Nf4PairFormat(f); }
+
 template <class Format>
 void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
   if (M > kA16WgmmaMaxM) fail(Errc::usage, "", "M", "the wgmma A16 kernel takes M <= " + std::to_string(kA16WgmmaMaxM) + " rows, got M = " + std::to_string(M));
@@ -768,15 +783,16 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     __half* act_perm = silu ? static_cast<__half*>(g_fold.silu_perm) : nullptr;
     if (silu) g_fold.taken = A16Fold::whole, yh = act, yf = nullptr;
     // The rotary and KV append asked of a stacked q, k, v Linear (a16_fold_rope): taken where a
-    // CTA's 128 rows are one head, for GPTQ codes at 32 staged rows (the rows where the path table
-    // puts the decode's q, k, v on this form; NF4 never runs it there).
+    // CTA's 128 rows are one head, at 32 staged rows (the rows where the path table puts the
+    // decode's q, k, v on this form).
     const A16Rope* rope = g_fold.rope;
-    const bool roped = rope && !std::is_base_of_v<Nf4Format, Format> && bn == 32 && N == int64_t(rope->nh + 2 * rope->nkv) * kA16RopeHead && M % rope->T == 0;
+    const bool roped = rope && bn == 32 && N == int64_t(rope->nh + 2 * rope->nkv) * kA16RopeHead && M % rope->T == 0;
     if (roped) g_fold.taken = A16Fold::whole, yh = nullptr, yf = nullptr;
     const Epi epi = silu ? Epi::silu : roped ? Epi::rope : Epi::plain;
-    if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
-    else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
-    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
+    const auto f = streamed_format(fmt);
+    if (bn == 8) launch_tma<8>(f, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
+    else if (bn == 16) launch_tma<16>(f, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
+    else launch_tma<32>(f, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
     return;
   }
   const bool row_scale = scales_per_row(fmt);
