@@ -88,10 +88,12 @@ constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
 // 11008 23.6 -> 28.7 µs, decode -5.3%; 4096 x 14336 -6.8% on llama3-8b; W8 3072 x 8192 -6.0% on
 // phi3-mini), 22016 x 4096 (30.8 -> 36.9 µs) and 28672 x 4096 (W4 -0.4%, W8 -1.3%). W8 6144 x 4096
 // and W4 16384 x 3072: 3 (runs 296-297 and 300, above); NF4 6144 x 4096 and 16384 x 3072: 3 (run
-// 306: llama3-8b NF4 at batch 32 +2.2%, phi3-mini +0.8%; NF4 12288 x 4096 at 3 stages -1.3%).
+// 306: llama3-8b NF4 at batch 32 +2.2%, phi3-mini +0.8%; NF4 12288 x 4096 at 3 stages -1.3%); W4
+// 3072 x 8192 (Phi-3-mini's down, a16_auto_path): 3 (run 308).
 constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
   const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (K == 3072 && (N == 9216 || N == 16384) && bits == 8) ||
-                     (N == 6144 && K == 4096 && (bits == 8 || bits == 0)) || (N == 16384 && K == 3072 && (bits == 4 || bits == 0));
+                     (N == 6144 && K == 4096 && (bits == 8 || bits == 0)) || (N == 16384 && K == 3072 && (bits == 4 || bits == 0)) ||
+                     (N == 3072 && K == 8192 && bits == 4);
   return three ? 3 : 2;
 }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
@@ -119,11 +121,13 @@ constexpr int a16_mma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // also takes W8 9216 x 3072 (run 196: 19.7 against the L2-fed kernel's 23.2 µs at 32 rows, 19.1
 // against 22.0 at 24) and W8 11008 x 4096 (run 197: 24.4 against 28.8 at 32 rows, 23.7 against
 // 27.5 at 24); W8 12288 x 4096 stayed (29.3 against 30.2) until the streamed form (a16_wgmma_streamed)
-// took it and W8 3072 x 8192.
+// took it and W8 3072 x 8192. W4 3072 x 8192 moved from shared_x to the streamed form with 3 stages
+// (run 308, `PTQKIT_A16_TMA_CELLS` in one call, twice: phi3-mini W4A16 at batch 32 9,940 -> 10,666
+// tok/s, +7.3%; +3.9% at 2 stages; 18.1 µs alone at 2 stages, shared_x's 18.2).
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
   const int64_t size = N * K;
   const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
-  const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096)
+  const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096) || (N == 3072 && K == 8192)
                              : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) != 0 || a16_wgmma_streamed(N, K, 8)
                                          : a16_wgmma_streamed(N, K, 0);
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
