@@ -62,7 +62,7 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // phi3-mini W4A16 at batch 32 9,006 -> 9,369 tok/s (+4.0%; -4.4% at 2 stages; its q, k, v 9216 x
 // 3072 stayed off: -3.7% at 2 stages, -4.8% at 3, -0.7% beside the gate, up at 3).
 // NF4 (bits 0) joined when the streamed form took its pair table in shared memory (a16_wgmma.cu,
-// streamed_format; lab runs 305-306): the q, k, v and gate, up of every preset, where the L2-fed
+// run(); lab runs 305-306): the q, k, v and gate, up of every preset, where the L2-fed
 // kernel had served it. Stream µs at 32 rows, streamed / L2-fed: 12288 x 4096 22.6 / 24.5, 22016 x
 // 4096 37.2 / 45.6, 28672 x 4096 38.2 / 62.1, 6144 x 4096 (3 stages) 16.3 / 17.7, 9216 x 3072 15.4 /
 // 18.7, 16384 x 3072 21.6 / 24.2, 3072 x 8192 16.4 / 18.9; the 4096-row layers and 3072 x 3072 stay

@@ -36,7 +36,8 @@
 // order by the last CTA to arrive (a16_split_k.cuh): deterministic. At 64 and 128 staged rows
 // (144 and 152 registers: one CTA an SM) a layer of more 128-row groups than SMs runs a variant
 // held to 128 registers and a ring of at most 110 KB, two CTAs an SM, so that its CTAs fit one
-// wave (run(), below).
+// wave (run(), below). NF4 dequantizes through a table of f16 pairs in shared memory in both forms
+// (Nf4PairFormat, 32 KB a CTA, which the ring's budget leaves room for: table_bytes).
 // Roofline, 4096 x 4096 W4 g128 at M = 128: 8.9 MB of codes (3.0 us at 3.0 TB/s) and 4.3 GFLOP
 // (4.4 us at the H100's dense f16 wgmma peak, 989 TFLOP/s); cuBLAS f16 reads 33.6 MB and does the
 // same flops (21.8 us measured, docs/lab/kernels.md).
@@ -82,8 +83,16 @@ constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
 // 1024 (the swizzle's alignment) for every BN.
 constexpr int stage_bytes(int bn, int u4) { return bn * 128 + u4 * kThreads * 16 + kThreads * 8; }
 // Stages: as many as fit in 220 KB (110 KB for a kernel of two CTAs an SM), 3 to 6.
-constexpr int stages(int bn, int u4, int per_sm = 1) { return std::min(6, std::max(3, (220 * 1024 / per_sm) / stage_bytes(bn, u4))); }
-constexpr size_t smem_bytes(int bn, int u4, int per_sm = 1) { return size_t(stages(bn, u4, per_sm)) * stage_bytes(bn, u4) + 1024; }   // + alignment
+// reserve: static shared memory a CTA holds besides the ring (NF4's pair table, table_bytes).
+constexpr int stages(int bn, int u4, int per_sm = 1, int reserve = 0) {
+  return std::min(6, std::max(3, (220 * 1024 / per_sm - reserve) / stage_bytes(bn, u4)));
+}
+constexpr size_t smem_bytes(int bn, int u4, int per_sm = 1, int reserve = 0) { return size_t(stages(bn, u4, per_sm, reserve)) * stage_bytes(bn, u4) + 1024; }   // + alignment
+template <class Format>
+constexpr int table_bytes() {
+  if constexpr (Format::kPairTable) return Format::kPairWords * 4;
+  else return 0;
+}
 
 // x [M, K] -> xp [M, KP] (KP = K rounded up to 64) in the fragment order's K permutation, zeros
 // past K. A thread per (row, k-step, p): the 16-byte chunks 2c + p (c = 0..3) of the k-step hold
@@ -216,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                  float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
 #ifdef PTQ_A16_WGMMA
-  constexpr int kU4 = Format::kU4, D = stages(BN, kU4, kMinBlocks), SB = stage_bytes(BN, kU4);
+  constexpr int kU4 = Format::kU4, D = stages(BN, kU4, kMinBlocks, table_bytes<Format>()), SB = stage_bytes(BN, kU4);
   using Meta = typename Format::Meta;
   static_assert(sizeof(Meta) == 8, "8-byte metadata per lane and tile");
   extern __shared__ uint8_t smem_raw[];
@@ -227,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int m64 = blockIdx.x * kWarpgroups + wg;      // this warpgroup's 64-row tile
   const int tile = min(m64 * 4 + q, tiles - 1);       // this warp's 16-row tile (past the last: a copy, not stored)
 
+  if constexpr (Format::kPairTable) fmt.template fill_pairs<true>();   // NF4's pair table: the loop's first barrier orders it before any lookup
   // x rows past M stay zero in every stage (written once; the loop's proxy fence and barrier order
   // these stores before any wgmma reads them).
   for (int o = tid; o < D * (BN - M) * 8; o += kThreads) {
@@ -345,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // read codes and metadata from shared memory, dequantize and issue the wgmmas as the loop does, and
 // release a stage on its "empty" mbarrier once its wgmmas retired: no copies, no CTA barrier in
 // their loop. NF4 dequantizes through its pair table (Nf4PairFormat, 32 KB of static shared memory
-// filled by every thread before the first barrier; streamed_format, below), not the loop's PRMT form. K is split over a cluster of S CTAs (at most 8, as many as keep the grid resident)
+// filled by every thread before the first barrier; run(), below), as the loop does. K is split over a cluster of S CTAs (at most 8, as many as keep the grid resident)
 // whose fp32 partials are added in slice order through distributed shared memory: sum_split_k's
 // order, so at the same slices the loop's bytes (a test checks it). Groups (NF4 blocks) of a
 // multiple of 64 columns, or one group: a k-step reads one group's metadata.
@@ -578,7 +588,7 @@ constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ?
 // the wgmma path forced): interleaved NF4 +1-8% at 32-128 rows (its dequantization is the
 // longest), GPTQ +0.5-4% at 128 rows but -2-6% at 32-64 (decode batch 32: W4A16 -1.3%, NF4 +0.9%).
 template <int BN, class Format>
-constexpr bool interleaved() { return std::is_same_v<Format, Nf4Format> || BN >= 128; }
+constexpr bool interleaved() { return std::is_base_of_v<Nf4Format, Format> || BN >= 128; }
 
 // Whether a call's scales go per row at the end (kRowScale): GPTQ codes with one group (per-channel
 // scales). Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, run 225), against the scales
@@ -757,21 +767,21 @@ inline const __half* x_in_kernel_order(const __half* x, int64_t M, int64_t K, De
   return xp.get();
 }
 
-// The format the streamed form runs: NF4 with its pair table in shared memory (Nf4PairFormat: a
-// byte of codes to an f16 pair by one lookup, where the PRMT form of Nf4Format, which the k-step
-// loop keeps, takes 11 integer instructions a 4 codes), the GPTQ codes as they are. Stream µs at 32
-// rows against the PRMT form (docs/lab/2026-11-24-decode-h200.md, run 305): 12288x4096 22.5 /
-// 32.5, 22016x4096 37.2 / 45.1, 28672x4096 38.2 / 76.3, 4096x4096 18.2 / 16.6.
-template <class Format>
-Format streamed_format(const Format& f) {
-  return f;
-}
-inline Nf4PairFormat streamed_format(const Nf4Format& f) { return Nf4PairFormat(f); }
-
 template <class Format>
 void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
   if (M > kA16WgmmaMaxM) fail(Errc::usage, "", "M", "the wgmma A16 kernel takes M <= " + std::to_string(kA16WgmmaMaxM) + " rows, got M = " + std::to_string(M));
   if (!a16_wgmma_supported()) fail(Errc::usage, "", "device", "the wgmma A16 kernel is built for sm_90 (H100/H200) only: " + describe());
+  // NF4 dequantizes through its pair table in shared memory (Nf4PairFormat: a byte of codes to an
+  // f16 pair by one lookup, where Nf4Format's PRMT lookup takes 11 integer instructions a 4 codes).
+  // Against the PRMT form (docs/lab/2026-11-24-decode-h200.md, runs 305 and 310), stream µs: the
+  // streamed form at 32 rows 12288x4096 22.5 / 32.5, 22016x4096 37.2 / 45.1, 28672x4096 38.2 /
+  // 76.3; the k-step loop at 64 rows 22016x4096 56.4 / 64.0, 28672x4096 57.6 / 64.8, the other
+  // layers and 128..256 rows within ±3%. Decode NF4 at batch 64 +4.3-4.7%, batch 128 +0.9-1.8%.
+  // PTQKIT_A16_WG_PAIRS=0 (a sweep switch) runs the PRMT form in both.
+  if constexpr (std::is_same_v<Format, Nf4Format>) {
+    static const bool pairs = env_int("PTQKIT_A16_WG_PAIRS", 1) != 0;
+    if (pairs) return run(Nf4PairFormat(fmt), W, x, yh, yf, beta, M, N, K);
+  }
   const int bn = wgmma_bn(M);
   if (tma_takes(fmt, bn, N, K)) {
     DeviceBuffer<__half> xp;
@@ -789,15 +799,14 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     const bool roped = rope && bn == 32 && N == int64_t(rope->nh + 2 * rope->nkv) * kA16RopeHead && M % rope->T == 0;
     if (roped) g_fold.taken = A16Fold::whole, yh = nullptr, yf = nullptr;
     const Epi epi = silu ? Epi::silu : roped ? Epi::rope : Epi::plain;
-    const auto f = streamed_format(fmt);
-    if (bn == 8) launch_tma<8>(f, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
-    else if (bn == 16) launch_tma<16>(f, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
-    else launch_tma<32>(f, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
+    if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
+    else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
+    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
     return;
   }
   const bool row_scale = scales_per_row(fmt);
   auto kern = wgmma_kernel_of<Format>(bn, row_scale);
-  size_t smem = smem_bytes(bn, Format::kU4);
+  size_t smem = smem_bytes(bn, Format::kU4, 1, table_bytes<Format>());
   static std::mutex mu;
   struct Chosen {
     WgmmaKernel<Format> kern;
@@ -827,7 +836,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
       // +5.4%, W4A16 +4.5%, NF4 +4.1%; batch 128 +3.0%, +2.7%, +0.6%; prefill +2.5-3.6%. Where it
       // would take more slices instead it lost (run 89), so it is not used there.
       if ((bn == 64 || bn == 128) && !g_split.slices && int64_t(plan.groups) * plan.slices > sm_count()) {
-        const size_t smem2 = smem_bytes(bn, Format::kU4, 2);
+        const size_t smem2 = smem_bytes(bn, Format::kU4, 2, table_bytes<Format>());
         const WgmmaPlan plan2 = planned(wgmma_kernel_two_per_sm<Format>(bn, row_scale), smem2);
         if (plan2.slices == plan.slices) {
           plan = plan2;
