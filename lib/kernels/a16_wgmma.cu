@@ -93,6 +93,16 @@ constexpr int table_bytes() {
   if constexpr (Format::kPairTable) return Format::kPairWords * 4;
   else return 0;
 }
+// The k-step loop's ring and NF4's table fit what an sm_90 SM gives a CTA (227 KB of its 228, a
+// CTA an SM; 113 KB each at two): every BN at one CTA an SM, 64 and 128 at two; u4 1 (4-bit codes,
+// NF4 with its table) and 2 (8-bit codes, no table).
+constexpr bool ring_fits(int per_sm, int u4, int reserve) {
+  for (int bn : {8, 16, 32, 64, 128, 256})
+    if ((per_sm == 1 || bn == 64 || bn == 128) && smem_bytes(bn, u4, per_sm, reserve) + size_t(reserve) > size_t(per_sm == 1 ? 227 : 113) * 1024) return false;
+  return true;
+}
+static_assert(ring_fits(1, 1, 0) && ring_fits(1, 2, 0) && ring_fits(1, 1, 256 * 32 * 4) && ring_fits(2, 1, 0) && ring_fits(2, 2, 0) && ring_fits(2, 1, 256 * 32 * 4),
+              "the wgmma loop's ring and NF4's pair table exceed the shared memory of an SM");
 
 // x [M, K] -> xp [M, KP] (KP = K rounded up to 64) in the fragment order's K permutation, zeros
 // past K. A thread per (row, k-step, p): the 16-byte chunks 2c + p (c = 0..3) of the k-step hold
