@@ -90,8 +90,9 @@ struct GptqFormat {
 };
 
 // The NF4 format of the shared-x and dequantize kernels (the L2-fed and wgmma kernels run
-// Nf4PairFormat below; the wgmma kernel this one under PTQKIT_A16_WG_PAIRS=0). tab: low bytes (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15) and high bytes
-// (hi[0..3]) of the 16 f16 NF4 values, a kernel argument (registers, no table in memory).
+// Nf4PairFormat below; the wgmma kernel this one under PTQKIT_A16_WG_PAIRS=0). tab: low bytes
+// (lo[0..3]: codes 0-3, 4-7, 8-11, 12-15) and high bytes (hi[0..3]) of the 16 f16 NF4 values, a
+// kernel argument (registers, no table in memory).
 // Meta = the absmax of rows g and g + 8 for the lane's block.
 struct Nf4Format {
   static constexpr int kU4 = 1;
@@ -138,12 +139,12 @@ struct Nf4Format {
   }
 };
 
-// NF4 for the L2-fed kernel (a16_mma.cuh) and the wgmma kernel (a16_wgmma.cu), which hold a pair table in shared memory: word
-// [b][lane] = {V(b & 15), V(b >> 4)} for each byte b of codes, one copy per lane (a lane reads only
-// its own column: no bank conflicts), 32 KB. A byte of codes is one fragment register: per 2
-// codes a PRMT, an IMAD and an LDS (pair_at; at 16 rows and more the C form below), where the
-// in-register PRMT lookup of Nf4Format takes 11 integer instructions per 4 codes. The kernel fills
-// the table once per CTA.
+// NF4 for the L2-fed kernel (a16_mma.cuh) and the wgmma kernel (a16_wgmma.cu), which hold a pair
+// table in shared memory: word [b][lane] = {V(b & 15), V(b >> 4)} for each byte b of codes, one
+// copy per lane (a lane reads only its own column: no bank conflicts), 32 KB. A byte of codes is
+// one fragment register: per 2 codes a PRMT, an IMAD and an LDS (pair_at; in the L2-fed kernel at
+// 16 rows and more the C form below), where the in-register PRMT lookup of Nf4Format takes 11
+// integer instructions per 4 codes. The kernel fills the table once per CTA.
 struct Nf4PairFormat : Nf4Format {
   static constexpr bool kPairTable = true;
   static constexpr int kPairWords = 256 * 32;

@@ -54,8 +54,8 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // 4-bit layers (K = 3072; -11% in the step at equal kernel figures), the other 8-bit layers on
 // wgmma (28672 x 4096 -0.6%, 4096 x 11008 and 14336 slower alone), and the layers the L2-fed kernel
 // serves (run 240: 4096 x 4096 W4 +1.4% on llama2-7b but -8.8% on llama3-8b, W8 -1.0% / -1.7%;
-// 6144 x 4096 W4 -2.5%, W8 -1.8%; Phi-3-mini's 3072 x 3072 W4 -0.4%). W8 6144 x 4096 (llama3-8b's q, k, v) joined with a ring of 3 stages and the
-// rotary folded into it (a16_fold_rope; lab runs 296-297, twice each): llama3-8b W8A16 at batch 32
+// 6144 x 4096 W4 -2.5%, W8 -1.8%; Phi-3-mini's 3072 x 3072 W4 -0.4%). W8 6144 x 4096 (llama3-8b's
+// q, k, v) joined with a ring of 3 stages and the rotary folded into it (a16_fold_rope; lab runs 296-297, twice each): llama3-8b W8A16 at batch 32
 // 8,200 -> 8,726 tok/s (+6.4%; +3.6% without the fold, -1.3% at 2 stages with it, +0.3% at 4);
 // its 4-bit codes stayed on the L2-fed kernel (-1.1% at 2 stages, -1.3% at 3). W4 16384 x 3072
 // (Phi-3-mini's gate, up, with the silu fold since run 293) joined with 3 stages (run 300, twice):

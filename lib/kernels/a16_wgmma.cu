@@ -365,8 +365,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // read codes and metadata from shared memory, dequantize and issue the wgmmas as the loop does, and
 // release a stage on its "empty" mbarrier once its wgmmas retired: no copies, no CTA barrier in
 // their loop. NF4 dequantizes through its pair table (Nf4PairFormat, 32 KB of static shared memory
-// filled by every thread before the first barrier; run(), below), as the loop does. K is split over a cluster of S CTAs (at most 8, as many as keep the grid resident)
-// whose fp32 partials are added in slice order through distributed shared memory: sum_split_k's
+// filled by every thread before the first barrier; run(), below), as the loop does. K is split
+// over a cluster of S CTAs (at most 8, as many as keep the grid resident) whose fp32 partials are
+// added in slice order through distributed shared memory: sum_split_k's
 // order, so at the same slices the loop's bytes (a test checks it). Groups (NF4 blocks) of a
 // multiple of 64 columns, or one group: a k-step reads one group's metadata.
 // Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 228-234), stream µs at 32 rows
