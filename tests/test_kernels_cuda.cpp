@@ -991,6 +991,11 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_stages(16384, 3072, 4) == 3);
   CHECK(cuda::a16_wgmma_stages(3072, 8192, 8) == 2);
   CHECK(cuda::a16_wgmma_stages(3072, 8192, 4) == 3);   // run 308: phi3-mini W4A16 +7.3%
+  // Its k-steps a stage (run 312): 2 on NF4 22016 x 4096 only.
+  CHECK(cuda::a16_wgmma_nk(22016, 4096, 0) == 2);
+  CHECK(cuda::a16_wgmma_nk(22016, 4096, 4) == 4);
+  CHECK(cuda::a16_wgmma_nk(28672, 4096, 0) == 4);
+  CHECK(cuda::a16_wgmma_nk(12288, 4096, 0) == 4);
   CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(22016, 4096, 4) == 2);
@@ -1065,6 +1070,16 @@ TEST_CASE("gpu: the wgmma A16 kernel on the decode's stacked shapes at 24 and 48
         CHECK(rel <= 2e-3);
       }
     }
+  // NF4 22016 x 4096 at 24 rows: the streamed form at 2 k-steps a stage (a16_wgmma_nk).
+  Rng rw{811};
+  std::vector<float> W(size_t(22016) * 4096);
+  for (auto& v : W) v = float(rw.normal() * 0.02);
+  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  auto F = cuda::Nf4Linear::from_nf4(t, 22016, 4096);
+  Rng r{24};
+  const double rel = a16_error(*F, 24, 4096, 22016, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_nf4(xx, 24, t, 22016, 4096, yy); });
+  INFO("NF4 22016x4096 M=24: relative error " << rel);
+  CHECK(rel <= 3e-3);
 }
 
 // The streamed form (a16_wgmma.cu, wgmma_tma_kernel: a producer warp's bulk copies, the K slices of

@@ -96,6 +96,12 @@ constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
                      (N == 3072 && K == 8192 && bits == 4);
   return three ? 3 : 2;
 }
+// The streamed form's k-steps a stage per cell: 4, or 2 on NF4 22016 x 4096 (llama2-7b's gate, up),
+// where 2 stages of 2 k-steps and NF4's 32 KB pair table fit three CTAs an SM (two at 4 k-steps),
+// so the layer runs two K slices: 37.1 -> 34.8 µs at 32 rows (lab run 312; every other NF4 cell
+// slower that way: 12288 x 4096 22.6 -> 29.5, 28672 x 4096 38.2 -> 57.3). Decode llama2-7b NF4 at
+// batch 32 with this cell against without, in one call, twice: 7,384 -> 7,517 tok/s (+1.8%, run 313).
+constexpr int a16_wgmma_nk(int64_t N, int64_t K, int bits) { return bits == 0 && N == 22016 && K == 4096 ? 2 : 4; }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
 // planner's measured faster in the decode step (the H200, batch 32, one cell at a time and then
 // together: cells that pay alone can lose beside the others, as the kernels overlap under PDL):

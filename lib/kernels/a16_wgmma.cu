@@ -711,13 +711,12 @@ inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
   return nullptr;
 }
 
-template <int BN, class Format>
+template <int BN, class Format, int NK = 4>
 void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K, Epi epi = Epi::plain,
                 __half* act_perm = nullptr, const A16Rope& rope = {}) {
   static const int D0 = env_int("PTQKIT_A16_TMA_STAGES", 0), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
   const SweptCell* cell = swept_cell(N, K, code_bits<Format>());
   const int D = cell && cell->stages >= 2 ? cell->stages : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
-  constexpr int NK = 4;   // k-steps a stage (lab runs 230-231: 2 and 1 slower; one instantiation keeps the build short)
   const bool row_scale = scales_per_row(fmt);
   const bool silu = epi == Epi::silu;
   auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, false, NK>;
@@ -810,6 +809,10 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     const bool roped = rope && bn == 32 && N == int64_t(rope->nh + 2 * rope->nkv) * kA16RopeHead && M % rope->T == 0;
     if (roped) g_fold.taken = A16Fold::whole, yh = nullptr, yf = nullptr;
     const Epi epi = silu ? Epi::silu : roped ? Epi::rope : Epi::plain;
+    // K-steps a stage: 4 (lab runs 230-231: 2 and 1 slower for GPTQ codes), 2 on NF4's cells of
+    // a16_wgmma_nk (its pair table and 2 stages of 2 k-steps fit three CTAs an SM).
+    if constexpr (std::is_same_v<Format, Nf4PairFormat>)
+      if (bn == 32 && a16_wgmma_nk(N, K, 0) == 2) return launch_tma<32, Format, 2>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
     if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
     else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
     else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
