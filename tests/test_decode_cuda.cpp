@@ -146,8 +146,8 @@ TEST_CASE("decode cuda: x written in the wgmma kernel's order by the norm and si
 
 // At 17..32 rows the stacked q, k, v Linear of a GPTQ or NF4 model writes q and the cache rows rotated
 // itself (a16_fold_rope) and rope_append does not run: one llama2-7b layer (heads of 128, its q, k,
-// v on the wgmma kernel's streamed form there; W4A16, W8A16, NF4) and one llama3-8b layer (8 key/value
-// heads for 32 query heads; W8A16) give the same logits and tokens, to the bit, as with rope_append
+// v on the wgmma kernel's streamed form there; W4A16, W8A16, NF4) and one llama3-8b layer (8
+// key/value heads for 32 query heads; W8A16, NF4) give the same logits and tokens, to the bit, as with rope_append
 // after the Linear (the same fp32 sums, the same rotation: kernels/rotary.cuh).
 // 24 sequences prefilled a token each, then decoded (24 rows a step); 12 prefilled two tokens
 // each (24 rows, positions 0 and 1 of each sequence).

@@ -553,8 +553,6 @@ TEST_CASE("gpu: an RMSNorm folded into the NF4 kernel at one row equals the fp64
   }
 }
 
-// The worst relative error of act [M, F] (f16 bits) against the fp64 silu(g) · u of y = [g | u]
-// [M, N = 2F] (relative to max(|want|, 1e-2)).
 namespace {
 // The three A16 modules of one shape the fold tests call, random (GPTQ 4-bit g128, 8-bit per
 // channel, NF4 blocks of 64), each writing fp32 y [M, N] from x [M, K].
@@ -569,6 +567,8 @@ struct FoldModules {
     else nf->gemm_f32(x, M, y, 0.0f, path);
   }
 };
+// The worst relative error of act [M, F] (f16 bits) against the fp64 silu(g) · u of y = [g | u]
+// [M, N = 2F] (relative to max(|want|, 1e-2)).
 double silu_act_error(const std::vector<float>& y, const std::vector<uint16_t>& a, int64_t M, int64_t F) {
   double worst = 0;
   for (int64_t m = 0; m < M; ++m)

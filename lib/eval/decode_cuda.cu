@@ -1004,8 +1004,8 @@ struct DecodeCuda::Impl {
     // head forms them again, 0.5-1.6% slower in run 105's form).
     const bool rope_fold = rows == 1 && decode_on(Switch::rope_fold);
     // 2+ rows: the stacked q, k, v Linear writes q and the cache rows rotated itself where its kernel
-    // does (a16_fold_rope: the wgmma kernel's streamed form at 17..32 rows, GPTQ codes; heads of 128
-    // rotated whole, no bias, no head norm), and rope_append does not run.
+    // does (a16_fold_rope: the wgmma kernel's streamed form at 17..32 rows, GPTQ and NF4 codes;
+    // heads of 128 rotated whole, no bias, no head norm), and rope_append does not run.
     const bool rope_linear = rows > 1 && std::is_same_v<T, __half> && hd == kA16RopeHead && 2 * half == int(hd) && rope_in_linear;
     // A prompt fed from position 0 (the cache holds only its own keys): flash attention over each
     // sequence's T rows, which reads each key and value tile once for a block of queries, where

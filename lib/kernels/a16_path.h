@@ -207,8 +207,8 @@ void a16_fold_silu(void* act, void* act_perm = nullptr);
 // dims (j, j + 64) by (cos, sin)[position][j] (kernels/rotary.cuh: the decode's rope_append
 // arithmetic, so the same bytes). For heads of 128 dims rotated whole, no bias, no head norm (the
 // caller checks those). Taken by the wgmma kernel's streamed form (its CTA holds one head's 128
-// output rows) for GPTQ codes at 17..32 rows (32 staged), N == (nh + 2 nkv) 128, M a multiple of
-// T; every other kernel and call declines.
+// output rows) for GPTQ and NF4 codes at 17..32 rows (32 staged), N == (nh + 2 nkv) 128, M a
+// multiple of T; every other kernel and call declines.
 struct A16Rope {
   const float* cos = nullptr;   // [max_len, 64]
   const float* sin = nullptr;

@@ -1,7 +1,7 @@
 // a16_wgmma.cu — the Hopper kernel of the 16-bit-activation formats (W4A16, W8A16, NF4) for 17..256
 // activation rows (a16_path.h: automatic picks it on an sm_90 GPU at 33..128 rows, 129..256 on
-// large layers, 17..32 for GPTQ codes on large layers; forced, any M up to 256), in two forms: the
-// k-step loop below, and from 8 to 32 staged rows on measured layers a streamed form fed by the
+// large layers, 17..32 for GPTQ codes on large layers and NF4 on its streamed cells; forced, any M
+// up to 256), in two forms: the k-step loop below, and from 8 to 32 staged rows on measured layers a streamed form fed by the
 // copy engine (wgmma_tma_kernel, further down):
 // y [M, N] = x [M, K] · Wᵀ, x f16, y f16 or fp32 (+ beta y). Reference: ref_gemm_gptq /
 // ref_gemm_nf4 (kernels/reference.h); tests/test_kernels_cuda.cpp checks it against them.
@@ -21,7 +21,7 @@
 // pass runs.
 // The streamed form also takes a16_fold_silu's request (a stacked gate, up Linear: its CTA holds 64
 // gate and the matching 64 up rows and writes silu(gate) · up, and its copy in the order above for
-// the next Linear) and, at 17..32 rows for GPTQ codes, a16_fold_rope's (a stacked q, k, v Linear:
+// the next Linear) and, at 17..32 rows, a16_fold_rope's (a stacked q, k, v Linear:
 // its CTA holds one head of 128 rows and writes it rotated into q or the KV cache; Epi, below).
 // Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
 // stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
@@ -101,7 +101,8 @@ constexpr bool ring_fits(int per_sm, int u4, int reserve) {
     if ((per_sm == 1 || bn == 64 || bn == 128) && smem_bytes(bn, u4, per_sm, reserve) + size_t(reserve) > size_t(per_sm == 1 ? 227 : 113) * 1024) return false;
   return true;
 }
-static_assert(ring_fits(1, 1, 0) && ring_fits(1, 2, 0) && ring_fits(1, 1, 256 * 32 * 4) && ring_fits(2, 1, 0) && ring_fits(2, 2, 0) && ring_fits(2, 1, 256 * 32 * 4),
+static_assert(ring_fits(1, 1, 0) && ring_fits(1, 2, 0) && ring_fits(1, 1, table_bytes<Nf4PairFormat>()) && ring_fits(2, 1, 0) && ring_fits(2, 2, 0) &&
+                  ring_fits(2, 1, table_bytes<Nf4PairFormat>()),
               "the wgmma loop's ring and NF4's pair table exceed the shared memory of an SM");
 
 // x [M, K] -> xp [M, KP] (KP = K rounded up to 64) in the fragment order's K permutation, zeros
