@@ -177,6 +177,39 @@ TEST_CASE("decode cuda: the rotary and KV append folded into the q, k, v Linear 
     }
 }
 
+// At 17..32 rows the norms of an NF4 model are split between the Linears around them (the o and
+// down Linears write each token's sums of squares and f16(X w / 16); the q, k, v and gate, up
+// Linears on the wgmma kernel's streamed form scale their sums by 16 / rms(X_n)): two llama2-7b
+// layers at batch 24, where each sequence's logits after its prompt token and after two greedy
+// steps must equal that sequence decoded alone (batch 1: the norm folded whole into NF4's one-row
+// kernel; other kernels, other sums: 1% of the logits' range).
+TEST_CASE("decode cuda: the norms split between the Linears at 17 to 32 rows give each sequence's logits at batch 1") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const LlamaConfig c = parse_config(synth_config_json("llama2-7b", 2, DType::F16), "llama2-7b");
+  cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, "nf4", true);
+  const int B = 24;
+  std::vector<int32_t> p(static_cast<size_t>(B));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
+  cuda::DecodeCuda all(w, B, 8);
+  all.feed(p, 1);
+  const MatF first = all.logits();
+  const std::vector<int32_t> tokens = all.decode_greedy(2);   // [2, B]
+  const MatF last = all.logits();
+  CHECK(all.norm_split_rows_used());
+  for (int b : {0, 7, 23}) {
+    INFO("sequence " << b);
+    cuda::DecodeCuda one(w, 1, 8);
+    one.feed({p[size_t(b)]}, 1);
+    const MatF l1 = one.logits();
+    CHECK((l1.row(0) - first.row(b)).cwiseAbs().maxCoeff() <= 0.01 * l1.cwiseAbs().maxCoeff() + 1e-3);
+    one.feed({tokens[size_t(b)]}, 1);   // the batch's own tokens, so that a near tie cannot fork the two
+    one.feed({tokens[size_t(B + b)]}, 1);
+    const MatF l3 = one.logits();
+    CHECK((l3.row(0) - last.row(b)).cwiseAbs().maxCoeff() <= 0.01 * l3.cwiseAbs().maxCoeff() + 1e-3);
+  }
+}
+
 // The attention's other forms against the CPU: 16 splits a head at batch 1 (a 1,024-position
 // cache), combined through global memory rather than in a cluster; two sequences, whose decode
 // steps run the rotary kernel rather than the attention's own rotary, and at head_dim 64 the

@@ -780,6 +780,181 @@ TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed
   CHECK(cuda::a16_folded() == cuda::A16Fold::none);
 }
 
+// The norm split at 17..32 rows (decode at batch 17..32; A16RowNorm): the writer (the L2-fed
+// kernel, GPTQ 4-bit g128, 8-bit per channel and NF4, row tiles 1 and 2, K slices 1 and 3, beta 1)
+// must leave each token's fp64 sums of squares of each 16 rows of the y it wrote (1e-5: fp32 sums
+// of 16 squares), out = f16(fp32 (y * w) / 16) bit for bit and out's copy at a16_wgmma_x_col's
+// columns, twice with the same bytes. A reader on the wgmma kernel's streamed form (GPTQ 4-bit,
+// 8-bit per channel and NF4, 1 and 3 K slices), given out's copy, must return its product scaled
+// by 16 / rms(y_n) per token in fp64: silu(g) · u of the scaled sums of its own plain call on out
+// (2e-3: f16 rounding) with a16_fold_silu, and the rotated scaled q with a16_fold_rope. The L2-fed
+// kernel at 17..32 rows is no reader, the streamed form's plain epilogue declines the reader's
+// request and the streamed form the writer's.
+TEST_CASE("gpu: a norm split between two Linears at 17 to 32 rows: the writer's sums per token, the streamed reader's sums scaled by 16 / rms(y_n)") {
+  PTQ_REQUIRE_GPU();
+  const int64_t Kw = 512, D = 1024, F = 1024, Mmax = 32;   // writer Kw -> D; readers D -> 2F (silu) or 8 heads of 128 (rope)
+  Rng r{45};
+  std::vector<uint16_t> xh(size_t(Mmax * Kw));
+  for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+  std::vector<float> y0(size_t(Mmax * D)), g(static_cast<size_t>(D));
+  for (auto& v : y0) v = float(3.0 * (r.uniform() - 0.5));
+  for (auto& v : g) v = float(0.5 + r.uniform());
+  const float eps = 1e-5f;
+  const int64_t tiles = D / 16;
+  cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dout(size_t(Mmax * D), "out"), dperm(size_t(Mmax * D), "out in the wgmma order");
+  cuda::DeviceBuffer<uint16_t> act(size_t(Mmax * F), "act"), act_perm(size_t(Mmax * F), "act in the wgmma order");
+  cuda::DeviceBuffer<float> dy(y0.size(), "y"), dg(g.size(), "w"), dss(size_t(Mmax * tiles), "row sums"), dy2(size_t(Mmax * 2 * F), "y2");
+  cuda::DeviceBuffer<int> arrivals(1, "arrivals");
+  cuda::fill_bytes(arrivals.get(), 0, 4);
+  cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+  cuda::copy_to_device(dg.get(), g.data(), g.size() * 4);
+  auto host = [](const auto& buf, size_t n) {
+    std::vector<std::remove_cv_t<std::remove_pointer_t<decltype(buf.get())>>> v(n);
+    cuda::copy_to_host(v.data(), buf.get(), n * sizeof(v[0]));
+    return v;
+  };
+  const auto w4 = cuda::random_gptq_linear(D, Kw, 4, 0.002f, r);
+  const auto w8 = cuda::random_gptq_linear(D, Kw, 8, 0.0002f, r);
+  const auto nf = cuda::random_nf4_linear(D, Kw, 0.02f, r);
+  cuda::A16RowNorm wn{dg.get(), dout.get(), arrivals.get(), eps};
+  wn.row_ss = dss.get(), wn.out_perm = dperm.get();
+  cuda::A16RowNorm rn{};
+  rn.in_ss = dss.get(), rn.in_eps = eps;
+  std::vector<double> inv(static_cast<size_t>(Mmax));   // 16 / rms(y_n) of the last write, fp64
+  for (const std::string wf : {"w4", "w8", "nf4"})
+    for (int64_t M : {17, 24, 32})
+      for (int rt : {1, 2})
+        for (int slices : {0, 3}) {
+          std::vector<float> first_ss;
+          std::vector<uint16_t> first_out;
+          for (int rep = 0; rep < 2; ++rep) {
+            INFO("writer " << wf << " M " << M << " rt " << rt << " slices " << slices << " rep " << rep);
+            cuda::copy_to_device(dy.get(), y0.data(), size_t(M * D) * 4);
+            cuda::set_a16_split({rt, slices, 0, 0});
+            cuda::a16_fold_norm(&wn);
+            if (wf[0] == 'w') (wf[1] == '4' ? w4 : w8)->gemm_f32(dx.get(), M, dy.get(), 1.0f);
+            else nf->gemm_f32(dx.get(), M, dy.get(), 1.0f);
+            const cuda::A16Fold taken = cuda::a16_folded();
+            cuda::set_a16_split({});
+            REQUIRE(taken == cuda::A16Fold::split);
+            const std::vector<float> y = host(dy, size_t(M * D)), ss = host(dss, size_t(M * tiles));
+            const std::vector<uint16_t> out = host(dout, size_t(M * D)), perm = host(dperm, size_t(M * D));
+            double worst = 0;
+            int64_t out_wrong = 0, perm_wrong = 0;
+            for (int64_t m = 0; m < M; ++m) {
+              double total = 0;
+              for (int64_t t = 0; t < tiles; ++t) {
+                double want = 0;
+                for (int64_t n = 16 * t; n < 16 * t + 16; ++n) want += double(y[size_t(m * D + n)]) * y[size_t(m * D + n)];
+                worst = std::max(worst, std::abs(double(ss[size_t(m * tiles + t)]) - want) / want);
+                total += want;
+              }
+              inv[size_t(m)] = 1.0 / std::sqrt(total / double(D) + eps) / double(cuda::kSplitNormScale);
+              for (int64_t n = 0; n < D; ++n) {
+                const uint16_t want = f32_to_f16_bits(y[size_t(m * D + n)] * g[size_t(n)] * cuda::kSplitNormScale);
+                out_wrong += out[size_t(m * D + n)] != want;
+                perm_wrong += perm[size_t(m * D + cuda::a16_wgmma_x_col(n))] != want;
+              }
+            }
+            INFO("worst relative error of a 16-row sum " << worst << ", elements of out off " << out_wrong << ", of its copy " << perm_wrong);
+            CHECK(worst <= 1e-5);
+            CHECK(out_wrong == 0);
+            CHECK(perm_wrong == 0);
+            if (rep == 0) first_ss = ss, first_out = out;
+            else CHECK((ss == first_ss && out == first_out));
+          }
+        }
+  // The readers, on the last write (M = 32): the plain call's sums scaled per token.
+  const int64_t M = 32;
+  const FoldModules gate_up(2 * F, D, r);
+  for (const std::string fmt : {"w4", "w8", "nf4"})
+    for (int slices : {1, 3}) {
+      INFO("silu reader " << fmt << " slices " << slices);
+      cuda::set_a16_split({0, slices, 0, 0, 2});   // the streamed form
+      gate_up.gemm_f32(fmt, dout.get(), M, dy2.get(), cuda::A16Path::wgmma);
+      std::vector<float> y = host(dy2, size_t(M * 2 * F));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < 2 * F; ++j) y[size_t(m * 2 * F + j)] = float(y[size_t(m * 2 * F + j)] * inv[size_t(m)]);
+      cuda::a16_norm_in(&rn);
+      cuda::a16_fold_silu(act.get(), act_perm.get());
+      cuda::a16_offer_wgmma_x(dout.get(), dperm.get());
+      gate_up.gemm_f32(fmt, dout.get(), M, dy2.get(), cuda::A16Path::wgmma);
+      const bool took_x = cuda::a16_took_wgmma_x(), took_in = cuda::a16_took_norm_in();
+      const cuda::A16Fold folded = cuda::a16_folded();
+      cuda::set_a16_split({});
+      REQUIRE(took_in);
+      CHECK(took_x);
+      CHECK(folded == cuda::A16Fold::whole);
+      const double worst = silu_act_error(y, host(act, size_t(M * F)), M, F);
+      INFO("worst relative error " << worst);
+      CHECK(worst <= 2e-3);
+    }
+  {   // the rotary reader: 4 query and 2 key/value heads of 128, one token a sequence, position 3
+    const int nh = 4, nkv = 2, hd = 128, max_len = 8, pos = 3;
+    const int64_t N = int64_t(nh + 2 * nkv) * hd;
+    std::vector<float> cs(size_t(max_len * 64)), sn(cs.size());
+    for (int p = 0; p < max_len; ++p)
+      for (int j = 0; j < 64; ++j) {
+        const double a = p * std::pow(10000.0, -j / 64.0);
+        cs[size_t(p * 64 + j)] = float(std::cos(a)), sn[size_t(p * 64 + j)] = float(std::sin(a));
+      }
+    const size_t cache = size_t(M) * max_len * nkv * hd;
+    cuda::DeviceBuffer<uint16_t> q(size_t(M) * nh * hd, "q"), kc(cache, "k cache"), vc(cache, "v cache");
+    cuda::DeviceBuffer<float> dcos(cs.size(), "cos"), dsin(sn.size(), "sin"), dyq(size_t(M * N), "y");
+    cuda::DeviceBuffer<int> dpos(1, "pos");
+    cuda::copy_to_device(dcos.get(), cs.data(), cs.size() * 4);
+    cuda::copy_to_device(dsin.get(), sn.data(), sn.size() * 4);
+    cuda::copy_to_device(dpos.get(), &pos, sizeof(int));
+    const FoldModules qkv(N, D, r);
+    for (const std::string fmt : {"w4", "w8", "nf4"}) {
+      INFO("rotary reader " << fmt);
+      cuda::set_a16_split({0, 3, 0, 0, 2});
+      qkv.gemm_f32(fmt, dout.get(), M, dyq.get(), cuda::A16Path::wgmma);
+      const std::vector<float> y = host(dyq, size_t(M * N));
+      const cuda::A16Rope rope{dcos.get(), dsin.get(), dpos.get(), q.get(), kc.get(), vc.get(), 1, nh, nkv, max_len};
+      cuda::a16_norm_in(&rn);
+      cuda::a16_fold_rope(&rope);
+      qkv.gemm_f32(fmt, dout.get(), M, dyq.get(), cuda::A16Path::wgmma);
+      const bool took_in = cuda::a16_took_norm_in();
+      const cuda::A16Fold folded = cuda::a16_folded();
+      cuda::set_a16_split({});
+      REQUIRE(took_in);
+      CHECK(folded == cuda::A16Fold::whole);
+      const std::vector<uint16_t> qg = host(q, q.size()), vg = host(vc, cache);
+      double worst = 0;
+      for (int64_t n = 0; n < M; ++n)
+        for (int h = 0; h < nh; ++h)
+          for (int j = 0; j < hd; ++j) {   // q rotated; the value heads as they are
+            const float* yh = y.data() + size_t(n * N + h * hd);
+            const double c = cs[size_t(pos * 64 + j % 64)], s = sn[size_t(pos * 64 + j % 64)];
+            const double lo = yh[j % 64] * inv[size_t(n)], hi = yh[64 + j % 64] * inv[size_t(n)];
+            const double want = j < 64 ? lo * c - hi * s : hi * c + lo * s;
+            worst = std::max(worst, std::abs(f16_bits_to_f32(qg[size_t((n * nh + h) * hd + j)]) - want) / std::max(std::abs(want), 1e-2));
+            if (h < nkv) {
+              const double v = y[size_t(n * N + (nh + nkv + h) * hd + j)] * inv[size_t(n)];
+              const size_t at = (size_t(n) * max_len + size_t(pos)) * nkv * hd + size_t(h * hd + j);
+              worst = std::max(worst, std::abs(f16_bits_to_f32(vg[at]) - v) / std::max(std::abs(v), 1e-2));
+            }
+          }
+      INFO("worst relative error " << worst);
+      CHECK(worst <= 2e-3);
+    }
+  }
+  // No reader: the L2-fed kernel at 32 rows, the streamed form's plain epilogue; no writer: the
+  // streamed form.
+  cuda::a16_norm_in(&rn);
+  gate_up.gemm_f32("w4", dout.get(), M, dy2.get(), cuda::A16Path::mma);
+  CHECK_FALSE(cuda::a16_took_norm_in());
+  cuda::set_a16_split({0, 0, 0, 0, 2});
+  cuda::a16_norm_in(&rn);
+  gate_up.gemm_f32("w4", dout.get(), M, dy2.get(), cuda::A16Path::wgmma);
+  CHECK_FALSE(cuda::a16_took_norm_in());
+  cuda::a16_fold_norm(&wn);
+  w4->gemm_f32(dx.get(), M, dy.get(), 1.0f, cuda::A16Path::wgmma);
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
+  cuda::set_a16_split({});
+}
+
 // The A16 kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each may start
 // while the one before it runs, reading only W before it waits. A chain of calls queued without a
 // host sync, each reading the previous call's output and overwriting the buffer the call before

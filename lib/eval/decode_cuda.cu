@@ -142,8 +142,9 @@ bool switch_on(const char* name) {
 //                               cores, a CTA a KV head; else by attend, a CTA a query head) where
 //                               the rule below picks it; 2: wherever it can serve (read by
 //                               attn_mma_mode, not decode_on: it has three values)
-//   PTQKIT_DECODE_NORM_SPLIT    at one row, where the Linear before a norm does not fold it whole,
-//                               the norm is split between the Linears around it (else its kernel)
+//   PTQKIT_DECODE_NORM_SPLIT    at one row and at 17..32 rows, where the Linear before a norm does
+//                               not fold it whole, the norm is split between the Linears around it
+//                               (else its kernel)
 enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, norm_split };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
@@ -762,6 +763,7 @@ struct DecodeCuda::Impl {
   bool graphs = true, graph_used = false;
   bool xperm = decode_on(Switch::xperm), xperm_used = false;   // set_permuted_x; whether a Linear took the permuted x
   bool rope_in_linear = decode_on(Switch::rope_fold), rope_in_linear_used = false;   // set_rope_in_linear; whether a Linear took it
+  bool norm_split_rows_used = false;   // whether a Linear at 17..32 rows read a split norm
   // By rows: whether the Linears after the input norm, the post-attention norm and the silu·mul
   // took x in the wgmma order (-1: not yet seen; the first step of a row count writes and offers
   // it, later ones only where it was taken: f16's and NF4's Linears never take it).
@@ -779,12 +781,13 @@ struct DecodeCuda::Impl {
   DeviceBuffer<float> X, qkv, gu, logits, partial;   // qkv: q, k, v outputs; gu: gate, up outputs
   DeviceBuffer<int> arrivals;   // [split rows, nh]: attention splits arrived, zero between launches
   DeviceBuffer<int> norm_arrivals;   // [1]: the folded norm's CTAs arrived (a16_fold_norm), zero between launches
-  DeviceBuffer<float> row_ss;        // [2][ceil(d / 16)]: a split norm's sums of squares (A16RowNorm row_ss), after o and after down
+  DeviceBuffer<float> row_ss;        // [2][rows][ceil(d / 16)]: a split norm's sums of squares (A16RowNorm row_ss), after o and after down
   // A split norm's sums in row_ss: slot 0 after the o projection (the post-attention norm), 1 after down (the next input norm).
-  float* row_ss_at(int slot) { return row_ss.get() + size_t(slot) * size_t((w.c.hidden_size + 15) / 16); }
-  // Per layer, the Linears after its norms (0: post-attention, 1: input) that did not take a split
-  // norm at one row: their norm runs whole from then on (set by the first step, before a capture).
-  std::vector<std::array<bool, 2>> split_declined;
+  float* row_ss_at(int slot) { return row_ss.get() + size_t(slot) * size_t(rows_cap) * size_t((w.c.hidden_size + 15) / 16); }
+  // Per row count and layer, the Linears after its norms (0: post-attention, 1: input) that did
+  // not take a split norm: their norm runs whole from then on (set by the first step of that row
+  // count, before a capture).
+  std::map<int64_t, std::vector<std::array<bool, 2>>> split_declined_at;
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
   DeviceBuffer<uint16_t> xn_perm, act_perm;   // xn and act in the wgmma A16 kernel's order (d, f multiples of 64)
   DeviceBuffer<int8_t> xq8;   // a W8A8 Linear's input quantized by its producer (DecodeLayer::lin8) [rows, max(d, f)]
@@ -813,8 +816,8 @@ struct DecodeCuda::Impl {
     if (!norm_arrivals.get()) {
       norm_arrivals = DeviceBuffer<int>(1, "decode folded-norm arrivals");
       fill_bytes(norm_arrivals.get(), 0, 4);
-      row_ss = DeviceBuffer<float>(size_t(2 * ((d + 15) / 16)), "decode split-norm sums");   // row_ss_at's two slots
     }
+    row_ss = DeviceBuffer<float>(size_t(2 * rows * ((d + 15) / 16)), "decode split-norm sums");   // row_ss_at's two slots
     if (check)   // PTQKIT_DECODE_CHECK: no stale bytes read as a stage's output
       for (auto [p, n] : {std::pair<void*, size_t>{X.get(), size_t(rows * d) * 4}, {qkv.get(), size_t(rows * (qd + 2 * kvd)) * 4},
                           {gu.get(), size_t(rows * 2 * f) * 4}, {xn.get(), size_t(rows * d) * 2}, {ctx.get(), size_t(rows * qd) * 2},
@@ -1043,15 +1046,24 @@ struct DecodeCuda::Impl {
     // entirely, run 266: +7.2%, +5.0%, +3.0%). residual_linear answers how the next norm was done:
     // its call's A16Fold (none: the norm still to run; whole: done into xn; split: row_ss and xn
     // written).
-    const bool norm_split = fold && decode_on(Switch::norm_split);
+    // At 17..32 rows the norm is split only (no kernel folds it whole there): the L2-fed kernel
+    // writes it (the o projection, and NF4's down on the Llama shapes), also into xn's copy in the
+    // wgmma order, and the wgmma kernel's streamed form reads it (the q, k, v and gate, up Linears
+    // on their cells). Where either side declines, the norm kernel runs as before. Against the norm
+    // kernels (lab runs 320-322, batch 32, --decode 128, twice): NF4 llama2-7b +3.9%, llama3-8b
+    // +7.3%; the GPTQ formats, whose down runs another kernel, split neither norm (below).
+    // (xnp[0] == xnp[1]: one copy in the wgmma order, or none, serves both norms' readers.)
+    const bool split_rows = rows >= 17 && rows <= 32 && std::is_same_v<T, __half> && norm_vec && d % 64 == 0 && xnp[0] == xnp[1];
+    const bool norm_split = (fold || split_rows) && decode_on(Switch::norm_split);
+    std::vector<std::array<bool, 2>>& split_declined = split_declined_at[rows];
     if (split_declined.size() != w.layers.size()) split_declined.assign(w.layers.size(), {false, false});
     auto residual_linear = [&](const LinearFn& fn, const void* x, const DeviceBuffer<float>* next_norm, int slot, bool split_ok = true) {
-      if (!fold || !next_norm) {
+      if (!(fold || (norm_split && split_ok)) || !next_norm) {
         fn(x, rows, X.get(), 1.0f);
         return A16Fold::none;
       }
       A16RowNorm rn{next_norm->get(), xn.get(), norm_arrivals.get(), eps};
-      if (norm_split && split_ok) rn.row_ss = row_ss_at(slot);
+      if (norm_split && split_ok) rn.row_ss = row_ss_at(slot), rn.out_perm = fold ? nullptr : xnp[0];
       a16_fold_norm(&rn);
       return folded([&] { fn(x, rows, X.get(), 1.0f); });
     };
@@ -1062,7 +1074,10 @@ struct DecodeCuda::Impl {
       A16RowNorm rn{};
       rn.in_ss = row_ss_at(slot), rn.in_eps = eps;
       a16_norm_in(&rn);
-      if (answered(call, a16_took_norm_in)) return;
+      if (answered(call, a16_took_norm_in)) {
+        norm_split_rows_used |= rows > 1;
+        return;
+      }
       split_declined[layer][size_t(slot)] = true;
       slot = -1;
       norm(nw, outp);
@@ -1095,7 +1110,7 @@ struct DecodeCuda::Impl {
       // producer: the norm before it (0 or 1).
       auto linear = [&](const LinearFn& fn, const Int8Linear& fn8, bool int8, float* y, float beta, int producer) {
         if (int8) fn8.fn(xq8.get(), sx8.get(), rows, y, beta);
-        else if (split >= 0) split_normed(l, split, *split_w, xnp[producer], [&] { fn(xn.get(), rows, y, beta); });
+        else if (split >= 0) split_normed(l, split, *split_w, xnp[producer], [&] { offered(producer, xn.get(), split_rows ? xnp[producer] : nullptr, [&] { fn(xn.get(), rows, y, beta); }); });
         else offered(producer, xn.get(), xn_p, [&] { fn(xn.get(), rows, y, beta); });
       };
       const int64_t qd = c.q_dim(), kvd = c.kv_dim();
@@ -1158,7 +1173,7 @@ struct DecodeCuda::Impl {
       xn_p = nullptr;
       split = -1;
       if (mlp8) norm_quant(D.post_norm, *mlp8);
-      else if (post_normed == A16Fold::split) split = 0, split_w = &D.post_norm;
+      else if (post_normed == A16Fold::split) split = 0, split_w = &D.post_norm, xn_p = split_rows ? xnp[1] : nullptr;
       else if (post_normed == A16Fold::none) norm(D.post_norm, xnp[1]), xn_p = xnp[1];
       mark();
       if (!W.experts.empty()) {
@@ -1212,6 +1227,15 @@ struct DecodeCuda::Impl {
       const bool next = l + 1 < w.layers.size() && !attn8_of(w.layers[l + 1]);   // the next layer's input norm, unless it quantizes
       // X += down(act)
       offered(2, act.get(), actp, [&] { in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr, 1, next && !split_declined[l + 1][1]); });
+      // At 17..32 rows a layer's norms split both or neither: where the input norm is not split
+      // (the down's kernel or the q, k, v one declined), the post-attention one alone measured no
+      // gain, from the next step the norm kernels run whole at this row count. Post-attention
+      // alone against neither (lab run 324, batch 32, twice): llama2-7b W8A16 +1.0%, W4A16 +0.2%;
+      // llama3-8b -0.4%, 0.0%; phi3-mini -0.4%, -1.0% (the reader's and writer's costs about what
+      // the norm kernel cost). PTQKIT_DECODE_NORM_SPLIT_PAIRS=0 (a sweep switch) lets it split alone.
+      static const bool split_pairs = env_int("PTQKIT_DECODE_NORM_SPLIT_PAIRS", 1) != 0;
+      if (split_pairs && split_rows && next && in_normed != A16Fold::split)
+        for (auto& d : split_declined) d[0] = true;
     }
     if (xperm_rows)
       for (size_t i = 0; i < 3; ++i)
@@ -1387,6 +1411,7 @@ void DecodeCuda::set_permuted_x(bool on) { p_->xperm = on; }
 bool DecodeCuda::permuted_x_used() const { return p_->xperm_used; }
 void DecodeCuda::set_rope_in_linear(bool on) { p_->rope_in_linear = on; }
 bool DecodeCuda::rope_in_linear_used() const { return p_->rope_in_linear_used; }
+bool DecodeCuda::norm_split_rows_used() const { return p_->norm_split_rows_used; }
 bool DecodeCuda::graph_used() const { return p_->graph_used; }
 
 // ---- synthetic weights for `bench decode` ----

@@ -102,6 +102,9 @@ class DecodeCuda {
   // (a16_fold_rope; on by default; PTQKIT_DECODE_ROPE_FOLD=0 turns it off with the batch-1 fold).
   void set_rope_in_linear(bool on);
   bool rope_in_linear_used() const;      // whether a Linear has done so since construction
+  // Whether a Linear at 17..32 rows has read a norm split with the Linear before it (the norm's
+  // sums of squares from its writer, PTQKIT_DECODE_NORM_SPLIT) since construction.
+  bool norm_split_rows_used() const;
   const DecodeWeights& weights() const;
  private:
   struct Impl;

@@ -159,7 +159,8 @@ bool roll_at_one_row() {
   return mode < 0 ? Format::kRollM1 : mode == 1;
 }
 
-// kSplit: a split norm's reader or writer (one n8 tile, M = 1; not with kFold), as its own instantiation.
+// kSplit: a split norm's reader or writer (one n8 tile, M = 1; not with kFold), as its own
+// instantiation; at four n8 tiles (17..32 rows) the writer of the quantized formats.
 template <int NT, int RT, bool kStepScale, class Format, bool kFold, bool kSilu, SplitNorm kSplit>
 MmaKernel<Format> mma_kernel_pick_in(bool overlap, bool stage_x) {
   constexpr Overlap v = overlap_variants<Format>(NT, RT);
@@ -179,6 +180,8 @@ MmaKernel<Format> mma_kernel_pick(bool overlap, bool stage_x, SplitNorm split = 
     if constexpr (!kSilu)
       if (split == SplitNorm::writer) return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, SplitNorm::writer>(overlap, stage_x);
   }
+  if constexpr (NT == 4 && !kFold && !kSilu && !Format::kRowMajor)
+    if (split == SplitNorm::writer) return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, SplitNorm::writer>(overlap, stage_x);
   return mma_kernel_pick_in<NT, RT, kStepScale, Format, kFold, kSilu, SplitNorm::none>(overlap, stage_x);
 }
 // fold: the kernel with the folded norm (one n8 tile, the formats run_mma folds for); silu: the
@@ -206,7 +209,7 @@ MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap,
   switch (nt) {
     case 1: return mma_kernel_of<1, Format>(rt, k_step_scale, overlap, stage_x, fold, silu, split);
     case 2: return mma_kernel_of<2, Format>(rt, k_step_scale, overlap, false, false, false, SplitNorm::none);
-    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false, false, SplitNorm::none);
+    case 4: return mma_kernel_of<4, Format>(rt, k_step_scale, overlap, false, false, false, split);
     default: return mma_kernel_of<8, Format>(rt, k_step_scale, overlap, false, false, false, SplitNorm::none);
   }
 }
@@ -241,7 +244,8 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
   // A split norm's writer side (A16RowNorm row_ss): a one-row kernel writing fp32 y itself (not a
   // reader too: the decode's Linears are one or the other; a writer that declines leaves the norm
   // to its kernel).
-  const bool norm_out = !fold && !silu && !norm_in && g_fold.norm && g_fold.norm->row_ss && M == 1 && yf;
+  // At 17..32 rows (four n8 tiles) the quantized formats' kernel writes it too (row_ss per token).
+  const bool norm_out = !fold && !silu && !norm_in && g_fold.norm && g_fold.norm->row_ss && (M == 1 || (nt == 4 && !Format::kRowMajor)) && yf;
   if (norm_out) norm = *g_fold.norm, g_fold.taken = A16Fold::split;
   const SplitNorm split = norm_in ? SplitNorm::reader : norm_out ? SplitNorm::writer : SplitNorm::none;
   // At M = 1 the planner weighs the overlapped kernels in their x-staged form (kStageX),

@@ -288,7 +288,7 @@ __device__ __forceinline__ void norm_row_after(const A16RowNorm& nr, const float
 // each), with RT = 1 warps 0..S/2-1 the gate's K slices and S/2..S-1 the up's — and the epilogue
 // writes yh [M, F] f16 = silu(gate) * up (fp32, then rounded: the decode's silu·mul kernel) instead
 // of y. Both sum each tile's slices in slice order.
-// kSplit (one n8 tile, at M = 1), a norm split between two Linears (A16RowNorm):
+// kSplit (one n8 tile at M = 1; the writer also at four, 17..32 rows), a norm split between two Linears (A16RowNorm):
 //   reader: x is f16(y * w / 16) as the writer left it (any column order: the scale is one number),
 //           and the sums are scaled by 16 * inv, inv = rsqrt(sum(in_ss) / K + in_eps);
 //   writer: fp32 y, and also row_ss (the sum of squares of each 16 rows of y) and out = f16(y * w / 16).
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   static_assert(!kRoll || kStageX, "the rolled loads: the x-staged kernel");
   constexpr bool kNormIn = kSplit == SplitNorm::reader, kRowSs = kSplit == SplitNorm::writer;
   static_assert(!kNormIn || (NT == 1 && !kFold), "a split norm's reader: one n8 tile (M = 1)");
-  static_assert(!kRowSs || (NT == 1 && !kFold && !kSilu), "a split norm's writer: one n8 tile (M = 1), y itself");
+  static_assert(!kRowSs || ((NT == 1 || NT == 4) && !kFold && !kSilu), "a split norm's writer: one n8 tile (M = 1) or four (17..32 rows), y itself");
   constexpr int kAcc = 4 * NT * RT;   // fp32 sums per lane (the C fragments of RT row tiles x NT n8 tiles)
   const int xo = min(g, M - 1) * K + 16 * c;   // x [M, K] with M <= 8: fits an int
   int xoff[NT];
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   // o < 16 RT (warp 0) holds row o of the CTA's tiles; its weight w is loaded before the slice
   // sums' barrier.
   float w_row = 0.0f;
-  if constexpr (kRowSs) {
+  if constexpr (kRowSs && NT == 1) {
     const int o = threadIdx.x, R = (tile0 + o / 16) * 16 + o % 16;
     if (o < 16 * RT && R < N) w_row = __ldg(norm.w + R);
   }
@@ -573,6 +573,37 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     }
     return;
   }
+  // The writer's side of a split norm at 17..32 rows with one row tile a warp (kRowSs, NT = 4, RT =
+  // 1): each warp walks 32 outputs at a time, a half-warp one token's 16 rows in order, so each 16
+  // rows' sum of squares of y is a fixed shuffle tree over the half-warp, as at one row. The loop's
+  // bound is warp-uniform (the shuffles take every lane); lanes past the end hold 0. (Two row tiles
+  // take the form after the loop below: this one took ptxas from 166 registers to 128 in NF4's
+  // kernel and its down Linear 10% slower, while the other cost the GPTQ o Linear ~2 µs a launch;
+  // lab runs 317 and 320.)
+  if constexpr (kRowSs && NT > 1 && RT == 1) {
+    const int total = 16 * M;
+    for (int ob = 32 * warp; ob < total; ob += blockDim.x) {
+      const int o = ob + lane, n = o / 16, row = o % 16, t = n / 8, nn = n % 8;
+      const int R = tile0 * 16 + row;
+      float y = 0.0f;
+      if (o < total && R < N) {
+        const int src = ((row % 8) * 4 + nn / 2) * kAcc + t * 4 + (row / 8) * 2 + nn % 2;
+        float v = 0.0f;
+        for (int w = 0; w < S; ++w) v += red[w * 32 * kAcc + src];
+        const int64_t i = int64_t(n) * N + R;
+        y = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
+        yf[i] = y;
+        const __half xh = __float2half_rn(y * __ldg(norm.w + R) * kSplitNormScale);   // the reader's x
+        static_cast<__half*>(norm.out)[i] = xh;
+        if (norm.out_perm) static_cast<__half*>(norm.out_perm)[int64_t(n) * N + a16_wgmma_x_col(R)] = xh;
+      }
+      float sq = y * y;
+#pragma unroll
+      for (int d = 8; d > 0; d >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, d);
+      if (o < total && row == 0 && tile0 < tiles) norm.row_ss[int64_t(n) * tiles + tile0] = sq;
+    }
+    return;
+  }
   float y_row = 0.0f;   // kRowSs: this thread's row of y (M = 1)
   for (int o = threadIdx.x; o < 16 * RT * M; o += blockDim.x) {
     const int rr = o % (16 * RT), n = o / (16 * RT), r = rr / 16, row = rr % 16, t = n / 8, nn = n % 8;
@@ -596,16 +627,36 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
     if (yf) {
       const float y = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
       yf[i] = y;
-      if constexpr (kRowSs)
+      if constexpr (kRowSs && NT == 1)
         y_row = y, static_cast<__half*>(norm.out)[R] = __float2half_rn(y * w_row * kSplitNormScale);   // the reader's x
+      if constexpr (kRowSs && NT > 1 && RT == 2) {   // 17..32 rows, two row tiles: x in both orders, y² over slice 0's slot of this output (read above; no other thread reads it)
+        const __half xh = __float2half_rn(y * __ldg(norm.w + R) * kSplitNormScale);
+        static_cast<__half*>(norm.out)[i] = xh;
+        if (norm.out_perm) static_cast<__half*>(norm.out_perm)[int64_t(n) * N + a16_wgmma_x_col(R)] = xh;
+        red[src] = y * y;
+      }
     } else {
       yh[i] = __float2half_rn(v);
     }
   }
-  // The writer's side of a split norm (kRowSs): the sum of squares of each 16 rows of y, thread o =
-  // row o of the CTA's tiles (16 RT <= 32: warp 0) with its y from the loop above; a fixed shuffle
-  // tree over each half-warp.
-  if constexpr (kRowSs) {
+  // The writer's side of a split norm (kRowSs): the sum of squares of each 16 rows of y. At 17..32
+  // rows with two row tiles (NT = 4; the squares left in red by the loop above): after a barrier,
+  // thread o < M RT sums the 16 squares of token o / RT's row tile o % RT in row order.
+  if constexpr (kRowSs && NT > 1 && RT == 2) {
+    __syncthreads();
+    for (int o = threadIdx.x; o < M * RT; o += blockDim.x) {
+      const int n = o / RT, r = o % RT, t = n / 8, nn = n % 8;
+      if (tile0 + r >= tiles) continue;
+      float sq = 0.0f;
+#pragma unroll
+      for (int row = 0; row < 16; ++row)
+        sq += (tile0 + r) * 16 + row < N ? red[((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2] : 0.0f;
+      norm.row_ss[int64_t(n) * tiles + tile0 + r] = sq;
+    }
+  }
+  // At one row: thread o = row o of the CTA's tiles (16 RT <= 32: warp 0) with its y from the loop
+  // above; a fixed shuffle tree over each half-warp.
+  if constexpr (kRowSs && NT == 1) {
     if (threadIdx.x < 32) {
       const int o = threadIdx.x;
       float sq = y_row * y_row;

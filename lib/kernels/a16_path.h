@@ -183,9 +183,15 @@ struct A16RowNorm {
   // kernel at M = 1: the writer where it writes fp32 y itself (not a silu fold, not a reader), the
   // reader where K % 64 == 0. The 1/16
   // keeps f16(y * w) finite up to |y * w| < 2^20 (docs/numerics.md).
+  // At 17..32 rows (decode at batch 17..32) each row of y is one token: row_ss [M][ceil(N / 16)]
+  // (token n's sums at n ceil(N / 16)), out [M, N], and out_perm (when set) out again at
+  // a16_wgmma_x_col's columns, the wgmma kernel's x; the reader's in_ss [M][K / 16]. Taken by the
+  // L2-fed kernel as the writer (GPTQ and NF4 codes, fp32 y) and by the wgmma kernel's streamed
+  // form as the reader (K % 64 == 0, 32 staged rows).
   float* row_ss = nullptr;
   const float* in_ss = nullptr;
   float in_eps = 0.0f;
+  void* out_perm = nullptr;
 };
 // The writer's scale of a split norm's x (A16RowNorm): a power of two, exact in fp32.
 constexpr float kSplitNormScale = 1.0f / 16.0f;

@@ -396,12 +396,25 @@ constexpr size_t tma_smem_bytes(int bn, int u4, int nk, int D) {
 //          (q heads, then k's, then v's), each dim j < 64 beside its rotary partner j + 64, and
 //          writes the rotated q head into rope.q, the rotated key and the value into the caches at
 //          their token's position (kernels/rotary.cuh), no y.
+// kNormIn (BN = 32): a split norm's reader (a16_norm_in; a16_path.h, A16RowNorm): x is the
+// writer's f16(X w / 16) and in_ss [M][K / 16] its sums of squares of each 16 columns of X; every
+// sum of token n is scaled by inv_n = 16 / rms(X_n) before the epilogue's arithmetic. The consumers
+// form inv_n right after the PDL wait, while the first stages land (8 threads a token: each adds
+// its K / 128 float4s in order, the loads unrolled into one L2 round trip, then a fixed shuffle
+// tree), and keep it in a register until the ring is free. (Formed by the producer warp's idle
+// lanes 1..31 instead, beside lane 0's copies, it delayed them: decode at batch 32 3-4% slower on
+// llama2-7b, lab run 319.)
+// (The writer's side in this form's plain epilogue, for GPTQ 4-bit's down Linear, measured no
+// gain: llama2-7b W4A16 at batch 32 -0.5% with both of a layer's norms split, lab run 321; not kept.)
 enum class Epi { plain, silu, rope };
-template <int BN, class Format, bool kRowScale, int kTmaNK, Epi kEpi = Epi::plain>
+template <int BN, class Format, bool kRowScale, int kTmaNK, Epi kEpi = Epi::plain, bool kNormIn = false>
 __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                                                                 const __grid_constant__ CUtensorMap map_m, Format fmt, __half* __restrict__ yh, float* __restrict__ yf,
-                                                                __half* __restrict__ act_perm, const A16Rope rope, float beta, int M, int N, int K, int sps, int D) {
+                                                                __half* __restrict__ act_perm, const A16Rope rope, float beta, int M, int N, int K, int sps, int D,
+                                                                const A16RowNorm norm) {
 #ifdef PTQ_A16_WGMMA
+  static_assert(!kNormIn || (BN == 32 && kEpi != Epi::plain), "a split norm's reader: 17..32 rows, 8 consumer threads a token, a folded epilogue");
+  static_assert(!kNormIn || 2 * tma_stage_bytes(BN, Format::kU4, kTmaNK) >= (BN * kTmaRedStride + BN) * 4, "the tokens' inv past the partial, inside the ring");
   constexpr bool kSilu = kEpi == Epi::silu;
   namespace cg = cooperative_groups;
   constexpr int kU4 = Format::kU4, SB = tma_stage_bytes(BN, kU4, kTmaNK);
@@ -438,6 +451,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  float inv = 1.0f;   // kNormIn: 16 / rms(X_n) of token n = threadIdx.x / 8 (consumers)
   if (threadIdx.x >= kThreads) {   // the producer warp: lane 0 streams the ring
     if (lane == 0) {
       // Stage i: k-steps s0 + kTmaNK i ..; the codes of the CTA's 8 tiles (one box), the metadata of
@@ -478,6 +492,21 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
     }
   } else {
     pdl::wait_prior_grid();
+    if constexpr (kNormIn) {
+      const int n = threadIdx.x >> 3, j = threadIdx.x & 7;
+      float ss = 0.0f;
+      if (n < M) {
+        const float4* p = reinterpret_cast<const float4*>(norm.in_ss + int64_t(n) * (K / 16));
+#pragma unroll 8
+        for (int i = j; i < K / 64; i += 8) {
+          const float4 v = __ldcg(p + i);
+          ss += (v.x + v.y) + (v.z + v.w);
+        }
+      }
+#pragma unroll
+      for (int d = 4; d > 0; d >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, d);
+      inv = rsqrtf(ss / float(K) + norm.in_eps) * (1.0f / kSplitNormScale);
+    }
     const int tile = kSilu ? (wg == 0 ? tile_g : tile_u) + q : min(tile0 + tl, tiles - 1);
     uint32_t a[4][4];
     Meta meta1{};   // one group: its metadata, read once
@@ -508,6 +537,9 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
     if constexpr (kRowScale) scale_rows<BN>(fmt, tile, lane, acc);
   }
   __syncthreads();   // every warpgroup's wgmmas retired: the partial goes over the ring
+  float* inv_s = red + BN * kTmaRedStride;   // kNormIn: token n's inv, past the partial (the ring is free)
+  if constexpr (kNormIn)
+    if (threadIdx.x < 8 * BN && (threadIdx.x & 7) == 0) inv_s[threadIdx.x >> 3] = inv;
   if (threadIdx.x < kThreads) {
     // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
     // 8j + 2c + (e & 1) of W row 16q + g + 8 (e >> 1).
@@ -543,6 +575,11 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
       const int n = o / 16, r = 4 * (o % 16);
       const float4 a4 = quad_sum(n, r), b4 = quad_sum(n, 64 + r);
       float a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {b4.x, b4.y, b4.z, b4.w};
+      if constexpr (kNormIn) {
+        const float s = inv_s[n];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] *= s, b[e] *= s;
+      }
       if constexpr (kSilu) {   // a: the gate, b: the up
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -712,22 +749,47 @@ inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
   return nullptr;
 }
 
+// Whether the streamed form reads a split norm's x (a16_norm_in) at these staged rows and
+// epilogue: 32 staged rows, K % 64 == 0, the folded epilogues (the decode's q, k, v and gate, up
+// Linears); NF4 with its pair table only (the PRMT form is a sweep's).
+template <int BN, class Format>
+constexpr bool tma_norm_in(Epi epi, int64_t K) {
+  return BN == 32 && epi != Epi::plain && K % 64 == 0 && (!std::is_base_of_v<Nf4Format, Format> || Format::kPairTable);
+}
+template <int BN, class Format, int NK>
+auto tma_kernel_of(bool row_scale, Epi epi, bool norm_in) {
+  const bool silu = epi == Epi::silu;
+  auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, false, NK>;
+  if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
+    if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, true, NK>;
+  if constexpr (BN == 32) {   // the rope epilogue: at 17..32 rows only (run: roped)
+    if (epi == Epi::rope) {
+      if constexpr (std::is_base_of_v<Nf4Format, Format>) kern = wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
+      else kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
+    }
+    if constexpr (tma_norm_in<BN, Format>(Epi::silu, 64))
+      if (norm_in) {
+        const bool rope = epi == Epi::rope;
+        if constexpr (std::is_base_of_v<Nf4Format, Format>)
+          kern = rope ? wgmma_tma_kernel<BN, Format, false, NK, Epi::rope, true> : wgmma_tma_kernel<BN, Format, false, NK, Epi::silu, true>;
+        else if (row_scale)
+          kern = rope ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope, true> : wgmma_tma_kernel<BN, Format, true, NK, Epi::silu, true>;
+        else
+          kern = rope ? wgmma_tma_kernel<BN, Format, false, NK, Epi::rope, true> : wgmma_tma_kernel<BN, Format, false, NK, Epi::silu, true>;
+      }
+  }
+  return kern;
+}
+
 template <int BN, class Format, int NK = 4>
 void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K, Epi epi = Epi::plain,
-                __half* act_perm = nullptr, const A16Rope& rope = {}) {
+                __half* act_perm = nullptr, const A16Rope& rope = {}, const A16RowNorm* norm_in = nullptr) {
   static const int D0 = env_int("PTQKIT_A16_TMA_STAGES", 0), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
   const SweptCell* cell = swept_cell(N, K, code_bits<Format>());
   const int D = cell && cell->stages >= 2 ? cell->stages : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
   const bool row_scale = scales_per_row(fmt);
   const bool silu = epi == Epi::silu;
-  auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, false, NK>;
-  if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
-    if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, true, NK>;
-  if constexpr (BN == 32)   // the rope epilogue: at 17..32 rows only (run: roped)
-    if (epi == Epi::rope) {
-      if constexpr (std::is_base_of_v<Nf4Format, Format>) kern = wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
-      else kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
-    }
+  const auto kern = tma_kernel_of<BN, Format, NK>(row_scale, epi, norm_in != nullptr);
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> resident;   // CTAs resident at once, per kernel and ring depth
@@ -762,7 +824,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   S = (KS + sps - 1) / sps;   // no empty slice
   static const bool pdl = env_int("PTQKIT_A16_TMA_PDL", 1) != 0;
   launch_ex("a16 wgmma_tma_kernel", pdl, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), kern, dim3(unsigned(groups), unsigned(S)), dim3(kTmaThreads), smem, map, map_w, map_m, fmt,
-            yh, yf, act_perm, rope, beta, int(M), int(N), int(K), sps, D);
+            yh, yf, act_perm, rope, beta, int(M), int(N), int(K), sps, D, norm_in ? *norm_in : A16RowNorm{});
 }
 
 // x [M, K] in the kernels' k-step order [M, KP]: the copy a producer offered (a16_offer_wgmma_x:
@@ -810,13 +872,19 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     const bool roped = rope && bn == 32 && N == int64_t(rope->nh + 2 * rope->nkv) * kA16RopeHead && M % rope->T == 0;
     if (roped) g_fold.taken = A16Fold::whole, yh = nullptr, yf = nullptr;
     const Epi epi = silu ? Epi::silu : roped ? Epi::rope : Epi::plain;
+    // A split norm's reader (a16_norm_in) where this form takes it (tma_norm_in): x the writer's
+    // f16(X w / 16), the sums scaled by 16 / rms(X) (kNormIn).
+    const A16RowNorm* norm_in = g_norm_in.norm && bn == 32 && tma_norm_in<32, Format>(epi, K) ? g_norm_in.norm : nullptr;
+    if (norm_in) g_norm_in.taken = true;
+
     // K-steps a stage: 4 (lab runs 230-231: 2 and 1 slower for GPTQ codes), 2 on NF4's cells of
     // a16_wgmma_nk (its pair table and 2 stages of 2 k-steps fit three CTAs an SM).
     if constexpr (std::is_same_v<Format, Nf4PairFormat>)
-      if (bn == 32 && a16_wgmma_nk(N, K, 0) == 2) return launch_tma<32, Format, 2>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
+      if (bn == 32 && a16_wgmma_nk(N, K, 0) == 2)
+        return launch_tma<32, Format, 2>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{}, norm_in);
     if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
     else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
-    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{});
+    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{}, norm_in);
     return;
   }
   const bool row_scale = scales_per_row(fmt);
