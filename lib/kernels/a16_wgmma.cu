@@ -22,7 +22,9 @@
 // The streamed form also takes a16_fold_silu's request (a stacked gate, up Linear: its CTA holds 64
 // gate and the matching 64 up rows and writes silu(gate) · up, and its copy in the order above for
 // the next Linear) and, at 17..32 rows, a16_fold_rope's (a stacked q, k, v Linear:
-// its CTA holds one head of 128 rows and writes it rotated into q or the KV cache; Epi, below).
+// its CTA holds one head of 128 rows and writes it rotated into q or the KV cache; Epi, below),
+// and in those two epilogues a16_norm_in's (a split norm's reader: each token's sums scaled by
+// 16 / rms(X) from the writer's sums of squares; kNormIn, below).
 // Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
 // stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
 // the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math
