@@ -751,12 +751,12 @@ inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
   return nullptr;
 }
 
-// Whether the streamed form reads a split norm's x (a16_norm_in) at these staged rows and
-// epilogue: 32 staged rows, K % 64 == 0, the folded epilogues (the decode's q, k, v and gate, up
-// Linears); NF4 with its pair table only (the PRMT form is a sweep's).
+// Whether the streamed form has a split norm's reader (kNormIn) at these staged rows and codes: 32
+// staged rows; NF4 with its pair table only (the PRMT form is a sweep's). A call takes the request
+// (a16_norm_in) in a folded epilogue (the decode's q, k, v and gate, up Linears) with K % 64 == 0.
 template <int BN, class Format>
-constexpr bool tma_norm_in(Epi epi, int64_t K) {
-  return BN == 32 && epi != Epi::plain && K % 64 == 0 && (!std::is_base_of_v<Nf4Format, Format> || Format::kPairTable);
+constexpr bool tma_reads_split_norm() {
+  return BN == 32 && (!std::is_base_of_v<Nf4Format, Format> || Format::kPairTable);
 }
 template <int BN, class Format, int NK>
 auto tma_kernel_of(bool row_scale, Epi epi, bool norm_in) {
@@ -769,7 +769,7 @@ auto tma_kernel_of(bool row_scale, Epi epi, bool norm_in) {
       if constexpr (std::is_base_of_v<Nf4Format, Format>) kern = wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
       else kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
     }
-    if constexpr (tma_norm_in<BN, Format>(Epi::silu, 64))
+    if constexpr (tma_reads_split_norm<BN, Format>())
       if (norm_in) {
         const bool rope = epi == Epi::rope;
         if constexpr (std::is_base_of_v<Nf4Format, Format>)
@@ -874,9 +874,10 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     const bool roped = rope && bn == 32 && N == int64_t(rope->nh + 2 * rope->nkv) * kA16RopeHead && M % rope->T == 0;
     if (roped) g_fold.taken = A16Fold::whole, yh = nullptr, yf = nullptr;
     const Epi epi = silu ? Epi::silu : roped ? Epi::rope : Epi::plain;
-    // A split norm's reader (a16_norm_in) where this form takes it (tma_norm_in): x the writer's
-    // f16(X w / 16), the sums scaled by 16 / rms(X) (kNormIn).
-    const A16RowNorm* norm_in = g_norm_in.norm && bn == 32 && tma_norm_in<32, Format>(epi, K) ? g_norm_in.norm : nullptr;
+    // A split norm's reader (a16_norm_in) where this form takes it (tma_reads_split_norm, a folded
+    // epilogue, K % 64 == 0): x the writer's f16(X w / 16), the sums scaled by 16 / rms(X) (kNormIn).
+    const bool reads = tma_reads_split_norm<32, Format>() && bn == 32 && epi != Epi::plain && K % 64 == 0;
+    const A16RowNorm* norm_in = g_norm_in.norm && reads ? g_norm_in.norm : nullptr;
     if (norm_in) g_norm_in.taken = true;
 
     // K-steps a stage: 4 (lab runs 230-231: 2 and 1 slower for GPTQ codes), 2 on NF4's cells of
