@@ -781,15 +781,15 @@ TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed
 }
 
 // The norm split at 17..32 rows (decode at batch 17..32; A16RowNorm): the writer (the L2-fed
-// kernel, GPTQ 4-bit g128, 8-bit per channel and NF4, row tiles 1 and 2, K slices 1 and 3, beta 1)
-// must leave each token's fp64 sums of squares of each 16 rows of the y it wrote (1e-5: fp32 sums
+// kernel, GPTQ 4-bit g128, 8-bit per channel and NF4, row tiles 1 and 2, K slices 1 and 3; the
+// wgmma kernel's k-step loop, GPTQ codes, 2 and 3 K slices; beta 1) must leave each token's fp64 sums of squares of each 16 rows of the y it wrote (1e-5: fp32 sums
 // of 16 squares), out = f16(fp32 (y * w) / 16) bit for bit and out's copy at a16_wgmma_x_col's
 // columns, twice with the same bytes. A reader on the wgmma kernel's streamed form (GPTQ 4-bit,
 // 8-bit per channel and NF4, 1 and 3 K slices), given out's copy, must return its product scaled
 // by 16 / rms(y_n) per token in fp64: silu(g) · u of the scaled sums of its own plain call on out
 // (2e-3: f16 rounding) with a16_fold_silu, and the rotated scaled q with a16_fold_rope. The L2-fed
 // kernel at 17..32 rows is no reader, the streamed form's plain epilogue declines the reader's
-// request and the streamed form the writer's.
+// request, and the streamed form and the k-step loop at one K slice the writer's.
 TEST_CASE("gpu: a norm split between two Linears at 17 to 32 rows: the writer's sums per token, the streamed reader's sums scaled by 16 / rms(y_n)") {
   PTQ_REQUIRE_GPU();
   const int64_t Kw = 512, D = 1024, F = 1024, Mmax = 32;   // writer Kw -> D; readers D -> 2F (silu) or 8 heads of 128 (rope)
@@ -821,18 +821,25 @@ TEST_CASE("gpu: a norm split between two Linears at 17 to 32 rows: the writer's 
   cuda::A16RowNorm rn{};
   rn.in_ss = dss.get(), rn.in_eps = eps;
   std::vector<double> inv(static_cast<size_t>(Mmax));   // 16 / rms(y_n) of the last write, fp64
-  for (const std::string wf : {"w4", "w8", "nf4"})
+  // The writers: the L2-fed kernel (GPTQ and NF4 codes, one or two row tiles a warp, the planner's
+  // or 3 K slices) and the wgmma kernel's k-step loop (GPTQ codes, 2 or 3 K slices: its split-K sum
+  // writes it).
+  for (const std::string wf : {"w4", "w8", "nf4", "w4 loop", "w8 loop"})
     for (int64_t M : {17, 24, 32})
       for (int rt : {1, 2})
         for (int slices : {0, 3}) {
+          const bool loop = wf.size() > 3;
+          if (loop && rt == 2) continue;
           std::vector<float> first_ss;
           std::vector<uint16_t> first_out;
           for (int rep = 0; rep < 2; ++rep) {
             INFO("writer " << wf << " M " << M << " rt " << rt << " slices " << slices << " rep " << rep);
             cuda::copy_to_device(dy.get(), y0.data(), size_t(M * D) * 4);
-            cuda::set_a16_split({rt, slices, 0, 0});
+            if (loop) cuda::set_a16_split({0, slices == 0 ? 2 : slices, 0, 0, 1});
+            else cuda::set_a16_split({rt, slices, 0, 0});
             cuda::a16_fold_norm(&wn);
-            if (wf[0] == 'w') (wf[1] == '4' ? w4 : w8)->gemm_f32(dx.get(), M, dy.get(), 1.0f);
+            const cuda::A16Path path = loop ? cuda::A16Path::wgmma : cuda::A16Path::automatic;
+            if (wf[0] == 'w') (wf[1] == '4' ? w4 : w8)->gemm_f32(dx.get(), M, dy.get(), 1.0f, path);
             else nf->gemm_f32(dx.get(), M, dy.get(), 1.0f);
             const cuda::A16Fold taken = cuda::a16_folded();
             cuda::set_a16_split({});
@@ -949,6 +956,10 @@ TEST_CASE("gpu: a norm split between two Linears at 17 to 32 rows: the writer's 
   cuda::a16_norm_in(&rn);
   gate_up.gemm_f32("w4", dout.get(), M, dy2.get(), cuda::A16Path::wgmma);
   CHECK_FALSE(cuda::a16_took_norm_in());
+  cuda::a16_fold_norm(&wn);
+  w4->gemm_f32(dx.get(), M, dy.get(), 1.0f, cuda::A16Path::wgmma);
+  CHECK(cuda::a16_folded() == cuda::A16Fold::none);
+  cuda::set_a16_split({0, 1, 0, 0, 1});   // the k-step loop without a split-K sum
   cuda::a16_fold_norm(&wn);
   w4->gemm_f32(dx.get(), M, dy.get(), 1.0f, cuda::A16Path::wgmma);
   CHECK(cuda::a16_folded() == cuda::A16Fold::none);

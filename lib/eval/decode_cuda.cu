@@ -1048,10 +1048,12 @@ struct DecodeCuda::Impl {
     // written).
     // At 17..32 rows the norm is split only (no kernel folds it whole there): the L2-fed kernel
     // writes it (the o projection, and NF4's down on the Llama shapes), also into xn's copy in the
-    // wgmma order, and the wgmma kernel's streamed form reads it (the q, k, v and gate, up Linears
+    // wgmma order, and so does the wgmma kernel's k-step loop in its split-K sum (W8's down on the
+    // Llama shapes); the wgmma kernel's streamed form reads it (the q, k, v and gate, up Linears
     // on their cells). Where either side declines, the norm kernel runs as before. Against the norm
-    // kernels (lab runs 320-322, batch 32, --decode 128, twice): NF4 llama2-7b +3.9%, llama3-8b
-    // +7.3%; the GPTQ formats, whose down runs another kernel, split neither norm (below).
+    // kernels (lab runs 320-322 and 326, batch 32, --decode 128, twice): NF4 llama2-7b +3.9%,
+    // llama3-8b +7.3%, W8A16 llama2-7b +0.7%; W4A16, whose down runs the streamed form (no writer),
+    // and W8A16 on llama3-8b, whose gate, up runs the loop (no reader), split neither (below).
     // (xnp[0] == xnp[1]: one copy in the wgmma order, or none, serves both norms' readers.)
     const bool split_rows = rows >= 17 && rows <= 32 && std::is_same_v<T, __half> && norm_vec && d % 64 == 0 && xnp[0] == xnp[1];
     const bool norm_split = (fold || split_rows) && decode_on(Switch::norm_split);
@@ -1184,6 +1186,7 @@ struct DecodeCuda::Impl {
       }
       const float *yg = gu.get(), *yu;
       int64_t gu_stride;
+      bool post_split = false;   // the post-attention norm split (its writer and its reader took it)
       bool act_done = false;   // act written by the gate, up Linear
       if (W.gate_up) {   // one Linear: row r holds gate, up side by side
         if (silu_fold && !mlp8 && !W.lin8[6]) {
@@ -1197,6 +1200,7 @@ struct DecodeCuda::Impl {
           linear(W.gate_up, W.gate_up8, mlp8, gu.get(), 0.0f, 1);
         }
         yu = yg + f, gu_stride = 2 * f;
+        post_split = split >= 0;
       } else {
         yu = yg + rows * f, gu_stride = f;
         linear(W.lin[4], W.lin8[4], mlp8, gu.get(), 0.0f, 1);
@@ -1227,15 +1231,17 @@ struct DecodeCuda::Impl {
       const bool next = l + 1 < w.layers.size() && !attn8_of(w.layers[l + 1]);   // the next layer's input norm, unless it quantizes
       // X += down(act)
       offered(2, act.get(), actp, [&] { in_normed = residual_linear(W.lin[6], act.get(), next ? &L[l + 1].in_norm : nullptr, 1, next && !split_declined[l + 1][1]); });
-      // At 17..32 rows a layer's norms split both or neither: where the input norm is not split
-      // (the down's kernel or the q, k, v one declined), the post-attention one alone measured no
-      // gain, from the next step the norm kernels run whole at this row count. Post-attention
-      // alone against neither (lab run 324, batch 32, twice): llama2-7b W8A16 +1.0%, W4A16 +0.2%;
-      // llama3-8b -0.4%, 0.0%; phi3-mini -0.4%, -1.0% (the reader's and writer's costs about what
-      // the norm kernel cost). PTQKIT_DECODE_NORM_SPLIT_PAIRS=0 (a sweep switch) lets it split alone.
+      // At 17..32 rows a layer's norms split both or neither: where one of them is not split (its
+      // writer's kernel or its reader's declined), the other alone measured no gain, so from the
+      // next step both norm kernels run whole at this row count. Post-attention alone against
+      // neither (lab run 324, batch 32, twice): llama2-7b W8A16 +1.0%, W4A16 +0.2%; llama3-8b
+      // -0.4%, 0.0%; phi3-mini -0.4%, -1.0% (the reader's and writer's costs about what the norm
+      // kernel cost). The input norm alone (llama3-8b W8A16, whose gate, up runs the k-step loop,
+      // no reader; lab run 326): -1.1%. PTQKIT_DECODE_NORM_SPLIT_PAIRS=0 (a sweep switch) lets
+      // either split alone.
       static const bool split_pairs = env_int("PTQKIT_DECODE_NORM_SPLIT_PAIRS", 1) != 0;
-      if (split_pairs && split_rows && next && in_normed != A16Fold::split)
-        for (auto& d : split_declined) d[0] = true;
+      if (split_pairs && split_rows && next && (in_normed != A16Fold::split || !post_split))
+        for (auto& d : split_declined) d = {true, true};
     }
     if (xperm_rows)
       for (size_t i = 0; i < 3; ++i)

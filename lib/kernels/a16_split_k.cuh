@@ -6,7 +6,16 @@
 // in stream order) add the Sk partials in slice order and write y [M, N] (f16, or fp32 + beta y).
 // The order of the sum does not depend on which CTA finishes first: the same bytes on every run.
 // U: quads (4 rows) per thread and step, each with 4 slices' loads in flight (4 U float4 registers:
-// kernels with few registers otherwise take U = 1, so that the sum does not set their occupancy).
+// kernels with few registers otherwise take U = 1, so that the sum does not set their occupancy;
+// the wgmma loop at 32 rows, whose ring holds W8 to two CTAs an SM anyway, ran its W8 4096 x 11008
+// and 4096 x 14336 4-6% slower at U = 4 than at 1 and llama3-8b's W8A16 decode at batch 32 7%
+// slower: lab run 328).
+// kRowSs: a split norm's writer (a16_path.h, A16RowNorm: row_ss, out, out_perm) in the same pass,
+// for rows % 16 == 0 and N % 16 == 0 (the caller's): besides fp32 y, out = f16(y w / 16) in both
+// column orders, and each token's sum of squares of each 16 rows of y, a fixed shuffle tree over
+// the 4 lanes of consecutive quads (thread o holds quad o % (rows / 4) of token o / (rows / 4), so
+// a lane's 3 neighbours in its aligned group of 4 hold the rest of its 16 rows; the loop's bound,
+// quads = rows / 4 x M, is a multiple of 32 and thus warp-uniform).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,11 +25,13 @@
 #include <mutex>
 
 #include "cuda/runtime.h"
+#include "kernels/a16_path.h"
 
 namespace ptq::cuda::a16 {
 
-template <int U = 4>
-__device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, int R0, int rows, int M, int N, __half* yh, float* yf, float beta) {
+template <int U = 4, bool kRowSs = false>
+__device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, int R0, int rows, int M, int N, __half* yh, float* yf, float beta,
+                                            const A16RowNorm& norm = {}) {
   __shared__ int last;
   __threadfence();   // this CTA's partial is visible device-wide before its arrival counts
   __syncthreads();
@@ -43,6 +54,10 @@ __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, in
       lim[u] = o < quads && R < N ? min(4, N - R) : 0;
       src[u] = part + int64_t(n) * N + R;
     }
+    float4 wn[kRowSs ? U : 1];   // kRowSs: the norm's weights of each quad, loaded beside the partials
+    if constexpr (kRowSs)
+#pragma unroll
+      for (int u = 0; u < U; ++u) wn[u] = lim[u] ? __ldg(reinterpret_cast<const float4*>(norm.w + R0 + 4 * ((o0 + u * blockDim.x) % (rows / 4)))) : float4{};
     for (int z0 = 0; z0 < Sk; z0 += 4) {
       float4 w[4][U];
 #pragma unroll
@@ -70,13 +85,32 @@ __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, in
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int o = o0 + u * blockDim.x, R = R0 + 4 * (o % (rows / 4)), n = o / (rows / 4);
-      const float vv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      float vv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (e >= lim[u]) break;
         const int64_t i = int64_t(n) * N + R + e;
-        if (yf) yf[i] = vv[e] + (beta != 0.0f ? beta * yf[i] : 0.0f);
+        if (yf) yf[i] = vv[e] = vv[e] + (beta != 0.0f ? beta * yf[i] : 0.0f);
         else yh[i] = __float2half_rn(vv[e]);
+      }
+      if constexpr (kRowSs) {   // vv: y (fp32, after beta y); lim[u] is 0 or 4
+        float sq = 0.0f;
+        if (lim[u]) {
+          const float4 w = wn[u];
+          const __half2 lo = __floats2half2_rn(vv[0] * w.x * kSplitNormScale, vv[1] * w.y * kSplitNormScale);   // the reader's x
+          const __half2 hi = __floats2half2_rn(vv[2] * w.z * kSplitNormScale, vv[3] * w.w * kSplitNormScale);
+          const int64_t row = int64_t(n) * N;
+          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R) = lo;
+          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R + 2) = hi;
+          if (norm.out_perm) {   // column pairs stay side by side in that order
+            *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R)) = lo;
+            *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R + 2)) = hi;
+          }
+          sq = ((vv[0] * vv[0] + vv[1] * vv[1]) + vv[2] * vv[2]) + vv[3] * vv[3];
+        }
+        sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+        sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+        if (lim[u] && (o & 3) == 0) norm.row_ss[int64_t(n) * (N / 16) + R / 16] = sq;
       }
     }
   }

@@ -233,11 +233,16 @@ __device__ __forceinline__ void scale_rows(const Format& fmt, int tile, int lane
 
 // kRowScale (GPTQ codes with one group, per-channel scales): the fragments are dequantized to
 // q - z only and each row's scale multiplies its accumulators once at the end, in fp32.
-template <int BN, class Format, bool kInterleave, int kMinBlocks = 1, bool kRowScale = false>
+// kRowSs (BN = 32, K split over CTAs, fp32 y, N % 16 == 0: run() launches it only so): a split
+// norm's writer (a16_fold_norm with row_ss; a16_path.h, A16RowNorm) in the split-K sum
+// (sum_split_k's kRowSs): each token's sums of squares of each 16 rows of y, and x = f16(y w / 16)
+// in both column orders.
+template <int BN, class Format, bool kInterleave, int kMinBlocks = 1, bool kRowScale = false, bool kRowSs = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
-                 float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps) {
+                 float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps, const A16RowNorm norm) {
 #ifdef PTQ_A16_WGMMA
+  static_assert(!kRowSs || BN == 32, "a split norm's writer: 17..32 rows");
   constexpr int kU4 = Format::kU4, D = stages(BN, kU4, kMinBlocks, table_bytes<Format>()), SB = stage_bytes(BN, kU4);
   using Meta = typename Format::Meta;
   static_assert(sizeof(Meta) == 8, "8-byte metadata per lane and tile");
@@ -353,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     }
   }
-  if (split) sum_split_k<BN <= 32 ? 1 : 4>(part, arrivals, 64 * kWarpgroups * blockIdx.x, 64 * kWarpgroups, M, N, yh, yf, beta);
+  if (split) sum_split_k<BN <= 32 ? 1 : 4, kRowSs>(part, arrivals, 64 * kWarpgroups * blockIdx.x, 64 * kWarpgroups, M, N, yh, yf, beta, norm);
 #endif  // PTQ_A16_WGMMA (other targets: an empty body, never launched: a16_wgmma_supported())
 }
 
@@ -629,7 +634,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
 }
 
 template <class Format>
-using WgmmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int);
+using WgmmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int, const A16RowNorm);
 
 // x rows staged per k-step (wgmma's N): the next of 8, 16, 32, 64, 128, 256 at or above M.
 constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
@@ -667,10 +672,22 @@ WgmmaKernel<Format> wgmma_kernel_of(int bn) {
     default: return wgmma_kernel<256, Format, interleaved<256, Format>(), 1, kRowScale>;
   }
 }
+// row_ss: the split norm's writer (kRowSs) at 32 staged rows, GPTQ codes only (the decode's down
+// Linear where it runs this loop: W8 4096 x 11008 and 4096 x 14336; NF4's down runs the L2-fed
+// kernel, a16_path.h).
 template <class Format>
-WgmmaKernel<Format> wgmma_kernel_of(int bn, bool row_scale) {
+WgmmaKernel<Format> wgmma_kernel_of(int bn, bool row_scale, bool row_ss = false) {
   if constexpr (std::is_base_of_v<Nf4Format, Format>) return wgmma_kernel_of<Format, false>(bn);
-  else return row_scale ? wgmma_kernel_of<Format, true>(bn) : wgmma_kernel_of<Format, false>(bn);
+  else {
+    if (row_ss && bn == 32)
+      return row_scale ? wgmma_kernel<32, Format, interleaved<32, Format>(), 1, true, true> : wgmma_kernel<32, Format, interleaved<32, Format>(), 1, false, true>;
+    return row_scale ? wgmma_kernel_of<Format, true>(bn) : wgmma_kernel_of<Format, false>(bn);
+  }
+}
+// Whether the loop has the split norm's writer at these staged rows and codes (wgmma_kernel_of's row_ss).
+template <class Format>
+constexpr bool loop_writes_split_norm(int bn) {
+  return bn == 32 && !std::is_base_of_v<Nf4Format, Format>;
 }
 template <class Format>
 WgmmaKernel<Format> wgmma_kernel_two_per_sm(int bn, bool row_scale) {
@@ -891,7 +908,10 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     return;
   }
   const bool row_scale = scales_per_row(fmt);
-  auto kern = wgmma_kernel_of<Format>(bn, row_scale);
+  // A split norm's writer (a16_fold_norm with row_ss) where the loop has it (loop_writes_split_norm)
+  // for fp32 y, N % 16 == 0 and K split over CTAs (its sum writes it: below, after the plan).
+  const A16RowNorm* norm_out = g_fold.norm && g_fold.norm->row_ss && yf && loop_writes_split_norm<Format>(bn) && N % 16 == 0 ? g_fold.norm : nullptr;
+  const WgmmaKernel<Format> plain = wgmma_kernel_of<Format>(bn, row_scale);
   size_t smem = smem_bytes(bn, Format::kU4, 1, table_bytes<Format>());
   static std::mutex mu;
   struct Chosen {
@@ -900,10 +920,11 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     size_t smem;
   };
   static std::map<std::tuple<const void*, int64_t, int64_t, int>, Chosen> plans;
+  WgmmaKernel<Format> kern = norm_out ? wgmma_kernel_of<Format>(bn, row_scale, true) : plain;
   WgmmaPlan p;
-  {
+  for (;;) {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(reinterpret_cast<const void*>(kern), N, K, g_split.slices);   // kern: format and BN
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kern), N, K, g_split.slices);   // kern: format, BN, writer
     auto it = plans.find(key);
     if (it == plans.end()) {   // first call of this kernel and shape: its shared memory (over the 48 KB default) allowed once
       auto planned = [&](WgmmaKernel<Format> k, size_t bytes) {
@@ -932,10 +953,16 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
       }
       it = plans.emplace(key, Chosen{chosen, plan, chosen_smem}).first;
     }
-    kern = it->second.kern;
     p = it->second.plan;
+    if (norm_out && p.slices < 2) {   // one slice: no split-K sum to write it; the plain kernel, the norm left to its kernel
+      norm_out = nullptr, kern = plain;
+      continue;
+    }
+    kern = it->second.kern;
     smem = it->second.smem;
+    break;
   }
+  if (norm_out) g_fold.taken = A16Fold::split;
   DeviceBuffer<__half> xp;
   const __half* xk = x_in_kernel_order(x, M, K, xp);
   DeviceBuffer<float> part;
@@ -951,7 +978,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   // W4A16 lost 1.4% (docs/lab/2026-11-24-decode-h200.md, run 154). permute_x always takes it.
   const bool pdl = bn >= 64 || (!xp.get() && Format::kU4 == 2);
   launch_pdl("a16 wgmma_kernel", pdl, -1, kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xk, yh, yf, beta, part.get(), arrivals,
-             int(M), int(N), int(K), p.sps);
+             int(M), int(N), int(K), p.sps, norm_out ? *norm_out : A16RowNorm{});
 }
 
 }  // namespace
