@@ -9,7 +9,7 @@
 // kernels with few registers otherwise take U = 1, so that the sum does not set their occupancy;
 // the wgmma loop at 32 rows, whose ring holds W8 to two CTAs an SM anyway, ran its W8 4096 x 11008
 // and 4096 x 14336 4-6% slower at U = 4 than at 1 and llama3-8b's W8A16 decode at batch 32 7%
-// slower: lab run 328).
+// slower: 148 registers against 63-69, one CTA an SM; lab run 328).
 // kRowSs: a split norm's writer (a16_path.h, A16RowNorm: row_ss, out, out_perm) in the same pass,
 // for rows % 16 == 0 and N % 16 == 0 (the caller's): besides fp32 y, out = f16(y w / 16) in both
 // column orders, and each token's sum of squares of each 16 rows of y, a fixed shuffle tree over
