@@ -6,10 +6,11 @@
 // in stream order) add the Sk partials in slice order and write y [M, N] (f16, or fp32 + beta y).
 // The order of the sum does not depend on which CTA finishes first: the same bytes on every run.
 // U: quads (4 rows) per thread and step, each with 4 slices' loads in flight (4 U float4 registers:
-// kernels with few registers otherwise take U = 1, so that the sum does not set their occupancy;
-// the wgmma loop at 32 rows, whose ring holds W8 to two CTAs an SM anyway, ran its W8 4096 x 11008
-// and 4096 x 14336 4-6% slower at U = 4 than at 1 and llama3-8b's W8A16 decode at batch 32 7%
-// slower: 148 registers against 63-69, one CTA an SM; lab run 328).
+// kernels with few registers otherwise take U = 1, so that the sum does not set their occupancy).
+// The wgmma loop at 32 rows, whose ring holds W8 to two CTAs an SM (up to 128 registers), takes 2
+// for 8-bit codes (96 registers: decode W8A16 at batch 32 +0.5-0.6% on llama2-7b and llama3-8b
+// against 1, the kernels alone within 1%, lab run 330); at 4 it took 148, one CTA an SM, and ran
+// W8 4096 x 11008 and 4096 x 14336 4-6% slower and llama3-8b's decode 7% slower (run 328).
 // kRowSs: a split norm's writer (a16_path.h, A16RowNorm: row_ss, out, out_perm) in the same pass,
 // for rows % 16 == 0 and N % 16 == 0 (the caller's): besides fp32 y, out = f16(y w / 16) in both
 // column orders, and each token's sum of squares of each 16 rows of y, a fixed shuffle tree over

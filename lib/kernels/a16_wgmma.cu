@@ -358,7 +358,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     }
   }
-  if (split) sum_split_k<BN <= 32 ? 1 : 4, kRowSs>(part, arrivals, 64 * kWarpgroups * blockIdx.x, 64 * kWarpgroups, M, N, yh, yf, beta, norm);
+  // The sum's quads a thread (a16_split_k.cuh: 2 for 8-bit codes at 32 staged rows, lab run 330).
+  if (split) sum_split_k<BN <= 32 ? (Format::kU4 == 2 && BN == 32 ? 2 : 1) : 4, kRowSs>(part, arrivals, 64 * kWarpgroups * blockIdx.x, 64 * kWarpgroups, M, N, yh, yf, beta, norm);
 #endif  // PTQ_A16_WGMMA (other targets: an empty body, never launched: a16_wgmma_supported())
 }
 
