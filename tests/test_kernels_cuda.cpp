@@ -567,6 +567,21 @@ struct FoldModules {
     else nf->gemm_f32(x, M, y, 0.0f, path);
   }
 };
+// The model's rotary tables for heads of 128 (kA16RopeHead), max_len positions x 64 dims, angle
+// p 10000^(-j / 64) in fp64 rounded to fp32: on the host (the tests' references) and the device.
+struct RopeTables {
+  std::vector<float> cos, sin;
+  cuda::DeviceBuffer<float> dcos, dsin;
+  explicit RopeTables(int max_len) : cos(size_t(max_len * 64)), sin(cos.size()), dcos(cos.size(), "cos"), dsin(cos.size(), "sin") {
+    for (int p = 0; p < max_len; ++p)
+      for (int j = 0; j < 64; ++j) {
+        const double a = p * std::pow(10000.0, -j / 64.0);
+        cos[size_t(p * 64 + j)] = float(std::cos(a)), sin[size_t(p * 64 + j)] = float(std::sin(a));
+      }
+    cuda::copy_to_device(dcos.get(), cos.data(), cos.size() * 4);
+    cuda::copy_to_device(dsin.get(), sin.data(), sin.size() * 4);
+  }
+};
 // The worst relative error of act [M, F] (f16 bits) against the fp64 silu(g) · u of y = [g | u]
 // [M, N = 2F] (relative to max(|want|, 1e-2)).
 double silu_act_error(const std::vector<float>& y, const std::vector<uint16_t>& a, int64_t M, int64_t F) {
@@ -699,19 +714,16 @@ TEST_CASE("gpu: the rotary and KV append folded into the wgmma kernel's streamed
   Rng r{44};
   std::vector<uint16_t> xh(size_t(Mmax * K));
   for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
-  std::vector<float> cs(size_t(max_len * 64)), sn(cs.size());   // the model's tables: angle p 10000^(-j / 64)
-  for (int p = 0; p < max_len; ++p)
-    for (int j = 0; j < 64; ++j) {
-      const double a = p * std::pow(10000.0, -j / 64.0);
-      cs[size_t(p * 64 + j)] = float(std::cos(a)), sn[size_t(p * 64 + j)] = float(std::sin(a));
-    }
+  const RopeTables tab(max_len);
+  const std::vector<float>& cs = tab.cos;
+  const std::vector<float>& sn = tab.sin;
   const size_t cache = size_t(Mmax) * max_len * nkv * hd;   // up to Mmax sequences
   cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), q(size_t(Mmax) * nh * hd, "q"), kc(cache, "k cache"), vc(cache, "v cache");
-  cuda::DeviceBuffer<float> dy(size_t(Mmax * N), "y"), dcos(cs.size(), "cos"), dsin(sn.size(), "sin");
+  cuda::DeviceBuffer<float> dy(size_t(Mmax * N), "y");
+  const cuda::DeviceBuffer<float>& dcos = tab.dcos;
+  const cuda::DeviceBuffer<float>& dsin = tab.dsin;
   cuda::DeviceBuffer<int> dpos(1, "pos");
   cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
-  cuda::copy_to_device(dcos.get(), cs.data(), cs.size() * 4);
-  cuda::copy_to_device(dsin.get(), sn.data(), sn.size() * 4);
   cuda::copy_to_device(dpos.get(), &pos, sizeof(int));
   const FoldModules mods(N, K, r);
   auto call = [&](const std::string& fmt, int64_t M, cuda::A16Path path) { mods.gemm_f32(fmt, dx.get(), M, dy.get(), path); };
@@ -899,18 +911,15 @@ TEST_CASE("gpu: a norm split between two Linears at 17 to 32 rows: the writer's 
   {   // the rotary reader: 4 query and 2 key/value heads of 128, one token a sequence, position 3
     const int nh = 4, nkv = 2, hd = 128, max_len = 8, pos = 3;
     const int64_t N = int64_t(nh + 2 * nkv) * hd;
-    std::vector<float> cs(size_t(max_len * 64)), sn(cs.size());
-    for (int p = 0; p < max_len; ++p)
-      for (int j = 0; j < 64; ++j) {
-        const double a = p * std::pow(10000.0, -j / 64.0);
-        cs[size_t(p * 64 + j)] = float(std::cos(a)), sn[size_t(p * 64 + j)] = float(std::sin(a));
-      }
+    const RopeTables tab(max_len);
+    const std::vector<float>& cs = tab.cos;
+    const std::vector<float>& sn = tab.sin;
     const size_t cache = size_t(M) * max_len * nkv * hd;
     cuda::DeviceBuffer<uint16_t> q(size_t(M) * nh * hd, "q"), kc(cache, "k cache"), vc(cache, "v cache");
-    cuda::DeviceBuffer<float> dcos(cs.size(), "cos"), dsin(sn.size(), "sin"), dyq(size_t(M * N), "y");
+    cuda::DeviceBuffer<float> dyq(size_t(M * N), "y");
+    const cuda::DeviceBuffer<float>& dcos = tab.dcos;
+    const cuda::DeviceBuffer<float>& dsin = tab.dsin;
     cuda::DeviceBuffer<int> dpos(1, "pos");
-    cuda::copy_to_device(dcos.get(), cs.data(), cs.size() * 4);
-    cuda::copy_to_device(dsin.get(), sn.data(), sn.size() * 4);
     cuda::copy_to_device(dpos.get(), &pos, sizeof(int));
     const FoldModules qkv(N, D, r);
     for (const std::string fmt : {"w4", "w8", "nf4"}) {

@@ -776,29 +776,26 @@ template <int BN, class Format>
 constexpr bool tma_reads_split_norm() {
   return BN == 32 && (!std::is_base_of_v<Nf4Format, Format> || Format::kPairTable);
 }
+// The streamed form's instantiation for a call: its scales (row_scale: GPTQ codes with one group),
+// its epilogue (rope at 32 staged rows only) and the split norm's reader (norm_in, in a folded
+// epilogue where the form has it: tma_reads_split_norm). Only these combinations are instantiated.
+template <int BN, class Format, bool kRowScale, int NK, Epi kEpi>
+auto tma_kernel_reading(bool norm_in) {
+  if constexpr (kEpi != Epi::plain && tma_reads_split_norm<BN, Format>())
+    if (norm_in) return wgmma_tma_kernel<BN, Format, kRowScale, NK, kEpi, true>;
+  return wgmma_tma_kernel<BN, Format, kRowScale, NK, kEpi>;
+}
+template <int BN, class Format, bool kRowScale, int NK>
+auto tma_kernel_with(Epi epi, bool norm_in) {
+  if constexpr (BN == 32)
+    if (epi == Epi::rope) return tma_kernel_reading<BN, Format, kRowScale, NK, Epi::rope>(norm_in);
+  return epi == Epi::silu ? tma_kernel_reading<BN, Format, kRowScale, NK, Epi::silu>(norm_in) : tma_kernel_reading<BN, Format, kRowScale, NK, Epi::plain>(norm_in);
+}
 template <int BN, class Format, int NK>
 auto tma_kernel_of(bool row_scale, Epi epi, bool norm_in) {
-  const bool silu = epi == Epi::silu;
-  auto kern = silu ? wgmma_tma_kernel<BN, Format, false, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, false, NK>;
   if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
-    if (row_scale) kern = silu ? wgmma_tma_kernel<BN, Format, true, NK, Epi::silu> : wgmma_tma_kernel<BN, Format, true, NK>;
-  if constexpr (BN == 32) {   // the rope epilogue: at 17..32 rows only (run: roped)
-    if (epi == Epi::rope) {
-      if constexpr (std::is_base_of_v<Nf4Format, Format>) kern = wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
-      else kern = row_scale ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope> : wgmma_tma_kernel<BN, Format, false, NK, Epi::rope>;
-    }
-    if constexpr (tma_reads_split_norm<BN, Format>())
-      if (norm_in) {
-        const bool rope = epi == Epi::rope;
-        if constexpr (std::is_base_of_v<Nf4Format, Format>)
-          kern = rope ? wgmma_tma_kernel<BN, Format, false, NK, Epi::rope, true> : wgmma_tma_kernel<BN, Format, false, NK, Epi::silu, true>;
-        else if (row_scale)
-          kern = rope ? wgmma_tma_kernel<BN, Format, true, NK, Epi::rope, true> : wgmma_tma_kernel<BN, Format, true, NK, Epi::silu, true>;
-        else
-          kern = rope ? wgmma_tma_kernel<BN, Format, false, NK, Epi::rope, true> : wgmma_tma_kernel<BN, Format, false, NK, Epi::silu, true>;
-      }
-  }
-  return kern;
+    if (row_scale) return tma_kernel_with<BN, Format, true, NK>(epi, norm_in);
+  return tma_kernel_with<BN, Format, false, NK>(epi, norm_in);
 }
 
 template <int BN, class Format, int NK = 4>
