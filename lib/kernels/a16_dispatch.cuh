@@ -272,7 +272,16 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // NF4 at 17..32 rows: two row tiles (the model picks one on the layers longer in K, which halves
     // each warp's reuse of the x it reads through L2: 4096 x 11008 at 32 rows 45.0 us against 26.2,
     // 6144 x 4096 31.4 against 19.7; docs/lab/2026-11-24-decode-h200.md run 86).
-    const int rt_only = silu ? (silu_split ? 1 : 2) : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : Format::kU4 == 2 && M == 1 ? 1 : 0;
+    // 8-bit codes writing a split norm at 17..32 rows (the decode's o on llama2-7b, 4096 x 4096): two
+    // row tiles, the writer's shared-memory form, though the kernel without the writer runs 1.6 µs
+    // slower so (14.1 against 12.5 µs stream at 32 rows): decode W8A16 at batch 32 +0.6-0.9%
+    // against one tile and the writer's shuffle form (docs/lab/2026-11-24-decode-h200.md, runs
+    // 333-334; W4A16 -1.1 to -2.6% and llama3-8b's unsplit W8A16 -1.9% at two tiles everywhere).
+    // PTQKIT_A16_RT32 (a sweep switch, read once): 1 or 2 the row tiles of every GPTQ call at
+    // 17..32 rows, 0 the model's everywhere.
+    static const int rt32 = env_int("PTQKIT_A16_RT32", -1);
+    const int rt32_here = rt32 >= 0 ? rt32 : Format::kU4 == 2 && split == SplitNorm::writer ? 2 : 0;
+    const int rt_only = silu ? (silu_split ? 1 : 2) : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : nt == 4 && rt32_here ? rt32_here : Format::kU4 == 2 && M == 1 ? 1 : 0;
     if (it == plans.end()) {
       // With the measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199:
       // phi3-mini NF4 decode batch 32 +4.1%).
