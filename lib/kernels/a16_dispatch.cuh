@@ -274,7 +274,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // 6144 x 4096 31.4 against 19.7; docs/lab/2026-11-24-decode-h200.md run 86).
     // 8-bit codes writing a split norm at 17..32 rows (the decode's o on llama2-7b, 4096 x 4096): two
     // row tiles, the writer's shared-memory form, though the kernel without the writer runs 1.6 µs
-    // slower so (14.1 against 12.5 µs stream at 32 rows): decode W8A16 at batch 32 +0.6-0.9%
+    // slower so (14.1 against 12.5 µs stream at 32 rows): decode W8A16 at batch 32 +0.7-1.0%
     // against one tile and the writer's shuffle form (docs/lab/2026-11-24-decode-h200.md, runs
     // 333-334; W4A16 -1.1 to -2.6% and llama3-8b's unsplit W8A16 -1.9% at two tiles everywhere).
     // PTQKIT_A16_RT32 (a sweep switch, read once): 1 or 2 the row tiles of every GPTQ call at

@@ -186,8 +186,9 @@ struct A16RowNorm {
   // At 17..32 rows (decode at batch 17..32) each row of y is one token: row_ss [M][ceil(N / 16)]
   // (token n's sums at n ceil(N / 16)), out [M, N], and out_perm (when set) out again at
   // a16_wgmma_x_col's columns, the wgmma kernel's x; the reader's in_ss [M][K / 16]. Taken by the
-  // L2-fed kernel as the writer (GPTQ and NF4 codes, fp32 y) and by the wgmma kernel's streamed
-  // form as the reader (K % 64 == 0, 32 staged rows).
+  // L2-fed kernel as the writer (GPTQ and NF4 codes, fp32 y), by the wgmma kernel's k-step loop as
+  // the writer too (GPTQ codes, 32 staged rows, K split over CTAs: its split-K sum writes it), and
+  // by the wgmma kernel's streamed form as the reader (K % 64 == 0, 32 staged rows).
   float* row_ss = nullptr;
   const float* in_ss = nullptr;
   float in_eps = 0.0f;
