@@ -191,6 +191,20 @@ constexpr int batch_steps(int nt, int rt) {
 // A one-row kernel's side of a norm split between two Linears (A16RowNorm): none, the reader
 // (in_ss: x is the writer's f16(y * w / 16)) or the writer (row_ss, out).
 enum class SplitNorm { none, reader, writer };
+// The slot of a CTA's slice partials (red: 32 lanes x kAcc sums a warp) that holds token nn (of an
+// n8 tile) at row `row` of a 16-row tile, in C fragment column col = r NT + t (row tile r, n8 tile
+// t): lane (row % 8) 4 + nn / 2, register col 4 + (row / 8) 2 + nn % 2.
+__device__ constexpr int red_slot(int kAcc, int row, int col, int nn) { return ((row % 8) * 4 + nn / 2) * kAcc + col * 4 + (row / 8) * 2 + nn % 2; }
+// A split norm's reader scale: 16 / rms(X) = rsqrt(ss / K + eps) / kSplitNormScale, ss the sum of
+// the writer's sums of squares over X's K columns (every reader forms it so).
+__device__ __forceinline__ float split_norm_inv(float ss, int K, float eps) { return rsqrtf(ss / float(K) + eps) * (1.0f / kSplitNormScale); }
+// A split norm's writer at 17..32 rows: the reader's x = f16(y w_R / 16) of token n's row R into out
+// and, when set, into out_perm at a16_wgmma_x_col(R).
+__device__ __forceinline__ void write_split_x(const A16RowNorm& norm, int n, int N, int R, float y) {
+  const __half xh = __float2half_rn(y * __ldg(norm.w + R) * kSplitNormScale);
+  static_cast<__half*>(norm.out)[int64_t(n) * N + R] = xh;
+  if (norm.out_perm) static_cast<__half*>(norm.out_perm)[int64_t(n) * N + a16_wgmma_x_col(R)] = xh;
+}
 
 // Which loops a kernel of NT n8 tiles and RT row tiles comes in: overlap_only (the batches
 // overlapped, mma_kernel's kOverlap), both (the planner picks), plain_only.
@@ -546,7 +560,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      inv = rsqrtf(ss / float(K) + norm.in_eps) * (1.0f / kSplitNormScale);
+      inv = split_norm_inv(ss, K, norm.in_eps);
     }
   }
   if constexpr (kSilu) {
@@ -562,7 +576,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
           for (int w = 0; w < max_slices(NT) / 2; ++w)
             if (w < S / 2) gu[r] += red[(r * (S / 2) + w) * 32 * kAcc + src];
         } else {
-          const int src = ((row % 8) * 4 + nn / 2) * kAcc + r * 4 + (row / 8) * 2 + nn % 2;
+          const int src = red_slot(kAcc, row, r, nn);
 #pragma unroll
           for (int w = 0; w < max_slices(NT); ++w)
             if (w < S) gu[r] += red[w * 32 * kAcc + src];
@@ -587,15 +601,13 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       const int R = tile0 * 16 + row;
       float y = 0.0f;
       if (o < total && R < N) {
-        const int src = ((row % 8) * 4 + nn / 2) * kAcc + t * 4 + (row / 8) * 2 + nn % 2;
+        const int src = red_slot(kAcc, row, t, nn);
         float v = 0.0f;
         for (int w = 0; w < S; ++w) v += red[w * 32 * kAcc + src];
         const int64_t i = int64_t(n) * N + R;
         y = v + (beta != 0.0f ? beta * yf[i] : 0.0f);
         yf[i] = y;
-        const __half xh = __float2half_rn(y * __ldg(norm.w + R) * kSplitNormScale);   // the reader's x
-        static_cast<__half*>(norm.out)[i] = xh;
-        if (norm.out_perm) static_cast<__half*>(norm.out_perm)[int64_t(n) * N + a16_wgmma_x_col(R)] = xh;
+        write_split_x(norm, n, N, R, y);
       }
       float sq = y * y;
 #pragma unroll
@@ -607,7 +619,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
   float y_row = 0.0f;   // kRowSs: this thread's row of y (M = 1)
   for (int o = threadIdx.x; o < 16 * RT * M; o += blockDim.x) {
     const int rr = o % (16 * RT), n = o / (16 * RT), r = rr / 16, row = rr % 16, t = n / 8, nn = n % 8;
-    const int src = ((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2;
+    const int src = red_slot(kAcc, row, r * NT + t, nn);
     float v = 0.0f;
     // The one-row-tile overlapped kernel (kLeanX): unrolled to the compiled bound, so the S loads issue
     // together and the adds follow in slice order (the same sums). Not elsewhere: the same unroll
@@ -630,9 +642,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       if constexpr (kRowSs && NT == 1)
         y_row = y, static_cast<__half*>(norm.out)[R] = __float2half_rn(y * w_row * kSplitNormScale);   // the reader's x
       if constexpr (kRowSs && NT > 1 && RT == 2) {   // 17..32 rows, two row tiles: x in both orders, y² over slice 0's slot of this output (read above; no other thread reads it)
-        const __half xh = __float2half_rn(y * __ldg(norm.w + R) * kSplitNormScale);
-        static_cast<__half*>(norm.out)[i] = xh;
-        if (norm.out_perm) static_cast<__half*>(norm.out_perm)[int64_t(n) * N + a16_wgmma_x_col(R)] = xh;
+        write_split_x(norm, n, N, R, y);
         red[src] = y * y;
       }
     } else {
@@ -650,7 +660,7 @@ __global__ void __launch_bounds__(32 * max_slices(NT), min_ctas<Format>(NT, RT, 
       float sq = 0.0f;
 #pragma unroll
       for (int row = 0; row < 16; ++row)
-        sq += (tile0 + r) * 16 + row < N ? red[((row % 8) * 4 + nn / 2) * kAcc + (r * NT + t) * 4 + (row / 8) * 2 + nn % 2] : 0.0f;
+        sq += (tile0 + r) * 16 + row < N ? red[red_slot(kAcc, row, r * NT + t, nn)] : 0.0f;
       norm.row_ss[int64_t(n) * tiles + tile0 + r] = sq;
     }
   }

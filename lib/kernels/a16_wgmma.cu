@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
       }
 #pragma unroll
       for (int d = 4; d > 0; d >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, d);
-      inv = rsqrtf(ss / float(K) + norm.in_eps) * (1.0f / kSplitNormScale);
+      inv = split_norm_inv(ss, K, norm.in_eps);
     }
     const int tile = kSilu ? (wg == 0 ? tile_g : tile_u) + q : min(tile0 + tl, tiles - 1);
     uint32_t a[4][4];
