@@ -147,14 +147,15 @@ TEST_CASE("decode cuda: x written in the wgmma kernel's order by the norm and si
 // At 17..32 rows the stacked q, k, v Linear of a GPTQ or NF4 model writes q and the cache rows rotated
 // itself (a16_fold_rope) and rope_append does not run: one llama2-7b layer (heads of 128, its q, k,
 // v on the wgmma kernel's streamed form there; W4A16, W8A16, NF4) and one llama3-8b layer (8
-// key/value heads for 32 query heads; W8A16, NF4) give the same logits and tokens, to the bit, as with rope_append
+// key/value heads for 32 query heads; W4A16 at 4 K slices, W8A16, NF4) give the same logits and tokens, to the bit, as with rope_append
 // after the Linear (the same fp32 sums, the same rotation: kernels/rotary.cuh).
 // 24 sequences prefilled a token each, then decoded (24 rows a step); 12 prefilled two tokens
 // each (24 rows, positions 0 and 1 of each sequence).
 TEST_CASE("decode cuda: the rotary and KV append folded into the q, k, v Linear at 17 to 32 rows give the bytes of the rotary kernel") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
-  for (auto [preset, f] : {std::pair{"llama2-7b", "w4a16"}, std::pair{"llama2-7b", "w8a16"}, std::pair{"llama2-7b", "nf4"}, std::pair{"llama3-8b", "w8a16"}, std::pair{"llama3-8b", "nf4"}})
+  for (auto [preset, f] : {std::pair{"llama2-7b", "w4a16"}, std::pair{"llama2-7b", "w8a16"}, std::pair{"llama2-7b", "nf4"}, std::pair{"llama3-8b", "w4a16"}, std::pair{"llama3-8b", "w8a16"},
+                               std::pair{"llama3-8b", "nf4"}})
     for (auto [B, T] : {std::pair{24, 1}, std::pair{12, 2}}) {
       INFO(preset << " " << f << " batch " << B << " prompt " << T);
       const LlamaConfig c = parse_config(synth_config_json(preset, 1, DType::F16), preset);

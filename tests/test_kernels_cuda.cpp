@@ -1083,13 +1083,14 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 // 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 // The automatic path's table at 17..32 rows on sm_90 (a16_path.h), as measured on the H200 (lab
 // run 86; W8 11008 x 4096 with 3 K slices, run 197; W8 12288 x 4096 and 3072 x 8192 with the
-// wgmma kernel's streamed form, run 234; W8 6144 x 4096 with it, runs 296-297): which kernel was fastest on each of the nine Llama and
+// wgmma kernel's streamed form, run 234; W8 6144 x 4096 with it, runs 296-297; W4 6144 x 4096 with
+// it at 4 K slices, runs 338-339): which kernel was fastest on each of the nine Llama and
 // stacked decode shapes, and where the streamed form serves. No GPU needed.
 TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Llama and Phi-3 shapes") {
   using P = cuda::A16Path;
   struct Cell { int64_t N, K; P w4, w8, nf4; };
   const Cell cells[] = {
-      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::mma, P::wgmma, P::wgmma},      {11008, 4096, P::wgmma, P::wgmma, P::mma},
+      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::wgmma, P::wgmma, P::wgmma},      {11008, 4096, P::wgmma, P::wgmma, P::mma},
       {12288, 4096, P::wgmma, P::wgmma, P::wgmma}, {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::wgmma},
       {28672, 4096, P::wgmma, P::wgmma, P::wgmma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
   for (const Cell& c : cells) {
@@ -1151,7 +1152,8 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   // gate, up, six 8-bit layers.
   CHECK(cuda::a16_wgmma_streamed(22016, 4096, 4));
   CHECK(cuda::a16_wgmma_streamed(4096, 11008, 4));
-  CHECK_FALSE(cuda::a16_wgmma_streamed(9216, 3072, 4));
+  CHECK(cuda::a16_wgmma_streamed(9216, 3072, 4));   // runs 339-340: at 3 K slices (a16_wgmma_tma_slices), phi3-mini W4A16 +3.3%
+  CHECK_FALSE(cuda::a16_wgmma_streamed(3072, 3072, 4));
   CHECK(cuda::a16_wgmma_streamed(16384, 3072, 4));   // run 300: phi3-mini W4A16 at batch 32 +4.0% (3 stages)
   CHECK(cuda::a16_wgmma_streamed(12288, 4096, 8));
   CHECK(cuda::a16_wgmma_streamed(3072, 8192, 8));
@@ -1191,6 +1193,14 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_nk(22016, 4096, 4) == 4);
   CHECK(cuda::a16_wgmma_nk(28672, 4096, 0) == 4);
   CHECK(cuda::a16_wgmma_nk(12288, 4096, 0) == 4);
+  // Its K slices (runs 338-340): 4 on W4 6144 x 4096, 3 on W4 9216 x 3072, else the planner's.
+  CHECK(cuda::a16_wgmma_tma_slices(6144, 4096, 4) == 4);
+  CHECK(cuda::a16_wgmma_tma_slices(9216, 3072, 4) == 3);
+  CHECK(cuda::a16_wgmma_tma_slices(9216, 3072, 8) == 0);
+  CHECK(cuda::a16_wgmma_tma_slices(6144, 4096, 8) == 0);
+  CHECK(cuda::a16_wgmma_tma_slices(6144, 4096, 0) == 0);
+  CHECK(cuda::a16_wgmma_tma_slices(12288, 4096, 4) == 0);
+  CHECK(cuda::a16_wgmma_tma_slices(4096, 11008, 4) == 0);
   CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(22016, 4096, 4) == 2);

@@ -21,7 +21,7 @@ enum class A16Path { automatic, mma, shared_x, dequant, wgmma };
 // above 64 rows. At 17..32 rows (the H200, nine Llama and stacked decode shapes at 17 and 32 rows,
 // docs/lab/2026-11-24-decode-h200.md run 86): wgmma for GPTQ 4-bit codes on layers of 4096 x 11008
 // elements or more (11008 x 4096 at 32 rows: 24.2 us against the L2-fed kernel's 29.0; 6144 x 4096
-// stays: 18.2 against 19.1), for GPTQ 8-bit codes on those larger than 12288 x 4096 or longer in K
+// stayed, 18.2 against 19.1, until the streamed form at 4 K slices took it: a16_wgmma_tma_slices), for GPTQ 8-bit codes on those larger than 12288 x 4096 or longer in K
 // than in N (22016 x 4096: 45.4 against 55.3, 4096 x 11008: 25.9 against 30.5; 11008 and 12288 x
 // 4096 stayed: 28.4 against 29.8; 11008 x 4096 moved with 3 K slices, 12288 x 4096 and 3072 x
 // 8192 with the streamed form, below), for NF4 only on the streamed form's cells (below; its k-step
@@ -57,10 +57,12 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // 6144 x 4096 W4 -2.5%, W8 -1.8%; Phi-3-mini's 3072 x 3072 W4 -0.4%). W8 6144 x 4096 (llama3-8b's
 // q, k, v) joined with a ring of 3 stages and the rotary folded into it (a16_fold_rope; lab runs 296-297, twice each): llama3-8b W8A16 at batch 32
 // 8,200 -> 8,726 tok/s (+6.4%; +3.6% without the fold, -1.3% at 2 stages with it, +0.3% at 4);
-// its 4-bit codes stayed on the L2-fed kernel (-1.1% at 2 stages, -1.3% at 3). W4 16384 x 3072
+// its 4-bit codes stayed on the L2-fed kernel (-1.1% at 2 stages, -1.3% at 3, at the planner's 8 K
+// slices) until runs 338-340 ran them at 4 (+2.9%: a16_wgmma_tma_slices). W4 16384 x 3072
 // (Phi-3-mini's gate, up, with the silu fold since run 293) joined with 3 stages (run 300, twice):
 // phi3-mini W4A16 at batch 32 9,006 -> 9,369 tok/s (+4.0%; -4.4% at 2 stages; its q, k, v 9216 x
-// 3072 stayed off: -3.7% at 2 stages, -4.8% at 3, -0.7% beside the gate, up at 3).
+// 3072 stayed off: -3.7% at 2 stages, -4.8% at 3, -0.7% beside the gate, up at 3, at the planner's
+// K slices; at 3 slices it joined, run 340: +3.3%).
 // NF4 (bits 0) joined when the streamed form took its pair table in shared memory (a16_wgmma.cu,
 // run(); lab runs 305-306): the q, k, v and gate, up of every preset, where the L2-fed
 // kernel had served it. Stream µs at 32 rows, streamed / L2-fed: 12288 x 4096 22.6 / 24.5, 22016 x
@@ -74,7 +76,7 @@ constexpr int a16_wgmma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // 8192 (its down) 10,122 -> 10,508 (+3.8%, run 307; at 3 stages -10%).
 constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
   if (bits == 0) return (K == 4096 && (N == 12288 || N == 22016 || N == 28672 || N == 6144)) || (K == 3072 && (N == 9216 || N == 16384)) || (N == 3072 && K == 8192);
-  if (bits == 4) return K >= 4096 || (N == 16384 && K == 3072);
+  if (bits == 4) return K >= 4096 || (K == 3072 && (N == 16384 || N == 9216));
   if (bits == 8)
     return (N == 12288 && K == 4096) || (N == 22016 && K == 4096) || (N == 6144 && K == 4096) || (N == 9216 && K == 3072) || (N == 16384 && K == 3072) ||
            (N == 3072 && K == 8192);
@@ -102,6 +104,23 @@ constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
 // slower that way: 12288 x 4096 22.6 -> 29.5, 28672 x 4096 38.2 -> 57.3). Decode llama2-7b NF4 at
 // batch 32 with this cell against without, in one call, twice: 7,384 -> 7,517 tok/s (+1.8%, run 313).
 constexpr int a16_wgmma_nk(int64_t N, int64_t K, int bits) { return bits == 0 && N == 22016 && K == 4096 ? 2 : 4; }
+// The streamed form's K slices per cell: 0 (its planner: the most, up to 8, that keep the grid
+// resident), or a count measured faster in the decode step at batch 32 (the H200, one process an
+// arm, twice; lab runs 338-340):
+// - 4 on W4 6144 x 4096 (llama3-8b's and Mistral-7B's q, k, v), which the planner ran at 8 slices
+//   of 8 k-steps (two stages a CTA): stream µs at 32 rows 18.6 at 8, 17.3 at 4, 15.4 at 6 (slices
+//   of 10-11 k-steps); the L2-fed kernel that served it 18.2. llama3-8b W4A16: the L2-fed kernel
+//   8,432 / 8,429 tok/s, the streamed form at 8 slices 8,319 / 8,299, at 4 8,672 / 8,678 (+2.9%,
+//   the rotary folded into it), at 6 8,570 / 8,577, at 3 8,558 / 8,547, at 4 with 3 stages 8,633
+//   / 8,663.
+// - 3 on W4 9216 x 3072 (Phi-3-mini's q, k, v; the k-step loop at 3 slices served it, and the
+//   streamed form at the planner's count lost 3.7%, run 297): phi3-mini W4A16 10,631 / 10,606 ->
+//   10,948 / 11,010 (+3.3%); at 2 slices +1.2%, at 4 +2.0%, at 3 with 3 stages +2.5%.
+// Every other streamed cell of the three presets (W4, W8, NF4) swept at 1-8 slices read best at
+// its planner's count.
+constexpr int a16_wgmma_tma_slices(int64_t N, int64_t K, int bits) {
+  return bits != 4 ? 0 : N == 6144 && K == 4096 ? 4 : N == 9216 && K == 3072 ? 3 : 0;
+}
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
 // planner's measured faster in the decode step (the H200, batch 32, one cell at a time and then
 // together: cells that pay alone can lose beside the others, as the kernels overlap under PDL):
@@ -133,7 +152,7 @@ constexpr int a16_mma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
   const int64_t size = N * K;
   const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
-  const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096) || (N == 3072 && K == 8192)
+  const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096) || (N == 3072 && K == 8192) || (N == 6144 && K == 4096)
                              : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) != 0 || a16_wgmma_streamed(N, K, 8)
                                          : a16_wgmma_streamed(N, K, 0);
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;

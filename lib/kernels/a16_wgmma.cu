@@ -745,11 +745,12 @@ inline int meta_groups(const GptqFormat<4>& f) { return f.groups; }
 inline int meta_groups(const GptqFormat<8>& f) { return f.groups; }
 inline int meta_groups(const Nf4Format& f) { return f.blocks; }
 
-// PTQKIT_A16_TMA_CELLS="NxK:bits[:stages],...": cells a sweep adds to the streamed form
-// (a16_streamed_swept), each optionally with its own ring depth. Read once.
+// PTQKIT_A16_TMA_CELLS="NxK:bits[:stages[:slices]],...": cells a sweep adds to the streamed form
+// (a16_streamed_swept), each optionally with its own ring depth and K slices (0: the planner's).
+// Read once.
 struct SweptCell {
   int64_t N, K;
-  int bits, stages;
+  int bits, stages, slices;
 };
 inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
   static const std::vector<SweptCell> cells = [] {
@@ -757,8 +758,8 @@ inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
     const char* e = std::getenv("PTQKIT_A16_TMA_CELLS");
     for (const char* q = e; q && *q;) {
       long long n = 0, k = 0;
-      int b = 0, d = 0;
-      if (std::sscanf(q, "%lldx%lld:%d:%d", &n, &k, &b, &d) >= 3) c.push_back({n, k, b, d});
+      int b = 0, d = 0, sl = 0;
+      if (std::sscanf(q, "%lldx%lld:%d:%d:%d", &n, &k, &b, &d, &sl) >= 3) c.push_back({n, k, b, d, sl});
       q = std::strchr(q, ',');
       if (q) ++q;
     }
@@ -835,7 +836,12 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   const CUtensorMap map_w = cached_tensor_map(tma_spec_3d_u64(W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, box_tiles}));
   const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(tma_spec_3d_u64(meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, box_tiles}));
   const int64_t groups = (N + 127) / 128;
-  int S = forced > 0 ? std::min(forced, 8) : g_split.slices ? std::min(g_split.slices, 8) : int(std::max<int64_t>(1, std::min<int64_t>(max_s, res / groups)));
+  const int cell_s = cell ? cell->slices : 0;
+  int S = forced > 0      ? std::min(forced, 8)
+          : g_split.slices ? std::min(g_split.slices, 8)
+          : cell_s > 0     ? std::min(cell_s, 8)
+          : a16_wgmma_tma_slices(N, K, code_bits<Format>()) > 0 ? a16_wgmma_tma_slices(N, K, code_bits<Format>())
+                           : int(std::max<int64_t>(1, std::min<int64_t>(max_s, res / groups)));
   S = std::max(1, std::min(S, int(KS / NK)));
   const int sps = int((KS + S - 1) / S);
   S = (KS + sps - 1) / sps;   // no empty slice
