@@ -716,38 +716,9 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
   return {groups, (KS + sps - 1) / sps, sps};   // no empty slice
 }
 
-// The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above on every layer (the
-// path table's choice of kernel stays), PTQKIT_A16_TMA_STAGES the ring's stages on every cell
-// (else a16_wgmma_stages: 2, or 3 on the cells measured faster with 3),
-// PTQKIT_A16_TMA_SLICES a forced slice count (at most 8, the portable cluster; clusters of up to
-// 16, non-portable, ran the layers long in K 8-14% slower and decode at batch 32 3-6% slower, lab
-// run 242),
-// PTQKIT_A16_TMA_MAXS the most slices the planner takes (8), PTQKIT_A16_TMA_PDL=0 launches
-// without PDL.
-// Whether the streamed form takes a call: 8..32 staged rows, groups of whole k-steps (or one), a
-// measured cell (a16_wgmma_streamed) unless forced (g_split.form: tests and sweeps). At 64 and 128
-// staged rows (lab run 237, every wgmma call on it) it ran the large K = 4096 layers 5-18% faster
-// than the loop and the layers long in K 20-45% slower; decode at batch 64 and 128 lost 1-12%.
-template <class Format>
-bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
-  static const bool on = env_int("PTQKIT_A16_WG_TMA", 1) != 0;
-  bool whole;
-  if constexpr (std::is_base_of_v<Nf4Format, Format>) whole = f.blocks > 1 && f.block.size % 64 == 0;   // one block: K <= 64, the loop
-  else whole = f.groups == 1 || f.group.size % 64 == 0;
-  const int bits = code_bits<Format>();
-  return bn <= 32 && whole && (g_split.form ? g_split.form == 2 : on && (a16_wgmma_streamed(N, K, bits) || a16_streamed_swept(N, K, bits)));
-}
-// The metadata's base and groups (NF4: blocks) a 16-row tile, for its tensor map.
-inline const void* meta_base(const GptqFormat<4>& f) { return f.zs; }
-inline const void* meta_base(const GptqFormat<8>& f) { return f.zs; }
-inline const void* meta_base(const Nf4Format& f) { return f.absmax; }
-inline int meta_groups(const GptqFormat<4>& f) { return f.groups; }
-inline int meta_groups(const GptqFormat<8>& f) { return f.groups; }
-inline int meta_groups(const Nf4Format& f) { return f.blocks; }
-
 // PTQKIT_A16_TMA_CELLS="NxK:bits[:stages[:slices]],...": cells a sweep adds to the streamed form
-// (a16_streamed_swept), each optionally with its own ring depth and K slices (0: the planner's).
-// Read once.
+// (a16_streamed_swept), each optionally with its own ring depth and K slices (0: the planner's);
+// stages -1 takes a cell out of it (the k-step loop serves the layer). Read once.
 struct SweptCell {
   int64_t N, K;
   int bits, stages, slices;
@@ -769,6 +740,37 @@ inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
     if (c.N == N && c.K == K && c.bits == bits) return &c;
   return nullptr;
 }
+
+// The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above on every layer (the
+// path table's choice of kernel stays), PTQKIT_A16_TMA_STAGES the ring's stages on every cell
+// (else a16_wgmma_stages: 2, or 3 on the cells measured faster with 3),
+// PTQKIT_A16_TMA_SLICES a forced slice count (at most 8, the portable cluster; clusters of up to
+// 16, non-portable, ran the layers long in K 8-14% slower and decode at batch 32 3-6% slower, lab
+// run 242),
+// PTQKIT_A16_TMA_MAXS the most slices the planner takes (8), PTQKIT_A16_TMA_PDL=0 launches
+// without PDL.
+// Whether the streamed form takes a call: 8..32 staged rows, groups of whole k-steps (or one), a
+// measured cell (a16_wgmma_streamed) unless forced (g_split.form: tests and sweeps). At 64 and 128
+// staged rows (lab run 237, every wgmma call on it) it ran the large K = 4096 layers 5-18% faster
+// than the loop and the layers long in K 20-45% slower; decode at batch 64 and 128 lost 1-12%.
+template <class Format>
+bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
+  static const bool on = env_int("PTQKIT_A16_WG_TMA", 1) != 0;
+  bool whole;
+  if constexpr (std::is_base_of_v<Nf4Format, Format>) whole = f.blocks > 1 && f.block.size % 64 == 0;   // one block: K <= 64, the loop
+  else whole = f.groups == 1 || f.group.size % 64 == 0;
+  const int bits = code_bits<Format>();
+  const SweptCell* cell = swept_cell(N, K, bits);
+  if (!g_split.form && cell && cell->stages < 0) return false;
+  return bn <= 32 && whole && (g_split.form ? g_split.form == 2 : on && (a16_wgmma_streamed(N, K, bits) || cell));
+}
+// The metadata's base and groups (NF4: blocks) a 16-row tile, for its tensor map.
+inline const void* meta_base(const GptqFormat<4>& f) { return f.zs; }
+inline const void* meta_base(const GptqFormat<8>& f) { return f.zs; }
+inline const void* meta_base(const Nf4Format& f) { return f.absmax; }
+inline int meta_groups(const GptqFormat<4>& f) { return f.groups; }
+inline int meta_groups(const GptqFormat<8>& f) { return f.groups; }
+inline int meta_groups(const Nf4Format& f) { return f.blocks; }
 
 // Whether the streamed form has a split norm's reader (kNormIn) at these staged rows and codes: 32
 // staged rows; NF4 with its pair table only (the PRMT form is a sweep's). A call takes the request
