@@ -8,12 +8,10 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "kernels/a16_mma.cuh"
 #include "kernels/a16_shared_x.cuh"
@@ -89,31 +87,6 @@ inline void spread(const void* kern, Plan& p) {
   p.smem = padded;
   p.carveout = percent;
 }
-// PTQKIT_A16_MMA_CELLS="NxK:bits:rt:slices,...": the L2-fed kernel's row tiles a warp and K slices
-// on one layer at 17..32 rows (bits as a16_path.h's tables; 0: the planner's), a sweep switch for
-// per-layer A/Bs in the decode step. Read once.
-struct MmaCell {
-  int64_t N, K;
-  int bits, rt, slices;
-};
-inline const MmaCell* mma_cell(int64_t N, int64_t K, int bits) {
-  static const std::vector<MmaCell> cells = [] {
-    std::vector<MmaCell> c;
-    const char* e = std::getenv("PTQKIT_A16_MMA_CELLS");
-    for (const char* q = e; q && *q;) {
-      long long n = 0, k = 0;
-      int b = 0, rt = 0, sl = 0;
-      if (std::sscanf(q, "%lldx%lld:%d:%d:%d", &n, &k, &b, &rt, &sl) == 5) c.push_back({n, k, b, rt, sl});
-      q = std::strchr(q, ',');
-      if (q) ++q;
-    }
-    return c;
-  }();
-  for (const MmaCell& c : cells)
-    if (c.N == N && c.K == K && c.bits == bits) return &c;
-  return nullptr;
-}
-
 // The split with the least time by a wave model: waves of resident CTAs (the occupancy calculator)
 // times the k-steps each warp walks; ties go to fewer waves (a partial wave costs a whole warp's
 // latency again), then to more (row tile, K slice) pairs, then to more warps; at M <= 16 no more
@@ -308,14 +281,17 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // 17..32 rows, 0 the model's everywhere.
     static const int rt32 = env_int("PTQKIT_A16_RT32", -1);
     const int rt32_here = rt32 >= 0 ? rt32 : Format::kU4 == 2 && split == SplitNorm::writer ? 2 : 0;
-    const MmaCell* cell = nt == 4 && !silu ? mma_cell(N, K, code_bits<Format>()) : nullptr;
-    const int rt_only = cell && cell->rt ? cell->rt
+    // PTQKIT_A16_MMA_CELLS="NxK:bits:rt:slices,..." (a sweep switch): the row tiles a warp and K
+    // slices of single layers at 17..32 rows (0: the planner's), for per-layer A/Bs in the decode.
+    static const std::vector<A16SweepCell> cells = a16_sweep_cells("PTQKIT_A16_MMA_CELLS");
+    const A16SweepCell* cell = nt == 4 && !silu ? a16_sweep_cell(cells, N, K, code_bits<Format>()) : nullptr;
+    const int rt_only = cell && cell->a ? cell->a
                         : silu ? (silu_split ? 1 : 2) : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : nt == 4 && rt32_here ? rt32_here : Format::kU4 == 2 && M == 1 ? 1 : 0;
     if (it == plans.end()) {
       // With the measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199:
       // phi3-mini NF4 decode batch 32 +4.1%).
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only,
-                    silu_split ? 2 : 1, cell && cell->slices ? cell->slices : a16_mma_slices(M, N, K, code_bits<Format>()));
+                    silu_split ? 2 : 1, cell && cell->b ? cell->b : a16_mma_slices(M, N, K, code_bits<Format>()));
       if (silu_split) q.S *= 2;   // gate tile b and up tile b + F / 16 in one CTA: S K slices of each
       q.smem = red_bytes(q.S, nt, q.rt) + (norm_in ? size_t(K / 16) * 4 : 0);   // at least 512 bytes: a fold's 32 sums and flag fit; kNormIn's sums after them
       // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks

@@ -1,6 +1,7 @@
 // a16_path.h — which kernel serves a 16-bit-activation call (W4A16, W8A16, NF4).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace ptq::cuda {
 
@@ -169,6 +170,20 @@ bool a16_wgmma_supported();
 // or 8; stages: that cell's ring depth, else PTQKIT_A16_TMA_STAGES's or 2), read once; for per-cell
 // A/Bs in the decode step. Defined in kernels/a16_wgmma.cu.
 bool a16_streamed_swept(int64_t N, int64_t K, int bits);
+// A sweep switch's cells: the list "NxK:bits[:a[:b]],..." in the environment variable var
+// (PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS), a and b 0 where left out; each caller reads its
+// variable once (a static). Defined in kernels/a16_wgmma.cu. a16_sweep_cell: the cell of a layer
+// and codes (bits as above), or nullptr.
+struct A16SweepCell {
+  int64_t N, K;
+  int bits, a, b;
+};
+std::vector<A16SweepCell> a16_sweep_cells(const char* var);
+inline const A16SweepCell* a16_sweep_cell(const std::vector<A16SweepCell>& cells, int64_t N, int64_t K, int bits) {
+  for (const A16SweepCell& c : cells)
+    if (c.N == N && c.K == K && c.bits == bits) return &c;
+  return nullptr;
+}
 
 // The tensor-core kernels' work split: rt row tiles of 16 per warp (mma only: 1 or 2, 2 up to
 // M = 32), slices K slices (mma: warps of one CTA; shared_x: CTAs summed by the last to arrive),

@@ -56,6 +56,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -717,28 +718,11 @@ inline WgmmaPlan plan_wgmma(int64_t N, int64_t K, int per_sm, int slices = 0) {
 }
 
 // PTQKIT_A16_TMA_CELLS="NxK:bits[:stages[:slices]],...": cells a sweep adds to the streamed form
-// (a16_streamed_swept), each optionally with its own ring depth and K slices (0: the planner's);
-// stages -1 takes a cell out of it (the k-step loop serves the layer). Read once.
-struct SweptCell {
-  int64_t N, K;
-  int bits, stages, slices;
-};
-inline const SweptCell* swept_cell(int64_t N, int64_t K, int bits) {
-  static const std::vector<SweptCell> cells = [] {
-    std::vector<SweptCell> c;
-    const char* e = std::getenv("PTQKIT_A16_TMA_CELLS");
-    for (const char* q = e; q && *q;) {
-      long long n = 0, k = 0;
-      int b = 0, d = 0, sl = 0;
-      if (std::sscanf(q, "%lldx%lld:%d:%d:%d", &n, &k, &b, &d, &sl) >= 3) c.push_back({n, k, b, d, sl});
-      q = std::strchr(q, ',');
-      if (q) ++q;
-    }
-    return c;
-  }();
-  for (const SweptCell& c : cells)
-    if (c.N == N && c.K == K && c.bits == bits) return &c;
-  return nullptr;
+// (a16_streamed_swept), each optionally with its own ring depth (a) and K slices (b; 0: the
+// planner's); stages -1 takes a cell out of it (the k-step loop serves the layer).
+inline const A16SweepCell* swept_cell(int64_t N, int64_t K, int bits) {
+  static const std::vector<A16SweepCell> cells = a16_sweep_cells("PTQKIT_A16_TMA_CELLS");
+  return a16_sweep_cell(cells, N, K, bits);
 }
 
 // The streamed form's switches, for sweeps: PTQKIT_A16_WG_TMA=0 the loop above on every layer (the
@@ -760,8 +744,8 @@ bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
   if constexpr (std::is_base_of_v<Nf4Format, Format>) whole = f.blocks > 1 && f.block.size % 64 == 0;   // one block: K <= 64, the loop
   else whole = f.groups == 1 || f.group.size % 64 == 0;
   const int bits = code_bits<Format>();
-  const SweptCell* cell = swept_cell(N, K, bits);
-  if (!g_split.form && cell && cell->stages < 0) return false;
+  const A16SweepCell* cell = swept_cell(N, K, bits);
+  if (!g_split.form && cell && cell->a < 0) return false;
   return bn <= 32 && whole && (g_split.form ? g_split.form == 2 : on && (a16_wgmma_streamed(N, K, bits) || cell));
 }
 // The metadata's base and groups (NF4: blocks) a 16-row tile, for its tensor map.
@@ -805,8 +789,8 @@ template <int BN, class Format, int NK = 4>
 void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K, Epi epi = Epi::plain,
                 __half* act_perm = nullptr, const A16Rope& rope = {}, const A16RowNorm* norm_in = nullptr) {
   static const int D0 = env_int("PTQKIT_A16_TMA_STAGES", 0), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
-  const SweptCell* cell = swept_cell(N, K, code_bits<Format>());
-  const int D = cell && cell->stages >= 2 ? cell->stages : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
+  const A16SweepCell* cell = swept_cell(N, K, code_bits<Format>());
+  const int D = cell && cell->a >= 2 ? cell->a : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
   const bool row_scale = scales_per_row(fmt);
   const bool silu = epi == Epi::silu;
   const auto kern = tma_kernel_of<BN, Format, NK>(row_scale, epi, norm_in != nullptr);
@@ -838,7 +822,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   const CUtensorMap map_w = cached_tensor_map(tma_spec_3d_u64(W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, box_tiles}));
   const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(tma_spec_3d_u64(meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, box_tiles}));
   const int64_t groups = (N + 127) / 128;
-  const int cell_s = cell ? cell->slices : 0;
+  const int cell_s = cell ? cell->b : 0;
   int S = forced > 0      ? std::min(forced, 8)
           : g_split.slices ? std::min(g_split.slices, 8)
           : cell_s > 0     ? std::min(cell_s, 8)
@@ -1004,4 +988,16 @@ void run_wgmma(const Nf4Format& fmt, const uint4* W, const __half* x, __half* yh
 namespace ptq::cuda {
 bool a16_wgmma_supported() { return w8a8_supported(); }   // the same target: sm_90a
 bool a16_streamed_swept(int64_t N, int64_t K, int bits) { return a16::swept_cell(N, K, bits) != nullptr; }
+std::vector<A16SweepCell> a16_sweep_cells(const char* var) {
+  std::vector<A16SweepCell> c;
+  const char* e = std::getenv(var);
+  for (const char* q = e; q && *q;) {
+    long long n = 0, k = 0;
+    int b = 0, x = 0, y = 0;
+    if (std::sscanf(q, "%lldx%lld:%d:%d:%d", &n, &k, &b, &x, &y) >= 3) c.push_back({n, k, b, x, y});
+    q = std::strchr(q, ',');
+    if (q) ++q;
+  }
+  return c;
+}
 }  // namespace ptq::cuda
