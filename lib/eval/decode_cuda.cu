@@ -145,12 +145,14 @@ bool switch_on(const char* name) {
 //   PTQKIT_DECODE_NORM_SPLIT    at one row and at 17..32 rows, where the Linear before a norm does
 //                               not fold it whole, the norm is split between the Linears around it
 //                               (else its kernel)
-enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, norm_split };
+//   PTQKIT_DECODE_NORM_SPLIT_PAIRS  at 17..32 rows a layer's two norms split both or neither (else
+//                               either alone)
+enum class Switch { pdl, int8_fuse, norm_fold, silu_fold, silu_cluster, attn_cluster, rope_fold, xperm, flash_prefill, norm_split, norm_split_pairs };
 bool decode_on(Switch w) {
   static const bool on[] = {switch_on("PTQKIT_DECODE_PDL"), switch_on("PTQKIT_DECODE_INT8_FUSE"), switch_on("PTQKIT_DECODE_NORM_FOLD"),
                             switch_on("PTQKIT_DECODE_SILU_FOLD"), switch_on("PTQKIT_DECODE_SILU_CLUSTER"), switch_on("PTQKIT_DECODE_ATTN_CLUSTER"),
                             switch_on("PTQKIT_DECODE_ROPE_FOLD"), switch_on("PTQKIT_DECODE_XPERM"), switch_on("PTQKIT_DECODE_FLASH_PREFILL"),
-                            switch_on("PTQKIT_DECODE_NORM_SPLIT")};
+                            switch_on("PTQKIT_DECODE_NORM_SPLIT"), switch_on("PTQKIT_DECODE_NORM_SPLIT_PAIRS")};
   return on[int(w)];
 }
 
@@ -1239,8 +1241,7 @@ struct DecodeCuda::Impl {
       // kernel cost). The input norm alone (llama3-8b W8A16, whose gate, up runs the k-step loop,
       // no reader; lab run 326): -1.1%. PTQKIT_DECODE_NORM_SPLIT_PAIRS=0 (a sweep switch) lets
       // either split alone.
-      static const bool split_pairs = env_int("PTQKIT_DECODE_NORM_SPLIT_PAIRS", 1) != 0;
-      if (split_pairs && split_rows && next && (in_normed != A16Fold::split || !post_split))
+      if (decode_on(Switch::norm_split_pairs) && split_rows && next && (in_normed != A16Fold::split || !post_split))
         for (auto& d : split_declined) d = {true, true};
     }
     if (xperm_rows)

@@ -285,8 +285,14 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     // slices of single layers at 17..32 rows (0: the planner's), for per-layer A/Bs in the decode.
     static const std::vector<A16SweepCell> cells = a16_sweep_cells("PTQKIT_A16_MMA_CELLS");
     const A16SweepCell* cell = nt == 4 && !silu ? a16_sweep_cell(cells, N, K, code_bits<Format>()) : nullptr;
-    const int rt_only = cell && cell->a ? cell->a
-                        : silu ? (silu_split ? 1 : 2) : nt == 2 && !Format::kPairTable ? 2 : nt == 4 && Format::kPairTable ? 2 : nt == 4 && rt32_here ? rt32_here : Format::kU4 == 2 && M == 1 ? 1 : 0;
+    const int rt_only = [&] {
+      if (cell && cell->a) return cell->a;
+      if (silu) return silu_split ? 1 : 2;
+      if (nt == 2 && !Format::kPairTable) return 2;
+      if (nt == 4 && Format::kPairTable) return 2;
+      if (nt == 4 && rt32_here) return rt32_here;
+      return Format::kU4 == 2 && M == 1 ? 1 : 0;
+    }();
     if (it == plans.end()) {
       // With the measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199:
       // phi3-mini NF4 decode batch 32 +4.1%).

@@ -165,10 +165,12 @@ constexpr const char* a16_path_name(A16Path p) {
 }
 // Whether the wgmma kernel runs here (an sm_90 GPU: H100, H200); defined in kernels/a16_wgmma.cu.
 bool a16_wgmma_supported();
-// Cells a sweep adds to a16_wgmma_streamed at 17..32 rows (the wgmma kernel's streamed form, also
-// where a16_auto_path picked another kernel): PTQKIT_A16_TMA_CELLS="NxK:bits[:stages],..." (bits 4
-// or 8; stages: that cell's ring depth, else PTQKIT_A16_TMA_STAGES's or 2), read once; for per-cell
-// A/Bs in the decode step. Defined in kernels/a16_wgmma.cu.
+// Whether a sweep names this layer at 17..32 rows, which then runs the wgmma kernel (also where
+// a16_auto_path picked another): PTQKIT_A16_TMA_CELLS="NxK:bits[:stages[:slices]],..." (bits as
+// above; stages: that cell's ring depth on the streamed form, else PTQKIT_A16_TMA_STAGES's or
+// a16_wgmma_stages, -1 the k-step loop instead of the streamed form; slices: its K slices, else
+// a16_wgmma_tma_slices or the planner's), read once; for per-cell A/Bs in the decode step. Defined
+// in kernels/a16_wgmma.cu.
 bool a16_streamed_swept(int64_t N, int64_t K, int bits);
 // A sweep switch's cells: the list "NxK:bits[:a[:b]],..." in the environment variable var
 // (PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS), a and b 0 where left out; each caller reads its

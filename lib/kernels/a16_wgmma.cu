@@ -822,11 +822,10 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   const CUtensorMap map_w = cached_tensor_map(tma_spec_3d_u64(W, {u4 * 64, KS, tiles}, {u4 * 512, KS * u4 * 512}, {int(u4 * 64), NK, box_tiles}));
   const CUtensorMap map_m = row_scale ? map_w : cached_tensor_map(tma_spec_3d_u64(meta_base(fmt), {8, meta_g, tiles}, {64, meta_g * 64}, {8, NK, box_tiles}));
   const int64_t groups = (N + 127) / 128;
-  const int cell_s = cell ? cell->b : 0;
+  const int cell_s = cell && cell->b > 0 ? cell->b : a16_wgmma_tma_slices(N, K, code_bits<Format>());   // a sweep's cell, else a measured one
   int S = forced > 0      ? std::min(forced, 8)
           : g_split.slices ? std::min(g_split.slices, 8)
           : cell_s > 0     ? std::min(cell_s, 8)
-          : a16_wgmma_tma_slices(N, K, code_bits<Format>()) > 0 ? a16_wgmma_tma_slices(N, K, code_bits<Format>())
                            : int(std::max<int64_t>(1, std::min<int64_t>(max_s, res / groups)));
   S = std::max(1, std::min(S, int(KS / NK)));
   const int sps = int((KS + S - 1) / S);
