@@ -263,37 +263,37 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
     std::lock_guard<std::mutex> lock(mu);
     const auto key = std::make_tuple(kern(1, false), N, K, g_split.rt, g_split.slices, g_split.loop, M == 1, fold, silu, split);   // kern(1, ...): the split silu kernel where it runs
     auto it = plans.find(key);
-    // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
-    // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
-    // codes both ways (two tiles overlap their batches). NF4 is mixed and keeps the model's choice.
-    // 8-bit codes at one row: one row tile (run 43, docs/lab/2026-11-24-decode-h200.md: its
-    // overlapped x-staged kernel as fast as the model's pick or faster on every Llama shape, 5% on
-    // 14336 x 4096, where the model picks two plain tiles).
-    // NF4 at 17..32 rows: two row tiles (the model picks one on the layers longer in K, which halves
-    // each warp's reuse of the x it reads through L2: 4096 x 11008 at 32 rows 45.0 us against 26.2,
-    // 6144 x 4096 31.4 against 19.7; docs/lab/2026-11-24-decode-h200.md run 86).
-    // 8-bit codes writing a split norm at 17..32 rows (the decode's o on llama2-7b, 4096 x 4096): two
-    // row tiles, the writer's shared-memory form, though the kernel without the writer runs 1.6 µs
-    // slower so (14.1 against 12.5 µs stream at 32 rows): decode W8A16 at batch 32 +0.7-1.0%
-    // against one tile and the writer's shuffle form (docs/lab/2026-11-24-decode-h200.md, runs
-    // 333-334; W4A16 -1.1 to -2.6% and llama3-8b's unsplit W8A16 -1.9% at two tiles everywhere).
-    // PTQKIT_A16_RT32 (a sweep switch, read once): 1 or 2 the row tiles of every GPTQ call at
-    // 17..32 rows, 0 the model's everywhere.
-    static const int rt32 = env_int("PTQKIT_A16_RT32", -1);
-    const int rt32_here = rt32 >= 0 ? rt32 : Format::kU4 == 2 && split == SplitNorm::writer ? 2 : 0;
-    // PTQKIT_A16_MMA_CELLS="NxK:bits:rt:slices,..." (a sweep switch): the row tiles a warp and K
-    // slices of single layers at 17..32 rows (0: the planner's), for per-layer A/Bs in the decode.
-    static const std::vector<A16SweepCell> cells = a16_sweep_cells("PTQKIT_A16_MMA_CELLS");
-    const A16SweepCell* cell = nt == 4 && !silu ? a16_sweep_cell(cells, N, K, code_bits<Format>()) : nullptr;
-    const int rt_only = [&] {
-      if (cell && cell->a) return cell->a;
-      if (silu) return silu_split ? 1 : 2;
-      if (nt == 2 && !Format::kPairTable) return 2;
-      if (nt == 4 && Format::kPairTable) return 2;
-      if (nt == 4 && rt32_here) return rt32_here;
-      return Format::kU4 == 2 && M == 1 ? 1 : 0;
-    }();
     if (it == plans.end()) {
+      // GPTQ codes at 9..16 rows: two row tiles per warp. The wave model would pick one on the 4096-row
+      // layers (more CTAs in flight), which measured slower: 8-bit codes as a single launch, 4-bit
+      // codes both ways (two tiles overlap their batches). NF4 is mixed and keeps the model's choice.
+      // 8-bit codes at one row: one row tile (run 43, docs/lab/2026-11-24-decode-h200.md: its
+      // overlapped x-staged kernel as fast as the model's pick or faster on every Llama shape, 5% on
+      // 14336 x 4096, where the model picks two plain tiles).
+      // NF4 at 17..32 rows: two row tiles (the model picks one on the layers longer in K, which halves
+      // each warp's reuse of the x it reads through L2: 4096 x 11008 at 32 rows 45.0 us against 26.2,
+      // 6144 x 4096 31.4 against 19.7; docs/lab/2026-11-24-decode-h200.md run 86).
+      // 8-bit codes writing a split norm at 17..32 rows (the decode's o on llama2-7b, 4096 x 4096): two
+      // row tiles, the writer's shared-memory form, though the kernel without the writer runs 1.6 µs
+      // slower so (14.1 against 12.5 µs stream at 32 rows): decode W8A16 at batch 32 +0.7-1.0%
+      // against one tile and the writer's shuffle form (docs/lab/2026-11-24-decode-h200.md, runs
+      // 333-334; W4A16 -1.1 to -2.6% and llama3-8b's unsplit W8A16 -1.9% at two tiles everywhere).
+      // PTQKIT_A16_RT32 (a sweep switch, read once): 1 or 2 the row tiles of every GPTQ call at
+      // 17..32 rows, 0 the model's everywhere.
+      static const int rt32 = env_int("PTQKIT_A16_RT32", -1);
+      const int rt32_here = rt32 >= 0 ? rt32 : Format::kU4 == 2 && split == SplitNorm::writer ? 2 : 0;
+      // PTQKIT_A16_MMA_CELLS="NxK:bits:rt:slices,..." (a sweep switch): the row tiles a warp and K
+      // slices of single layers at 17..32 rows (0: the planner's), for per-layer A/Bs in the decode.
+      static const std::vector<A16SweepCell> cells = a16_sweep_cells("PTQKIT_A16_MMA_CELLS");
+      const A16SweepCell* cell = nt == 4 && !silu ? a16_sweep_cell(cells, N, K, code_bits<Format>()) : nullptr;
+      const int rt_only = [&] {
+        if (cell && cell->a) return cell->a;
+        if (silu) return silu_split ? 1 : 2;
+        if (nt == 2 && !Format::kPairTable) return 2;
+        if (nt == 4 && Format::kPairTable) return 2;
+        if (nt == 4 && rt32_here) return rt32_here;
+        return Format::kU4 == 2 && M == 1 ? 1 : 0;
+      }();
       // With the measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199:
       // phi3-mini NF4 decode batch 32 +4.1%).
       Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only,
