@@ -29,32 +29,15 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    const cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "pdl_floor: %s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
+#include "bench_timing.cuh"
+
+using namespace bench;
 
 namespace {
 
-cudaStream_t g_stream;   // every launch, capture and event: default streams cannot be captured
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
 __device__ __forceinline__ void wait_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ unsigned fold(const uint4& v) { return v.x ^ v.y ^ v.z ^ v.w; }
-
-__global__ void spin_kernel(long long ns) {
-  for (const unsigned long long t0 = global_ns(); global_ns() - t0 < (unsigned long long)ns;) {
-  }
-}
 
 // 1. Reads of the CTA's contiguous share, U uint4 in flight per thread. mode: 0 plain, 1 PDL reads
 // before the wait, 2 PDL reads after it, 3 as 2 with an L2 bulk prefetch of the share before the wait.
@@ -197,79 +180,6 @@ __global__ void smem_kernel(const uint4* __restrict__ w, size_t n16, const uint4
   signal_done(done);
 }
 
-// reset: called before each run's spinning kernel, outside the timed span (4's counter).
-template <class F, class Reset = void (*)()>
-double stream_us(int runs, int R, F&& f, Reset reset = [] {}) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < runs; ++i) {
-    reset();
-    spin_kernel<<<1, 1, 0, g_stream>>>(20000LL * R);
-    CK(cudaEventRecord(a, g_stream));
-    for (int j = 0; j < R; ++j) f(j);
-    CK(cudaEventRecord(b, g_stream));
-    CK(cudaEventSynchronize(b));
-    float m = 0;
-    CK(cudaEventElapsedTime(&m, a, b));
-    ms.push_back(m / float(R));
-  }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return 1000.0 * ms[ms.size() / 2];
-}
-
-// The same R launches captured once into a CUDA graph (PDL launches become programmatic edges), the
-// graph launched behind a short spinning kernel; median over runs of time / R.
-// reset: captured first (a memset node: 4's counter back to 0 at each replay).
-template <class F, class Reset = void (*)()>
-double graph_us(int runs, int R, F&& f, Reset reset = [] {}) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
-  reset();
-  for (int j = 0; j < R; ++j) f(j);
-  CK(cudaStreamEndCapture(g_stream, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i <= runs; ++i) {   // the first run warms up
-    spin_kernel<<<1, 1, 0, g_stream>>>(20000LL);
-    CK(cudaEventRecord(a, g_stream));
-    CK(cudaGraphLaunch(ge, g_stream));
-    CK(cudaEventRecord(b, g_stream));
-    CK(cudaEventSynchronize(b));
-    float m = 0;
-    CK(cudaEventElapsedTime(&m, a, b));
-    if (i > 0) ms.push_back(m / float(R));
-  }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return 1000.0 * ms[ms.size() / 2];
-}
-
-template <class... P, class... A>
-void launch(void (*kern)(P...), bool pdl, int grid, int block, size_t smem, A... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(unsigned(block));
-  cfg.dynamicSmemBytes = smem;
-  cfg.attrs = attr;
-  cfg.stream = g_stream;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, kern, args...));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -296,28 +206,7 @@ int main(int argc, char** argv) {
   CK(cudaMemset(x, 2, 1 << 16));
   CK(cudaMalloc(&out, 1 << 20));
   // Copy bandwidth (bytes read + written) of a 1 GiB device-to-device copy, median of 20 (as ptqkit bench kernels).
-  double copy_gbs = 0;
-  {
-    const size_t half = size_t(1) << 30;
-    uint4* c = nullptr;
-    CK(cudaMalloc(&c, 2 * half));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      CK(cudaEventRecord(a));
-      CK(cudaMemcpyAsync(reinterpret_cast<char*>(c) + half, c, half, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      float m = 0;
-      CK(cudaEventElapsedTime(&m, a, b));
-      ms.push_back(m);
-    }
-    std::sort(ms.begin(), ms.end());
-    copy_gbs = 2.0 * double(half) / (double(ms[10]) * 1e-3) / 1e9;
-    CK(cudaFree(c));
-  }
+  const double copy_gbs = bench::copy_gbs();
   auto pct = [&](double us) { return 100.0 * double(bytes) / (us * 1e-6) / 1e9 / copy_gbs; };
   std::printf("pdl_floor on %s, %d SMs: %zu bytes back to back on %d rotating copies, median of %d; copy %.0f GB/s (read + write)\n", prop.name, sms,
               bytes, R, runs, copy_gbs);
