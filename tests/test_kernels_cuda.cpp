@@ -1081,6 +1081,36 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 // zero). N = 1000: the last CTA's rows partly past N; K = 2000: the last k-step a quarter full;
 // GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
 // 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
+// The sweep switches' lists (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS; bench
+// kernels' PTQKIT_A16_SWEEP through the same parser): the entries written, each field in place and
+// 0 where left out; a malformed entry refused with an error that names the variable and the
+// entry, never skipped (an A/B would otherwise time the default while its log says otherwise).
+// No GPU needed.
+TEST_CASE("sweep switches: list entries parse as written, a malformed one is refused naming the variable") {
+  const char* var = "PTQKIT_A16_MMA_CELLS";
+  ::setenv(var, "4096x4096:4:2:8,12288x4096:0:-1", 1);
+  const std::vector<cuda::A16SweepCell> c = cuda::a16_sweep_cells(var);
+  REQUIRE(c.size() == 2);
+  CHECK((c[0].N == 4096 && c[0].K == 4096 && c[0].bits == 4 && c[0].a == 2 && c[0].b == 8));
+  CHECK((c[1].N == 12288 && c[1].K == 4096 && c[1].bits == 0 && c[1].a == -1 && c[1].b == 0));
+  for (const char* bad : {"4096x4096:4,12288x4096:x", "4096:4096:4", "4096x4096", "4096x4096:4:", "4096x4096:4,,", "4096x4096: 4", "4096x4096:4:1:2:3"}) {
+    INFO(bad);
+    ::setenv(var, bad, 1);
+    try {
+      (void)cuda::a16_sweep_cells(var);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code == Errc::usage);
+      CHECK(e.field == var);
+      CHECK(std::string(e.what()).find("want NxK:bits[:a[:b]]") != std::string::npos);
+    }
+  }
+  ::setenv(var, "", 1);
+  CHECK(cuda::a16_sweep_cells(var).empty());
+  ::unsetenv(var);
+  CHECK(cuda::a16_sweep_cells(var).empty());
+}
+
 // The automatic path's table at 17..32 rows on sm_90 (a16_path.h), as measured on the H200 (lab
 // run 86; W8 11008 x 4096 with 3 K slices, run 197; W8 12288 x 4096 and 3072 x 8192 with the
 // wgmma kernel's streamed form, run 234; W8 6144 x 4096 with it, runs 296-297; W4 6144 x 4096 with

@@ -76,6 +76,34 @@ int env_int(const char* name, int dflt) {
   return e && *e ? std::atoi(e) : dflt;
 }
 
+std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* form, char first, int min_fields, int max_fields) {
+  std::vector<std::vector<int64_t>> out;
+  const char* e = std::getenv(name);
+  if (!e || !*e) return out;
+  const std::string text = e;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string entry = text.substr(begin, end - begin);
+    std::vector<int64_t> fields;
+    bool ok = !entry.empty();
+    for (size_t i = 0; ok && i < entry.size();) {
+      char* stop = nullptr;
+      const long long v = std::strtoll(entry.c_str() + i, &stop, 10);
+      const size_t j = size_t(stop - entry.c_str());
+      ok = j > i && (entry[i] == '-' || (entry[i] >= '0' && entry[i] <= '9'));   // digits, no spaces or '+'
+      fields.push_back(v);
+      if (ok && j < entry.size()) ok = entry[j] == (fields.size() == 1 ? first : ':') && j + 1 < entry.size();
+      i = j + 1;
+    }
+    if (!ok || int(fields.size()) < min_fields || int(fields.size()) > max_fields)
+      fail(Errc::usage, "", name, "entry '" + entry + "': want " + form + " (integers), entries separated by commas");
+    out.push_back(std::move(fields));
+    begin = end + 1;
+  }
+  return out;
+}
+
 std::string describe() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <utility>
 
 namespace ptq::cuda {
@@ -23,6 +24,11 @@ int sm_count();
 bool pdl_enabled();
 // An integer sweep switch from the environment: its value, or dflt where unset or empty.
 int env_int(const char* name, int dflt);
+// A list switch from the environment, "e,e,...", each entry min_fields..max_fields integers
+// separated by `first` (between the first two) and ':' (after them); `form` names the entry's
+// shape for the error ("NxK:bits[:stages[:slices]]"). Unset or empty: no entries. A malformed entry
+// is refused (Errc::usage naming the variable and the entry), not skipped.
+std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* form, char first, int min_fields, int max_fields);
 
 void check(int err, const char* what, const char* file, int line);          // cudaError_t
 void check_cublas(int st, const char* what, const char* file, int line);    // cublasStatus_t

@@ -173,7 +173,8 @@ bool a16_wgmma_supported();
 // in kernels/a16_wgmma.cu.
 bool a16_streamed_swept(int64_t N, int64_t K, int bits);
 // A sweep switch's cells: the list "NxK:bits[:a[:b]],..." in the environment variable var
-// (PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS), a and b 0 where left out; each caller reads its
+// (PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS), a and b 0 where left out; a malformed entry is
+// refused (Errc::usage naming the variable: cuda/runtime.h's env_int_list); each caller reads its
 // variable once (a static). Defined in kernels/a16_wgmma.cu. a16_sweep_cell: the cell of a layer
 // and codes (bits as above), or nullptr.
 struct A16SweepCell {

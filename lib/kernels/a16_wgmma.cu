@@ -53,7 +53,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -989,14 +988,8 @@ bool a16_wgmma_supported() { return w8a8_supported(); }   // the same target: sm
 bool a16_streamed_swept(int64_t N, int64_t K, int bits) { return a16::swept_cell(N, K, bits) != nullptr; }
 std::vector<A16SweepCell> a16_sweep_cells(const char* var) {
   std::vector<A16SweepCell> c;
-  const char* e = std::getenv(var);
-  for (const char* q = e; q && *q;) {
-    long long n = 0, k = 0;
-    int b = 0, x = 0, y = 0;
-    if (std::sscanf(q, "%lldx%lld:%d:%d:%d", &n, &k, &b, &x, &y) >= 3) c.push_back({n, k, b, x, y});
-    q = std::strchr(q, ',');
-    if (q) ++q;
-  }
+  for (const std::vector<int64_t>& f : env_int_list(var, "NxK:bits[:a[:b]]", 'x', 3, 5))
+    c.push_back({f[0], f[1], int(f[2]), f.size() > 3 ? int(f[3]) : 0, f.size() > 4 ? int(f[4]) : 0});
   return c;
 }
 }  // namespace ptq::cuda

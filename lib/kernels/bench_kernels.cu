@@ -120,13 +120,10 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
   auto wanted = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
   // PTQKIT_A16_SWEEP="rt:slices[:warps[:loop[:form]]],...": each A16 call is also timed with those forced splits (rows labelled rRsSwWlLfF).
   std::vector<A16Split> sweep{{}};
-  if (const char* e = std::getenv("PTQKIT_A16_SWEEP"))
-    for (const char* q = e; *q;) {
-      A16Split t;
-      if (std::sscanf(q, "%d:%d:%d:%d:%d", &t.rt, &t.slices, &t.warps, &t.loop, &t.form) >= 2) sweep.push_back(t);
-      while (*q && *q != ',') ++q;
-      if (*q) ++q;
-    }
+  for (const std::vector<int64_t>& f : env_int_list("PTQKIT_A16_SWEEP", "rt:slices[:warps[:loop[:form]]]", ':', 2, 5)) {
+    auto at = [&](size_t i) { return i < f.size() ? int(f[i]) : 0; };
+    sweep.push_back({at(0), at(1), at(2), at(3), at(4)});
+  }
   std::vector<A16Path> paths{A16Path::automatic};
   if (const char* e = std::getenv("PTQKIT_A16_PATHS")) {
     paths.clear();
