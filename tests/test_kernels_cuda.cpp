@@ -1081,12 +1081,34 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 // zero). N = 1000: the last CTA's rows partly past N; K = 2000: the last k-step a quarter full;
 // GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
 // 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
-// The sweep switches' lists (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS; bench
-// kernels' PTQKIT_A16_SWEEP through the same parser): the entries written, each field in place and
-// 0 where left out; a malformed entry refused with an error that names the variable and the
-// entry, never skipped (an A/B would otherwise time the default while its log says otherwise).
-// No GPU needed.
-TEST_CASE("sweep switches: list entries parse as written, a malformed one is refused naming the variable") {
+// The sweep switches (cuda/runtime.h): an integer one (env_int) reads as written, or its default
+// where unset or empty; the lists (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS;
+// bench kernels' PTQKIT_A16_SWEEP through the same parser) give the entries written, each field in
+// place and 0 where left out. A malformed value or entry is refused with an error that names the
+// variable, never skipped or read as 0 (an A/B would otherwise time the default while its log
+// says otherwise). No GPU needed.
+TEST_CASE("sweep switches: integers and list entries parse as written, a malformed one is refused naming the variable") {
+  const char* one = "PTQKIT_TEST_ENV_INT";   // a name no code reads
+  ::setenv(one, "12", 1);
+  CHECK(cuda::env_int(one, 8) == 12);
+  ::setenv(one, "-1", 1);
+  CHECK(cuda::env_int(one, 8) == -1);
+  ::setenv(one, "", 1);
+  CHECK(cuda::env_int(one, 8) == 8);
+  for (const char* bad : {"1x", "abc", " 3", "+3", "1,2", "99999999999"}) {
+    INFO(bad);
+    ::setenv(one, bad, 1);
+    try {
+      (void)cuda::env_int(one, 8);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code == Errc::usage);
+      CHECK(e.field == one);
+    }
+  }
+  ::unsetenv(one);
+  CHECK(cuda::env_int(one, 8) == 8);
+
   const char* var = "PTQKIT_A16_MMA_CELLS";
   ::setenv(var, "4096x4096:4:2:8,12288x4096:0:-1", 1);
   const std::vector<cuda::A16SweepCell> c = cuda::a16_sweep_cells(var);

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -73,7 +75,13 @@ bool pdl_enabled() {
 
 int env_int(const char* name, int dflt) {
   const char* e = std::getenv(name);
-  return e && *e ? std::atoi(e) : dflt;
+  if (!e || !*e) return dflt;
+  char* stop = nullptr;
+  errno = 0;
+  const long v = std::strtol(e, &stop, 10);
+  const bool digits = *e == '-' || (*e >= '0' && *e <= '9');   // no spaces or '+'
+  if (!digits || *stop || errno == ERANGE || v < INT_MIN || v > INT_MAX) fail(Errc::usage, "", name, std::string("'") + e + "': want an integer");
+  return int(v);
 }
 
 std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* form, char first, int min_fields, int max_fields) {

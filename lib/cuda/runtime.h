@@ -22,7 +22,8 @@ int sm_count();
 // Whether kernels launched with launch_pdl (cuda/pdl.cuh) may overlap the one before them: an
 // sm_90+ GPU and PTQKIT_PDL not "0". Decided once per process.
 bool pdl_enabled();
-// An integer sweep switch from the environment: its value, or dflt where unset or empty.
+// An integer sweep switch from the environment: its value, or dflt where unset or empty; anything
+// but one integer is refused (Errc::usage naming the variable).
 int env_int(const char* name, int dflt);
 // A list switch from the environment, "e,e,...", each entry min_fields..max_fields integers
 // separated by `first` (between the first two) and ':' (after them); `form` names the entry's

@@ -152,10 +152,7 @@ using MmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*,
 // once): 0 never, 1 always.
 template <class Format>
 bool roll_at_one_row() {
-  static const int mode = [] {
-    const char* e = std::getenv("PTQKIT_A16_ROLL");
-    return e && *e ? std::atoi(e) : -1;
-  }();
+  static const int mode = env_int("PTQKIT_A16_ROLL", -1);
   return mode < 0 ? Format::kRollM1 : mode == 1;
 }
 

@@ -19,10 +19,7 @@
 namespace ptq::cuda {
 
 int f16_mma_max_rows() {
-  static const int n = [] {
-    const char* e = std::getenv("PTQKIT_F16_MMA_MAX");
-    return e ? std::atoi(e) : 8;   // run 45: batch 1 264.4 tok/s against cuBLAS 236.6, batch 8 1,852 against 1,702; batch 32 3,820 against 5,688
-  }();
+  static const int n = env_int("PTQKIT_F16_MMA_MAX", 8);   // run 45: batch 1 264.4 tok/s against cuBLAS 236.6, batch 8 1,852 against 1,702; batch 32 3,820 against 5,688
   return n;
 }
 

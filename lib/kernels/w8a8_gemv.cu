@@ -309,7 +309,7 @@ void launch_mma(const int8_t* x, const float* sx, const int8_t* w, const float* 
   // fast or faster, and 4 K slices a CTA slower in either form. PTQKIT_W8A8_MMA_RT=1 or 2 forces
   // one form (sweeps).
   if constexpr (kNT == 1) {
-    static const int rt = [] { const char* e = std::getenv("PTQKIT_W8A8_MMA_RT"); return e ? std::atoi(e) : 0; }();
+    static const int rt = env_int("PTQKIT_W8A8_MMA_RT", 0);
     if (rt == 2 || (rt == 0 && M >= 5)) {
       launch_pdl("w8a8_mma_kernel", true, -1, w8a8_mma_kernel<1, 2, 2>, dim3(unsigned((N + 31) / 32)), dim3(kMmaWarps * 32), 0, x, sx, w, sw, int(M),
                  int(N), int(K), y, beta);
@@ -331,7 +331,7 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
     if (row && K <= kRowMaxK) {
       // Weight rows a warp: 1 (run 46, llama2-7b decode batch 1: 414.0 tok/s against 391.2 with 2
       // and 351.3 with 4); PTQKIT_W8A8_ROW_ROWS=2 or 4 for sweeps.
-      static const int rows = [] { const char* e = std::getenv("PTQKIT_W8A8_ROW_ROWS"); return e ? std::atoi(e) : 1; }();
+      static const int rows = env_int("PTQKIT_W8A8_ROW_ROWS", 1);
       const int64_t per_cta = kWarps * rows;
       launch_pdl("w8a8_gemv_row_kernel", true, -1, rows == 1 ? w8a8_gemv_row_kernel<kM, 1> : rows == 4 ? w8a8_gemv_row_kernel<kM, 4> : w8a8_gemv_row_kernel<kM, 2>,
                  dim3(unsigned((N + per_cta - 1) / per_cta)), dim3(kWarps * 32), 0, x, sx, w, sw, int(N), int(K), y, beta);
@@ -344,10 +344,7 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
 }  // namespace
 
 bool w8a8_wgmma_takes(int64_t M, int64_t K) {
-  static const int from = [] {   // the first M the wgmma product takes (PTQKIT_W8A8_WG_FROM, sweeps; 0: never)
-    const char* e = std::getenv("PTQKIT_W8A8_WG_FROM");
-    return e ? std::atoi(e) : int(kW8A8WgmmaFromM);
-  }();
+  static const int from = env_int("PTQKIT_W8A8_WG_FROM", int(kW8A8WgmmaFromM));   // the first M the wgmma product takes (sweeps; 0: never)
   return from > 0 && M >= from && w8a8_wgmma_gemv_serves(M, K);
 }
 
@@ -357,10 +354,7 @@ void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* s
   if (M > kMaxM && !w8a8_gemv_serves(M, K))
     fail(Errc::usage, "", "w8a8_gemv", std::to_string(M) + " rows need K % 64 == 0 and tensor cores (sm_80+); K is " + std::to_string(K));
   if (K % 16 || K >= (int64_t(1) << 17)) fail(Errc::usage, "", "w8a8_gemv", "K must be a multiple of 16 below 2^17, not " + std::to_string(K));
-  static const int mma_from = [] {   // the first M the tensor-core form takes (PTQKIT_W8A8_MMA_FROM; 0: never)
-    const char* e = std::getenv("PTQKIT_W8A8_MMA_FROM");
-    return e ? std::atoi(e) : kMmaFromM;
-  }();
+  static const int mma_from = env_int("PTQKIT_W8A8_MMA_FROM", kMmaFromM);   // the first M the tensor-core form takes (0: never)
   if ((M > kMaxM || (mma_from > 0 && M >= mma_from)) && K % 64 == 0 && tensor_cores()) return launch_mma<4>(x, sx, w, sw, M, N, K, y, beta);
   launch_gemv<kMaxM>(x, sx, w, sw, M, N, K, y, beta);
 }
