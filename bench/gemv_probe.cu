@@ -47,6 +47,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/pdl.cuh"
+#include "cuda/ptx.cuh"
 #include "kernels/relayout.h"
 
 #include "bench_timing.cuh"
@@ -55,14 +57,9 @@ using namespace bench;
 
 namespace {
 
-__device__ __forceinline__ void wait_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void allow_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
-
-__device__ __forceinline__ uint32_t lop(uint32_t w, uint32_t mask) {   // (w & mask) | 0x64006400
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "r"(mask), "r"(0x64006400u));
-  return r;
-}
+using ptq::cuda::pdl::allow_dependents;
+using ptq::cuda::pdl::wait_prior_grid;
+__device__ __forceinline__ uint32_t lop(uint32_t w, uint32_t mask) { return ptq::cuda::ptx::and_or(w, mask, 0x64006400u); }   // (w & mask) | 0x64006400
 __device__ __forceinline__ __half2 h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
 // One word's 8 codes (q - z) · x, in f16: columns 0-1, 2-3, 4-5, 6-7 against the 4 half2 of xv.
@@ -260,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 // One shape's weights on the device, R rotating copies of each layout, x, y and the split sums.
 struct Shape {
-  int N, K, G, R, runs;
+  int N, R, runs;
   size_t bytes;                      // codes and metadata of one copy (either layout: the same size)
   double copy;                       // GB/s, read + written
   std::vector<double> ref;           // y in fp64
@@ -376,7 +373,7 @@ int main(int argc, char** argv) {
     for (auto& v : zv) v = uint8_t(d16(rng));
     for (auto& v : sv) v = __float2half_rn(ds(rng));
     for (auto& v : xv) v = __float2half_rn(dx(rng));
-    Shape sh{N, K, G, 0, runs, n_codes * 16 + n_meta * 4, copy};
+    Shape sh{N, 0, runs, n_codes * 16 + n_meta * 4, copy};
     sh.R = int(std::max<size_t>(2, ((size_t(256) << 20) + sh.bytes - 1) / sh.bytes));
     sh.ref.assign(size_t(N), 0.0);
     for (int r = 0; r < N; ++r)

@@ -1076,11 +1076,6 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
   CHECK_THROWS_AS(L->gemm(dx.get(), 129, dy.get(), cuda::A16Path::shared_x), Error);
 }
 
-// The Hopper kernel (kernels/a16_wgmma.cu): every split it can be given (1, 3 or 16 K slices)
-// against the reference GEMMs at M = 1 .. 256 (8, 16, 32, 64, 128 and 256 staged x rows, rows past M
-// zero). N = 1000: the last CTA's rows partly past N; K = 2000: the last k-step a quarter full;
-// GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
-// 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 // The sweep switches (cuda/runtime.h): an integer one (env_int) reads as written, or its default
 // where unset or empty; the lists (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS;
 // bench kernels' PTQKIT_A16_SWEEP through the same parser) give the entries written, each field in
@@ -1115,7 +1110,8 @@ TEST_CASE("sweep switches: integers and list entries parse as written, a malform
   REQUIRE(c.size() == 2);
   CHECK((c[0].N == 4096 && c[0].K == 4096 && c[0].bits == 4 && c[0].a == 2 && c[0].b == 8));
   CHECK((c[1].N == 12288 && c[1].K == 4096 && c[1].bits == 0 && c[1].a == -1 && c[1].b == 0));
-  for (const char* bad : {"4096x4096:4,12288x4096:x", "4096:4096:4", "4096x4096", "4096x4096:4:", "4096x4096:4,,", "4096x4096: 4", "4096x4096:4:1:2:3"}) {
+  for (const char* bad : {"4096x4096:4,12288x4096:x", "4096:4096:4", "4096x4096", "4096x4096:4:", "4096x4096:4,,", "4096x4096: 4", "4096x4096:4:1:2:3",
+                          "99999999999999999999x4096:4"}) {
     INFO(bad);
     ::setenv(var, bad, 1);
     try {
@@ -1133,6 +1129,11 @@ TEST_CASE("sweep switches: integers and list entries parse as written, a malform
   CHECK(cuda::a16_sweep_cells(var).empty());
 }
 
+// The Hopper kernel (kernels/a16_wgmma.cu): every split it can be given (1, 3 or 16 K slices)
+// against the reference GEMMs at M = 1 .. 256 (8, 16, 32, 64, 128 and 256 staged x rows, rows past M
+// zero). N = 1000: the last CTA's rows partly past N; K = 2000: the last k-step a quarter full;
+// GPTQ 4- and 8-bit with per-channel scales, act-order groups of 80 and groups of 16; NF4 blocks of
+// 64. Then a 16-slice split four times (same bytes), fp32 output with beta, and M past 256 refused.
 // The automatic path's table at 17..32 rows on sm_90 (a16_path.h), as measured on the H200 (lab
 // run 86; W8 11008 x 4096 with 3 K slices, run 197; W8 12288 x 4096 and 3072 x 8192 with the
 // wgmma kernel's streamed form, run 234; W8 6144 x 4096 with it, runs 296-297; W4 6144 x 4096 with

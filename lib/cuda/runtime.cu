@@ -73,14 +73,25 @@ bool pdl_enabled() {
   return on;
 }
 
+namespace {
+// An integer at s: an optional '-' and digits (no spaces or '+'), in range of long long. Its value,
+// and in stop where it ends; false where s does not start one.
+bool read_int(const char* s, long long& v, const char*& stop) {
+  if (*s != '-' && (*s < '0' || *s > '9')) return false;
+  char* end = nullptr;
+  errno = 0;
+  v = std::strtoll(s, &end, 10);
+  stop = end;
+  return end != s && errno != ERANGE;
+}
+}  // namespace
+
 int env_int(const char* name, int dflt) {
   const char* e = std::getenv(name);
   if (!e || !*e) return dflt;
-  char* stop = nullptr;
-  errno = 0;
-  const long v = std::strtol(e, &stop, 10);
-  const bool digits = *e == '-' || (*e >= '0' && *e <= '9');   // no spaces or '+'
-  if (!digits || *stop || errno == ERANGE || v < INT_MIN || v > INT_MAX) fail(Errc::usage, "", name, std::string("'") + e + "': want an integer");
+  long long v = 0;
+  const char* stop = nullptr;
+  if (!read_int(e, v, stop) || *stop || v < INT_MIN || v > INT_MAX) fail(Errc::usage, "", name, std::string("'") + e + "': want an integer");
   return int(v);
 }
 
@@ -96,10 +107,10 @@ std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* for
     std::vector<int64_t> fields;
     bool ok = !entry.empty();
     for (size_t i = 0; ok && i < entry.size();) {
-      char* stop = nullptr;
-      const long long v = std::strtoll(entry.c_str() + i, &stop, 10);
-      const size_t j = size_t(stop - entry.c_str());
-      ok = j > i && (entry[i] == '-' || (entry[i] >= '0' && entry[i] <= '9'));   // digits, no spaces or '+'
+      long long v = 0;
+      const char* stop = nullptr;
+      ok = read_int(entry.c_str() + i, v, stop);
+      const size_t j = ok ? size_t(stop - entry.c_str()) : entry.size();
       fields.push_back(v);
       if (ok && j < entry.size()) ok = entry[j] == (fields.size() == 1 ? first : ':') && j + 1 < entry.size();
       i = j + 1;
