@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "cuda/ptx.cuh"
+#include "cuda/runtime.h"
 
 namespace ptq::cuda {
 
@@ -126,6 +127,14 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(ptx::smem_addr(dst)),
                "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(ptx::smem_addr(bar))
+               : "memory");
+}
+
+// bytes (a multiple of 16; src and dst 16-byte aligned) of global memory into shared memory at
+// dst by the copy engine, without a tensor map, completing on bar (bench/chain_probe.cu).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(ptx::smem_addr(dst)), "l"(src), "r"(bytes),
+               "r"(ptx::smem_addr(bar))
                : "memory");
 }
 

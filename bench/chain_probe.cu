@@ -1,0 +1,547 @@
+// chain_probe.cu — a probe, not a ptqkit kernel: how fast can a batch-1 decode step's Linears
+// stream when no kernel boundary stands between them?
+//
+// ptqkit's decode launches each Linear as its own kernel under programmatic dependent launch
+// (PDL). Its one-row W4 kernels stream 2.7-2.9 TB/s back to back, a CUDA-core GEMV 10-17% faster
+// alone, but in the step that gain shrank to 1.3% (docs/lab/2026-11-24-decode-h200.md, runs
+// 358-368): at each boundary the next kernel's CTAs wait for room on the SMs, and a kernel's bytes
+// in flight are bounded by its registers. This probe measures the other structure: one persistent
+// kernel, one CTA an SM, in which a producer lane streams every Linear's weights through a ring in
+// shared memory by the copy engine (bulk copies completing on mbarriers) without ever waiting for
+// activations, so the next Linear's bytes are in flight while the consumers still finish this one
+// and cross the grid barrier between them. What it measured (runs 372-378): 1.43 ms a step at
+// best against 1.27 ms for the same weights as one launch a Linear; see the lab.
+//
+// Contract. A chain of stages (Llama-2-7B's per layer: q, k, v 12288 x 4096; o 4096 x 4096;
+// gate, up 22016 x 4096 with gate and up rows interleaved 16 and 16 a row block; down 4096 x 11008;
+// `layers` times), each y_s = W_s · x_s in the rows layout of bench/w4_rows.cuh. x_s is the first
+// K_s values of stage s-1's output in f16 (stage 0: a fixed vector), normalized to unit RMS (the
+// stand-in for the norms and the attention between them: this probe times the Linears and their
+// dependencies only); after the gate, up stage the output is silu(gate) · up.
+// Work. Stage s has U_s = N_s / 32 · K_s / 128 units (a row block's group: 2,048 bytes of codes and
+// 128 of metadata, contiguous in unit order). CTA c takes units [c U / P, (c + 1) U / P): a
+// contiguous byte range. The producer (lane 0 of the last warp) copies up to T units at a time,
+// stage after stage, into the ring's next slot once its T consumers released it. Consumer warp w
+// of C takes the CTA's units q = w, w + C, ... (numbered across stages); lane l sums row l of the
+// unit's row block over the group (w4_rows.cuh's word_dot, scaled by s) and keeps a running sum a
+// row block in a register. After its units the CTA adds each row block's warp sums in warp order;
+// a row block whole in this CTA is written as it is (f16, or silu(gate) · up); one split between
+// CTAs goes through a slot a CTA in global memory, and the last of its CTAs to arrive (an acq_rel
+// counter) adds the slots in CTA order and writes it. Then the CTA arrives on the stage's grid
+// counter (release, after a CTA barrier: no fence); before a stage the consumers wait until every
+// CTA arrived on the one before (acquire), then load and normalize x. Deterministic: every sum in a
+// fixed order. Needs every CTA resident: a cooperative launch (a plain one in the graph).
+// Numerics: w4_rows.cuh's; x's RMS in fp32; checked against fp64 sums of the device's own f16
+// sources (norm-wise relative error <= 2e-3, ptqkit's A16 kernel tests' bound) on the first
+// layer's stages and the last stage, with `check` set (CTA 0 then writes every stage's fp32 output;
+// not in the timed steps). A traced step (globaltimer stamps, every CTA, every stage) says where
+// the time goes between stages.
+// Compared with, on the same weights: each stage as its own launch of w4_rows.cuh's gemv_w4 under
+// PDL (its x the previous stage's f16 output, not normalized: the same bytes, the timing only).
+// Usage: chain_probe [runs] [layers]   (default 10 runs, 32 layers)
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "cuda/tma.cuh"
+
+#include "bench_timing.cuh"
+#include "w4_rows.cuh"
+
+using namespace bench;
+namespace tma = ptq::cuda::tma;
+
+namespace {
+
+constexpr int kUnitCodes = 2048, kUnitBytes = kUnitCodes + 128;   // a unit in the ring: codes, then metadata
+constexpr int kMaxSlots = 4;                                        // CTAs a row block may span (checked on the host)
+
+struct Stage {
+  const uint4* codes;      // [U][128]
+  const uint32_t* meta;    // [U][32]
+  const __half* src;       // the source of x: the first K values
+  __half* out16;           // y in f16, or silu(gate) · up for a gate, up stage
+  float* y32;              // y in fp32 (N)
+  float* slots;            // [N / 32][kMaxSlots][32]: a split row block's partials
+  int* arrivals;           // [N / 32]: CTAs of a split row block arrived (zeroed before each step)
+  int N, K, gate_up;
+  int ns_off;              // into the CTA's copy of the table of CTAs a row block
+};
+
+__device__ __forceinline__ int unit_begin(int c, int U, int P) { return int(int64_t(c) * U / P); }
+// The CTA whose range holds unit t: the largest c with floor(c U / P) <= t.
+__device__ __host__ __forceinline__ int cta_of(int t, int U, int P) { return ((t + 1) * P + U - 1) / U - 1; }
+
+__device__ __forceinline__ void consumers_sync(int C) { asm volatile("bar.sync 1, %0;\n" ::"r"(C * 32) : "memory"); }
+
+// Row rb * 32 + lane of a stage's output: its CTAs' partials (slots) added in CTA order.
+__device__ __forceinline__ float row_sum(const Stage& d, int G, int U, int P, int rb, int lane) {
+  const int cf = cta_of(rb * G, U, P), ns = cta_of((rb + 1) * G - 1, U, P) - cf + 1;
+  float z[kMaxSlots];
+#pragma unroll
+  for (int k = 0; k < kMaxSlots; ++k) z[k] = k < ns ? __ldcg(d.slots + (size_t(rb) * kMaxSlots + k) * 32 + lane) : 0.0f;
+  float v = z[0];
+#pragma unroll
+  for (int k = 1; k < kMaxSlots; ++k) v += z[k];
+  return v;
+}
+__device__ __forceinline__ float silu_mul(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
+// Element k of the source of the stage after d: y_k in f16, or silu(gate_k) · up_k in f16 after a
+// gate, up stage (row block k / 16: lanes 0-15 its gate rows, 16-31 the same rows of up).
+__device__ __forceinline__ __half source_value(const Stage& d, int P, int k) {
+  const int G = d.K / 128, U = d.N / 32 * G;
+  if (!d.gate_up) return __float2half_rn(row_sum(d, G, U, P, k / 32, k % 32));
+  const float gate = row_sum(d, G, U, P, k / 16, k % 16), up = row_sum(d, G, U, P, k / 16, 16 + k % 16);
+  return __float2half_rn(silu_mul(gate, up));
+}
+// With check: CTA 0 writes the stage's whole output in fp32 (y32) and its source values in f16
+// (out16), for the host's fp64 check. Not timed.
+__device__ void write_check(const Stage& d, int P, int threads) {
+  const int G = d.K / 128, U = d.N / 32 * G;
+  for (int r = threadIdx.x; r < d.N; r += threads) d.y32[r] = row_sum(d, G, U, P, r / 32, r % 32);
+  for (int k = threadIdx.x; k < (d.gate_up ? d.N / 2 : d.N); k += threads) d.out16[k] = source_value(d, P, k);
+}
+
+constexpr int kMaxLocal = 8;   // row blocks a CTA's range of one stage may touch
+
+template <int C, int T>
+__global__ void __launch_bounds__((C + 1) * 32, 1)
+    chain_w4(const Stage* stages, int n_stages, const __half* x0, int* grid_arrivals, const uint8_t* tables, int table_bytes, int S, int check,
+             int fence, unsigned long long* trace) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int P = gridDim.x, c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint8_t* ring = smem;   // S slots of T units: T x 2,048 bytes of codes, then T x 128 of metadata
+  constexpr int slot_bytes = T * kUnitBytes;
+  static_assert(C % T == 0, "a warp's next unit is C / T fills on");
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(S) * slot_bytes);
+  uint64_t* empty = full + S;
+  float* red = reinterpret_cast<float*>(empty + S);                     // [32]
+  float* acc_rb = red + 32;                                              // [C][kMaxLocal][32]: each warp's row sums a row block
+  __half* xs = reinterpret_cast<__half*>(acc_rb + C * kMaxLocal * 32);   // [max K]
+  int K_max = 0;
+  for (int s = 0; s < n_stages; ++s) K_max = max(K_max, stages[s].K);
+  uint8_t* ns_tbl = reinterpret_cast<uint8_t*>(xs + K_max);   // CTAs a row block, every stage kind's (uint8)
+  for (int i = threadIdx.x; i < table_bytes; i += blockDim.x) ns_tbl[i] = tables[i];
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) tma::mbar_init(&full[i], 1), tma::mbar_init(&empty[i], T);
+    tma::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (warp == C) {   // the producer: up to T units a bulk copy (a CTA's units are contiguous)
+    if (lane != 0) return;
+    int j = 0, slot = 0, phase = 0;   // fills so far; this fill's slot and its use's parity
+    for (int s = 0; s < n_stages; ++s) {
+      const Stage d = stages[s];
+      const int U = d.N / 32 * (d.K / 128);
+      const int u1 = unit_begin(c + 1, U, P);
+      for (int u = unit_begin(c, U, P); u < u1; u += T, ++j) {
+        const int m = min(T, u1 - u);
+        if (j >= S) tma::mbar_wait(&empty[slot], phase ^ 1);
+        uint8_t* dst = ring + size_t(slot) * slot_bytes;
+        tma::mbar_expect_tx(&full[slot], m * kUnitBytes);
+        tma::bulk_load(dst, d.codes + size_t(u) * 128, m * kUnitCodes, &full[slot]);
+        tma::bulk_load(dst + T * kUnitCodes, d.meta + size_t(u) * 32, m * 128, &full[slot]);
+        for (int k = m; k < T; ++k) tma::mbar_arrive(&empty[slot]);   // the units a short last fill lacks
+        if (++slot == S) slot = 0, phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  // The consumers.
+  auto stamp = [&](int s, int k) {
+    if (trace && threadIdx.x == 0) trace[(size_t(s) * P + c) * 4 + k] = global_ns();
+  };
+  int q_base = 0, j_base = 0;   // units and fills of the stages before
+  for (int s = 0; s < n_stages; ++s) {
+    const Stage d = stages[s];
+    const int G = d.K / 128, U = d.N / 32 * G;
+    const int u0 = unit_begin(c, U, P), u1 = unit_begin(c + 1, U, P), n = u1 - u0, rb0 = u0 / G;
+    // x: once every CTA arrived on stage s - 1, its output's first K values (in f16) at unit RMS.
+    if (s > 0 && threadIdx.x == 0) {
+      int a = 0;
+      do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(a) : "l"(grid_arrivals + s - 1) : "memory");
+      while (a < P);
+    }
+    stamp(s, 0);
+    consumers_sync(C);
+    if (s > 0 && check && c == 0) write_check(stages[s - 1], P, C * 32);
+    const __half* src = s > 0 ? stages[s - 1].out16 : x0;
+    for (int k = threadIdx.x; k < d.K / 8; k += C * 32) reinterpret_cast<uint4*>(xs)[k] = __ldcg(reinterpret_cast<const uint4*>(src) + k);
+    consumers_sync(C);
+    float ss = 0.0f;
+    for (int k = threadIdx.x; k < d.K; k += C * 32) ss = fmaf(__half2float(xs[k]), __half2float(xs[k]), ss);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[warp] = ss;
+#pragma unroll
+    for (int r = 0; r < kMaxLocal; ++r) acc_rb[(warp * kMaxLocal + r) * 32 + lane] = 0.0f;
+    consumers_sync(C);
+    float tot = 0.0f;
+    for (int w = 0; w < C; ++w) tot += red[w];
+    const float rinv = rsqrtf(tot / float(d.K));
+    for (int k = threadIdx.x; k < d.K / 2; k += C * 32) {
+      __half2* p = reinterpret_cast<__half2*>(xs) + k;
+      *p = __float22half2_rn(make_float2(__low2float(*p) * rinv, __high2float(*p) * rinv));
+    }
+    consumers_sync(C);
+    stamp(s, 1);
+    // The units q_base + i for i = (w - q_base) mod C, + C, ...: fill j_base + i / T (slot, parity,
+    // group and local row block kept by increments: C / T fills and C units a step). A warp sums
+    // its units of a row block in registers, in unit order.
+    const int i0 = ((warp - q_base) % C + C) % C;
+    int slot = (j_base + i0 / T) % S, parity = ((j_base + i0 / T) / S) & 1, g = (u0 + i0) % G, lrb = (u0 + i0) / G - rb0;
+    float acc = 0.0f;
+    for (int i = i0; i < n; i += C) {
+      tma::mbar_wait(&full[slot], parity);
+      const uint8_t* b = ring + size_t(slot) * slot_bytes;
+      uint4 cq[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) cq[k] = reinterpret_cast<const uint4*>(b + (i % T) * kUnitCodes)[k * 32 + lane];
+      const uint32_t m = reinterpret_cast<const uint32_t*>(b + T * kUnitCodes + (i % T) * 128)[lane];
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(&empty[slot]);
+      const uint4* xw = reinterpret_cast<const uint4*>(xs + g * 128);
+      const __half2 mh = h2(m);
+      const __half2 zlo = __half2half2(__high2half(mh));
+      const __half2 zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
+      float ga = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t wd[4] = {cq[k].x, cq[k].y, cq[k].z, cq[k].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[k * 4 + j], zlo, zhi);
+      }
+      acc = fmaf(ga, __low2float(mh), acc);
+      slot += C / T;
+      if (slot >= S) slot -= S, parity ^= 1;
+      g += C;
+      if (g >= G) {   // C <= G: at most one row block on
+        g -= G;
+        acc_rb[(warp * kMaxLocal + lrb) * 32 + lane] = acc;
+        acc = 0.0f;
+        ++lrb;
+      }
+    }
+    if (lrb < kMaxLocal) acc_rb[(warp * kMaxLocal + lrb) * 32 + lane] = acc;   // past the range: lrb's entry is never read
+    consumers_sync(C);
+    stamp(s, 2);
+    // Each row block of the range: the warps' sums in warp order, into this CTA's slot (the next
+    // stage's readers add a row block's slots in CTA order).
+    if (n > 0)
+      for (int rb = rb0 + warp; rb <= (u1 - 1) / G; rb += C) {
+        float v = 0.0f;
+        for (int w = 0; w < C; ++w) v += acc_rb[(w * kMaxLocal + rb - rb0) * 32 + lane];
+        const int ns = ns_tbl[d.ns_off + rb];
+        if (ns > 1 || check) d.slots[(size_t(rb) * kMaxSlots + (c - cta_of(rb * G, U, P))) * 32 + lane] = v;
+        if (ns > 1) {   // the last of the row block's CTAs to arrive adds the slots in CTA order
+          if (fence) __threadfence();
+          __syncwarp();   // the lanes' slot writes before lane 0's release (cumulative: no fence needed)
+          int before = 0;
+          if (lane == 0) asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(d.arrivals + rb) : "memory");
+          if (__shfl_sync(0xffffffffu, before, 0) != ns - 1) continue;
+          v = 0.0f;
+          for (int z = 0; z < ns; ++z) v += __ldcg(d.slots + (size_t(rb) * kMaxSlots + z) * 32 + lane);
+        }
+        if (!d.gate_up) {
+          d.out16[rb * 32 + lane] = __float2half_rn(v);
+        } else {
+          const float up = __shfl_down_sync(0xffffffffu, v, 16);   // lanes 0-15 gate rows, 16-31 the same rows of up
+          if (lane < 16) d.out16[rb * 16 + lane] = __float2half_rn(silu_mul(v, up));
+        }
+      }
+    consumers_sync(C);
+    stamp(s, 3);
+    if (threadIdx.x == 0) {   // after the barrier: the release covers every consumer's writes
+      if (fence) __threadfence();
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(grid_arrivals + s) : "memory");
+    }
+    q_base += n;
+    j_base += (n + T - 1) / T;
+  }
+  if (check && c == 0) {   // the last stage's output
+    if (threadIdx.x == 0) {
+      int a = 0;
+      do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(a) : "l"(grid_arrivals + n_stages - 1) : "memory");
+      while (a < P);
+    }
+    consumers_sync(C);
+    write_check(stages[n_stages - 1], P, C * 32);
+  }
+}
+
+// Random codes and metadata: s in [0.5, 1.5] / sqrt(21 K) (so that y has about unit RMS for x of
+// unit RMS: (q - z) of uniform q, z has variance 2 · 255 / 12), z in 0..15.
+__device__ __forceinline__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+__global__ void fill_stage(uint32_t* codes, uint32_t* meta, int64_t n_words, int64_t n_meta, uint64_t seed, float s_scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) codes[i] = mix(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_meta; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t r = mix((seed + 7) * 0xbf58476d1ce4e5b9ull + uint64_t(i));
+    const __half2 v = __halves2half2(__float2half_rn(s_scale * (0.5f + float(r & 0xffff) / 65535.0f)), __float2half_rn(-(1024.0f + float(r >> 28))));
+    meta[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// fp64 y of one stage from its device codes, metadata and source.
+double check_stage(const Stage& d, const __half* src) {
+  const int G = d.K / 128, RB = d.N / 32;
+  const int64_t U = int64_t(RB) * G;
+  std::vector<uint32_t> codes(size_t(U) * 512), meta(size_t(U) * 32);
+  std::vector<__half> xh(size_t(d.K));
+  std::vector<float> y(size_t(d.N));
+  CK(cudaMemcpy(codes.data(), d.codes, codes.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(meta.data(), d.meta, meta.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(xh.data(), src, size_t(d.K) * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(y.data(), d.y32, size_t(d.N) * 4, cudaMemcpyDeviceToHost));
+  std::vector<double> x(size_t(d.K));
+  double ss = 0;
+  for (int k = 0; k < d.K; ++k) ss += double(__half2float(xh[size_t(k)])) * double(__half2float(xh[size_t(k)]));
+  for (int k = 0; k < d.K; ++k) x[size_t(k)] = double(__half2float(xh[size_t(k)])) / std::sqrt(ss / d.K);
+  double e2 = 0, r2 = 0;
+  for (int rb = 0; rb < RB; ++rb)
+    for (int l = 0; l < 32; ++l) {
+      double acc = 0;
+      for (int g = 0; g < G; ++g) {
+        const size_t u = size_t(rb) * G + size_t(g);
+        const uint32_t m = meta[u * 32 + size_t(l)];
+        const double s = double(__half2float(__ushort_as_half(uint16_t(m & 0xffff)))), z = -double(__half2float(__ushort_as_half(uint16_t(m >> 16)))) - 1024.0;
+        double t = 0;
+        for (int k = 0; k < 4; ++k)
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t w = codes[u * 512 + (size_t(k) * 32 + size_t(l)) * 4 + size_t(j)];
+            for (int i = 0; i < 8; ++i) t += (double((w >> (4 * i)) & 15) - z) * x[size_t(g * 128 + k * 32 + j * 8 + kRowsColOfNibble[i])];
+          }
+        acc += s * t;
+      }
+      const double dv = double(y[size_t(rb) * 32 + size_t(l)]) - acc;
+      e2 += dv * dv, r2 += acc * acc;
+    }
+  return std::sqrt(e2 / r2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
+  const int layers = argc > 2 ? std::max(1, std::atoi(argv[2])) : 32;
+  int dev = 0, major = 0, sms = 0, smem_optin = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (major < 9) {
+    std::fprintf(stderr, "chain_probe: needs an sm_90 GPU (bulk copies, PDL)\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+
+  struct Shape {
+    int N, K, gate_up;
+  };
+  const Shape layer[4] = {{12288, 4096, 0}, {4096, 4096, 0}, {22016, 4096, 1}, {4096, 11008, 0}};
+  const int n_stages = 4 * layers;
+  std::vector<Stage> hs(static_cast<size_t>(n_stages));
+  size_t bytes = 0, counters = size_t(n_stages);
+  for (int s = 0; s < n_stages; ++s) counters += size_t(layer[s % 4].N / 32);
+  int* d_counters = nullptr;   // the grid counters [n_stages], then each stage's row-block counters
+  CK(cudaMalloc(&d_counters, counters * 4));
+  __half* x0 = nullptr;
+  CK(cudaMalloc(&x0, 11008 * 2));
+  {
+    std::vector<__half> hx(11008);
+    for (size_t i = 0; i < hx.size(); ++i) hx[i] = __float2half_rn(std::sin(0.37f * float(i) + 0.1f));
+    CK(cudaMemcpy(x0, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  }
+  size_t off = size_t(n_stages);
+  for (int s = 0; s < n_stages; ++s) {
+    const Shape sh = layer[s % 4];
+    Stage& d = hs[size_t(s)];
+    const int G = sh.K / 128;
+    const size_t U = size_t(sh.N / 32) * G;
+    uint4* codes = nullptr;
+    uint32_t* meta = nullptr;
+    CK(cudaMalloc(&codes, U * kUnitCodes));
+    CK(cudaMalloc(&meta, U * 128));
+    fill_stage<<<1024, 256, 0, g_stream>>>(reinterpret_cast<uint32_t*>(codes), meta, int64_t(U) * 512, int64_t(U) * 32, uint64_t(s) + 1,
+                                           float(1.0 / std::sqrt(21.0 * sh.K)));
+    CK(cudaGetLastError());
+    d.codes = codes, d.meta = meta, d.N = sh.N, d.K = sh.K, d.gate_up = sh.gate_up;
+    CK(cudaMalloc(&d.out16, size_t(sh.N) * 2));
+    CK(cudaMalloc(&d.y32, size_t(sh.N) * 4));
+    CK(cudaMalloc(&d.slots, size_t(sh.N / 32) * kMaxSlots * 32 * 4));
+    d.src = s > 0 ? hs[size_t(s) - 1].out16 : x0;
+    d.arrivals = d_counters + off;
+    off += size_t(sh.N / 32);
+    bytes += U * kUnitBytes;
+  }
+  // The table the kernel keeps in shared memory, one a stage kind (every layer's partition is the
+  // same): CTAs a row block (uint8).
+  std::vector<uint8_t> tables;
+  {
+    int ns_off[4];
+    for (int kind = 0; kind < 4; ++kind) {
+      const int G = layer[kind].K / 128, RB = layer[kind].N / 32, U = RB * G;
+      ns_off[kind] = int(tables.size());
+      for (int rb = 0; rb < RB; ++rb) {
+        const int ns = cta_of((rb + 1) * G - 1, U, sms) - cta_of(rb * G, U, sms) + 1;
+        if (ns > kMaxSlots) {
+          std::fprintf(stderr, "chain_probe: row block %d of %dx%d spans %d CTAs (at most %d)\n", rb, layer[kind].N, layer[kind].K, ns, kMaxSlots);
+          return 1;
+        }
+        tables.push_back(uint8_t(ns));
+      }
+      for (int c = 0; c < sms; ++c) {   // the row blocks of a CTA's range: the kernel's kMaxLocal
+        const int u0 = int(int64_t(c) * U / sms), u1 = int(int64_t(c + 1) * U / sms);
+        if (u1 > u0 && (u1 - 1) / G - u0 / G + 1 > kMaxLocal) {
+          std::fprintf(stderr, "chain_probe: CTA %d's range of %dx%d spans more than %d row blocks\n", c, layer[kind].N, layer[kind].K, kMaxLocal);
+          return 1;
+        }
+      }
+    }
+    for (int s = 0; s < n_stages; ++s) hs[size_t(s)].ns_off = ns_off[s % 4];
+    int n_split[4] = {};
+    for (int kind = 0; kind < 4; ++kind)
+      for (int rb = 0; rb < layer[kind].N / 32; ++rb) n_split[kind] += tables[size_t(ns_off[kind] + rb)] > 1;
+    std::printf("row blocks split between CTAs: q, k, v %d, o %d, gate, up %d, down %d\n", n_split[0], n_split[1], n_split[2], n_split[3]);
+  }
+  uint8_t* d_tables = nullptr;
+  CK(cudaMalloc(&d_tables, tables.size()));
+  CK(cudaMemcpy(d_tables, tables.data(), tables.size(), cudaMemcpyHostToDevice));
+  Stage* d_stages = nullptr;
+  CK(cudaMalloc(&d_stages, hs.size() * sizeof(Stage)));
+  CK(cudaMemcpy(d_stages, hs.data(), hs.size() * sizeof(Stage), cudaMemcpyHostToDevice));
+  CK(cudaStreamSynchronize(g_stream));
+
+  const double copy = copy_gbs();
+  std::printf("chain_probe on %s, %d SMs: copy %.0f GB/s (read + write); %d layers of Llama-2-7B's Linears (%d stages), %.3f GB of W4 g128 codes and "
+              "metadata a step; median of %d\n",
+              prop.name, sms, copy, layers, n_stages, bytes / 1e9, runs);
+  const double floor_ms = double(bytes) / (copy * 1e9) * 1e3;
+  std::printf("  the bytes at the copy rate: %.3f ms a step\n", floor_ms);
+  auto report = [&](const char* name, double us) {
+    std::printf("  %-44s %8.3f ms a step, %6.0f GB/s, %5.1f%% of copy\n", name, us / 1e3, bytes / (us * 1e-6) / 1e9, 100.0 * floor_ms / (us / 1e3));
+  };
+
+  // The persistent chain at C consumer warps and T units a fill.
+  unsigned long long* d_trace = nullptr;   // [stage][CTA][4]: barrier passed, x ready, units done, row blocks written
+  CK(cudaMalloc(&d_trace, size_t(n_stages) * sms * 4 * 8));
+  int fence_mode = 0;   // 1: a __threadfence before each release (the first form measured)
+  auto run_chain = [&](auto kern, int C, int T) {
+    const size_t fixed = 32 * 4 + size_t(C) * kMaxLocal * 32 * 4 + 11008 * 2 + (tables.size() + 15) / 16 * 16;
+    const int S = int((size_t(smem_optin) - 1024 - fixed) / (size_t(T) * kUnitBytes + 16));
+    const size_t smem = size_t(S) * (size_t(T) * kUnitBytes + 16) + fixed;
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    cudaFuncAttributes fa{};
+    CK(cudaFuncGetAttributes(&fa, kern));
+    std::printf("%schain_w4<%d>, %d units a fill: %d threads, %d registers, %zu bytes local, a ring of %d fills (%zu bytes of shared memory)\n", fence_mode ? "fenced " : "", C, T,
+                (C + 1) * 32, fa.numRegs, size_t(fa.localSizeBytes), S, smem);
+    // cooperative: the stream timings (the launch checks that every CTA is resident); a graph
+    // takes the plain launch (one CTA an SM, nothing else running: resident too).
+    auto launch_step = [=](bool cooperative, int check = 0, unsigned long long* trace = nullptr) {
+      const int fence = fence_mode;
+      CK(cudaMemsetAsync(d_counters, 0, counters * 4, g_stream));
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(sms));
+      cfg.blockDim = dim3(unsigned((C + 1) * 32));
+      cfg.dynamicSmemBytes = smem;
+      cfg.attrs = attr;
+      cfg.numAttrs = cooperative ? 1 : 0;
+      cfg.stream = g_stream;
+      CK(cudaLaunchKernelEx(&cfg, kern, (const Stage*)d_stages, n_stages, (const __half*)x0, d_counters, (const uint8_t*)d_tables, int(tables.size()), S, check,
+                                fence, trace));
+    };
+    launch_step(true, 1);
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaGetLastError());
+    double worst = 0;
+    for (int s : {0, 1, 2, 3, n_stages - 1}) {
+      const double rel = check_stage(hs[size_t(s)], s > 0 ? hs[size_t(s) - 1].out16 : x0);
+      worst = std::max(worst, rel);
+      if (!(rel <= 2e-3)) std::printf("  stage %d (%dx%d): WRONG, relative error %.3g\n", s, hs[size_t(s)].N, hs[size_t(s)].K, rel);
+    }
+    std::printf("  checked stages 0-3 and %d against fp64: worst relative error %.2e%s\n", n_stages - 1, worst, worst <= 2e-3 ? "" : " (WRONG)");
+    // Same bytes out on a second step (deterministic).
+    std::vector<float> a(size_t(hs.back().N)), b(a.size());
+    CK(cudaMemcpy(a.data(), hs.back().y32, a.size() * 4, cudaMemcpyDeviceToHost));
+    launch_step(true, 1);
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaMemcpy(b.data(), hs.back().y32, b.size() * 4, cudaMemcpyDeviceToHost));
+    std::printf("  a second step's last output: %s\n", std::equal(a.begin(), a.end(), b.begin()) ? "the same bytes" : "DIFFERENT bytes");
+    char name[64];
+    std::snprintf(name, sizeof name, "persistent, C %d, T %d, stream", C, T);
+    report(name, stream_us(runs, 1, [&](int) { launch_step(true); }));
+    std::snprintf(name, sizeof name, "persistent, C %d, T %d, graph", C, T);
+    report(name, graph_us(runs, 1, [&](int) { launch_step(false); }));
+    // Where a step's time goes: one traced step, its stages averaged by kind.
+    launch_step(true, 0, d_trace);
+    CK(cudaStreamSynchronize(g_stream));
+    std::vector<unsigned long long> tr(size_t(n_stages) * sms * 4);
+    CK(cudaMemcpy(tr.data(), d_trace, tr.size() * 8, cudaMemcpyDeviceToHost));
+    auto at = [&](int s, int cta, int k) { return double(tr[(size_t(s) * sms + cta) * 4 + k]); };
+    const char* kinds[4] = {"q, k, v", "o", "gate, up", "down"};
+    for (int kind = 0; kind < 4; ++kind) {
+      double gap = 0, xload = 0, units = 0, rows = 0, spread_units = 0, spread_pass = 0;
+      int cnt = 0;
+      for (int s = kind; s < n_stages; s += 4) {
+        if (s == 0) continue;
+        double last_end = 0, first_pass = 1e30, last_pass = 0, first_units = 1e30, last_units = 0;
+        for (int cta = 0; cta < sms; ++cta) {
+          last_end = std::max(last_end, at(s - 1, cta, 3));
+          first_pass = std::min(first_pass, at(s, cta, 0)), last_pass = std::max(last_pass, at(s, cta, 0));
+          first_units = std::min(first_units, at(s, cta, 2)), last_units = std::max(last_units, at(s, cta, 2));
+          xload += at(s, cta, 1) - at(s, cta, 0), units += at(s, cta, 2) - at(s, cta, 1), rows += at(s, cta, 3) - at(s, cta, 2);
+        }
+        gap += first_pass - last_end, spread_pass += last_pass - first_pass, spread_units += last_units - first_units;
+        ++cnt;
+      }
+      const double per = double(cnt) * sms;
+      std::printf("    %-9s a stage, us: last arrival -> first CTA passes %.2f, passes spread %.2f; x %.2f, units %.2f (CTAs' ends spread %.2f), row "
+                  "blocks %.2f\n",
+                  kinds[kind], gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, spread_units / cnt / 1e3, rows / per / 1e3);
+    }
+  };
+  run_chain(chain_w4<8, 8>, 8, 8);
+  run_chain(chain_w4<16, 8>, 16, 8);
+  run_chain(chain_w4<16, 16>, 16, 16);
+  fence_mode = 1;
+  run_chain(chain_w4<8, 8>, 8, 8);
+
+  // The same stages as one gemv_w4 launch each under PDL: the kernel-a-Linear structure.
+  {
+    float* part = nullptr;
+    int* arrivals = nullptr;
+    CK(cudaMalloc(&part, size_t(4) * 22016 * 4));
+    CK(cudaMalloc(&arrivals, size_t(22016 / 32) * 4));
+    CK(cudaMemset(arrivals, 0, size_t(22016 / 32) * 4));
+    auto kern = gemv_w4<512, 3, false>;
+    auto launch_all = [&](int) {
+      for (int s = 0; s < n_stages; ++s) {
+        const Stage& d = hs[size_t(s)];
+        const int G = d.K / 128, RB = d.N / 32, S = RB >= 256 ? 1 : 4;
+        launch(kern, true, dim3(unsigned(S), unsigned(RB)), dim3(512), 0, d.codes, d.meta, d.src, part, arrivals, d.out16, d.N, G, S, (G + S - 1) / S);
+      }
+    };
+    report("a gemv_w4 launch a stage (PDL), stream", stream_us(runs, 1, launch_all));
+    report("a gemv_w4 launch a stage (PDL), graph", graph_us(runs, 1, launch_all));
+  }
+  return 0;
+}

@@ -1,0 +1,132 @@
+// w4_rows.cuh — the one-row 4-bit GEMV of bench/ on its own "rows" layout, shared by gemv_probe
+// (one launch a Linear, under PDL) and chain_probe (a decode step's Linears in one persistent
+// kernel). Probes, not ptqkit kernels.
+//
+// Layout. y [N] = W [N, K] · x [K] (x f16), W 4-bit asymmetric with groups of 128 along K:
+// w = (q - z) s, s f16, z in 0..15; N a multiple of 32, K of 128. Rows in blocks of 32, one lane a
+// row; a group is 4 chunks of 32 columns; codes uint4 [row block][group][chunk][lane], so a warp's
+// load is 512 contiguous bytes and a (row block, group) unit 2,048. Word j of a lane's uint4 holds
+// columns 8j .. 8j + 7 of its chunk as nibbles (0, 2, 4, 6, 1, 3, 5, 7) at bits 0, 4, ..., 28, so
+// that `(w & 0x000F000F) | 0x64006400` is the half2 (1024 + q_col0, 1024 + q_col1) and the other
+// three masks give columns 2-3, 4-5, 6-7. Metadata uint32 [row block][group][lane] = half2
+// (s, -(1024 + z)): 4 bytes a row and group, as ptqkit's fragment order holds them.
+// Numerics: (q - z) exactly in f16; a word's 8 products summed in f16, then in fp32 across the
+// group, scaled by s in fp32, fp32 across groups.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/pdl.cuh"
+#include "cuda/ptx.cuh"
+
+namespace bench {
+
+// The column of a word's nibble i (bits 4i .. 4i + 3) within its 8 columns.
+constexpr int kRowsColOfNibble[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+__device__ __forceinline__ uint32_t lop(uint32_t w, uint32_t mask) { return ptq::cuda::ptx::and_or(w, mask, 0x64006400u); }   // (w & mask) | 0x64006400
+__device__ __forceinline__ __half2 h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// One word's 8 codes (q - z) · x, in f16: columns 0-1, 2-3, 4-5, 6-7 against the 4 half2 of xv.
+__device__ __forceinline__ float word_dot(uint32_t w, const uint4& xv, __half2 zlo, __half2 zhi) {
+  const __half2 sixteenth = __float2half2_rn(1.0f / 16.0f);
+  const uint32_t w8 = w >> 8;
+  const __half2 a = __hadd2(h2(lop(w, 0x000F000Fu)), zlo);
+  const __half2 b = __hfma2(h2(lop(w, 0x00F000F0u)), sixteenth, zhi);
+  const __half2 c = __hadd2(h2(lop(w8, 0x000F000Fu)), zlo);
+  const __half2 d = __hfma2(h2(lop(w8, 0x00F000F0u)), sixteenth, zhi);
+  __half2 p = __hmul2(a, h2(xv.x));
+  p = __hfma2(b, h2(xv.y), p);
+  p = __hfma2(c, h2(xv.z), p);
+  p = __hfma2(d, h2(xv.w), p);
+  const float2 f = __half22float2(p);
+  return f.x + f.y;
+}
+
+// A split's arrival, after the CTA's partial sums are written: thread 0 counts the CTA with an
+// acquire-release atomic after a barrier (its release covers the partials, ordered before it by
+// the barrier); true in every thread of the last of the S CTAs, which resets the counter.
+__device__ bool arrived_last(int* counter, int S) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
+    last = before == S - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  return last;
+}
+
+template <int kThreads, int kMinBlocks, bool kDB>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    gemv_w4(const uint4* __restrict__ codes, const uint32_t* __restrict__ meta, const __half* x, float* part, int* arrivals, __half* y, int N, int G, int S,
+            int gps) {
+  constexpr int W = kThreads / 32;
+  __shared__ __align__(16) __half xs[W][128];
+  __shared__ float red[W][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, s = blockIdx.x, rb = blockIdx.y;
+  const int g1 = min(G, (s + 1) * gps);
+  int g = s * gps + warp;
+  auto load = [&](int gg, uint4 (&q)[4], uint32_t& m) {
+    const uint4* p = codes + (size_t(rb) * G + gg) * 128 + lane;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) q[c] = __ldcs(p + c * 32);
+    m = __ldcs(meta + (size_t(rb) * G + gg) * 32 + lane);
+  };
+  uint4 q[4], qn[4];
+  uint32_t m = 0, mn = 0;
+  if (g < g1) load(g, q, m);
+  ptq::cuda::pdl::wait_prior_grid();
+  ptq::cuda::pdl::allow_dependents();
+  float acc = 0.0f;
+  uint4* xw = reinterpret_cast<uint4*>(xs[warp]);
+  while (g < g1) {
+    if (lane < 16) xw[lane] = __ldcg(reinterpret_cast<const uint4*>(x + size_t(g) * 128) + lane);
+    if constexpr (kDB)
+      if (g + W < g1) load(g + W, qn, mn);
+    __syncwarp();
+    const __half2 mh = h2(m);
+    const __half2 zlo = __half2half2(__high2half(mh));
+    const __half2 zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
+    float ga = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t wd[4] = {q[c].x, q[c].y, q[c].z, q[c].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[c * 4 + j], zlo, zhi);
+    }
+    acc = fmaf(ga, __low2float(mh), acc);
+    __syncwarp();
+    g += W;
+    if constexpr (kDB) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) q[c] = qn[c];
+      m = mn;
+    } else if (g < g1) {
+      load(g, q, m);
+    }
+  }
+  red[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    float r = 0.0f;
+#pragma unroll 4
+    for (int w = 0; w < W; ++w) r += red[w][lane];
+    const int row = rb * 32 + lane;
+    if (S == 1) y[row] = __float2half_rn(r);
+    else part[size_t(s) * N + row] = r;
+  }
+  if (S == 1 || !arrived_last(arrivals + rb, S)) return;
+  if (warp == 0) {
+    const int row = rb * 32 + lane;
+    float r = 0.0f;
+    for (int z = 0; z < S; ++z) r += __ldcg(part + size_t(z) * N + row);
+    y[row] = __float2half_rn(r);
+  }
+}
+
+}  // namespace bench
