@@ -9,7 +9,7 @@
 // kernel, one CTA an SM, in which a producer lane streams every Linear's weights through a ring in
 // shared memory by the copy engine (bulk copies completing on mbarriers) without ever waiting for
 // activations, so the next Linear's bytes are in flight while the consumers still finish this one
-// and cross the grid barrier between them. What it measured (runs 372-378): 1.43 ms a step at
+// and cross the grid barrier between them. What it measured (runs 372-379): 1.43 ms a step at
 // best against 1.27 ms for the same weights as one launch a Linear; see the lab.
 //
 // Contract. A chain of stages (Llama-2-7B's per layer: q, k, v 12288 x 4096; o 4096 x 4096;
@@ -208,18 +208,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
       const uint32_t m = reinterpret_cast<const uint32_t*>(b + T * kUnitCodes + (i % T) * 128)[lane];
       __syncwarp();
       if (lane == 0) tma::mbar_arrive(&empty[slot]);
-      const uint4* xw = reinterpret_cast<const uint4*>(xs + g * 128);
-      const __half2 mh = h2(m);
-      const __half2 zlo = __half2half2(__high2half(mh));
-      const __half2 zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
-      float ga = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t wd[4] = {cq[k].x, cq[k].y, cq[k].z, cq[k].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[k * 4 + j], zlo, zhi);
-      }
-      acc = fmaf(ga, __low2float(mh), acc);
+      acc = group_dot(cq, m, reinterpret_cast<const uint4*>(xs + g * 128), acc);
       slot += C / T;
       if (slot >= S) slot -= S, parity ^= 1;
       g += C;

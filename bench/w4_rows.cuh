@@ -45,6 +45,22 @@ __device__ __forceinline__ float word_dot(uint32_t w, const uint4& xv, __half2 z
   return f.x + f.y;
 }
 
+// acc + s · sum over a lane's group (its 4 uint4 of codes q, metadata m = (s, -(1024 + z))) of
+// (q - z) · x, x the group's 128 values (16 uint4 of f16, the same for every lane).
+__device__ __forceinline__ float group_dot(const uint4 (&q)[4], uint32_t m, const uint4* xw, float acc) {
+  const __half2 mh = h2(m);
+  const __half2 zlo = __half2half2(__high2half(mh));
+  const __half2 zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
+  float ga = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t wd[4] = {q[c].x, q[c].y, q[c].z, q[c].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[c * 4 + j], zlo, zhi);
+  }
+  return fmaf(ga, __low2float(mh), acc);
+}
+
 // A split's arrival, after the CTA's partial sums are written: thread 0 counts the CTA with an
 // acquire-release atomic after a barrier (its release covers the partials, ordered before it by
 // the barrier); true in every thread of the last of the S CTAs, which resets the counter.
@@ -89,17 +105,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if constexpr (kDB)
       if (g + W < g1) load(g + W, qn, mn);
     __syncwarp();
-    const __half2 mh = h2(m);
-    const __half2 zlo = __half2half2(__high2half(mh));
-    const __half2 zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
-    float ga = 0.0f;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const uint32_t wd[4] = {q[c].x, q[c].y, q[c].z, q[c].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[c * 4 + j], zlo, zhi);
-    }
-    acc = fmaf(ga, __low2float(mh), acc);
+    acc = group_dot(q, m, xw, acc);
     __syncwarp();
     g += W;
     if constexpr (kDB) {
