@@ -9,8 +9,9 @@
 // kernel, one CTA an SM, in which a producer lane streams every Linear's weights through a ring in
 // shared memory by the copy engine (bulk copies completing on mbarriers) without ever waiting for
 // activations, so the next Linear's bytes are in flight while the consumers still finish this one
-// and cross the grid barrier between them. What it measured (runs 372-379): 1.43 ms a step at
-// best against 1.27 ms for the same weights as one launch a Linear; see the lab.
+// and cross the grid barrier between them. What it measured (runs 372-380): 1.43 ms a step with
+// the units spread evenly, 1.275 ms with whole row blocks a CTA, against 1.26-1.27 ms for the
+// same weights as one launch a Linear: level at best; see the lab.
 //
 // Contract. A chain of stages (Llama-2-7B's per layer: q, k, v 12288 x 4096; o 4096 x 4096;
 // gate, up 22016 x 4096 with gate and up rows interleaved 16 and 16 a row block; down 4096 x 11008;
@@ -19,8 +20,9 @@
 // stand-in for the norms and the attention between them: this probe times the Linears and their
 // dependencies only); after the gate, up stage the output is silu(gate) · up.
 // Work. Stage s has U_s = N_s / 32 · K_s / 128 units (a row block's group: 2,048 bytes of codes and
-// 128 of metadata, contiguous in unit order). CTA c takes units [c U / P, (c + 1) U / P): a
-// contiguous byte range. The producer (lane 0 of the last warp) copies up to T units at a time,
+// 128 of metadata, contiguous in unit order). CTA c takes units [c U / P, (c + 1) U / P) (units
+// spread evenly), or whole row blocks [c RB / P, (c + 1) RB / P) (none split): a contiguous byte
+// range. The producer (lane 0 of the last warp) copies up to T units at a time,
 // stage after stage, into the ring's next slot once its T consumers released it. Consumer warp w
 // of C takes the CTA's units q = w, w + C, ... (numbered across stages); lane l sums row l of the
 // unit's row block over the group (w4_rows.cuh's word_dot, scaled by s) and keeps a running sum a
@@ -71,18 +73,21 @@ struct Stage {
   float* slots;            // [N / 32][kMaxSlots][32]: a split row block's partials
   int* arrivals;           // [N / 32]: CTAs of a split row block arrived (zeroed before each step)
   int N, K, gate_up;
+  int part;                // units a block of the partition: 1, or K / 128 (whole row blocks)
   int ns_off;              // into the CTA's copy of the table of CTAs a row block
 };
 
-__device__ __forceinline__ int unit_begin(int c, int U, int P) { return int(int64_t(c) * U / P); }
-// The CTA whose range holds unit t: the largest c with floor(c U / P) <= t.
-__device__ __host__ __forceinline__ int cta_of(int t, int U, int P) { return ((t + 1) * P + U - 1) / U - 1; }
+// The partition: CTA c takes blocks of A units [c (U / A) / P, (c + 1) (U / A) / P) (A = 1, or G:
+// whole row blocks); unit_begin is its first unit, cta_of(t) the CTA that holds unit t (the
+// largest c with floor(c B / P) <= t / A, B = U / A blocks).
+__device__ __host__ __forceinline__ int unit_begin(int c, int U, int P, int A) { return int(int64_t(c) * (U / A) / P) * A; }
+__device__ __host__ __forceinline__ int cta_of(int t, int U, int P, int A) { return ((t / A + 1) * P + U / A - 1) / (U / A) - 1; }
 
 __device__ __forceinline__ void consumers_sync(int C) { asm volatile("bar.sync 1, %0;\n" ::"r"(C * 32) : "memory"); }
 
 // Row rb * 32 + lane of a stage's output: its CTAs' partials (slots) added in CTA order.
 __device__ __forceinline__ float row_sum(const Stage& d, int G, int U, int P, int rb, int lane) {
-  const int cf = cta_of(rb * G, U, P), ns = cta_of((rb + 1) * G - 1, U, P) - cf + 1;
+  const int cf = cta_of(rb * G, U, P, d.part), ns = cta_of((rb + 1) * G - 1, U, P, d.part) - cf + 1;
   float z[kMaxSlots];
 #pragma unroll
   for (int k = 0; k < kMaxSlots; ++k) z[k] = k < ns ? __ldcg(d.slots + (size_t(rb) * kMaxSlots + k) * 32 + lane) : 0.0f;
@@ -140,8 +145,8 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     for (int s = 0; s < n_stages; ++s) {
       const Stage d = stages[s];
       const int U = d.N / 32 * (d.K / 128);
-      const int u1 = unit_begin(c + 1, U, P);
-      for (int u = unit_begin(c, U, P); u < u1; u += T, ++j) {
+      const int u1 = unit_begin(c + 1, U, P, d.part);
+      for (int u = unit_begin(c, U, P, d.part); u < u1; u += T, ++j) {
         const int m = min(T, u1 - u);
         if (j >= S) tma::mbar_wait(&empty[slot], phase ^ 1);
         uint8_t* dst = ring + size_t(slot) * slot_bytes;
@@ -163,7 +168,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
   for (int s = 0; s < n_stages; ++s) {
     const Stage d = stages[s];
     const int G = d.K / 128, U = d.N / 32 * G;
-    const int u0 = unit_begin(c, U, P), u1 = unit_begin(c + 1, U, P), n = u1 - u0, rb0 = u0 / G;
+    const int u0 = unit_begin(c, U, P, d.part), u1 = unit_begin(c + 1, U, P, d.part), n = u1 - u0, rb0 = u0 / G;
     // x: once every CTA arrived on stage s - 1, its output's first K values (in f16) at unit RMS.
     if (s > 0 && threadIdx.x == 0) {
       int a = 0;
@@ -229,7 +234,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
         float v = 0.0f;
         for (int w = 0; w < C; ++w) v += acc_rb[(w * kMaxLocal + rb - rb0) * 32 + lane];
         const int ns = ns_tbl[d.ns_off + rb];
-        if (ns > 1 || check) d.slots[(size_t(rb) * kMaxSlots + (c - cta_of(rb * G, U, P))) * 32 + lane] = v;
+        if (ns > 1 || check) d.slots[(size_t(rb) * kMaxSlots + (c - cta_of(rb * G, U, P, d.part))) * 32 + lane] = v;
         if (ns > 1) {   // the last of the row block's CTAs to arrive adds the slots in CTA order
           if (fence) __threadfence();
           __syncwarp();   // the lanes' slot writes before lane 0's release (cumulative: no fence needed)
@@ -379,42 +384,44 @@ int main(int argc, char** argv) {
     off += size_t(sh.N / 32);
     bytes += U * kUnitBytes;
   }
-  // The table the kernel keeps in shared memory, one a stage kind (every layer's partition is the
-  // same): CTAs a row block (uint8).
+  // The partition (whole_rows: whole row blocks a CTA, so that none is split, at the cost of
+  // balance) and the table the kernel keeps in shared memory, one a stage kind (every layer's
+  // partition is the same): CTAs a row block (uint8).
   std::vector<uint8_t> tables;
-  {
-    int ns_off[4];
+  uint8_t* d_tables = nullptr;
+  Stage* d_stages = nullptr;
+  CK(cudaMalloc(&d_stages, hs.size() * sizeof(Stage)));
+  auto partition = [&](bool whole_rows) {
+    tables.clear();
+    int ns_off[4], n_split[4] = {};
     for (int kind = 0; kind < 4; ++kind) {
-      const int G = layer[kind].K / 128, RB = layer[kind].N / 32, U = RB * G;
+      const int G = layer[kind].K / 128, RB = layer[kind].N / 32, U = RB * G, A = whole_rows ? G : 1;
       ns_off[kind] = int(tables.size());
       for (int rb = 0; rb < RB; ++rb) {
-        const int ns = cta_of((rb + 1) * G - 1, U, sms) - cta_of(rb * G, U, sms) + 1;
+        const int ns = cta_of((rb + 1) * G - 1, U, sms, A) - cta_of(rb * G, U, sms, A) + 1;
         if (ns > kMaxSlots) {
           std::fprintf(stderr, "chain_probe: row block %d of %dx%d spans %d CTAs (at most %d)\n", rb, layer[kind].N, layer[kind].K, ns, kMaxSlots);
-          return 1;
+          std::exit(1);
         }
         tables.push_back(uint8_t(ns));
+        n_split[kind] += ns > 1;
       }
       for (int c = 0; c < sms; ++c) {   // the row blocks of a CTA's range: the kernel's kMaxLocal
-        const int u0 = int(int64_t(c) * U / sms), u1 = int(int64_t(c + 1) * U / sms);
+        const int u0 = unit_begin(c, U, sms, A), u1 = unit_begin(c + 1, U, sms, A);
         if (u1 > u0 && (u1 - 1) / G - u0 / G + 1 > kMaxLocal) {
           std::fprintf(stderr, "chain_probe: CTA %d's range of %dx%d spans more than %d row blocks\n", c, layer[kind].N, layer[kind].K, kMaxLocal);
-          return 1;
+          std::exit(1);
         }
       }
     }
-    for (int s = 0; s < n_stages; ++s) hs[size_t(s)].ns_off = ns_off[s % 4];
-    int n_split[4] = {};
-    for (int kind = 0; kind < 4; ++kind)
-      for (int rb = 0; rb < layer[kind].N / 32; ++rb) n_split[kind] += tables[size_t(ns_off[kind] + rb)] > 1;
-    std::printf("row blocks split between CTAs: q, k, v %d, o %d, gate, up %d, down %d\n", n_split[0], n_split[1], n_split[2], n_split[3]);
-  }
-  uint8_t* d_tables = nullptr;
-  CK(cudaMalloc(&d_tables, tables.size()));
-  CK(cudaMemcpy(d_tables, tables.data(), tables.size(), cudaMemcpyHostToDevice));
-  Stage* d_stages = nullptr;
-  CK(cudaMalloc(&d_stages, hs.size() * sizeof(Stage)));
-  CK(cudaMemcpy(d_stages, hs.data(), hs.size() * sizeof(Stage), cudaMemcpyHostToDevice));
+    for (int s = 0; s < n_stages; ++s) hs[size_t(s)].ns_off = ns_off[s % 4], hs[size_t(s)].part = whole_rows ? layer[s % 4].K / 128 : 1;
+    std::printf("%s: row blocks split between CTAs: q, k, v %d, o %d, gate, up %d, down %d\n", whole_rows ? "whole row blocks a CTA" : "units spread evenly",
+                n_split[0], n_split[1], n_split[2], n_split[3]);
+    if (!d_tables) CK(cudaMalloc(&d_tables, tables.size()));
+    CK(cudaMemcpy(d_tables, tables.data(), tables.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_stages, hs.data(), hs.size() * sizeof(Stage), cudaMemcpyHostToDevice));
+  };
+  partition(false);
   CK(cudaStreamSynchronize(g_stream));
 
   const double copy = copy_gbs();
@@ -476,9 +483,10 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(b.data(), hs.back().y32, b.size() * 4, cudaMemcpyDeviceToHost));
     std::printf("  a second step's last output: %s\n", std::equal(a.begin(), a.end(), b.begin()) ? "the same bytes" : "DIFFERENT bytes");
     char name[64];
-    std::snprintf(name, sizeof name, "persistent, C %d, T %d, stream", C, T);
+    const char* rows = hs[0].part > 1 ? "whole rows, " : "";
+    std::snprintf(name, sizeof name, "persistent, %sC %d, T %d, stream", rows, C, T);
     report(name, stream_us(runs, 1, [&](int) { launch_step(true); }));
-    std::snprintf(name, sizeof name, "persistent, C %d, T %d, graph", C, T);
+    std::snprintf(name, sizeof name, "persistent, %sC %d, T %d, graph", rows, C, T);
     report(name, graph_us(runs, 1, [&](int) { launch_step(false); }));
     // Where a step's time goes: one traced step, its stages averaged by kind.
     launch_step(true, 0, d_trace);
@@ -513,6 +521,10 @@ int main(int argc, char** argv) {
   run_chain(chain_w4<16, 16>, 16, 16);
   fence_mode = 1;
   run_chain(chain_w4<8, 8>, 8, 8);
+  fence_mode = 0;
+  partition(true);
+  run_chain(chain_w4<8, 8>, 8, 8);
+  run_chain(chain_w4<16, 16>, 16, 16);
 
   // The same stages as one gemv_w4 launch each under PDL: the kernel-a-Linear structure.
   {
