@@ -9,9 +9,9 @@
 // kernel, one CTA an SM, in which a producer lane streams every Linear's weights through a ring in
 // shared memory by the copy engine (bulk copies completing on mbarriers) without ever waiting for
 // activations, so the next Linear's bytes are in flight while the consumers still finish this one
-// and cross the grid barrier between them. What it measured (runs 372-380): 1.43 ms a step with
-// the units spread evenly, 1.275 ms with whole row blocks a CTA, against 1.26-1.27 ms for the
-// same weights as one launch a Linear: level at best; see the lab.
+// and cross the grid barrier between them. What it measured (runs 372-381): 1.41-1.43 ms a step
+// with the units spread evenly, 1.23 with whole row blocks a CTA, 1.205 with the RMS deferred to
+// the rows' sums, against 1.26-1.27 ms for the same weights as one launch a Linear; see the lab.
 //
 // Contract. A chain of stages (Llama-2-7B's per layer: q, k, v 12288 x 4096; o 4096 x 4096;
 // gate, up 22016 x 4096 with gate and up rows interleaved 16 and 16 a row block; down 4096 x 11008;
@@ -31,7 +31,8 @@
 // CTAs goes through a slot a CTA in global memory, and the last of its CTAs to arrive (an acq_rel
 // counter) adds the slots in CTA order and writes it. Then the CTA arrives on the stage's grid
 // counter (release, after a CTA barrier: no fence); before a stage the consumers wait until every
-// CTA arrived on the one before (acquire), then load and normalize x. Deterministic: every sum in a
+// CTA arrived on the one before (acquire), then load and normalize x (or, defer_rms, load it as it
+// is and scale each row's sum by the same 1 / RMS when it is written). Deterministic: every sum in a
 // fixed order. Needs every CTA resident: a cooperative launch (a plain one in the graph).
 // Numerics: w4_rows.cuh's; x's RMS in fp32; checked against fp64 sums of the device's own f16
 // sources (norm-wise relative error <= 2e-3, ptqkit's A16 kernel tests' bound) on the first
@@ -118,7 +119,7 @@ constexpr int kMaxLocal = 8;   // row blocks a CTA's range of one stage may touc
 template <int C, int T>
 __global__ void __launch_bounds__((C + 1) * 32, 1)
     chain_w4(const Stage* stages, int n_stages, const __half* x0, int* grid_arrivals, const uint8_t* tables, int table_bytes, int S, int check,
-             int fence, unsigned long long* trace) {
+             int fence, int defer_rms, unsigned long long* trace) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int P = gridDim.x, c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ring = smem;   // S slots of T units: T x 2,048 bytes of codes, then T x 128 of metadata
@@ -178,11 +179,20 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     stamp(s, 0);
     consumers_sync(C);
     if (s > 0 && check && c == 0) write_check(stages[s - 1], P, C * 32);
+    // x and its sum of squares in one pass; then either x scaled to unit RMS (one more pass), or
+    // (defer_rms) x as it is and each row's sum scaled by the same 1 / RMS before it is written.
     const __half* src = s > 0 ? stages[s - 1].out16 : x0;
-    for (int k = threadIdx.x; k < d.K / 8; k += C * 32) reinterpret_cast<uint4*>(xs)[k] = __ldcg(reinterpret_cast<const uint4*>(src) + k);
-    consumers_sync(C);
     float ss = 0.0f;
-    for (int k = threadIdx.x; k < d.K; k += C * 32) ss = fmaf(__half2float(xs[k]), __half2float(xs[k]), ss);
+    for (int k = threadIdx.x; k < d.K / 8; k += C * 32) {
+      const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src) + k);
+      reinterpret_cast<uint4*>(xs)[k] = v;
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(h2(w[j]));
+        ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+      }
+    }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) red[warp] = ss;
@@ -191,12 +201,14 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     consumers_sync(C);
     float tot = 0.0f;
     for (int w = 0; w < C; ++w) tot += red[w];
-    const float rinv = rsqrtf(tot / float(d.K));
-    for (int k = threadIdx.x; k < d.K / 2; k += C * 32) {
-      __half2* p = reinterpret_cast<__half2*>(xs) + k;
-      *p = __float22half2_rn(make_float2(__low2float(*p) * rinv, __high2float(*p) * rinv));
+    const float rinv = rsqrtf(tot / float(d.K)), row_scale = defer_rms ? rinv : 1.0f;
+    if (!defer_rms) {
+      for (int k = threadIdx.x; k < d.K / 2; k += C * 32) {
+        __half2* p = reinterpret_cast<__half2*>(xs) + k;
+        *p = __float22half2_rn(make_float2(__low2float(*p) * rinv, __high2float(*p) * rinv));
+      }
+      consumers_sync(C);
     }
-    consumers_sync(C);
     stamp(s, 1);
     // The units q_base + i for i = (w - q_base) mod C, + C, ...: fill j_base + i / T (slot, parity,
     // group and local row block kept by increments: C / T fills and C units a step). A warp sums
@@ -233,6 +245,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
       for (int rb = rb0 + warp; rb <= (u1 - 1) / G; rb += C) {
         float v = 0.0f;
         for (int w = 0; w < C; ++w) v += acc_rb[(w * kMaxLocal + rb - rb0) * 32 + lane];
+        v *= row_scale;
         const int ns = ns_tbl[d.ns_off + rb];
         if (ns > 1 || check) d.slots[(size_t(rb) * kMaxSlots + (c - cta_of(rb * G, U, P, d.part))) * 32 + lane] = v;
         if (ns > 1) {   // the last of the row block's CTAs to arrive adds the slots in CTA order
@@ -438,6 +451,7 @@ int main(int argc, char** argv) {
   unsigned long long* d_trace = nullptr;   // [stage][CTA][4]: barrier passed, x ready, units done, row blocks written
   CK(cudaMalloc(&d_trace, size_t(n_stages) * sms * 4 * 8));
   int fence_mode = 0;   // 1: a __threadfence before each release (the first form measured)
+  int defer_mode = 0;   // 1: x as it is, each row's sum scaled by 1 / RMS (defer_rms)
   auto run_chain = [&](auto kern, int C, int T) {
     const size_t fixed = 32 * 4 + size_t(C) * kMaxLocal * 32 * 4 + 11008 * 2 + (tables.size() + 15) / 16 * 16;
     const int S = int((size_t(smem_optin) - 1024 - fixed) / (size_t(T) * kUnitBytes + 16));
@@ -450,7 +464,7 @@ int main(int argc, char** argv) {
     // cooperative: the stream timings (the launch checks that every CTA is resident); a graph
     // takes the plain launch (one CTA an SM, nothing else running: resident too).
     auto launch_step = [=](bool cooperative, int check = 0, unsigned long long* trace = nullptr) {
-      const int fence = fence_mode;
+      const int fence = fence_mode, defer = defer_mode;
       CK(cudaMemsetAsync(d_counters, 0, counters * 4, g_stream));
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeCooperative;
@@ -463,7 +477,7 @@ int main(int argc, char** argv) {
       cfg.numAttrs = cooperative ? 1 : 0;
       cfg.stream = g_stream;
       CK(cudaLaunchKernelEx(&cfg, kern, (const Stage*)d_stages, n_stages, (const __half*)x0, d_counters, (const uint8_t*)d_tables, int(tables.size()), S, check,
-                                fence, trace));
+                                fence, defer, trace));
     };
     launch_step(true, 1);
     CK(cudaStreamSynchronize(g_stream));
@@ -483,7 +497,7 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(b.data(), hs.back().y32, b.size() * 4, cudaMemcpyDeviceToHost));
     std::printf("  a second step's last output: %s\n", std::equal(a.begin(), a.end(), b.begin()) ? "the same bytes" : "DIFFERENT bytes");
     char name[64];
-    const char* rows = hs[0].part > 1 ? "whole rows, " : "";
+    const char* rows = hs[0].part > 1 ? (defer_mode ? "whole rows, RMS at the end, " : "whole rows, ") : "";
     std::snprintf(name, sizeof name, "persistent, %sC %d, T %d, stream", rows, C, T);
     report(name, stream_us(runs, 1, [&](int) { launch_step(true); }));
     std::snprintf(name, sizeof name, "persistent, %sC %d, T %d, graph", rows, C, T);
@@ -523,6 +537,9 @@ int main(int argc, char** argv) {
   run_chain(chain_w4<8, 8>, 8, 8);
   fence_mode = 0;
   partition(true);
+  run_chain(chain_w4<8, 8>, 8, 8);
+  run_chain(chain_w4<16, 16>, 16, 16);
+  defer_mode = 1;
   run_chain(chain_w4<8, 8>, 8, 8);
   run_chain(chain_w4<16, 16>, 16, 16);
 
