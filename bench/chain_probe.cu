@@ -496,7 +496,7 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(g_stream));
     CK(cudaMemcpy(b.data(), hs.back().y32, b.size() * 4, cudaMemcpyDeviceToHost));
     std::printf("  a second step's last output: %s\n", std::equal(a.begin(), a.end(), b.begin()) ? "the same bytes" : "DIFFERENT bytes");
-    char name[64];
+    char name[128];
     const char* rows = hs[0].part > 1 ? (defer_mode ? "whole rows, RMS at the end, " : "whole rows, ") : "";
     std::snprintf(name, sizeof name, "persistent, %sC %d, T %d, stream", rows, C, T);
     report(name, stream_us(runs, 1, [&](int) { launch_step(true); }));
