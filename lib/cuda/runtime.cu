@@ -66,9 +66,7 @@ int sm_count() {
 
 bool pdl_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("PTQKIT_PDL");
-    if (e && std::string(e) == "0") return false;
-    return compute_capability() >= 90;
+    return env_switch("PTQKIT_PDL", true) && compute_capability() >= 90;
   }();
   return on;
 }
@@ -93,6 +91,13 @@ int env_int(const char* name, int dflt) {
   const char* stop = nullptr;
   if (!read_int(e, v, stop) || *stop || v < INT_MIN || v > INT_MAX) fail(Errc::usage, "", name, std::string("'") + e + "': want an integer");
   return int(v);
+}
+
+bool env_switch(const char* name, bool dflt) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return dflt;
+  if (std::string(e) == "0" || std::string(e) == "1") return *e == '1';
+  fail(Errc::usage, "", name, std::string("'") + e + "': want 0 or 1");
 }
 
 std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* form, char first, int min_fields, int max_fields) {

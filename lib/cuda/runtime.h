@@ -20,11 +20,14 @@ int compute_capability();
 // The current device's streaming multiprocessors; asked once per process. Throws without a device.
 int sm_count();
 // Whether kernels launched with launch_pdl (cuda/pdl.cuh) may overlap the one before them: an
-// sm_90+ GPU and PTQKIT_PDL not "0". Decided once per process.
+// sm_90+ GPU and PTQKIT_PDL not "0" (env_switch). Decided once per process.
 bool pdl_enabled();
 // An integer sweep switch from the environment: its value, or dflt where unset or empty; anything
 // but one integer is refused (Errc::usage naming the variable).
 int env_int(const char* name, int dflt);
+// An on/off switch from the environment: dflt where unset or empty, "0" off, "1" on; anything else
+// is refused (Errc::usage naming the variable), where a typo would read as on.
+bool env_switch(const char* name, bool dflt);
 // A list switch from the environment, "e,e,...", each entry min_fields..max_fields integers
 // separated by `first` (between the first two) and ':' (after them); `form` names the entry's
 // shape for the error ("NxK:bits[:stages[:slices]]"). Unset or empty: no entries. A malformed entry

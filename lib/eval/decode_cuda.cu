@@ -115,11 +115,9 @@ __device__ __forceinline__ void pdl_begin() {
   pdl::wait_prior_grid();
   pdl::allow_dependents();
 }
-bool switch_on(const char* name) {
-  const char* e = std::getenv(name);
-  return !(e && *e == '0');
-}
-// The decode's switches (benchmarks compare), each on unless its variable is set to 0:
+bool switch_on(const char* name) { return env_switch(name, true); }
+// The decode's switches (benchmarks compare), each on unless its variable is 0 (1 on; anything
+// else refused, naming the variable: cuda/runtime.h env_switch):
 //   PTQKIT_DECODE_PDL           the small kernels under PDL (else launched plainly)
 //   PTQKIT_DECODE_INT8_FUSE     W8A8 Linears' inputs quantized by the norm / silu·mul kernels
 //                               before them (else each Linear quantizes its own)
@@ -830,7 +828,7 @@ struct DecodeCuda::Impl {
 
   // PTQKIT_DECODE_PROFILE=1: each stage's GPU time summed over the layers (plain launches only),
   // printed by decode_greedy: where a step's time goes.
-  bool profile = [] { const char* e = std::getenv("PTQKIT_DECODE_PROFILE"); return e && *e == '1'; }();
+  bool profile = env_switch("PTQKIT_DECODE_PROFILE", false);
   std::vector<cudaEvent_t> ev;
   static constexpr int kStages = 10;   // 9 per layer (norm1 ... down), then the head
   std::vector<double> stage_ms = std::vector<double>(kStages, 0.0);
@@ -838,7 +836,7 @@ struct DecodeCuda::Impl {
   // PTQKIT_DECODE_CHECK=1: after each stage (plain launches only) the step's buffers are read back
   // and the first stage that leaves a non-finite value in one of them is named on stderr, once per
   // buffer: where a NaN or an infinity comes from.
-  bool check = [] { const char* e = std::getenv("PTQKIT_DECODE_CHECK"); return e && *e == '1'; }();
+  bool check = env_switch("PTQKIT_DECODE_CHECK", false);
   int64_t check_rows = 0;
   int check_n = 0;
   std::map<std::string, bool> check_seen;
@@ -1150,7 +1148,7 @@ struct DecodeCuda::Impl {
       // 0.6% (W8A8 at batch 32 +1.8%); phi3-mini batch 8 -0.3 to -1.4%, W8A8 at batch 32 +3.1%.
       // Why is not established. PTQKIT_DECODE_ROPE_PDL=1 launches it under PDL again (a sweep
       // switch). A prompt's keeps PDL.
-      static const bool rope_pdl = env_int("PTQKIT_DECODE_ROPE_PDL", 0) != 0;
+      static const bool rope_pdl = env_switch("PTQKIT_DECODE_ROPE_PDL", false);
       if (!rope_fold && !roped)
         launch_pdl("rope_append", pdl && (T_ > 1 || rope_pdl), -1, rope_append<T>, dim3(unsigned(rows), unsigned(nh + nkv)), dim3(unsigned(threads_hd)), size_t(hd + 32) * 4, a,
                    reinterpret_cast<T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()));

@@ -326,7 +326,7 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
     if constexpr (kM > 1) launch_gemv<kM - 1>(x, sx, w, sw, M, N, K, y, beta);
     return;
   }
-  static const bool row = [] { const char* e = std::getenv("PTQKIT_W8A8_ROW"); return !(e && *e == '0'); }();   // 0: the tiled kernel (benchmarks)
+  static const bool row = env_switch("PTQKIT_W8A8_ROW", true);   // 0: the tiled kernel (benchmarks)
   if constexpr (kM <= 2)
     if (row && K <= kRowMaxK) {
       // Weight rows a warp: 1 (run 46, llama2-7b decode batch 1: 414.0 tok/s against 391.2 with 2
