@@ -118,8 +118,8 @@ constexpr int kMaxLocal = 8;   // row blocks a CTA's range of one stage may touc
 
 template <int C, int T>
 __global__ void __launch_bounds__((C + 1) * 32, 1)
-    chain_w4(const Stage* stages, int n_stages, const __half* x0, int* grid_arrivals, const uint8_t* tables, int table_bytes, int S, int check,
-             int fence, int defer_rms, unsigned long long* trace) {
+    chain_w4(const Stage* stages, int n_stages, int K_max, const __half* x0, int* grid_arrivals, const uint8_t* tables, int table_bytes, int S,
+             int check, int fence, int defer_rms, unsigned long long* trace) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int P = gridDim.x, c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ring = smem;   // S slots of T units: T x 2,048 bytes of codes, then T x 128 of metadata
@@ -130,8 +130,6 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
   float* red = reinterpret_cast<float*>(empty + S);                     // [32]
   float* acc_rb = red + 32;                                              // [C][kMaxLocal][32]: each warp's row sums a row block
   __half* xs = reinterpret_cast<__half*>(acc_rb + C * kMaxLocal * 32);   // [max K]
-  int K_max = 0;
-  for (int s = 0; s < n_stages; ++s) K_max = max(K_max, stages[s].K);
   uint8_t* ns_tbl = reinterpret_cast<uint8_t*>(xs + K_max);   // CTAs a row block, every stage kind's (uint8)
   for (int i = threadIdx.x; i < table_bytes; i += blockDim.x) ns_tbl[i] = tables[i];
   if (threadIdx.x == 0) {
@@ -317,7 +315,8 @@ double check_stage(const Stage& d, const __half* src) {
   std::vector<double> x(size_t(d.K));
   double ss = 0;
   for (int k = 0; k < d.K; ++k) ss += double(__half2float(xh[size_t(k)])) * double(__half2float(xh[size_t(k)]));
-  for (int k = 0; k < d.K; ++k) x[size_t(k)] = double(__half2float(xh[size_t(k)])) / std::sqrt(ss / d.K);
+  const double rms = std::sqrt(ss / d.K);
+  for (int k = 0; k < d.K; ++k) x[size_t(k)] = double(__half2float(xh[size_t(k)])) / rms;
   double e2 = 0, r2 = 0;
   for (int rb = 0; rb < RB; ++rb)
     for (int l = 0; l < 32; ++l) {
@@ -362,6 +361,8 @@ int main(int argc, char** argv) {
     int N, K, gate_up;
   };
   const Shape layer[4] = {{12288, 4096, 0}, {4096, 4096, 0}, {22016, 4096, 1}, {4096, 11008, 0}};
+  int K_max = 0;   // the longest x: shared memory, and x0
+  for (const Shape& sh : layer) K_max = std::max(K_max, sh.K);
   const int n_stages = 4 * layers;
   std::vector<Stage> hs(static_cast<size_t>(n_stages));
   size_t bytes = 0, counters = size_t(n_stages);
@@ -369,9 +370,9 @@ int main(int argc, char** argv) {
   int* d_counters = nullptr;   // the grid counters [n_stages], then each stage's row-block counters
   CK(cudaMalloc(&d_counters, counters * 4));
   __half* x0 = nullptr;
-  CK(cudaMalloc(&x0, 11008 * 2));
+  CK(cudaMalloc(&x0, size_t(K_max) * 2));
   {
-    std::vector<__half> hx(11008);
+    std::vector<__half> hx(static_cast<size_t>(K_max));
     for (size_t i = 0; i < hx.size(); ++i) hx[i] = __float2half_rn(std::sin(0.37f * float(i) + 0.1f));
     CK(cudaMemcpy(x0, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
   }
@@ -453,7 +454,8 @@ int main(int argc, char** argv) {
   int fence_mode = 0;   // 1: a __threadfence before each release (the first form measured)
   int defer_mode = 0;   // 1: x as it is, each row's sum scaled by 1 / RMS (defer_rms)
   auto run_chain = [&](auto kern, int C, int T) {
-    const size_t fixed = 32 * 4 + size_t(C) * kMaxLocal * 32 * 4 + 11008 * 2 + (tables.size() + 15) / 16 * 16;
+    const int table_bytes = int(tables.size());   // the same for either partition
+    const size_t fixed = 32 * 4 + size_t(C) * kMaxLocal * 32 * 4 + size_t(K_max) * 2 + size_t(table_bytes + 15) / 16 * 16;
     const int S = int((size_t(smem_optin) - 1024 - fixed) / (size_t(T) * kUnitBytes + 16));
     const size_t smem = size_t(S) * (size_t(T) * kUnitBytes + 16) + fixed;
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -476,7 +478,7 @@ int main(int argc, char** argv) {
       cfg.attrs = attr;
       cfg.numAttrs = cooperative ? 1 : 0;
       cfg.stream = g_stream;
-      CK(cudaLaunchKernelEx(&cfg, kern, (const Stage*)d_stages, n_stages, (const __half*)x0, d_counters, (const uint8_t*)d_tables, int(tables.size()), S, check,
+      CK(cudaLaunchKernelEx(&cfg, kern, (const Stage*)d_stages, n_stages, K_max, (const __half*)x0, d_counters, (const uint8_t*)d_tables, table_bytes, S, check,
                                 fence, defer, trace));
     };
     launch_step(true, 1);

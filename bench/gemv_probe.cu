@@ -12,17 +12,11 @@
 // 359-360): gemv_frag 10-17% faster than mma_kernel on 4096 x 4096, 12288 x 4096 and 22016 x 4096,
 // not on 4096 x 11008; in the decode step a kernel of this form gained 1.3% (runs 363-366).
 //
-// Contract: gemv_w4 and the rows layout are bench/w4_rows.cuh's; y f16. N a multiple of 32, K of
-// 256.
+// Contract: gemv_w4, its work split and the rows layout are bench/w4_rows.cuh's; y f16. N a
+// multiple of 32, K of 256.
 // Numerics: (q - z) exactly in f16; a word's 8 products summed in f16 (two halves of 4), then in
 // fp32 across the group, scaled by s in fp32, fp32 across groups and splits; checked against an
 // fp64 host sum (norm-wise relative error <= 2e-3, ptqkit's A16 kernel tests' bound).
-// Work: CTA (split, row block) takes groups [split * gps, ...); warp w of W its groups w, w + W,
-// ...; each lane 4 uint4 (one group: 64 bytes) a batch, the first batch issued before the PDL
-// wait; with kDB the next batch is issued before this one's math (twice the registers). x: each
-// warp copies its group's 256 bytes into its own shared memory after the wait (no CTA barrier).
-// Splits: each CTA's row sums go to fp32 partials, the last CTA of a row block to arrive (an
-// acq_rel atomic) adds them in split order (deterministic).
 // Timing (bench_timing.cuh, as bench/pdl_floor.cu): R launches on R rotating copies of the codes
 // (256 MiB in all, so each launch reads from DRAM), queued behind a spinning kernel, median over
 // runs; and the same R launches as one CUDA graph. Each launch waits for the one before (PDL), as

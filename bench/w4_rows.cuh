@@ -77,6 +77,12 @@ __device__ bool arrived_last(int* counter, int S) {
   return last;
 }
 
+// gemv_w4: y in f16, N a multiple of 32. CTA (split, row block) takes groups [split * gps, ...);
+// warp w of W its groups w, w + W, ...; each lane 4 uint4 (one group: 64 bytes) a batch, the first
+// batch issued before the PDL wait; with kDB the next batch is issued before this one's math
+// (twice the registers). x: each warp copies its group's 256 bytes into its own shared memory
+// after the wait (no CTA barrier). Splits: each CTA's row sums go to fp32 partials, and the last
+// CTA of a row block to arrive (an acq_rel atomic) adds them in split order (deterministic).
 template <int kThreads, int kMinBlocks, bool kDB>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     gemv_w4(const uint4* __restrict__ codes, const uint32_t* __restrict__ meta, const __half* x, float* part, int* arrivals, __half* y, int N, int G, int S,

@@ -1077,9 +1077,9 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
 }
 
 // The sweep switches (cuda/runtime.h): an integer one (env_int) reads as written, or its default
-// where unset or empty; an on/off one (env_switch) 0 or 1, or its default; the lists (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS;
-// bench kernels' PTQKIT_A16_SWEEP through the same parser) give the entries written, each field in
-// place and 0 where left out. A malformed value or entry is refused with an error that names the
+// where unset or empty; an on/off one (env_switch) 0 or 1, or its default; the lists
+// (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS; bench kernels' PTQKIT_A16_SWEEP
+// through the same parser) give the entries written, each field in place and 0 where left out. A malformed value or entry is refused with an error that names the
 // variable, never skipped or read as 0 (an A/B would otherwise time the default while its log
 // says otherwise). No GPU needed.
 TEST_CASE("sweep switches: integers, on/off switches and list entries parse as written, a malformed one is refused naming the variable") {

@@ -65,9 +65,7 @@ int sm_count() {
 }
 
 bool pdl_enabled() {
-  static const bool on = [] {
-    return env_switch("PTQKIT_PDL", true) && compute_capability() >= 90;
-  }();
+  static const bool on = env_switch("PTQKIT_PDL", true) && compute_capability() >= 90;
   return on;
 }
 
@@ -96,7 +94,7 @@ int env_int(const char* name, int dflt) {
 bool env_switch(const char* name, bool dflt) {
   const char* e = std::getenv(name);
   if (!e || !*e) return dflt;
-  if (std::string(e) == "0" || std::string(e) == "1") return *e == '1';
+  if ((*e == '0' || *e == '1') && !e[1]) return *e == '1';
   fail(Errc::usage, "", name, std::string("'") + e + "': want 0 or 1");
 }
 
