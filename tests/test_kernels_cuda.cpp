@@ -1076,60 +1076,12 @@ TEST_CASE("gpu: the shared-x A16 kernel: every split equals the reference GEMM, 
   CHECK_THROWS_AS(L->gemm(dx.get(), 129, dy.get(), cuda::A16Path::shared_x), Error);
 }
 
-// The sweep switches (cuda/runtime.h): an integer one (env_int) reads as written, or its default
-// where unset or empty; an on/off one (env_switch) 0 or 1, or its default; the lists
-// (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS; bench kernels' PTQKIT_A16_SWEEP
-// through the same parser) give the entries written, each field in place and 0 where left out. A malformed value or entry is refused with an error that names the
-// variable, never skipped or read as 0 (an A/B would otherwise time the default while its log
-// says otherwise). No GPU needed.
-TEST_CASE("sweep switches: integers, on/off switches and list entries parse as written, a malformed one is refused naming the variable") {
-  const char* one = "PTQKIT_TEST_ENV_INT";   // a name no code reads
-  ::setenv(one, "12", 1);
-  CHECK(cuda::env_int(one, 8) == 12);
-  ::setenv(one, "-1", 1);
-  CHECK(cuda::env_int(one, 8) == -1);
-  ::setenv(one, "", 1);
-  CHECK(cuda::env_int(one, 8) == 8);
-  for (const char* bad : {"1x", "abc", " 3", "+3", "1,2", "99999999999"}) {
-    INFO(bad);
-    ::setenv(one, bad, 1);
-    try {
-      (void)cuda::env_int(one, 8);
-      FAIL("accepted");
-    } catch (const Error& e) {
-      CHECK(e.code == Errc::usage);
-      CHECK(e.field == one);
-    }
-  }
-  ::unsetenv(one);
-  CHECK(cuda::env_int(one, 8) == 8);
-
-  // An on/off switch (env_switch: the PTQKIT_DECODE_* switches, PTQKIT_PDL, PTQKIT_W8A8_ROW): its
-  // default where unset or empty, 0 off, 1 on, anything else refused (it read "off" or "no" as on).
-  const char* sw = "PTQKIT_TEST_ENV_SWITCH";
-  ::unsetenv(sw);
-  CHECK(cuda::env_switch(sw, true));
-  CHECK_FALSE(cuda::env_switch(sw, false));
-  ::setenv(sw, "", 1);
-  CHECK(cuda::env_switch(sw, true));
-  ::setenv(sw, "0", 1);
-  CHECK_FALSE(cuda::env_switch(sw, true));
-  ::setenv(sw, "1", 1);
-  CHECK(cuda::env_switch(sw, false));
-  for (const char* bad : {"off", "no", "00", "2", "1 ", "-1", "true"}) {
-    INFO(bad);
-    ::setenv(sw, bad, 1);
-    try {
-      (void)cuda::env_switch(sw, true);
-      FAIL("accepted");
-    } catch (const Error& e) {
-      CHECK(e.code == Errc::usage);
-      CHECK(e.field == sw);
-      CHECK(std::string(e.what()).find("want 0 or 1") != std::string::npos);
-    }
-  }
-  ::unsetenv(sw);
-
+// The sweep lists of the A16 kernels (a16_sweep_cells: PTQKIT_A16_TMA_CELLS, PTQKIT_A16_MMA_CELLS,
+// through core/env.h's list parser, whose integer and on/off switches test_core checks) give the
+// entries written, each field in place and 0 where left out. A malformed entry is refused with an
+// error that names the variable, never skipped or read as 0 (an A/B would otherwise time the
+// default while its log says otherwise). No GPU needed.
+TEST_CASE("sweep lists: the A16 kernels' cells parse as written, a malformed one is refused naming the variable") {
   const char* var = "PTQKIT_A16_MMA_CELLS";
   ::setenv(var, "4096x4096:4:2:8,12288x4096:0:-1", 1);
   const std::vector<cuda::A16SweepCell> c = cuda::a16_sweep_cells(var);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "cuda/runtime.h"
 #ifdef PTQKIT_HAVE_NCCL
@@ -22,7 +23,7 @@ namespace {
 // PTQKIT_DIST_TRACE=1: each rank says on stderr when it enters and leaves NCCL's init and every
 // collective (seconds since this process's first trace), so that a run that stops shows where.
 void trace(int rank, const char* what, size_t n, const char* phase) {
-  static const bool on = [] { const char* e = std::getenv("PTQKIT_DIST_TRACE"); return e && *e && *e != '0'; }();
+  static const bool on = env_switch("PTQKIT_DIST_TRACE", false);
   if (!on) return;
   static const auto t0 = std::chrono::steady_clock::now();
   const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

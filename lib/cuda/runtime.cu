@@ -9,8 +9,6 @@
 #include <mutex>
 #include <string>
 #include <algorithm>
-#include <cerrno>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -67,63 +65,6 @@ int sm_count() {
 bool pdl_enabled() {
   static const bool on = env_switch("PTQKIT_PDL", true) && compute_capability() >= 90;
   return on;
-}
-
-namespace {
-// An integer at s: an optional '-' and digits (no spaces or '+'), in range of long long. Its value,
-// and in stop where it ends; false where s does not start one.
-bool read_int(const char* s, long long& v, const char*& stop) {
-  if (*s != '-' && (*s < '0' || *s > '9')) return false;
-  char* end = nullptr;
-  errno = 0;
-  v = std::strtoll(s, &end, 10);
-  stop = end;
-  return end != s && errno != ERANGE;
-}
-}  // namespace
-
-int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return dflt;
-  long long v = 0;
-  const char* stop = nullptr;
-  if (!read_int(e, v, stop) || *stop || v < INT_MIN || v > INT_MAX) fail(Errc::usage, "", name, std::string("'") + e + "': want an integer");
-  return int(v);
-}
-
-bool env_switch(const char* name, bool dflt) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return dflt;
-  if ((*e == '0' || *e == '1') && !e[1]) return *e == '1';
-  fail(Errc::usage, "", name, std::string("'") + e + "': want 0 or 1");
-}
-
-std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* form, char first, int min_fields, int max_fields) {
-  std::vector<std::vector<int64_t>> out;
-  const char* e = std::getenv(name);
-  if (!e || !*e) return out;
-  const std::string text = e;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    const size_t end = std::min(text.find(',', begin), text.size());
-    const std::string entry = text.substr(begin, end - begin);
-    std::vector<int64_t> fields;
-    bool ok = !entry.empty();
-    for (size_t i = 0; ok && i < entry.size();) {
-      long long v = 0;
-      const char* stop = nullptr;
-      ok = read_int(entry.c_str() + i, v, stop);
-      const size_t j = ok ? size_t(stop - entry.c_str()) : entry.size();
-      fields.push_back(v);
-      if (ok && j < entry.size()) ok = entry[j] == (fields.size() == 1 ? first : ':') && j + 1 < entry.size();
-      i = j + 1;
-    }
-    if (!ok || int(fields.size()) < min_fields || int(fields.size()) > max_fields)
-      fail(Errc::usage, "", name, "entry '" + entry + "': want " + form + " (integers), entries separated by commas");
-    out.push_back(std::move(fields));
-    begin = end + 1;
-  }
-  return out;
 }
 
 std::string describe() {

@@ -9,10 +9,12 @@
 #include <vector>
 #include <utility>
 
+#include "core/env.h"   // env_int, env_switch, env_int_list: the kernels' sweep and on/off switches
+
 namespace ptq::cuda {
 
-bool available();
-void synchronize();               // cudaDeviceSynchronize, checked                 // a usable GPU is present (false, not an error, without one)
+bool available();                 // a usable GPU is present (false, not an error, without one)
+void synchronize();               // cudaDeviceSynchronize, checked
 std::string describe();           // "NVIDIA H100 80GB HBM3, sm_90, 132 SMs, 79.2 GiB" or why none
 // The current device's compute capability as major * 10 + minor (90 for sm_90), 0 without a usable
 // device. Asked once per process (a process uses one device).
@@ -22,18 +24,6 @@ int sm_count();
 // Whether kernels launched with launch_pdl (cuda/pdl.cuh) may overlap the one before them: an
 // sm_90+ GPU and PTQKIT_PDL not "0" (env_switch). Decided once per process.
 bool pdl_enabled();
-// An integer sweep switch from the environment: its value, or dflt where unset or empty; anything
-// but one integer is refused (Errc::usage naming the variable).
-int env_int(const char* name, int dflt);
-// An on/off switch from the environment: dflt where unset or empty, "0" off, "1" on; anything else
-// is refused (Errc::usage naming the variable), where a typo would read as on.
-bool env_switch(const char* name, bool dflt);
-// A list switch from the environment, "e,e,...", each entry min_fields..max_fields integers
-// separated by `first` (between the first two) and ':' (after them); `form` names the entry's
-// shape for the error ("NxK:bits[:stages[:slices]]"). Unset or empty: no entries. A malformed entry
-// is refused (Errc::usage naming the variable and the entry), not skipped.
-std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* form, char first, int min_fields, int max_fields);
-
 void check(int err, const char* what, const char* file, int line);          // cudaError_t
 void check_cublas(int st, const char* what, const char* file, int line);    // cublasStatus_t
 void check_cusolver(int st, const char* what, const char* file, int line);  // cusolverStatus_t

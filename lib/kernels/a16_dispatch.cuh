@@ -307,7 +307,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       allow_opt_in_smem(k);   // the kernel launched (x-staged, folded or silu forms): a CTA past 48 KB
       spread(k, q);
       it = plans.emplace(key, q).first;
-      if (std::getenv("PTQKIT_A16_PLAN_LOG")) {   // the planner's choice, once per kernel and shape (bench sweeps)
+      if (env_switch("PTQKIT_A16_PLAN_LOG", false)) {   // the planner's choice, once per kernel and shape (bench sweeps)
         cudaFuncAttributes a{};
         PTQ_CUDA(cudaFuncGetAttributes(&a, k));
         std::fprintf(stderr, "a16 mma plan: M %lld N %lld K %lld nt %d rt %d S %d ctas %d sps %d smem %zu+%zu carveout %d regs %d resident %d%s%s\n",

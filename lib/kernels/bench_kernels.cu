@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "cuda/pdl.cuh"
 #include "cuda/random.h"
@@ -125,11 +126,18 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     sweep.push_back({at(0), at(1), at(2), at(3), at(4)});
   }
   std::vector<A16Path> paths{A16Path::automatic};
-  if (const char* e = std::getenv("PTQKIT_A16_PATHS")) {
+  if (const char* e = std::getenv("PTQKIT_A16_PATHS"); e && *e) {   // each name one of the four; any other refused, as the other switches are
     paths.clear();
-    const std::string list = std::string(",") + e + ",";
-    for (A16Path p : {A16Path::mma, A16Path::shared_x, A16Path::wgmma, A16Path::dequant})
-      if (list.find(std::string(",") + a16_path_name(p) + ",") != std::string::npos) paths.push_back(p);
+    const std::string list = e;
+    for (size_t b = 0; b <= list.size();) {
+      const size_t end = std::min(list.find(',', b), list.size());
+      const std::string name = list.substr(b, end - b);
+      bool known = false;
+      for (A16Path p : {A16Path::mma, A16Path::shared_x, A16Path::wgmma, A16Path::dequant})
+        if (name == a16_path_name(p)) known = true, paths.push_back(p);
+      if (!known) fail(Errc::usage, "", "PTQKIT_A16_PATHS", "'" + name + "': want paths among mma, shared_x, wgmma, dequant, separated by commas");
+      b = end + 1;
+    }
   }
   const size_t flush_bytes = size_t(256) << 20;
   DeviceBuffer<uint8_t> flush(flush_bytes, "L2 flush buffer");

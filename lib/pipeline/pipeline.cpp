@@ -18,6 +18,7 @@
 #include <future>
 
 #include "calib/calibration.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
@@ -744,7 +745,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     load_model(R);
     calibrate(R);
     quantize_layers(R, nullptr);
-    if (const char* e = std::getenv("PTQKIT_DIST_TRACE"); e && *e && *e != '0') {   // its phases, as rank 0's report has them
+    if (env_switch("PTQKIT_DIST_TRACE", false)) {   // its phases, as rank 0's report has them
       std::string line;
       char v3[32];
       for (const auto* m : {&R.t.phase, &R.t.upload, &R.t.solve})
