@@ -115,16 +115,18 @@ TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels
   }
 }
 
-// From 17 rows the norm and silu·mul kernels write x in the wgmma A16 kernel's k-step order too,
-// and the Linears that run that kernel read it instead of permuting x themselves: one llama2-7b
-// layer (its q, k, v, gate, up and down take the wgmma kernel at 24 and 48 rows) gives the same
-// logits and tokens, to the bit, as with the Linears' own permute pass.
-TEST_CASE("decode cuda: x written in the wgmma kernel's order by the norm and silu·mul gives the bytes of the Linears' own permute pass") {
+// From 17 rows the norm, silu·mul and attention (attend) kernels write x in the wgmma A16 kernel's
+// k-step order too, and the Linears that run that kernel read it instead of permuting x themselves:
+// one llama2-7b layer (its q, k, v, gate, up and down take the wgmma kernel at 24 and 48 rows, and
+// with 4-bit codes its o projection too, after attend) and one llama3-8b layer (whose attention,
+// decode_attention, writes ctx plainly: its o projection permutes x itself) give the same logits
+// and tokens, to the bit, as with the Linears' own permute pass.
+TEST_CASE("decode cuda: x written in the wgmma kernel's order by the norm, silu·mul and attention gives the bytes of the Linears' own permute pass") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
-  const LlamaConfig c = parse_config(synth_config_json("llama2-7b", 1, DType::F16), "llama2-7b");
-  for (const char* f : {"w4a16", "w8a16"}) {
-    INFO(f);
+  for (auto [preset, f] : {std::pair{"llama2-7b", "w4a16"}, std::pair{"llama2-7b", "w8a16"}, std::pair{"llama3-8b", "w4a16"}}) {
+    INFO(preset << " " << f);
+    const LlamaConfig c = parse_config(synth_config_json(preset, 1, DType::F16), preset);
     cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, true);
     const int B = 24;
     std::vector<int32_t> p(size_t(B * 2));

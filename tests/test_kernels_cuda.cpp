@@ -1121,7 +1121,7 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   using P = cuda::A16Path;
   struct Cell { int64_t N, K; P w4, w8, nf4; };
   const Cell cells[] = {
-      {4096, 4096, P::mma, P::mma, P::mma},      {6144, 4096, P::wgmma, P::wgmma, P::wgmma},      {11008, 4096, P::wgmma, P::wgmma, P::mma},
+      {4096, 4096, P::wgmma, P::mma, P::mma},      {6144, 4096, P::wgmma, P::wgmma, P::wgmma},      {11008, 4096, P::wgmma, P::wgmma, P::mma},
       {12288, 4096, P::wgmma, P::wgmma, P::wgmma}, {14336, 4096, P::wgmma, P::wgmma, P::mma},  {22016, 4096, P::wgmma, P::wgmma, P::wgmma},
       {28672, 4096, P::wgmma, P::wgmma, P::wgmma}, {4096, 11008, P::wgmma, P::wgmma, P::mma},  {4096, 14336, P::wgmma, P::wgmma, P::mma}};
   for (const Cell& c : cells) {
@@ -1283,7 +1283,7 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
   check_repeat_and_beta(*L, pk, 100, 4096, cuda::A16Path::automatic, 8);   // automatic: wgmma at 33..128 on sm_90
   CHECK(L->path_for(100) == cuda::A16Path::wgmma);
   CHECK(L->path_for(200) == cuda::A16Path::dequant);   // 4096 x 4096 above 128 rows: dequantize + cuBLAS (faster there)
-  CHECK(L->path_for(32) == cuda::A16Path::mma);        // 17..32 rows: the L2-fed kernel on 4096 x 4096 (the planner's table: below)
+  CHECK(L->path_for(32) == cuda::A16Path::wgmma);      // 17..32 rows: the streamed form on W4 4096 x 4096 (the planner's table: below; lab runs 389-391)
   cuda::DeviceBuffer<uint16_t> dx(size_t(257 * 4096), "x"), dy(size_t(257 * 4096), "y");
   CHECK_THROWS_AS(L->gemm(dx.get(), 257, dy.get(), cuda::A16Path::wgmma), Error);
 }

@@ -25,9 +25,9 @@
 // o and down Linears write the next RMSNorm's xn (a16_fold_norm: no rmsnorm launch), the other
 // formats' split it with the Linear after the norm; at 2+ rows the stacked q, k, v Linear writes q
 // and the cache rows rotated (a16_fold_rope: no rope_append launch).
-// From 17 rows the norm and silu·mul kernels also write their output in the wgmma A16 kernel's
-// k-step order (a16_wgmma_x_col), which the Linear after them takes where it runs that kernel
-// (a16_offer_wgmma_x: no permute launch of its own).
+// From 17 rows the norm and silu·mul kernels, and attend without splits, also write their output in
+// the wgmma A16 kernel's k-step order (a16_wgmma_x_col), which the Linear after them takes where it
+// runs that kernel (a16_offer_wgmma_x: no permute launch of its own).
 // The per-layer kernels are launched with programmatic dependent launch (see pdl_begin below).
 #include "eval/decode_cuda.h"
 
@@ -361,7 +361,7 @@ __device__ __forceinline__ void combine_splits(int S, int hd, const float* recs,
 // 384-long cache) are all in flight before the wait: decode batch 1 +0.3-0.7% (lab run 190).
 template <class T, int L, bool kRope>
 __global__ void __launch_bounds__(kAttnThreads, kRope ? 1 : 4) attend(const T* qh, T* kc, T* vc, const int* pos, int T_, int nh, int nkv, int hd, int max_len, int window,
-                       float scale, T* ctx, float* partial, int* arrivals, RopeArgs rope) {
+                       float scale, T* ctx, T* ctx_perm, float* partial, int* arrivals, RopeArgs rope) {
   constexpr int P = 32 / L, U = kRope ? 4 : 2;   // positions per warp step; steps per batch of loads in flight
   extern __shared__ float sh[];
   float* red = sh;
@@ -503,8 +503,13 @@ __global__ void __launch_bounds__(kAttnThreads, kRope ? 1 : 4) attend(const T* q
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
       float o = 0;
       for (int w = 0; w < nwarps; ++w) o += part[w * hd + i] * __expf(red[w] - M);
-      if (S > 1) rec[2 + i] = o;
-      else ctx[size_t(r) * nh * hd + h * hd + i] = from_f<T>(o / tot);
+      if (S > 1) {
+        rec[2 + i] = o;
+      } else {
+        const T e = from_f<T>(o / tot);
+        ctx[size_t(r) * nh * hd + h * hd + i] = e;
+        if (ctx_perm) ctx_perm[size_t(r) * nh * hd + size_t(a16_wgmma_x_col(h * hd + i))] = e;   // the o projection's x (S = 1 only)
+      }
     }
     if (S > 1 && threadIdx.x == 0) rec[0] = M, rec[1] = tot;
   }
@@ -545,7 +550,7 @@ __global__ void __launch_bounds__(kAttnThreads, kRope ? 1 : 4) attend(const T* q
 }
 
 template <class T>
-using AttendKernel = void (*)(const T*, T*, T*, const int*, int, int, int, int, int, int, float, T*, float*, int*, RopeArgs);
+using AttendKernel = void (*)(const T*, T*, T*, const int*, int, int, int, int, int, int, float, T*, T*, float*, int*, RopeArgs);
 // The kernel for head size hd (decode_supported: hd % 8 == 0, hd <= 256), with the rotary folded in or not.
 template <class T, bool kRope>
 AttendKernel<T> attend_kernel_of(int hd) {
@@ -764,10 +769,11 @@ struct DecodeCuda::Impl {
   bool xperm = decode_on(Switch::xperm), xperm_used = false;   // set_permuted_x; whether a Linear took the permuted x
   bool rope_in_linear = decode_on(Switch::rope_fold), rope_in_linear_used = false;   // set_rope_in_linear; whether a Linear took it
   bool norm_split_rows_used = false;   // whether a Linear at 17..32 rows read a split norm
-  // By rows: whether the Linears after the input norm, the post-attention norm and the silu·mul
-  // took x in the wgmma order (-1: not yet seen; the first step of a row count writes and offers
-  // it, later ones only where it was taken: f16's and NF4's Linears never take it).
-  std::map<int64_t, std::array<int8_t, 3>> xperm_taken;
+  // By rows: whether the Linears after the input norm, the post-attention norm, the silu·mul and
+  // the attention took x in the wgmma order (-1: not yet seen; the first step of a row count writes
+  // and offers it, later ones only where it was taken: f16's and NF4's Linears never take it, nor
+  // W8's o projection).
+  std::map<int64_t, std::array<int8_t, 4>> xperm_taken;
   bool moe_layers = false;   // routing on the host each step: no graphs
   struct LayerDev {
     DeviceBuffer<float> in_norm, post_norm, q_norm, k_norm, bq, bk, bv;
@@ -789,7 +795,7 @@ struct DecodeCuda::Impl {
   // count, before a capture).
   std::map<int64_t, std::vector<std::array<bool, 2>>> split_declined_at;
   DeviceBuffer<uint16_t> xn, qh, ctx, act;
-  DeviceBuffer<uint16_t> xn_perm, act_perm;   // xn and act in the wgmma A16 kernel's order (d, f multiples of 64)
+  DeviceBuffer<uint16_t> xn_perm, act_perm, ctx_perm;   // xn, act and ctx in the wgmma A16 kernel's order (d, f, q_dim multiples of 64)
   DeviceBuffer<int8_t> xq8;   // a W8A8 Linear's input quantized by its producer (DecodeLayer::lin8) [rows, max(d, f)]
   DeviceBuffer<float> sx8;    // its per-row scales
 
@@ -806,6 +812,7 @@ struct DecodeCuda::Impl {
     act = DeviceBuffer<uint16_t>(size_t(rows * std::max<int64_t>(f, c.moe_intermediate_size)), "decode MLP activation");
     if (d % 64 == 0) xn_perm = DeviceBuffer<uint16_t>(size_t(rows * d), "decode normed x, wgmma order");
     if (f % 64 == 0) act_perm = DeviceBuffer<uint16_t>(size_t(rows * f), "decode MLP activation, wgmma order");
+    if (qd % 64 == 0) ctx_perm = DeviceBuffer<uint16_t>(size_t(rows * qd), "decode attention context, wgmma order");
     xq8 = DeviceBuffer<int8_t>(size_t(rows * std::max(d, f)), "decode int8 activations");
     sx8 = DeviceBuffer<float>(size_t(rows), "decode int8 activation scales");
     // Split attention runs where rows x heads < kSplitBelow: only those rows need partials.
@@ -945,10 +952,11 @@ struct DecodeCuda::Impl {
     // (a16_offer_wgmma_x); lab runs 148-150: batch 32 W4A16 +3.4%, W8A16 +2.6% with the permute
     // launches gone. Where the Linears after a producer did not take it at a row count (f16's
     // cuBLAS, NF4's kernels), later steps of that count skip the second write (xperm_taken).
-    // Which producer writes it (0: the input norm, 1: the post-attention norm, 2: silu·mul).
+    // Which producer writes it (0: the input norm, 1: the post-attention norm, 2: silu·mul, 3: the
+    // attention, for the o projection; lab runs 389-390).
     const bool xperm_rows = xperm && std::is_same_v<T, __half> && rows >= 17 && rows <= kA16WgmmaMaxM;
-    std::array<int8_t, 3>& known = xperm_taken.try_emplace(rows, std::array<int8_t, 3>{-1, -1, -1}).first->second;
-    std::array<bool, 3> took{false, false, false};
+    std::array<int8_t, 4>& known = xperm_taken.try_emplace(rows, std::array<int8_t, 4>{-1, -1, -1, -1}).first->second;
+    std::array<bool, 4> took{false, false, false, false};
     auto perm_of = [&](int producer, const DeviceBuffer<uint16_t>& buf, bool ok) {
       return xperm_rows && ok && buf.get() && known[size_t(producer)] != 0 ? reinterpret_cast<T*>(buf.get()) : nullptr;
     };
@@ -1030,6 +1038,12 @@ struct DecodeCuda::Impl {
     const bool attn_mma = T_ == 1 && !rope_fold && attn_mma_mode != 0 && (nh > nkv || rows * nh < kSplitBelow || attn_mma_mode == 2) &&
                           decode_attention_supported(hd, nh, nkv);
     const int attn_mma_splits = attn_mma ? decode_attention_splits(B, nh, nkv, int(max_len)) : 1;
+    // ctx's copy in the wgmma order, where the attention writes it: attend without splits (a split
+    // head's ctx is written by its combine). decode_attention does not: written there too, it ran
+    // llama3-8b's W4A16 at batch 24 3.5% slower than the o projection's own permute pass (at 17
+    // and 32 rows within 0.7%; lab run 391).
+    const bool attn_perm = !flash_prefill && !attn_mma && splits == 1;
+    T* const ctxp = perm_of(3, ctx_perm, attn_perm);
     auto attn8_of = [&](const DecodeLayer& W) { return W.qkv ? int8_input({&W.qkv8}) : int8_input({&W.lin8[0], &W.lin8[1], &W.lin8[2]}); };
     // A call with a fold asked of its kernel (a16_path.h): what the kernel did with it (A16Fold:
     // where it did not, the step runs the kernel it would have saved).
@@ -1165,12 +1179,13 @@ struct DecodeCuda::Impl {
       launch_ex("attend", pdl, -1, attn_cluster ? dim3(1, 1, unsigned(splits)) : dim3(0), attend_kernel<T>(hd, rope_fold), dim3(unsigned(rows), unsigned(nh), unsigned(splits)), dim3(unsigned(kAttnThreads)), attn_smem,
                  reinterpret_cast<const T*>(qh.get()), reinterpret_cast<T*>(D.K.get()), reinterpret_cast<T*>(D.V.get()),
                  static_cast<const int*>(pos_d.get()), T_, nh, nkv, hd, max_len, c.sliding_window, 1.0f / std::sqrt(float(hd)),
-                 reinterpret_cast<T*>(ctx.get()), splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get(), a);
+                 reinterpret_cast<T*>(ctx.get()), ctxp, splits > 1 && !attn_cluster ? partial.get() : nullptr, arrivals.get(), a);
       mark();
       const ActQuant* mlp8 = !W.experts.empty() ? nullptr   // MoE: xn is gathered per expert
                              : W.gate_up        ? int8_input({&W.gate_up8})
                                                 : int8_input({&W.lin8[4], &W.lin8[5]});
-      const A16Fold post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm, 0, W.experts.empty() && !split_declined[l][0]);   // X += o(ctx); MoE gathers xn
+      A16Fold post_normed = A16Fold::none;   // X += o(ctx); MoE gathers xn
+      offered(3, ctx.get(), ctxp, [&] { post_normed = residual_linear(W.lin[3], ctx.get(), mlp8 ? nullptr : &D.post_norm, 0, W.experts.empty() && !split_declined[l][0]); });
       mark();
       xn_p = nullptr;
       split = -1;
@@ -1243,8 +1258,8 @@ struct DecodeCuda::Impl {
         for (auto& d : split_declined) d = {true, true};
     }
     if (xperm_rows)
-      for (size_t i = 0; i < 3; ++i)
-        if (known[i] < 0) known[i] = took[i] ? 1 : 0;
+      for (size_t i = 0; i < known.size(); ++i)
+        if (known[i] < 0 && (i != 3 || attn_perm)) known[i] = took[i] ? 1 : 0;   // the attention's copy: known where it was written
     mark();
   }
 

@@ -150,10 +150,18 @@ constexpr int a16_mma_slices(int64_t M, int64_t N, int64_t K, int bits) {
 // took it and W8 3072 x 8192. W4 3072 x 8192 moved from shared_x to the streamed form with 3 stages
 // (run 308, `PTQKIT_A16_TMA_CELLS` in one call, twice: phi3-mini W4A16 at batch 32 9,940 -> 10,666
 // tok/s, +7.3%; +3.9% at 2 stages; 18.1 µs alone at 2 stages, shared_x's 18.2).
+// W4 4096 x 4096 (the o projection of llama2-7b, llama3-8b and Mistral-7B) moved from the L2-fed
+// kernel to the streamed form at 17..32 rows for the decode step (lab runs 389-391, 2026-11-30,
+// --decode 128, twice; the form is slower alone: 12.4 µs is the L2-fed kernel's at 32 rows, run
+// 387): with its own permute pass llama2-7b W4A16 at batch 32 +1.5-1.8%, llama3-8b within ±0.6% at
+// 17, 24 and 32 rows; with attend writing ctx in its order (a16_offer_wgmma_x: no permute launch)
+// llama2-7b at 17 / 24 / 32 rows 4,809 -> 4,891, 6,482 -> 6,693, 8,201 -> 8,445 tok/s (+1.7%,
+// +3.3%, +3.0%). W8's o stays: it writes the split norm there, and on the streamed form lost 5.7%
+// (llama2-7b) and 6.5% (llama3-8b) at batch 32 (run 389).
 constexpr A16Path a16_auto_path(int64_t M, int64_t N, int64_t K, int bits, bool wgmma) {
   const int64_t size = N * K;
   const bool big = size > int64_t(4096) * 4096, large = size >= int64_t(4096) * 11008, mid = size >= int64_t(6144) * 4096;
-  const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096) || (N == 3072 && K == 8192) || (N == 6144 && K == 4096)
+  const bool wgmma_from_17 = bits == 4   ? large || (N > K && size > int64_t(6144) * 4096) || (N == 3072 && K == 8192) || (N == 6144 && K == 4096) || (N == 4096 && K == 4096)
                              : bits == 8 ? (large && (K > N || size > int64_t(12288) * 4096 || N >= 4 * K)) || a16_wgmma_slices(M, N, K, 8) != 0 || a16_wgmma_streamed(N, K, 8)
                                          : a16_wgmma_streamed(N, K, 0);
   if (wgmma && (M >= 33 || (M >= 17 && wgmma_from_17)) && (M <= 128 || (M <= kA16WgmmaMaxM && big))) return A16Path::wgmma;
