@@ -303,7 +303,9 @@ __global__ void rope_append(RopeArgs a, T* qh, T* kc, T* vc) {
 // and a warp's own cp.async ring of 2-4 stages in shared memory, were slower than 2 steps in
 // registers.) With no scores in shared memory the cache's length is not bounded by it. q, K, V and
 // the partials through L2 (__ldcg): q is written by the kernel before under PDL, the partials by
-// other CTAs of this one.
+// other CTAs of this one. Out: ctx [rows, nh hd]; where ctx_perm is set (one split a head), the same
+// values again at their columns in the wgmma A16 kernel's order (a16_wgmma_x_col), the o
+// projection's x without its permute pass.
 constexpr int kAttnMaxWarps = 8, kMaxHd = 256, kMaxSplits = 16, kSplitBelow = 512, kSplitCtas = 768, kSplitMinPositions = 64;   // a CTA of 8 warps (32 at batch 1 was 0.55 ms a step; splits instead)
 constexpr int kAttnThreads = 32 * kAttnMaxWarps;
 constexpr int kClusterSplits = 8;   // the most splits combined in a cluster (the portable cluster size)
