@@ -190,7 +190,9 @@ TEST_CASE("decode cuda: the norms split between the Linears at 17 to 32 rows giv
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
   const LlamaConfig c = parse_config(synth_config_json("llama2-7b", 2, DType::F16), "llama2-7b");
-  cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, "nf4", true);
+  for (const char* f : {"nf4", "w4a16"}) {   // NF4: the L2-fed kernel writes; W4A16: the wgmma kernel's streamed form
+  INFO(f);
+  cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, true);
   const int B = 24;
   std::vector<int32_t> p(static_cast<size_t>(B));
   for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
@@ -210,6 +212,7 @@ TEST_CASE("decode cuda: the norms split between the Linears at 17 to 32 rows giv
     one.feed({tokens[size_t(B + b)]}, 1);
     const MatF l3 = one.logits();
     CHECK((l3.row(0) - last.row(b)).cwiseAbs().maxCoeff() <= 0.01 * l3.cwiseAbs().maxCoeff() + 1e-3);
+  }
   }
 }
 

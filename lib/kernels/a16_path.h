@@ -122,6 +122,15 @@ constexpr int a16_wgmma_nk(int64_t N, int64_t K, int bits) { return bits == 0 &&
 constexpr int a16_wgmma_tma_slices(int64_t N, int64_t K, int bits) {
   return bits != 4 ? 0 : N == 6144 && K == 4096 ? 4 : N == 9216 && K == 3072 ? 3 : 0;
 }
+// The cells where the streamed form writes a split norm (a16_wgmma.cu, kRowSs: the decode's o and
+// down at 32 staged rows, GPTQ 4-bit), measured in the decode step at batch 32 with a layer's norms
+// split against not (lab run 396, 2026-11-30, `PTQKIT_DECODE_NORM_SPLIT` 1 / 0, --decode 128,
+// twice): llama2-7b W4A16 (o 4096 x 4096, down 4096 x 11008) 8,606, 8,606 against 8,478, 8,467
+// tok/s (+1.6%). llama3-8b W4A16 (o 4096 x 4096, down 4096 x 14336) lost 13.6% with both split
+// (7,521, 7,515 against 8,695, 8,723; not understood: leaving its norm kernels out altogether ran
+// it 7.8% slower too, run 314), so its down does not write, and by the engine's pairing rule
+// neither of its norms splits.
+constexpr bool a16_wgmma_tma_writes_norm(int64_t N, int64_t K, int bits) { return bits == 4 && N == 4096 && (K == 4096 || K == 11008); }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
 // planner's measured faster in the decode step (the H200, batch 32, one cell at a time and then
 // together: cells that pay alone can lose beside the others, as the kernels overlap under PDL):

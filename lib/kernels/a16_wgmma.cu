@@ -412,10 +412,15 @@ constexpr size_t tma_smem_bytes(int bn, int u4, int nk, int D) {
 // tree), and keep it in a register until the ring is free. (Formed by the producer warp's idle
 // lanes 1..31 instead, beside lane 0's copies, it delayed them: decode at batch 32 3-4% slower on
 // llama2-7b, lab run 319.)
-// (The writer's side in this form's plain epilogue, for GPTQ 4-bit's down Linear, measured no
-// gain: llama2-7b W4A16 at batch 32 -0.5% with both of a layer's norms split, lab run 321; not kept.)
+// kRowSs (BN = 32, the plain epilogue, GPTQ 4-bit codes, N % 128 == 0): a split norm's writer
+// (a16_fold_norm with row_ss; A16RowNorm), as the k-step loop's split-K sum writes it: y = the sum
+// + beta y in fp32 into yf (the residual row X), the reader's x = f16(X w / 16) into out and
+// out_perm, and each 16 rows' sum of squares of X into row_ss (a quad's four squares in order, then
+// a shuffle tree over the 4 lanes of the 16 rows). (This writer for the down Linear alone, beside
+// the L2-fed kernel's o writer, measured -0.5% on llama2-7b W4A16 at batch 32, lab run 321; with
+// the o projection on this form too it serves both of a layer's norms: lab run 396.)
 enum class Epi { plain, silu, rope };
-template <int BN, class Format, bool kRowScale, int kTmaNK, Epi kEpi = Epi::plain, bool kNormIn = false>
+template <int BN, class Format, bool kRowScale, int kTmaNK, Epi kEpi = Epi::plain, bool kNormIn = false, bool kRowSs = false>
 __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                                                                 const __grid_constant__ CUtensorMap map_m, Format fmt, __half* __restrict__ yh, float* __restrict__ yf,
                                                                 __half* __restrict__ act_perm, const A16Rope rope, float beta, int M, int N, int K, int sps, int D,
@@ -423,6 +428,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
 #ifdef PTQ_A16_WGMMA
   static_assert(!kNormIn || (BN == 32 && kEpi != Epi::plain), "a split norm's reader: 17..32 rows, 8 consumer threads a token, a folded epilogue");
   static_assert(!kNormIn || 2 * tma_stage_bytes(BN, Format::kU4, kTmaNK) >= (BN * kTmaRedStride + BN) * 4, "the tokens' inv past the partial, inside the ring");
+  static_assert(!kRowSs || (BN == 32 && kEpi == Epi::plain && !kNormIn), "a split norm's writer: 17..32 rows, the plain epilogue");
   constexpr bool kSilu = kEpi == Epi::silu;
   namespace cg = cooperative_groups;
   constexpr int kU4 = Format::kU4, SB = tma_stage_bytes(BN, kU4, kTmaNK);
@@ -620,13 +626,30 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
       const int n = o / 32, r = 4 * (o % 32);
       if (r >= rows) continue;
       const float4 v = quad_sum(n, r);
-      const float vv[4] = {v.x, v.y, v.z, v.w};
+      float vv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (r + e >= rows) break;
         const int64_t o2 = int64_t(n) * N + n0 + r + e;
-        if (yf) yf[o2] = vv[e] + (beta != 0.0f ? beta * yf[o2] : 0.0f);
+        if (yf) yf[o2] = vv[e] = vv[e] + (beta != 0.0f ? beta * yf[o2] : 0.0f);
         else yh[o2] = __float2half_rn(vv[e]);
+      }
+      if constexpr (kRowSs) {   // vv: X (fp32, after beta y); rows == 128, so every lane of the warp is here
+        const int R = n0 + r;
+        const float4 w = __ldg(reinterpret_cast<const float4*>(norm.w + R));
+        const __half2 lo = __floats2half2_rn(vv[0] * w.x * kSplitNormScale, vv[1] * w.y * kSplitNormScale);   // the reader's x
+        const __half2 hi = __floats2half2_rn(vv[2] * w.z * kSplitNormScale, vv[3] * w.w * kSplitNormScale);
+        const int64_t row = int64_t(n) * N;
+        *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R) = lo;
+        *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R + 2) = hi;
+        if (norm.out_perm) {   // column pairs stay side by side in that order
+          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R)) = lo;
+          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R + 2)) = hi;
+        }
+        float sq = ((vv[0] * vv[0] + vv[1] * vv[1]) + vv[2] * vv[2]) + vv[3] * vv[3];
+        sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+        sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+        if ((o & 3) == 0) norm.row_ss[int64_t(n) * (N / 16) + R / 16] = sq;
       }
     }
   }
@@ -762,37 +785,47 @@ template <int BN, class Format>
 constexpr bool tma_reads_split_norm() {
   return BN == 32 && (!std::is_base_of_v<Nf4Format, Format> || Format::kPairTable);
 }
+// Whether the streamed form has the split norm's writer (a16_fold_norm with row_ss, kRowSs) at
+// these staged rows and codes: GPTQ 4-bit at 32 (the decode's o and down projections on this form).
+template <int BN, class Format>
+constexpr bool tma_writes_split_norm() {
+  return BN == 32 && !std::is_base_of_v<Nf4Format, Format> && Format::kU4 == 1 && !Format::kRowMajor;
+}
 // The streamed form's instantiation for a call: its scales (row_scale: GPTQ codes with one group),
-// its epilogue (rope at 32 staged rows only) and the split norm's reader (norm_in, in a folded
-// epilogue where the form has it: tma_reads_split_norm). Only these combinations are instantiated.
+// its epilogue (rope at 32 staged rows only), the split norm's reader (norm_in, in a folded
+// epilogue where the form has it: tma_reads_split_norm) or its writer (norm_out, in the plain
+// epilogue: tma_writes_split_norm). Only these combinations are instantiated.
 template <int BN, class Format, bool kRowScale, int NK, Epi kEpi>
-auto tma_kernel_reading(bool norm_in) {
+auto tma_kernel_reading(bool norm_in, bool norm_out) {
   if constexpr (kEpi != Epi::plain && tma_reads_split_norm<BN, Format>())
     if (norm_in) return wgmma_tma_kernel<BN, Format, kRowScale, NK, kEpi, true>;
+  if constexpr (kEpi == Epi::plain && NK == 4 && tma_writes_split_norm<BN, Format>())
+    if (norm_out) return wgmma_tma_kernel<BN, Format, kRowScale, NK, kEpi, false, true>;
   return wgmma_tma_kernel<BN, Format, kRowScale, NK, kEpi>;
 }
 template <int BN, class Format, bool kRowScale, int NK>
-auto tma_kernel_with(Epi epi, bool norm_in) {
+auto tma_kernel_with(Epi epi, bool norm_in, bool norm_out) {
   if constexpr (BN == 32)
-    if (epi == Epi::rope) return tma_kernel_reading<BN, Format, kRowScale, NK, Epi::rope>(norm_in);
-  return epi == Epi::silu ? tma_kernel_reading<BN, Format, kRowScale, NK, Epi::silu>(norm_in) : tma_kernel_reading<BN, Format, kRowScale, NK, Epi::plain>(norm_in);
+    if (epi == Epi::rope) return tma_kernel_reading<BN, Format, kRowScale, NK, Epi::rope>(norm_in, false);
+  return epi == Epi::silu ? tma_kernel_reading<BN, Format, kRowScale, NK, Epi::silu>(norm_in, false)
+                          : tma_kernel_reading<BN, Format, kRowScale, NK, Epi::plain>(false, norm_out);
 }
 template <int BN, class Format, int NK>
-auto tma_kernel_of(bool row_scale, Epi epi, bool norm_in) {
+auto tma_kernel_of(bool row_scale, Epi epi, bool norm_in, bool norm_out) {
   if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
-    if (row_scale) return tma_kernel_with<BN, Format, true, NK>(epi, norm_in);
-  return tma_kernel_with<BN, Format, false, NK>(epi, norm_in);
+    if (row_scale) return tma_kernel_with<BN, Format, true, NK>(epi, norm_in, norm_out);
+  return tma_kernel_with<BN, Format, false, NK>(epi, norm_in, norm_out);
 }
 
 template <int BN, class Format, int NK = 4>
 void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K, Epi epi = Epi::plain,
-                __half* act_perm = nullptr, const A16Rope& rope = {}, const A16RowNorm* norm_in = nullptr) {
+                __half* act_perm = nullptr, const A16Rope& rope = {}, const A16RowNorm* norm_in = nullptr, const A16RowNorm* norm_out = nullptr) {
   static const int D0 = env_int("PTQKIT_A16_TMA_STAGES", 0), forced = env_int("PTQKIT_A16_TMA_SLICES", 0), max_s = env_int("PTQKIT_A16_TMA_MAXS", 8);
   const A16SweepCell* cell = swept_cell(N, K, code_bits<Format>());
   const int D = cell && cell->a >= 2 ? cell->a : D0 >= 2 ? D0 : a16_wgmma_stages(N, K, code_bits<Format>());
   const bool row_scale = scales_per_row(fmt);
   const bool silu = epi == Epi::silu;
-  const auto kern = tma_kernel_of<BN, Format, NK>(row_scale, epi, norm_in != nullptr);
+  const auto kern = tma_kernel_of<BN, Format, NK>(row_scale, epi, norm_in != nullptr, norm_out != nullptr);
   const size_t smem = tma_smem_bytes(BN, Format::kU4, NK, D);
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> resident;   // CTAs resident at once, per kernel and ring depth
@@ -831,7 +864,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   S = (KS + sps - 1) / sps;   // no empty slice
   static const bool pdl = env_int("PTQKIT_A16_TMA_PDL", 1) != 0;
   launch_ex("a16 wgmma_tma_kernel", pdl, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), kern, dim3(unsigned(groups), unsigned(S)), dim3(kTmaThreads), smem, map, map_w, map_m, fmt,
-            yh, yf, act_perm, rope, beta, int(M), int(N), int(K), sps, D, norm_in ? *norm_in : A16RowNorm{});
+            yh, yf, act_perm, rope, beta, int(M), int(N), int(K), sps, D, norm_in ? *norm_in : norm_out ? *norm_out : A16RowNorm{});
 }
 
 // x [M, K] in the kernels' k-step order [M, KP]: the copy a producer offered (a16_offer_wgmma_x:
@@ -884,6 +917,14 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     const bool reads = tma_reads_split_norm<32, Format>() && bn == 32 && epi != Epi::plain && K % 64 == 0;
     const A16RowNorm* norm_in = g_norm_in.norm && reads ? g_norm_in.norm : nullptr;
     if (norm_in) g_norm_in.taken = true;
+    // A split norm's writer (a16_fold_norm with row_ss) where this form has it (tma_writes_split_norm,
+    // the plain epilogue, fp32 y, whole 128-row groups) on the cells measured faster so
+    // (a16_wgmma_tma_writes_norm): the residual row X, x for the reader, and X's sums of squares, as
+    // the k-step loop's split-K sum writes them.
+    const bool writes = tma_writes_split_norm<32, Format>() && bn == 32 && epi == Epi::plain && yf && N % 128 == 0 &&
+                        a16_wgmma_tma_writes_norm(N, K, code_bits<Format>());   // the measured cells
+    const A16RowNorm* norm_out = g_fold.norm && g_fold.norm->row_ss && writes ? g_fold.norm : nullptr;
+    if (norm_out) g_fold.taken = A16Fold::split;
 
     // K-steps a stage: 4 (lab runs 230-231: 2 and 1 slower for GPTQ codes), 2 on NF4's cells of
     // a16_wgmma_nk (its pair table and 2 stages of 2 k-steps fit three CTAs an SM).
@@ -892,7 +933,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
         return launch_tma<32, Format, 2>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{}, norm_in);
     if (bn == 8) launch_tma<8>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
     else if (bn == 16) launch_tma<16>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm);
-    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{}, norm_in);
+    else launch_tma<32>(fmt, W, xk, yh, yf, beta, M, N, K, epi, act_perm, roped ? *rope : A16Rope{}, norm_in, norm_out);
     return;
   }
   const bool row_scale = scales_per_row(fmt);
