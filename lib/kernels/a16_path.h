@@ -126,7 +126,7 @@ constexpr int a16_wgmma_tma_slices(int64_t N, int64_t K, int bits) {
 // down at 32 staged rows, GPTQ 4-bit), measured in the decode step at batch 32 with a layer's norms
 // split against not (lab run 396, 2026-11-30, `PTQKIT_DECODE_NORM_SPLIT` 1 / 0, --decode 128,
 // twice): llama2-7b W4A16 (o 4096 x 4096, down 4096 x 11008) 8,606, 8,606 against 8,478, 8,467
-// tok/s (+1.6%). llama3-8b W4A16 (o 4096 x 4096, down 4096 x 14336) lost 13.6% with both split
+// tok/s (+1.6%). llama3-8b W4A16 (o 4096 x 4096, down 4096 x 14336) lost 13.7% with both split
 // (7,521, 7,515 against 8,695, 8,723; not understood: leaving its norm kernels out altogether ran
 // it 7.8% slower too, run 314), so its down does not write, and by the engine's pairing rule
 // neither of its norms splits.
