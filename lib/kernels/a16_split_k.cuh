@@ -30,6 +30,24 @@
 
 namespace ptq::cuda::a16 {
 
+// A split norm's writer, one quad: token n's rows R .. R + 3 of X (x, fp32; w the norm's weights
+// of those rows) -> the reader's x = f16(X w / 16) into out and, when set, out_perm (column pairs
+// stay side by side in that order). Returns the quad's sum of squares, its four in order; the
+// caller adds its group's 4 quads by a shuffle tree. Serves sum_split_k below and the streamed
+// wgmma form's epilogue (a16_wgmma.cu, kRowSs).
+__device__ __forceinline__ float write_split_quad(const A16RowNorm& norm, int n, int N, int R, const float (&x)[4], float4 w) {
+  const __half2 lo = __floats2half2_rn(x[0] * w.x * kSplitNormScale, x[1] * w.y * kSplitNormScale);
+  const __half2 hi = __floats2half2_rn(x[2] * w.z * kSplitNormScale, x[3] * w.w * kSplitNormScale);
+  const int64_t row = int64_t(n) * N;
+  *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R) = lo;
+  *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R + 2) = hi;
+  if (norm.out_perm) {
+    *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R)) = lo;
+    *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R + 2)) = hi;
+  }
+  return ((x[0] * x[0] + x[1] * x[1]) + x[2] * x[2]) + x[3] * x[3];
+}
+
 template <int U = 4, bool kRowSs = false>
 __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, int R0, int rows, int M, int N, __half* yh, float* yf, float beta,
                                             const A16RowNorm& norm = {}) {
@@ -95,20 +113,7 @@ __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, in
         else yh[i] = __float2half_rn(vv[e]);
       }
       if constexpr (kRowSs) {   // vv: y (fp32, after beta y); lim[u] is 0 or 4
-        float sq = 0.0f;
-        if (lim[u]) {
-          const float4 w = wn[u];
-          const __half2 lo = __floats2half2_rn(vv[0] * w.x * kSplitNormScale, vv[1] * w.y * kSplitNormScale);   // the reader's x
-          const __half2 hi = __floats2half2_rn(vv[2] * w.z * kSplitNormScale, vv[3] * w.w * kSplitNormScale);
-          const int64_t row = int64_t(n) * N;
-          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R) = lo;
-          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R + 2) = hi;
-          if (norm.out_perm) {   // column pairs stay side by side in that order
-            *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R)) = lo;
-            *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R + 2)) = hi;
-          }
-          sq = ((vv[0] * vv[0] + vv[1] * vv[1]) + vv[2] * vv[2]) + vv[3] * vv[3];
-        }
+        float sq = lim[u] ? write_split_quad(norm, n, N, R, vv, wn[u]) : 0.0f;
         sq += __shfl_xor_sync(0xffffffffu, sq, 1);
         sq += __shfl_xor_sync(0xffffffffu, sq, 2);
         if (lim[u] && (o & 3) == 0) norm.row_ss[int64_t(n) * (N / 16) + R / 16] = sq;

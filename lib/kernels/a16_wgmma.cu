@@ -636,17 +636,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
       }
       if constexpr (kRowSs) {   // vv: X (fp32, after beta y); rows == 128, so every lane of the warp is here
         const int R = n0 + r;
-        const float4 w = __ldg(reinterpret_cast<const float4*>(norm.w + R));
-        const __half2 lo = __floats2half2_rn(vv[0] * w.x * kSplitNormScale, vv[1] * w.y * kSplitNormScale);   // the reader's x
-        const __half2 hi = __floats2half2_rn(vv[2] * w.z * kSplitNormScale, vv[3] * w.w * kSplitNormScale);
-        const int64_t row = int64_t(n) * N;
-        *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R) = lo;
-        *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out) + row + R + 2) = hi;
-        if (norm.out_perm) {   // column pairs stay side by side in that order
-          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R)) = lo;
-          *reinterpret_cast<__half2*>(static_cast<__half*>(norm.out_perm) + row + a16_wgmma_x_col(R + 2)) = hi;
-        }
-        float sq = ((vv[0] * vv[0] + vv[1] * vv[1]) + vv[2] * vv[2]) + vv[3] * vv[3];
+        float sq = write_split_quad(norm, n, N, R, vv, __ldg(reinterpret_cast<const float4*>(norm.w + R)));
         sq += __shfl_xor_sync(0xffffffffu, sq, 1);
         sq += __shfl_xor_sync(0xffffffffu, sq, 2);
         if ((o & 3) == 0) norm.row_ss[int64_t(n) * (N / 16) + R / 16] = sq;
