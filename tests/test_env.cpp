@@ -61,6 +61,20 @@ TEST_CASE("env switches: on/off is 0 or 1 or its default, anything else is refus
   ::unsetenv(v);
 }
 
+TEST_CASE("env switches: a list of names gives each entry's place among the choices, an unknown or empty one is refused naming the variable and the entry") {
+  const char* v = "PTQKIT_TEST_ENV_NAMES";
+  const std::vector<std::string> choices{"mma", "shared_x", "wgmma", "dequant"};
+  ::unsetenv(v);
+  CHECK(env_name_list(v, choices).empty());
+  ::setenv(v, "", 1);
+  CHECK(env_name_list(v, choices).empty());
+  ::setenv(v, "wgmma,mma,wgmma", 1);
+  CHECK(env_name_list(v, choices) == std::vector<int>{2, 0, 2});
+  for (const char* bad : {"wgmm", "mma,", ",mma", "mma,,dequant", "MMA", " mma", "mma wgmma"})
+    check_refused(v, bad, "want names among mma, shared_x, wgmma, dequant", [&] { (void)env_name_list(v, choices); });
+  ::unsetenv(v);
+}
+
 TEST_CASE("env switches: a list gives each entry's fields as written, a malformed entry is refused naming the variable and the entry") {
   const char* v = "PTQKIT_TEST_ENV_LIST";
   ::unsetenv(v);

@@ -21,6 +21,16 @@ bool read_int(const char* s, long long& v, const char*& stop) {
   stop = end;
   return end != s && errno != ERANGE;
 }
+// The comma-separated entries of text, empty ones kept (a list switch refuses them).
+std::vector<std::string> entries(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t begin = 0; begin <= text.size();) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    out.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return out;
+}
 }  // namespace
 
 int env_int(const char* name, int dflt) {
@@ -43,11 +53,7 @@ std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* for
   std::vector<std::vector<int64_t>> out;
   const char* e = std::getenv(name);
   if (!e || !*e) return out;
-  const std::string text = e;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    const size_t end = std::min(text.find(',', begin), text.size());
-    const std::string entry = text.substr(begin, end - begin);
+  for (const std::string& entry : entries(e)) {
     std::vector<int64_t> fields;
     bool ok = !entry.empty();
     for (size_t i = 0; ok && i < entry.size();) {
@@ -62,7 +68,22 @@ std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* for
     if (!ok || int(fields.size()) < min_fields || int(fields.size()) > max_fields)
       fail(Errc::usage, "", name, "entry '" + entry + "': want " + form + " (integers), entries separated by commas");
     out.push_back(std::move(fields));
-    begin = end + 1;
+  }
+  return out;
+}
+
+std::vector<int> env_name_list(const char* name, const std::vector<std::string>& choices) {
+  std::vector<int> out;
+  const char* e = std::getenv(name);
+  if (!e || !*e) return out;
+  for (const std::string& entry : entries(e)) {
+    const auto it = std::find(choices.begin(), choices.end(), entry);
+    if (it == choices.end()) {
+      std::string all;
+      for (const std::string& c : choices) all += (all.empty() ? "" : ", ") + c;
+      fail(Errc::usage, "", name, "'" + entry + "': want names among " + all + ", separated by commas");
+    }
+    out.push_back(int(it - choices.begin()));
   }
   return out;
 }

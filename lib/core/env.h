@@ -5,6 +5,7 @@
 // pipeline's alike).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace ptq {
@@ -20,5 +21,8 @@ bool env_switch(const char* name, bool dflt);
 // ("NxK:bits[:stages[:slices]]"). Unset or empty: no entries. A malformed entry is refused, naming
 // the variable and the entry, not skipped.
 std::vector<std::vector<int64_t>> env_int_list(const char* name, const char* form, char first, int min_fields, int max_fields);
+// A list switch of names, "a,b,...", each one of `choices`: each entry's index in choices, in order.
+// Unset or empty: no entries. An entry not among them is refused, naming the variable and the entry.
+std::vector<int> env_name_list(const char* name, const std::vector<std::string>& choices);
 
 }  // namespace ptq

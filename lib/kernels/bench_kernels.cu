@@ -27,7 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "core/rng.h"
 #include "cuda/pdl.cuh"
 #include "cuda/random.h"
@@ -126,18 +125,12 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
     sweep.push_back({at(0), at(1), at(2), at(3), at(4)});
   }
   std::vector<A16Path> paths{A16Path::automatic};
-  if (const char* e = std::getenv("PTQKIT_A16_PATHS"); e && *e) {   // each name one of the four; any other refused, as the other switches are
+  const A16Path named[] = {A16Path::mma, A16Path::shared_x, A16Path::wgmma, A16Path::dequant};
+  std::vector<std::string> names;
+  for (A16Path p : named) names.push_back(a16_path_name(p));
+  if (const std::vector<int> picked = env_name_list("PTQKIT_A16_PATHS", names); !picked.empty()) {   // any other name refused
     paths.clear();
-    const std::string list = e;
-    for (size_t b = 0; b <= list.size();) {
-      const size_t end = std::min(list.find(',', b), list.size());
-      const std::string name = list.substr(b, end - b);
-      bool known = false;
-      for (A16Path p : {A16Path::mma, A16Path::shared_x, A16Path::wgmma, A16Path::dequant})
-        if (name == a16_path_name(p)) known = true, paths.push_back(p);
-      if (!known) fail(Errc::usage, "", "PTQKIT_A16_PATHS", "'" + name + "': want paths among mma, shared_x, wgmma, dequant, separated by commas");
-      b = end + 1;
-    }
+    for (int i : picked) paths.push_back(named[i]);
   }
   const size_t flush_bytes = size_t(256) << 20;
   DeviceBuffer<uint8_t> flush(flush_bytes, "L2 flush buffer");
