@@ -180,8 +180,8 @@ TEST_CASE("decode cuda: the rotary and KV append folded into the q, k, v Linear 
     }
 }
 
-// At 17..32 rows the norms of an NF4 model are split between the Linears around them (the o and
-// down Linears write each token's sums of squares and f16(X w / 16); the q, k, v and gate, up
+// At 17..32 rows the norms of an NF4 or W4A16 model are split between the Linears around them (the o
+// and down Linears write each token's sums of squares and f16(X w / 16); the q, k, v and gate, up
 // Linears on the wgmma kernel's streamed form scale their sums by 16 / rms(X_n)): two llama2-7b
 // layers at batch 24, where each sequence's logits after its prompt token and after two greedy
 // steps must equal that sequence decoded alone (batch 1: the norm folded whole into NF4's one-row
@@ -191,28 +191,28 @@ TEST_CASE("decode cuda: the norms split between the Linears at 17 to 32 rows giv
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
   const LlamaConfig c = parse_config(synth_config_json("llama2-7b", 2, DType::F16), "llama2-7b");
   for (const char* f : {"nf4", "w4a16"}) {   // NF4: the L2-fed kernel writes; W4A16: the wgmma kernel's streamed form
-  INFO(f);
-  cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, true);
-  const int B = 24;
-  std::vector<int32_t> p(static_cast<size_t>(B));
-  for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
-  cuda::DecodeCuda all(w, B, 8);
-  all.feed(p, 1);
-  const MatF first = all.logits();
-  const std::vector<int32_t> tokens = all.decode_greedy(2);   // [2, B]
-  const MatF last = all.logits();
-  CHECK(all.norm_split_rows_used());
-  for (int b : {0, 7, 23}) {
-    INFO("sequence " << b);
-    cuda::DecodeCuda one(w, 1, 8);
-    one.feed({p[size_t(b)]}, 1);
-    const MatF l1 = one.logits();
-    CHECK((l1.row(0) - first.row(b)).cwiseAbs().maxCoeff() <= 0.01 * l1.cwiseAbs().maxCoeff() + 1e-3);
-    one.feed({tokens[size_t(b)]}, 1);   // the batch's own tokens, so that a near tie cannot fork the two
-    one.feed({tokens[size_t(B + b)]}, 1);
-    const MatF l3 = one.logits();
-    CHECK((l3.row(0) - last.row(b)).cwiseAbs().maxCoeff() <= 0.01 * l3.cwiseAbs().maxCoeff() + 1e-3);
-  }
+    INFO(f);
+    cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, true);
+    const int B = 24;
+    std::vector<int32_t> p(static_cast<size_t>(B));
+    for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 7919 + 13) % size_t(c.vocab_size));
+    cuda::DecodeCuda all(w, B, 8);
+    all.feed(p, 1);
+    const MatF first = all.logits();
+    const std::vector<int32_t> tokens = all.decode_greedy(2);   // [2, B]
+    const MatF last = all.logits();
+    CHECK(all.norm_split_rows_used());
+    for (int b : {0, 7, 23}) {
+      INFO("sequence " << b);
+      cuda::DecodeCuda one(w, 1, 8);
+      one.feed({p[size_t(b)]}, 1);
+      const MatF l1 = one.logits();
+      CHECK((l1.row(0) - first.row(b)).cwiseAbs().maxCoeff() <= 0.01 * l1.cwiseAbs().maxCoeff() + 1e-3);
+      one.feed({tokens[size_t(b)]}, 1);   // the batch's own tokens, so that a near tie cannot fork the two
+      one.feed({tokens[size_t(B + b)]}, 1);
+      const MatF l3 = one.logits();
+      CHECK((l3.row(0) - last.row(b)).cwiseAbs().maxCoeff() <= 0.01 * l3.cwiseAbs().maxCoeff() + 1e-3);
+    }
   }
 }
 
