@@ -4,6 +4,7 @@
 // decode runs through the packed kernels.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/safetensors.h"
 #include "eval/decode_cuda.h"
@@ -183,15 +184,18 @@ TEST_CASE("decode cuda: the rotary and KV append folded into the q, k, v Linear 
 // At 17..32 rows the norms of an NF4 or W4A16 model are split between the Linears around them (the o
 // and down Linears write each token's sums of squares and f16(X w / 16); the q, k, v and gate, up
 // Linears on the wgmma kernel's streamed form scale their sums by 16 / rms(X_n)): two llama2-7b
-// layers at batch 24, where each sequence's logits after its prompt token and after two greedy
+// (and llama3-8b) layers at batch 24, where each sequence's logits after its prompt token and after two greedy
 // steps must equal that sequence decoded alone (batch 1: the norm folded whole into NF4's one-row
 // kernel; other kernels, other sums: 1% of the logits' range).
 TEST_CASE("decode cuda: the norms split between the Linears at 17 to 32 rows give each sequence's logits at batch 1") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
-  const LlamaConfig c = parse_config(synth_config_json("llama2-7b", 2, DType::F16), "llama2-7b");
-  for (const char* f : {"nf4", "w4a16"}) {   // NF4: the L2-fed kernel writes; W4A16: the wgmma kernel's streamed form
-    INFO(f);
+  // NF4: the L2-fed kernel writes; W4A16: the wgmma kernel's streamed form (llama3-8b: its down
+  // 4096 x 14336 writes and its readers run 3-stage rings, lab run 406).
+  const std::pair<const char*, const char*> cases[] = {{"llama2-7b", "nf4"}, {"llama2-7b", "w4a16"}, {"llama3-8b", "w4a16"}};
+  for (const auto& [preset, f] : cases) {
+    INFO(preset << " " << f);
+    const LlamaConfig c = parse_config(synth_config_json(preset, 2, DType::F16), preset);
     cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, true);
     const int B = 24;
     std::vector<int32_t> p(static_cast<size_t>(B));

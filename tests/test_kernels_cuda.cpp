@@ -1204,14 +1204,14 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_streamed(3072, 8192, 0));   // run 307: phi3-mini NF4 +3.8%
   CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 11008, 0));
   CHECK_FALSE(cuda::a16_wgmma_streamed(4096, 14336, 0));
-  // Its ring depth (runs 243, 245, 297, 300): 3 stages on 12288 x 4096 (4- and 8-bit), W8 9216 x 3072,
-  // 16384 x 3072 (4- and 8-bit) and W8 6144 x 4096, else 2.
+  // Its ring depth (runs 243, 245, 297, 300, 406): 3 stages on 12288 x 4096 (4- and 8-bit), W8 9216 x 3072,
+  // 16384 x 3072 (4- and 8-bit), 6144 x 4096 (every code) and W4 28672 x 4096, else 2.
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 4) == 3);
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(16384, 3072, 8) == 3);
   CHECK(cuda::a16_wgmma_stages(6144, 4096, 8) == 3);
-  CHECK(cuda::a16_wgmma_stages(6144, 4096, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(6144, 4096, 4) == 3);   // runs 401-406: the split norm's readers, two CTAs an SM
   CHECK(cuda::a16_wgmma_stages(6144, 4096, 0) == 3);    // run 306: NF4
   CHECK(cuda::a16_wgmma_stages(16384, 3072, 0) == 3);
   CHECK(cuda::a16_wgmma_stages(12288, 4096, 0) == 2);
@@ -1232,7 +1232,16 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_tma_slices(6144, 4096, 0) == 0);
   CHECK(cuda::a16_wgmma_tma_slices(12288, 4096, 4) == 0);
   CHECK(cuda::a16_wgmma_tma_slices(4096, 11008, 4) == 0);
-  CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 3);
+  CHECK(cuda::a16_wgmma_stages(28672, 4096, 8) == 2);
+  CHECK(cuda::a16_wgmma_stages(28672, 4096, 0) == 2);
+  // Where the streamed form writes the split norm (runs 396-397, 406): W4's o and down of the Llama presets.
+  CHECK(cuda::a16_wgmma_tma_writes_norm(4096, 4096, 4));
+  CHECK(cuda::a16_wgmma_tma_writes_norm(4096, 11008, 4));
+  CHECK(cuda::a16_wgmma_tma_writes_norm(4096, 14336, 4));
+  CHECK_FALSE(cuda::a16_wgmma_tma_writes_norm(4096, 4096, 8));
+  CHECK_FALSE(cuda::a16_wgmma_tma_writes_norm(4096, 11008, 0));
+  CHECK_FALSE(cuda::a16_wgmma_tma_writes_norm(3072, 8192, 4));
   CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(22016, 4096, 4) == 2);
   CHECK(cuda::a16_wgmma_stages(4096, 11008, 8) == 2);

@@ -1068,8 +1068,9 @@ struct DecodeCuda::Impl {
     // Llama shapes); the wgmma kernel's streamed form reads it (the q, k, v and gate, up Linears
     // on their cells). Where either side declines, the norm kernel runs as before. Against the norm
     // kernels (lab runs 320-322 and 326, batch 32, --decode 128, twice): NF4 llama2-7b +3.9%,
-    // llama3-8b +7.3%, W8A16 llama2-7b +0.7%; W4A16, whose down runs the streamed form (no writer),
-    // and W8A16 on llama3-8b, whose gate, up runs the loop (no reader), split neither (below).
+    // llama3-8b +7.3%, W8A16 llama2-7b +0.7%; W4A16 (o and down on the streamed form, which writes
+    // it on a16_wgmma_tma_writes_norm's cells) llama2-7b +1.4-1.6%, llama3-8b +1.1% (runs 396-406);
+    // W8A16 on llama3-8b, whose gate, up runs the loop (no reader), splits neither (below).
     // (xnp[0] == xnp[1]: one copy in the wgmma order, or none, serves both norms' readers.)
     const bool split_rows = rows >= 17 && rows <= 32 && std::is_same_v<T, __half> && norm_vec && d % 64 == 0 && xnp[0] == xnp[1];
     const bool norm_split = (fold || split_rows) && decode_on(Switch::norm_split);

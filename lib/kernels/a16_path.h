@@ -92,11 +92,22 @@ constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
 // phi3-mini), 22016 x 4096 (30.8 -> 36.9 µs) and 28672 x 4096 (W4 -0.4%, W8 -1.3%). W8 6144 x 4096
 // and W4 16384 x 3072: 3 (runs 296-297 and 300, above); NF4 6144 x 4096 and 16384 x 3072: 3 (run
 // 306: llama3-8b NF4 at batch 32 +2.2%, phi3-mini +0.8%; NF4 12288 x 4096 at 3 stages -1.3%); W4
-// 3072 x 8192 (Phi-3-mini's down, a16_auto_path): 3 (run 308).
+// 3072 x 8192 (Phi-3-mini's down, a16_auto_path): 3 (run 308). W4 28672 x 4096 and 6144 x 4096
+// (llama3-8b's and Mistral-7B's gate, up and q, k, v): 3, for the split norm's readers' placement
+// (lab runs 401-406, 2026-11-30). Without a norm kernel between them (a16_wgmma_tma_writes_norm), a
+// reader is launched by PDL while the writer before it still runs (the writers trigger at their
+// start; the norm kernel only after its wait), so its CTAs back-fill the writer's slots as they free
+// and pack up to three an SM, where a launch onto an idle GPU spreads them evenly: the gate, up's
+// 224 CTAs and the q, k, v's 192 at 2 stages (three an SM possible) ran llama3-8b's W4A16 at batch
+// 32 13.5% slower split than whole. At 3 stages (102 KB a CTA, two an SM) the split runs +1.1% at
+// 32 rows, -0.2% at 24, equal at 17 (run 406, twice; 3 stages alone, whole: -0.2 to -0.3%, runs
+// 338, 404). Capping every streamed grid at its even share of CTAs an SM by its shared-memory
+// request instead lost 4-8% (the 4096-row writers' clusters of 8; run 405); the readers alone so
+// capped, 0.5-1% below these cells (run 406).
 constexpr int a16_wgmma_stages(int64_t N, int64_t K, int bits) {
   const bool three = (N == 12288 && K == 4096 && (bits == 4 || bits == 8)) || (K == 3072 && (N == 9216 || N == 16384) && bits == 8) ||
-                     (N == 6144 && K == 4096 && (bits == 8 || bits == 0)) || (N == 16384 && K == 3072 && (bits == 4 || bits == 0)) ||
-                     (N == 3072 && K == 8192 && bits == 4);
+                     (N == 6144 && K == 4096) || (N == 16384 && K == 3072 && (bits == 4 || bits == 0)) ||
+                     (N == 3072 && K == 8192 && bits == 4) || (N == 28672 && K == 4096 && bits == 4);
   return three ? 3 : 2;
 }
 // The streamed form's k-steps a stage per cell: 4, or 2 on NF4 22016 x 4096 (llama2-7b's gate, up),
@@ -127,10 +138,11 @@ constexpr int a16_wgmma_tma_slices(int64_t N, int64_t K, int bits) {
 // split against not (lab run 396, 2026-11-30, `PTQKIT_DECODE_NORM_SPLIT` 1 / 0, --decode 128,
 // twice): llama2-7b W4A16 (o 4096 x 4096, down 4096 x 11008) 8,606, 8,606 against 8,478, 8,467
 // tok/s (+1.6%). llama3-8b W4A16 (o 4096 x 4096, down 4096 x 14336) lost 13.7% with both split
-// (7,521, 7,515 against 8,695, 8,723; not understood: leaving its norm kernels out altogether ran
-// it 7.8% slower too, run 314), so its down does not write, and by the engine's pairing rule
-// neither of its norms splits.
-constexpr bool a16_wgmma_tma_writes_norm(int64_t N, int64_t K, int bits) { return bits == 4 && N == 4096 && (K == 4096 || K == 11008); }
+// (7,521, 7,515 against 8,695, 8,723), until its readers ran 3-stage rings (a16_wgmma_stages: their
+// CTAs had packed three an SM, lab runs 401-404): then 8,738, 8,759 against 8,656, 8,649 tok/s
+// (+1.1%) at batch 32, 6,720, 6,724 against 6,732, 6,736 at 24, equal at 17 (run 406), so its down
+// writes too.
+constexpr bool a16_wgmma_tma_writes_norm(int64_t N, int64_t K, int bits) { return bits == 4 && N == 4096 && (K == 4096 || K == 11008 || K == 14336); }
 // The L2-fed kernel's K slices (warps of a CTA) at 17..32 rows where a count other than its
 // planner's measured faster in the decode step (the H200, batch 32, one cell at a time and then
 // together: cells that pay alone can lose beside the others, as the kernels overlap under PDL):
