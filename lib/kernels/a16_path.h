@@ -97,7 +97,8 @@ constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
 // (lab runs 401-406, 2026-11-30). Without a norm kernel between them (a16_wgmma_tma_writes_norm), a
 // reader is launched by PDL while the writer before it still runs (the writers trigger at their
 // start; the norm kernel only after its wait), so its CTAs back-fill the writer's slots as they free
-// and pack up to three an SM, where a launch onto an idle GPU spreads them evenly: the gate, up's
+// and pack up to three an SM, where a launch onto an idle GPU spreads them evenly (the L2-fed
+// kernel's spread() answers the same effect by padding shared memory): the gate, up's
 // 224 CTAs and the q, k, v's 192 at 2 stages (three an SM possible) ran llama3-8b's W4A16 at batch
 // 32 13.5% slower split than whole. At 3 stages (102 KB a CTA, two an SM) the split runs +1.1% at
 // 32 rows, -0.2% at 24, equal at 17 (run 406, twice; 3 stages alone, whole: -0.2 to -0.3%, runs
