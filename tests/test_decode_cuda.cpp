@@ -184,9 +184,9 @@ TEST_CASE("decode cuda: the rotary and KV append folded into the q, k, v Linear 
 // At 17..32 rows the norms of an NF4 or W4A16 model are split between the Linears around them (the o
 // and down Linears write each token's sums of squares and f16(X w / 16); the q, k, v and gate, up
 // Linears on the wgmma kernel's streamed form scale their sums by 16 / rms(X_n)): two llama2-7b
-// (and llama3-8b) layers at batch 24, where each sequence's logits after its prompt token and after two greedy
-// steps must equal that sequence decoded alone (batch 1: the norm folded whole into NF4's one-row
-// kernel; other kernels, other sums: 1% of the logits' range).
+// (and llama3-8b) layers at batch 24, where each sequence's logits after its prompt token and after
+// two greedy steps must equal that sequence decoded alone (batch 1: the norm folded whole into
+// NF4's one-row kernel; other kernels, other sums: 1% of the logits' range).
 TEST_CASE("decode cuda: the norms split between the Linears at 17 to 32 rows give each sequence's logits at batch 1") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());

@@ -1219,6 +1219,12 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_stages(16384, 3072, 4) == 3);
   CHECK(cuda::a16_wgmma_stages(3072, 8192, 8) == 2);
   CHECK(cuda::a16_wgmma_stages(3072, 8192, 4) == 3);   // run 308: phi3-mini W4A16 +7.3%
+  CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 3);   // runs 401-406, as 6144 x 4096 above
+  CHECK(cuda::a16_wgmma_stages(28672, 4096, 8) == 2);
+  CHECK(cuda::a16_wgmma_stages(28672, 4096, 0) == 2);
+  CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(22016, 4096, 4) == 2);
+  CHECK(cuda::a16_wgmma_stages(4096, 11008, 8) == 2);
   // Its k-steps a stage (run 312): 2 on NF4 22016 x 4096 only.
   CHECK(cuda::a16_wgmma_nk(22016, 4096, 0) == 2);
   CHECK(cuda::a16_wgmma_nk(22016, 4096, 4) == 4);
@@ -1232,9 +1238,6 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK(cuda::a16_wgmma_tma_slices(6144, 4096, 0) == 0);
   CHECK(cuda::a16_wgmma_tma_slices(12288, 4096, 4) == 0);
   CHECK(cuda::a16_wgmma_tma_slices(4096, 11008, 4) == 0);
-  CHECK(cuda::a16_wgmma_stages(28672, 4096, 4) == 3);
-  CHECK(cuda::a16_wgmma_stages(28672, 4096, 8) == 2);
-  CHECK(cuda::a16_wgmma_stages(28672, 4096, 0) == 2);
   // Where the streamed form writes the split norm (runs 396-397, 406): W4's o and down of the Llama presets.
   CHECK(cuda::a16_wgmma_tma_writes_norm(4096, 4096, 4));
   CHECK(cuda::a16_wgmma_tma_writes_norm(4096, 11008, 4));
@@ -1242,9 +1245,6 @@ TEST_CASE("the A16 path at 17 to 32 rows follows the H200 measurements on the Ll
   CHECK_FALSE(cuda::a16_wgmma_tma_writes_norm(4096, 4096, 8));
   CHECK_FALSE(cuda::a16_wgmma_tma_writes_norm(4096, 11008, 0));
   CHECK_FALSE(cuda::a16_wgmma_tma_writes_norm(3072, 8192, 4));
-  CHECK(cuda::a16_wgmma_stages(9216, 3072, 4) == 2);
-  CHECK(cuda::a16_wgmma_stages(22016, 4096, 4) == 2);
-  CHECK(cuda::a16_wgmma_stages(4096, 11008, 8) == 2);
 }
 
 TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPTQ 4/8-bit, NF4), its split-K sum is deterministic, M > 256 refused") {

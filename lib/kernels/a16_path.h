@@ -98,9 +98,9 @@ constexpr bool a16_wgmma_streamed(int64_t N, int64_t K, int bits) {
 // reader is launched by PDL while the writer before it still runs (the writers trigger at their
 // start; the norm kernel only after its wait), so its CTAs back-fill the writer's slots as they free
 // and pack up to three an SM, where a launch onto an idle GPU spreads them evenly (the L2-fed
-// kernel's spread() answers the same effect by padding shared memory): the gate, up's
-// 224 CTAs and the q, k, v's 192 at 2 stages (three an SM possible) ran llama3-8b's W4A16 at batch
-// 32 13.5% slower split than whole. At 3 stages (102 KB a CTA, two an SM) the split runs +1.1% at
+// kernel's spread() answers the same effect by padding shared memory): the gate, up's 224 CTAs and
+// the q, k, v's 192 at 2 stages (three an SM possible) ran llama3-8b's W4A16 at batch 32 13.5%
+// slower split than whole. At 3 stages (102 KB a CTA, two an SM) the split runs +1.1% at
 // 32 rows, -0.2% at 24, equal at 17 (run 406, twice; 3 stages alone, whole: -0.2 to -0.3%, runs
 // 338, 404). Capping every streamed grid at its even share of CTAs an SM by its shared-memory
 // request instead lost 4-8% (the 4096-row writers' clusters of 8; run 405); the readers alone so
