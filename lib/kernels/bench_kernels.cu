@@ -1,15 +1,16 @@
 // bench_kernels.cu — `ptqkit bench kernels`: the W4A16 (g128), W8A16 (per channel) and NF4 (block 64) kernels against cuBLAS f16, and
-// the W8A8 GEMM against cuBLAS bf16 and cuBLAS int8, on the same
+// the W8A8 product (the decode GEMV's forms at M <= 32, the GEMM above) against cuBLAS bf16 and cuBLAS int8, on the same
 // shapes, cold L2, CUDA events, median of the runs; µs, GB/s, % of the device-to-device copy
-// bandwidth measured in the same run, speedup. Two timings of each A16 call, both cold in L2:
+// bandwidth measured in the same run, speedup. Two timings of each A16 and W8A8 call (cuBLAS int8: single only), both cold in L2:
 //   single: one launch after a 256 MiB buffer is rewritten (its time includes the launch's
 //           fixed cost, ~3 us on the H100, and the write-back of the dirty lines it evicts);
 //   stream: R launches back to back, each on the next of R copies of the weights (R copies span
 //           >= 256 MiB, so each launch's weights were last touched >= 256 MiB ago), queued behind a
 //           spinning kernel so the host's launch rate does not show; time / R. This is how a
-//           decode step runs its layers. cuBLAS is timed the same way on R copies of f16 weights.
-//           The A16 kernels are launched with PDL (cuda/pdl.cuh), so here each starts its weight
-//           loads during the previous launch's tail; PTQKIT_PDL=0 times them without it.
+//           decode step runs its layers. cuBLAS is timed the same way on R copies of f16 weights
+//           (bf16 for W8A8). The A16 kernels and the W8A8 decode product are launched with PDL
+//           (cuda/pdl.cuh), so here each starts its weight loads during the previous launch's
+//           tail; PTQKIT_PDL=0 times them without it.
 // PTQKIT_A16_SWEEP="rt:slices[:warps[:loop[:form]]],..." adds a row per forced work split of the tensor-core
 // kernels (set_a16_split, a16_path.h): how the planners' choices were checked.
 // PTQKIT_A16_PATHS="mma,shared_x,wgmma,dequant" times those paths (where they take M) instead of the
@@ -217,7 +218,9 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
   if (wanted("w8a8") && !w8a8_supported()) {
     std::printf("\nW8A8: skipped (the kernel needs sm_90): %s\n", describe().c_str());
   } else if (wanted("w8a8")) {
-    std::printf("\n%-17s %5s | %9s %8s | %9s %8s %7s | %9s %7s\n", "W8A8 N x K", "M", "kernel us", "TOPS", "bf16 us", "TFLOPS", "speedup", "int8 us", "vs int8");
+    std::printf("\n%-17s %5s | %-44s | %-17s | %s\n", "", "", "single launch after a 256 MiB rewrite", "cuBLAS int8 (single)", "stream: back to back, rotating weights");
+    std::printf("%-17s %5s | %9s %8s | %9s %8s %7s | %9s %7s | %9s %9s %7s\n", "W8A8 N x K", "M", "kernel us", "TOPS", "bf16 us", "TFLOPS", "speedup", "int8 us",
+                "vs int8", "kernel us", "bf16 us", "speedup");
     std::vector<int64_t> Ms8 = Ms;
     Ms8.push_back(8192);
     const int64_t maxM = *std::max_element(Ms8.begin(), Ms8.end());
@@ -230,29 +233,40 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
       for (auto& v : hx) v = int8_t(int(r.next() % 255) - 127);
       std::vector<float> hs(size_t(std::max(N, maxM)));
       for (auto& v : hs) v = float(1e-3 * (0.5 + r.uniform()));
-      DeviceBuffer<int8_t> w(hw.size(), "W8A8 weights"), x(hx.size(), "W8A8 activations");
+      // The stream timing's copies (as the A16 kernels': each launch's weights last touched >= 256 MiB ago):
+      // R of the int8 weights, Rb of cuBLAS's bf16 ones.
+      const int R = rotation(size_t(N * K)), Rb = rotation(size_t(2 * N * K));
+      std::vector<DeviceBuffer<int8_t>> ws;
+      for (int i = 0; i < R; ++i) ws.emplace_back(hw.size(), "W8A8 weights");
+      std::vector<DeviceBuffer<uint16_t>> wbs;
+      for (int i = 0; i < Rb; ++i) wbs.emplace_back(size_t(N * K), "bf16 weights");
+      DeviceBuffer<int8_t>& w = ws[0];
+      DeviceBuffer<int8_t> x(hx.size(), "W8A8 activations");
       DeviceBuffer<float> sc(hs.size(), "W8A8 scales");
       DeviceBuffer<int32_t> y32(size_t(maxM * N), "int8 GEMM output");
-      DeviceBuffer<uint16_t> wb(size_t(N * K), "bf16 weights"), xb(size_t(maxM * K), "bf16 activations"), yb(size_t(maxM * N), "bf16 output");
-      copy_to_device(w.get(), hw.data(), hw.size());
+      DeviceBuffer<uint16_t> xb(size_t(maxM * K), "bf16 activations"), yb(size_t(maxM * N), "bf16 output");
+      for (auto& wi : ws) copy_to_device(wi.get(), hw.data(), hw.size());
       copy_to_device(x.get(), hx.data(), hx.size());
       copy_to_device(sc.get(), hs.data(), hs.size() * 4);
-      fill_random_normal(wb.get(), DType::BF16, N * K, 3, 0.02f);
+      for (int i = 0; i < Rb; ++i) fill_random_normal(wbs[size_t(i)].get(), DType::BF16, N * K, uint64_t(3 + i), 0.02f);
       fill_random_normal(xb.get(), DType::BF16, maxM * K, 4, 1.0f);
       DeviceBuffer<float> yf(size_t(maxM * N), "W8A8 decode GEMV output");
       for (int64_t M : Ms8) {
         // The kernel a W8A8 Linear takes (w8a8_takes_gemv): the decode product (w8a8_gemv.cu, fp32 out; its wgmma form
         // w8a8_wgmma_gemv.cu from kW8A8WgmmaFromM rows: "W8A8w") or the wgmma GEMM.
         const bool gemv = w8a8_takes_gemv(M, N, K), wg = gemv && w8a8_wgmma_takes(M, K);
-        const double ours = median_us(runs, flush.get(), flush_bytes, [&] {
-          if (gemv) w8a8_gemv(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yf.get(), 0.0f);
-          else w8a8_gemm(x.get(), sc.get(), w.get(), sc.get(), M, N, K, yb.get(), false);
-        });
+        auto ours_call = [&](int i) {
+          if (gemv) w8a8_gemv(x.get(), sc.get(), ws[size_t(i)].get(), sc.get(), M, N, K, yf.get(), 0.0f);
+          else w8a8_gemm(x.get(), sc.get(), ws[size_t(i)].get(), sc.get(), M, N, K, yb.get(), false);
+        };
         const float one = 1.0f, zero = 0.0f;
-        const double bf = median_us(runs, flush.get(), flush_bytes, [&] {
-          PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, wb.get(), CUDA_R_16BF, int(K), xb.get(), CUDA_R_16BF, int(K),
-                                  &zero, yb.get(), CUDA_R_16BF, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        });
+        auto bf16_call = [&](int i) {
+          PTQ_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, wbs[size_t(i)].get(), CUDA_R_16BF, int(K), xb.get(), CUDA_R_16BF,
+                                  int(K), &zero, yb.get(), CUDA_R_16BF, int(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        };
+        const double ours = median_us(runs, flush.get(), flush_bytes, [&] { ours_call(0); });
+        const double bf = median_us(runs, flush.get(), flush_bytes, [&] { bf16_call(0); });
+        const double ours_s = stream_us(runs, R, ours_call), bf_s = stream_us(runs, Rb, bf16_call);
         double i8 = 0;
         if (M % 4 == 0) {   // cuBLAS's int8 GEMM wants dimensions in multiples of 4
           const int32_t ione = 1, izero = 0;
@@ -264,8 +278,8 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
         const double ops = 2.0 * double(M) * double(N) * double(K);
         char shape[32];
         std::snprintf(shape, sizeof shape, "W8A8%s %lldx%lld", wg ? "w" : gemv ? "v" : "", (long long)N, (long long)K);
-        std::printf("%-17s %5lld | %9.1f %8.1f | %9.1f %8.1f %6.2fx | %9.1f %6.2fx\n", shape, (long long)M, ours, ops / ours * 1e-6, bf, ops / bf * 1e-6, bf / ours,
-                    i8, i8 > 0 ? i8 / ours : 0.0);
+        std::printf("%-17s %5lld | %9.1f %8.1f | %9.1f %8.1f %6.2fx | %9.1f %6.2fx | %9.2f %9.2f %6.2fx\n", shape, (long long)M, ours, ops / ours * 1e-6, bf,
+                    ops / bf * 1e-6, bf / ours, i8, i8 > 0 ? i8 / ours : 0.0, ours_s, bf_s, bf_s / ours_s);
       }
     }
   }
