@@ -20,11 +20,13 @@
 // Split K: the grid is (row groups of 128, S slices), the S CTAs of a row group one cluster.
 // Each CTA leaves its int32 partial in its own shared memory; after a cluster barrier CTA r adds
 // the S partials of its share of the outputs through distributed shared memory (no global
-// workspace, no arrival counter) and writes y. S: the most, up to 4, that keep the grid within the
-// CTAs resident at once (two an SM: ~100 KB of shared memory at BN = 32).
-// Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 213-218): at most 4 slices (8 ran
-// the 4096-row layers 25-30% slower: W8A8 4096x11008 at 32 rows 29.6 against 23.4 µs), a ring of 4
-// stages (8, one CTA an SM, decoded llama2-7b at batch 32 11% slower, phi3-mini 6% faster). Where
+// workspace, no arrival counter) and writes y. S: the most, up to 4, whose clusters are all
+// resident at once (two CTAs an SM: ~100 KB of shared memory; slices_for).
+// Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 213-218, 410-413): at most 4
+// slices (8 ran the 4096-row layers 25-30% slower: W8A8 4096x11008 at 32 rows 29.6 against 23.4
+// µs); a ring of 4 stages at 17..32 rows (5 or more hold one CTA an SM there: decode at batch 32
+// 9.5% slower on llama2-7b) and of 5 at 9..16 (still two an SM: 4096x4096 at 16 rows back to
+// back 9.0 -> 8.4 µs, decode at batch 16 +1.0-1.8%; 6 stages lost). Where
 // it serves: from 9 rows (w8a8_wgmma_takes): decode W8A8 at batch 32 +28% on llama2-7b (6,536 ->
 // 8,345 tok/s), batch 16 +16%; at 1..8 rows the mma.sync and dp4a forms stay (batch 8 -7%, batch
 // 1 -19% through this kernel: its fixed cost, the cluster and the ring's fill, outweighs its stream).
@@ -34,6 +36,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <string>
 
 #include "core/error.h"
@@ -48,13 +52,13 @@ namespace ptq::cuda {
 namespace {
 namespace cg = cooperative_groups;
 
-constexpr int kRows = 128, kBK = kTmaBoxBytes, kConsumers = 256, kThreads = kConsumers + 32, kStages = 4, kMaxSlices = 4;
+constexpr int kRows = 128, kBK = kTmaBoxBytes, kConsumers = 256, kThreads = kConsumers + 32, kMaxSlices = 4;
 constexpr int kWBytes = kRows * kBK;   // w's box of a stage: 16 KiB
 constexpr int kRedStride = kRows + 4;  // int32 words a token row of the partial (+4: the epilogue's stores hit 32 banks)
 template <int BN>
 constexpr int stage_bytes() { return kWBytes + BN * kBK; }   // a multiple of 1024 (the swizzle's alignment) for BN = 8, 16, 32
-template <int BN>
-constexpr size_t smem_bytes() { return size_t(kStages * stage_bytes<BN>() + BN * kRedStride * 4 + 2 * kStages * 8 + 1024); }   // + mbarriers, alignment
+template <int BN, int ST>
+constexpr size_t smem_bytes() { return size_t(ST * stage_bytes<BN>() + BN * kRedStride * 4 + 2 * ST * 8 + 1024); }   // + mbarriers, alignment
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PTQ_W8A8_GEMV_WGMMA 1
@@ -91,7 +95,7 @@ struct WgmmaS8<32> {
   }
 };
 
-template <int BN>
+template <int BN, int kStages>
 __global__ void __launch_bounds__(kThreads) w8a8_wgmma_gemv_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                                                                    const float* __restrict__ sx, const float* __restrict__ sw, int M, int N, int K,
                                                                    float* y, float beta, int sps) {
@@ -199,28 +203,63 @@ CUtensorMap cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
   return cached_tensor_map(tma_spec_int8(p, rows, K, box_rows));
 }
 
-// K slices (a cluster's CTAs): the most, up to kMaxSlices and two K-steps a slice, that keep the
-// grid within the CTAs resident at once (PTQKIT_W8A8_WG_SLICES forces a count up to 8, the portable
-// cluster size, for sweeps).
-int slices_for(int64_t groups, int KS, int resident) {
+// K slices (a cluster's CTAs): the most, up to kMaxSlices and two K-steps a slice, whose clusters
+// are all resident at once. cap[S] is that count of clusters of S CTAs
+// (cudaOccupancyMaxActiveClusters): a cluster's CTAs share a GPC, so clusters of 3 pack fewer than
+// a third of the resident CTAs. By the CTA count alone (the rule before, lab run 412) 11008x4096 at
+// 16 rows took 3 slices in 86 clusters: 19.4 µs back to back against 16.6 with one slice.
+// PTQKIT_W8A8_WG_SLICES forces a count up to 8, the portable cluster size, for sweeps.
+int slices_for(int64_t groups, int KS, const int* cap) {
   static const int forced = env_int("PTQKIT_W8A8_WG_SLICES", 0);
-  int S = forced > 0 ? forced : int(std::max<int64_t>(1, resident / std::max<int64_t>(1, groups)));
-  return std::min({S, forced > 0 ? 8 : kMaxSlices, std::max(1, KS / 2)});
+  if (forced > 0) return std::min({forced, 8, std::max(1, KS / 2)});
+  int S = std::min(kMaxSlices, std::max(1, KS / 2));
+  while (S > 1 && groups > cap[S]) --S;
+  return S;
 }
 
-template <int BN>
-void launch(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
-  static const int resident = [] {
-    PTQ_CUDA(cudaFuncSetAttribute(w8a8_wgmma_gemv_kernel<BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<BN>())));
-    int per_sm = 0;
-    PTQ_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w8a8_wgmma_gemv_kernel<BN>, kThreads, smem_bytes<BN>()));
-    return std::max(1, per_sm) * sm_count();
+template <int BN, int ST>
+void launch_stages(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+  static const std::array<int, kMaxSlices + 1> cap = [] {
+    auto* kernel = w8a8_wgmma_gemv_kernel<BN, ST>;
+    PTQ_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<BN, ST>())));
+    std::array<int, kMaxSlices + 1> c{};
+    for (int S = 1; S <= kMaxSlices; ++S) {
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = unsigned(S), cluster.val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(1, unsigned(S));
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = smem_bytes<BN, ST>();
+      cfg.attrs = &cluster;
+      cfg.numAttrs = 1;
+      PTQ_CUDA(cudaOccupancyMaxActiveClusters(&c[size_t(S)], kernel, &cfg));
+    }
+    if (env_switch("PTQKIT_W8A8_PLAN_LOG", false))
+      std::fprintf(stderr, "w8a8_wgmma_gemv (%d token rows, %d stages, %zu B shared): clusters resident of 1..4 CTAs: %d %d %d %d\n", BN, ST,
+                   smem_bytes<BN, ST>(), c[1], c[2], c[3], c[4]);
+    return c;
   }();
   const int64_t groups = (N + kRows - 1) / kRows;
-  const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, resident), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
+  const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, cap.data()), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
   const CUtensorMap mx = cached_map(x, M, K, BN), mw = cached_map(w, N, K, kRows);
-  launch_ex("w8a8_wgmma_gemv_kernel", true, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), w8a8_wgmma_gemv_kernel<BN>, dim3(unsigned(groups), unsigned(S)), dim3(kThreads),
-            smem_bytes<BN>(), mx, mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
+  launch_ex("w8a8_wgmma_gemv_kernel", true, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), w8a8_wgmma_gemv_kernel<BN, ST>, dim3(unsigned(groups), unsigned(S)),
+            dim3(kThreads), smem_bytes<BN, ST>(), mx, mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
+}
+
+// The ring's depth: 5 stages at 9..16 rows, 4 at 17..32 (PTQKIT_W8A8_WG_STAGES = 3..6 forces one
+// for sweeps).
+template <int BN>
+void launch(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+  static const int forced = env_int("PTQKIT_W8A8_WG_STAGES", 0);
+  if (forced && (forced < 3 || forced > 6)) fail(Errc::usage, "", "PTQKIT_W8A8_WG_STAGES", "'" + std::to_string(forced) + "': want 3..6 (or unset)");
+  const int stages = forced ? forced : BN == 16 ? 5 : 4;
+  switch (stages) {
+    case 3: return launch_stages<BN, 3>(x, sx, w, sw, M, N, K, y, beta);
+    case 5: return launch_stages<BN, 5>(x, sx, w, sw, M, N, K, y, beta);
+    case 6: return launch_stages<BN, 6>(x, sx, w, sw, M, N, K, y, beta);
+    default: return launch_stages<BN, 4>(x, sx, w, sw, M, N, K, y, beta);
+  }
 }
 
 }  // namespace
