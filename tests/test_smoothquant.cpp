@@ -96,6 +96,24 @@ TEST_CASE("the integer W8A8 path equals the reference int8 GEMM with int32 accum
   for (int m = 0; m < 7; ++m) CHECK(sx[m] == X.row(m).cwiseAbs().maxCoeff() / 127.0f);   // per-token dynamic scale
 }
 
+TEST_CASE("int8_dot: the integer path's sums past 2^24 (K = 3000) equal the reference int8 GEMM's") {
+  Rng r(9);
+  const int M = 5, N = 7, K = 3000;   // three K-chunks of the float GEMM, the last one short
+  std::vector<int8_t> xi(size_t(M * K)), wi(size_t(N * K));
+  for (auto& v : xi) v = int8_t(int(r.below(256)) - 128);
+  for (auto& v : wi) v = int8_t(int(r.below(256)) - 128);
+  for (int k = 0; k < K; ++k) xi[size_t(k)] = wi[size_t(k)] = int8_t(k % 7 ? -128 : 127);   // row 0 · row 0 near K · 2^14
+  MatF q(M, K), w(N, K);
+  for (int i = 0; i < M * K; ++i) q.data()[i] = xi[size_t(i)];
+  for (int i = 0; i < N * K; ++i) w.data()[i] = wi[size_t(i)];
+  const MatI got = int8_dot(q, w);
+  std::vector<int32_t> want(size_t(M * N));
+  ref_gemm_i8(xi.data(), wi.data(), M, N, K, want.data());
+  CHECK(want[0] > (1 << 24) + 1);   // past fp32's exact integers: one float sum over all of K could round
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) CHECK(got(m, n) == want[size_t(m * N + n)]);
+}
+
 TEST_CASE("W8A8 on a synthetic model with outlier channels: smoothing at least halves the KL divergence") {
   ptqtest::TempDir d;
   SynthOptions so;
@@ -201,8 +219,7 @@ TEST_CASE("quality: SmoothQuant W8A8 stays within 0.5% of float perplexity on th
     auto tok = load_tokenizer(r.model, 1);
     EvalOptions o;
     o.seq_len = L;
-    auto m = open_model(d / "q");
-    m->set_integer_path(false);   // fake-quant: the integer path agrees within 1e-3 (test above) and is slower on the CPU
+    auto m = open_model(d / "q");   // the integer path: what `ptqkit eval` runs on a W8A8 checkpoint
     const double q = evaluate(*m, encode_corpus(*tok, a + "/text/tinystories/eval.txt"), o).perplexity;
     const double f = golden[model]["tinystories_eval"]["perplexity"];
     std::cout << model << " W8A8 (SmoothQuant auto): " << q << " vs float " << f << " (" << 100 * (q / f - 1) << "%)\n";

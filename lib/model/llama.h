@@ -46,12 +46,15 @@ struct Linear {
   MatF W;        // [out, in] (for W8A8: the dequantized int8 weights)
   VecF b;        // [out] or empty
   ActQuant act;  // W8A8 when act.mode != none
-  MatI Wi;       // int8 weight codes as int32 [out, in]: the integer path; empty = fake-quant path
+  MatF Wi;       // int8 weight codes [out, in], held as floats (exact): the integer path; empty = fake-quant path
   VecF w_scale;  // [out] per-channel weight scales of Wi
 };
 
 // x -> int8 codes (as int32) and per-row scales, per `a`.
 void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale);
+// The exact int32 sums q · wᵀ of int8 codes held as floats (q [M, K], w [N, K], K < 2^17), by float
+// GEMMs over K-chunks short enough that every partial sum is exact (llama.cpp).
+MatI int8_dot(const MatF& q, const MatF& w);
 
 struct LayerWeights {
   VecF input_layernorm, post_attention_layernorm;
