@@ -50,7 +50,7 @@ const Linear& LayerWeights::operator[](LinearId id) const { return const_cast<La
 
 size_t LayerWeights::bytes() const {
   size_t s = size_t(input_layernorm.size() + post_attention_layernorm.size() + q_norm.size() + k_norm.size()) * 4;
-  auto add = [&](const Linear& l) { s += size_t(l.W.size() + l.b.size()) * 4; };
+  auto add = [&](const Linear& l) { s += size_t(l.W.size() + l.Wi.size() + l.b.size()) * 4; };
   for (auto& l : proj) add(l);
   add(router);
   for (auto& e : experts)
@@ -498,14 +498,20 @@ LayerWeights LlamaModel::load_layer(int i) const {
     const std::string n = linear_name(c, i, id);
     const LinearShape sh = linear_shape(c, id);
     Linear& l = w[id];
-    l.W = read_matrix(*src_, n + ".weight", sh.out, sh.in);
+    l.act = src_->act_quant(n);
+    MatI codes;
+    if (l.act.mode != ActQuant::none && integer_path_ && src_->read_int8(n, &codes, &l.w_scale)) {
+      // The integer path holds the int8 codes alone: no dequantized float copy beside them.
+      if (codes.rows() != sh.out || codes.cols() != sh.in)
+        fail(Errc::format, src_->file_of(n + ".weight"), n + ".weight",
+             "int8 weight is " + std::to_string(codes.rows()) + "x" + std::to_string(codes.cols()) + ", the config says " + std::to_string(sh.out) + "x" +
+                 std::to_string(sh.in));
+      l.Wi = codes.cast<float>();
+    } else {
+      l.W = read_matrix(*src_, n + ".weight", sh.out, sh.in);
+    }
     src_->release(n + ".weight");
     if (src_->has(n + ".bias")) l.b = read_vector(*src_, n + ".bias", sh.out);
-    l.act = src_->act_quant(n);
-    if (l.act.mode != ActQuant::none && integer_path_) {
-      MatI codes;
-      if (src_->read_int8(n, &codes, &l.w_scale)) l.Wi = codes.cast<float>();
-    }
   }
   return w;
 }

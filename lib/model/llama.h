@@ -43,7 +43,7 @@ std::string linear_name(const LlamaConfig& c, int layer, LinearId id);
 std::string router_name(const LlamaConfig& c, int layer);
 
 struct Linear {
-  MatF W;        // [out, in] (for W8A8: the dequantized int8 weights)
+  MatF W;        // [out, in] (for W8A8: the dequantized int8 weights; empty on the integer path)
   VecF b;        // [out] or empty
   ActQuant act;  // W8A8 when act.mode != none
   MatF Wi;       // int8 weight codes [out, in], held as floats (exact): the integer path; empty = fake-quant path
