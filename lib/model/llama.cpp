@@ -502,10 +502,9 @@ LayerWeights LlamaModel::load_layer(int i) const {
     MatI codes;
     if (l.act.mode != ActQuant::none && integer_path_ && src_->read_int8(n, &codes, &l.w_scale)) {
       // The integer path holds the int8 codes alone: no dequantized float copy beside them.
-      if (codes.rows() != sh.out || codes.cols() != sh.in)
+      if (codes.rows() != sh.out || codes.cols() != sh.in)   // (validate() checked the tensor's shape; this, what read_int8 gave)
         fail(Errc::format, src_->file_of(n + ".weight"), n + ".weight",
-             "int8 weight is " + std::to_string(codes.rows()) + "x" + std::to_string(codes.cols()) + ", the config says " + std::to_string(sh.out) + "x" +
-                 std::to_string(sh.in));
+             "int8 codes of shape " + shape_str({codes.rows(), codes.cols()}) + " do not match the config's " + shape_str({sh.out, sh.in}));
       l.Wi = codes.cast<float>();
     } else {
       l.W = read_matrix(*src_, n + ".weight", sh.out, sh.in);
