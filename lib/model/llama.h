@@ -53,7 +53,7 @@ struct Linear {
 // x -> int8 codes (as int32) and per-row scales, per `a`.
 void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale);
 // The exact int32 sums q · wᵀ of int8 codes held as floats (q [M, K], w [N, K], K < 2^17), by float
-// GEMMs over K-chunks short enough that every partial sum is exact (llama.cpp).
+// GEMMs over K-chunks short enough that every partial sum is exact (model/llama.cpp).
 MatI int8_dot(const MatF& q, const MatF& w);
 
 struct LayerWeights {
