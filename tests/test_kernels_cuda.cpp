@@ -1700,11 +1700,13 @@ TEST_CASE("gpu: the W8A8 decode product on wgmma (copy-engine ring, K split over
   if (!cuda::w8a8_supported()) PTQ_SKIP("the wgmma W8A8 product needs sm_90: " + cuda::describe());
   struct Shape { int64_t N, K; };
   // The planner's K slices (a cluster of CTAs a 128-row group, up to 4, every cluster resident at
-  // once: on the H200 clusters of 1..4 CTAs 264 / 132 / 79 / 62, lab run 413): 333x2064 4 slices
-  // of 5 K-steps (the last slice 2, its last box 2064 - 16 x 128 = 16 bytes: mostly past K),
-  // 4096x4096 4, 1024x14336 4 (28 K-steps a slice: the 5-stage ring of 9..16 rows wraps at
-  // shifting phases), 8960x1024 3 (70 groups), 11008x1024 2 (86 groups: more than 79 clusters of
-  // 3), 12800x512 2 (100 groups), 17000x256 one (133 groups); 96x48 a single box past K and N;
+  // once: on the H200 clusters of 1..4 CTAs 264 / 132 / 79 / 62, lab run 413; at 9..16 rows one
+  // slice where two would double up CTAs on under 40% of the SMs, run 419): 333x2064 4 slices of 5
+  // K-steps (the last slice 2, its last box 2064 - 16 x 128 = 16 bytes: mostly past K), 4096x4096
+  // 4, 1024x14336 4 (28 K-steps a slice: the 5-stage ring of 9..16 rows wraps at shifting phases),
+  // 8960x1024 3 (70 groups), 11008x1024 2 at 17..32 rows and one at 9..16 (86 groups: more than 79
+  // clusters of 3, under 0.7 x 132), 12800x512 2 (100 groups), 17000x256 one (133 groups); 96x48 a
+  // single box past K and N;
   // 4096x4096 and 1024x14336 also the decode's rows past 16 (K % 64 == 0).
   const Shape shapes[] = {{96, 48}, {333, 2064}, {4096, 4096}, {1024, 14336}, {8960, 1024}, {11008, 1024}, {12800, 512}, {17000, 256}};
   int seed = 2300;

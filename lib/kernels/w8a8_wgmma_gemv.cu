@@ -21,7 +21,8 @@
 // Each CTA leaves its int32 partial in its own shared memory; after a cluster barrier CTA r adds
 // the S partials of its share of the outputs through distributed shared memory (no global
 // workspace, no arrival counter) and writes y. S: the most, up to 4, whose clusters are all
-// resident at once (two CTAs an SM: ~100 KB of shared memory; slices_for).
+// resident at once (two CTAs an SM: ~100 KB of shared memory); at 9..16 rows one where two would
+// double up CTAs on under 40% of the SMs (slices_for).
 // Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 213-218, 410-413): at most 4
 // slices (8 ran the 4096-row layers 25-30% slower: W8A8 4096x11008 at 32 rows 29.6 against 23.4
 // µs); a ring of 4 stages at 17..32 rows (5 or more hold one CTA an SM there: decode at batch 32
@@ -208,12 +209,19 @@ CUtensorMap cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
 // (cudaOccupancyMaxActiveClusters): a cluster's CTAs share a GPC, so clusters of 3 pack fewer than
 // a third of the resident CTAs. By the CTA count alone (the rule before, lab run 412) 11008x4096 at
 // 16 rows took 3 slices in 86 clusters: 19.4 µs back to back against 16.6 with one slice.
+// At 9..16 rows (BN = 16), where that leaves 2 slices on a grid of one slice that covers at least
+// half the SMs: one slice unless the groups reach 0.7 x the SMs. Two slices put two CTAs on
+// 2 x groups - SMs of the SMs, and until that is about 40% of them one CTA an SM over fewer SMs is
+// faster. Measured on the H200 (lab runs 419-420, K = 4096, back to back, µs at 16 rows with 1 / 2
+// slices): 80 row groups 16.0 / 16.9, 86 16.6 / 17.4, 96 18.4 / 18.3, 104 18.8 / 18.8, 112 19.6 /
+// 19.2, 128 21.4 / 20.7. At 24 and 32 rows two slices stay: 86 groups 18.8 / 18.7 and 19.5 / 19.2.
 // PTQKIT_W8A8_WG_SLICES forces a count up to 8, the portable cluster size, for sweeps.
-int slices_for(int64_t groups, int KS, const int* cap) {
+int slices_for(int64_t groups, int KS, const int* cap, int sms, int BN) {
   static const int forced = env_int("PTQKIT_W8A8_WG_SLICES", 0);
   if (forced > 0) return std::min({forced, 8, std::max(1, KS / 2)});
   int S = std::min(kMaxSlices, std::max(1, KS / 2));
   while (S > 1 && groups > cap[S]) --S;
+  if (BN <= 16 && S == 2 && 2 * groups >= sms && 10 * groups < 7 * int64_t(sms)) S = 1;
   return S;
 }
 
@@ -241,7 +249,7 @@ void launch_stages(const int8_t* x, const float* sx, const int8_t* w, const floa
     return c;
   }();
   const int64_t groups = (N + kRows - 1) / kRows;
-  const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, cap.data()), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
+  const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, cap.data(), sm_count(), BN), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
   const CUtensorMap mx = cached_map(x, M, K, BN), mw = cached_map(w, N, K, kRows);
   launch_ex("w8a8_wgmma_gemv_kernel", true, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), w8a8_wgmma_gemv_kernel<BN, ST>, dim3(unsigned(groups), unsigned(S)),
             dim3(kThreads), smem_bytes<BN, ST>(), mx, mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
