@@ -188,13 +188,14 @@ __global__ void __launch_bounds__(kWarps * 32) w8a8_gemv_row_kernel(const int8_t
 // A warp walks its chunks in batches of kMmaUnroll held in two register sets: the next batch's
 // weights (and, up to 16 rows, its x pieces) are in flight while this batch's MMAs run (run 55:
 // decode batch 8 +7.5%, batch 32 +1.5% against one batch loaded, then used). Batches of 4 chunks,
-// but 2 at 9..16 rows (mma_unroll): there 4 took 162 registers (one CTA of 256 threads an SM) and
+// but 2 at 9..16 rows (kMmaUnrollFor): there 4 took 162 registers (one CTA of 256 threads an SM) and
 // 2 takes 90, and the 16-row product ran 1.18-1.41x cuBLAS bf16 against 1.42-1.64x (lab run 133);
 // at 1..8 rows (one row tile) and 17..32 rows 2 was slower (decode batch 8 -3.1%, batch 32 -4.6%).
 constexpr int kMmaWarps = 8;
-constexpr int mma_unroll(int nt) { return nt == 2 ? 2 : 4; }
+template <int kNT>
+constexpr int kMmaUnrollFor = kNT == 2 ? 2 : 4;
 // kRT: row tiles of 16 a CTA, each warp all of them (the x pieces shared).
-template <int kNT, int kMmaUnroll = mma_unroll(kNT), int kRT = 1>
+template <int kNT, int kMmaUnroll = kMmaUnrollFor<kNT>, int kRT = 1>
 __global__ void __launch_bounds__(kMmaWarps * 32) w8a8_mma_kernel(const int8_t* __restrict__ x, const float* __restrict__ sx, const int8_t* __restrict__ w,
                                                                   const float* __restrict__ sw, int M, int N, int K, float* y, float beta) {
   __shared__ int red[kMmaWarps][kRT * kNT][4][32];
