@@ -24,7 +24,7 @@ inline A16Path resolve(A16Path path, int64_t M, int64_t N, int64_t K, int bits, 
     if (M >= 17 && M <= 32 && a16_wgmma_supported() && a16_streamed_swept(N, K, bits)) return A16Path::wgmma;
     // PTQKIT_A16_NF4_STREAMED=0 (a sweep switch): NF4 at 17..32 rows on the L2-fed kernel, as before
     // its streamed cells (a16_wgmma_streamed), for A/Bs in one process.
-    static const bool nf4_streamed = env_int("PTQKIT_A16_NF4_STREAMED", 1) != 0;
+    static const bool nf4_streamed = env_switch("PTQKIT_A16_NF4_STREAMED", true);
     if (bits == 0 && !nf4_streamed && M >= 17 && M <= 32) return A16Path::mma;
     return a16_auto_path(M, N, K, bits, a16_wgmma_supported());
   }

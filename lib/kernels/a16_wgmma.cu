@@ -751,7 +751,7 @@ inline const A16SweepCell* swept_cell(int64_t N, int64_t K, int bits) {
 // than the loop and the layers long in K 20-45% slower; decode at batch 64 and 128 lost 1-12%.
 template <class Format>
 bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
-  static const bool on = env_int("PTQKIT_A16_WG_TMA", 1) != 0;
+  static const bool on = env_switch("PTQKIT_A16_WG_TMA", true);
   bool whole;
   if constexpr (std::is_base_of_v<Nf4Format, Format>) whole = f.blocks > 1 && f.block.size % 64 == 0;   // one block: K <= 64, the loop
   else whole = f.groups == 1 || f.group.size % 64 == 0;
@@ -852,7 +852,7 @@ void launch_tma(const Format& fmt, const uint4* W, const __half* xk, __half* yh,
   S = std::max(1, std::min(S, int(KS / NK)));
   const int sps = int((KS + S - 1) / S);
   S = (KS + sps - 1) / sps;   // no empty slice
-  static const bool pdl = env_int("PTQKIT_A16_TMA_PDL", 1) != 0;
+  static const bool pdl = env_switch("PTQKIT_A16_TMA_PDL", true);
   launch_ex("a16 wgmma_tma_kernel", pdl, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), kern, dim3(unsigned(groups), unsigned(S)), dim3(kTmaThreads), smem, map, map_w, map_m, fmt,
             yh, yf, act_perm, rope, beta, int(M), int(N), int(K), sps, D, norm_in ? *norm_in : norm_out ? *norm_out : A16RowNorm{});
 }
@@ -882,7 +882,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   // layers and 128..256 rows within ±3%. Decode NF4 at batch 64 +4.3-4.7%, batch 128 +0.9-1.8%.
   // PTQKIT_A16_WG_PAIRS=0 (a sweep switch) runs the PRMT form in both.
   if constexpr (std::is_same_v<Format, Nf4Format>) {
-    static const bool pairs = env_int("PTQKIT_A16_WG_PAIRS", 1) != 0;
+    static const bool pairs = env_switch("PTQKIT_A16_WG_PAIRS", true);
     if (pairs) return run(Nf4PairFormat(fmt), W, x, yh, yf, beta, M, N, K);
   }
   const int bn = wgmma_bn(M);
