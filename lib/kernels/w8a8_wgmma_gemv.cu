@@ -213,7 +213,7 @@ CUtensorMap cached_map(const int8_t* p, int64_t rows, int64_t K, int box_rows) {
 // half the SMs: one slice unless the groups reach 0.7 x the SMs. Two slices put two CTAs on
 // 2 x groups - SMs of the SMs, and until that is about 40% of them one CTA an SM over fewer SMs is
 // faster. Measured on the H200 (lab runs 419-420, K = 4096, back to back, µs at 16 rows with 1 / 2
-// slices): 80 row groups 16.0 / 16.9, 86 16.6 / 17.4, 96 18.4 / 18.3, 104 18.8 / 18.8, 112 19.6 /
+// slices): 80 row groups 16.0 / 16.9, 86 16.6 / 17.5, 96 18.4 / 18.3, 104 18.8 / 18.8, 112 19.6 /
 // 19.2, 128 21.4 / 20.7. At 24 and 32 rows two slices stay: 86 groups 18.8 / 18.7 and 19.5 / 19.2.
 // PTQKIT_W8A8_WG_SLICES forces a count up to 8, the portable cluster size, for sweeps.
 int slices_for(int64_t groups, int KS, const int* cap, int sms, int BN) {
