@@ -1707,8 +1707,11 @@ TEST_CASE("gpu: the W8A8 decode product on wgmma (copy-engine ring, K split over
   // 8960x1024 3 (70 groups), 11008x1024 2 at 17..32 rows and one at 9..16 (86 groups: more than 79
   // clusters of 3, under 0.7 x 132), 12800x512 2 (100 groups), 17000x256 one (133 groups); 96x48 a
   // single box past K and N;
-  // 4096x4096 and 1024x14336 also the decode's rows past 16 (K % 64 == 0).
-  const Shape shapes[] = {{96, 48}, {333, 2064}, {4096, 4096}, {1024, 14336}, {8960, 1024}, {11008, 1024}, {12800, 512}, {17000, 256}};
+  // 4096x4096 and 1024x14336 also the decode's rows past 16 (K % 64 == 0). CTAs of 64 weight rows
+  // (w8a8_wgmma_gemv.cu's measured cells): 4096x4096 at 4 slices (6 stages at 9..16 rows, 5 at
+  // 17..32), 6144x4096 at 3 and 2 slices (6 stages), 3072x8192 at 4 (6 stages; 16 K-steps a slice:
+  // the ring wraps mid-pass).
+  const Shape shapes[] = {{96, 48}, {333, 2064}, {4096, 4096}, {1024, 14336}, {8960, 1024}, {11008, 1024}, {12800, 512}, {17000, 256}, {6144, 4096}, {3072, 8192}};
   int seed = 2300;
   for (const Shape& sh : shapes) {
     Rng r{uint64_t(seed++)};

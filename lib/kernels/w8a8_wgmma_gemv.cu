@@ -10,19 +10,20 @@
 // The reference is ref_gemm_w8a8 (kernels/reference.h).
 // Work. Swapped operands: wgmma's A (its M = 64 rows) is w, 64 rows a consumer warpgroup, and its B
 // (N = BN = 8, 16 or 32) the activation rows, so a few tokens cost a narrow n and no padding of
-// the weight stream. A CTA: 128 rows of w (two consumer warpgroups) and one producer warp, whose
-// lane 0 streams K-steps of 128 bytes — w's 128 rows and x's BN rows, two boxes in the 128-byte
+// the weight stream. A CTA: ROWS = 128 rows of w (two consumer warpgroups) or 64 (one; the
+// measured cells, kCells64 below) and one producer warp, whose
+// lane 0 streams K-steps of 128 bytes — w's ROWS rows and x's BN rows, two boxes in the 128-byte
 // swizzle (rows past M and N, columns past K: zeros from the copy engine) — into a ring of kStages,
 // each completing on its "full" mbarrier (the bytes counted); the consumers issue four wgmma
 // m64nBNk32 (s8 · s8 -> s32) a stage and release it on its "empty" mbarrier once retired. No
 // dequantization, no copies or CTA barriers in the consumers' loop. The weights of the first
 // stages are requested before the PDL wait (they are never written by a kernel), x after it.
-// Split K: the grid is (row groups of 128, S slices), the S CTAs of a row group one cluster.
+// Split K: the grid is (row groups of ROWS, S slices), the S CTAs of a row group one cluster.
 // Each CTA leaves its int32 partial in its own shared memory; after a cluster barrier CTA r adds
 // the S partials of its share of the outputs through distributed shared memory (no global
 // workspace, no arrival counter) and writes y. S: the most, up to 4, whose clusters are all
 // resident at once (two CTAs an SM: ~100 KB of shared memory); at 9..16 rows one where two would
-// double up CTAs on under 40% of the SMs (slices_for).
+// double up CTAs on under 40% of the SMs (slices_for); a measured cell's own on its layers.
 // Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, runs 213-218, 410-413): at most 4
 // slices (8 ran the 4096-row layers 25-30% slower: W8A8 4096x11008 at 32 rows 29.6 against 23.4
 // µs); a ring of 4 stages at 17..32 rows (5 or more hold one CTA an SM there: decode at batch 32
@@ -31,6 +32,10 @@
 // it serves: from 9 rows (w8a8_wgmma_takes): decode W8A8 at batch 32 +28% on llama2-7b (6,536 ->
 // 8,345 tok/s), batch 16 +16%; at 1..8 rows the mma.sync and dp4a forms stay (batch 8 -7%, batch
 // 1 -19% through this kernel: its fixed cost, the cluster and the ring's fill, outweighs its stream).
+// The 64-row cells (runs 428-431), back to back at 16 / 32 rows against 128-row CTAs: 4096x4096
+// 8.39 -> 8.07 / 9.52 -> 8.21 µs, 11008x4096 16.49 -> 15.72 / 18.89 -> 16.39, 4096x11008 17.23 ->
+// 16.26 / 18.15 -> 16.60; decode W8A8 at batch 16 / 32 +2.2 / +2.3% (llama2-7b), +1.5 / +0.4%
+// (llama3-8b), +0.6 / +2.8% (phi3-mini).
 // Roofline: N·K bytes of w once from HBM (4096 x 4096: 16.8 MB, 4.0 µs at 4.2 TB/s), x (M·K) once
 // a CTA from L2.
 #include <cooperative_groups.h>
@@ -53,13 +58,17 @@ namespace ptq::cuda {
 namespace {
 namespace cg = cooperative_groups;
 
-constexpr int kRows = 128, kBK = kTmaBoxBytes, kConsumers = 256, kThreads = kConsumers + 32, kMaxSlices = 4;
-constexpr int kWBytes = kRows * kBK;   // w's box of a stage: 16 KiB
-constexpr int kRedStride = kRows + 4;  // int32 words a token row of the partial (+4: the epilogue's stores hit 32 banks)
-template <int BN>
-constexpr int stage_bytes() { return kWBytes + BN * kBK; }   // a multiple of 1024 (the swizzle's alignment) for BN = 8, 16, 32
-template <int BN, int ST>
-constexpr size_t smem_bytes() { return size_t(ST * stage_bytes<BN>() + BN * kRedStride * 4 + 2 * ST * 8 + 1024); }   // + mbarriers, alignment
+// ROWS: the rows of w a CTA holds, 64 a consumer warpgroup (128 or 64); its threads, the
+// consumers' and the producer warp's.
+constexpr int kBK = kTmaBoxBytes, kMaxSlices = 4;
+constexpr int consumers(int rows) { return 2 * rows; }
+constexpr int threads(int rows) { return consumers(rows) + 32; }
+constexpr int w_bytes(int rows) { return rows * kBK; }       // w's box of a stage: 16 KiB at 128 rows
+constexpr int red_stride(int rows) { return rows + 4; }      // int32 words a token row of the partial (+4: the epilogue's stores hit 32 banks)
+template <int BN, int ROWS>
+constexpr int stage_bytes() { return w_bytes(ROWS) + BN * kBK; }   // a multiple of 1024 (the swizzle's alignment) for BN = 8, 16, 32
+template <int BN, int ST, int ROWS>
+constexpr size_t smem_bytes() { return size_t(ST * stage_bytes<BN, ROWS>() + BN * red_stride(ROWS) * 4 + 2 * ST * 8 + 1024); }   // + mbarriers, alignment
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PTQ_W8A8_GEMV_WGMMA 1
@@ -96,12 +105,13 @@ struct WgmmaS8<32> {
   }
 };
 
-template <int BN, int kStages>
-__global__ void __launch_bounds__(kThreads) w8a8_wgmma_gemv_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+template <int BN, int kStages, int ROWS>
+__global__ void __launch_bounds__(threads(ROWS)) w8a8_wgmma_gemv_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                                                                    const float* __restrict__ sx, const float* __restrict__ sw, int M, int N, int K,
                                                                    float* y, float beta, int sps) {
 #ifdef PTQ_W8A8_GEMV_WGMMA
-  constexpr int SB = stage_bytes<BN>();
+  constexpr int SB = stage_bytes<BN, ROWS>(), kRows = ROWS, kConsumers = consumers(ROWS), kThreads = threads(ROWS), kWBytes = w_bytes(ROWS),
+                kRedStride = red_stride(ROWS);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   int* red = reinterpret_cast<int*>(smem + kStages * SB);   // [BN][kRedStride]: this CTA's int32 partial, token-major
@@ -116,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) w8a8_wgmma_gemv_kernel(const __grid_
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::mbar_init(&full[s], 1);    // the producer's arrive (with the boxes' byte count)
-      tma::mbar_init(&empty[s], 2);   // one arrive per consumer warpgroup
+      tma::mbar_init(&empty[s], kConsumers / 128);   // one arrive per consumer warpgroup
     }
     tma::mbar_init_fence();
   }
@@ -225,11 +235,13 @@ int slices_for(int64_t groups, int KS, const int* cap, int sms, int BN) {
   return S;
 }
 
-template <int BN, int ST>
-void launch_stages(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
+// slices: a measured cell's K slices (0: slices_for's), taken only where its clusters are all
+// resident at once (else slices_for's: a GPU of fewer SMs than the H200 the cells were measured on).
+template <int BN, int ST, int ROWS>
+void launch_stages(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta, int slices = 0) {
   static const std::array<int, kMaxSlices + 1> cap = [] {
-    auto* kernel = w8a8_wgmma_gemv_kernel<BN, ST>;
-    PTQ_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<BN, ST>())));
+    auto* kernel = w8a8_wgmma_gemv_kernel<BN, ST, ROWS>;
+    PTQ_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<BN, ST, ROWS>())));
     std::array<int, kMaxSlices + 1> c{};
     for (int S = 1; S <= kMaxSlices; ++S) {
       cudaLaunchAttribute cluster{};
@@ -237,37 +249,74 @@ void launch_stages(const int8_t* x, const float* sx, const int8_t* w, const floa
       cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = unsigned(S), cluster.val.clusterDim.z = 1;
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(1, unsigned(S));
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = smem_bytes<BN, ST>();
+      cfg.blockDim = dim3(threads(ROWS));
+      cfg.dynamicSmemBytes = smem_bytes<BN, ST, ROWS>();
       cfg.attrs = &cluster;
       cfg.numAttrs = 1;
       PTQ_CUDA(cudaOccupancyMaxActiveClusters(&c[size_t(S)], kernel, &cfg));
     }
     if (env_switch("PTQKIT_W8A8_PLAN_LOG", false))
-      std::fprintf(stderr, "w8a8_wgmma_gemv (%d token rows, %d stages, %zu B shared): clusters resident of 1..4 CTAs: %d %d %d %d\n", BN, ST,
-                   smem_bytes<BN, ST>(), c[1], c[2], c[3], c[4]);
+      std::fprintf(stderr, "w8a8_wgmma_gemv (%d token rows, %d stages, %d weight rows, %zu B shared): clusters resident of 1..4 CTAs: %d %d %d %d\n", BN, ST,
+                   ROWS, smem_bytes<BN, ST, ROWS>(), c[1], c[2], c[3], c[4]);
     return c;
   }();
-  const int64_t groups = (N + kRows - 1) / kRows;
-  const int KS = int((K + kBK - 1) / kBK), S0 = slices_for(groups, KS, cap.data(), sm_count(), BN), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
-  const CUtensorMap mx = cached_map(x, M, K, BN), mw = cached_map(w, N, K, kRows);
-  launch_ex("w8a8_wgmma_gemv_kernel", true, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), w8a8_wgmma_gemv_kernel<BN, ST>, dim3(unsigned(groups), unsigned(S)),
-            dim3(kThreads), smem_bytes<BN, ST>(), mx, mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
+  const int64_t groups = (N + ROWS - 1) / ROWS;
+  const int KS = int((K + kBK - 1) / kBK);
+  const bool cell = slices >= 1 && slices <= kMaxSlices && slices <= std::max(1, KS / 2) && groups <= cap[size_t(slices)];
+  const int S0 = cell ? slices : slices_for(groups, KS, cap.data(), sm_count(), BN), sps = (KS + S0 - 1) / S0, S = (KS + sps - 1) / sps;   // no empty slice
+  const CUtensorMap mx = cached_map(x, M, K, BN), mw = cached_map(w, N, K, ROWS);
+  launch_ex("w8a8_wgmma_gemv_kernel", true, -1, S > 1 ? dim3(1, unsigned(S), 1) : dim3(0), w8a8_wgmma_gemv_kernel<BN, ST, ROWS>, dim3(unsigned(groups), unsigned(S)),
+            dim3(threads(ROWS)), smem_bytes<BN, ST, ROWS>(), mx, mw, sx, sw, int(M), int(N), int(K), y, beta, sps);
 }
 
+// CTAs of 64 weight rows (one consumer warpgroup) on measured layers: the ring's depth and the K
+// slices that ran fastest there, back to back on the H200 (docs/lab/2026-11-24-decode-h200.md,
+// runs 428-429: every depth of 4..6 and slice count of 1..4 over 13 layers at 16 and 32 rows; a
+// cell only where it beat 128-row CTAs under the planner by 3% or more). Half the rows a CTA
+// doubles the CTAs: more of the ring's bytes in flight on more SMs, and at K = 4096 fewer slices
+// for the same spread. No one depth or slice rule fitted every layer (a 6-stage ring lost 7-10% on
+// 14336x4096 and 28672x4096 where it won 6-11% on 12288x4096 and 22016x4096), so the cells are
+// the measurements. bn: 16 (9..16 rows) or 32 (17..32).
+struct Cell64 {
+  int64_t N, K;
+  int bn, stages, slices;
+};
+constexpr Cell64 kCells64[] = {
+    // Llama 7B/8B: o (4096²), the unstacked and stacked (q, k, v; gate, up) projections, down.
+    {4096, 4096, 16, 6, 4},   {4096, 4096, 32, 5, 4},   {11008, 4096, 16, 6, 2}, {11008, 4096, 32, 5, 2}, {4096, 11008, 16, 6, 2},
+    {4096, 11008, 32, 6, 3},  {14336, 4096, 32, 6, 1},  {4096, 14336, 16, 6, 2}, {4096, 14336, 32, 6, 3}, {12288, 4096, 16, 6, 1},
+    {12288, 4096, 32, 5, 2},  {22016, 4096, 16, 6, 1},  {22016, 4096, 32, 5, 1}, {6144, 4096, 16, 6, 3},  {6144, 4096, 32, 6, 2},
+    // Phi-3-mini: o (3072²), gate, up (16384x3072), down (3072x8192).
+    {3072, 3072, 16, 6, 3},   {3072, 3072, 32, 6, 4},   {16384, 3072, 32, 6, 1}, {3072, 8192, 16, 6, 4},  {3072, 8192, 32, 6, 4},
+};
+
 // The ring's depth: 5 stages at 9..16 rows, 4 at 17..32 (PTQKIT_W8A8_WG_STAGES = 3..6 forces one
-// for sweeps).
+// for sweeps), or a cell's.
+template <int BN, int ROWS>
+void launch_rows(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta, int stages,
+                 int slices) {
+  switch (stages) {
+    case 3: return launch_stages<BN, 3, ROWS>(x, sx, w, sw, M, N, K, y, beta, slices);
+    case 5: return launch_stages<BN, 5, ROWS>(x, sx, w, sw, M, N, K, y, beta, slices);
+    case 6: return launch_stages<BN, 6, ROWS>(x, sx, w, sw, M, N, K, y, beta, slices);
+    default: return launch_stages<BN, 4, ROWS>(x, sx, w, sw, M, N, K, y, beta, slices);
+  }
+}
+
+// A measured cell's 64-row plan; else 128 rows under the planner. Sweeps: PTQKIT_W8A8_WG_ROWS (64
+// or 128), _STAGES and _SLICES force the plan (any of them set: no cell).
 template <int BN>
 void launch(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
-  static const int forced = env_int("PTQKIT_W8A8_WG_STAGES", 0);
-  if (forced && (forced < 3 || forced > 6)) fail(Errc::usage, "", "PTQKIT_W8A8_WG_STAGES", "'" + std::to_string(forced) + "': want 3..6 (or unset)");
-  const int stages = forced ? forced : BN == 16 ? 5 : 4;
-  switch (stages) {
-    case 3: return launch_stages<BN, 3>(x, sx, w, sw, M, N, K, y, beta);
-    case 5: return launch_stages<BN, 5>(x, sx, w, sw, M, N, K, y, beta);
-    case 6: return launch_stages<BN, 6>(x, sx, w, sw, M, N, K, y, beta);
-    default: return launch_stages<BN, 4>(x, sx, w, sw, M, N, K, y, beta);
-  }
+  static const int rows = env_int("PTQKIT_W8A8_WG_ROWS", 0), stages = env_int("PTQKIT_W8A8_WG_STAGES", 0);
+  static const bool forced = rows || stages || env_int("PTQKIT_W8A8_WG_SLICES", 0);
+  if (rows && rows != 64 && rows != 128) fail(Errc::usage, "", "PTQKIT_W8A8_WG_ROWS", "'" + std::to_string(rows) + "': want 64 or 128 (or unset)");
+  if (stages && (stages < 3 || stages > 6)) fail(Errc::usage, "", "PTQKIT_W8A8_WG_STAGES", "'" + std::to_string(stages) + "': want 3..6 (or unset)");
+  const int depth = stages ? stages : BN == 16 ? 5 : 4;
+  if (!forced)
+    for (const Cell64& c : kCells64)
+      if (c.N == N && c.K == K && c.bn == BN) return launch_rows<BN, 64>(x, sx, w, sw, M, N, K, y, beta, c.stages, c.slices);
+  if (rows == 64) return launch_rows<BN, 64>(x, sx, w, sw, M, N, K, y, beta, depth, 0);
+  return launch_rows<BN, 128>(x, sx, w, sw, M, N, K, y, beta, depth, 0);
 }
 
 }  // namespace
