@@ -1703,7 +1703,7 @@ TEST_CASE("gpu: the W8A8 decode product on wgmma (copy-engine ring, K split over
   // once: on the H200 clusters of 1..4 CTAs 264 / 132 / 79 / 62, lab run 413; at 9..16 rows one
   // slice where two would double up CTAs on under 40% of the SMs, run 419): 333x2064 4 slices of 5
   // K-steps (the last slice 2, its last box 2064 - 16 x 128 = 16 bytes: mostly past K), 4096x4096
-  // 4, 1024x14336 4 (28 K-steps a slice: the 5-stage ring of 9..16 rows wraps at shifting phases),
+  // 4 at 1..8 rows (from 9 rows a cell, below), 1024x14336 4 (28 K-steps a slice: the 5-stage ring of 9..16 rows wraps at shifting phases),
   // 8960x1024 3 (70 groups), 11008x1024 2 at 17..32 rows and one at 9..16 (86 groups: more than 79
   // clusters of 3, under 0.7 x 132), 12800x512 2 (100 groups), 17000x256 one (133 groups); 96x48 a
   // single box past K and N;
