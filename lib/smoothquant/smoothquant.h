@@ -30,7 +30,8 @@ struct AlphaSearch {
   double error_unsmoothed;  // the error with no smoothing at all
 };
 // alpha on the grid 0, 0.05, ..., 1 minimizing the W8A8 output error of `ws` on X (X: the
-// unsmoothed input; at most `max_rows` rows of it are used).
+// unsmoothed input; at most `max_rows` rows of it are used): the smoothed Linears' W8A8 outputs
+// against the unsmoothed float outputs X·Wᵀ, which smoothing leaves unchanged (formed once).
 AlphaSearch evaluate_alpha(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, double alpha,
                            int64_t max_rows = 4096);
 AlphaSearch search_alpha(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows = 4096);
