@@ -127,7 +127,12 @@ void head_rmsnorm(MatF& y, int heads, int hd, const VecF& w, float eps) {
     }
 }
 
-void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale) {
+namespace {
+// x -> int8 codes and per-row scales, into int32 (MatI) or, for the GEMMs, floats (MatF: every
+// code is an integer in [-128, 127], exact in fp32; the same value the int32 cast would give).
+template <class Codes>
+void quantize_rows(const MatF& x, const ActQuant& a, Codes& q, VecF& scale) {
+  using T = typename Codes::Scalar;
   q.resize(x.rows(), x.cols());
   scale.resize(x.rows());
 #pragma omp parallel for schedule(static)
@@ -136,17 +141,20 @@ void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale
     if (a.mode == ActQuant::per_token) s = x.row(r).cwiseAbs().maxCoeff() / 127.0f;
     if (!(s > 0)) s = 1.0f;
     scale[r] = s;
-    for (Eigen::Index c = 0; c < x.cols(); ++c) q(r, c) = int32_t(std::min(127.0f, std::max(-128.0f, std::nearbyint(x(r, c) / s))));
+    for (Eigen::Index c = 0; c < x.cols(); ++c) q(r, c) = T(std::min(127.0f, std::max(-128.0f, std::nearbyint(x(r, c) / s))));
   }
 }
+}  // namespace
+
+void quantize_activations(const MatF& x, const ActQuant& a, MatI& q, VecF& scale) { quantize_rows(x, a, q, scale); }
 
 // The int32 sums Σ_k q[m, k] · w[n, k] of int8 codes (held as floats), exact, through float GEMMs:
 // every product is an integer of magnitude at most 128 · 128 = 2^14, so any partial sum over at
 // most kExactK = 1024 of them is an integer of magnitude at most 2^24, exact in fp32 in whatever
 // order the GEMM adds; each K-chunk's sums are then added in int32 (|Σ| < 2^31 for K < 2^17).
 // Eigen's int32 GEMM, which this replaces, ran W8A8 evaluation ~9x slower than the float path.
+constexpr Eigen::Index kExactK = 1024;
 MatI int8_dot(const MatF& q, const MatF& w) {
-  constexpr Eigen::Index kExactK = 1024;
   if (q.cols() >= (Eigen::Index(1) << 17)) fail(Errc::usage, "", "int8_dot", "K must be below 2^17 for int32 sums, not " + std::to_string(q.cols()));
   MatI acc = MatI::Zero(q.rows(), w.rows());
   MatF part;
@@ -162,18 +170,18 @@ void linear(const MatF& x, const Linear& l, MatF& y) {
   if (l.act.mode == ActQuant::none) {
     y.noalias() = x * l.W.transpose();
   } else {
-    MatI q;
+    MatF q;   // the int8 codes, held as floats
     VecF sx;
-    quantize_activations(x, l.act, q, sx);
+    quantize_rows(x, l.act, q, sx);
     if (l.Wi.size()) {   // integer path: exact int32 accumulation of int8 x int8, then s_x * s_w
-      const MatI acc = int8_dot(q.cast<float>(), l.Wi);
-      y.resize(x.rows(), l.Wi.rows());
-      for (Eigen::Index r = 0; r < y.rows(); ++r)
-        for (Eigen::Index c = 0; c < y.cols(); ++c) y(r, c) = float(acc(r, c)) * sx[r] * l.w_scale[c];
+      // K <= kExactK: one float GEMM is already the exact integer sum (no int32 round trip);
+      // longer K: int8_dot's exact chunks added in int32.
+      if (q.cols() <= kExactK) y.noalias() = q * l.Wi.transpose();
+      else y = int8_dot(q, l.Wi).cast<float>();
+      y = (y.array().colwise() * sx.array()).rowwise() * l.w_scale.transpose().array();   // (Σ · s_x) · s_w, as before
     } else {             // fake-quant path: the same codes, float arithmetic
-      MatF xq = q.cast<float>();
-      for (Eigen::Index r = 0; r < xq.rows(); ++r) xq.row(r) *= sx[r];
-      y.noalias() = xq * l.W.transpose();
+      for (Eigen::Index r = 0; r < q.rows(); ++r) q.row(r) *= sx[r];
+      y.noalias() = q * l.W.transpose();
     }
   }
   if (l.b.size()) y.rowwise() += l.b.transpose();
