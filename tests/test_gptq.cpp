@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <omp.h>
 
 #include "core/bits.h"
 #include "core/rng.h"
@@ -217,6 +218,26 @@ TEST_CASE("the Hessian's chunked fp32 accumulation matches an fp64 sum") {
   Eigen::MatrixXd X = p.X.cast<double>();
   Eigen::MatrixXd ref = 2.0 / 9000.0 * X.transpose() * X;
   CHECK((p.H - ref).cwiseAbs().maxCoeff() <= 1e-5 * ref.cwiseAbs().maxCoeff());
+}
+
+TEST_CASE("the Hessian's row panels: 300 columns (two whole panels and a part), an fp64 sum's values, the same bytes on one thread and on two") {
+  Rng r{41};
+  MatF X(2500, 300);   // three chunks, the last partial
+  for (int i = 0; i < X.size(); ++i) X.data()[i] = float(r.normal());
+  const Eigen::MatrixXd Xd = X.cast<double>(), ref = 2.0 / 2500.0 * Xd.transpose() * Xd;
+  const int threads = omp_get_max_threads();
+  auto hessian = [&](int t) {
+    omp_set_num_threads(t);
+    Hessian h(300);
+    h.add(X.topRows(1700));   // two calls: the chunks restart at each
+    h.add(X.bottomRows(800));
+    return h.finalize();
+  };
+  const MatD one = hessian(1), two = hessian(2);
+  omp_set_num_threads(threads);
+  CHECK((one - ref).cwiseAbs().maxCoeff() <= 1e-5 * ref.cwiseAbs().maxCoeff());
+  CHECK(one == one.transpose());
+  CHECK(std::memcmp(one.data(), two.data(), sizeof(double) * size_t(one.size())) == 0);
 }
 
 TEST_CASE("row_slice keeps each row's codes, grids and groups (what a stacked q/k/v solve is split by)") {
