@@ -220,7 +220,7 @@ TEST_CASE("the Hessian's chunked fp32 accumulation matches an fp64 sum") {
   CHECK((p.H - ref).cwiseAbs().maxCoeff() <= 1e-5 * ref.cwiseAbs().maxCoeff());
 }
 
-TEST_CASE("the Hessian's row panels: 300 columns (two whole panels and a part), an fp64 sum's values, the same bytes on one thread and on two") {
+TEST_CASE("the Hessian's tiles: 300 columns (tiles of 128: two whole and a part each way), an fp64 sum's values, the same bytes on one thread and on two") {
   Rng r{41};
   MatF X(2500, 300);   // three chunks, the last partial
   for (int i = 0; i < X.size(); ++i) X.data()[i] = float(r.normal());

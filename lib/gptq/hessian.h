@@ -1,9 +1,10 @@
 // hessian.h — the Hessian of a Linear's layer-wise loss, H = (2/n) sum_t x_t x_t^T over the
 // rows x_t of its inputs (algorithms.md), and the one interface every accumulator of it offers.
 //
-// Precision: each chunk of at most 1024 tokens is an fp32 product (SYRK on the diagonal blocks,
-// GEMM below them, in panels of 128 rows on the CPU's threads), the chunks are summed in fp64 (16-bit inputs times 16-bit inputs are exact in fp32; the chunked fp64 sum keeps the error
-// of 10^5-10^6 terms out). The scale 2/n is applied once, where H leaves the accumulator
+// Precision: each chunk of at most 1024 tokens is an fp32 product (on the CPU in tiles of 128 x 128
+// on its threads: SYRK on the diagonal tiles, GEMM below them), the chunks are summed in fp64
+// (16-bit inputs times 16-bit inputs are exact in fp32; the chunked fp64 sum keeps the error of
+// 10^5-10^6 terms out). The scale 2/n is applied once, where H leaves the accumulator
 // (finalize, or the scale a GPU solve multiplies by as it reads the sum).
 #pragma once
 #include <Eigen/Core>

@@ -4,7 +4,7 @@
 //     tokens (cublasGemmEx, fp32 accumulation) summed in an L2-resident fp32 block, then added to
 //     an fp64 sum. Roofline: about n cols^2 FLOP on tensor cores (SYRK-shaped; diagonal blocks
 //     computed whole), the fp64 sum moved once per 8192 tokens.
-//   Reference: lib/gptq/hessian.cpp (Hessian::add: fp32 SYRK per 1024 tokens, fp64 across).
+//   Reference: lib/gptq/hessian.cpp (Hessian::add: fp32 per 1024 tokens in 128 x 128 tiles, fp64 across).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
