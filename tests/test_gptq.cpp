@@ -240,6 +240,29 @@ TEST_CASE("the Hessian's tiles: 300 columns (tiles of 128: two whole and a part 
   CHECK(std::memcmp(one.data(), two.data(), sizeof(double) * size_t(one.size())) == 0);
 }
 
+TEST_CASE("GPTQ's factor U of H^-1: U^T U equals an fp64 inverse, U is upper triangular, the same bytes on one thread and on two") {
+  Rng r{43};
+  const int n = 300;   // column blocks of 64: four whole and a part
+  Eigen::MatrixXd A(n, 2 * n);
+  for (int i = 0; i < A.size(); ++i) A.data()[i] = r.normal();
+  const MatD H = A * A.transpose() / double(2 * n) + 0.01 * Eigen::MatrixXd::Identity(n, n);
+  const Eigen::MatrixXd Hinv = Eigen::MatrixXd(H).fullPivLu().inverse();
+  const int threads = omp_get_max_threads();
+  MatD U1, U2;
+  omp_set_num_threads(1);
+  REQUIRE(inverse_cholesky_upper(H, U1));
+  omp_set_num_threads(2);
+  REQUIRE(inverse_cholesky_upper(H, U2));
+  omp_set_num_threads(threads);
+  CHECK((U1.transpose() * U1 - Hinv).cwiseAbs().maxCoeff() <= 1e-10 * Hinv.cwiseAbs().maxCoeff());
+  CHECK(U1.triangularView<Eigen::StrictlyLower>().toDenseMatrix().cwiseAbs().maxCoeff() == 0.0);
+  CHECK(std::memcmp(U1.data(), U2.data(), sizeof(double) * size_t(U1.size())) == 0);
+  MatD notpd = H;
+  notpd(7, 7) = -1;
+  MatD U3;
+  CHECK_FALSE(inverse_cholesky_upper(notpd, U3));
+}
+
 TEST_CASE("row_slice keeps each row's codes, grids and groups (what a stacked q/k/v solve is split by)") {
   Rng r{77};
   MatF W(10, 40);
