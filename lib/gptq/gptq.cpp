@@ -16,31 +16,72 @@ double output_error(const MatF& W, const MatF& Wq, const MatD& H) {
   return (dW * H).cwiseProduct(dW).sum() / 2.0;
 }
 
+// A right-looking blocked Cholesky in fp64, blocks of kLltBlock: each step factors its diagonal
+// block (Eigen's LLT), solves the panel below it (rows split over the threads) and subtracts the
+// panel's product from the trailing lower triangle in tiles of kLltBlock x kLltBlock, a thread a
+// tile (Eigen's one LLT of the whole matrix ran on one core). Every block's and tile's arithmetic
+// is fixed: the same bytes on any thread count. False where a diagonal block is not positive
+// definite (H is not).
+namespace {
+constexpr int64_t kLltBlock = 128;
+template <class F>
+void over_threads(int64_t tasks, F&& f) {   // in turn inside a team (Eigen's GEMMs stay serial either way)
+  if (omp_in_parallel()) {
+    for (int64_t t = 0; t < tasks; ++t) f(t);
+  } else {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) f(t);
+  }
+}
+bool blocked_cholesky(Eigen::MatrixXd& A) {   // A <- L in its lower triangle
+  const int64_t n = A.rows();
+  for (int64_t k0 = 0; k0 < n; k0 += kLltBlock) {
+    const int64_t b = std::min(kLltBlock, n - k0), m = n - k0 - b;
+    Eigen::LLT<Eigen::MatrixXd> llt(A.block(k0, k0, b, b));
+    if (llt.info() != Eigen::Success) return false;
+    A.block(k0, k0, b, b).triangularView<Eigen::Lower>() = llt.matrixL();
+    if (m == 0) break;
+    const int64_t panels = (m + kLltBlock - 1) / kLltBlock;
+    over_threads(panels, [&](int64_t p) {   // A21 <- A21 L11^-T, rows in blocks
+      const int64_t r0 = k0 + b + p * kLltBlock, h = std::min(kLltBlock, n - r0);
+      Eigen::MatrixXd P = A.block(r0, k0, h, b);
+      A.block(k0, k0, b, b).triangularView<Eigen::Lower>().transpose().solveInPlace<Eigen::OnTheRight>(P);
+      A.block(r0, k0, h, b) = P;
+    });
+    const int64_t T = panels, tiles = T * (T + 1) / 2;
+    over_threads(tiles, [&](int64_t t) {   // A22 -= A21 A21^T, lower tiles; t = I (I + 1) / 2 + J
+      int64_t I = 0;
+      while ((I + 1) * (I + 2) / 2 <= t) ++I;
+      const int64_t J = t - I * (I + 1) / 2, i0 = k0 + b + I * kLltBlock, j0 = k0 + b + J * kLltBlock;
+      const int64_t h = std::min(kLltBlock, n - i0), w = std::min(kLltBlock, n - j0);
+      Eigen::MatrixXd G(h, w);
+      G.noalias() = A.block(i0, k0, h, b) * A.block(j0, k0, w, b).transpose();
+      if (I == J) A.block(i0, j0, h, w).triangularView<Eigen::Lower>() -= G;
+      else A.block(i0, j0, h, w) -= G;
+    });
+  }
+  return true;
+}
+}  // namespace
+
 // One factorization of the reversed matrix: J H J = L L^T  =>  H^-1 = (J L^-T J)(J L^-1 J), so
-// U = J L^-1 J. L^-1 in column blocks of kInvBlock, a thread a block: columns c0.. of L^-1 are zero above row
-// c0 and solve the trailing triangle, L[c0:, c0:] X = I[:, 0:b] (a sixth of n^3 multiply-adds in
-// all, where one solve against the whole identity took half, on one core: Eigen's triangular solve
-// is serial). Each block's arithmetic is fixed, so the bytes are the same on any thread count.
+// U = J L^-1 J. L^-1 in column blocks of kInvBlock, a thread a block: columns c0.. of L^-1 are
+// zero above row c0 and solve the trailing triangle, L[c0:, c0:] X = I[:, 0:b] (a sixth of n^3
+// multiply-adds in all, where one serial solve against the whole identity took half). Each
+// block's arithmetic is fixed, so the bytes are the same on any thread count.
 bool inverse_cholesky_upper(const MatD& H, MatD& U) {
   constexpr int64_t kInvBlock = 64;
   const int64_t n = H.rows();
-  Eigen::LLT<Eigen::MatrixXd> llt(H.reverse());
-  if (llt.info() != Eigen::Success) return false;
-  const Eigen::MatrixXd& L = llt.matrixLLT();   // lower triangle: L
+  Eigen::MatrixXd L = H.reverse();
+  if (!blocked_cholesky(L)) return false;
   Eigen::MatrixXd Linv = Eigen::MatrixXd::Zero(n, n);
   const int64_t blocks = (n + kInvBlock - 1) / kInvBlock;
-  auto block = [&](int64_t k) {
+  over_threads(blocks, [&](int64_t k) {   // the longest first (block 0: all n rows)
     const int64_t c0 = k * kInvBlock, b = std::min(kInvBlock, n - c0), m = n - c0;
     Eigen::MatrixXd X = Eigen::MatrixXd::Identity(m, b);
     L.bottomRightCorner(m, m).triangularView<Eigen::Lower>().solveInPlace(X);
     Linv.block(c0, c0, m, b) = X;
-  };
-  if (omp_in_parallel()) {
-    for (int64_t k = 0; k < blocks; ++k) block(k);
-  } else {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t k = 0; k < blocks; ++k) block(k);   // the longest first (block 0: all n rows)
-  }
+  });
   U = Linv.reverse();
   return U.allFinite() && (U.diagonal().array() > 0).all();
 }
