@@ -1,13 +1,13 @@
 #include "gptq/gptq.h"
 
 #include <Eigen/Cholesky>
-#include <omp.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
 
 #include "core/error.h"
+#include "gptq/tasks.h"
 
 namespace ptq {
 
@@ -24,15 +24,6 @@ double output_error(const MatF& W, const MatF& Wq, const MatD& H) {
 // definite (H is not).
 namespace {
 constexpr int64_t kLltBlock = 128;
-template <class F>
-void over_threads(int64_t tasks, F&& f) {   // in turn inside a team (Eigen's GEMMs stay serial either way)
-  if (omp_in_parallel()) {
-    for (int64_t t = 0; t < tasks; ++t) f(t);
-  } else {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) f(t);
-  }
-}
 bool blocked_cholesky(Eigen::MatrixXd& A) {   // A <- L in its lower triangle
   const int64_t n = A.rows();
   for (int64_t k0 = 0; k0 < n; k0 += kLltBlock) {
@@ -48,11 +39,9 @@ bool blocked_cholesky(Eigen::MatrixXd& A) {   // A <- L in its lower triangle
       A.block(k0, k0, b, b).triangularView<Eigen::Lower>().transpose().solveInPlace<Eigen::OnTheRight>(P);
       A.block(r0, k0, h, b) = P;
     });
-    const int64_t T = panels, tiles = T * (T + 1) / 2;
-    over_threads(tiles, [&](int64_t t) {   // A22 -= A21 A21^T, lower tiles; t = I (I + 1) / 2 + J
-      int64_t I = 0;
-      while ((I + 1) * (I + 2) / 2 <= t) ++I;
-      const int64_t J = t - I * (I + 1) / 2, i0 = k0 + b + I * kLltBlock, j0 = k0 + b + J * kLltBlock;
+    over_threads(lower_tiles(panels), [&](int64_t t) {   // A22 -= A21 A21^T, its lower tiles
+      const auto [I, J] = lower_tile(t);
+      const int64_t i0 = k0 + b + I * kLltBlock, j0 = k0 + b + J * kLltBlock;
       const int64_t h = std::min(kLltBlock, n - i0), w = std::min(kLltBlock, n - j0);
       Eigen::MatrixXd G(h, w);
       G.noalias() = A.block(i0, k0, h, b) * A.block(j0, k0, w, b).transpose();

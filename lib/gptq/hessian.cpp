@@ -1,10 +1,9 @@
 #include "gptq/hessian.h"
 
-#include <omp.h>
-
 #include <algorithm>
 
 #include "core/error.h"
+#include "gptq/tasks.h"
 
 namespace ptq {
 
@@ -18,13 +17,12 @@ void Hessian::add(const MatF& X) {
   if (scaled_) fail(Errc::usage, "", "Hessian::add", "this Hessian was given whole (from_matrix); nothing can be added to it");
   constexpr int64_t kChunk = 1024;   // the same chunking as the GPU (hessian_cuda.cu): fp32 within, fp64 across
   constexpr Eigen::Index kTile = 128;
-  const Eigen::Index n = X.cols(), T = (n + kTile - 1) / kTile, tiles = T * (T + 1) / 2;
+  const Eigen::Index n = X.cols(), T = (n + kTile - 1) / kTile;
   for (int64_t t0 = 0; t0 < X.rows(); t0 += kChunk) {
     const auto Xc = X.middleRows(t0, std::min(kChunk, X.rows() - t0));
-    auto tile = [&](Eigen::Index t) {   // t = I (I + 1) / 2 + J, J <= I
-      Eigen::Index I = 0;
-      while ((I + 1) * (I + 2) / 2 <= t) ++I;
-      const Eigen::Index J = t - I * (I + 1) / 2, i0 = I * kTile, j0 = J * kTile, h = std::min(kTile, n - i0), w = std::min(kTile, n - j0);
+    over_threads(lower_tiles(T), [&](int64_t t) {
+      const auto [I, J] = lower_tile(t);
+      const Eigen::Index i0 = I * kTile, j0 = J * kTile, h = std::min(kTile, n - i0), w = std::min(kTile, n - j0);
       if (I == J) {
         Eigen::MatrixXf d = Eigen::MatrixXf::Zero(h, h);   // column-major: selfadjointView rank updates want it
         d.selfadjointView<Eigen::Lower>().rankUpdate(Xc.middleCols(i0, h).transpose());   // SYRK in fp32
@@ -34,13 +32,7 @@ void Hessian::add(const MatF& X) {
         o.noalias() = Xc.middleCols(i0, h).transpose() * Xc.middleCols(j0, w);
         H_.block(i0, j0, h, w) += o.cast<double>();
       }
-    };
-    if (omp_in_parallel()) {   // already inside a team: the tiles in turn (Eigen's GEMM stays serial there too)
-      for (Eigen::Index t = 0; t < tiles; ++t) tile(t);
-    } else {
-#pragma omp parallel for schedule(dynamic, 1)
-      for (Eigen::Index t = 0; t < tiles; ++t) tile(t);
-    }
+    });
   }
   n_ += X.rows();
 }
