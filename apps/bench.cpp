@@ -1,4 +1,4 @@
-// bench.cpp — `ptqkit bench eval | gptq | kernels`: throughput against the machine's measured
+// bench.cpp — `ptqkit bench eval | gptq | kernels | smoothquant`: throughput against the machine's measured
 // limits (the numbers in docs/benchmarks.md come from these).
 #include <chrono>
 #include <cstdio>
@@ -23,7 +23,9 @@
 #include "cuda/runtime.h"
 #include "gptq/gptq_cuda.h"
 #include "kernels/bench_kernels.h"
+#include "smoothquant/smoothquant_cuda.h"
 #endif
+#include "smoothquant/smoothquant.h"
 #include "bench.h"
 
 namespace ptq {
@@ -34,6 +36,11 @@ struct BenchEvalArgs {
   std::string model, data;
   int seq_len = 0;
   int64_t windows = 16;
+};
+struct BenchSmoothArgs {
+  std::string preset = "llama2-7b";
+  int64_t rows = 4096;   // the search's activation rows (the pipeline's max_rows)
+  bool host = false;     // also time the host's reference search
 };
 struct BenchKernelsArgs {
   int runs = 100;
@@ -81,6 +88,52 @@ int run_bench_eval(const BenchEvalArgs& a) {
   return 0;
 }
 
+// SmoothQuant's alpha search (22 evaluations: no smoothing and alpha = 0, 0.05, ..., 1) for one
+// decoder layer of a preset's shapes, both of its smoothed groups (input_layernorm -> q, k, v;
+// post_attention_layernorm -> gate, up): random weights (sd 0.02) and activations (sd 1, every 64th
+// channel x 30, the outliers SmoothQuant is for), on the GPU and (--host) on the host.
+int run_bench_smoothquant(const BenchSmoothArgs& a) {
+#ifndef PTQKIT_HAVE_CUDA
+  fail(Errc::usage, "", "bench smoothquant", "this build has no CUDA");
+#else
+  if (!cuda::available()) fail(Errc::usage, "", "bench smoothquant", "needs a GPU: " + cuda::describe());
+  const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
+  Rng rng(7);
+  auto random = [&rng](int64_t r, int64_t k, double sd) {
+    MatF m(r, k);
+    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
+    return m;
+  };
+  const int64_t d = c.hidden_size;
+  MatF X = random(a.rows, d, 1.0);
+  for (int64_t j = 0; j < d; j += 64) X.col(j) *= 30.0f;
+  VecF am;
+  update_channel_absmax(X, am);
+  const MatF q = random(c.q_dim(), d, 0.02), k = random(c.kv_dim(), d, 0.02), v = random(c.kv_dim(), d, 0.02);
+  const MatF g = random(c.intermediate_size, d, 0.02), u = random(c.intermediate_size, d, 0.02);
+  const std::vector<std::vector<const MatF*>> groups{{&q, &k, &v}, {&g, &u}};
+  const ActQuant act{ActQuant::per_token, 0};
+  std::printf("bench smoothquant: %s layer (hidden %lld, ffn %lld), %lld activation rows, 22 evaluations a group, on %s\n", a.preset.c_str(),
+              (long long)d, (long long)c.intermediate_size, (long long)a.rows, cuda::describe().c_str());
+  double ops = 0;
+  for (auto& grp : groups)
+    for (const MatF* W : grp) ops += 2.0 * double(a.rows) * double(W->rows()) * double(d) * 22;
+  auto time_search = [&](AlphaErrors errors, const char* label) {
+    double best = 1e30;
+    for (int it = 0; it < (errors == smoothed_errors ? 1 : 3); ++it) {   // the GPU's first call pays cuBLAS's set-up
+      const auto t0 = std::chrono::steady_clock::now();
+      for (auto& grp : groups) (void)search_alpha(X, am, grp, act, a.rows, errors);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("  %-22s %8.3f s a layer  %8.1f s for %d layers  (%.1f TOP/s of the W8A8 products)\n", label, best,
+                best * c.num_hidden_layers, c.num_hidden_layers, ops / best / 1e12);
+  };
+  time_search(cuda::smoothed_errors, "GPU (int8 cuBLAS)");
+  if (a.host) time_search(smoothed_errors, "host (fp32 Eigen)");
+  return 0;
+#endif
+}
+
 int run_bench_kernels(const BenchKernelsArgs& a) {
 #ifndef PTQKIT_HAVE_CUDA
   fail(Errc::usage, "", "bench kernels", "this build has no CUDA");
@@ -106,6 +159,7 @@ std::vector<Command> add_bench(CLI::App& app) {
   auto ga = std::make_shared<BenchGptqArgs>();
   auto ka = std::make_shared<BenchKernelsArgs>();
   auto da = std::make_shared<BenchDecodeArgs>();
+  auto sa = std::make_shared<BenchSmoothArgs>();
   CLI::App* bench = app.add_subcommand("bench", "benchmarks (throughput against the machine's measured limits)");
   bench->require_subcommand(1);
   CLI::App* be = bench->add_subcommand("eval", "CPU evaluation throughput beside an Eigen GEMM measured in the same run");
@@ -126,6 +180,10 @@ std::vector<Command> add_bench(CLI::App& app) {
   bd->add_option("--json", da->json_out, "write the table as JSON here");
   bd->add_flag("--no-graph", da->no_graph, "launch each decode step's kernels one by one instead of replaying a CUDA graph");
   bd->add_flag("--apart", da->apart, "q, k, v and gate, up as separate Linears (default: stacked into one Linear each, as generate loads them)");
+  CLI::App* bs = bench->add_subcommand("smoothquant", "SmoothQuant's alpha search for one decoder layer of a preset's shapes on the GPU (and --host)");
+  bs->add_option("--preset", sa->preset, "llama2-7b | llama3-8b | ... (synth presets)")->capture_default_str();
+  bs->add_option("--rows", sa->rows, "activation rows of the search")->check(CLI::Range(int64_t(1), int64_t(65536)))->capture_default_str();
+  bs->add_flag("--host", sa->host, "also time the host's fp32 reference search (slow on 7B shapes)");
   CLI::App* bk = bench->add_subcommand("kernels", "W4A16, W8A16, NF4 (against cuBLAS f16) and W8A8 (against cuBLAS bf16 and int8) GPU kernels: llama shapes, M = 1..4096, cold L2");
   bk->add_option("--runs", ka->runs, "runs per measurement (median)")->default_val(100);
   bk->add_option("--kernels", ka->kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');
@@ -143,6 +201,7 @@ std::vector<Command> add_bench(CLI::App& app) {
   bg->add_option("--act-order", ga->act_order, "act-order with static groups")->default_val(true);
   bg->add_option("--batch", ga->batch, "one layer: solve an MoE layer's expert downs in batches, as the pipeline does (false: one by one)")->default_val(true);
   return {{be, [ea] { return run_bench_eval(*ea); }}, {bg, [ga] { return run_bench_gptq(*ga); }}, {bk, [ka] { return run_bench_kernels(*ka); }},
+          {bs, [sa] { return run_bench_smoothquant(*sa); }},
           {bd, [da] { return run_bench_decode(*da); }}};
 }
 

@@ -17,9 +17,17 @@ double outlier_ratio(const VecF& a) {
   return med > 0 ? double(a.maxCoeff()) / med : 0.0;
 }
 
-VecF smoothing_factors(const VecF& act_absmax, const std::vector<const MatF*>& weights, double alpha) {
-  VecF wmax = VecF::Zero(act_absmax.size());
+VecF weight_absmax(const std::vector<const MatF*>& weights) {
+  VecF wmax = VecF::Zero(weights.empty() ? 0 : weights[0]->cols());
   for (const MatF* W : weights) wmax = wmax.cwiseMax(W->cwiseAbs().colwise().maxCoeff().transpose());
+  return wmax;
+}
+
+VecF smoothing_factors(const VecF& act_absmax, const std::vector<const MatF*>& weights, double alpha) {
+  return smoothing_factors_from(act_absmax, weight_absmax(weights), alpha);
+}
+
+VecF smoothing_factors_from(const VecF& act_absmax, const VecF& wmax, double alpha) {
   VecF s(act_absmax.size());
   for (Eigen::Index j = 0; j < s.size(); ++j)
     s[j] = float(std::pow(std::max(double(act_absmax[j]), 1e-5), alpha) / std::pow(std::max(double(wmax[j]), 1e-5), 1.0 - alpha));
@@ -65,17 +73,9 @@ double w8a8_error(const MatF& X, const std::vector<const MatF*>& ws, const std::
   }
   return e;
 }
-MatF subsample(const MatF& X0, int64_t max_rows) {   // an evenly strided subset of the calibration rows
-  const int64_t step = std::max<int64_t>(1, X0.rows() / max_rows);
-  MatF X(X0.rows() / step, X0.cols());
-  for (int64_t r = 0; r < X.rows(); ++r) X.row(r) = X0.row(r * step);
-  return X;
-}
-// The W8A8 error of the Linears smoothed at alpha (input X / s, weights W·diag(s)) against the
+// The W8A8 error of the Linears smoothed by s (input X / s, weights W·diag(s)) against the
 // unsmoothed float outputs y.
-double smoothed_error(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const std::vector<MatF>& y, const ActQuant& act,
-                      double alpha) {
-  const VecF s = smoothing_factors(act_absmax, ws, alpha);
+double smoothed_error(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<MatF>& y, const ActQuant& act, const VecF& s) {
   const MatF Xs = X * s.cwiseInverse().asDiagonal();
   std::vector<MatF> Wss;
   for (const MatF* W : ws) Wss.push_back((*W) * s.asDiagonal());
@@ -89,21 +89,36 @@ double w8a8_output_error(const MatF& X, const std::vector<const MatF*>& ws, cons
   return w8a8_error(X, ws, float_outputs(X, ws), act);
 }
 
-AlphaSearch evaluate_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, double alpha,
-                           int64_t max_rows) {
-  const MatF X = subsample(X0, max_rows);
-  const std::vector<MatF> y = float_outputs(X, ws);
-  return {alpha, smoothed_error(X, act_absmax, ws, y, act, alpha), w8a8_error(X, ws, y, act)};
+MatF subsample_rows(const MatF& X0, int64_t max_rows) {
+  const int64_t step = std::max<int64_t>(1, X0.rows() / max_rows);
+  MatF X(X0.rows() / step, X0.cols());
+  for (int64_t r = 0; r < X.rows(); ++r) X.row(r) = X0.row(r * step);
+  return X;
 }
 
-AlphaSearch search_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows) {
-  const MatF X = subsample(X0, max_rows);
+std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
+                                    const std::vector<double>& alphas) {
   const std::vector<MatF> y = float_outputs(X, ws);
-  AlphaSearch best{0, INFINITY, w8a8_error(X, ws, y, act)};
-  for (int k = 0; k <= 20; ++k) {
-    const double e = smoothed_error(X, act_absmax, ws, y, act, k / 20.0);
-    if (e < best.error) { best.alpha = k / 20.0; best.error = e; }
-  }
+  const VecF wmax = weight_absmax(ws);
+  std::vector<double> e;
+  for (double a : alphas) e.push_back(a < 0 ? w8a8_error(X, ws, y, act) : smoothed_error(X, ws, y, act, smoothing_factors_from(act_absmax, wmax, a)));
+  return e;
+}
+
+AlphaSearch evaluate_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, double alpha,
+                           int64_t max_rows, AlphaErrors errors) {
+  const std::vector<double> e = errors(subsample_rows(X0, max_rows), act_absmax, ws, act, {-1.0, alpha});
+  return {alpha, e[1], e[0]};
+}
+
+AlphaSearch search_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows,
+                         AlphaErrors errors) {
+  std::vector<double> alphas{-1.0};
+  for (int k = 0; k <= 20; ++k) alphas.push_back(k / 20.0);
+  const std::vector<double> e = errors(subsample_rows(X0, max_rows), act_absmax, ws, act, alphas);
+  AlphaSearch best{0, INFINITY, e[0]};
+  for (size_t k = 1; k < alphas.size(); ++k)
+    if (e[k] < best.error) { best.alpha = alphas[k]; best.error = e[k]; }
   return best;
 }
 

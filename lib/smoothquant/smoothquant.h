@@ -13,8 +13,11 @@ namespace ptq {
 void update_channel_absmax(const MatF& X, VecF& absmax);
 double outlier_ratio(const VecF& absmax);   // max channel absmax / median channel absmax
 
+// max_i |W_ij| over the rows of every W: the weight side of the factors of the Linears fed by one norm.
+VecF weight_absmax(const std::vector<const MatF*>& weights);
 // Factors for the Linears fed by one norm (max over all of them); both maxima clamped at 1e-5.
 VecF smoothing_factors(const VecF& act_absmax, const std::vector<const MatF*>& weights, double alpha);
+VecF smoothing_factors_from(const VecF& act_absmax, const VecF& w_absmax, double alpha);   // w_absmax: weight_absmax
 // norm /= s, W[:, j] *= s_j for each W.
 void fold_smoothing(VecF& norm, const std::vector<MatF*>& weights, const VecF& s);
 
@@ -24,16 +27,29 @@ Linear w8a8_linear(const MatF& W, const ActQuant& act);
 // Mean over rows of ||y_w8a8 - y_float||^2 for inputs X, for the Linears `ws` (summed).
 double w8a8_output_error(const MatF& X, const std::vector<const MatF*>& ws, const ActQuant& act);
 
+// The W8A8 output errors of `ws` on the input rows X (unsmoothed) for each entry of `alphas`: the
+// Linears smoothed at that alpha (input X / s, weights W·diag(s)), their W8A8 outputs against the
+// unsmoothed float outputs X·Wᵀ, which smoothing leaves unchanged (formed once); a negative alpha:
+// no smoothing. smoothed_errors is the reference (fp32 on the host); cuda::smoothed_errors
+// (smoothquant_cuda.h) computes the same on the GPU.
+using AlphaErrors = std::vector<double> (*)(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
+                                           const std::vector<double>& alphas);
+std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
+                                    const std::vector<double>& alphas);
+// An evenly strided subset of at most max_rows of X's rows (the search's input).
+MatF subsample_rows(const MatF& X, int64_t max_rows);
+
 struct AlphaSearch {
   double alpha;             // the chosen one
   double error;             // its W8A8 output error
   double error_unsmoothed;  // the error with no smoothing at all
 };
 // alpha on the grid 0, 0.05, ..., 1 minimizing the W8A8 output error of `ws` on X (X: the
-// unsmoothed input; at most `max_rows` rows of it are used): the smoothed Linears' W8A8 outputs
-// against the unsmoothed float outputs X·Wᵀ, which smoothing leaves unchanged (formed once).
+// unsmoothed input; at most `max_rows` rows of it are used; the first of equal errors wins), its
+// errors computed by `errors`; evaluate_alpha: the given alpha's.
 AlphaSearch evaluate_alpha(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, double alpha,
-                           int64_t max_rows = 4096);
-AlphaSearch search_alpha(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows = 4096);
+                           int64_t max_rows = 4096, AlphaErrors errors = smoothed_errors);
+AlphaSearch search_alpha(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows = 4096,
+                         AlphaErrors errors = smoothed_errors);
 
 }  // namespace ptq
