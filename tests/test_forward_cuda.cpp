@@ -60,10 +60,7 @@ TEST_CASE("gpu: the GPU forward of a decoder layer matches the fp32 CPU referenc
     LlamaModel m(dir);
     const LlamaConfig& c = m.config();
     const int S = 65, T = 128;   // two chunks of the GPU forward (8192 tokens, then one window)
-    std::vector<int32_t> tok(size_t(S * T));
-    Rng rng(5);
-    for (auto& t : tok) t = int32_t(rng.uniform() * (c.vocab_size - 1));
-    MatF X = m.embed(tok);
+    MatF X = ptqtest::random_embeddings(m, S, T, 5);
     const Rope& rope = m.rope(T);
     LayerWeights w = m.load_layer(0);
     // CPU reference: the stage inputs (fp32) and their Hessians, accumulated in fp64
@@ -249,10 +246,7 @@ TEST_CASE("gpu: the GPU forward of a MoE layer (routing, every expert) matches t
     LlamaModel m(dir);
     const LlamaConfig& c = m.config();
     const int S = 65, T = 128;   // two chunks of the GPU forward
-    std::vector<int32_t> tok(size_t(S * T));
-    Rng rng(7);
-    for (auto& t : tok) t = int32_t(rng.uniform() * (c.vocab_size - 1));
-    const MatF X = m.embed(tok);
+    const MatF X = ptqtest::random_embeddings(m, S, T, 7);
     const Rope& rope = m.rope(T);
     LayerWeights w = m.load_layer(0);
     REQUIRE(w.experts.size() == size_t(c.num_experts));

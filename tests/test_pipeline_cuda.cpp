@@ -109,11 +109,8 @@ TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0
   // With the GPU forward the layer-0 inputs are rounded to 16 bits before the Hessian (as the
   // GEMMs consume them), so even q/k/v see a slightly different H: a looser bound there.
   CHECK(double(qkv_same) / double(qkv_total) >= (r.gpu_forward ? 0.95 : 0.99));
-  auto tok = load_tokenizer(r.model, 1);
-  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
-  EvalOptions o;
-  o.seq_len = 512;
-  o.max_windows = 100;
+  const auto ids = ptqtest::eval_tokens(r.model);
+  const EvalOptions o = ptqtest::eval_windows(512, 100);
   const double pc = evaluate(*open_model(d / "cpu"), ids, o).perplexity, pg = evaluate(*open_model(d / "gpu"), ids, o).perplexity;
   std::cout << "distilled-13m GPTQ 4-bit g128: perplexity GPU " << pg << ", CPU " << pc << "; GPU peak " << rg["peak_gpu_mb"] << " MiB\n";
   CHECK(std::abs(pg - pc) <= 0.002 * pc);
@@ -125,11 +122,8 @@ TEST_CASE("gpu: eval on the GPU of gptq, NF4 and W8A8 checkpoints (W4A16, W8A16,
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
   const std::string model = a + "/models/distilled-13m";
-  auto tok = load_tokenizer(model, 1);
-  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
-  EvalOptions o;
-  o.seq_len = 512;
-  o.max_windows = 16;
+  const auto ids = ptqtest::eval_tokens(model);
+  const EvalOptions o = ptqtest::eval_windows(512, 16);
   struct Case { const char* yaml; const char* format; };
   const Case cases[] = {{"quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", "gptq"},
                         {"quantization: {bits: 4, group_size: 128, sym: false}\nexport: {format: [gptq_v2]}\n", "gptq_v2"},

@@ -1,7 +1,13 @@
-// testing_cuda.h — what the GPU tests share: skipping without a GPU, and the GPU solve of one
-// Linear from a host Hessian (the tests' way into gptq_solve_cuda).
+// testing_cuda.h — what the GPU tests share: skipping without a GPU, the GPU solve of one Linear
+// from a host Hessian (the tests' way into gptq_solve_cuda), and their inputs: random embeddings
+// for a layer, the evaluation text and windows for perplexity comparisons.
 #pragma once
+#include "core/rng.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
 #include "gptq/gptq_cuda.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
 #include "testing.h"
 
 #define PTQ_REQUIRE_GPU() \
@@ -17,6 +23,26 @@ inline ptq::QuantizedLinear gpu_gptq(const ptq::MatF& W, const ptq::MatD& H, con
   rows.rows = W.rows();
   rows.host = &W;
   return std::move(ptq::cuda::gptq_solve_cuda({rows}, W.cols(), ptq::HessianRef{dH.get(), 1.0}, s, ptq::cuda::SolveKeep::codes, st).parts[0]);
+}
+
+// S windows of T random tokens (from `seed`) through the model's embedding: a decoder layer's input.
+inline ptq::MatF random_embeddings(const ptq::LlamaModel& m, int S, int T, uint64_t seed) {
+  std::vector<int32_t> tok(size_t(S) * size_t(T));
+  ptq::Rng rng(seed);
+  for (auto& t : tok) t = int32_t(rng.uniform() * (m.config().vocab_size - 1));
+  return m.embed(tok);
+}
+
+// The tinystories evaluation text in `model`'s tokens, and the windows a comparison scores.
+inline std::vector<int32_t> eval_tokens(const std::string& model) {
+  auto tok = ptq::load_tokenizer(model, 1);
+  return ptq::encode_corpus(*tok, assets() + "/text/tinystories/eval.txt");
+}
+inline ptq::EvalOptions eval_windows(int seq_len, int64_t windows) {
+  ptq::EvalOptions o;
+  o.seq_len = seq_len;
+  o.max_windows = windows;
+  return o;
 }
 
 }  // namespace ptqtest

@@ -259,6 +259,49 @@ __global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
   if (dt == 1) static_cast<__half*>(y)[i] = __float2half_rn(x[i]);
   else static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16_rn(x[i]);
 }
+// W8A8 inputs (set_act_quant; the reference is quantize_rows in model/llama.cpp): row blockIdx.x
+// of x as int8 codes held in T (every integer of [-128, 127] is exact in f16 and bf16) and its
+// scale: max |x| / 127 per token, or `static_scale` for the tensor; a zero scale taken as 1.
+template <class T>
+__global__ void act_codes_kernel(const T* x, int64_t cols, bool per_token, float static_scale, T* q, float* sx) {
+  __shared__ float sh[32];
+  const T* row = x + blockIdx.x * cols;
+  float s = static_scale;
+  if (per_token) {
+    float m = 0.0f;
+    for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) m = fmaxf(m, fabsf(to_f(row[k])));
+    s = block_max(m, sh) / 127.0f;
+  }
+  if (!(s > 0.0f)) s = 1.0f;
+  for (int64_t k = threadIdx.x; k < cols; k += blockDim.x)
+    q[blockIdx.x * cols + k] = from_f<T>(fminf(127.0f, fmaxf(-128.0f, rintf(__fdiv_rn(to_f(row[k]), s)))));
+  if (threadIdx.x == 0) sx[blockIdx.x] = s;
+}
+// y[r, n] = s_x[r] · p[r, n] + beta · y[r, n] (beta 0: y is not read).
+__global__ void scale_rows_kernel(const float* p, const float* sx, int64_t rows, int64_t cols, float beta, float* y) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= rows * cols) return;
+  const float v = sx[i / cols] * p[i];
+  y[i] = beta == 0.0f ? v : v + beta * y[i];
+}
+// StageStats: amax[c] = max |x[r, c]| over a chunk's rows (the non-negative floats' bit patterns
+// order as integers: atomicMax on them is the exact maximum in any order), blocks of 256 columns
+// by 64 rows.
+template <class T>
+__global__ void column_absmax_kernel(const T* x, int64_t rows, int64_t cols, int* amax) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * int64_t(64), r1 = min(rows, r0 + 64);
+  float m = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) m = fmaxf(m, fabsf(to_f(x[r * cols + c])));
+  atomicMax(amax + c, __float_as_int(m));
+}
+// out[k, :] = fp32(x[first + k * step, :]), a block per sampled row.
+template <class T>
+__global__ void sample_rows_kernel(const T* x, int64_t cols, int64_t first, int64_t step, float* out) {
+  const T* row = x + (first + blockIdx.x * step) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[blockIdx.x * cols + c] = to_f(row[c]);
+}
 // Row-major Y[rows, out] = alpha * X[rows, in] W[out, in]^T + beta * Y (fp32 accumulation).
 void linear_gemm(const void* X, const void* W, void* Y, cudaDataType ytype, int64_t rows, int64_t in, int64_t out, DType dt, float beta) {
   const float alpha = 1.0f;
@@ -315,6 +358,17 @@ struct LayerForwardCuda::Impl {
   DeviceBuffer<float> fused_y;                          // (chunk) a fused override's output before the split
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
   int64_t outs[7], ins[7];
+  // W8A8 inputs (set_act_quant): each Linear's mode; the chunk's codes, row scales and the GEMM's
+  // fp32 output before the scales (Scratch holds them while any Linear quantizes its input).
+  ActQuant act[7];
+  bool model_w[7] = {};   // holds_model_weights
+  DeviceBuffer<uint8_t> act_q;
+  DeviceBuffer<float> act_s, act_y;
+  bool any_act() const {
+    for (const ActQuant& a : act)
+      if (a.mode != ActQuant::none) return true;
+    return false;
+  }
   // MoE (every layer sparse; activations resident): the router [E, d] and every expert's gate
   // [Fe, d], up [Fe, d], down [d, Fe] one after another, in 16 bits; xn2 = rmsnorm2(X) for all
   // rows, which every expert reads; the routing, by expert (rows ascending, as the CPU's).
@@ -399,7 +453,23 @@ struct LayerForwardCuda::Impl {
   // y [rows, out_p] fp32 = x [rows, in_p] W_p^T + beta y: the 16-bit weights, or the Linear's override.
   void linear(int p, const void* x, float* y, int64_t rows, float beta) {
     if (override_[p]) return override_[p](x, rows, y, beta);
+    if (act[p].mode != ActQuant::none) return int8_input_linear(p, x, y, rows, beta);
     linear_gemm(x, at(W[p], 0), y, CUDA_R_32F, rows, ins[p], outs[p], dt, beta);
+  }
+  // The same with the input quantized to int8 first (set_act_quant): y = s_x · (q_x · W_p^T) + beta y.
+  void int8_input_linear(int p, const void* x, float* y, int64_t rows, float beta) {
+    const bool per_token = act[p].mode == ActQuant::per_token;
+    const float st = act[p].static_scale;
+    if (dt == DType::F16)
+      act_codes_kernel<__half><<<unsigned(rows), 256>>>(static_cast<const __half*>(x), ins[p], per_token, st, static_cast<__half*>(at(act_q, 0)),
+                                                        act_s.get());
+    else
+      act_codes_kernel<__nv_bfloat16><<<unsigned(rows), 256>>>(static_cast<const __nv_bfloat16*>(x), ins[p], per_token, st,
+                                                               static_cast<__nv_bfloat16*>(at(act_q, 0)), act_s.get());
+    PTQ_CUDA_LAUNCH("act_codes_kernel");
+    linear_gemm(at(act_q, 0), at(W[p], 0), act_y.get(), CUDA_R_32F, rows, ins[p], outs[p], dt, 0.0f);
+    scale_rows_kernel<<<blocks(rows * outs[p]), 256>>>(act_y.get(), act_s.get(), rows, outs[p], beta, y);
+    PTQ_CUDA_LAUNCH("scale_rows_kernel");
   }
   // The chunk buffers live only while a stage runs (from the pool, so no cudaMalloc after the
   // first layer): between stages the GPTQ solve has that memory.
@@ -419,8 +489,17 @@ struct LayerForwardCuda::Impl {
         m.scores = DeviceBuffer<float>(size_t(m.c.num_attention_heads) * T * T, "attention scores (one window)");
         m.P = DeviceBuffer<uint8_t>(size_t(m.c.num_attention_heads) * T * T * m.es, "attention probabilities (one window)");
       }
+      if (m.any_act()) {
+        const int64_t wmax = std::max({d, qd, kv, f});
+        m.act_q = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * wmax) * m.es, "int8 input codes (chunk)");
+        m.act_s = DeviceBuffer<float>(size_t(m.chunk_rows), "int8 input scales (chunk)");
+        m.act_y = DeviceBuffer<float>(size_t(m.chunk_rows * wmax), "int8-input Linear output (chunk, fp32)");
+      }
     }
-    ~Scratch() { m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; m.moe_act = {}; m.fused_y = {}; }
+    ~Scratch() {
+      m.xn = {}; m.y32 = {}; m.q16 = {}; m.k16 = {}; m.v16 = {}; m.scores = {}; m.P = {}; m.moe_act = {}; m.fused_y = {};
+      m.act_q = {}; m.act_s = {}; m.act_y = {};
+    }
   };
   template <class F_>
   void by_chunks(F_&& f) {   // f(row0, rows): whole windows, at most chunk_rows tokens
@@ -446,6 +525,17 @@ struct LayerForwardCuda::Impl {
     void* out = keep && keep_norm ? kept_rows(r0) : at(xn, 0);
     rmsnorm(which == 1 ? norm1 : norm2, x, out, rows);
     return out;
+  }
+  // rmsnorm `which` (1 or 2) of every row of X, handed to h and kept for the next stage where it
+  // can be (norm1; norm2 again after SmoothQuant's fold: X is not changed).
+  void norm_all(int which, DeviceRowSink* h) {
+    Scratch scratch(*this);
+    kept = 0;
+    by_chunks([&](int64_t r0, int64_t rows) {
+      const void* out = normed(which, x_rows(r0, rows, true), r0, rows, true);
+      sink_add(h, out, rows);
+    });
+    if (keep_norm) kept = which;
   }
   // A fused Linear's override, if set: y = x · W^T over all its rows, then split by columns into
   // `parts` (each [rows, width]) as the separate Linears would have written them.
@@ -720,6 +810,7 @@ void LayerForwardCuda::set_weight(LinearId id, const MatF& W) {
   }
   const int i = int(p);
   if (W.rows() != m.outs[i] || W.cols() != m.ins[i]) fail(Errc::usage, "", proj_name(p), "weight shape mismatch");
+  m.model_w[i] = false;
   // Rounded to 16 bits on the host (every core) straight into page-locked memory: half the bytes
   // cross PCIe, at its full speed.
   const size_t bytes = size_t(W.size()) * 2;
@@ -751,6 +842,7 @@ void LayerForwardCuda::convert_weights(const LayerWeights& w, void* dst) const {
 void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) {
   Impl& m = *p_;
   m.kept = 0;
+  for (ActQuant& a : m.act) a = ActQuant{};
   PTQ_CUDA(cudaMemcpy(m.norm1.get(), w.input_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   PTQ_CUDA(cudaMemcpy(m.norm2.get(), w.post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   if (m.c.qk_norm) set_head_norms(w.q_norm, w.k_norm);
@@ -789,17 +881,21 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
       m.bias[i] = DeviceBuffer<float>();
     }
   }
+  for (bool& b : m.model_w) b = true;
 }
 
-void LayerForwardCuda::norm1(DeviceRowSink* h) {
+void LayerForwardCuda::norm1(DeviceRowSink* h) { p_->norm_all(1, h); }
+
+void LayerForwardCuda::renorm(Stage s, DeviceRowSink* h) {
+  if (!(s == Stage::norm1 || (s == Stage::norm2 && !p_->moe)))
+    fail(Errc::usage, "", "LayerForwardCuda::renorm", std::string("no norm to recompute at stage ") + stage_name(s));
+  p_->norm_all(s == Stage::norm1 ? 1 : 2, h);
+}
+
+void LayerForwardCuda::set_act_quant(Proj p, const ActQuant& a) {
   Impl& m = *p_;
-  Impl::Scratch scratch(m);
-  m.kept = 0;
-  m.by_chunks([&](int64_t r0, int64_t rows) {
-    const void* xn = m.normed(1, m.x_rows(r0, rows, true), r0, rows, true);
-    m.sink_add(h, xn, rows);
-  });
-  if (m.keep_norm) m.kept = 1;
+  if (m.moe && int(p) >= 4) fail(Errc::usage, "", proj_name(p), "int8 inputs of MoE experts are not in the GPU forward");
+  for (Proj q : parts_of(p)) m.act[int(q)] = a;
 }
 
 void LayerForwardCuda::attention(DeviceRowSink* h) {
@@ -993,11 +1089,19 @@ void LayerForwardCuda::set_weight_device(LinearId id, const float* W) {
   }
   const int i = int(p);
   const int64_t n = m.outs[i] * m.ins[i];
+  m.model_w[i] = false;
   narrow_kernel<<<blocks(n), 256>>>(W, n, m.dt == DType::F16 ? 1 : 2, m.at(m.W[i], 0));
   PTQ_CUDA_LAUNCH("narrow_kernel");
 }
 
 void LayerForwardCuda::set_linear(Proj p, LinearFn f) { p_->override_[int(p)] = std::move(f); }
+
+bool LayerForwardCuda::holds_model_weights(LinearId id) const {
+  if (id.expert >= 0) return true;
+  for (Proj q : parts_of(id.proj))
+    if (!p_->model_w[int(q)]) return false;
+  return true;
+}
 
 void LayerForwardCuda::set_expert_linear(LinearId id, LinearFn f) {
   Impl& m = *p_;
@@ -1058,6 +1162,64 @@ const void* LayerForwardCuda::weight(LinearId id) const {
   const Proj p = id.proj;
   if (parts_of(p).size() > 1) fail(Errc::usage, "", proj_name(p), "a fused Linear's parts are held apart on the device");
   return p_->at(p_->W[int(p)], 0);
+}
+
+// ---------------------------------------------------------------- StageStats
+
+struct StageStats::Impl {
+  int64_t cols, step = 1, count = 0, seen = 0;
+  DType dt;
+  DeviceRowSink* next;
+  DeviceBuffer<int> amax;
+  DeviceBuffer<float> sample;
+};
+
+StageStats::StageStats(int64_t cols, DType dtype, DeviceRowSink* next, int64_t total, int64_t sample) : p_(std::make_unique<Impl>()) {
+  Impl& m = *p_;
+  m.cols = cols;
+  m.dt = dtype;
+  m.next = next;
+  m.amax = DeviceBuffer<int>(size_t(cols), "stage statistics: column absmax");
+  fill_bytes(m.amax.get(), 0, size_t(cols) * 4);
+  if (sample > 0 && total > 0) {
+    m.step = std::max<int64_t>(1, total / sample);
+    m.count = total / m.step;
+    m.sample = DeviceBuffer<float>(size_t(m.count * cols), "stage statistics: sampled rows");
+  }
+}
+StageStats::~StageStats() = default;
+
+void StageStats::add_device(const void* x, int64_t rows) {
+  Impl& m = *p_;
+  if (rows > 0) {
+    const dim3 grid(unsigned((m.cols + 255) / 256), unsigned((rows + 63) / 64));
+    if (m.dt == DType::F16) column_absmax_kernel<__half><<<grid, 256>>>(static_cast<const __half*>(x), rows, m.cols, m.amax.get());
+    else column_absmax_kernel<__nv_bfloat16><<<grid, 256>>>(static_cast<const __nv_bfloat16*>(x), rows, m.cols, m.amax.get());
+    PTQ_CUDA_LAUNCH("column_absmax_kernel");
+    // the sampled rows k * step within [seen, seen + rows)
+    const int64_t k0 = (m.seen + m.step - 1) / m.step, k1 = std::min(m.count, (m.seen + rows + m.step - 1) / m.step);
+    if (k1 > k0) {
+      float* out = m.sample.get() + k0 * m.cols;
+      const int64_t first = k0 * m.step - m.seen;
+      if (m.dt == DType::F16) sample_rows_kernel<__half><<<unsigned(k1 - k0), 256>>>(static_cast<const __half*>(x), m.cols, first, m.step, out);
+      else sample_rows_kernel<__nv_bfloat16><<<unsigned(k1 - k0), 256>>>(static_cast<const __nv_bfloat16*>(x), m.cols, first, m.step, out);
+      PTQ_CUDA_LAUNCH("sample_rows_kernel");
+    }
+    m.seen += rows;
+  }
+  if (m.next) m.next->add_device(x, rows);
+}
+
+VecF StageStats::column_absmax() const {
+  VecF a(p_->cols);
+  copy_to_host(a.data(), p_->amax.get(), size_t(p_->cols) * 4);
+  return a;
+}
+
+MatF StageStats::sampled_rows() const {
+  MatF X(p_->count, p_->cols);
+  if (X.size()) copy_to_host(X.data(), p_->sample.get(), size_t(X.size()) * 4);
+  return X;
 }
 
 }  // namespace ptq::cuda

@@ -56,6 +56,10 @@ class LayerForwardCuda {
   void set_weight(LinearId id, const MatF& W);   // e.g. the quantized weights, dequantized
   void set_weight_device(LinearId id, const float* W);   // the same from fp32 device memory [out, in]
   const void* weight(LinearId id) const;    // the 16-bit device weights [out, in], in dtype() (not fused ones)
+  // Whether Linear id's device weights are those load_layer put there (the checkpoint's, rounded to
+  // dtype()): false after set_weight or set_weight_device replaced them (SmoothQuant's smoothed
+  // weights, quantized ones). Experts: always true.
+  bool holds_model_weights(LinearId id) const;
   // Linear p computed by f instead of the 16-bit weights (a packed-weight kernel):
   // y [rows, out] fp32 (device) = x [rows, in] (dtype(), device) · Wᵀ + beta · y. Empty f: the weights again.
   // A fused Linear (Proj::qkv, Proj::gate_up) is served whole, its output split into its parts.
@@ -68,6 +72,14 @@ class LayerForwardCuda {
   void set_bias(Proj p, const VecF& b);     // empty: none
   // out [S*T, vocab] fp32 (device) = rmsnorm(X, final_norm) · lm_headᵀ (lm_head [vocab, d] in dtype()).
   void logits(const VecF& final_norm, const void* lm_head, int64_t vocab, float* out);
+  // W8A8: Linear p's input quantized to int8 before its GEMM (per token: scale max |x| / 127 of
+  // each row; per tensor: act.static_scale; a zero scale taken as 1), y = s_x · (q_x · Wᵀ) with the
+  // codes exact in 16 bits and fp32 sums; act.mode none turns it off. load_layer turns every
+  // Linear's off; a fused Linear (Proj::qkv, Proj::gate_up) sets its parts.
+  void set_act_quant(Proj p, const ActQuant& act);
+  // Stage norm1's or norm2's norm computed again from X with the current norm weights (after
+  // SmoothQuant folded factors into them), handed to `sink`; X is unchanged.
+  void renorm(Stage s, DeviceRowSink* sink);
   // Stages; each hands its output (the next Linears' input) to `sink` when given (a Hessian).
   void norm1(DeviceRowSink* sink);          // xn = rmsnorm1(X)
   void attention(DeviceRowSink* sink);      // ctx = attn(q, k, v of rmsnorm1(X))
@@ -88,6 +100,22 @@ class LayerForwardCuda {
   void stage(Stage s, int expert, DeviceRowSink* sink);   // any stage, experts' included
   void layer();                             // all five, no sinks (replaying a finished layer)
   double take_sink_seconds();               // GPU time spent in the sinks since the last call
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+// A stage's output statistics for SmoothQuant and W8A8, as a sink that passes every row on to
+// `next` (a Hessian, or none): the max |x| of each column over all rows, and with sample > 0 the
+// rows r · step, step = max(1, total / sample) (total / step of them: subsample_rows' choice), in
+// fp32. Rows arrive in order, in chunks, as 16-bit values of `dtype`.
+class StageStats final : public DeviceRowSink {
+ public:
+  StageStats(int64_t cols, DType dtype, DeviceRowSink* next = nullptr, int64_t total = 0, int64_t sample = 0);
+  ~StageStats() override;
+  void add_device(const void* x, int64_t rows) override;
+  VecF column_absmax() const;   // to the host
+  MatF sampled_rows() const;    // to the host, [total / step, cols]
  private:
   struct Impl;
   std::unique_ptr<Impl> p_;

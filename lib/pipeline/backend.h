@@ -23,6 +23,7 @@
 #include "model/llama.h"
 #include "model/schedule.h"
 #include "pipeline/recipe.h"
+#include "smoothquant/smoothquant.h"
 
 namespace ptq {
 
@@ -41,9 +42,13 @@ struct PhaseTimer {
   ~PhaseTimer() { acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };
 
-// SmoothQuant's hook between a norm stage and its Hessian: x_in is the residual stream the norm
-// read, x its output; it may fold factors into the norm and recompute x.
-using Smoother = std::function<void(const MatF& x_in, MatF& x)>;
+// SmoothQuant's hook between a norm stage and its Hessian. Given the statistics of the group's
+// unsmoothed input (its per-channel max |x| over every calibration row, and its rows, or the
+// evenly strided subset of at most kSmoothRows of them that the search takes), it chooses the
+// factors, folds them into the norm and the group's weights (in the LayerWeights the forward got
+// at begin_layer) and returns the norm's new weights; the forward then computes the norm again.
+using Smoother = std::function<const VecF&(const VecF& absmax, const MatF& rows)>;
+constexpr int64_t kSmoothRows = 4096;
 
 class LayerForward {
  public:
@@ -54,19 +59,20 @@ class LayerForward {
   // w: the layer's float weights; the solver replaces the quantized Linears in it.
   virtual void begin_layer(int layer, LayerWeights& w) = 0;
   // Runs the layer up to group g's input and returns g's Hessian. `smooth` (only where
-  // smoothing_on_host()) runs before the Hessian sees the input.
+  // takes_smoother()) runs before the Hessian sees the input.
   virtual std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) = 0;
-  // The last collected group's input on the host (W8A8's static scales), or null.
-  virtual const MatF* group_input() const { return nullptr; }
+  // max |x| over the last collected group's input (W8A8's static scales), or -1 where the forward
+  // has none (saved statistics).
+  virtual float group_input_absmax() const { return -1.0f; }
   // Group g's Linears `done` are quantized; those in w still hold their weights (the others the
-  // solver left on the device).
+  // solver left on the device), and w[p].act says how each takes its input from here on (W8A8).
   virtual void quantized(const std::vector<LinearId>& done, const LayerWeights& w) {}
   // MoE layers: the calibration rows the router sent to `expert` in the current layer (after the
   // norm2 stage), or -1 where the forward does not route (saved statistics).
   virtual int64_t routed_tokens(int expert) const { return -1; }
   virtual void end_layer() = 0;                    // the residual stream <- the layer's output
   virtual void replay_layer(LayerWeights& w) = 0;  // the same for a finished layer (resume)
-  virtual bool smoothing_on_host() const { return false; }
+  virtual bool takes_smoother() const { return false; }   // collect runs SmoothQuant's hook
 };
 
 // One Linear of a group, as the recipe quantizes it.
@@ -143,6 +149,9 @@ struct Backend {
   std::unique_ptr<LayerForward> forward;
   std::unique_ptr<GroupSolver> solver;
   std::string forward_description;   // report.json's "forward": where it runs, in what precision, and why
+  // SmoothQuant's alpha search: the W8A8 errors of each candidate alpha, on the host (the
+  // reference) or on the GPU (cuda::smoothed_errors) where the run has one.
+  AlphaErrors alpha_errors = smoothed_errors;
   // --gpus N: whether every rank holds the same digest of a group's codes (solved there or received
   // from the rank that solved them; a difference would mean the ranks' models differ from here on).
   // Unset: one rank.

@@ -72,13 +72,17 @@ class CpuForward final : public LayerForward {
         }
       }
     }
-    if (smooth) smooth(X_, *in_);
+    if (smooth) {   // (only the norms' groups have a smoother: X_ is the norm's input)
+      VecF absmax;
+      update_channel_absmax(*in_, absmax);
+      rmsnorm(X_, smooth(absmax, *in_), eps, *in_);
+    }
     std::unique_ptr<HessianSum> H = make_(in_->cols());
     PhaseTimer t(t_.phase["hessian"]);
     if (in_->rows()) H->add(*in_);   // an expert the router sent no row to (routed calibration) has an empty Hessian
     return H;
   }
-  const MatF* group_input() const override { return in_; }
+  float group_input_absmax() const override { return in_ ? in_->cwiseAbs().maxCoeff() : -1.0f; }
   int64_t routed_tokens(int expert) const override {
     return size_t(expert) < routing_.rows.size() ? int64_t(routing_.rows[size_t(expert)].size()) : -1;
   }
@@ -96,7 +100,7 @@ class CpuForward final : public LayerForward {
     PhaseTimer t(t_.phase["forward"]);
     decoder_layer(w, c_, rope_, S_, T_, X_);
   }
-  bool smoothing_on_host() const override { return true; }
+  bool takes_smoother() const override { return true; }
 
  private:
   const LlamaConfig& c_;

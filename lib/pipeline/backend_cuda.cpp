@@ -20,6 +20,7 @@
 #include "gptq/hessian_cuda.h"
 #include "model/forward_cuda.h"
 #include "pipeline/backend.h"
+#include "smoothquant/smoothquant_cuda.h"
 
 namespace ptq {
 
@@ -27,8 +28,10 @@ namespace {
 
 class CudaForward final : public LayerForward {
  public:
-  CudaForward(const CalibrationPass& p, MatF&& X, bool spill, PhaseTimes& t)
-      : c_(*p.config), fw_(*p.config, *p.rope, p.S, p.T, p.config->dtype, spill), t_(t), comm_(p.comm) {
+  // input_absmax: each group's max |x| is measured (W8A8's static scales).
+  CudaForward(const CalibrationPass& p, MatF&& X, bool spill, bool input_absmax, PhaseTimes& t)
+      : c_(*p.config), fw_(*p.config, *p.rope, p.S, p.T, p.config->dtype, spill), t_(t), comm_(p.comm), rows_(int64_t(p.S) * p.T),
+        input_absmax_(input_absmax) {
     // Each layer's weights rounded to 16 bits by the thread that reads them, into one of two
     // page-locked buffers (layer k in buffer k % 2), so that the upload is a plain DMA.
     for (auto& b : w16_) b = cuda::PinnedBuffer(fw_.weight_bytes());
@@ -40,14 +43,38 @@ class CudaForward final : public LayerForward {
   void prepare(const LayerWeights& w, int layer) override { fw_.convert_weights(w, w16_[layer % 2].get()); }
   void begin_layer(int layer, LayerWeights& w) override {
     routed_.clear();
+    w_ = &w;
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
     fw_.load_layer(w, w16_[layer % 2].get());
   }
-  std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother&) override {
-    auto H = std::make_unique<cuda::HessianCuda>(linear_shape(c_, g.linears[0]).in, fw_.dtype(), comm_);
-    timed_stage([&] { fw_.stage(g.input, g.expert, H.get()); });
+  // SmoothQuant: the norm's output goes first to statistics only (every row's column maxima and
+  // the search's rows, in fp32 from the 16-bit activations), the smoother folds its factors into
+  // the host's weights, and the norm and the group's Linears are uploaded again and the norm
+  // computed again for the Hessian. (--gpus N refuses SmoothQuant and W8A8: a rank sees only its
+  // share of the windows.)
+  std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) override {
+    const int64_t cols = linear_shape(c_, g.linears[0]).in;
+    auto H = std::make_unique<cuda::HessianCuda>(cols, fw_.dtype(), comm_);
+    absmax_ = -1.0f;
+    if (smooth) {
+      cuda::StageStats st(cols, fw_.dtype(), nullptr, rows_, kSmoothRows);
+      timed_stage([&] { fw_.stage(g.input, g.expert, &st); });
+      smooth(st.column_absmax(), st.sampled_rows());
+      PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
+      fw_.set_norms(w_->input_layernorm, w_->post_attention_layernorm);
+      for (LinearId p : g.linears) fw_.set_weight(p, (*w_)[p].W);
+    }
+    if (!input_absmax_) {
+      timed_stage([&] { smooth ? fw_.renorm(g.input, H.get()) : fw_.stage(g.input, g.expert, H.get()); });
+      return H;
+    }
+    cuda::StageStats st(cols, fw_.dtype(), H.get());
+    timed_stage([&] { smooth ? fw_.renorm(g.input, &st) : fw_.stage(g.input, g.expert, &st); });
+    absmax_ = st.column_absmax().maxCoeff();
     return H;
   }
+  float group_input_absmax() const override { return absmax_; }
+  bool takes_smoother() const override { return true; }
   // Across ranks: every rank's counts of the current layer summed once, at the first question.
   int64_t routed_tokens(int expert) const override {
     if (!comm_ || comm_->size() == 1) return fw_.routed_tokens(expert);
@@ -64,13 +91,17 @@ class CudaForward final : public LayerForward {
   }
   void quantized(const std::vector<LinearId>& done, const LayerWeights& w) override {
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["quantized_weights"]);
-    for (LinearId p : done)
+    for (LinearId p : done) {
       if (w[p].W.size()) fw_.set_weight(p, w[p].W);   // solved on the host (the others are on the device already)
+      if (w[p].act.mode != ActQuant::none) fw_.set_act_quant(p.proj, w[p].act);   // W8A8: int8 inputs from here on
+    }
   }
   void end_layer() override { timed_stage([&] { fw_.down_proj(); }); }
   void replay_layer(LayerWeights& w) override {
     PhaseTimer a(t_.phase["forward"]);
     fw_.load_layer(w);
+    for (int p = 0; p < kProjCount; ++p)   // (fused ones: Phi-3's qkv, gate_up)
+      if (w.proj[size_t(p)].act.mode != ActQuant::none) fw_.set_act_quant(Proj(p), w.proj[size_t(p)].act);
     fw_.layer();
     cuda::synchronize();
   }
@@ -82,6 +113,10 @@ class CudaForward final : public LayerForward {
   PhaseTimes& t_;
   const cuda::Comm* comm_;
   mutable std::vector<int64_t> routed_;   // the layer's routed counts summed across ranks
+  int64_t rows_;                          // calibration rows on this rank
+  bool input_absmax_;
+  float absmax_ = -1.0f;                  // max |x| of the last collected group's input (input_absmax_)
+  LayerWeights* w_ = nullptr;             // the layer's host weights (SmoothQuant folds into them)
   // A stage's GPU time, less its Hessian GEMMs (reported as "hessian").
   template <class F> void timed_stage(F&& f) {
     {
@@ -204,13 +239,17 @@ class CudaSolver final : public GroupSolver {
   std::vector<SolvedLinear> solve_problems(const std::vector<Problem>& problems, LayerWeights& w, PhaseTimes& t) {
     const QuantSpec spec = problems[0].jobs[0].spec;
     const int64_t cols = w[problems[0].jobs[0].id].W.cols();
-    const bool from_forward = fw_ && fw_->dtype() == model_dtype_;   // 16-bit weights that are the model's exactly
-    if (comm_ && from_forward && problems.size() == 1) {
+    // The forward's 16-bit weights where they are the model's exactly (not SmoothQuant's smoothed
+    // fp32 ones, which the host holds); fused Linears are held as parts on the device: the host's.
+    auto from_forward = [&](LinearId id) {
+      return fw_ && fw_->dtype() == model_dtype_ && fw_->holds_model_weights(id) && id.proj != Proj::qkv && id.proj != Proj::gate_up;
+    };
+    if (comm_ && fw_ && problems.size() == 1) {
       int64_t R = 0;
       bool device = true;
       for (const LinearJob& j : problems[0].jobs) {
         R += w[j.id].W.rows();
-        device = device && j.id.proj != Proj::qkv && j.id.proj != Proj::gate_up;
+        device = device && from_forward(j.id);
       }
       if (device && R >= comm_->size()) return solve_split(problems[0], w, t);
     }
@@ -220,8 +259,7 @@ class CudaSolver final : public GroupSolver {
       for (const LinearJob& j : p.jobs) {
         cuda::WeightRows part;
         part.rows = w[j.id].W.rows();
-        const bool fused = j.id.proj == Proj::qkv || j.id.proj == Proj::gate_up;   // held as parts on the device: read the host's
-        if (from_forward && !fused) { part.device = fw_->weight(j.id); part.dtype = fw_->dtype(); }
+        if (from_forward(j.id)) { part.device = fw_->weight(j.id); part.dtype = fw_->dtype(); }
         else part.host = &w[j.id].W;
         sp.back().parts.push_back(part);
       }
@@ -476,7 +514,7 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
   std::string why;
   if (r.quant.method == "nf4") why = "data-free";
   else if (!r.true_sequential) why = "true_sequential: false";
-  else if (r.smooth.enabled || r.act_mode != ActQuant::none) why = "SmoothQuant/W8A8 statistics are collected on the CPU";
+  else if ((r.smooth.enabled || r.act_mode != ActQuant::none) && c.moe != MoeRouting::none) why = "SmoothQuant/W8A8 on MoE layers run on the CPU";
   else if (pass.saved) why = "statistics loaded";
   else if (!r.gpu_forward) why = "gpu_forward: false in the recipe";
   else cuda::forward_supported(c, pass.T, &why);
@@ -491,13 +529,20 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
     std::unique_ptr<CudaForward> fw;
     {
       PhaseTimer a(t.phase["upload"]), u(t.upload["activations"]);
-      fw = std::make_unique<CudaForward>(pass, std::move(X), spill, t);
+      fw = std::make_unique<CudaForward>(pass, std::move(X), spill, r.act_mode != ActQuant::none, t);
     }
     const DType fdt = fw->device().dtype();
     b.solver = std::make_unique<CudaSolver>(&fw->device(), c.dtype, pass.comm);
     b.forward = std::move(fw);
     b.forward_description = std::string("cuda (") + (fdt == DType::F16 ? "f16" : "bf16") + " GEMMs, fp32 accumulation and residual" +
                             (spill ? "; activations in page-locked host memory" : "") + ")";
+    if (r.act_mode != ActQuant::none)
+      b.forward_description += std::string("; W8A8 Linears' inputs quantized to int8 ") + (r.act_mode == ActQuant::per_token ? "per token" : "per tensor") +
+                               " before their GEMMs";
+    if (r.smooth.enabled) {
+      b.alpha_errors = cuda::smoothed_errors;
+      b.forward_description += "; SmoothQuant's statistics from the 16-bit activations, its alpha search on the GPU (int8 GEMM)";
+    }
     if (pass.comm) {
       b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " GPUs (NCCL " + cuda::nccl_version() +
                                ", one process each, fp64 Hessian all-reduce)";
@@ -513,6 +558,10 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
                             [comm = pass.comm](int64_t cols) { return std::make_unique<cuda::HessianCuda>(cols, DType::F32, comm); }, t);
   b.solver = std::make_unique<CudaSolver>(nullptr, c.dtype);
   b.forward_description = "cpu (fp32), Hessians on the GPU: " + why;
+  if (r.smooth.enabled) {   // the alpha search's W8A8 products on the GPU too (int8 GEMM, exact int32 sums)
+    b.alpha_errors = cuda::smoothed_errors;
+    b.forward_description += "; SmoothQuant's alpha search on the GPU (int8 GEMM)";
+  }
   if (pass.comm) {
     b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " processes (NCCL " + cuda::nccl_version() + ")";
     if (pass.comm->size() > 1) b.ranks_agree = [comm = pass.comm](uint64_t d) { return comm->same(d); };

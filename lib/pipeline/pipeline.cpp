@@ -365,26 +365,24 @@ void record(Run& R, const std::string& name, const QuantSpec& spec, const Solved
   }
 }
 
-// SmoothQuant on one norm -> group pair: statistics of the group's unsmoothed input, alpha, the
-// factors folded into the norm and the group's weights, and the input recomputed as the deployed
-// (and a resumed) model computes it.
-Smoother smoother(Run& R, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
+// SmoothQuant on one norm -> group pair: from the statistics of the group's unsmoothed input,
+// alpha and the factors, folded into the norm and the group's weights (the forward then computes
+// the input again, as the deployed and a resumed model compute it).
+Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
   const Recipe& r = R.r;
   if (!r.smooth.enabled || std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), g.smooth_norm) == r.smooth.pairs.end()) return {};
-  return [&R, &r, l, &g, &w, &out](const MatF& x_in, MatF& x) {
-    VecF absmax;
-    update_channel_absmax(x, absmax);
+  return [&R, &r, errors = B.alpha_errors, l, &g, &w, &out](const VecF& absmax, const MatF& x) -> const VecF& {
     json entry = {{"layer", l}, {"pair", g.smooth_norm}, {"outlier_ratio_before", outlier_ratio(absmax)}};
     PhaseTimer t(R.t.phase["smoothquant"]);
     std::vector<const MatF*> ws;
     std::vector<MatF*> wm;
     for (LinearId p : g.linears) { ws.push_back(&w[p].W); wm.push_back(&w[p].W); }
     const ActQuant act{r.act_mode, 0};
-    AlphaSearch a = r.smooth.auto_alpha ? search_alpha(x, absmax, ws, act) : evaluate_alpha(x, absmax, ws, act, r.smooth.alpha);
+    AlphaSearch a = r.smooth.auto_alpha ? search_alpha(x, absmax, ws, act, kSmoothRows, errors)
+                                        : evaluate_alpha(x, absmax, ws, act, r.smooth.alpha, kSmoothRows, errors);
     const VecF sf = smoothing_factors(absmax, ws, a.alpha);
     VecF& norm = norm_weights(w, g.smooth_norm);
     fold_smoothing(norm, wm, sf);
-    rmsnorm(x_in, norm, float(R.c().rms_norm_eps), x);
     entry["alpha"] = a.alpha;
     entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(sf));
     entry["w8a8_error"] = a.error;
@@ -392,6 +390,7 @@ Smoother smoother(Run& R, int l, const LinearGroup& g, LayerWeights& w, LayerRes
     R.smoothing.push_back(entry);
     out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
     if (R.stats_out) out.stats.smoothing[g.smooth_norm] = sf;
+    return norm;
   };
 }
 
@@ -407,10 +406,11 @@ void smooth_saved(const LayerStats& saved, int l, const LinearGroup& g, LayerWei
 }
 
 // W8A8: the group's Linears take int8 inputs from here on (static scale: calibrated absmax / 127).
-void quantize_inputs(Run& R, int l, const LinearGroup& g, const MatF* x, const LayerStats& saved, LayerWeights& w, LayerResult& out) {
+// absmax: max |x| over the group's input as the forward computed it (-1: none, saved statistics).
+void quantize_inputs(Run& R, int l, const LinearGroup& g, float absmax, const LayerStats& saved, LayerWeights& w, LayerResult& out) {
   if (!R.w8a8) return;
   float scale = 0;
-  if (R.r.act_mode == ActQuant::per_tensor) scale = x ? x->cwiseAbs().maxCoeff() / 127.0f : saved.meta["act_scales"].value(g.name, 0.0f);
+  if (R.r.act_mode == ActQuant::per_tensor) scale = absmax >= 0 ? absmax / 127.0f : saved.meta["act_scales"].value(g.name, 0.0f);
   if (R.stats_out) out.stats.meta["act_scales"][g.name] = scale;
   const ActQuant a{R.r.act_mode, scale};
   for (LinearId p : g.linears) {
@@ -454,7 +454,7 @@ CollectedGroup collect_group(Run& R, Backend& B, int l, const LinearGroup& g, La
   CollectedGroup cg;
   cg.g = &g;
   if (R.stats_in && !g.smooth_norm.empty()) smooth_saved(saved, l, g, w, out);
-  const Smoother sm = B.forward->smoothing_on_host() && !g.smooth_norm.empty() ? smoother(R, l, g, w, out) : Smoother();
+  const Smoother sm = B.forward->takes_smoother() && !g.smooth_norm.empty() ? smoother(R, B, l, g, w, out) : Smoother();
   cg.H = B.forward->collect(g, sm);
   if (R.stats_in || R.stats_out) {
     PhaseTimer t(R.t.phase["hessian"]);
@@ -523,8 +523,8 @@ void finish_group(Run& R, Backend& B, int l, CollectedGroup& cg, std::vector<Sol
     done.push_back(s.id);
   }
   if (R.stats_out) out.stats.hessians[cg.g->name] = std::move(cg.H_host);
+  quantize_inputs(R, l, *cg.g, B.forward->group_input_absmax(), saved, w, out);
   B.forward->quantized(done, w);
-  quantize_inputs(R, l, *cg.g, B.forward->group_input(), saved, w, out);
 }
 
 // One decoder layer, group by group in the schedule's order. Each expert's down (all-experts

@@ -1,0 +1,229 @@
+// SmoothQuant's alpha search on the GPU (cuda::smoothed_errors) against its reference on the host
+// (smoothed_errors, fp32): the errors of every alpha, the alpha each picks, and a whole W8A8 run
+// with device cuda against device cpu.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/fsutil.h"
+#include "core/rng.h"
+#include "eval/data.h"
+#include "eval/perplexity.h"
+#include "formats/open.h"
+#include "model/forward_cuda.h"
+#include "model/schedule.h"
+#include "model/synth.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
+#include "pipeline/pipeline.h"
+#include "smoothquant/smoothquant.h"
+#include "smoothquant/smoothquant_cuda.h"
+#include "testing.h"
+#include "testing_cuda.h"
+
+using namespace ptq;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+std::vector<double> search_grid() {
+  std::vector<double> a{-1.0};
+  for (int k = 0; k <= 20; ++k) a.push_back(k / 20.0);
+  return a;
+}
+// The GPU's errors against the host's: every alpha within `tol` relative, the GPU's pick as good
+// as the host's by the host's own measure, and the same errors on a second GPU call (bit for bit).
+void check_against_host(const MatF& X, const std::vector<const MatF*>& ws, const ActQuant& act, double tol) {
+  VecF am;
+  update_channel_absmax(X, am);
+  const std::vector<double> alphas = search_grid();
+  const std::vector<double> h = smoothed_errors(X, am, ws, act, alphas), g = cuda::smoothed_errors(X, am, ws, act, alphas);
+  const std::vector<double> g2 = cuda::smoothed_errors(X, am, ws, act, alphas);
+  double worst = 0;
+  size_t hbest = 1, gbest = 1;
+  for (size_t k = 0; k < alphas.size(); ++k) {
+    INFO("alpha " << alphas[k] << ": host " << h[k] << " GPU " << g[k]);
+    CHECK(h[k] > 0);
+    CHECK(std::abs(g[k] / h[k] - 1) <= tol);
+    CHECK(g2[k] == g[k]);
+    worst = std::max(worst, std::abs(g[k] / h[k] - 1));
+    if (k > 0 && h[k] < h[hbest]) hbest = k;
+    if (k > 0 && g[k] < g[gbest]) gbest = k;
+  }
+  std::cout << "alpha search " << X.rows() << " x " << X.cols() << " -> " << ws.size() << " Linears, act mode " << int(act.mode)
+            << ": worst relative difference " << worst << "; alpha host " << alphas[hbest] << " GPU " << alphas[gbest] << "\n";
+  CHECK(h[gbest] <= h[hbest] * (1 + tol));
+}
+}  // namespace
+
+TEST_CASE("gpu: the alpha search's W8A8 errors on the GPU equal the host's (2e-4 relative) on distilled-13m's activations") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  const std::string a = ptqtest::assets();
+  LlamaModel m(a + "/models/distilled-13m");
+  auto tok = load_tokenizer(a + "/models/distilled-13m", 1);
+  std::vector<int32_t> ids = encode_corpus(*tok, a + "/text/tinystories/calib.txt");
+  ids.resize(2048);
+  const MatF x0 = m.embed(ids);
+  const float eps = float(m.config().rms_norm_eps);
+  for (int l : {0, 5}) {
+    const LayerWeights w = m.load_layer(l);
+    MatF xn;
+    rmsnorm(x0, w.input_layernorm, eps, xn);
+    for (auto mode : {ActQuant::per_token, ActQuant::per_tensor})
+      check_against_host(xn, {&w[Proj::q].W, &w[Proj::k].W, &w[Proj::v].W}, ActQuant{mode, 0}, 2e-4);
+    rmsnorm(x0, w.post_attention_layernorm, eps, xn);   // statistics of any input define valid factors
+    check_against_host(xn, {&w[Proj::gate].W, &w[Proj::up].W}, ActQuant{ActQuant::per_token, 0}, 2e-4);
+  }
+}
+
+TEST_CASE("gpu: the alpha search on the GPU at odd shapes, with outlier channels, a zero row and a given static scale") {
+  PTQ_REQUIRE_GPU();
+  Rng r(11);
+  // M = 203 rows, K = 100 (neither a multiple of 4 or 16), Linears of 37 and 50 rows (N = 87).
+  MatF X(203, 100), W1(37, 100), W2(50, 100);
+  for (int64_t i = 0; i < X.size(); ++i) X.data()[i] = float(r.normal());
+  for (int64_t i = 0; i < W1.size(); ++i) W1.data()[i] = float(0.05 * r.normal());
+  for (int64_t i = 0; i < W2.size(); ++i) W2.data()[i] = float(0.05 * r.normal());
+  for (int c : {3, 41, 97}) X.col(c) *= 40.0f;   // activation outliers, as SmoothQuant assumes
+  X.row(17).setZero();                            // a zero token (scale 1)
+  W2.row(9).setZero();                            // a zero weight row (absmax taken as 1)
+  check_against_host(X, {&W1, &W2}, ActQuant{ActQuant::per_token, 0}, 2e-4);
+  check_against_host(X, {&W1, &W2}, ActQuant{ActQuant::per_tensor, 0}, 2e-4);
+  check_against_host(X, {&W1, &W2}, ActQuant{ActQuant::per_tensor, 0.5f}, 2e-4);
+}
+
+// The hybrid path (gpu_forward: false: the CPU forward, the alpha search on the GPU) must pick the
+// CPU's alphas, so RTN's codes are the CPU's byte for byte. The GPU forward takes its statistics
+// from 16-bit activations: alphas may move by a grid step, and the model's perplexity stays within
+// 0.2% of the CPU run's.
+TEST_CASE("gpu: SmoothQuant W8A8 runs with device cuda: the hybrid path writes device cpu's bytes, the GPU forward its perplexity") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  const std::string model = a + "/models/distilled-13m";
+  const auto ids = ptqtest::eval_tokens(model);
+  const EvalOptions o = ptqtest::eval_windows(512, 16);
+  for (const char* acts : {"activations: {strategy: token, dynamic: true}", "activations: {strategy: tensor, dynamic: false}"}) {
+    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: auto}, ") + acts +
+                                       "}\nexport: {format: [compressed-tensors]}\n"),
+                            "r.yaml");
+    r.model = model;
+    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+    r.device = "cpu";
+    r.output = d / "cpu";
+    std::filesystem::remove_all(r.output);
+    const json rc = run_quantize(r, {});
+    const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
+    for (bool gpu_forward : {false, true}) {
+      r.device = "cuda";
+      r.gpu_forward = gpu_forward;
+      r.output = d / (gpu_forward ? "gpu" : "hybrid");
+      std::filesystem::remove_all(r.output);
+      const json rg = run_quantize(r, {});
+      const std::string fwd = rg["forward"].get<std::string>();
+      std::cout << "--- " << acts << ", forward: " << fwd << "\n";
+      CHECK(fwd.find("alpha search on the GPU") != std::string::npos);
+      CHECK((fwd.rfind("cuda", 0) == 0) == gpu_forward);
+      REQUIRE(rc["smoothquant"].size() == rg["smoothquant"].size());
+      REQUIRE(rc["smoothquant"].size() == 16);   // 8 layers x (input_layernorm, post_attention_layernorm)
+      std::string alphas;
+      int same = 0;
+      for (size_t i = 0; i < rc["smoothquant"].size(); ++i) {
+        const json &c = rc["smoothquant"][i], &g = rg["smoothquant"][i];
+        INFO("layer " << c["layer"] << " " << c["pair"]);
+        alphas += " " + c["alpha"].dump() + "/" + g["alpha"].dump();
+        same += g["alpha"] == c["alpha"];
+        if (!gpu_forward) {
+          CHECK(g["alpha"] == c["alpha"]);
+          CHECK(std::abs(g["w8a8_error"].get<double>() / c["w8a8_error"].get<double>() - 1) <= 2e-4);
+          CHECK(std::abs(g["w8a8_error_unsmoothed"].get<double>() / c["w8a8_error_unsmoothed"].get<double>() - 1) <= 2e-4);
+        } else {
+          CHECK(std::abs(g["alpha"].get<double>() - c["alpha"].get<double>()) <= 0.1 + 1e-9);
+        }
+      }
+      const double ppl = evaluate(*open_model(r.output), ids, o).perplexity;
+      std::cout << "    alphas cpu/gpu:" << alphas << " (" << same << " of 16 equal); perplexity " << ppl << " against the CPU run's " << ppl_cpu
+                << " (relative " << ppl / ppl_cpu - 1 << ")\n";
+      CHECK(std::abs(ppl / ppl_cpu - 1) <= (gpu_forward ? 2e-3 : 0.0));
+      if (gpu_forward) continue;
+      int files = 0;
+      for (const auto& e : fs::directory_iterator(d / "cpu"))
+        if (e.path().extension() == ".safetensors") {
+          ++files;
+          INFO(e.path().filename());
+          CHECK(read_text_file(e.path().string()) == read_text_file((r.output / e.path().filename()).string()));
+        }
+      CHECK(files > 0);
+    }
+  }
+}
+
+TEST_CASE("gpu: the GPU forward's stage statistics are exact, its norm recomputed after a fold, and its int8 inputs match the fp32 CPU reference") {
+  PTQ_REQUIRE_GPU();
+  ptqtest::TempDir d;
+  std::string dir = d / "tiny";
+  if (ptqtest::have_assets()) dir = ptqtest::assets() + "/models/distilled-13m";
+  else {
+    SynthOptions o;
+    o.preset = "tiny";
+    o.seed = 11;
+    synth_model(o, dir);
+  }
+  LlamaModel m(dir);
+  const LlamaConfig& c = m.config();
+  const int S = 65, T = 128;   // two chunks of the GPU forward (8192 tokens, then one window)
+  const MatF X = ptqtest::random_embeddings(m, S, T, 5);
+  const Rope& rope = m.rope(T);
+  LayerWeights w = m.load_layer(0);
+  cuda::LayerForwardCuda fw(c, rope, S, T, c.dtype);
+  {
+    // Statistics: every row sampled (sample = total), so the column maxima must equal the host's
+    // maxima of the same rows, bit for bit; then norm2's weights halved and the norm computed again:
+    // every value exactly half (a power of two), the residual stream untouched.
+    fw.set_input(X);
+    fw.load_layer(w);
+    const int64_t N = int64_t(S) * T;
+    cuda::StageStats s1(c.hidden_size, fw.dtype(), nullptr, N, N);
+    fw.stage(Stage::norm1, nullptr);
+    fw.stage(Stage::attention, nullptr);
+    fw.stage(Stage::norm2, &s1);
+    const MatF a = s1.sampled_rows();
+    REQUIRE(a.rows() == N);
+    const VecF am = s1.column_absmax();
+    CHECK(std::memcmp(am.data(), VecF(a.cwiseAbs().colwise().maxCoeff().transpose()).data(), size_t(am.size()) * 4) == 0);
+    const MatF X1 = fw.input();
+    fw.set_norms(w.input_layernorm, w.post_attention_layernorm * 0.5f);
+    cuda::StageStats s2(c.hidden_size, fw.dtype(), nullptr, N, 1000);   // step 8: rows 0, 8, ...
+    fw.renorm(Stage::norm2, &s2);
+    const MatF b = s2.sampled_rows();
+    REQUIRE(b.rows() == N / 8);
+    // (exactly half but where f16 rounds in its subnormal range, 2^-24 apart)
+    CHECK((b - subsample_rows(a, 1000) * 0.5f).cwiseAbs().maxCoeff() <= 0x1p-24f);
+    CHECK(fw.input() == X1);
+  }
+  // int8 inputs on all seven Linears, per token and per tensor, against the CPU's decoder_layer
+  // with the same ActQuant (its fake-quant path, fp32). Beyond the float forward's 16-bit rounding
+  // (<= 5e-3 of what the layer adds, test_forward_cuda.cpp), an input that 16 bits move across a
+  // code's rounding boundary takes the neighbouring code (a whole step of its row's scale), so the
+  // bound is looser; and the two must differ by much less than int8 inputs differ from float ones.
+  MatF Xf = X;
+  decoder_layer(w, c, rope, S, T, Xf);
+  for (const ActQuant act : {ActQuant{ActQuant::per_token, 0}, ActQuant{ActQuant::per_tensor, 0.02f}}) {
+    for (Proj p : kAllProj) w[p].act = act;
+    MatF Xc = X;
+    decoder_layer(w, c, rope, S, T, Xc);
+    fw.set_input(X);
+    fw.load_layer(w);
+    for (Proj p : kAllProj) fw.set_act_quant(p, act);
+    fw.layer();
+    const MatF Xg = fw.input();
+    const double ex = (Xg - Xc).norm() / (Xc - X).norm();   // relative to what the layer added
+    const double eq = (Xg - Xc).norm() / (Xc - Xf).norm();  // relative to what int8 inputs change
+    std::cout << dir << ": int8 inputs (mode " << int(act.mode) << "): layer output rel. error " << ex << ", " << eq
+              << " of the int8 inputs' own error\n";
+    CHECK(ex <= (fw.dtype() == DType::F16 ? 2.5e-2 : 5e-2));
+    CHECK(eq <= 0.5);
+  }
+}
