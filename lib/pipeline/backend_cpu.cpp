@@ -82,7 +82,10 @@ class CpuForward final : public LayerForward {
     if (in_->rows()) H->add(*in_);   // an expert the router sent no row to (routed calibration) has an empty Hessian
     return H;
   }
-  float group_input_absmax() const override { return in_ ? in_->cwiseAbs().maxCoeff() : -1.0f; }
+  float group_input_absmax() const override {
+    if (!in_) return -1.0f;
+    return in_->size() ? in_->cwiseAbs().maxCoeff() : 0.0f;   // (an expert the router sent no row to)
+  }
   int64_t routed_tokens(int expert) const override {
     return size_t(expert) < routing_.rows.size() ? int64_t(routing_.rows[size_t(expert)].size()) : -1;
   }

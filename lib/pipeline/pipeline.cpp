@@ -406,11 +406,15 @@ void smooth_saved(const LayerStats& saved, int l, const LinearGroup& g, LayerWei
 }
 
 // W8A8: the group's Linears take int8 inputs from here on (static scale: calibrated absmax / 127).
-// absmax: max |x| over the group's input as the forward computed it (-1: none, saved statistics).
-void quantize_inputs(Run& R, int l, const LinearGroup& g, float absmax, const LayerStats& saved, LayerWeights& w, LayerResult& out) {
+// The static scale from f's max |x| over the group's input as it computed it (-1: none, saved
+// statistics).
+void quantize_inputs(Run& R, int l, const LinearGroup& g, const LayerForward& f, const LayerStats& saved, LayerWeights& w, LayerResult& out) {
   if (!R.w8a8) return;
   float scale = 0;
-  if (R.r.act_mode == ActQuant::per_tensor) scale = absmax >= 0 ? absmax / 127.0f : saved.meta["act_scales"].value(g.name, 0.0f);
+  if (R.r.act_mode == ActQuant::per_tensor) {
+    const float absmax = f.group_input_absmax();
+    scale = absmax >= 0 ? absmax / 127.0f : saved.meta["act_scales"].value(g.name, 0.0f);
+  }
   if (R.stats_out) out.stats.meta["act_scales"][g.name] = scale;
   const ActQuant a{R.r.act_mode, scale};
   for (LinearId p : g.linears) {
@@ -523,7 +527,7 @@ void finish_group(Run& R, Backend& B, int l, CollectedGroup& cg, std::vector<Sol
     done.push_back(s.id);
   }
   if (R.stats_out) out.stats.hessians[cg.g->name] = std::move(cg.H_host);
-  quantize_inputs(R, l, *cg.g, B.forward->group_input_absmax(), saved, w, out);
+  quantize_inputs(R, l, *cg.g, *B.forward, saved, w, out);
   B.forward->quantized(done, w);
 }
 
