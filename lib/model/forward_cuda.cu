@@ -358,14 +358,18 @@ struct LayerForwardCuda::Impl {
   DeviceBuffer<float> fused_y;                          // (chunk) a fused override's output before the split
   DeviceBuffer<uint8_t> W[7], stage, xn, q16, k16, v16, P;
   int64_t outs[7], ins[7];
-  // W8A8 inputs (set_act_quant): each Linear's mode; the chunk's codes, row scales and the GEMM's
-  // fp32 output before the scales (Scratch holds them while any Linear quantizes its input).
+  // W8A8 inputs (set_act_quant): each Linear's mode (experts': [e * 3 + slot]); the chunk's codes,
+  // row scales and the GEMM's fp32 output before the scales (Scratch holds them while any Linear
+  // quantizes its input).
   ActQuant act[7];
+  std::vector<ActQuant> expert_act;
   bool model_w[7] = {};   // holds_model_weights
   DeviceBuffer<uint8_t> act_q;
   DeviceBuffer<float> act_s, act_y;
   bool any_act() const {
     for (const ActQuant& a : act)
+      if (a.mode != ActQuant::none) return true;
+    for (const ActQuant& a : expert_act)
       if (a.mode != ActQuant::none) return true;
     return false;
   }
@@ -389,8 +393,10 @@ struct LayerForwardCuda::Impl {
   // y [rows, out] fp32 = x · W^T of expert e's gate (0), up (1) or down (2)
   void expert_linear(int e, int slot, const void* x, int64_t rows, float* y) {
     if (!expert_override.empty() && expert_override[size_t(e * 3 + slot)]) return expert_override[size_t(e * 3 + slot)](x, rows, y, 0.0f);
-    const int64_t d = c.hidden_size;
-    linear_gemm(x, expert_w(e, slot), y, CUDA_R_32F, rows, slot == 2 ? Fe : d, slot == 2 ? d : Fe, dt, 0.0f);
+    const int64_t d = c.hidden_size, in = slot == 2 ? Fe : d, out = slot == 2 ? d : Fe;
+    if (!expert_act.empty() && expert_act[size_t(e * 3 + slot)].mode != ActQuant::none)
+      return int8_input_linear(expert_act[size_t(e * 3 + slot)], x, expert_w(e, slot), in, out, y, rows, 0.0f);
+    linear_gemm(x, expert_w(e, slot), y, CUDA_R_32F, rows, in, out, dt, 0.0f);
   }
   std::vector<cudaEvent_t> events;   // pairs around each Hessian accumulation, read when asked
   size_t events_used = 0;
@@ -453,22 +459,23 @@ struct LayerForwardCuda::Impl {
   // y [rows, out_p] fp32 = x [rows, in_p] W_p^T + beta y: the 16-bit weights, or the Linear's override.
   void linear(int p, const void* x, float* y, int64_t rows, float beta) {
     if (override_[p]) return override_[p](x, rows, y, beta);
-    if (act[p].mode != ActQuant::none) return int8_input_linear(p, x, y, rows, beta);
+    if (act[p].mode != ActQuant::none) return int8_input_linear(act[p], x, at(W[p], 0), ins[p], outs[p], y, rows, beta);
     linear_gemm(x, at(W[p], 0), y, CUDA_R_32F, rows, ins[p], outs[p], dt, beta);
   }
-  // The same with the input quantized to int8 first (set_act_quant): y = s_x · (q_x · W_p^T) + beta y.
-  void int8_input_linear(int p, const void* x, float* y, int64_t rows, float beta) {
-    const bool per_token = act[p].mode == ActQuant::per_token;
-    const float st = act[p].static_scale;
+  // The same with the input quantized to int8 first (set_act_quant): y = s_x · (q_x · W^T) + beta y
+  // for W [out, in] (16-bit, device).
+  void int8_input_linear(const ActQuant& a, const void* x, const void* W_, int64_t in, int64_t out, float* y, int64_t rows, float beta) {
+    if (rows == 0) return;
+    const bool per_token = a.mode == ActQuant::per_token;
     if (dt == DType::F16)
-      act_codes_kernel<__half><<<unsigned(rows), 256>>>(static_cast<const __half*>(x), ins[p], per_token, st, static_cast<__half*>(at(act_q, 0)),
+      act_codes_kernel<__half><<<unsigned(rows), 256>>>(static_cast<const __half*>(x), in, per_token, a.static_scale, static_cast<__half*>(at(act_q, 0)),
                                                         act_s.get());
     else
-      act_codes_kernel<__nv_bfloat16><<<unsigned(rows), 256>>>(static_cast<const __nv_bfloat16*>(x), ins[p], per_token, st,
+      act_codes_kernel<__nv_bfloat16><<<unsigned(rows), 256>>>(static_cast<const __nv_bfloat16*>(x), in, per_token, a.static_scale,
                                                                static_cast<__nv_bfloat16*>(at(act_q, 0)), act_s.get());
     PTQ_CUDA_LAUNCH("act_codes_kernel");
-    linear_gemm(at(act_q, 0), at(W[p], 0), act_y.get(), CUDA_R_32F, rows, ins[p], outs[p], dt, 0.0f);
-    scale_rows_kernel<<<blocks(rows * outs[p]), 256>>>(act_y.get(), act_s.get(), rows, outs[p], beta, y);
+    linear_gemm(at(act_q, 0), W_, act_y.get(), CUDA_R_32F, rows, in, out, dt, 0.0f);
+    scale_rows_kernel<<<blocks(rows * out), 256>>>(act_y.get(), act_s.get(), rows, out, beta, y);
     PTQ_CUDA_LAUNCH("scale_rows_kernel");
   }
   // The chunk buffers live only while a stage runs (from the pool, so no cudaMalloc after the
@@ -490,7 +497,7 @@ struct LayerForwardCuda::Impl {
         m.P = DeviceBuffer<uint8_t>(size_t(m.c.num_attention_heads) * T * T * m.es, "attention probabilities (one window)");
       }
       if (m.any_act()) {
-        const int64_t wmax = std::max({d, qd, kv, f});
+        const int64_t wmax = std::max({d, qd, kv, f, m.Fe});
         m.act_q = DeviceBuffer<uint8_t>(size_t(m.chunk_rows * wmax) * m.es, "int8 input codes (chunk)");
         m.act_s = DeviceBuffer<float>(size_t(m.chunk_rows), "int8 input scales (chunk)");
         m.act_y = DeviceBuffer<float>(size_t(m.chunk_rows * wmax), "int8-input Linear output (chunk, fp32)");
@@ -843,6 +850,7 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
   Impl& m = *p_;
   m.kept = 0;
   for (ActQuant& a : m.act) a = ActQuant{};
+  m.expert_act.clear();
   PTQ_CUDA(cudaMemcpy(m.norm1.get(), w.input_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   PTQ_CUDA(cudaMemcpy(m.norm2.get(), w.post_attention_layernorm.data(), size_t(m.c.hidden_size) * 4, cudaMemcpyHostToDevice));
   if (m.c.qk_norm) set_head_norms(w.q_norm, w.k_norm);
@@ -892,10 +900,15 @@ void LayerForwardCuda::renorm(Stage s, DeviceRowSink* h) {
   p_->norm_all(s == Stage::norm1 ? 1 : 2, h);
 }
 
-void LayerForwardCuda::set_act_quant(Proj p, const ActQuant& a) {
+void LayerForwardCuda::set_act_quant(LinearId id, const ActQuant& a) {
   Impl& m = *p_;
-  if (m.moe && int(p) >= 4) fail(Errc::usage, "", proj_name(p), "int8 inputs of MoE experts are not in the GPU forward");
-  for (Proj q : parts_of(p)) m.act[int(q)] = a;
+  if (id.expert >= 0) {
+    if (!m.moe || id.expert >= m.E) fail(Errc::usage, "", proj_name(id.proj), "no such expert");
+    m.expert_act.resize(size_t(m.E) * 3);
+    m.expert_act[size_t(id.expert * 3 + expert_slot(id.proj))] = a;
+    return;
+  }
+  for (Proj q : parts_of(id.proj)) m.act[int(q)] = a;
 }
 
 void LayerForwardCuda::attention(DeviceRowSink* h) {

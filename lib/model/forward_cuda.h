@@ -75,8 +75,9 @@ class LayerForwardCuda {
   // W8A8: Linear p's input quantized to int8 before its GEMM (per token: scale max |x| / 127 of
   // each row; per tensor: act.static_scale; a zero scale taken as 1), y = s_x · (q_x · Wᵀ) with the
   // codes exact in 16 bits and fp32 sums; act.mode none turns it off. load_layer turns every
-  // Linear's off; a fused Linear (Proj::qkv, Proj::gate_up) sets its parts.
-  void set_act_quant(Proj p, const ActQuant& act);
+  // Linear's off; a fused Linear (Proj::qkv, Proj::gate_up) sets its parts; experts' Linears are
+  // LinearId(gate | up | down, expert).
+  void set_act_quant(LinearId id, const ActQuant& act);
   // Stage norm1's or norm2's norm computed again from X with the current norm weights (after
   // SmoothQuant folded factors into them), handed to `sink`; X is unchanged.
   void renorm(Stage s, DeviceRowSink* sink);

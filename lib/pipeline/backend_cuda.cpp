@@ -93,7 +93,7 @@ class CudaForward final : public LayerForward {
     PhaseTimer a(t_.phase["upload"]), b(t_.upload["quantized_weights"]);
     for (LinearId p : done) {
       if (w[p].W.size()) fw_.set_weight(p, w[p].W);   // solved on the host (the others are on the device already)
-      if (w[p].act.mode != ActQuant::none) fw_.set_act_quant(p.proj, w[p].act);   // W8A8: int8 inputs from here on
+      if (w[p].act.mode != ActQuant::none) fw_.set_act_quant(p, w[p].act);   // W8A8: int8 inputs from here on
     }
   }
   void end_layer() override { timed_stage([&] { fw_.down_proj(); }); }
@@ -102,6 +102,9 @@ class CudaForward final : public LayerForward {
     fw_.load_layer(w);
     for (int p = 0; p < kProjCount; ++p)   // (fused ones: Phi-3's qkv, gate_up)
       if (w.proj[size_t(p)].act.mode != ActQuant::none) fw_.set_act_quant(Proj(p), w.proj[size_t(p)].act);
+    for (int e = 0; e < int(w.experts.size()); ++e)
+      for (Proj p : {Proj::gate, Proj::up, Proj::down})
+        if (w[LinearId(p, e)].act.mode != ActQuant::none) fw_.set_act_quant(LinearId(p, e), w[LinearId(p, e)].act);
     fw_.layer();
     cuda::synchronize();
   }
@@ -514,7 +517,6 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
   std::string why;
   if (r.quant.method == "nf4") why = "data-free";
   else if (!r.true_sequential) why = "true_sequential: false";
-  else if ((r.smooth.enabled || r.act_mode != ActQuant::none) && c.moe != MoeRouting::none) why = "SmoothQuant/W8A8 on MoE layers run on the CPU";
   else if (pass.saved) why = "statistics loaded";
   else if (!r.gpu_forward) why = "gpu_forward: false in the recipe";
   else cuda::forward_supported(c, pass.T, &why);
