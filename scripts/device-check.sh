@@ -35,3 +35,11 @@ for d in cuda cpu; do
   .device/bin/ptqkit eval --model /tmp/q-gguf-q4km/model.gguf --data "$A/text/tinystories/eval.txt" --device $d --seq-len 512 --protocol llama.cpp \
     2>&1 | tail -1 | tee "$out/eval-gguf-q4km-$d.log"
 done
+# SmoothQuant W8A8 on the GPU forward (statistics from its 16-bit activations, the α search on
+# cuBLAS's int8 GEMM) and on the hybrid path (host forward, α search on the GPU: device cpu's α),
+# each evaluated on the host's integer path.
+for fwd in true false; do
+  .device/bin/ptqkit quantize configs/smoothquant-w8a8-rtn.yaml --model "$A/models/distilled-13m" --output /tmp/q-sq-$fwd --force \
+    --set calibration.dataset="$A/text/tinystories/calib.txt" --set device=cuda --set gpu_forward=$fwd 2>&1 | tail -3 | tee "$out/quantize-sq-$fwd.log"
+  .device/bin/ptqkit eval --model /tmp/q-sq-$fwd/compressed-tensors --data "$A/text/tinystories/eval.txt" --max-windows 64 2>&1 | tail -1 | tee "$out/eval-sq-$fwd.log"
+done
