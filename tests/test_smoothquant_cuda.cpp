@@ -1,6 +1,8 @@
-// SmoothQuant's alpha search on the GPU (cuda::smoothed_errors) against its reference on the host
-// (smoothed_errors, fp32): the errors of every alpha, the alpha each picks, and a whole W8A8 run
-// with device cuda against device cpu.
+// SmoothQuant and W8A8 on the GPU against their references on the host: the alpha search
+// (cuda::smoothed_errors against smoothed_errors: every alpha's error, the alpha each picks), the
+// GPU forward's stage statistics, recomputed norm and int8 inputs (dense and MoE layers against the
+// fp32 CPU layer), and whole W8A8 runs with device cuda against device cpu (hybrid path: the same
+// bytes; GPU forward: the same quality).
 #include <cmath>
 #include <cstring>
 #include <filesystem>
