@@ -88,7 +88,7 @@ int run_bench_eval(const BenchEvalArgs& a) {
   return 0;
 }
 
-// SmoothQuant's alpha search (22 evaluations: no smoothing and alpha = 0, 0.05, ..., 1) for one
+// SmoothQuant's alpha search (alpha_grid(): no smoothing and alpha = 0, 0.05, ..., 1) for one
 // decoder layer of a preset's shapes, both of its smoothed groups (input_layernorm -> q, k, v;
 // post_attention_layernorm -> gate, up): random weights (sd 0.02) and activations (sd 1, every 64th
 // channel x 30, the outliers SmoothQuant is for), on the GPU and (--host) on the host.
@@ -113,11 +113,12 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
   const MatF g = random(c.intermediate_size, d, 0.02), u = random(c.intermediate_size, d, 0.02);
   const std::vector<std::vector<const MatF*>> groups{{&q, &k, &v}, {&g, &u}};
   const ActQuant act{ActQuant::per_token, 0};
-  std::printf("bench smoothquant: %s layer (hidden %lld, ffn %lld), %lld activation rows, 22 evaluations a group, on %s\n", a.preset.c_str(),
-              (long long)d, (long long)c.intermediate_size, (long long)a.rows, cuda::describe().c_str());
+  const size_t evals = alpha_grid().size();
+  std::printf("bench smoothquant: %s layer (hidden %lld, ffn %lld), %lld activation rows, %zu evaluations a group, on %s\n", a.preset.c_str(),
+              (long long)d, (long long)c.intermediate_size, (long long)a.rows, evals, cuda::describe().c_str());
   double ops = 0;
   for (auto& grp : groups)
-    for (const MatF* W : grp) ops += 2.0 * double(a.rows) * double(W->rows()) * double(d) * 22;
+    for (const MatF* W : grp) ops += 2.0 * double(a.rows) * double(W->rows()) * double(d) * double(evals);
   auto time_search = [&](AlphaErrors errors, const char* label) {
     double best = 1e30;
     for (int it = 0; it < (errors == smoothed_errors ? 1 : 3); ++it) {   // the GPU's first call pays cuBLAS's set-up

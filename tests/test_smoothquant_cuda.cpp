@@ -30,17 +30,12 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-std::vector<double> search_grid() {
-  std::vector<double> a{-1.0};
-  for (int k = 0; k <= 20; ++k) a.push_back(k / 20.0);
-  return a;
-}
 // The GPU's errors against the host's: every alpha within `tol` relative, the GPU's pick as good
 // as the host's by the host's own measure, and the same errors on a second GPU call (bit for bit).
 void check_against_host(const MatF& X, const std::vector<const MatF*>& ws, const ActQuant& act, double tol) {
   VecF am;
   update_channel_absmax(X, am);
-  const std::vector<double> alphas = search_grid();
+  const std::vector<double> alphas = alpha_grid();
   const std::vector<double> h = smoothed_errors(X, am, ws, act, alphas), g = cuda::smoothed_errors(X, am, ws, act, alphas);
   const std::vector<double> g2 = cuda::smoothed_errors(X, am, ws, act, alphas);
   double worst = 0;

@@ -140,10 +140,15 @@ AlphaSearch evaluate_alpha(const MatF& X0, const VecF& act_absmax, const std::ve
   return {alpha, e[1], e[0]};
 }
 
-AlphaSearch search_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows,
-                         AlphaErrors errors) {
+std::vector<double> alpha_grid() {
   std::vector<double> alphas{-1.0};
   for (int k = 0; k <= 20; ++k) alphas.push_back(k / 20.0);
+  return alphas;
+}
+
+AlphaSearch search_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows,
+                         AlphaErrors errors) {
+  const std::vector<double> alphas = alpha_grid();
   const std::vector<double> e = errors(subsample_rows(X0, max_rows), act_absmax, ws, act, alphas);
   AlphaSearch best{0, INFINITY, e[0]};
   for (size_t k = 1; k < alphas.size(); ++k)

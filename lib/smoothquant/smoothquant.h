@@ -36,6 +36,9 @@ using AlphaErrors = std::vector<double> (*)(const MatF& X, const VecF& act_absma
                                            const std::vector<double>& alphas);
 std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
                                     const std::vector<double>& alphas);
+// The alphas search_alpha evaluates: -1 (no smoothing, the reported error_unsmoothed), then the
+// grid 0, 0.05, ..., 1.
+std::vector<double> alpha_grid();
 // An evenly strided subset of at most max_rows of X's rows (the search's input).
 MatF subsample_rows(const MatF& X, int64_t max_rows);
 
