@@ -36,8 +36,9 @@ void check_against_host(const MatF& X, const std::vector<const MatF*>& ws, const
   VecF am;
   update_channel_absmax(X, am);
   const std::vector<double> alphas = alpha_grid();
-  const std::vector<double> h = smoothed_errors(X, am, ws, act, alphas), g = cuda::smoothed_errors(X, am, ws, act, alphas);
-  const std::vector<double> g2 = cuda::smoothed_errors(X, am, ws, act, alphas);
+  const VecF wm = weight_absmax(ws);
+  const std::vector<double> h = smoothed_errors(X, am, wm, ws, act, alphas), g = cuda::smoothed_errors(X, am, wm, ws, act, alphas);
+  const std::vector<double> g2 = cuda::smoothed_errors(X, am, wm, ws, act, alphas);
   double worst = 0;
   size_t hbest = 1, gbest = 1;
   for (size_t k = 0; k < alphas.size(); ++k) {

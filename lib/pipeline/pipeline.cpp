@@ -380,7 +380,7 @@ Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWe
     const ActQuant act{r.act_mode, 0};
     AlphaSearch a = r.smooth.auto_alpha ? search_alpha(x, absmax, ws, act, kSmoothRows, errors)
                                         : evaluate_alpha(x, absmax, ws, act, r.smooth.alpha, kSmoothRows, errors);
-    const VecF sf = smoothing_factors(absmax, ws, a.alpha);
+    const VecF& sf = a.factors;
     VecF& norm = norm_weights(w, g.smooth_norm);
     fold_smoothing(norm, wm, sf);
     entry["alpha"] = a.alpha;

@@ -125,19 +125,20 @@ MatF subsample_rows(const MatF& X0, int64_t max_rows) {
   return X;
 }
 
-std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
-                                    const std::vector<double>& alphas) {
+std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const VecF& w_absmax, const std::vector<const MatF*>& ws,
+                                    const ActQuant& act, const std::vector<double>& alphas) {
   const std::vector<MatF> y = float_outputs(X, ws);
-  const VecF wmax = weight_absmax(ws);
   std::vector<double> e;
-  for (double a : alphas) e.push_back(a < 0 ? w8a8_error(X, ws, y, act) : smoothed_error(X, ws, y, act, smoothing_factors_from(act_absmax, wmax, a)));
+  for (double a : alphas)
+    e.push_back(a < 0 ? w8a8_error(X, ws, y, act) : smoothed_error(X, ws, y, act, smoothing_factors_from(act_absmax, w_absmax, a)));
   return e;
 }
 
 AlphaSearch evaluate_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, double alpha,
                            int64_t max_rows, AlphaErrors errors) {
-  const std::vector<double> e = errors(subsample_rows(X0, max_rows), act_absmax, ws, act, {-1.0, alpha});
-  return {alpha, e[1], e[0]};
+  const VecF wmax = weight_absmax(ws);
+  const std::vector<double> e = errors(subsample_rows(X0, max_rows), act_absmax, wmax, ws, act, {-1.0, alpha});
+  return {alpha, e[1], e[0], smoothing_factors_from(act_absmax, wmax, alpha)};
 }
 
 std::vector<double> alpha_grid() {
@@ -149,10 +150,12 @@ std::vector<double> alpha_grid() {
 AlphaSearch search_alpha(const MatF& X0, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act, int64_t max_rows,
                          AlphaErrors errors) {
   const std::vector<double> alphas = alpha_grid();
-  const std::vector<double> e = errors(subsample_rows(X0, max_rows), act_absmax, ws, act, alphas);
-  AlphaSearch best{0, INFINITY, e[0]};
+  const VecF wmax = weight_absmax(ws);
+  const std::vector<double> e = errors(subsample_rows(X0, max_rows), act_absmax, wmax, ws, act, alphas);
+  AlphaSearch best{0, INFINITY, e[0], {}};
   for (size_t k = 1; k < alphas.size(); ++k)
     if (e[k] < best.error) { best.alpha = alphas[k]; best.error = e[k]; }
+  best.factors = smoothing_factors_from(act_absmax, wmax, best.alpha);
   return best;
 }
 

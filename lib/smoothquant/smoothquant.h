@@ -28,14 +28,15 @@ Linear w8a8_linear(const MatF& W, const ActQuant& act);
 double w8a8_output_error(const MatF& X, const std::vector<const MatF*>& ws, const ActQuant& act);
 
 // The W8A8 output errors of `ws` on the input rows X (unsmoothed) for each entry of `alphas`: the
-// Linears smoothed at that alpha (input X / s, weights W·diag(s)), their W8A8 outputs against the
+// Linears smoothed at that alpha (input X / s, weights W·diag(s), s = smoothing_factors_from(
+// act_absmax, w_absmax, alpha) with w_absmax = weight_absmax(ws)), their W8A8 outputs against the
 // unsmoothed float outputs X·Wᵀ, which smoothing leaves unchanged (formed once); a negative alpha:
 // no smoothing. smoothed_errors is the reference (fp32 on the host); cuda::smoothed_errors
 // (smoothquant_cuda.h) computes the same on the GPU.
-using AlphaErrors = std::vector<double> (*)(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
-                                           const std::vector<double>& alphas);
-std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
-                                    const std::vector<double>& alphas);
+using AlphaErrors = std::vector<double> (*)(const MatF& X, const VecF& act_absmax, const VecF& w_absmax, const std::vector<const MatF*>& ws,
+                                           const ActQuant& act, const std::vector<double>& alphas);
+std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const VecF& w_absmax, const std::vector<const MatF*>& ws,
+                                    const ActQuant& act, const std::vector<double>& alphas);
 // The alphas search_alpha evaluates: -1 (no smoothing, the reported error_unsmoothed), then the
 // grid 0, 0.05, ..., 1.
 std::vector<double> alpha_grid();
@@ -46,6 +47,7 @@ struct AlphaSearch {
   double alpha;             // the chosen one
   double error;             // its W8A8 output error
   double error_unsmoothed;  // the error with no smoothing at all
+  VecF factors;             // its smoothing factors (weights' maxima taken once, for the search and these)
 };
 // alpha on the grid 0, 0.05, ..., 1 minimizing the W8A8 output error of `ws` on X (X: the
 // unsmoothed input; at most `max_rows` rows of it are used; the first of equal errors wins), its

@@ -2,10 +2,10 @@
 // Reference: smoothed_errors in smoothquant.cpp (fp32 on the host).
 //
 // Contract, per call: X [M, K] (the subsampled unsmoothed input), ws the Linears fed by one norm
-// ([N_i, K] each, stacked into W [N, K]), the activation mode and a list of alphas (negative: no
-// smoothing, i.e. s = 1). Once: W and X uploaded, y = X·Wᵀ in fp32 (cuBLAS SGEMM, no TF32),
-// w_absmax = max_n |W[n, k]| (exact: max is order-free), downloaded so that the host forms each
-// alpha's factors s with the reference's own function. Per alpha:
+// ([N_i, K] each, stacked into W [N, K]), their column maxima w_absmax (the caller's, so that each
+// alpha's factors s are formed on the host by the reference's own function), the activation mode
+// and a list of alphas (negative: no smoothing, i.e. s = 1). Once: W and X uploaded, y = X·Wᵀ in
+// fp32 (cuBLAS SGEMM, no TF32). Per alpha:
 //   x codes  q_x[m, k] = clamp(rint((X[m, k] * (1/s_k)) / s_x[m]), -128, 127), s_x = row absmax / 127
 //            (per tensor: the absmax of all of X / s, or the given static scale); !(s_x > 0) -> 1
 //   w codes  q_w[n, k] = clamp(rint((W[n, k] * s_k) / s_w[n]), -128, 127), s_w = 2 absmax / 255
@@ -44,18 +44,6 @@ __device__ float block_max(float v) {
   for (int w = 1; w < kThreads / 32; ++w) m = fmaxf(m, sh[w]);
   __syncthreads();
   return m;
-}
-
-// w_absmax[k] = max_n |W[n, k]|: blocks of 256 columns by 512 rows; the non-negative floats'
-// bit patterns order as integers, so atomicMax on them is the exact maximum in any order.
-constexpr int kWmaxRows = 512;
-__global__ void weight_absmax_kernel(const float* W, int64_t N, int64_t K, int* wmax_bits) {
-  const int64_t k = blockIdx.x * int64_t(kThreads) + threadIdx.x;
-  if (k >= K) return;
-  const int64_t n0 = blockIdx.y * int64_t(kWmaxRows), n1 = min(N, n0 + kWmaxRows);
-  float m = 0.0f;
-  for (int64_t n = n0; n < n1; ++n) m = fmaxf(m, fabsf(W[n * K + k]));
-  atomicMax(wmax_bits + k, __float_as_int(m));
 }
 
 // rowmax[m] = max_k |X[m, k] * inv_s[k]|, a block a row.
@@ -140,8 +128,8 @@ __global__ void mean_kernel(const double* part, int64_t M, double* out) {
 }
 }  // namespace
 
-std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
-                                    const std::vector<double>& alphas) {
+std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const VecF& w_absmax, const std::vector<const MatF*>& ws,
+                                    const ActQuant& act, const std::vector<double>& alphas) {
   const int64_t M = X.rows(), K = X.cols();
   int64_t N = 0;
   for (const MatF* W : ws) {
@@ -164,14 +152,6 @@ std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const
   const float one = 1.0f, zero = 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(M), int(K), &one, dW.get(), CUDA_R_32F, int(K), dX.get(),
                           CUDA_R_32F, int(K), &zero, dy.get(), CUDA_R_32F, int(N), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
-  DeviceBuffer<int> dwmax(size_t(K), "SmoothQuant search: weight absmax");
-  fill_bytes(dwmax.get(), 0, size_t(K) * 4);
-  weight_absmax_kernel<<<dim3(unsigned((K + kThreads - 1) / kThreads), unsigned((N + kWmaxRows - 1) / kWmaxRows)), kThreads>>>(dW.get(), N, K,
-                                                                                                                              dwmax.get());
-  PTQ_CUDA_LAUNCH("weight_absmax_kernel");
-  VecF wmax(K);
-  copy_to_host(wmax.data(), dwmax.get(), size_t(K) * 4);
-
   DeviceBuffer<int8_t> qx(size_t(Mp * Kp), "SmoothQuant search: activation codes"), qw(size_t(Np * Kp), "SmoothQuant search: weight codes");
   fill_bytes(qx.get(), 0, qx.size());
   fill_bytes(qw.get(), 0, qw.size());
@@ -182,7 +162,7 @@ std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const
   const bool per_tensor = act.mode == ActQuant::per_tensor;
   const int32_t ione = 1, izero = 0;
   for (size_t a = 0; a < alphas.size(); ++a) {
-    VecF s = alphas[a] < 0 ? VecF::Ones(K) : smoothing_factors_from(act_absmax, wmax, alphas[a]);
+    VecF s = alphas[a] < 0 ? VecF::Ones(K) : smoothing_factors_from(act_absmax, w_absmax, alphas[a]);
     const VecF inv = s.cwiseInverse();   // as the host's X * s.cwiseInverse().asDiagonal()
     copy_to_device(ds.get(), s.data(), size_t(K) * 4);
     copy_to_device(dinv.get(), inv.data(), size_t(K) * 4);

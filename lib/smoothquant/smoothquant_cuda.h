@@ -13,7 +13,7 @@ namespace ptq::cuda {
 // from an fp32 GEMM; squared differences summed in fp64 in a fixed order (the same errors every
 // run). The host rounds each product in fp32 and forms X·Wᵀ with its own GEMM, so the errors
 // agree with it to about 1e-4 relative, not to the bit.
-std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const std::vector<const MatF*>& ws, const ActQuant& act,
-                                    const std::vector<double>& alphas);
+std::vector<double> smoothed_errors(const MatF& X, const VecF& act_absmax, const VecF& w_absmax, const std::vector<const MatF*>& ws,
+                                    const ActQuant& act, const std::vector<double>& alphas);
 
 }  // namespace ptq::cuda
