@@ -53,7 +53,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/random.h"
 #include "cuda/runtime.h"
-#include "kernels/act_quant.cuh"
+#include "cuda/act8.cuh"
 #include "kernels/act_quant.h"
 #include "kernels/bench_kernels.h"
 #include "kernels/f16_gemv.h"

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "cuda/pdl.cuh"
 #include "cuda/runtime.h"
-#include "kernels/act_quant.cuh"
+#include "cuda/act8.cuh"
 #include "kernels/w8a8.h"
 
 namespace ptq::cuda {

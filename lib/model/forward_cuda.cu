@@ -29,6 +29,7 @@
 #include "model/forward_cuda.h"
 #include "model/schedule.h"
 #include "cuda/blas.h"
+#include "cuda/act8.cuh"
 #include "cuda/half.cuh"
 #include "cuda/runtime.h"
 #include "kernels/rotary.cuh"
@@ -261,21 +262,16 @@ __global__ void narrow_kernel(const float* x, int64_t n, int dt, void* y) {
 }
 // W8A8 inputs (set_act_quant; the reference is quantize_rows in model/llama.cpp): row blockIdx.x
 // of x as int8 codes held in T (every integer of [-128, 127] is exact in f16 and bf16) and its
-// scale: max |x| / 127 per token, or `static_scale` for the tensor; a zero scale taken as 1.
+// scale, by the deployed quantizer's arithmetic (cuda/act8.cuh): max |x| / 127 per token, or
+// `static_scale` for the tensor; a zero scale taken as 1.
 template <class T>
 __global__ void act_codes_kernel(const T* x, int64_t cols, bool per_token, float static_scale, T* q, float* sx) {
-  __shared__ float sh[32];
   const T* row = x + blockIdx.x * cols;
-  float s = static_scale;
-  if (per_token) {
-    float m = 0.0f;
+  float m = 0.0f;
+  if (per_token)
     for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) m = fmaxf(m, fabsf(to_f(row[k])));
-    s = block_max(m, sh) / 127.0f;
-  }
-  if (!(s > 0.0f)) s = 1.0f;
-  for (int64_t k = threadIdx.x; k < cols; k += blockDim.x)
-    q[blockIdx.x * cols + k] = from_f<T>(fminf(127.0f, fmaxf(-128.0f, rintf(__fdiv_rn(to_f(row[k]), s)))));
-  if (threadIdx.x == 0) sx[blockIdx.x] = s;
+  const float s = act8::row_scale(m, per_token, static_scale, sx);
+  for (int64_t k = threadIdx.x; k < cols; k += blockDim.x) q[blockIdx.x * cols + k] = from_f<T>(float(act8::code_of(to_f(row[k]), s)));
 }
 // y[r, n] = s_x[r] · p[r, n] + beta · y[r, n] (beta 0: y is not read).
 __global__ void scale_rows_kernel(const float* p, const float* sx, int64_t rows, int64_t cols, float beta, float* y) {

@@ -1,6 +1,8 @@
-// act_quant.cuh — the device arithmetic of the int8 activation quantizer (act_quant.h), shared by
-// its own kernels (act_quant.cu) and the decode's kernels that quantize what they produce
-// (eval/decode_cuda.cu: RMSNorm and silu·mul fused with the quantization of a W8A8 Linear's input).
+// act8.cuh — the device arithmetic of int8 activation quantization (W8A8 inputs), shared by the
+// deployed quantizer's kernels (kernels/act_quant.cu), the decode's kernels that quantize what
+// they produce (eval/decode_cuda.cu: RMSNorm and silu·mul fused with the quantization of a W8A8
+// Linear's input) and the calibration forward's W8A8 Linears (model/forward_cuda.cu). In the
+// platform layer because all three folders use it and the model's is below the kernels'.
 // Reference: quantize_activations (lib/model/llama.cpp): per token s = max |x| / 127 (per tensor the
 // static scale), 1 where that is not positive; q = x / s rounded half to even, clamped.
 #pragma once
