@@ -36,6 +36,19 @@
 using namespace ptq;
 using nlohmann::json;
 
+namespace {
+// configs/smoothquant-w8a8-gptq.yaml's quantization (α searched, per-token int8 inputs), on the GPU.
+Recipe smoothquant_recipe() {
+  Recipe q = parse_recipe(YAML::Load("quantization: {method: gptq, bits: 8, group_size: -1, sym: true,\n"
+                                     "  smoothquant: {alpha: auto, pairs: [input_layernorm, post_attention_layernorm]},\n"
+                                     "  activations: {strategy: token, dynamic: true}}\n"
+                                     "export: {format: [compressed-tensors]}\n"),
+                          "sq.yaml");
+  q.device = "cuda";
+  return q;
+}
+}  // namespace
+
 TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0.2%, module loss 1%)") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
@@ -375,6 +388,18 @@ TEST_CASE("gpu: quantize --gpus 1 (NCCL, one rank) writes the bytes of the one-G
   CHECK_THAT(rep["forward"].get<std::string>(), Catch::Contains("data-parallel over 1 GPUs"));
   // An all-reduce over one rank is a copy: the same Hessians, so the same codes, byte for byte.
   CHECK(read_text_file(d / "one/model.safetensors") == read_text_file(d / "nccl/model.safetensors"));
+  // SmoothQuant W8A8 through the same path: one rank's statistics are the run's, so the same α,
+  // the same folded norms and the same codes.
+  Recipe q = smoothquant_recipe();
+  q.model = r.model;
+  q.calibration = r.calibration;
+  q.output = d / "sq-one";
+  const json sq1 = run_quantize(q, {});
+  q.gpus = 1;
+  q.output = d / "sq-nccl";
+  const json sqn = run_quantize(q, {});
+  CHECK(sqn["smoothquant"] == sq1["smoothquant"]);
+  CHECK(read_text_file(d / "sq-one/model.safetensors") == read_text_file(d / "sq-nccl/model.safetensors"));
 }
 
 // Two ranks (worker processes running the ptqkit CLI, PTQKIT_DIST_EXE): the run ends (on
@@ -409,4 +434,30 @@ TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-
   const std::string one = read_text_file(d / "one/model.safetensors");
   CHECK(read_text_file(d / "two-a/model.safetensors") == one);
   CHECK(read_text_file(d / "two-b/model.safetensors") == one);
+  // SmoothQuant W8A8 (per token), and W8A8 with static per-tensor scales alone: each rank's column
+  // maxima and its share of the α search's rows combined (StageStats::across_ranks) are the
+  // one-GPU run's statistics exactly, so the same α, norms, scales and codes, byte for byte.
+  Recipe q = smoothquant_recipe();
+  Recipe st = parse_recipe(YAML::Load("quantization: {method: gptq, bits: 8, group_size: -1, sym: true, activations: {strategy: tensor, dynamic: false}}\n"
+                                      "export: {format: [compressed-tensors]}\n"),
+                           "st.yaml");
+  for (Recipe* x : {&q, &st}) {
+    x->model = r.model;
+    x->calibration = r.calibration;
+    x->device = "cuda";
+    x->output = d / "w8a8-one";
+    std::filesystem::remove_all(x->output);
+    const json a = run_quantize(*x, {});
+    x->gpus = 2;
+    x->output = d / "w8a8-two";
+    std::filesystem::remove_all(x->output);
+    const json b = run_quantize(*x, {});
+    CHECK(b["smoothquant"] == a["smoothquant"]);
+    CHECK(read_text_file(d / "w8a8-two/model.safetensors") == read_text_file(d / "w8a8-one/model.safetensors"));
+  }
+  // The CPU forward's statistics would be each rank's own: refused, naming the field, nothing written.
+  q.gpu_forward = false;
+  q.output = d / "cpu-forward";
+  CHECK_THROWS_WITH(run_quantize(q, {}), Catch::Contains("gpu_forward"));
+  CHECK_FALSE(std::filesystem::exists(q.output));
 }

@@ -202,6 +202,20 @@ TEST_CASE("gpu: the GPU forward's stage statistics are exact, its norm recompute
     // (exactly half but where f16 rounds in its subnormal range, 2^-24 apart)
     CHECK((b - subsample_rows(a, 1000) * 0.5f).cwiseAbs().maxCoeff() <= 0x1p-24f);
     CHECK(fw.input() == X1);
+    // A rank's share (quantize --gpus N): these rows as rows [1000, 1000 + N) of N + 1000. The rows
+    // the one-GPU run over all N + 1000 samples (every step-th) land at their places among all the
+    // samples; the places of the rows before it (another rank's) stay zero until across_ranks.
+    cuda::StageStats s3(c.hidden_size, fw.dtype(), nullptr, N + 1000, 1000, 1000);
+    fw.renorm(Stage::norm2, &s3);
+    const MatF e = s3.sampled_rows();
+    const int64_t step = (N + 1000) / 1000, k0 = (1000 + step - 1) / step;
+    REQUIRE(e.rows() == (N + 1000) / step);
+    CHECK(e.topRows(k0).cwiseAbs().maxCoeff() == 0.0f);
+    float dmax = 0;
+    for (int64_t k = k0; k < e.rows(); ++k) dmax = std::max(dmax, (e.row(k) - a.row(k * step - 1000) * 0.5f).cwiseAbs().maxCoeff());
+    CHECK(dmax <= 0x1p-24f);
+    const VecF m2 = s2.column_absmax(), m3 = s3.column_absmax();
+    CHECK(std::memcmp(m2.data(), m3.data(), size_t(m2.size()) * 4) == 0);
   }
   // int8 inputs on all seven Linears, per token and per tensor, against the CPU's decoder_layer
   // with the same ActQuant (its fake-quant path, fp32). Beyond the float forward's 16-bit rounding

@@ -109,6 +109,10 @@ void Comm::sum(int64_t* dev, size_t n) const {
   p_->usable("ncclAllReduce");
   p_->collective(rank_, "ncclAllReduce (int64 sum)", n, [&] { return ncclAllReduce(dev, dev, n, ncclInt64, ncclSum, p_->comm, cudaStreamLegacy); });
 }
+void Comm::max(float* dev, size_t n) const {
+  p_->usable("ncclAllReduce");
+  p_->collective(rank_, "ncclAllReduce (fp32 max)", n, [&] { return ncclAllReduce(dev, dev, n, ncclFloat32, ncclMax, p_->comm, cudaStreamLegacy); });
+}
 bool Comm::same(uint64_t v) const {
   p_->usable("ncclAllReduce");
   DeviceBuffer<uint64_t> d(2, "digest");
@@ -152,6 +156,7 @@ Comm::Comm(const std::string&, int, int) { no_nccl(); }
 Comm::~Comm() = default;
 void Comm::sum(double*, size_t) const { no_nccl(); }
 void Comm::sum(int64_t*, size_t) const { no_nccl(); }
+void Comm::max(float*, size_t) const { no_nccl(); }
 bool Comm::same(uint64_t) const { no_nccl(); }
 void Comm::share(void*, const std::vector<size_t>&) const { no_nccl(); }
 void Comm::close() {}

@@ -29,6 +29,7 @@ class Comm {
   int size() const { return size_; }
   void sum(double* dev, size_t n) const;    // fp64 sums (Hessians)
   void sum(int64_t* dev, size_t n) const;   // token counts
+  void max(float* dev, size_t n) const;     // elementwise maxima (SmoothQuant's column max |x|: exact in any order)
   bool same(uint64_t v) const;              // whether every rank passed the same v (a digest of what each computed)
   // Rank r's bytes [off[r], off[r + 1]) of the device buffer `dev` copied to every rank (one
   // broadcast per rank, in place): after it every rank holds every rank's part.

@@ -1176,24 +1176,29 @@ const void* LayerForwardCuda::weight(LinearId id) const {
 // ---------------------------------------------------------------- StageStats
 
 struct StageStats::Impl {
-  int64_t cols, step = 1, count = 0, seen = 0;
+  int64_t cols, step = 1, count = 0, seen = 0;   // seen: the global index of the next row (first + rows so far)
   DType dt;
   DeviceRowSink* next;
   DeviceBuffer<int> amax;
-  DeviceBuffer<float> sample;
+  DeviceBuffer<float> sample;   // [count, cols]: every rank's sampled rows at their places
+  // The first sampled row at or after global row r.
+  int64_t sampled_from(int64_t r) const { return std::min(count, (r + step - 1) / step); }
 };
 
-StageStats::StageStats(int64_t cols, DType dtype, DeviceRowSink* next, int64_t total, int64_t sample) : p_(std::make_unique<Impl>()) {
+StageStats::StageStats(int64_t cols, DType dtype, DeviceRowSink* next, int64_t total, int64_t sample, int64_t first)
+    : p_(std::make_unique<Impl>()) {
   Impl& m = *p_;
   m.cols = cols;
   m.dt = dtype;
   m.next = next;
+  m.seen = first;
   m.amax = DeviceBuffer<int>(size_t(cols), "stage statistics: column absmax");
   fill_bytes(m.amax.get(), 0, size_t(cols) * 4);
   if (sample > 0 && total > 0) {
     m.step = std::max<int64_t>(1, total / sample);
     m.count = total / m.step;
     m.sample = DeviceBuffer<float>(size_t(m.count * cols), "stage statistics: sampled rows");
+    fill_bytes(m.sample.get(), 0, size_t(m.count * cols) * 4);   // other ranks' rows: zeros until across_ranks
   }
 }
 StageStats::~StageStats() = default;
@@ -1206,7 +1211,7 @@ void StageStats::add_device(const void* x, int64_t rows) {
     else column_absmax_kernel<__nv_bfloat16><<<grid, 256>>>(static_cast<const __nv_bfloat16*>(x), rows, m.cols, m.amax.get());
     PTQ_CUDA_LAUNCH("column_absmax_kernel");
     // the sampled rows k * step within [seen, seen + rows)
-    const int64_t k0 = (m.seen + m.step - 1) / m.step, k1 = std::min(m.count, (m.seen + rows + m.step - 1) / m.step);
+    const int64_t k0 = m.sampled_from(m.seen), k1 = m.sampled_from(m.seen + rows);
     if (k1 > k0) {
       float* out = m.sample.get() + k0 * m.cols;
       const int64_t first = k0 * m.step - m.seen;
@@ -1217,6 +1222,16 @@ void StageStats::add_device(const void* x, int64_t rows) {
     m.seen += rows;
   }
   if (m.next) m.next->add_device(x, rows);
+}
+
+void StageStats::across_ranks(const Comm& comm, const std::vector<int64_t>& firsts) {
+  Impl& m = *p_;
+  if (firsts.size() != size_t(comm.size()) + 1) fail(Errc::usage, "StageStats", "firsts", "one first row per rank and the total");
+  comm.max(reinterpret_cast<float*>(m.amax.get()), size_t(m.cols));   // the bits of non-negative floats: their float maximum
+  if (m.count == 0) return;
+  std::vector<size_t> off;
+  for (int64_t f : firsts) off.push_back(size_t(m.sampled_from(f) * m.cols) * sizeof(float));
+  comm.share(m.sample.get(), off);
 }
 
 VecF StageStats::column_absmax() const {

@@ -15,8 +15,10 @@
 #include <memory>
 #include <utility>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
+#include "cuda/comm.h"
 #include "cuda/runtime.h"
 #include "model/llama.h"
 #include "model/schedule.h"
@@ -109,14 +111,19 @@ class LayerForwardCuda {
 // A stage's output statistics for SmoothQuant and W8A8, as a sink that passes every row on to
 // `next` (a Hessian, or none): the max |x| of each column over all rows, and with sample > 0 the
 // rows r · step, step = max(1, total / sample) (total / step of them: subsample_rows' choice), in
-// fp32. Rows arrive in order, in chunks, as 16-bit values of `dtype`.
+// fp32. Rows arrive in order, in chunks, as 16-bit values of `dtype`; they are rows
+// [first, first + n) of the `total` rows of every rank (quantize --gpus N: a rank's share of the
+// windows), and each sampled row lands at its place among all ranks' samples.
 class StageStats final : public DeviceRowSink {
  public:
-  StageStats(int64_t cols, DType dtype, DeviceRowSink* next = nullptr, int64_t total = 0, int64_t sample = 0);
+  StageStats(int64_t cols, DType dtype, DeviceRowSink* next = nullptr, int64_t total = 0, int64_t sample = 0, int64_t first = 0);
   ~StageStats() override;
   void add_device(const void* x, int64_t rows) override;
+  // Every rank's statistics on every rank: the maxima by an all-reduce (exact in any order), each
+  // rank's sampled rows by one broadcast. firsts: each rank's first row, then `total`.
+  void across_ranks(const Comm& comm, const std::vector<int64_t>& firsts);
   VecF column_absmax() const;   // to the host
-  MatF sampled_rows() const;    // to the host, [total / step, cols]
+  MatF sampled_rows() const;    // to the host, [total / step, cols] (this rank's rows only, before across_ranks)
  private:
   struct Impl;
   std::unique_ptr<Impl> p_;

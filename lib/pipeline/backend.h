@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gptq/gptq.h"
@@ -141,10 +142,14 @@ struct CalibrationPass {
   // layer's statistics, loaded by the pipeline) and errors name `saved_path`.
   LayerStats* saved = nullptr;
   std::string saved_path;
-  // quantize --gpus N (pipeline/distributed.h): this process's share of the windows runs here, and
-  // each Hessian (and MoE routing count) is summed across the ranks before anything reads it.
+  // quantize --gpus N (pipeline/distributed.h): this process's share of the windows runs here
+  // (rank_windows(S_all, ...)), each Hessian (and MoE routing count) is summed across the ranks
+  // before anything reads it, and SmoothQuant's and W8A8's statistics are every rank's.
   const cuda::Comm* comm = nullptr;
+  int S_all = 0;   // every rank's windows (with comm; S is this rank's)
 };
+// Rank k of n runs windows [S k / n, S (k + 1) / n).
+inline std::pair<int64_t, int64_t> rank_windows(int64_t S, int k, int n) { return {S * k / n, S * (k + 1) / n}; }
 struct Backend {
   std::unique_ptr<LayerForward> forward;
   std::unique_ptr<GroupSolver> solver;

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <tuple>
 
 #include "core/error.h"
@@ -32,6 +33,9 @@ class CudaForward final : public LayerForward {
   CudaForward(const CalibrationPass& p, MatF&& X, bool spill, bool input_absmax, PhaseTimes& t)
       : c_(*p.config), fw_(*p.config, *p.rope, p.S, p.T, p.config->dtype, spill), t_(t), comm_(p.comm), rows_(int64_t(p.S) * p.T),
         input_absmax_(input_absmax) {
+    if (comm_ && comm_->size() > 1)   // each rank's first row among all ranks' rows, then their total
+      for (int k = 0; k <= comm_->size(); ++k)
+        firsts_.push_back(int64_t(p.T) * (k < comm_->size() ? rank_windows(p.S_all, k, comm_->size()).first : p.S_all));
     // Each layer's weights rounded to 16 bits by the thread that reads them, into one of two
     // page-locked buffers (layer k in buffer k % 2), so that the upload is a plain DMA.
     for (auto& b : w16_) b = cuda::PinnedBuffer(fw_.weight_bytes());
@@ -50,27 +54,30 @@ class CudaForward final : public LayerForward {
   // SmoothQuant: the norm's output goes first to statistics only (every row's column maxima and
   // the search's rows, in fp32 from the 16-bit activations), the smoother folds its factors into
   // the host's weights, and the norm and the group's Linears are uploaded again and the norm
-  // computed again for the Hessian. (--gpus N refuses SmoothQuant and W8A8: a rank sees only its
-  // share of the windows.)
+  // computed again for the Hessian. With --gpus N every rank's statistics are combined first
+  // (StageStats::across_ranks): each rank then searches the same rows and folds the same factors.
   std::unique_ptr<HessianSum> collect(const LinearGroup& g, const Smoother& smooth) override {
     const int64_t cols = linear_shape(c_, g.linears[0]).in;
     auto H = std::make_unique<cuda::HessianCuda>(cols, fw_.dtype(), comm_);
     absmax_ = -1.0f;
+    const bool ranks = !firsts_.empty();
     if (smooth) {
-      cuda::StageStats st(cols, fw_.dtype(), nullptr, rows_, kSmoothRows);
+      cuda::StageStats st(cols, fw_.dtype(), nullptr, ranks ? firsts_.back() : rows_, kSmoothRows, ranks ? firsts_[size_t(comm_->rank())] : 0);
       timed_stage([&] { fw_.stage(g.input, g.expert, &st); });
+      if (ranks) st.across_ranks(*comm_, firsts_);
       smooth(st.column_absmax(), st.sampled_rows());
       PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
       fw_.set_norms(w_->input_layernorm, w_->post_attention_layernorm);
       for (LinearId p : g.linears) fw_.set_weight(p, (*w_)[p].W);
     }
-    if (!input_absmax_) {
-      timed_stage([&] { smooth ? fw_.renorm(g.input, H.get()) : fw_.stage(g.input, g.expert, H.get()); });
-      return H;
+    std::optional<cuda::StageStats> st;   // W8A8: the input's maximum on its way to the Hessian
+    if (input_absmax_) st.emplace(cols, fw_.dtype(), H.get());
+    cuda::DeviceRowSink* sink = st ? static_cast<cuda::DeviceRowSink*>(&*st) : H.get();
+    timed_stage([&] { smooth ? fw_.renorm(g.input, sink) : fw_.stage(g.input, g.expert, sink); });
+    if (st) {
+      if (ranks) st->across_ranks(*comm_, firsts_);
+      absmax_ = st->column_absmax().maxCoeff();
     }
-    cuda::StageStats st(cols, fw_.dtype(), H.get());
-    timed_stage([&] { smooth ? fw_.renorm(g.input, &st) : fw_.stage(g.input, g.expert, &st); });
-    absmax_ = st.column_absmax().maxCoeff();
     return H;
   }
   float group_input_absmax() const override { return absmax_; }
@@ -117,6 +124,7 @@ class CudaForward final : public LayerForward {
   const cuda::Comm* comm_;
   mutable std::vector<int64_t> routed_;   // the layer's routed counts summed across ranks
   int64_t rows_;                          // calibration rows on this rank
+  std::vector<int64_t> firsts_;           // --gpus N: each rank's first row, then all ranks' rows (empty: one rank)
   bool input_absmax_;
   float absmax_ = -1.0f;                  // max |x| of the last collected group's input (input_absmax_)
   LayerWeights* w_ = nullptr;             // the layer's host weights (SmoothQuant folds into them)
@@ -554,6 +562,11 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
   }
   // Hessians on the GPU: the forward still runs on the CPU in fp32, so the GPU accumulates the same
   // fp32 activations (SGEMM, fp64 sums) rather than rounding them to 16 bits for the tensor cores.
+  // Its SmoothQuant and W8A8 statistics are this rank's rows only: refused over several ranks.
+  if (pass.comm && pass.comm->size() > 1 && (r.smooth.enabled || r.act_mode != ActQuant::none))
+    fail(Errc::usage, r.source, "gpus", "--gpus " + std::to_string(pass.comm->size()) +
+                                            ": SmoothQuant and W8A8 statistics are combined across GPUs only by the GPU forward, and this run's forward is on the CPU (" +
+                                            why + ")");
   if (pass.saved) b.forward = saved_statistics_forward(pass);
   else
     b.forward = cpu_forward(pass, std::move(X), r.true_sequential,

@@ -157,8 +157,8 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   if (r.device == "cpu") refuse("device", "device: cpu runs no GPU");
   if (!cuda::available()) refuse("device", "needs GPUs, but " + cuda::describe());
   if (r.quant.method == "nf4") refuse("quantization.method", "NF4 is data-free: there is no calibration to spread");
-  if (r.smooth.enabled || r.act_mode != ActQuant::none)
-    refuse("quantization.activations", "SmoothQuant and W8A8 activation statistics are collected on the host per rank and not yet summed across ranks");
+  if ((r.smooth.enabled || r.act_mode != ActQuant::none) && !r.gpu_forward && n > 1)
+    refuse("gpu_forward", "SmoothQuant and W8A8 statistics are combined across GPUs only by the GPU forward (gpu_forward: true)");
   if (!opt.save_stats.empty() || !opt.load_stats.empty()) refuse("--save-stats", "statistics files are not yet written or read by a multi-GPU run");
   if (opt.resume) refuse("--resume", "not yet served by a multi-GPU run (rerun without --resume, or with one GPU)");
   if (!r.moe_calibrate_all_experts) refuse("moe.calibrate_all_experts", "false routes each rank's tokens apart; its RTN fallbacks would differ per rank");

@@ -18,10 +18,17 @@
 // fused Linears), every rank solves the whole of it. Either way one more all-reduce checks that
 // every rank holds the same codes. Rank 0 alone writes the layer store, the export and the report.
 //
-// Refused with --gpus, each naming why: SmoothQuant and W8A8 (their activation statistics are
-// collected on the host per rank, not yet reduced), --save-stats / --load-stats, --resume, MoE
-// with calibrate_all_experts: false (routing decisions would differ per rank), device: cpu,
-// nf4 (data-free: nothing to spread), fewer windows than GPUs.
+// SmoothQuant and W8A8: each group's input statistics are every rank's before any is read
+// (cuda::StageStats::across_ranks): the column maxima by a max all-reduce, the α search's rows
+// (every rank's share of subsample_rows' choice) by one broadcast per rank, so each rank searches
+// the same rows, picks the same α and folds the same factors, and W8A8's static scales are the
+// maxima over all windows. The one-GPU run's statistics exactly: a maximum is exact in any order,
+// and each sampled row is the one the one-GPU run samples.
+//
+// Refused with --gpus, each naming why: SmoothQuant and W8A8 where the forward runs on the CPU
+// (gpu_forward: false, or a model the GPU forward does not serve: its statistics are per rank),
+// --save-stats / --load-stats, --resume, MoE with calibrate_all_experts: false (routing decisions
+// would differ per rank), device: cpu, nf4 (data-free: nothing to spread), fewer windows than GPUs.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>

@@ -651,11 +651,13 @@ void quantize_layers(Run& R, QuantStore* store) {
   pass.T = R.cd.seq_len;
   pass.calibrate_all_experts = R.r.moe_calibrate_all_experts;
   if (R.stats_in) { pass.saved = &saved; pass.saved_path = R.opt.load_stats; }
-  if (const DistRank* d = R.opt.dist) {   // this rank's share of the windows: [S k / n, S (k + 1) / n)
-    const int64_t S = R.cd.samples, T = R.cd.seq_len, lo = S * d->rank / d->size, hi = S * (d->rank + 1) / d->size;
+  if (const DistRank* d = R.opt.dist) {   // this rank's share of the windows
+    const int64_t T = R.cd.seq_len;
+    const auto [lo, hi] = rank_windows(R.cd.samples, d->rank, d->size);
     MatF mine = R.X.middleRows(lo * T, (hi - lo) * T);
     R.X = std::move(mine);
     pass.S = int(hi - lo);
+    pass.S_all = R.cd.samples;
     pass.comm = d->comm;
   }
   Backend B = make_backend(R.dev, R.r, pass, std::move(R.X), R.t);
