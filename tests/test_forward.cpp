@@ -5,8 +5,11 @@
 #include <filesystem>
 #include <functional>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/product.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "model/llama.h"
@@ -223,6 +226,52 @@ TEST_CASE("logits match HF transformers' golden logits: tiny-qwen3-moe (8 expert
 TEST_CASE("logits match HF transformers' golden logits: tiny-phi3 (fused qkv_proj and gate_up_proj)") {
   PTQ_REQUIRE_ASSETS();
   check_golden_tiny("phi3");
+}
+
+// Eigen's GEMM cuts K by a depth its heuristics choose from the L1 size and the thread count
+// (one thread and two gave distilled-13m's quantized model different bytes before
+// fixed_depth_product): K of 700 (two whole chunks of 256 and a part), the value of an fp64
+// product, the same bytes on one thread and on two, into a matrix and into a block of one.
+TEST_CASE("fixed_depth_product: an fp64 product's values, the same bytes on one thread and on two") {
+  Rng r{57};
+  MatF A(300, 700), B(500, 700);
+  for (int i = 0; i < A.size(); ++i) A.data()[i] = float(r.normal());
+  for (int i = 0; i < B.size(); ++i) B.data()[i] = float(r.normal());
+  const Eigen::MatrixXd ref = A.cast<double>() * B.cast<double>().transpose();
+  const int threads = omp_get_max_threads();
+  MatF y1, y2, wide1 = MatF::Zero(300, 600), wide2 = wide1;
+  omp_set_num_threads(1);
+  fixed_depth_product(A, B.transpose(), y1);
+  fixed_depth_product(A, B.transpose(), wide1.middleCols(50, 500));
+  omp_set_num_threads(2);
+  fixed_depth_product(A, B.transpose(), y2);
+  fixed_depth_product(A, B.transpose(), wide2.middleCols(50, 500));
+  omp_set_num_threads(threads);
+  CHECK((y1.cast<double>() - ref).cwiseAbs().maxCoeff() <= 1e-5 * ref.cwiseAbs().maxCoeff());
+  CHECK(std::memcmp(y1.data(), y2.data(), sizeof(float) * size_t(y1.size())) == 0);
+  CHECK(std::memcmp(wide1.data(), wide2.data(), sizeof(float) * size_t(wide1.size())) == 0);
+  CHECK(MatF(wide1.middleCols(50, 500)) == y1);
+  CHECK(wide1.leftCols(50).cwiseAbs().maxCoeff() == 0.0f);
+}
+
+// The whole forward (Linears with K of 384 and 1024, attention over up to 512 keys: the golden ids
+// four times): the same logits, byte for byte, on one thread and on two.
+TEST_CASE("the forward's logits are the same bytes on one thread and on two: distilled-13m") {
+  PTQ_REQUIRE_ASSETS();
+  const std::string a = ptqtest::assets();
+  LlamaModel m(a + "/models/distilled-13m");
+  SafetensorsFile g(a + "/golden/golden-distilled-13m.safetensors");
+  auto ids_v = g.get("input_ids");
+  std::vector<int32_t> ids;
+  for (int k = 0; k < 4; ++k) ids.insert(ids.end(), reinterpret_cast<const int32_t*>(ids_v.data), reinterpret_cast<const int32_t*>(ids_v.data) + ids_v.numel());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const MatF one = m.forward(ids, 1, int(ids.size()));
+  omp_set_num_threads(2);
+  const MatF two = m.forward(ids, 1, int(ids.size()));
+  omp_set_num_threads(threads);
+  REQUIRE(one.size() == two.size());
+  CHECK(std::memcmp(one.data(), two.data(), sizeof(float) * size_t(one.size())) == 0);
 }
 
 TEST_CASE("forward matches an fp64 reference: llama with GQA and head_dim != hidden/heads") { check_against_fp64(small_cfg("llama")); }

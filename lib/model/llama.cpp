@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/product.h"
 #include "model/schedule.h"
 
 namespace ptq {
@@ -168,7 +169,7 @@ MatI int8_dot(const MatF& q, const MatF& w) {
 
 void linear(const MatF& x, const Linear& l, MatF& y) {
   if (l.act.mode == ActQuant::none) {
-    y.noalias() = x * l.W.transpose();
+    fixed_depth_product(x, l.W.transpose(), y);
   } else {
     MatF q;   // the int8 codes, held as floats
     VecF sx;
@@ -176,12 +177,12 @@ void linear(const MatF& x, const Linear& l, MatF& y) {
     if (l.Wi.size()) {   // integer path: exact int32 accumulation of int8 x int8, then s_x * s_w
       // K <= kExactK: one float GEMM is already the exact integer sum (no int32 round trip);
       // longer K: int8_dot's exact chunks added in int32.
-      if (q.cols() <= kExactK) y.noalias() = q * l.Wi.transpose();
+      if (q.cols() <= kExactK) y.noalias() = q * l.Wi.transpose();   // exact integers: any order
       else y = int8_dot(q, l.Wi).cast<float>();
       y = (y.array().colwise() * sx.array()).rowwise() * l.w_scale.transpose().array();   // (Σ · s_x) · s_w, as before
     } else {             // fake-quant path: the same codes, float arithmetic
       for (Eigen::Index r = 0; r < q.rows(); ++r) q.row(r) *= sx[r];
-      y.noalias() = q * l.W.transpose();
+      fixed_depth_product(q, l.W.transpose(), y);
     }
   }
   if (l.b.size()) y.rowwise() += l.b.transpose();
@@ -260,7 +261,7 @@ void attend_head(const LlamaConfig& c, int h, const Q& q, const KV& k, const KV&
     auto K = k.middleCols(Eigen::Index(kvh) * hd, hd);
     auto V = v.middleCols(Eigen::Index(kvh) * hd, hd);
     scores.resize(Tq, Tk);
-    scores.noalias() = q.middleCols(Eigen::Index(h) * hd, hd) * K.transpose();
+    fixed_depth_product(q.middleCols(Eigen::Index(h) * hd, hd), K.transpose(), scores);
     for (int i = 0; i < Tq; ++i) {   // query i (position off + i) sees keys j0 ... off + i
       float* row = scores.row(i).data();
       const int last = off + i, j0 = window > 0 ? std::max(0, last - window + 1) : 0;
@@ -268,7 +269,7 @@ void attend_head(const LlamaConfig& c, int h, const Q& q, const KV& k, const KV&
       std::fill(row, row + j0, 0.0f);
       std::fill(row + last + 1, row + Tk, 0.0f);
     }
-    ctx.middleCols(Eigen::Index(h) * hd, hd).noalias() = scores * V;
+    fixed_depth_product(scores, V, ctx.middleCols(Eigen::Index(h) * hd, hd));
   }
 }
 }  // namespace

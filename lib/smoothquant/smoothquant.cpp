@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/product.h"
+
 namespace ptq {
 
 namespace {
@@ -83,7 +85,7 @@ namespace {
 // once for all 21 alphas instead of once an alpha.
 std::vector<MatF> float_outputs(const MatF& X, const std::vector<const MatF*>& ws) {
   std::vector<MatF> y(ws.size());
-  for (size_t i = 0; i < ws.size(); ++i) y[i].noalias() = X * ws[i]->transpose();
+  for (size_t i = 0; i < ws.size(); ++i) fixed_depth_product(X, ws[i]->transpose(), y[i]);
   return y;
 }
 // Mean over rows of ||y_w8a8(X, ws[i]) - y[i]||^2, summed over i.
