@@ -175,6 +175,27 @@ TEST_CASE("pipeline: a MoE run killed midway resumes byte-identical (the finishe
   check_resume("tiny-moe", "{dataset: random, samples: 64, seq_len: 256}", 2 * (4 + 3 * 8));
 }
 
+// The tests' stop (stop_after_layer, what the GPU tests interrupt multi-GPU runs with) leaves what a
+// killed run leaves, and --resume continues it to the uninterrupted bytes.
+TEST_CASE("pipeline: a run stopped after its first layer (stop_after_layer) resumes byte-identical") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  Recipe r = tiny_recipe(m, d / "ref");
+  run_quantize(r, {});
+  r.output = d / "out";
+  QuantizeOptions stop;
+  stop.resume = true;
+  stop.stop_after_layer = 0;
+  CHECK_THROWS_WITH(run_quantize(r, stop), Catch::Contains("stopped after layer 0"));
+  CHECK_FALSE(fs::exists(d / "out"));
+  CHECK(fs::exists(d / "out.partial/.layers/layer-00000.safetensors"));
+  QuantizeOptions resume;
+  resume.resume = true;
+  const json rep = run_quantize(r, resume);
+  CHECK(rep["layers"][0].value("resumed", false));
+  CHECK(model_files_digest(d / "out") == model_files_digest(d / "ref"));
+}
+
 TEST_CASE("pipeline: a killed run leaves no folder that looks complete") {
   ptqtest::TempDir d;
   SynthOptions o;

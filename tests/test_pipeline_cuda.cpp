@@ -388,6 +388,25 @@ TEST_CASE("gpu: quantize --gpus 1 (NCCL, one rank) writes the bytes of the one-G
   CHECK_THAT(rep["forward"].get<std::string>(), Catch::Contains("data-parallel over 1 GPUs"));
   // An all-reduce over one rank is a copy: the same Hessians, so the same codes, byte for byte.
   CHECK(read_text_file(d / "one/model.safetensors") == read_text_file(d / "nccl/model.safetensors"));
+  // Both paths stopped once layer 3 is on disk and resumed: the GPU forward replays layers 0-3
+  // from the layer store (their dequantized weights, rounded to 16 bits as the solver's were)
+  // and the run writes the uninterrupted bytes.
+  for (int gpus : {0, 1}) {
+    r.gpus = gpus;
+    r.output = d / ("resumed-" + std::to_string(gpus));
+    QuantizeOptions stop;
+    stop.resume = true;   // keeps the folder on failure, as a killed run leaves it
+    stop.stop_after_layer = 3;
+    CHECK_THROWS_WITH(run_quantize(r, stop), Catch::Contains("stopped after layer 3"));
+    CHECK(std::filesystem::exists(r.output + ".partial/.layers/layer-00003.safetensors"));
+    QuantizeOptions resume;
+    resume.resume = true;
+    const json rj = run_quantize(r, resume);
+    int replayed = 0;
+    for (const json& l : rj["layers"]) replayed += l.value("resumed", false);
+    CHECK(replayed == 4);
+    CHECK(read_text_file(r.output + "/model.safetensors") == read_text_file(d / "one/model.safetensors"));
+  }
   // SmoothQuant W8A8 through the same path: one rank's statistics are the run's, so the same α,
   // the same folded norms and the same codes.
   Recipe q = smoothquant_recipe();
@@ -434,6 +453,23 @@ TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-
   const std::string one = read_text_file(d / "one/model.safetensors");
   CHECK(read_text_file(d / "two-a/model.safetensors") == one);
   CHECK(read_text_file(d / "two-b/model.safetensors") == one);
+  // Interrupted once layer 3 is on disk (the workers stopped with rank 0), then --resume --gpus 2:
+  // every rank replays layers 0-3 from rank 0's layer store through its own windows, and the run
+  // writes the same bytes.
+  r.output = d / "resumed";
+  QuantizeOptions stop;
+  stop.resume = true;   // keeps the folder on failure, as a killed run leaves it
+  stop.stop_after_layer = 3;
+  CHECK_THROWS_WITH(run_quantize(r, stop), Catch::Contains("stopped after layer 3"));
+  CHECK(std::filesystem::exists(d / "resumed.partial/.layers/layer-00003.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(d / "resumed"));
+  QuantizeOptions resume;
+  resume.resume = true;
+  const json rj = run_quantize(r, resume);
+  int replayed = 0;
+  for (const json& l : rj["layers"]) replayed += l.value("resumed", false);
+  CHECK(replayed == 4);
+  CHECK(read_text_file(d / "resumed/model.safetensors") == one);
   // SmoothQuant W8A8 (per token), and W8A8 with static per-tensor scales alone: each rank's column
   // maxima and its share of the α search's rows combined (StageStats::across_ranks) are the
   // one-GPU run's statistics exactly, so the same α, norms, scales and codes, byte for byte.

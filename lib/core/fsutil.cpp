@@ -148,13 +148,18 @@ void MappedFile::release(const uint8_t* p, size_t n) const {
   if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
+std::string OutputDir::staging_of(std::string final_path) {
+  while (final_path.size() > 1 && final_path.back() == '/') final_path.pop_back();
+  return final_path + ".partial";
+}
+
 OutputDir::OutputDir(std::string final_path, bool force, bool resume, bool keep_on_failure)
     : final_(std::move(final_path)), force_(force), keep_(keep_on_failure) {
   while (final_.size() > 1 && final_.back() == '/') final_.pop_back();
   std::error_code ec;
   if (fs::exists(final_, ec) && !force_)
     fail(Errc::exists, final_, "", "output exists; pass --force to replace it");
-  staging_ = final_ + ".partial";
+  staging_ = staging_of(final_);
   // The parent folders are made as `mkdir -p` would (an output under a new runs/ folder).
   if (const fs::path parent = fs::path(final_).parent_path(); !parent.empty()) {
     fs::create_directories(parent, ec);

@@ -49,6 +49,7 @@ class OutputDir {
   OutputDir(const OutputDir&) = delete;
   OutputDir& operator=(const OutputDir&) = delete;
   const std::string& path() const { return staging_; }         // write here
+  static std::string staging_of(std::string final_path);         // path() of an OutputDir(final_path)
   const std::string& final_path() const { return final_; }
   std::string file(const std::string& name) const { return staging_ + "/" + name; }
   void commit();

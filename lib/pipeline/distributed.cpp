@@ -149,6 +149,16 @@ class Workers {
   }
 };
 
+// Rank 0's v on every rank: an int64 sum to which the other ranks add 0.
+int from_rank0(const cuda::Comm& comm, int v) {
+  int64_t x = comm.rank() == 0 ? v : 0;
+  cuda::DeviceBuffer<int64_t> d(1, "rank 0's first layer");
+  cuda::copy_to_device(d.get(), &x, sizeof x);
+  comm.sum(d.get(), 1);
+  cuda::copy_to_host(&x, d.get(), sizeof x);
+  return int(x);
+}
+
 }  // namespace
 
 nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
@@ -160,7 +170,6 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   if ((r.smooth.enabled || r.act_mode != ActQuant::none) && !r.gpu_forward && n > 1)
     refuse("gpu_forward", "SmoothQuant and W8A8 statistics are combined across GPUs only by the GPU forward (gpu_forward: true)");
   if (!opt.save_stats.empty() || !opt.load_stats.empty()) refuse("--save-stats", "statistics files are not yet written or read by a multi-GPU run");
-  if (opt.resume) refuse("--resume", "not yet served by a multi-GPU run (rerun without --resume, or with one GPU)");
   if (!r.moe_calibrate_all_experts) refuse("moe.calibrate_all_experts", "false routes each rank's tokens apart; its RTN fallbacks would differ per rank");
   if (r.calibration.samples < n) refuse("calibration.samples", std::to_string(r.calibration.samples) + " windows for " + std::to_string(n) + " GPUs");
   if (!cuda::nccl_built()) refuse("gpus", "this build has no NCCL: rebuild with -DPTQKIT_NCCL=ON where nccl.h and libnccl are installed");
@@ -180,7 +189,7 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / n));   // the cores shared as the workers share them
   cuda::Comm comm(id, 0, n);
   w.watch(comm);
-  DistRank d{0, n, &comm, [&comm] { comm.close(); }};
+  DistRank d{0, n, &comm, [&comm] { comm.close(); }, [&comm](int l) { return from_rank0(comm, l); }};
   QuantizeOptions o = opt;
   o.dist = &d;
   nlohmann::json rep;
@@ -199,7 +208,7 @@ void run_quantize_worker(const std::string& recipe_file, int rank, int size, con
   const Recipe r = load_recipe(recipe_file);
   try {
     cuda::Comm comm(id, rank, size);
-    DistRank d{rank, size, &comm, [&comm] { comm.close(); }};
+    DistRank d{rank, size, &comm, [&comm] { comm.close(); }, [&comm](int l) { return from_rank0(comm, l); }};
     QuantizeOptions o;
     o.dist = &d;
     run_quantize(r, o);

@@ -27,8 +27,13 @@
 //
 // Refused with --gpus, each naming why: SmoothQuant and W8A8 where the forward runs on the CPU
 // (gpu_forward: false, or a model the GPU forward does not serve: its statistics are per rank),
-// --save-stats / --load-stats, --resume, MoE with calibrate_all_experts: false (routing decisions
-// would differ per rank), device: cpu, nf4 (data-free: nothing to spread), fewer windows than GPUs.
+// --save-stats / --load-stats, MoE with calibrate_all_experts: false (routing decisions would
+// differ per rank), device: cpu, nf4 (data-free: nothing to spread), fewer windows than GPUs.
+//
+// --resume: rank 0 finds the finished layers in its output's layer store (`DIR.partial/.layers`),
+// as a one-GPU run does, and tells the others its first layer to quantize (DistRank::first_layer);
+// every rank replays the finished layers from that store through its own windows, so it holds the
+// activations an uninterrupted run would.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>

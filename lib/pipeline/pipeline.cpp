@@ -640,8 +640,9 @@ class LayerLoader {
   }
 };
 
-// store: where each finished layer is saved (null on ranks other than 0 of a --gpus run).
-void quantize_layers(Run& R, QuantStore* store) {
+// store: the layer store, where a resumed run replays its finished layers from and, where `writes`
+// (every rank but 1..N-1 of a --gpus run), each finished layer is saved.
+void quantize_layers(Run& R, const QuantStore& store, bool writes) {
   const int n = R.nf4 ? 0 : R.c().num_hidden_layers;
   LayerStats saved;
   CalibrationPass pass;
@@ -660,6 +661,7 @@ void quantize_layers(Run& R, QuantStore* store) {
     pass.S_all = R.cd.samples;
     pass.comm = d->comm;
   }
+  if (R.opt.dist && R.opt.dist->first_layer) R.resume_from = R.opt.dist->first_layer(R.resume_from);   // rank 0's resume point
   Backend B = make_backend(R.dev, R.r, pass, std::move(R.X), R.t);
   R.forward_description = B.forward_description;
   Progress bar("quantize", n, "layers");
@@ -670,7 +672,7 @@ void quantize_layers(Run& R, QuantStore* store) {
       const auto t_layer = Clock::now();
       LayerWeights w = loader.get(l);
       if (l < R.resume_from) {
-        replay_layer(R, B, *store, l, w);
+        replay_layer(R, B, store, l, w);
         bar.update(l + 1);
         continue;
       }
@@ -687,12 +689,16 @@ void quantize_layers(Run& R, QuantStore* store) {
       }
       // The layer file (the resume point, fsynced) is written while the next layer computes.
       if (pending_save.valid()) pending_save.get();
-      if (store)
-        pending_save = std::async(std::launch::async, [store, &R, l, res = std::move(res), rep = rep.dump()] {
+      if (writes)
+        pending_save = std::async(std::launch::async, [&store, &R, l, res = std::move(res), rep = rep.dump()] {
           const auto t0 = Clock::now();
-          store->save_layer(l, res.qs, res.smoothed, res.acts, rep);
+          store.save_layer(l, res.qs, res.smoothed, res.acts, rep);
           R.save_seconds += seconds_since(t0);
         });
+      if (l == R.opt.stop_after_layer) {
+        if (pending_save.valid()) pending_save.get();
+        fail(Errc::usage, R.r.output, "stop_after_layer", "stopped after layer " + std::to_string(l) + ", as asked");
+      }
       R.layers.push_back({{"layer", l}, {"seconds", seconds_since(t_layer)}});
       bar.update(l + 1);
     }
@@ -750,7 +756,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   if (opt.dist && opt.dist->rank > 0) {   // a worker: the same setup and layers on its windows; rank 0 writes
     load_model(R);
     calibrate(R);
-    quantize_layers(R, nullptr);
+    quantize_layers(R, QuantStore(OutputDir::staging_of(R.r.output) + "/.layers"), false);   // rank 0's, read to replay (--resume)
     if (env_switch("PTQKIT_DIST_TRACE", false)) {   // its phases, as rank 0's report has them
       std::string line;
       char v3[32];
@@ -771,7 +777,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   resume_point(R, out);
   // layers
   QuantStore store(out.path() + "/.layers");
-  quantize_layers(R, &store);
+  quantize_layers(R, store, true);
   // export
   json outputs;
   {

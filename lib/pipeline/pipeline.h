@@ -25,6 +25,9 @@ struct DistRank {
   int rank = 0, size = 1;
   const cuda::Comm* comm = nullptr;
   std::function<void()> layers_done;   // every rank, after its last layer's collectives: closes the communicator
+  // Every rank, before its first layer: rank 0's first layer to quantize (--resume: the layers
+  // before it are replayed from rank 0's layer store), whatever the others pass.
+  std::function<int(int)> first_layer;
 };
 
 struct QuantizeOptions {
@@ -33,6 +36,9 @@ struct QuantizeOptions {
   std::string save_stats;   // keep the Hessians and activation statistics here (pipeline/stats.h)
   std::string load_stats;   // quantize from statistics saved by an earlier run instead of running the model
   const DistRank* dist = nullptr;   // set for each rank by run_quantize_gpus and the workers
+  // Tests: fail (Errc::interrupted) once layer k is saved, leaving the output folder as an
+  // interrupted run leaves it for --resume (with resume set: a fresh run keeps nothing on failure).
+  int stop_after_layer = -1;
 };
 
 // Runs the recipe and writes its output folder (model files, recipe.yaml, report.json)
