@@ -47,6 +47,24 @@ Recipe smoothquant_recipe() {
   q.device = "cuda";
   return q;
 }
+// r stopped once layer 3 is on disk (QuantizeOptions::stop_after_layer; with resume set the
+// folder stays, as a killed run leaves it), then run again with --resume: layers 0-3 replayed.
+// Returns the resumed run's model.safetensors.
+std::string stopped_and_resumed(const Recipe& r) {
+  QuantizeOptions stop;
+  stop.resume = true;
+  stop.stop_after_layer = 3;
+  CHECK_THROWS_WITH(run_quantize(r, stop), Catch::Contains("stopped after layer 3"));
+  CHECK(std::filesystem::exists(r.output + ".partial/.layers/layer-00003.safetensors"));
+  CHECK_FALSE(std::filesystem::exists(r.output));
+  QuantizeOptions resume;
+  resume.resume = true;
+  const json rj = run_quantize(r, resume);
+  int replayed = 0;
+  for (const json& l : rj["layers"]) replayed += l.value("resumed", false);
+  CHECK(replayed == 4);
+  return read_text_file(r.output + "/model.safetensors");
+}
 }  // namespace
 
 TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0.2%, module loss 1%)") {
@@ -394,18 +412,7 @@ TEST_CASE("gpu: quantize --gpus 1 (NCCL, one rank) writes the bytes of the one-G
   for (int gpus : {0, 1}) {
     r.gpus = gpus;
     r.output = d / ("resumed-" + std::to_string(gpus));
-    QuantizeOptions stop;
-    stop.resume = true;   // keeps the folder on failure, as a killed run leaves it
-    stop.stop_after_layer = 3;
-    CHECK_THROWS_WITH(run_quantize(r, stop), Catch::Contains("stopped after layer 3"));
-    CHECK(std::filesystem::exists(r.output + ".partial/.layers/layer-00003.safetensors"));
-    QuantizeOptions resume;
-    resume.resume = true;
-    const json rj = run_quantize(r, resume);
-    int replayed = 0;
-    for (const json& l : rj["layers"]) replayed += l.value("resumed", false);
-    CHECK(replayed == 4);
-    CHECK(read_text_file(r.output + "/model.safetensors") == read_text_file(d / "one/model.safetensors"));
+    CHECK(stopped_and_resumed(r) == read_text_file(d / "one/model.safetensors"));
   }
   // SmoothQuant W8A8 through the same path: one rank's statistics are the run's, so the same α,
   // the same folded norms and the same codes.
@@ -457,19 +464,7 @@ TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-
   // every rank replays layers 0-3 from rank 0's layer store through its own windows, and the run
   // writes the same bytes.
   r.output = d / "resumed";
-  QuantizeOptions stop;
-  stop.resume = true;   // keeps the folder on failure, as a killed run leaves it
-  stop.stop_after_layer = 3;
-  CHECK_THROWS_WITH(run_quantize(r, stop), Catch::Contains("stopped after layer 3"));
-  CHECK(std::filesystem::exists(d / "resumed.partial/.layers/layer-00003.safetensors"));
-  CHECK_FALSE(std::filesystem::exists(d / "resumed"));
-  QuantizeOptions resume;
-  resume.resume = true;
-  const json rj = run_quantize(r, resume);
-  int replayed = 0;
-  for (const json& l : rj["layers"]) replayed += l.value("resumed", false);
-  CHECK(replayed == 4);
-  CHECK(read_text_file(d / "resumed/model.safetensors") == one);
+  CHECK(stopped_and_resumed(r) == one);
   // SmoothQuant W8A8 (per token), and W8A8 with static per-tensor scales alone: each rank's column
   // maxima and its share of the α search's rows combined (StageStats::across_ranks) are the
   // one-GPU run's statistics exactly, so the same α, norms, scales and codes, byte for byte.
