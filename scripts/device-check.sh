@@ -43,3 +43,10 @@ for fwd in true false; do
     --set calibration.dataset="$A/text/tinystories/calib.txt" --set device=cuda --set gpu_forward=$fwd 2>&1 | tail -3 | tee "$out/quantize-sq-$fwd.log"
   .device/bin/ptqkit eval --model /tmp/q-sq-$fwd/compressed-tensors --data "$A/text/tinystories/eval.txt" --max-windows 64 2>&1 | tail -1 | tee "$out/eval-sq-$fwd.log"
 done
+# transformers (where the image has torch and transformers) reads the fake export of every family,
+# and agrees with ptqkit's forward on the model features no shared checkpoint has.
+if python3 -c "import torch, transformers" 2>/dev/null; then
+  python3 scripts/check_transformers.py .device/bin/ptqkit "$A" /tmp/check-transformers 2>&1 | grep -v "Loading weights\|Writing model" | tee "$out/check-transformers.log"
+else
+  echo "check_transformers: skipped (no torch and transformers in this image)" | tee "$out/check-transformers.log"
+fi
