@@ -85,6 +85,8 @@ def features(ptqkit, assets, work):
              ("llama: q/k/v/o biases, head_dim 32 (hidden 64, 4 heads)", LlamaConfig(**base, attention_bias=True, head_dim=32), "zero biases"),
              ("mistral: sliding window 16", MistralConfig(**base, sliding_window=16), MistralConfig(**base, sliding_window=None)),
              ("qwen2: q/k/v biases", Qwen2Config(**base), "zero biases"),
+             ("qwen2: sliding window 16 on every layer (use_sliding_window, max_window_layers 0)",
+              Qwen2Config(**base, use_sliding_window=True, sliding_window=16, max_window_layers=0), Qwen2Config(**base)),
              ("phi3: partial rotary 0.5", Phi3Config(**base, partial_rotary_factor=0.5), Phi3Config(**base, partial_rotary_factor=1.0))]
     synth = os.path.join(work, "synth-tokenizer")
     subprocess.run([ptqkit, "-q", "synth", "--preset", "micro", "--output", synth, "--force"], check=True, stdout=subprocess.DEVNULL)
@@ -118,6 +120,20 @@ def features(ptqkit, assets, work):
         failed |= bad
         print(f"{name}: ptqkit vs transformers max |d log p| {diff:.2e} over {ref.numel()} values; the feature moves transformers' by up to {moved:.2e}"
               + (" (MISMATCH)" if bad else ""))
+    # A mix of sliding and full layers (transformers: layers i >= max_window_layers slide): ptqkit
+    # refuses it, naming the field, rather than computing one kind for every layer.
+    cfg = Qwen2Config(**base, use_sliding_window=True, sliding_window=16, max_window_layers=1)
+    d = os.path.join(work, "feature-mixed")
+    shutil.rmtree(d, ignore_errors=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    shutil.copy(os.path.join(synth, "tokenizer.json"), d)
+    r = subprocess.run([ptqkit, "eval", "--model", d, "--data", os.path.join(assets, "text", "tinystories", "eval.txt"), "--max-windows", "1"],
+                       capture_output=True, text=True)
+    said = (r.stdout + r.stderr).strip().splitlines()
+    refused = r.returncode != 0 and any("sliding-window" in x for x in said)
+    failed |= not refused
+    print(f"qwen2 with max_window_layers 1 of 2 (transformers' layer_types {getattr(cfg, 'layer_types', None)}): ptqkit exit {r.returncode}: "
+          + (said[-1] if said else "") + ("" if refused else " (NOT REFUSED)"))
     return failed
 
 

@@ -43,6 +43,37 @@ TEST_CASE("qwen2 has q/k/v bias, mistral keeps its sliding window") {
   CHECK(parse_config(j, "x").sliding_window == 4096);
 }
 
+// transformers' rule: layer_types where given; else every layer of a Mistral with a window; else,
+// with use_sliding_window, layers i >= max_window_layers (default 28). One kind for every layer, or
+// refused naming the field.
+TEST_CASE("sliding windows as transformers assigns them to layers; a mix of sliding and full layers is refused") {
+  json j = base();   // 2 layers
+  j["model_type"] = "qwen2";
+  j["sliding_window"] = 16;
+  CHECK(parse_config(j, "x").sliding_window == 0);   // use_sliding_window false (the default)
+  j["use_sliding_window"] = true;
+  CHECK(parse_config(j, "x").sliding_window == 0);   // max_window_layers 28 >= 2 layers: all full
+  j["max_window_layers"] = 0;
+  CHECK(parse_config(j, "x").sliding_window == 16);
+  j["max_window_layers"] = 1;
+  CHECK_THAT(error_of(j), Catch::Contains("max_window_layers") && Catch::Contains("1 of 2 layers"));
+  j.erase("max_window_layers");
+  j["layer_types"] = {"sliding_attention", "sliding_attention"};
+  CHECK(parse_config(j, "x").sliding_window == 16);
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  CHECK_THAT(error_of(j), Catch::Contains("layer_types"));
+  j["layer_types"] = {"full_attention"};
+  CHECK_THAT(error_of(j), Catch::Contains("layer_types") && Catch::Contains("one entry per layer"));
+  j["model_type"] = "mistral";
+  j["layer_types"] = {"full_attention", "full_attention"};
+  CHECK(parse_config(j, "x").sliding_window == 0);
+  j.erase("layer_types");
+  CHECK(parse_config(j, "x").sliding_window == 16);
+  j["sliding_window"] = nullptr;
+  j["layer_types"] = {"sliding_attention", "sliding_attention"};
+  CHECK_THAT(error_of(j), Catch::Contains("sliding_window"));
+}
+
 TEST_CASE("llama3 rope scaling matches the published formula (values from an fp64 computation)") {
   json j = base();
   j["hidden_size"] = 1024;

@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/json_field.h"
@@ -97,9 +99,38 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
   c.qkv_bias = c.model_type == "qwen2" ? true : attention_bias;
   c.o_bias = c.model_type == "qwen2" ? false : attention_bias;
   c.mlp_bias = json_field<bool>(j, "mlp_bias", false, Errc::config, file);
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
-      (c.model_type == "mistral" || json_field<bool>(j, "use_sliding_window", false, Errc::config, file)))
+  // Sliding-window attention, layer by layer as transformers chooses it: `layer_types` where the
+  // config has it (transformers 5 writes it); else every layer of a Mistral with a window; else,
+  // with use_sliding_window (Qwen2, Qwen3), layers i >= max_window_layers (default 28) and full
+  // attention below. ptqkit computes one kind of attention for every layer, so a config that mixes
+  // the two is refused rather than computed wrong.
+  const bool window_given = j.contains("sliding_window") && !j["sliding_window"].is_null();
+  const int L = c.num_hidden_layers;
+  int sliding_layers = 0;
+  std::string sliding_field = "sliding_window";
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    sliding_field = "layer_types";
+    const json& t = j["layer_types"];
+    if (!t.is_array() || int(t.size()) != L) fail(Errc::config, file, "layer_types", "must list one entry per layer (num_hidden_layers)");
+    for (const json& e : t) {
+      if (e != "full_attention" && e != "sliding_attention") fail(Errc::config, file, "layer_types", "entries must be \"full_attention\" or \"sliding_attention\"");
+      sliding_layers += e == "sliding_attention";
+    }
+  } else if (window_given && c.model_type == "mistral") {
+    sliding_layers = L;
+  } else if (window_given && json_field<bool>(j, "use_sliding_window", false, Errc::config, file)) {
+    sliding_field = "max_window_layers";
+    const int full = json_field<int>(j, "max_window_layers", 28, Errc::config, file);   // the first `full` layers attend fully
+    if (full < 0) fail(Errc::config, file, "max_window_layers", "must not be negative");
+    sliding_layers = std::clamp(L - full, 0, L);
+  }
+  if (sliding_layers > 0) {
+    if (!window_given) fail(Errc::config, file, "sliding_window", "missing, but " + sliding_field + " gives layers sliding-window attention");
+    if (sliding_layers < L)
+      fail(Errc::config, file, sliding_field, std::to_string(sliding_layers) + " of " + std::to_string(L) +
+                                                  " layers use sliding-window attention and the rest full attention: ptqkit computes one kind for every layer (not supported yet)");
     c.sliding_window = get_int(j, file, "sliding_window");
+  }
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
   if (mt == "phi3") {   // partial rotary: top level (transformers 4) or in rope_parameters (5)
     c.partial_rotary_factor = json_field<double>(j, "partial_rotary_factor", 1.0, Errc::config, file);
