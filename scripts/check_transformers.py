@@ -17,7 +17,9 @@ Phi-3's partial rotary. `ptqkit eval --save-logits` keeps its top-16 log-probabi
 position of 4 windows of 256 tokens; transformers' log-probabilities of the same tokens at the
 same ids must agree (fp32 on both sides). Beside each, how far the feature itself moves
 transformers' log-probabilities (the same weights with the feature off), so that agreement means
-ptqkit computes the feature, not merely something close to the model without it.
+ptqkit computes the feature, not merely something close to the model without it. Where a GPU is
+present, ptqkit's GPU evaluation (`eval --device cuda`: bf16 GEMM operands for these fp32 models)
+is compared the same way, within 0.1.
 
     scripts/check_transformers.py PTQKIT ASSETS WORKDIR   (one line a model; exit 1 on a mismatch past a tie, or a feature off by more than 1e-3)
 """
@@ -120,6 +122,18 @@ def features(ptqkit, assets, work):
         failed |= bad
         print(f"{name}: ptqkit vs transformers max |d log p| {diff:.2e} over {ref.numel()} values; the feature moves transformers' by up to {moved:.2e}"
               + (" (MISMATCH)" if bad else ""))
+        if torch.cuda.is_available():   # the GPU evaluation too: bf16 GEMMs for an fp32 model, so a looser bound
+            gpu = os.path.join(d, "top-cuda.safetensors")
+            subprocess.run([ptqkit, "-q", "eval", "--model", d, "--data", os.path.join(assets, "text", "tinystories", "eval.txt"), "--seq-len", "256",
+                            "--max-windows", "4", "--save-logits", gpu, "--save-logits-k", "16", "--device", "cuda"], check=True, stdout=subprocess.DEVNULL)
+            g = load_file(gpu)
+            same_ids = bool(torch.equal(g["top_ids"], t["top_ids"]))
+            got_g = top_logp(m, g["tokens"], 256, g["top_ids"])
+            diff_g = float((got_g - g["top_logp"].double()).abs().max())
+            bad_g = diff_g > 0.1
+            failed |= bad_g
+            print(f"  {name}, ptqkit eval --device cuda: max |d log p| {diff_g:.2e} against transformers' at its own top ids"
+                  f" ({'the CPU run' + chr(39) + 's ids' if same_ids else 'ids differ from the CPU run' + chr(39) + 's in places'})" + (" (MISMATCH)" if bad_g else ""))
     # A mix of sliding and full layers (transformers: layers i >= max_window_layers slide): ptqkit
     # refuses it, naming the field, rather than computing one kind for every layer.
     cfg = Qwen2Config(**base, use_sliding_window=True, sliding_window=16, max_window_layers=1)
