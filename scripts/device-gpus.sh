@@ -22,6 +22,13 @@ if [ "$G" -ge 2 ]; then   # N ranks twice: the same bytes (and against one GPU: 
   q "ranks$G-a" --gpus "$G"
   q "ranks$G-b" --gpus "$G"
   grep -o '"forward": "[^"]*"' "/tmp/g-ranks$G-a/report.json"
+  # SmoothQuant W8A8 over N ranks (every rank's statistics combined) against one GPU: the same bytes
+  # (32 windows of 512 tokens split at the Hessian's fp32 groups, as the GPU test's).
+  for g in 0 "$G"; do
+    timeout 90 .device/bin/ptqkit -q quantize configs/smoothquant-w8a8-gptq.yaml --model "$A/models/distilled-13m" --output "/tmp/g-sq-$g" --force \
+      --set calibration.dataset=random --set calibration.samples=32 --set calibration.seq_len=512 --set "export.format=[compressed-tensors]" --gpus "$g" 2>&1 | tail -2
+    (cd "/tmp/g-sq-$g" && sha256sum model.safetensors) | sed "s|^|sq-gpus$g |"
+  done
 fi
 # The N-GPU run first (a short lease gets it), with NCCL's own log, each rank's trace of its
 # collectives (PTQKIT_DIST_TRACE), rank 0's progress as JSON lines and a time limit: on 2026-11-28
