@@ -46,7 +46,7 @@ TEST_CASE("qwen2 has q/k/v bias, mistral keeps its sliding window") {
 // transformers' rule: layer_types where given; else every layer of a Mistral with a window; else,
 // with use_sliding_window, layers i >= max_window_layers (default 28). One kind for every layer, or
 // refused naming the field.
-TEST_CASE("sliding windows as transformers assigns them to layers; a mix of sliding and full layers is refused") {
+TEST_CASE("sliding windows as transformers assigns them to layers, and a mix of sliding and full layers is refused") {
   json j = base();   // 2 layers
   j["model_type"] = "qwen2";
   j["sliding_window"] = 16;
