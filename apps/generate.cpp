@@ -101,6 +101,18 @@ int run(const GenerateArgs& a) {
   VecF logits = feed(ids);
   const double prefill_s = seconds_since(t_prefill);
   std::vector<int32_t> out;
+  // The continuation's text: decode(prompt's last token + out) past decode(that token). Decoded
+  // alone, the first new token would lose its leading space (SentencePiece drops a sequence's
+  // leading "▁": "Once" + "▁upon" printed "Onceupon"). Where the context's text is not a prefix of
+  // the whole (a UTF-8 character split across the boundary), the tokens are decoded alone.
+  const std::vector<int32_t> context(ids.end() - 1, ids.end());
+  const std::string context_text = tok ? tok->decode(context) : "";
+  auto continuation = [&] {
+    std::vector<int32_t> all = context;
+    all.insert(all.end(), out.begin(), out.end());
+    const std::string whole = tok->decode(all);
+    return whole.compare(0, context_text.size(), context_text) == 0 ? whole.substr(context_text.size()) : tok->decode(out);
+  };
   std::string shown;   // the decoded text so far: each step prints what it added (SentencePiece joins pieces)
   const auto t_decode = std::chrono::steady_clock::now();
   std::string stop = "max_tokens";
@@ -108,7 +120,7 @@ int run(const GenerateArgs& a) {
     const int32_t t = sample_token(logits, s, rng);
     if (std::find(eos.begin(), eos.end(), t) != eos.end()) { stop = "eos"; break; }
     out.push_back(t);
-    const std::string text = tok ? tok->decode(out) : shown + "," + std::to_string(t);
+    const std::string text = tok ? continuation() : shown + "," + std::to_string(t);
     if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) std::fputs(text.c_str() + shown.size(), stdout);
     shown = text;
     std::fflush(stdout);

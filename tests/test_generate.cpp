@@ -10,33 +10,20 @@
 #include "core/safetensors.h"
 #include "formats/open.h"
 #include "model/generate.h"
+#include "model/tokenizer.h"
+#include "golden.h"
 #include "testing.h"
 
 using namespace ptq;
 
 namespace {
-struct Golden {
-  std::vector<int32_t> ids;   // [S, T]
-  std::vector<float> logits;  // [S, T, vocab]
-  int S = 1, T = 0;
-};
-Golden read_golden(const std::string& name) {
-  SafetensorsFile g(ptqtest::assets() + "/golden/golden-" + name + ".safetensors");
-  const TensorView v = g.get("input_ids");
-  Golden r;
-  r.ids.assign(reinterpret_cast<const int32_t*>(v.data), reinterpret_cast<const int32_t*>(v.data) + v.numel());
-  r.logits = tensor_to_f32(g.get("logits"));
-  r.S = v.shape.size() == 2 ? int(v.shape[0]) : 1;
-  r.T = int(v.shape.back());
-  return r;
-}
 int32_t argmax(const float* x, int n) { return int32_t(std::max_element(x, x + n) - x); }
 
 // Feeds each golden sequence: its first `prefill` tokens at once, then one by one; every logits
 // vector feed returns (the last position's) is compared with transformers'.
 void check_cached_decode(const std::string& model_dir, const std::string& golden, int prefill) {
   auto m = open_model(ptqtest::assets() + "/models/" + model_dir);
-  const Golden g = read_golden(golden);
+  const ptqtest::Golden g = ptqtest::golden(golden);
   const int V = m->config().vocab_size;
   Generator gen(*m);
   double maxd = 0;
@@ -98,7 +85,7 @@ TEST_CASE("cli: generate streams transformers' greedy token, is deterministic fo
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets();
-  const Golden g = read_golden("stories260k");
+  const ptqtest::Golden g = ptqtest::golden("stories260k");
   // After the golden prefix of 40 tokens, greedy's first token is transformers' argmax at position 39.
   std::string ids;
   for (int i = 0; i < 40; ++i) ids += (i ? "," : "") + std::to_string(g.ids[size_t(i)]);
@@ -114,6 +101,18 @@ TEST_CASE("cli: generate streams transformers' greedy token, is deterministic fo
   REQUIRE(t1.code == 0);
   CHECK(t1.out.rfind("Once upon a time", 0) == 0);
   CHECK(t1.out.substr(0, t1.out.find("ptqkit:")) == t2.out.substr(0, t2.out.find("ptqkit:")));
+  // The printed text is the tokenizer's text of the whole sequence: the first new token keeps its
+  // leading space ("Once" + "▁upon" is "Once upon", where decoding the new tokens alone drops it).
+  auto o = ptqtest::run_ptqkit("generate --model " + A + "/models/stories260k --prompt Once --max-tokens 8 --json " + d / "o.json");
+  REQUIRE(o.code == 0);
+  const auto jo = nlohmann::json::parse(read_text_file(d / "o.json"));
+  std::vector<int32_t> whole = jo["prompt_tokens"].get<std::vector<int32_t>>();
+  for (const auto& t : jo["tokens"]) whole.push_back(t.get<int32_t>());
+  const std::string want = load_tokenizer(A + "/models/stories260k")->decode(whole);
+  INFO(o.out);
+  CHECK(want.rfind("Once ", 0) == 0);
+  CHECK(o.out.substr(0, o.out.find('\n')) == want);
+  CHECK("Once" + jo["text"].get<std::string>() == want);
   // A packed checkpoint (GGUF Q8_0): its greedy text starts like the float model's.
   auto q = ptqtest::run_ptqkit("-q quantize --model " + A + "/models/stories260k --scheme Q8_0 --dataset " + A +
                                "/text/tinystories/calib.txt --set calibration.samples=4 --set calibration.seq_len=64 -o " + d / "q8");
