@@ -27,6 +27,7 @@
 #include "gptq/qstore.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "golden.h"
 #include "testing.h"
 
 using nlohmann::json;
@@ -315,12 +316,11 @@ void check_family(const std::string& family) {
   link_model(d, src, {"config.json", "generation_config.json", "model.safetensors"});
   ptq::write_file_atomic(d / "m/tokenizer.json", ptq::byte_level_tokenizer_json());
   // the golden input ids [S, T] and transformers' fp32 logits [S * T, vocab]
-  ptq::SafetensorsFile g(A + "/golden/golden-tiny-" + family + ".safetensors");
-  const auto ids_t = g.get("input_ids");
-  const int64_t S = ids_t.shape[0], T = ids_t.shape[1];
+  const ptqtest::Golden g = ptqtest::golden("tiny-" + family);
+  const int64_t S = g.S, T = g.T;
   std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(S));
-  for (int64_t s = 0; s < S; ++s) seqs[size_t(s)].assign(reinterpret_cast<const int32_t*>(ids_t.data) + s * T, reinterpret_cast<const int32_t*>(ids_t.data) + (s + 1) * T);
-  const std::vector<float> golden = ptq::tensor_to_f32(g.get("logits"));
+  for (int64_t s = 0; s < S; ++s) seqs[size_t(s)].assign(g.ids.begin() + s * T, g.ids.begin() + (s + 1) * T);
+  const std::vector<float>& golden = g.logits;
   // bf16 weights as stored (every Linear ignored): llama.cpp against transformers itself
   quantize(d, "float", d / "m", 64, kFloatLayers, "[gguf, fake]");
   const Logits lf = llama_cpp_logits(d / "float/gguf/model.gguf", seqs, d);

@@ -13,6 +13,7 @@
 #include "kernels/a16_path.h"
 #include "kernels/w8a8.h"
 #include "pipeline/pipeline.h"
+#include "golden.h"
 #include "testing.h"
 #include "model/generate.h"
 #include "model/synth.h"
@@ -28,10 +29,8 @@ namespace {
 void check_gpu_greedy(const std::string& model, int prefix, int steps, std::string path = "", int cache = 0, int batch = 1) {
   if (path.empty()) path = ptqtest::assets() + "/models/" + model;
   auto m = open_model(path);
-  SafetensorsFile g(ptqtest::assets() + "/golden/golden-" + model + ".safetensors");
-  const TensorView iv = g.get("input_ids");
-  const int32_t* ids = reinterpret_cast<const int32_t*>(iv.data);
-  const std::vector<int32_t> prompt(ids, ids + prefix);
+  const std::vector<int32_t> ids = ptqtest::golden(model).ids;
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + prefix);
   // CPU reference: greedy from the prefix.
   Generator cpu(*m);
   VecF l = cpu.feed(prompt);
@@ -273,9 +272,8 @@ TEST_CASE("decode cuda: W8A8 checkpoints decode as the CPU reference, int8 input
     }
     CHECK(linears >= 8 * 4);   // distilled-13m: 8 layers (q, k, v and gate, up stacked where stored alike)
     CHECK(int8_forms == linears);   // every Linear W8A8
-    SafetensorsFile g(a + "/golden/golden-distilled-13m.safetensors");
-    const int32_t* ids = reinterpret_cast<const int32_t*>(g.get("input_ids").data);
-    const std::vector<int32_t> prompt(ids, ids + 32);
+    const std::vector<int32_t> ids = ptqtest::golden("distilled-13m").ids;
+    const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 32);
     cuda::DecodeCuda df(fused, 1, 64), dp(plain, 1, 64);
     df.feed(prompt, 32);
     dp.feed(prompt, 32);

@@ -20,6 +20,7 @@
 #include "model/schedule.h"
 #include "model/synth.h"
 #include "pipeline/pipeline.h"
+#include "golden.h"
 #include "testing.h"
 
 using namespace ptq;
@@ -578,10 +579,9 @@ void check_logits_close(const MatF& got, const MatF& want, const LlamaConfig& c,
 void check_family_roundtrip(const std::string& family, size_t linears) {
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
-  SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
-  const TensorView iv = g.get("input_ids");
-  const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
-  const int S = int(iv.shape[0]), T = int(iv.shape[1]);
+  const ptqtest::Golden g = ptqtest::golden("tiny-" + family);
+  const std::vector<int32_t>& ids = g.ids;
+  const int S = g.S, T = g.T;
   const std::string model = a + "/models/tiny-" + family;   // no tokenizer: random calibration tokens
   const LlamaConfig c = LlamaModel(model).config();
   const MatF flt = LlamaModel(model).forward(ids, S, T);
@@ -727,11 +727,9 @@ TEST_CASE("NF4 of the MoE and fused families: every expert and fused Linear stor
     }
     const json skip = json::parse(read_text_file(d / "q/nf4/config.json"))["quantization_config"]["llm_int8_skip_modules"];
     CHECK(skip.size() == 1 + size_t(c.moe != MoeRouting::none ? c.num_hidden_layers : 0));
-    SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
-    const TensorView iv = g.get("input_ids");
-    const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
-    const MatF packed = open_model(d / "q/nf4")->forward(ids, int(iv.shape[0]), int(iv.shape[1]));
-    const MatF fake = open_model(d / "q/fake")->forward(ids, int(iv.shape[0]), int(iv.shape[1]));
+    const ptqtest::Golden g = ptqtest::golden("tiny-" + family);
+    const MatF packed = open_model(d / "q/nf4")->forward(g.ids, g.S, g.T);
+    const MatF fake = open_model(d / "q/fake")->forward(g.ids, g.S, g.T);
     INFO(family);
     check_logits_close(packed, fake, c, 2e-2);
   }

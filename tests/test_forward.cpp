@@ -13,44 +13,26 @@
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "model/llama.h"
+#include "golden.h"
 #include "testing.h"
 
 using namespace ptq;
 using nlohmann::json;
 
 namespace {
+// The golden logits of HF transformers (fp32) for the golden ids: [T] in the older models' files,
+// [S, T] in the tiny checkpoints written by transformers 5 (bf16 weights, hub names).
 void check_golden(const std::string& model) {
-  const std::string a = ptqtest::assets();
-  LlamaModel m(a + "/models/" + model);
-  SafetensorsFile g(a + "/golden/golden-" + model + ".safetensors");
-  auto ids_v = g.get("input_ids");
-  std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(ids_v.data), reinterpret_cast<const int32_t*>(ids_v.data) + ids_v.numel());
-  auto want = tensor_to_f32(g.get("logits"));
-  MatF got = m.forward(ids, 1, int(ids.size()));
-  REQUIRE(size_t(got.size()) == want.size());
+  LlamaModel m(ptqtest::assets() + "/models/" + model);
+  const ptqtest::Golden g = ptqtest::golden(model);
+  const MatF got = m.forward(g.ids, g.S, g.T);
+  REQUIRE(size_t(got.size()) == g.logits.size());
   double maxd = 0;
-  for (size_t i = 0; i < want.size(); ++i) maxd = std::max(maxd, double(std::abs(got.data()[i] - want[i])));
+  for (size_t i = 0; i < g.logits.size(); ++i) maxd = std::max(maxd, double(std::abs(got.data()[i] - g.logits[i])));
   INFO(model << ": max |logit - golden| = " << maxd);
   CHECK(maxd < 1e-3);
 }
-
-// The tiny checkpoints written by transformers 5 (bf16 weights, hub names): input_ids [S, T] and
-// fp32 logits [S, T, vocab] from transformers' own forward.
-void check_golden_tiny(const std::string& family) {
-  const std::string a = ptqtest::assets();
-  LlamaModel m(a + "/models/tiny-" + family);
-  SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
-  auto ids_v = g.get("input_ids");
-  REQUIRE(ids_v.shape.size() == 2);
-  std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(ids_v.data), reinterpret_cast<const int32_t*>(ids_v.data) + ids_v.numel());
-  auto want = tensor_to_f32(g.get("logits"));
-  MatF got = m.forward(ids, int(ids_v.shape[0]), int(ids_v.shape[1]));
-  REQUIRE(size_t(got.size()) == want.size());
-  double maxd = 0;
-  for (size_t i = 0; i < want.size(); ++i) maxd = std::max(maxd, double(std::abs(got.data()[i] - want[i])));
-  INFO("tiny-" << family << ": max |logit - golden| = " << maxd);
-  CHECK(maxd < 1e-3);
-}
+void check_golden_tiny(const std::string& family) { check_golden("tiny-" + family); }
 
 // ---- naive fp64 reference ----
 using D = std::vector<double>;
@@ -260,10 +242,9 @@ TEST_CASE("the forward's logits are the same bytes on one thread and on two: dis
   PTQ_REQUIRE_ASSETS();
   const std::string a = ptqtest::assets();
   LlamaModel m(a + "/models/distilled-13m");
-  SafetensorsFile g(a + "/golden/golden-distilled-13m.safetensors");
-  auto ids_v = g.get("input_ids");
+  const std::vector<int32_t> golden = ptqtest::golden("distilled-13m").ids;
   std::vector<int32_t> ids;
-  for (int k = 0; k < 4; ++k) ids.insert(ids.end(), reinterpret_cast<const int32_t*>(ids_v.data), reinterpret_cast<const int32_t*>(ids_v.data) + ids_v.numel());
+  for (int k = 0; k < 4; ++k) ids.insert(ids.end(), golden.begin(), golden.end());
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
   const MatF one = m.forward(ids, 1, int(ids.size()));

@@ -30,6 +30,7 @@
 #include "model/generate.h"
 #include "model/synth.h"
 #include "pipeline/pipeline.h"
+#include "golden.h"
 #include "testing.h"
 #include "testing_cuda.h"
 
@@ -219,19 +220,11 @@ TEST_CASE("gpu: the NLL of each row on the device equals the host's fp64 log-sof
 TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (every expert) match device cpu, and are evaluated on the GPU") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
-  const std::string a = ptqtest::assets();
   for (const std::string family : {"qwen3", "mixtral", "qwen3-moe", "phi3"}) {
     ptqtest::TempDir d;
     Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 16, act_order: true, static_groups: true}\n"), "r.yaml");
-    r.model = a + "/models/tiny-" + family;
-    r.calibration = {"random", 16, 48, 0};
     r.formats = {"fake"};
-    r.device = "cpu";
-    r.output = d / "cpu";
-    const json rc = run_quantize(r, {});
-    r.device = "cuda";
-    r.output = d / "gpu";
-    const json rg = run_quantize(r, {});
+    const auto [rc, rg] = ptqtest::tiny_runs_cpu_gpu(r, family, d);
     const bool moe = family == "mixtral" || family == "qwen3-moe";
     INFO(family << ": forward " << rg["forward"]);
     // Every family runs the GPU forward (q/k norms, fused Linears, experts).
@@ -279,11 +272,9 @@ TEST_CASE("gpu: Qwen3, Mixtral, Qwen3-MoE and Phi-3 quantized with device cuda (
     }
     // The GPU evaluation (q/k norms, fused Linears and experts through the W4A16 kernel) against the CPU forward of
     // the same checkpoints: the fake export (16-bit weights through cuBLAS) and a gptq export
-    SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
-    const TensorView iv = g.get("input_ids");
-    const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
-    const int S = int(iv.shape[0]), T = int(iv.shape[1]);
-    r.device = "cuda";
+    const ptqtest::Golden g = ptqtest::golden("tiny-" + family);
+    const std::vector<int32_t>& ids = g.ids;
+    const int S = g.S, T = g.T;
     r.moe_calibrate_all_experts = true;
     r.formats = {"gptq"};
     r.output = d / "gpu-gptq";
@@ -344,14 +335,11 @@ TEST_CASE("gpu: the GPU evaluation of the float tiny checkpoints matches transfo
   const std::string a = ptqtest::assets();
   for (const std::string family : {"qwen3", "mixtral", "qwen3-moe", "phi3"}) {
     const std::string dir = a + "/models/tiny-" + family;
-    SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
-    const TensorView iv = g.get("input_ids");
-    const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
-    const auto golden = tensor_to_f32(g.get("logits"));
-    const MatF want = Eigen::Map<const MatF>(golden.data(), Eigen::Index(ids.size()), Eigen::Index(golden.size() / ids.size()));
+    const ptqtest::Golden g = ptqtest::golden("tiny-" + family);
+    const MatF want = Eigen::Map<const MatF>(g.logits.data(), Eigen::Index(g.ids.size()), Eigen::Index(g.vocab()));
     auto model = open_model(dir);
     cuda::GpuLogits gl(*model, dir);
-    const MatF got = gl(ids, int(iv.shape[0]), int(iv.shape[1]));
+    const MatF got = gl(g.ids, g.S, g.T);
     REQUIRE((got.rows() == want.rows() && got.cols() == want.cols()));
     int within = 0;
     for (Eigen::Index row = 0; row < got.rows(); ++row) within += (got.row(row) - want.row(row)).norm() <= 1e-2 * want.row(row).norm();

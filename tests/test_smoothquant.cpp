@@ -14,6 +14,7 @@
 #include "model/synth.h"
 #include "pipeline/pipeline.h"
 #include "smoothquant/smoothquant.h"
+#include "golden.h"
 #include "testing.h"
 
 using namespace ptq;
@@ -245,12 +246,10 @@ TEST_CASE("W8A8 (SmoothQuant) of Qwen3, Mixtral, Qwen3-MoE and Phi-3: the intege
     Checkpoint ck(d / "q");
     for (int l = 0; l < c.num_hidden_layers; ++l)
       for (LinearId id : layer_schedule(c, l).linears()) CHECK(ck.get(linear_name(c, l, id) + ".weight").dtype == DType::I8);
-    SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
-    const TensorView iv = g.get("input_ids");
-    const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
+    const ptqtest::Golden g = ptqtest::golden("tiny-" + family);
     auto mi = open_model(d / "q"), mf = open_model(d / "q");
     mf->set_integer_path(false);
-    const MatF li = mi->forward(ids, int(iv.shape[0]), int(iv.shape[1])), lf = mf->forward(ids, int(iv.shape[0]), int(iv.shape[1]));
+    const MatF li = mi->forward(g.ids, g.S, g.T), lf = mf->forward(g.ids, g.S, g.T);
     // int32 accumulation of the same int8 codes against float accumulation: fp32 rounding, which
     // now and then moves a later Linear's activation across an int8 rounding boundary (a step of
     // 1/127 of its row's absmax): measured 0.2-0.4% on these random tiny models, where a wrong

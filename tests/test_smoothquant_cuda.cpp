@@ -22,6 +22,7 @@
 #include "pipeline/pipeline.h"
 #include "smoothquant/smoothquant.h"
 #include "smoothquant/smoothquant_cuda.h"
+#include "golden.h"
 #include "testing.h"
 #include "testing_cuda.h"
 
@@ -253,20 +254,12 @@ TEST_CASE("gpu: the GPU forward's stage statistics are exact, its norm recompute
 TEST_CASE("gpu: W8A8 (SmoothQuant) of Qwen3, Mixtral, Qwen3-MoE and Phi-3 with the GPU forward: every Linear int8, as near float as device cpu's") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
-  const std::string a = ptqtest::assets();
   for (const std::string family : {"qwen3", "mixtral", "qwen3-moe", "phi3"}) {
     ptqtest::TempDir d;
     Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: auto}}\n"
                                        "export: {format: [compressed-tensors]}\n"),
                             "r.yaml");
-    r.model = a + "/models/tiny-" + family;
-    r.calibration = {"random", 16, 48, 0};
-    r.device = "cpu";
-    r.output = d / "cpu";
-    const json rc = run_quantize(r, {});
-    r.device = "cuda";
-    r.output = d / "gpu";
-    const json rg = run_quantize(r, {});
+    const auto [rc, rg] = ptqtest::tiny_runs_cpu_gpu(r, family, d);
     INFO(family << ": forward " << rg["forward"]);
     CHECK(rg["forward"].get<std::string>().rfind("cuda", 0) == 0);
     CHECK(rg["smoothquant"].size() == rc["smoothquant"].size());
@@ -274,10 +267,9 @@ TEST_CASE("gpu: W8A8 (SmoothQuant) of Qwen3, Mixtral, Qwen3-MoE and Phi-3 with t
     Checkpoint ck(d / "gpu");
     for (int l = 0; l < c.num_hidden_layers; ++l)
       for (LinearId id : layer_schedule(c, l).linears()) CHECK(ck.get(linear_name(c, l, id) + ".weight").dtype == DType::I8);
-    SafetensorsFile g(a + "/golden/golden-tiny-" + family + ".safetensors");
-    const TensorView iv = g.get("input_ids");
-    const std::vector<int32_t> ids(reinterpret_cast<const int32_t*>(iv.data), reinterpret_cast<const int32_t*>(iv.data) + iv.numel());
-    const int S = int(iv.shape[0]), T = int(iv.shape[1]);
+    const ptqtest::Golden g = ptqtest::golden("tiny-" + family);
+    const std::vector<int32_t>& ids = g.ids;
+    const int S = g.S, T = g.T;
     const MatF lg = open_model(d / "gpu")->forward(ids, S, T), lc = open_model(d / "cpu")->forward(ids, S, T),
                lf = open_model(r.model)->forward(ids, S, T);
     const double run = (lg - lc).norm() / lc.norm(), cpu = (lc - lf).norm() / lf.norm(), gpu = (lg - lf).norm() / lf.norm();

@@ -8,6 +8,7 @@
 #include "gptq/gptq_cuda.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
+#include "pipeline/pipeline.h"
 #include "testing.h"
 
 #define PTQ_REQUIRE_GPU() \
@@ -43,6 +44,20 @@ inline ptq::EvalOptions eval_windows(int seq_len, int64_t windows) {
   o.seq_len = seq_len;
   o.max_windows = windows;
   return o;
+}
+
+// The tiny checkpoint of `family` (random calibration, 16 windows of 48 tokens) quantized by r on
+// the host into DIR/cpu, then on the GPU into DIR/gpu; r is left as the GPU run's recipe. The
+// two runs' reports, the host's first.
+inline std::pair<nlohmann::json, nlohmann::json> tiny_runs_cpu_gpu(ptq::Recipe& r, const std::string& family, const TempDir& d) {
+  r.model = assets() + "/models/tiny-" + family;
+  r.calibration = {"random", 16, 48, 0};
+  r.device = "cpu";
+  r.output = d / "cpu";
+  nlohmann::json rc = ptq::run_quantize(r, {});
+  r.device = "cuda";
+  r.output = d / "gpu";
+  return {std::move(rc), ptq::run_quantize(r, {})};
 }
 
 }  // namespace ptqtest
