@@ -47,7 +47,7 @@ Command add_synth(CLI::App& app) {
   auto a = std::make_shared<SynthArgs>();
   CLI::App* sy = app.add_subcommand("synth", "write a synthetic HF-layout Llama checkpoint with a real model's shapes");
   sy->add_option("--preset", a->preset, "micro | tiny | small | llama2-7b | llama3-8b | llama2-70b")->default_val("tiny");
-  sy->add_option("--output", a->output, "output folder")->required();
+  sy->add_option("-o,--output", a->output, "output folder")->required();
   sy->add_option("--layers", a->layers, "number of decoder layers (default: the preset's)");
   sy->add_option("--seed", a->seed, "random seed")->default_val(0);
   sy->add_option("--dtype", a->dtype, "f16 | bf16 | f32")->default_val("f16");

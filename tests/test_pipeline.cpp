@@ -154,6 +154,14 @@ void check_resume(const std::string& preset, const std::string& calibration, siz
   REQUIRE(std::system(kill.c_str()) != -1);
   REQUIRE_FALSE(fs::exists(d / "out"));
   REQUIRE(fs::exists(first));
+  // Its finished layer is not thrown away unasked: without --resume or --force the run is refused,
+  // naming both, and the layer stays.
+  auto again = ptqtest::run_ptqkit("-q quantize " + d / "r.yaml" + " --output " + d / "out");
+  CHECK(again.code == int(Errc::exists));
+  CHECK(again.out.find("1 finished layer(s)") != std::string::npos);
+  CHECK(again.out.find("--resume") != std::string::npos);
+  CHECK(again.out.find("--force") != std::string::npos);
+  REQUIRE(fs::exists(first));
   // A different recipe may not resume it.
   auto r = ptqtest::run_ptqkit("-q quantize " + d / "r.yaml" + " --output " + d / "out --resume --set quantization.bits=3");
   CHECK(r.code == 2);

@@ -316,7 +316,7 @@ void resume_point(Run& R, const OutputDir& out) {
     return;
   }
   if (json::parse(read_text_file(fp_file)) != fingerprint)
-    fail(Errc::usage, out.path(), "--resume", "the interrupted run used another recipe, model or calibration; run without --resume to start over");
+    fail(Errc::usage, out.path(), "--resume", "the interrupted run used another recipe, model or calibration; pass --force instead of --resume to start over");
   QuantStore done(out.path() + "/.layers");
   const int n = R.c().num_hidden_layers;
   while (R.resume_from < n && done.has_layer(R.resume_from) && !done.layer_report(R.resume_from).empty()) ++R.resume_from;
@@ -752,6 +752,18 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   if (R.r.model.empty()) fail(Errc::usage, R.r.source, "model", "missing: set it in the recipe or with --model");
   if (R.r.output.empty()) fail(Errc::usage, R.r.source, "output", "missing: set it in the recipe or with --output");
   R.dev = select_device(R.r);
+  // Finished layers of a run that did not complete are not thrown away unasked: --resume continues
+  // them, --force starts over (a retried batch job would otherwise redo hours of calibration
+  // without a word). Checked before any rank starts.
+  if (!opt.resume && !opt.force && (!opt.dist || opt.dist->rank == 0)) {
+    const std::string staging = OutputDir::staging_of(R.r.output);
+    const QuantStore left(staging + "/.layers");
+    int done = 0;
+    while (left.has_layer(done)) ++done;
+    if (done > 0)
+      fail(Errc::exists, staging, "--resume",
+           "holds " + std::to_string(done) + " finished layer(s) of a run that did not complete (interrupted, or still running): pass --resume to continue it, or --force to start over");
+  }
   if (R.r.gpus > 0 && !opt.dist) return run_quantize_gpus(R.r, opt);   // starts the other ranks; this process is rank 0
   if (opt.dist && opt.dist->rank > 0) {   // a worker: the same setup and layers on its windows; rank 0 writes
     load_model(R);
