@@ -44,7 +44,7 @@ CalibData load_calibration(const CalibSpec& spec, const Tokenizer* tok, int voca
     std::vector<int32_t> ids = encode_corpus(*tok, spec.dataset);
     if (ids.size() < size_t(L))
       fail(Errc::input, spec.dataset, "calibration.seq_len",
-           "calibration text is shorter than one window: " + std::to_string(ids.size()) + " tokens < " + std::to_string(L));
+           "calibration text is shorter than one window: " + std::to_string(ids.size()) + " tokens < " + std::to_string(L) + " (set calibration.seq_len lower, or give more text)");
     for (int s = 0; s < N; ++s) {
       const int64_t off = int64_t(rng.below(ids.size() - size_t(L) + 1));
       c.offsets.push_back(off);

@@ -85,7 +85,8 @@ EvalResult evaluate(const LogitsFn& model, int max_positions, const std::vector<
     fail(Errc::input, "", "seq_len", "window of " + std::to_string(L) + " tokens exceeds the model's context (max_position_embeddings " +
                                          std::to_string(max_positions) + ")");
   int64_t W = count_windows(tokens.size(), L);
-  if (W == 0) fail(Errc::input, "", "data", "only " + std::to_string(tokens.size()) + " tokens: shorter than one window of " + std::to_string(L));
+  if (W == 0)
+    fail(Errc::input, "", "data", "only " + std::to_string(tokens.size()) + " tokens: shorter than one window of " + std::to_string(L) + " (a shorter --seq-len, or more text)");
   if (opt.max_windows > 0) W = std::min(W, opt.max_windows);
   const int64_t per_chunk = std::max<int64_t>(1, opt.batch_tokens / L);
   const TopLogits* base = opt.kl_base;
