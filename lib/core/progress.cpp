@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 
@@ -74,7 +75,8 @@ void Progress::update(double done, const std::string& note) {
   bar.resize(width, '.');
   char r[32];
   std::snprintf(r, sizeof r, rate >= 100 ? "%.0f" : "%.2f", rate);
-  std::fprintf(stderr, "\r\033[K%s [%s] %3.0f%% %.0f/%.0f %s, %s %s/s, ETA %s %s", label_.c_str(), bar.c_str(), 100 * frac, done,
+  // The count is of whole units finished (a layer part-way through is not yet one): floor, not round.
+  std::fprintf(stderr, "\r\033[K%s [%s] %3.0f%% %.0f/%.0f %s, %s %s/s, ETA %s %s", label_.c_str(), bar.c_str(), 100 * frac, std::floor(done + 1e-9),
                total_, unit_.c_str(), r, unit_.c_str(), format_seconds(eta).c_str(), note.c_str());
   std::fflush(stderr);
 }
