@@ -1,6 +1,7 @@
 // quantize.cpp — `ptqkit quantize RECIPE.yaml` or `ptqkit quantize --model DIR --scheme W4A16
 // --dataset FILE -o OUT`: run a recipe (or a named scheme's), print a summary; `ptqkit schemes`
 // and `ptqkit formats` list what --scheme and --format take.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -84,7 +85,14 @@ int run(const QuantizeArgs& a) {
   else
     std::printf("  calibration: none (data-free)\n");
   std::printf("  time %s total:", format_seconds(rep["total_seconds"]).c_str());
-  for (auto& [k, v] : rep["phases_seconds"].items()) std::printf(" %s %.1fs", k.c_str(), v.get<double>());
+  {   // the phases in the pipeline's order (report.json keeps them by name), any others after
+    const nlohmann::json& ph = rep["phases_seconds"];
+    const std::vector<std::string> order = {"load", "calibration", "forward", "smoothquant", "hessian", "upload", "solve", "loss", "save", "export"};
+    for (const std::string& k : order)
+      if (ph.contains(k)) std::printf(" %s %.1fs", k.c_str(), ph[k].get<double>());
+    for (auto& [k, v] : ph.items())
+      if (std::find(order.begin(), order.end(), k) == order.end()) std::printf(" %s %.1fs", k.c_str(), v.get<double>());
+  }
   std::printf("; peak memory %.0f MiB\n", rep["peak_rss_mb"].get<double>());
   std::printf("  report: %s/report.json, %s/report.html\n", r.output.c_str(), r.output.c_str());
   return 0;
