@@ -24,6 +24,7 @@ struct QuantizeArgs {
 struct WorkerArgs {
   std::string recipe, id;
   int rank = 0, size = 0;
+  bool host_hessians = false;
 };
 
 int run(const QuantizeArgs& a) {
@@ -129,8 +130,9 @@ Command add_dist_worker(CLI::App& app) {
   sub->add_option("--rank", a->rank)->required();
   sub->add_option("--size", a->size)->required();
   sub->add_option("--id", a->id)->required();
+  sub->add_flag("--host-hessians", a->host_hessians);
   return {sub, [a] {
-            run_quantize_worker(a->recipe, a->rank, a->size, a->id);
+            run_quantize_worker(a->recipe, a->rank, a->size, a->id, a->host_hessians);
             return 0;
           }};
 }

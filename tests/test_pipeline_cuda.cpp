@@ -66,6 +66,34 @@ std::string stopped_and_resumed(const Recipe& r) {
   CHECK(replayed == 4);
   return read_text_file(r.output + "/model.safetensors");
 }
+// r run with --save-stats, once on one GPU (gpus 0) and once with `gpus` ranks: the two runs'
+// models and statistics files, byte for byte, and a --load-stats run of the second's statistics
+// with gpus still set (it runs on one GPU) writes the same model again.
+void check_saved_statistics(Recipe r, int gpus, const ptqtest::TempDir& d) {
+  QuantizeOptions save;
+  r.gpus = 0;
+  r.output = d / "saved-one";
+  save.save_stats = d / "stats-one";
+  run_quantize(r, save);
+  r.gpus = gpus;
+  r.output = d / "saved-ranks";
+  save.save_stats = d / "stats-ranks";
+  run_quantize(r, save);
+  const std::string model = read_text_file(d / "saved-one/model.safetensors");
+  CHECK(read_text_file(d / "saved-ranks/model.safetensors") == model);
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(d / "stats-one")) {
+    INFO(e.path().filename());
+    CHECK(read_text_file(e.path().string()) == read_text_file(d / "stats-ranks/" + e.path().filename().string()));
+    ++files;
+  }
+  CHECK(files >= 2);   // stats.json and a file a layer
+  QuantizeOptions load;
+  load.load_stats = d / "stats-ranks";
+  r.output = d / "loaded";
+  run_quantize(r, load);
+  CHECK(read_text_file(d / "loaded/model.safetensors") == model);
+}
 }  // namespace
 
 TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0.2%, module loss 1%)") {
@@ -414,6 +442,9 @@ TEST_CASE("gpu: quantize --gpus 1 (NCCL, one rank) writes the bytes of the one-G
   const json sqn = run_quantize(q, {});
   CHECK(sqn["smoothquant"] == sq1["smoothquant"]);
   CHECK(read_text_file(d / "sq-one/model.safetensors") == read_text_file(d / "sq-nccl/model.safetensors"));
+  // --save-stats through the same path writes a one-GPU saving run's statistics and model, and
+  // --load-stats with gpus set runs on one GPU.
+  check_saved_statistics(r, 1, d);
 }
 
 // Two ranks (worker processes running the ptqkit CLI, PTQKIT_DIST_EXE): the run ends (on
@@ -473,6 +504,12 @@ TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-
     const json b = run_quantize(*x, {});
     CHECK(b["smoothquant"] == a["smoothquant"]);
     CHECK(read_text_file(d / "w8a8-two/model.safetensors") == read_text_file(d / "w8a8-one/model.safetensors"));
+  }
+  // --save-stats over two ranks: the statistics are every rank's, each solve whole on every rank
+  // from the host Hessian; the same statistics and model as one GPU's saving run.
+  {
+    ptqtest::TempDir ds;
+    check_saved_statistics(r, 2, ds);
   }
   // The CPU forward's statistics would be each rank's own: refused, naming the field, nothing written.
   q.gpu_forward = false;

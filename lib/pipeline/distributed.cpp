@@ -35,7 +35,7 @@ namespace ptq {
 nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions&) {
   fail(Errc::usage, r.source, "gpus", "this build has no CUDA (nvcc was not found when it was built)");
 }
-void run_quantize_worker(const std::string&, int, int, const std::string&) { fail(Errc::usage, "", "dist-worker", "this build has no CUDA"); }
+void run_quantize_worker(const std::string&, int, int, const std::string&, bool) { fail(Errc::usage, "", "dist-worker", "this build has no CUDA"); }
 
 #else
 
@@ -60,7 +60,7 @@ std::vector<std::string> visible_gpus() {
 // soon as one exits with an error, so that rank 0's collectives fail instead of waiting forever.
 class Workers {
  public:
-  Workers(int n, const std::string& recipe_file, const std::string& id) {
+  Workers(int n, const std::string& recipe_file, const std::string& id, bool host_hessians) {
     const std::vector<std::string> gpus = visible_gpus();
     const int threads = std::max(1, int(std::thread::hardware_concurrency()) / n);
     const pid_t parent = ::getpid();
@@ -74,6 +74,7 @@ class Workers {
       // Everything the child needs is built before fork (only exec and plain system calls after it).
       std::vector<std::string> args = {exe, "-q", "--threads", std::to_string(threads), "dist-worker", "--recipe", recipe_file,
                                        "--rank", std::to_string(rank), "--size", std::to_string(n), "--id", id};
+      if (host_hessians) args.push_back("--host-hessians");
       std::vector<std::string> env;
       for (char** e = environ; *e; ++e)
         if (std::string(*e).rfind("CUDA_VISIBLE_DEVICES=", 0) != 0) env.push_back(*e);
@@ -169,7 +170,6 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   if (r.quant.method == "nf4") refuse("quantization.method", "NF4 is data-free: there is no calibration to spread");
   if ((r.smooth.enabled || r.act_mode != ActQuant::none) && !r.gpu_forward && n > 1)
     refuse("gpu_forward", "SmoothQuant and W8A8 statistics are combined across GPUs only by the GPU forward (gpu_forward: true)");
-  if (!opt.save_stats.empty() || !opt.load_stats.empty()) refuse("--save-stats", "statistics files are not yet written or read by a multi-GPU run");
   if (!r.moe_calibrate_all_experts) refuse("moe.calibrate_all_experts", "false routes each rank's tokens apart; its RTN fallbacks would differ per rank");
   if (r.calibration.samples < n) refuse("calibration.samples", std::to_string(r.calibration.samples) + " windows for " + std::to_string(n) + " GPUs");
   if (!cuda::nccl_built()) refuse("gpus", "this build has no NCCL: rebuild with -DPTQKIT_NCCL=ON where nccl.h and libnccl are installed");
@@ -185,11 +185,12 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   em << r.to_yaml();
   write_file_atomic(file, std::string(em.c_str()) + "\n");
   const std::string id = cuda::Comm::new_id();
-  Workers w(n, file, id);
+  const bool host_hessians = !opt.save_stats.empty();   // rank 0 saves statistics: every rank solves from host Hessians
+  Workers w(n, file, id, host_hessians);
   omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / n));   // the cores shared as the workers share them
   cuda::Comm comm(id, 0, n);
   w.watch(comm);
-  DistRank d{0, n, &comm, [&comm] { comm.close(); }, [&comm](int l) { return from_rank0(comm, l); }};
+  DistRank d{0, n, &comm, [&comm] { comm.close(); }, [&comm](int l) { return from_rank0(comm, l); }, host_hessians};
   QuantizeOptions o = opt;
   o.dist = &d;
   nlohmann::json rep;
@@ -203,12 +204,12 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   return rep;
 }
 
-void run_quantize_worker(const std::string& recipe_file, int rank, int size, const std::string& id) {
+void run_quantize_worker(const std::string& recipe_file, int rank, int size, const std::string& id, bool host_hessians) {
   Progress::set_quiet(true);
   const Recipe r = load_recipe(recipe_file);
   try {
     cuda::Comm comm(id, rank, size);
-    DistRank d{rank, size, &comm, [&comm] { comm.close(); }, [&comm](int l) { return from_rank0(comm, l); }};
+    DistRank d{rank, size, &comm, [&comm] { comm.close(); }, [&comm](int l) { return from_rank0(comm, l); }, host_hessians};
     QuantizeOptions o;
     o.dist = &d;
     run_quantize(r, o);

@@ -25,10 +25,16 @@
 // maxima over all windows. The one-GPU run's statistics exactly: a maximum is exact in any order,
 // and each sampled row is the one the one-GPU run samples.
 //
+// --save-stats: rank 0 writes the statistics, which are every rank's by then (the Hessians and
+// token counts summed, the SmoothQuant statistics combined, the routed counts summed); every rank's
+// solves then read the finalized host Hessians, as a saving run's must (DistRank::host_hessians),
+// so no rank splits a solve that another does whole. --load-stats runs no calibration forward:
+// it runs on one GPU (run_quantize says so), whatever gpus says.
+//
 // Refused with --gpus, each naming why: SmoothQuant and W8A8 where the forward runs on the CPU
 // (gpu_forward: false, or a model the GPU forward does not serve: its statistics are per rank),
-// --save-stats / --load-stats, MoE with calibrate_all_experts: false (routing decisions would
-// differ per rank), device: cpu, nf4 (data-free: nothing to spread), fewer windows than GPUs.
+// MoE with calibrate_all_experts: false (routing decisions would differ per rank), device: cpu,
+// nf4 (data-free: nothing to spread), fewer windows than GPUs.
 //
 // --resume: rank 0 finds the finished layers in its output's layer store (`DIR.partial/.layers`),
 // as a one-GPU run does, and tells the others its first layer to quantize (DistRank::first_layer);
@@ -44,6 +50,7 @@ namespace ptq {
 
 nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt);
 // Rank `rank` of `size` (`ptqkit dist-worker`): the recipe rank 0 wrote and the clique id it made.
-void run_quantize_worker(const std::string& recipe_file, int rank, int size, const std::string& id);
+// host_hessians: rank 0 saves statistics (DistRank::host_hessians).
+void run_quantize_worker(const std::string& recipe_file, int rank, int size, const std::string& id, bool host_hessians);
 
 }  // namespace ptq

@@ -460,7 +460,7 @@ CollectedGroup collect_group(Run& R, Backend& B, int l, const LinearGroup& g, La
   if (R.stats_in && !g.smooth_norm.empty()) smooth_saved(saved, l, g, w, out);
   const Smoother sm = B.forward->takes_smoother() && !g.smooth_norm.empty() ? smoother(R, B, l, g, w, out) : Smoother();
   cg.H = B.forward->collect(g, sm);
-  if (R.stats_in || R.stats_out) {
+  if (R.stats_in || R.stats_out || (R.opt.dist && R.opt.dist->host_hessians)) {
     PhaseTimer t(R.t.phase["hessian"]);
     cg.H_host = cg.H->finalize();
   }
@@ -764,7 +764,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       fail(Errc::exists, staging, "--resume",
            "holds " + std::to_string(done) + " finished layer(s) of a run that did not complete (interrupted, or still running): pass --resume to continue it, or --force to start over");
   }
-  if (R.r.gpus > 0 && !opt.dist) return run_quantize_gpus(R.r, opt);   // starts the other ranks; this process is rank 0
+  // --load-stats runs no calibration forward: nothing to spread over GPUs, so one GPU solves.
+  if (R.r.gpus > 1 && !opt.dist && !opt.load_stats.empty())
+    std::fprintf(stderr, "ptqkit: --load-stats runs no calibration forward: the solves run on one GPU (gpus: %d is not used)\n", R.r.gpus);
+  if (R.r.gpus > 0 && !opt.dist && opt.load_stats.empty()) return run_quantize_gpus(R.r, opt);   // starts the other ranks; this process is rank 0
   if (opt.dist && opt.dist->rank > 0) {   // a worker: the same setup and layers on its windows; rank 0 writes
     load_model(R);
     calibrate(R);

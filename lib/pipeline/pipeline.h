@@ -28,6 +28,10 @@ struct DistRank {
   // Every rank, before its first layer: rank 0's first layer to quantize (--resume: the layers
   // before it are replayed from rank 0's layer store), whatever the others pass.
   std::function<int(int)> first_layer;
+  // Rank 0 saves statistics (--save-stats): every rank's solves read the finalized host H, as
+  // rank 0's must (a saved H is what a --load-stats run solves with), so that no rank splits a
+  // solve across the ranks that another solves whole.
+  bool host_hessians = false;
 };
 
 struct QuantizeOptions {
