@@ -142,7 +142,7 @@ int run_inspect(const InspectArgs& a) {
 Command add_inspect(CLI::App& app) {
   auto a = std::make_shared<InspectArgs>();
   CLI::App* in = app.add_subcommand("inspect", "describe a checkpoint: architecture, tensors, dtypes, sizes, quantization");
-  in->add_option("path", a->path, "model folder or .safetensors file")->required();
+  in->add_option("path", a->path, "model folder, or one .safetensors, .gguf or PyTorch .bin file")->required();
   in->add_flag("--json", a->json, "machine-readable output");
   in->add_flag("--tensors", a->tensors, "list every tensor");
 
