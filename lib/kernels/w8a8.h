@@ -23,14 +23,16 @@ void w8a8_gemm(const int8_t* x, const float* sx, const int8_t* w, const float* s
 constexpr int64_t kW8A8GemvMaxM = 32;
 bool w8a8_gemv_serves(int64_t M, int64_t K);
 // Which a W8A8 Linear of M rows takes (w8a8_linear_f32): the decode product where it serves M (its
-// wgmma form from kW8A8WgmmaFromM rows on sm_90, below), else the wgmma GEMM (sm_90).
+// wgmma form from kW8A8WgmmaFromM rows on sm_90, below; past 32 rows on layers of at most 128 x the
+// SMs' rows), else the wgmma GEMM (sm_90).
 bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K);
 // wgmma: whether w8a8_gemv may dispatch to w8a8_wgmma_gemv (false: the dp4a and int8 mma.sync
 // forms only, which tests and sweeps compare against).
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta,
                bool wgmma = true);
 // The same product on Hopper's int8 wgmma with both operands streamed by the copy engine
-// (w8a8_wgmma_gemv.cu): 1..32 rows, K a multiple of 16 below 2^17, sm_90; Errc::usage otherwise.
+// (w8a8_wgmma_gemv.cu): 1..kW8A8WgmmaMaxM rows, K a multiple of 16 below 2^17, sm_90; Errc::usage otherwise.
+constexpr int64_t kW8A8WgmmaMaxM = 128;
 // Same bytes as the other forms (and as the GEMM): float(exact int32 sum) · sx · sw (+ beta y).
 bool w8a8_wgmma_gemv_serves(int64_t M, int64_t K);
 void w8a8_wgmma_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta);

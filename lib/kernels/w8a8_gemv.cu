@@ -346,7 +346,8 @@ void launch_gemv(const int8_t* x, const float* sx, const int8_t* w, const float*
 
 bool w8a8_wgmma_takes(int64_t M, int64_t K) {
   static const int from = env_int("PTQKIT_W8A8_WG_FROM", int(kW8A8WgmmaFromM));   // the first M the wgmma product takes (sweeps; 0: never)
-  return from > 0 && M >= from && w8a8_wgmma_gemv_serves(M, K);
+  static const int last = env_int("PTQKIT_W8A8_WG_MAXM", int(kW8A8WgmmaMaxM));     // and the last (sweeps: past it the GEMM)
+  return from > 0 && M >= from && M <= last && w8a8_wgmma_gemv_serves(M, K);
 }
 
 void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta, bool wgmma) {
@@ -362,6 +363,15 @@ void w8a8_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* s
 
 bool w8a8_gemv_serves(int64_t M, int64_t K) { return M >= 1 && (M <= kMaxM || (M <= kW8A8GemvMaxM && K % 64 == 0 && tensor_cores())); }
 
-bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K) { return w8a8_wgmma_takes(M, K) || w8a8_gemv_serves(M, K); }
+// Past 32 rows the wgmma product takes only layers whose 128-row groups fit one wave at a CTA an SM
+// (its ring holds one there); on larger ones the wgmma GEMM, whose 256-row tiles fill the SMs in
+// one, is faster. Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, run 461), stream µs
+// product / GEMM at 64 and 128 rows: 4096x4096 9.9 / 25.5 and 12.6 / 27.1, 14336x4096 (112 groups)
+// 23.5 / 29.0 and 29.6 / 30.8, but 22016x4096 (172) 40.8 / 32.6 and 51.9 / 35.4, 28672x4096 45.0 /
+// 38.7 and 56.4 / 41.8.
+bool w8a8_takes_gemv(int64_t M, int64_t N, int64_t K) {
+  if (M > kW8A8GemvMaxM) return w8a8_wgmma_takes(M, K) && (N + 127) / 128 <= sm_count();
+  return w8a8_wgmma_takes(M, K) || w8a8_gemv_serves(M, K);
+}
 
 }  // namespace ptq::cuda

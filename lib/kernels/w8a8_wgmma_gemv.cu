@@ -6,11 +6,11 @@
 // weight as stored) with per-row scales sw [N] fp32; y [M, N] fp32 = float(Σ_k x·w) · sx[m] · sw[n]
 // + beta · y (beta 0: y is only written). The sum is exact in int32 (K < 2^17) whatever the order
 // of its parts, and the epilogue is w8a8_gemv's expression, so both give the same bytes. Accepted:
-// 1 <= M <= 32, K a multiple of 16 (the tensor map's row pitch), x and w 16-byte aligned; sm_90.
+// 1 <= M <= 128, K a multiple of 16 (the tensor map's row pitch), x and w 16-byte aligned; sm_90.
 // The reference is ref_gemm_w8a8 (kernels/reference.h).
 // Work. Swapped operands: wgmma's A (its M = 64 rows) is w, 64 rows a consumer warpgroup, and its B
-// (N = BN = 8, 16 or 32) the activation rows, so a few tokens cost a narrow n and no padding of
-// the weight stream. A CTA: ROWS = 128 rows of w (two consumer warpgroups) or 64 (one; the
+// (N = BN = 8, 16, 32, 64 or 128) the activation rows, so a few tokens cost a narrow n and no
+// padding of the weight stream. A CTA: ROWS = 128 rows of w (two consumer warpgroups) or 64 (one; the
 // measured cells, kCells64 below) and one producer warp, whose
 // lane 0 streams K-steps of 128 bytes — w's ROWS rows and x's BN rows, two boxes in the 128-byte
 // swizzle (rows past M and N, columns past K: zeros from the copy engine) — into a ring of kStages,
@@ -32,6 +32,12 @@
 // it serves: from 9 rows (w8a8_wgmma_takes): decode W8A8 at batch 32 +28% on llama2-7b (6,536 ->
 // 8,345 tok/s), batch 16 +16%; at 1..8 rows the mma.sync and dp4a forms stay (batch 8 -7%, batch
 // 1 -19% through this kernel: its fixed cost, the cluster and the ring's fill, outweighs its stream).
+// At 33..128 rows (BN 64 and 128, lab run 461; a ring of 4 stages, one CTA an SM) it replaced the
+// wgmma GEMM on layers whose 128-row groups fit one wave (w8a8_takes_gemv), stream µs at 64 / 128
+// rows against the GEMM: 4096x4096 9.9 / 12.6 against 25.5 / 27.1 (the GEMM's 256-row tiles left the
+// 4096-row layers 16 CTAs), 4096x11008 19.1 / 22.3 against 57.4 / 59.1, 12288x4096 22.2 / 28.3
+// against 28.2 / 30.1; decode W8A8 at batch 64 from 0.88x to 1.15x f16 (llama2-7b), 0.81x to 1.23x
+// (llama3-8b).
 // The 64-row cells (runs 428-431), back to back at 16 / 32 rows against 128-row CTAs: 4096x4096
 // 8.39 -> 8.07 / 9.52 -> 8.21 µs, 11008x4096 16.49 -> 15.72 / 18.89 -> 16.39, 4096x11008 17.23 ->
 // 16.26 / 18.15 -> 16.60; decode W8A8 at batch 16 / 32 +2.2 / +2.3% (llama2-7b), +1.5 / +0.4%
@@ -66,7 +72,7 @@ constexpr int threads(int rows) { return consumers(rows) + 32; }
 constexpr int w_bytes(int rows) { return rows * kBK; }       // w's box of a stage: 16 KiB at 128 rows
 constexpr int red_stride(int rows) { return rows + 4; }      // int32 words a token row of the partial (+4: the epilogue's stores hit 32 banks)
 template <int BN, int ROWS>
-constexpr int stage_bytes() { return w_bytes(ROWS) + BN * kBK; }   // a multiple of 1024 (the swizzle's alignment) for BN = 8, 16, 32
+constexpr int stage_bytes() { return w_bytes(ROWS) + BN * kBK; }   // a multiple of 1024 (the swizzle's alignment) for BN = 8 .. 128
 template <int BN, int ST, int ROWS>
 constexpr size_t smem_bytes() { return size_t(ST * stage_bytes<BN, ROWS>() + BN * red_stride(ROWS) * 4 + 2 * ST * 8 + 1024); }   // + mbarriers, alignment
 
@@ -101,6 +107,36 @@ struct WgmmaS8<32> {
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]),
           "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+        : "l"(a), "l"(b));
+  }
+};
+template <>
+struct WgmmaS8<64> {
+  __device__ static void mma(int (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\nwgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+        "%30, %31}, %32, %33, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]),
+          "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]),
+          "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+        : "l"(a), "l"(b));
+  }
+};
+template <>
+struct WgmmaS8<128> {
+  __device__ static void mma(int (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\nwgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+        "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+        "%58, %59, %60, %61, %62, %63}, %64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]),
+          "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]),
+          "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]),
+          "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]),
+          "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
         : "l"(a), "l"(b));
   }
 };
@@ -321,16 +357,18 @@ void launch(const int8_t* x, const float* sx, const int8_t* w, const float* sw, 
 
 }  // namespace
 
-bool w8a8_wgmma_gemv_serves(int64_t M, int64_t K) { return M >= 1 && M <= 32 && K % 16 == 0 && K >= 16 && K < (int64_t(1) << 17) && w8a8_supported(); }
+bool w8a8_wgmma_gemv_serves(int64_t M, int64_t K) { return M >= 1 && M <= kW8A8WgmmaMaxM && K % 16 == 0 && K >= 16 && K < (int64_t(1) << 17) && w8a8_supported(); }
 
 void w8a8_wgmma_gemv(const int8_t* x, const float* sx, const int8_t* w, const float* sw, int64_t M, int64_t N, int64_t K, float* y, float beta) {
   if (!w8a8_wgmma_gemv_serves(M, K))
-    fail(Errc::usage, "", "w8a8_wgmma_gemv", "takes 1..32 rows with K a multiple of 16 below 2^17 on sm_90; got M = " + std::to_string(M) + ", K = " + std::to_string(K) + " on " + describe());
+    fail(Errc::usage, "", "w8a8_wgmma_gemv", "takes 1..128 rows with K a multiple of 16 below 2^17 on sm_90; got M = " + std::to_string(M) + ", K = " + std::to_string(K) + " on " + describe());
   if (N < 1 || N > (int64_t(1) << 24)) fail(Errc::usage, "", "w8a8_wgmma_gemv", "takes 1..2^24 output rows, not " + std::to_string(N));
   if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16) fail(Errc::usage, "", "x, w", "the W8A8 product needs 16-byte aligned operands");
   if (M <= 8) launch<8>(x, sx, w, sw, M, N, K, y, beta);
   else if (M <= 16) launch<16>(x, sx, w, sw, M, N, K, y, beta);
-  else launch<32>(x, sx, w, sw, M, N, K, y, beta);
+  else if (M <= 32) launch<32>(x, sx, w, sw, M, N, K, y, beta);
+  else if (M <= 64) launch<64>(x, sx, w, sw, M, N, K, y, beta);
+  else launch<128>(x, sx, w, sw, M, N, K, y, beta);
 }
 
 }  // namespace ptq::cuda
