@@ -6,6 +6,7 @@
 #include "core/fsutil.h"
 #include "core/safetensors.h"
 #include "model/synth.h"
+#include "model/tokenizer.h"
 #include "pipeline/pipeline.h"
 #include "testing.h"
 
@@ -95,6 +96,14 @@ TEST_CASE("pipeline: bad input is refused with a clear error and no output") {
   write_file_atomic(d / "short.txt", "too short");
   r.calibration.dataset = d / "short.txt";
   CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("calibration text is shorter than one window"));
+
+  // A text dataset for a model folder without a tokenizer: the error says what would work.
+  fs::remove(m + "/tokenizer.json");
+  r = tiny_recipe(m, d / "out");
+  r.calibration.dataset = d / "short.txt";
+  CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("no tokenizer.model") && Catch::Contains("--dataset random"));
+  CHECK_FALSE(fs::exists(d / "out"));
+  write_file_atomic(m + "/tokenizer.json", byte_level_tokenizer_json());
 
   r = tiny_recipe(m, d / "out");
   r.calibration.seq_len = 100000;

@@ -279,7 +279,15 @@ void calibrate(Run& R) {
     return;
   }
   std::unique_ptr<Tokenizer> tok;
-  if (r.calibration.dataset != "random") tok = load_tokenizer(r.model, c.bos_token_id);
+  if (r.calibration.dataset != "random") {
+    try {
+      tok = load_tokenizer(r.model, c.bos_token_id);
+    } catch (const Error& e) {   // a text dataset needs the model's tokenizer: say what else works
+      if (e.code != Errc::io) throw;
+      const std::string msg = std::string(e.what()).substr(Error::compose(e.file, e.field, "").size());
+      fail(e.code, e.file, e.field, msg + " (the calibration text needs the model's tokenizer: add its tokenizer files, or calibrate with `--dataset random`)");
+    }
+  }
   R.cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
   if (R.opt.load_stats.empty()) R.X = R.model->embed(R.cd.tokens);
 }
