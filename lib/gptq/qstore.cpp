@@ -87,6 +87,12 @@ std::string QuantStore::layer_file(int layer) const {
 
 bool QuantStore::has_layer(int layer) const { return std::filesystem::exists(layer_file(layer)); }
 
+int QuantStore::finished_layers(int limit) const {
+  int n = 0;
+  while (n < limit && has_layer(n) && !layer_report(n).empty()) ++n;
+  return n;
+}
+
 void QuantStore::save_layer(int layer, const std::vector<QuantizedLinear>& modules, const std::vector<std::pair<std::string, VecF>>& floats,
                             const std::vector<std::pair<std::string, ActQuant>>& acts, const std::string& report) const {
   std::filesystem::create_directories(dir_);

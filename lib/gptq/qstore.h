@@ -26,6 +26,9 @@ class QuantStore {
   bool float_override(const std::string& tensor, VecF* v) const;   // a replaced tensor, by full name
   ActQuant act_quant(const std::string& module) const;
   bool has_layer(int layer) const;
+  // Layers 0, 1, ... saved whole (a file with its report) before the first that is not, at most
+  // `limit`: where an interrupted run stopped.
+  int finished_layers(int limit) const;
   // The quantized module, or nullptr if it was left in float. Loads its layer's file on demand
   // (keeping one layer in memory).
   const QuantizedLinear* get(const std::string& module) const;

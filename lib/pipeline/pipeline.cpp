@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <limits>
 
 #include "calib/calibration.h"
 #include "core/env.h"
@@ -327,7 +328,7 @@ void resume_point(Run& R, const OutputDir& out) {
     fail(Errc::usage, out.path(), "--resume", "the interrupted run used another recipe, model or calibration; pass --force instead of --resume to start over");
   QuantStore done(out.path() + "/.layers");
   const int n = R.c().num_hidden_layers;
-  while (R.resume_from < n && done.has_layer(R.resume_from) && !done.layer_report(R.resume_from).empty()) ++R.resume_from;
+  R.resume_from = done.finished_layers(n);
   if (R.resume_from == 0) std::fprintf(stderr, "ptqkit: resuming %s: no layer was finished, starting at layer 0\n", R.r.output.c_str());
   else std::fprintf(stderr, "ptqkit: resuming %s: layers 0..%d are done, continuing at layer %d\n", R.r.output.c_str(), R.resume_from - 1, R.resume_from);
   log_event("resume", {{"output", R.r.output}, {"first_layer", R.resume_from}});
@@ -765,9 +766,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   // without a word). Checked before any rank starts.
   if (!opt.resume && !opt.force && (!opt.dist || opt.dist->rank == 0)) {
     const std::string staging = OutputDir::staging_of(R.r.output);
-    const QuantStore left(staging + "/.layers");
-    int done = 0;
-    while (left.has_layer(done)) ++done;
+    const int done = QuantStore(staging + "/.layers").finished_layers(std::numeric_limits<int>::max());
     if (done > 0)
       fail(Errc::exists, staging, "--resume",
            "holds " + std::to_string(done) + " finished layer(s) of a run that did not complete (interrupted, or still running): pass --resume to continue it, or --force to start over");
