@@ -32,7 +32,6 @@ void check_golden(const std::string& model) {
   INFO(model << ": max |logit - golden| = " << maxd);
   CHECK(maxd < 1e-3);
 }
-void check_golden_tiny(const std::string& family) { check_golden("tiny-" + family); }
 
 // ---- naive fp64 reference ----
 using D = std::vector<double>;
@@ -195,19 +194,19 @@ TEST_CASE("logits match HF transformers' golden logits: llama2xs") { PTQ_REQUIRE
 TEST_CASE("logits match HF transformers' golden logits: distilled-13m (f16, sharded)") { PTQ_REQUIRE_ASSETS(); check_golden("distilled-13m"); }
 TEST_CASE("logits match HF transformers' golden logits: tiny-qwen3 (per-head q/k norms, head_dim 32 with hidden 64, rope_parameters)") {
   PTQ_REQUIRE_ASSETS();
-  check_golden_tiny("qwen3");
+  check_golden("tiny-qwen3");
 }
 TEST_CASE("logits match HF transformers' golden logits: tiny-mixtral (4 experts, top-2 of the logits, softmax over the chosen)") {
   PTQ_REQUIRE_ASSETS();
-  check_golden_tiny("mixtral");
+  check_golden("tiny-mixtral");
 }
 TEST_CASE("logits match HF transformers' golden logits: tiny-qwen3-moe (8 experts, softmax then top-2, renormalized, q/k norms)") {
   PTQ_REQUIRE_ASSETS();
-  check_golden_tiny("qwen3-moe");
+  check_golden("tiny-qwen3-moe");
 }
 TEST_CASE("logits match HF transformers' golden logits: tiny-phi3 (fused qkv_proj and gate_up_proj)") {
   PTQ_REQUIRE_ASSETS();
-  check_golden_tiny("phi3");
+  check_golden("tiny-phi3");
 }
 
 // Eigen's GEMM cuts K by a depth its heuristics choose from the L1 size and the thread count

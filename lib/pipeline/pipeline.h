@@ -40,7 +40,7 @@ struct QuantizeOptions {
   std::string save_stats;   // keep the Hessians and activation statistics here (pipeline/stats.h)
   std::string load_stats;   // quantize from statistics saved by an earlier run instead of running the model
   const DistRank* dist = nullptr;   // set for each rank by run_quantize_gpus and the workers
-  // Tests: fail (Errc::interrupted) once layer k is saved, leaving the output folder as an
+  // Tests: fail (Errc::usage, naming stop_after_layer) once layer k is saved, leaving the output folder as an
   // interrupted run leaves it for --resume (with resume set: a fresh run keeps nothing on failure).
   int stop_after_layer = -1;
 };
