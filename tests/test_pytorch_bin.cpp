@@ -17,22 +17,8 @@ using namespace ptq;
 namespace fs = std::filesystem;
 
 namespace {
-void write_raw(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
-
 // Expects PytorchBinFile(bytes) to fail with Errc::format and a message containing `what`.
-void expect_bad(const std::string& bytes, const std::string& what) {
-  ptqtest::TempDir d;
-  write_raw(d / "bad.bin", bytes);
-  try {
-    PytorchBinFile f(d / "bad.bin");
-    FAIL("accepted a bad file; expected: " + what);
-  } catch (const Error& e) {
-    INFO(e.what());
-    CHECK(e.code == Errc::format);
-    CHECK(std::string(e.what()).find(what) != std::string::npos);
-    CHECK(std::string(e.what()).find("bad.bin") != std::string::npos);
-  }
-}
+void expect_bad_bin(const std::string& bytes, const std::string& what) { ptqtest::expect_format_error<PytorchBinFile>(bytes, "bad.bin", what); }
 
 // ---- fixtures: torch.save files written by hand ----
 // Pickle opcodes (protocol 2): each tensor is
@@ -166,8 +152,8 @@ TEST_CASE("a pickle that would run a shell command is refused, naming the global
 
 TEST_CASE("strides, offsets, bf16 and parameters are rebuilt as torch would") {
   ptqtest::TempDir d;
-  write_raw(d / "zip.bin", zip_fixture());
-  write_raw(d / "legacy.bin", legacy_fixture());
+  ptqtest::write_raw(d / "zip.bin", zip_fixture());
+  ptqtest::write_raw(d / "legacy.bin", legacy_fixture());
   const PytorchBinFile z(d / "zip.bin");
   CHECK_FALSE(z.legacy());
   CHECK(z.names() == std::vector<std::string>{"a", "t", "h", "o", "p"});
@@ -188,26 +174,26 @@ TEST_CASE("bad torch.save files are refused with the file and the field named") 
   PTQ_REQUIRE_ASSETS();
   const std::string good = read_text_file(ptqtest::assets() + "/models/llama2xs-bin/pytorch_model-00002-of-00002.bin");
   // A truncated zip: its end record is gone.
-  expect_bad(good.substr(0, good.size() / 2), "no end-of-central-directory record");
-  expect_bad("PK\x03\x04", "truncated");
+  expect_bad_bin(good.substr(0, good.size() / 2), "no end-of-central-directory record");
+  expect_bad_bin("PK\x03\x04", "truncated");
   // A storage of the wrong size: the first tensor's persistent id says 63 elements, its entry holds 64.
   std::string wrong = good;
   const std::string pid = std::string("X\x03\x00\x00\x00" "cpuq\x06K@t", 13);
   const size_t at = wrong.find(pid);
   REQUIRE(at != std::string::npos);
   wrong[at + 11] = '?';
-  expect_bad(wrong, "holds 256 bytes, but its pickle says 63 elements of 4 bytes");
+  expect_bad_bin(wrong, "holds 256 bytes, but its pickle says 63 elements of 4 bytes");
   // A tensor reaching past its storage: size [64] at offset 1 (BININT1 0 -> BININT1 1 after BINPERSID).
   std::string past = good;
   const size_t q = past.find(std::string("Q" "K\x00" "K@", 5));
   REQUIRE(q != std::string::npos);
   past[q + 2] = '\x01';
-  expect_bad(past, "reach outside its storage of 64 elements");
+  expect_bad_bin(past, "reach outside its storage of 64 elements");
   // Not a pickle torch writes.
-  expect_bad(std::string("\x80\x02" "cos\nsystem\n", 14), "legacy pickle: the pickle names the global 'os.system'");
-  expect_bad(std::string("\x80\x02\x8a\x01\x05.", 6), "neither a zip nor starts with torch's legacy magic number");
-  expect_bad(std::string("\x80\x02" "]q\x00", 5), "truncated pickle");
-  expect_bad(std::string("\x80\x02" "d.", 4), "unsupported pickle opcode 0x64");
+  expect_bad_bin(std::string("\x80\x02" "cos\nsystem\n", 14), "legacy pickle: the pickle names the global 'os.system'");
+  expect_bad_bin(std::string("\x80\x02\x8a\x01\x05.", 6), "neither a zip nor starts with torch's legacy magic number");
+  expect_bad_bin(std::string("\x80\x02" "]q\x00", 5), "truncated pickle");
+  expect_bad_bin(std::string("\x80\x02" "d.", 4), "unsupported pickle opcode 0x64");
 }
 
 TEST_CASE("a folder with pytorch_model.bin quantizes to the same bytes as its safetensors twin") {

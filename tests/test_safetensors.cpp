@@ -16,23 +16,9 @@ std::string le64(uint64_t n) {
   return s;
 }
 std::string make_file(const std::string& header, const std::string& data) { return le64(header.size()) + header + data; }
-void write_raw(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f << bytes;
-}
-// Expects SafetensorsFile(path) to fail with Errc::format and a message containing `what`.
-void expect_bad(const std::string& bytes, const std::string& what) {
-  ptqtest::TempDir d;
-  write_raw(d / "bad.safetensors", bytes);
-  try {
-    SafetensorsFile f(d / "bad.safetensors");
-    FAIL("accepted a bad file; expected: " + what);
-  } catch (const Error& e) {
-    INFO(e.what());
-    CHECK(e.code == Errc::format);
-    CHECK(std::string(e.what()).find(what) != std::string::npos);
-    CHECK(std::string(e.what()).find("bad.safetensors") != std::string::npos);
-  }
+// Expects SafetensorsFile(bytes) to fail with Errc::format and a message containing `what`.
+void expect_bad_safetensors(const std::string& bytes, const std::string& what) {
+  ptqtest::expect_format_error<SafetensorsFile>(bytes, "bad.safetensors", what);
 }
 const std::string k8(8, '\x01');
 }  // namespace
@@ -42,7 +28,7 @@ TEST_CASE("reads a hand-written file") {
   float v[2] = {1.5f, -2.0f};
   std::string data(reinterpret_cast<char*>(v), 8);
   data += std::string("\x01\x02", 2);
-  write_raw(d / "a.safetensors",
+  ptqtest::write_raw(d / "a.safetensors",
             make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[1,2],"data_offsets":[8,10]},"__metadata__":{"format":"pt"}})", data));
   SafetensorsFile f(d / "a.safetensors");
   CHECK(f.names() == std::vector<std::string>{"a", "b"});
@@ -88,17 +74,17 @@ TEST_CASE("sharded checkpoints round-trip through the index") {
 }
 
 TEST_CASE("bad files are refused with the file and the field named") {
-  expect_bad("abc", "truncated");
-  expect_bad(le64(1000) + "{}", "runs past the end");
-  expect_bad(make_file("{\"a\":", ""), "malformed JSON");
-  expect_bad(make_file(R"({"a":{"dtype":"F12","shape":[2],"data_offsets":[0,8]}})", k8), "a.dtype: unknown dtype 'F12'");
-  expect_bad(make_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", k8), "a.data_offsets: byte range of 8 bytes does not match shape [3]");
-  expect_bad(make_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", k8), "lies outside the data section");
-  expect_bad(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", k8),
+  expect_bad_safetensors("abc", "truncated");
+  expect_bad_safetensors(le64(1000) + "{}", "runs past the end");
+  expect_bad_safetensors(make_file("{\"a\":", ""), "malformed JSON");
+  expect_bad_safetensors(make_file(R"({"a":{"dtype":"F12","shape":[2],"data_offsets":[0,8]}})", k8), "a.dtype: unknown dtype 'F12'");
+  expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", k8), "a.data_offsets: byte range of 8 bytes does not match shape [3]");
+  expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", k8), "lies outside the data section");
+  expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", k8),
              "overlaps the byte range of a");
-  expect_bad(make_file(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}})", k8), "a.shape");
-  expect_bad(make_file(R"({"a":{"dtype":"F32","shape":[2]}})", k8), "a.data_offsets");
-  expect_bad(make_file(R"([1,2])", ""), "not an object");
+  expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}})", k8), "a.shape");
+  expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[2]}})", k8), "a.data_offsets");
+  expect_bad_safetensors(make_file(R"([1,2])", ""), "not an object");
 }
 
 TEST_CASE("a missing tensor and a missing shard are named") {
@@ -114,7 +100,7 @@ TEST_CASE("a missing tensor and a missing shard are named") {
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("model.norm.weight") != std::string::npos);
   }
-  write_raw(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","b":"model-2.safetensors"}})");
+  ptqtest::write_raw(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","b":"model-2.safetensors"}})");
   try {
     Checkpoint c2(d.path.string());
     FAIL("no error");
@@ -122,7 +108,7 @@ TEST_CASE("a missing tensor and a missing shard are named") {
     CHECK(e.code == Errc::io);
     CHECK(std::string(e.what()).find("model-2.safetensors") != std::string::npos);
   }
-  write_raw(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","zz":"model.safetensors"}})");
+  ptqtest::write_raw(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","zz":"model.safetensors"}})");
   try {
     Checkpoint c3(d.path.string());
     FAIL("no error");
