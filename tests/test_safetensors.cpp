@@ -29,7 +29,7 @@ TEST_CASE("reads a hand-written file") {
   std::string data(reinterpret_cast<char*>(v), 8);
   data += std::string("\x01\x02", 2);
   ptqtest::write_raw(d / "a.safetensors",
-            make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[1,2],"data_offsets":[8,10]},"__metadata__":{"format":"pt"}})", data));
+                     make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[1,2],"data_offsets":[8,10]},"__metadata__":{"format":"pt"}})", data));
   SafetensorsFile f(d / "a.safetensors");
   CHECK(f.names() == std::vector<std::string>{"a", "b"});
   CHECK(f.metadata().at("format") == "pt");
@@ -81,7 +81,7 @@ TEST_CASE("bad files are refused with the file and the field named") {
   expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", k8), "a.data_offsets: byte range of 8 bytes does not match shape [3]");
   expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", k8), "lies outside the data section");
   expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", k8),
-             "overlaps the byte range of a");
+                         "overlaps the byte range of a");
   expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}})", k8), "a.shape");
   expect_bad_safetensors(make_file(R"({"a":{"dtype":"F32","shape":[2]}})", k8), "a.data_offsets");
   expect_bad_safetensors(make_file(R"([1,2])", ""), "not an object");
