@@ -29,8 +29,9 @@ struct Error : std::runtime_error {
   Errc code;
   std::string file;   // the file (or recipe path) involved; may be empty
   std::string field;  // the field or tensor name inside it; may be empty
+  std::string message;  // what went wrong, without the file and field (what() has all three)
   Error(Errc c, std::string f, std::string fld, const std::string& msg)
-      : std::runtime_error(compose(f, fld, msg)), code(c), file(std::move(f)), field(std::move(fld)) {}
+      : std::runtime_error(compose(f, fld, msg)), code(c), file(std::move(f)), field(std::move(fld)), message(msg) {}
   static std::string compose(const std::string& f, const std::string& fld, const std::string& msg) {
     std::string s;
     if (!f.empty()) s += f + ": ";

@@ -6,6 +6,7 @@
 // module's QuantSpec as JSON in the metadata. Exporters read it one layer at a time, so memory
 // stays at one layer whatever the model size; a finished layer file is a resume point.
 #pragma once
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,8 +28,8 @@ class QuantStore {
   ActQuant act_quant(const std::string& module) const;
   bool has_layer(int layer) const;
   // Layers 0, 1, ... saved whole (a file with its report) before the first that is not, at most
-  // `limit`: where an interrupted run stopped.
-  int finished_layers(int limit) const;
+  // `limit` (by default, however many there are): where an interrupted run stopped.
+  int finished_layers(int limit = std::numeric_limits<int>::max()) const;
   // The quantized module, or nullptr if it was left in float. Loads its layer's file on demand
   // (keeping one layer in memory).
   const QuantizedLinear* get(const std::string& module) const;

@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <functional>
 #include <future>
-#include <limits>
 
 #include "calib/calibration.h"
 #include "core/env.h"
@@ -285,8 +284,7 @@ void calibrate(Run& R) {
       tok = load_tokenizer(r.model, c.bos_token_id);
     } catch (const Error& e) {   // a text dataset needs the model's tokenizer: say what else works
       if (e.code != Errc::io) throw;
-      const std::string msg = std::string(e.what()).substr(Error::compose(e.file, e.field, "").size());
-      fail(e.code, e.file, e.field, msg + " (the calibration text needs the model's tokenizer: add its tokenizer files, or calibrate with `--dataset random`)");
+      fail(e.code, e.file, e.field, e.message + " (the calibration text needs the model's tokenizer: add its tokenizer files, or calibrate with `--dataset random`)");
     }
   }
   R.cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
@@ -766,7 +764,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   // without a word). Checked before any rank starts.
   if (!opt.resume && !opt.force && (!opt.dist || opt.dist->rank == 0)) {
     const std::string staging = OutputDir::staging_of(R.r.output);
-    const int done = QuantStore(staging + "/.layers").finished_layers(std::numeric_limits<int>::max());
+    const int done = QuantStore(staging + "/.layers").finished_layers();
     if (done > 0)
       fail(Errc::exists, staging, "--resume",
            "holds " + std::to_string(done) + " finished layer(s) of a run that did not complete (interrupted, or still running): pass --resume to continue it, or --force to start over");
