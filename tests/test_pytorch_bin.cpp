@@ -152,8 +152,8 @@ TEST_CASE("a pickle that would run a shell command is refused, naming the global
 
 TEST_CASE("strides, offsets, bf16 and parameters are rebuilt as torch would") {
   ptqtest::TempDir d;
-  ptqtest::write_raw(d / "zip.bin", zip_fixture());
-  ptqtest::write_raw(d / "legacy.bin", legacy_fixture());
+  write_file_atomic(d / "zip.bin", zip_fixture());
+  write_file_atomic(d / "legacy.bin", legacy_fixture());
   const PytorchBinFile z(d / "zip.bin");
   CHECK_FALSE(z.legacy());
   CHECK(z.names() == std::vector<std::string>{"a", "t", "h", "o", "p"});

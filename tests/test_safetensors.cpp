@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "core/safetensors.h"
 #include "testing.h"
 
@@ -28,8 +29,8 @@ TEST_CASE("reads a hand-written file") {
   float v[2] = {1.5f, -2.0f};
   std::string data(reinterpret_cast<char*>(v), 8);
   data += std::string("\x01\x02", 2);
-  ptqtest::write_raw(d / "a.safetensors",
-                     make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[1,2],"data_offsets":[8,10]},"__metadata__":{"format":"pt"}})", data));
+  write_file_atomic(d / "a.safetensors",
+                  make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[1,2],"data_offsets":[8,10]},"__metadata__":{"format":"pt"}})", data));
   SafetensorsFile f(d / "a.safetensors");
   CHECK(f.names() == std::vector<std::string>{"a", "b"});
   CHECK(f.metadata().at("format") == "pt");
@@ -100,7 +101,7 @@ TEST_CASE("a missing tensor and a missing shard are named") {
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("model.norm.weight") != std::string::npos);
   }
-  ptqtest::write_raw(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","b":"model-2.safetensors"}})");
+  write_file_atomic(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","b":"model-2.safetensors"}})");
   try {
     Checkpoint c2(d.path.string());
     FAIL("no error");
@@ -108,7 +109,7 @@ TEST_CASE("a missing tensor and a missing shard are named") {
     CHECK(e.code == Errc::io);
     CHECK(std::string(e.what()).find("model-2.safetensors") != std::string::npos);
   }
-  ptqtest::write_raw(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","zz":"model.safetensors"}})");
+  write_file_atomic(d / "model.safetensors.index.json", R"({"weight_map":{"a":"model.safetensors","zz":"model.safetensors"}})");
   try {
     Checkpoint c3(d.path.string());
     FAIL("no error");

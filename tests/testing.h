@@ -7,11 +7,11 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 
 #include "core/error.h"
+#include "core/fsutil.h"
 
 namespace ptqtest {
 
@@ -60,14 +60,12 @@ inline std::string ptqkit_bin() {
 // Runs `ptqkit ARGS`.
 inline RunResult run_ptqkit(const std::string& args) { return run_command(ptqkit_bin() + " " + args); }
 
-// Writes `bytes` to `path` as they are.
-inline void write_raw(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 // Expects Reader(a file named `name` holding `bytes`) to fail with ptq::Errc::format, its message
 // naming the file and containing `what`.
 template <class Reader>
 void expect_format_error(const std::string& bytes, const std::string& name, const std::string& what) {
   TempDir d;
-  write_raw(d / name, bytes);
+  ptq::write_file_atomic(d / name, bytes);
   try {
     Reader r(d / name);
     FAIL("accepted a bad file; expected: " + what);
