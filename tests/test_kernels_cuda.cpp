@@ -1299,6 +1299,62 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
 
 // The decode's stacked shapes at 24 and 48 rows (batch 24: decode steps and two-token prefills),
 // the codes the synthetic decode checkpoints have (8-bit per channel, 4-bit g128, symmetric).
+// The k-step loop's K slices at 64..256 staged rows summed over a cluster (a16_wgmma.cu,
+// cluster_sum_store) in the global workspace sum's order (a16_split_k.cuh): at the same slices the
+// same bytes, f16 y and fp32 y + beta y (2 slices; 3: a shorter last slice; 8: the largest portable
+// cluster). GPTQ 4-bit g128 and NF4; N = 1000: a partial last row group (8 groups: every cluster
+// resident). The planner's own split, which may take fewer slices over a cluster than through the
+// workspace, is checked against the reference GEMM by the "every split" case above.
+TEST_CASE("gpu: the wgmma A16 loop's K slices summed over a cluster equal the global workspace's sum, byte for byte") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
+  const int64_t N = 1000, K = 4096;
+  auto compare = [&](auto& L, const std::string& what) {
+    for (int64_t M : {33, 64, 100, 128, 200})
+      for (int slices : {2, 3, 8}) {
+        Rng r{uint64_t(M * 11 + slices)};
+        std::vector<uint16_t> xh(size_t(M * K));
+        for (auto& v : xh) v = f32_to_f16_bits(float(r.normal()));
+        std::vector<float> y0(size_t(M * N));
+        for (auto& v : y0) v = float(r.normal());
+        cuda::DeviceBuffer<uint16_t> dx(xh.size(), "x"), dy(y0.size(), "y");
+        cuda::DeviceBuffer<float> df(y0.size(), "y f32");
+        cuda::copy_to_device(dx.get(), xh.data(), xh.size() * 2);
+        auto run = [&](int sum, bool& was_clustered) {
+          std::pair<std::vector<uint16_t>, std::vector<float>> out{std::vector<uint16_t>(y0.size()), std::vector<float>(y0.size())};
+          cuda::set_a16_split({0, slices, 0, 0, 0, sum});
+          L.gemm(dx.get(), M, dy.get(), cuda::A16Path::wgmma);
+          was_clustered = cuda::a16_wgmma_last_clustered();
+          cuda::copy_to_device(df.get(), y0.data(), y0.size() * 4);
+          L.gemm_f32(dx.get(), M, df.get(), 1.0f, cuda::A16Path::wgmma);
+          cuda::set_a16_split({});
+          cuda::copy_to_host(out.first.data(), dy.get(), out.first.size() * 2);
+          cuda::copy_to_host(out.second.data(), df.get(), out.second.size() * 4);
+          return out;
+        };
+        bool global_clustered = true, cluster_clustered = false;
+        const auto global = run(1, global_clustered), cluster = run(2, cluster_clustered);
+        INFO(what << " M=" << M << " slices=" << slices << (cluster_clustered ? " (over a cluster)" : " (one slice, or not resident as clusters)"));
+        size_t differ_f16 = 0, differ_f32 = 0;   // counts, not the vectors: a failure prints two numbers
+        for (size_t i = 0; i < y0.size(); ++i) differ_f16 += cluster.first[i] != global.first[i], differ_f32 += cluster.second[i] != global.second[i];
+        CHECK_FALSE(global_clustered);
+        CHECK(cluster_clustered);
+        CHECK(differ_f16 == 0);
+        CHECK(differ_f32 == 0);
+      }
+  };
+  const QuantizedLinear q = random_q(4, N, K, 128, true, false, 1401);
+  const GptqPacked pk = pack_gptq(q, true);
+  auto L = cuda::W4A16Linear::from_gptq(pk, true);
+  compare(*L, "4-bit g128");
+  Rng rw{1402};
+  std::vector<float> W(size_t(N * K));
+  for (auto& v : W) v = float(rw.normal() * 0.02);
+  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  auto F = cuda::Nf4Linear::from_nf4(t, N, K);
+  compare(*F, "NF4");
+}
+
 TEST_CASE("gpu: the wgmma A16 kernel on the decode's stacked shapes at 24 and 48 rows equals the reference GEMM") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());

@@ -723,6 +723,8 @@ __global__ void __launch_bounds__(256) dequant_kernel(Format fmt, const uint4* _
 // The work split: RT row tiles per warp, S warps (K slices) per CTA. set_a16_split (a16_path.h)
 // forces it for sweeps and tests; 0 = the planner's choice.
 inline A16Split g_split;
+// Whether the wgmma k-step loop's last call summed its K slices over a cluster (a16_wgmma_last_clustered).
+inline bool g_wgmma_clustered = false;
 // The thread's fold request (a16_fold_norm, a16_fold_silu, a16_fold_rope: one at a time) and
 // whether a call took it.
 struct FoldRequest {

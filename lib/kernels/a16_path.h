@@ -222,12 +222,16 @@ inline const A16SweepCell* a16_sweep_cell(const std::vector<A16SweepCell>& cells
 // M = 32), slices K slices (mma: warps of one CTA; shared_x: CTAs summed by the last to arrive),
 // warps row warps per CTA (shared_x only: 4, 8, or 16 up to M = 64), loop (mma only, where both
 // exist: 1 the plain loop, 2 the overlapped batches), form (wgmma at 8..32 staged rows: 1 its
-// k-step loop, 2 its streamed form). 0 = the planner's choice. Forcing it is for sweeps (`bench
-// kernels`, PTQKIT_A16_SWEEP) and tests; process-wide, not thread-safe.
+// k-step loop, 2 its streamed form), sum (the wgmma k-step loop's K slices at 64..256 staged rows:
+// 1 summed through the global workspace, 2 over a cluster where its clusters are all resident).
+// 0 = the planner's choice. Forcing it is for sweeps (`bench kernels`, PTQKIT_A16_SWEEP) and tests;
+// process-wide, not thread-safe.
 struct A16Split {
-  int rt = 0, slices = 0, warps = 0, loop = 0, form = 0;
+  int rt = 0, slices = 0, warps = 0, loop = 0, form = 0, sum = 0;
 };
 void set_a16_split(A16Split split);
+// Whether the last call of the wgmma k-step loop summed its K slices over a cluster (tests).
+bool a16_wgmma_last_clustered();
 
 // The RMSNorm of the row a Linear writes, folded into that Linear's kernel (decode at batch 1: the
 // o and down projections write the residual row X, which the next norm reads). The CTA that

@@ -35,7 +35,9 @@
 // (BN / 2 per thread); one warpgroup's dequantization overlaps the other's wgmmas (and, at BN <=
 // 32, other CTAs': 60-71 registers, several CTAs per SM), and for NF4 and from 128 rows its own
 // (the interleaved loop: each fragment dequantized behind the wgmmas in flight). Split-K partials are summed in slice
-// order by the last CTA to arrive (a16_split_k.cuh): deterministic. At 64 and 128 staged rows
+// order, deterministic: at 64..256 staged rows over a cluster of the slices through shared memory
+// (cluster_sum_store) where the clusters are all resident, else by the last CTA to arrive through
+// a global workspace (a16_split_k.cuh); both in the same order, so the same bytes. At 64 and 128 staged rows
 // (144 and 152 registers: one CTA an SM) a layer of more 128-row groups than SMs runs a variant
 // held to 128 registers and a ring of at most 110 KB, two CTAs an SM, so that its CTAs fit one
 // wave (run(), below). NF4 dequantizes through a table of f16 pairs in shared memory in both forms
@@ -73,6 +75,8 @@
 namespace ptq::cuda::a16 {
 
 namespace {
+
+namespace cg = cooperative_groups;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PTQ_A16_WGMMA 1
@@ -231,6 +235,47 @@ __device__ __forceinline__ void scale_rows(const Format& fmt, int tile, int lane
   for (int i = 0; i < BN / 2; ++i) acc[i] *= (i & 2) ? sc.y : sc.x;
 }
 
+// The k-step loop's split-K sum over a cluster (K split over the cluster's CTAs, one per slice;
+// 64..256 staged rows): each CTA writes its fp32 partial [BN tokens][128 rows] into its own shared
+// memory at red (the free ring), and after the cluster's barrier CTA z of S takes the quads (4 rows
+// of one token) z, z + S, ... and adds the S partials through distributed shared memory in slice
+// order from zero, then writes y: sum_split_k's order and arithmetic (a16_split_k.cuh), so the same
+// bytes as the global workspace's sum, without its stores, fences, arrival counter and the last
+// CTA's reads in series. Lab run 469 (docs/lab/2026-11-24-decode-h200.md), W4 4096 x 4096 at 128
+// rows, stream µs through the workspace / over a cluster: 2 slices 28.1 / 23.5, 3 slices 24.9 /
+// 19.0. r0: the thread's first row in the CTA's 128
+// (its m64 tile's warp row), c: its lane's column quad; n0: the CTA's first row of W.
+constexpr int kLoopRedStride = 128 + 4;
+template <int BN>
+__device__ __forceinline__ void cluster_sum_store(float* red, const float (&acc)[BN / 2], int r0, int c, int n0, int M, int N, __half* yh, float* yf, float beta) {
+  // Accumulator layout of m64nBN: register 4j + e is x row (token) 8j + 2c + (e & 1) of row r0 + 8 (e >> 1).
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[(8 * j + 2 * c + (e & 1)) * kLoopRedStride + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int S = int(gridDim.y), rank = int(blockIdx.y), rows = min(128, N - n0);
+  for (int o = rank * int(blockDim.x) + int(threadIdx.x); o < M * 32; o += S * int(blockDim.x)) {
+    const int n = o / 32, r = 4 * (o % 32);
+    if (r >= rows) continue;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int z = 0; z < S; ++z) {
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kLoopRedStride + r);
+      v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
+    }
+    const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (r + e >= rows) break;
+      const int64_t i = int64_t(n) * N + n0 + r + e;
+      if (yf) yf[i] = vv[e] + (beta != 0.0f ? beta * yf[i] : 0.0f);
+      else yh[i] = __float2half_rn(vv[e]);
+    }
+  }
+  cluster.sync();   // no CTA leaves while another reads its partial
+}
+
 // kRowScale (GPTQ codes with one group, per-channel scales): the fragments are dequantized to
 // q - z only and each row's scale multiplies its accumulators once at the end, in fp32.
 // kRowSs (BN = 32, K split over CTAs, fp32 y, N % 16 == 0: run() launches it only so): a split
@@ -343,6 +388,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if constexpr (kRowScale) scale_rows<BN>(fmt, tile, lane, acc);
   const int g = lane >> 2, c = lane & 3;
   const bool split = gridDim.y > 1;
+  // K split over a cluster of all the slices (64..256 staged rows; run() launches it so where the
+  // clusters are all resident): the partials meet in shared memory instead of the global workspace.
+  if constexpr (BN >= 64 && !kRowSs) {
+    if (split && int(cg::this_cluster().dim_blocks().y) == int(gridDim.y)) {
+      static_assert(D * SB >= BN * kLoopRedStride * 4, "the ring holds the CTA's partial");
+      __syncthreads();   // every thread's wgmmas retired and copies landed (waits above): the ring is free
+      cluster_sum_store<BN>(reinterpret_cast<float*>(smem), acc, 64 * wg + 16 * q + g, c, 128 * int(blockIdx.x), M, N, yh, yf, beta);
+      return;
+    }
+  }
   float* out = split ? part + int64_t(blockIdx.y) * M * N : yf;
   const int R0 = 64 * m64 + 16 * q + g;
 #pragma unroll
@@ -430,7 +485,6 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
   static_assert(!kNormIn || 2 * tma_stage_bytes(BN, Format::kU4, kTmaNK) >= (BN * kTmaRedStride + BN) * 4, "the tokens' inv past the partial, inside the ring");
   static_assert(!kRowSs || (BN == 32 && kEpi == Epi::plain && !kNormIn), "a split norm's writer: 17..32 rows, the plain epilogue");
   constexpr bool kSilu = kEpi == Epi::silu;
-  namespace cg = cooperative_groups;
   constexpr int kU4 = Format::kU4, SB = tma_stage_bytes(BN, kU4, kTmaNK);
   constexpr int XB = kTmaNK * BN * 128, TB = kTmaNK * kU4 * 512, CB = 8 * TB;   // x boxes, then 8 tiles' codes (TB each), then metadata
   constexpr int kBytes = XB + CB + (kRowScale ? 0 : 8 * kTmaNK * 64);           // a stage's copies (boxes past K or N: zeros, counted)
@@ -937,13 +991,15 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     WgmmaKernel<Format> kern;
     WgmmaPlan plan;
     size_t smem;
+    bool cluster;   // K split over a cluster, the partials summed in shared memory (cluster_sum_store)
   };
-  static std::map<std::tuple<const void*, int64_t, int64_t, int>, Chosen> plans;
+  static std::map<std::tuple<const void*, int64_t, int64_t, int, int>, Chosen> plans;
   WgmmaKernel<Format> kern = norm_out ? wgmma_kernel_of<Format>(bn, row_scale, true) : plain;
   WgmmaPlan p;
+  bool cluster = false;
   for (;;) {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(reinterpret_cast<const void*>(kern), N, K, g_split.slices);   // kern: format, BN, writer
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kern), N, K, g_split.slices, g_split.sum);   // kern: format, BN, writer
     auto it = plans.find(key);
     if (it == plans.end()) {   // first call of this kernel and shape: its shared memory (over the 48 KB default) allowed once
       auto planned = [&](WgmmaKernel<Format> k, size_t bytes) {
@@ -970,7 +1026,45 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
           chosen_smem = smem2;
         }
       }
-      it = plans.emplace(key, Chosen{chosen, plan, chosen_smem}).first;
+      // At 64..256 staged rows K's slices sum over a cluster (cluster_sum_store) where every cluster
+      // of the split is resident at once; else through the global workspace. Where the planner's
+      // slices' clusters are not all resident (4096 rows at 4 slices: 32 clusters of 4, 30 resident
+      // on the H200), fewer slices over a cluster serve when each slice keeps at most 32 k-steps: there
+      // the workspace's sum is the larger cost. Lab runs 468-469, stream µs at 128 / 64 rows, the
+      // planner's 4 slices through the workspace against 3 over a cluster: W4 4096 x 4096 23.8 / 16.9
+      // -> 19.0 / 14.3 (cuBLAS f16 14.7 / 12.4), NF4 26.2 / 19.4 -> 21.4 / 17.0; but 4096 x 11008
+      // (58 k-steps a slice) 39.2 / 27.8 -> 39.2 / 29.4 and 4096 x 14336 45.9 / 32.7 -> 48.8 / 35.9.
+      // g_split.sum 1 (PTQKIT_A16_WG_CLUSTER_SUM=0, a sweep switch) keeps the workspace and the
+      // planner's slices.
+      static const bool cluster_sum = env_switch("PTQKIT_A16_WG_CLUSTER_SUM", true);
+      bool cluster = false;
+      if ((g_split.sum ? g_split.sum == 2 : cluster_sum) && bn >= 64 && plan.slices > 1) {
+        auto resident_clusters = [&](int S) {
+          cudaLaunchAttribute attr{};
+          attr.id = cudaLaunchAttributeClusterDimension;
+          attr.val.clusterDim.x = 1, attr.val.clusterDim.y = unsigned(S), attr.val.clusterDim.z = 1;
+          cudaLaunchConfig_t cfg{};
+          cfg.gridDim = dim3(unsigned(plan.groups), unsigned(S));
+          cfg.blockDim = dim3(kThreads);
+          cfg.dynamicSmemBytes = chosen_smem;
+          cfg.attrs = &attr;
+          cfg.numAttrs = 1;
+          int n = 0;
+          PTQ_CUDA(cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(chosen), &cfg));
+          return n;
+        };
+        for (int S = std::min(plan.slices, 8); S >= 2; --S) {
+          const int resident = resident_clusters(S);
+          if (resident < plan.groups) continue;
+          const WgmmaPlan fewer = plan_wgmma(N, K, 1, S);
+          if (fewer.slices == S && (S == plan.slices || (!g_split.slices && fewer.sps <= 32))) plan = fewer, cluster = true;
+          if (env_switch("PTQKIT_A16_PLAN_LOG", false))
+            std::fprintf(stderr, "a16 wgmma loop %lldx%lld at %d staged rows: %d row groups x %d slices, %zu B shared, %d clusters of %d resident -> sum %s\n",
+                         (long long)N, (long long)K, bn, plan.groups, plan.slices, chosen_smem, resident, S, cluster ? "over the cluster" : "global");
+          break;
+        }
+      }
+      it = plans.emplace(key, Chosen{chosen, plan, chosen_smem, cluster}).first;
     }
     p = it->second.plan;
     if (norm_out && p.slices < 2) {   // one slice: no split-K sum to write it; the plain kernel, the norm left to its kernel
@@ -979,14 +1073,16 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
     }
     kern = it->second.kern;
     smem = it->second.smem;
+    cluster = it->second.cluster;
     break;
   }
   if (norm_out) g_fold.taken = A16Fold::split;
+  g_wgmma_clustered = cluster;
   DeviceBuffer<__half> xp;
   const __half* xk = x_in_kernel_order(x, M, K, xp);
   DeviceBuffer<float> part;
   int* arrivals = nullptr;
-  if (p.slices > 1) {
+  if (p.slices > 1 && !cluster) {
     part = DeviceBuffer<float>(size_t(p.slices * M * N), "A16 split-K partial sums");
     arrivals = arrival_counters(p.groups);
   }
@@ -996,7 +1092,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   // the kernel before (a norm, silu·mul), on for 8-bit codes: decode batch 32 W8A16 +1.6%, while
   // W4A16 lost 1.4% (docs/lab/2026-11-24-decode-h200.md, run 154). permute_x always takes it.
   const bool pdl = bn >= 64 || (!xp.get() && Format::kU4 == 2);
-  launch_pdl("a16 wgmma_kernel", pdl, -1, kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xk, yh, yf, beta, part.get(), arrivals,
+  launch_ex("a16 wgmma_kernel", pdl, -1, cluster ? dim3(1, unsigned(p.slices), 1) : dim3(0), kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xk, yh, yf, beta, part.get(), arrivals,
              int(M), int(N), int(K), p.sps, norm_out ? *norm_out : A16RowNorm{});
 }
 

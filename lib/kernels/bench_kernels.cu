@@ -11,7 +11,7 @@
 //           (bf16 for W8A8). The A16 kernels and the W8A8 decode product are launched with PDL
 //           (cuda/pdl.cuh), so here each starts its weight loads during the previous launch's
 //           tail; PTQKIT_PDL=0 times them without it.
-// PTQKIT_A16_SWEEP="rt:slices[:warps[:loop[:form]]],..." adds a row per forced work split of the tensor-core
+// PTQKIT_A16_SWEEP="rt:slices[:warps[:loop[:form[:sum]]]],..." adds a row per forced work split of the tensor-core
 // kernels (set_a16_split, a16_path.h): how the planners' choices were checked.
 // PTQKIT_A16_PATHS="mma,shared_x,wgmma,dequant" times those paths (where they take M) instead of the
 // automatic one: how the crossovers of a16_auto_path were found.
@@ -119,11 +119,11 @@ std::unique_ptr<Nf4Linear> random_nf4_linear(int64_t N, int64_t K, float absmax,
 
 void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int64_t>& Ms, int runs, const std::vector<std::string>& kernels) {
   auto wanted = [&](const char* k) { return std::find(kernels.begin(), kernels.end(), k) != kernels.end(); };
-  // PTQKIT_A16_SWEEP="rt:slices[:warps[:loop[:form]]],...": each A16 call is also timed with those forced splits (rows labelled rRsSwWlLfF).
+  // PTQKIT_A16_SWEEP="rt:slices[:warps[:loop[:form[:sum]]]],...": each A16 call is also timed with those forced splits (rows labelled rRsSwWlLfFuU).
   std::vector<A16Split> sweep{{}};
-  for (const std::vector<int64_t>& f : env_int_list("PTQKIT_A16_SWEEP", "rt:slices[:warps[:loop[:form]]]", ':', 2, 5)) {
+  for (const std::vector<int64_t>& f : env_int_list("PTQKIT_A16_SWEEP", "rt:slices[:warps[:loop[:form[:sum]]]]", ':', 2, 6)) {
     auto at = [&](size_t i) { return i < f.size() ? int(f[i]) : 0; };
-    sweep.push_back({at(0), at(1), at(2), at(3), at(4)});
+    sweep.push_back({at(0), at(1), at(2), at(3), at(4), at(5)});
   }
   std::vector<A16Path> paths{A16Path::automatic};
   const A16Path named[] = {A16Path::mma, A16Path::shared_x, A16Path::wgmma, A16Path::dequant};
@@ -190,7 +190,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
           else F[size_t(i)]->gemm(x.get(), M, y.get(), path);
         };
         for (const A16Split& split : sweep) {
-          const bool forced_split = split.rt || split.slices || split.warps || split.loop || split.form;
+          const bool forced_split = split.rt || split.slices || split.warps || split.loop || split.form || split.sum;
           if (forced_split && path == A16Path::dequant) continue;
           set_a16_split(split);
           const double ours = median_us(runs, flush.get(), flush_bytes, [&] { ours_call(0); });
@@ -202,7 +202,7 @@ void bench_kernels(const std::vector<std::pair<int64_t, int64_t>>& shapes, const
           if (kind) std::snprintf(shape, sizeof shape, "W%d %lldx%lld", kind, (long long)N, (long long)K);
           else std::snprintf(shape, sizeof shape, "NF4 %lldx%lld", (long long)N, (long long)K);
           const char* pn = path == A16Path::mma ? "mma" : path == A16Path::shared_x ? "shx" : path == A16Path::wgmma ? "wg" : "deq";
-          if (forced_split) std::snprintf(label, sizeof label, "%s r%ds%dw%dl%df%d", pn, split.rt, split.slices, split.warps, split.loop, split.form);
+          if (forced_split) std::snprintf(label, sizeof label, "%s r%ds%dw%dl%df%du%d", pn, split.rt, split.slices, split.warps, split.loop, split.form, split.sum);
           else std::snprintf(label, sizeof label, "%s", pn);
           std::printf("%-17s %5lld %-11s | %8.2f %6.0f %5.1f%% %8.2f %6.2fx | %8.2f %6.0f %5.1f%% %8.2f %6.2fx\n", shape, (long long)M,
                       label, ours, gbs(ob, ours), 100.0 * gbs(ob, ours) / copy_gbs, cub, cub / ours, ours_s, gbs(ob, ours_s),

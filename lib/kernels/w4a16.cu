@@ -49,6 +49,7 @@ __global__ void gather_kernel(const __half* x, const int* perm, __half* xp, int6
 }  // namespace
 
 void set_a16_split(A16Split split) { a16::g_split = split; }
+bool a16_wgmma_last_clustered() { return a16::g_wgmma_clustered; }
 void a16_fold_norm(const A16RowNorm* norm) { a16::g_fold = {norm, nullptr, nullptr, nullptr, A16Fold::none}; }
 void a16_fold_silu(void* act, void* act_perm) { a16::g_fold = {nullptr, act, act_perm, nullptr, A16Fold::none}; }
 void a16_fold_rope(const A16Rope* rope) { a16::g_fold = {nullptr, nullptr, nullptr, rope, A16Fold::none}; }
