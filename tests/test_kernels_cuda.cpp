@@ -1297,8 +1297,6 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
   CHECK_THROWS_AS(L->gemm(dx.get(), 257, dy.get(), cuda::A16Path::wgmma), Error);
 }
 
-// The decode's stacked shapes at 24 and 48 rows (batch 24: decode steps and two-token prefills),
-// the codes the synthetic decode checkpoints have (8-bit per channel, 4-bit g128, symmetric).
 // The k-step loop's K slices at 64..256 staged rows summed over a cluster (a16_wgmma.cu,
 // cluster_sum_store) in the global workspace sum's order (a16_split_k.cuh): at the same slices the
 // same bytes, f16 y and fp32 y + beta y (2 slices; 3: a shorter last slice; 8: the largest portable
@@ -1355,6 +1353,8 @@ TEST_CASE("gpu: the wgmma A16 loop's K slices summed over a cluster equal the gl
   compare(*F, "NF4");
 }
 
+// The decode's stacked shapes at 24 and 48 rows (batch 24: decode steps and two-token prefills),
+// the codes the synthetic decode checkpoints have (8-bit per channel, 4-bit g128, symmetric).
 TEST_CASE("gpu: the wgmma A16 kernel on the decode's stacked shapes at 24 and 48 rows equals the reference GEMM") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());

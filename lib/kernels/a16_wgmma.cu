@@ -1037,7 +1037,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
       // g_split.sum 1 (PTQKIT_A16_WG_CLUSTER_SUM=0, a sweep switch) keeps the workspace and the
       // planner's slices.
       static const bool cluster_sum = env_switch("PTQKIT_A16_WG_CLUSTER_SUM", true);
-      bool cluster = false;
+      bool over_cluster = false;
       if ((g_split.sum ? g_split.sum == 2 : cluster_sum) && bn >= 64 && plan.slices > 1) {
         auto resident_clusters = [&](int S) {
           cudaLaunchAttribute attr{};
@@ -1057,14 +1057,14 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
           const int resident = resident_clusters(S);
           if (resident < plan.groups) continue;
           const WgmmaPlan fewer = plan_wgmma(N, K, 1, S);
-          if (fewer.slices == S && (S == plan.slices || (!g_split.slices && fewer.sps <= 32))) plan = fewer, cluster = true;
+          if (fewer.slices == S && (S == plan.slices || (!g_split.slices && fewer.sps <= 32))) plan = fewer, over_cluster = true;
           if (env_switch("PTQKIT_A16_PLAN_LOG", false))
             std::fprintf(stderr, "a16 wgmma loop %lldx%lld at %d staged rows: %d row groups x %d slices, %zu B shared, %d clusters of %d resident -> sum %s\n",
-                         (long long)N, (long long)K, bn, plan.groups, plan.slices, chosen_smem, resident, S, cluster ? "over the cluster" : "global");
+                         (long long)N, (long long)K, bn, plan.groups, plan.slices, chosen_smem, resident, S, over_cluster ? "over the cluster" : "global");
           break;
         }
       }
-      it = plans.emplace(key, Chosen{chosen, plan, chosen_smem, cluster}).first;
+      it = plans.emplace(key, Chosen{chosen, plan, chosen_smem, over_cluster}).first;
     }
     p = it->second.plan;
     if (norm_out && p.slices < 2) {   // one slice: no split-K sum to write it; the plain kernel, the norm left to its kernel
