@@ -68,6 +68,24 @@ void launch_ex(const char* what, bool pdl, int carveout, dim3 cluster, void (*ke
   if (e != cudaSuccess) cudaGetLastError();   // a refused launch: not left for the next launch's check
   check(int(e), what, __FILE__, __LINE__);
 }
+// How many clusters of `cluster` CTAs of kern (`block` threads, `smem` bytes of dynamic shared
+// memory each) the GPU holds at once (cudaOccupancyMaxActiveClusters): a cluster's CTAs share a
+// GPC, so this can be fewer than the resident CTAs over the cluster's size. The kernel's shared
+// memory attribute must already allow `smem`.
+inline int resident_clusters(const void* kern, dim3 cluster, dim3 block, size_t smem) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {cluster.x, cluster.y, cluster.z};
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = cluster;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  check(int(cudaOccupancyMaxActiveClusters(&n, kern, &cfg)), "cudaOccupancyMaxActiveClusters", __FILE__, __LINE__);
+  return n;
+}
 // The same without clusters.
 template <class... P, class... A>
 void launch_pdl(const char* what, bool pdl, int carveout, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {

@@ -245,14 +245,21 @@ __device__ __forceinline__ void scale_rows(const Format& fmt, int tile, int lane
 // rows, stream µs through the workspace / over a cluster: 2 slices 28.1 / 23.5, 3 slices 24.9 /
 // 19.0. r0: the thread's first row in the CTA's 128
 // (its m64 tile's warp row), c: its lane's column quad; n0: the CTA's first row of W.
-constexpr int kLoopRedStride = 128 + 4;
+// The partials' row stride in shared memory (floats): a CTA's 128 rows and 4 of padding.
+constexpr int kRedStride = 128 + 4;
+// A thread's fp32 accumulators into the CTA's partial red [BN tokens][kRedStride], token-major
+// (this file's two cluster sums). Accumulator layout of m64nBN: register 4j + e is x row (token)
+// 8j + 2c + (e & 1) of the CTA's row r0 + 8 (e >> 1) (r0: the warp's row g of its 16-row tile).
 template <int BN>
-__device__ __forceinline__ void cluster_sum_store(float* red, const float (&acc)[BN / 2], int r0, int c, int n0, int M, int N, __half* yh, float* yf, float beta) {
-  // Accumulator layout of m64nBN: register 4j + e is x row (token) 8j + 2c + (e & 1) of row r0 + 8 (e >> 1).
+__device__ __forceinline__ void write_partial(float* red, const float (&acc)[BN / 2], int r0, int c) {
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[(8 * j + 2 * c + (e & 1)) * kLoopRedStride + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+    for (int e = 0; e < 4; ++e) red[(8 * j + 2 * c + (e & 1)) * kRedStride + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+}
+template <int BN>
+__device__ __forceinline__ void cluster_sum_store(float* red, const float (&acc)[BN / 2], int r0, int c, int n0, int M, int N, __half* yh, float* yf, float beta) {
+  write_partial<BN>(red, acc, r0, c);
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const int S = int(gridDim.y), rank = int(blockIdx.y), rows = min(128, N - n0);
@@ -261,7 +268,7 @@ __device__ __forceinline__ void cluster_sum_store(float* red, const float (&acc)
     if (r >= rows) continue;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int z = 0; z < S; ++z) {
-      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kLoopRedStride + r);
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kRedStride + r);
       v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
     }
     const float vv[4] = {v.x, v.y, v.z, v.w};
@@ -392,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // clusters are all resident): the partials meet in shared memory instead of the global workspace.
   if constexpr (BN >= 64 && !kRowSs) {
     if (split && int(cg::this_cluster().dim_blocks().y) == int(gridDim.y)) {
-      static_assert(D * SB >= BN * kLoopRedStride * 4, "the ring holds the CTA's partial");
+      static_assert(D * SB >= BN * kRedStride * 4, "the ring holds the CTA's partial");
       __syncthreads();   // every thread's wgmmas retired and copies landed (waits above): the ring is free
       cluster_sum_store<BN>(reinterpret_cast<float*>(smem), acc, 64 * wg + 16 * q + g, c, 128 * int(blockIdx.x), M, N, yh, yf, beta);
       return;
@@ -441,10 +448,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // against 28.0, but W8 4096 x 11008 28.5 against 25.3. In the decode step the kernel figures did not carry over alike (Phi-3-mini's W4
 // layers lost 11% in the step at equal kernel figures; llama3-8b's W8 gate, up and down 6%), so
 // it serves the measured cells of a16_wgmma_streamed (a16_path.h).
-constexpr int kTmaThreads = kThreads + 32, kTmaRedStride = 128 + 4;
+constexpr int kTmaThreads = kThreads + 32;
 constexpr int tma_stage_bytes(int bn, int u4, int nk) { return (nk * bn * 128 + 8 * nk * u4 * 512 + 8 * nk * 64 + 1023) / 1024 * 1024; }
 constexpr size_t tma_smem_bytes(int bn, int u4, int nk, int D) {
-  return std::max<size_t>(size_t(D) * tma_stage_bytes(bn, u4, nk), size_t(bn) * kTmaRedStride * 4) + 2 * 8 * size_t(D) + 1024;
+  return std::max<size_t>(size_t(D) * tma_stage_bytes(bn, u4, nk), size_t(bn) * kRedStride * 4) + 2 * 8 * size_t(D) + 1024;
 }
 
 // The epilogue, after the cluster's slice-order sum:
@@ -482,7 +489,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
                                                                 const A16RowNorm norm) {
 #ifdef PTQ_A16_WGMMA
   static_assert(!kNormIn || (BN == 32 && kEpi != Epi::plain), "a split norm's reader: 17..32 rows, 8 consumer threads a token, a folded epilogue");
-  static_assert(!kNormIn || 2 * tma_stage_bytes(BN, Format::kU4, kTmaNK) >= (BN * kTmaRedStride + BN) * 4, "the tokens' inv past the partial, inside the ring");
+  static_assert(!kNormIn || 2 * tma_stage_bytes(BN, Format::kU4, kTmaNK) >= (BN * kRedStride + BN) * 4, "the tokens' inv past the partial, inside the ring");
   static_assert(!kRowSs || (BN == 32 && kEpi == Epi::plain && !kNormIn), "a split norm's writer: 17..32 rows, the plain epilogue");
   constexpr bool kSilu = kEpi == Epi::silu;
   constexpr int kU4 = Format::kU4, SB = tma_stage_bytes(BN, kU4, kTmaNK);
@@ -492,9 +499,9 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
   static_assert(sizeof(Meta) == 8, "8-byte metadata per lane and tile");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + max(D * SB, BN * kTmaRedStride * 4));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + max(D * SB, BN * kRedStride * 4));
   uint64_t* empty = full + D;
-  float* red = reinterpret_cast<float*>(smem);   // after the loop, over the ring: [BN][kTmaRedStride], token-major
+  float* red = reinterpret_cast<float*>(smem);   // after the loop, over the ring: [BN][kRedStride], token-major
   const int tiles = (N + 15) / 16, KS = (K + 63) / 64;
   const int s0 = blockIdx.y * sps, steps = max(0, min(KS, s0 + sps) - s0), nst = (steps + kTmaNK - 1) / kTmaNK;
   const int tile0 = blockIdx.x * 8;
@@ -605,18 +612,10 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
     if constexpr (kRowScale) scale_rows<BN>(fmt, tile, lane, acc);
   }
   __syncthreads();   // every warpgroup's wgmmas retired: the partial goes over the ring
-  float* inv_s = red + BN * kTmaRedStride;   // kNormIn: token n's inv, past the partial (the ring is free)
+  float* inv_s = red + BN * kRedStride;   // kNormIn: token n's inv, past the partial (the ring is free)
   if constexpr (kNormIn)
     if (threadIdx.x < 8 * BN && (threadIdx.x & 7) == 0) inv_s[threadIdx.x >> 3] = inv;
-  if (threadIdx.x < kThreads) {
-    // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
-    // 8j + 2c + (e & 1) of W row 16q + g + 8 (e >> 1).
-    const int g = lane >> 2, c = lane & 3, r0 = 16 * tl + g;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[(8 * j + 2 * c + (e & 1)) * kTmaRedStride + r0 + 8 * (e >> 1)] = acc[4 * j + e];
-  }
+  if (threadIdx.x < kThreads) write_partial<BN>(red, acc, 16 * tl + (lane >> 2), lane & 3);   // warp tl holds rows 16 tl .. 16 tl + 15
   // The cluster's S partials added in slice order (sum_split_k's), then y. CTA r of the cluster
   // takes quads (4 rows of one token) r, r + S, ...
   cg::cluster_group cluster = cg::this_cluster();
@@ -625,9 +624,9 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
   else __syncthreads();
   // Token n's sums of the CTA's rows r .. r + 3: the S slices' partials added in slice order.
   auto quad_sum = [&](int n, int r) {
-    float4 v = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kTmaRedStride + r);
+    float4 v = *reinterpret_cast<const float4*>((S > 1 ? cluster.map_shared_rank(red, 0) : red) + n * kRedStride + r);
     for (int z = 1; z < S; ++z) {
-      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kTmaRedStride + r);
+      const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kRedStride + r);
       v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
     }
     return v;
@@ -1039,22 +1038,8 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
       static const bool cluster_sum = env_switch("PTQKIT_A16_WG_CLUSTER_SUM", true);
       bool over_cluster = false;
       if ((g_split.sum ? g_split.sum == 2 : cluster_sum) && bn >= 64 && plan.slices > 1) {
-        auto resident_clusters = [&](int S) {
-          cudaLaunchAttribute attr{};
-          attr.id = cudaLaunchAttributeClusterDimension;
-          attr.val.clusterDim.x = 1, attr.val.clusterDim.y = unsigned(S), attr.val.clusterDim.z = 1;
-          cudaLaunchConfig_t cfg{};
-          cfg.gridDim = dim3(unsigned(plan.groups), unsigned(S));
-          cfg.blockDim = dim3(kThreads);
-          cfg.dynamicSmemBytes = chosen_smem;
-          cfg.attrs = &attr;
-          cfg.numAttrs = 1;
-          int n = 0;
-          PTQ_CUDA(cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(chosen), &cfg));
-          return n;
-        };
         for (int S = std::min(plan.slices, 8); S >= 2; --S) {
-          const int resident = resident_clusters(S);
+          const int resident = resident_clusters(reinterpret_cast<const void*>(chosen), dim3(1, unsigned(S), 1), dim3(kThreads), chosen_smem);
           if (resident < plan.groups) continue;
           const WgmmaPlan fewer = plan_wgmma(N, K, 1, S);
           if (fewer.slices == S && (S == plan.slices || (!g_split.slices && fewer.sps <= 32))) plan = fewer, over_cluster = true;

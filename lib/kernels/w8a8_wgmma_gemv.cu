@@ -279,18 +279,8 @@ void launch_stages(const int8_t* x, const float* sx, const int8_t* w, const floa
     auto* kernel = w8a8_wgmma_gemv_kernel<BN, ST, ROWS>;
     PTQ_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes<BN, ST, ROWS>())));
     std::array<int, kMaxSlices + 1> c{};
-    for (int S = 1; S <= kMaxSlices; ++S) {
-      cudaLaunchAttribute cluster{};
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = unsigned(S), cluster.val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(1, unsigned(S));
-      cfg.blockDim = dim3(threads(ROWS));
-      cfg.dynamicSmemBytes = smem_bytes<BN, ST, ROWS>();
-      cfg.attrs = &cluster;
-      cfg.numAttrs = 1;
-      PTQ_CUDA(cudaOccupancyMaxActiveClusters(&c[size_t(S)], kernel, &cfg));
-    }
+    for (int S = 1; S <= kMaxSlices; ++S)
+      c[size_t(S)] = resident_clusters(reinterpret_cast<const void*>(kernel), dim3(1, unsigned(S), 1), dim3(threads(ROWS)), smem_bytes<BN, ST, ROWS>());
     if (env_switch("PTQKIT_W8A8_PLAN_LOG", false))
       std::fprintf(stderr, "w8a8_wgmma_gemv (%d token rows, %d stages, %d weight rows, %zu B shared): clusters resident of 1..4 CTAs: %d %d %d %d\n", BN, ST,
                    ROWS, smem_bytes<BN, ST, ROWS>(), c[1], c[2], c[3], c[4]);
