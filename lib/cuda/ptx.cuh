@@ -56,6 +56,20 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
+// Loads from shared memory by a 32-bit shared address (no generic-to-shared conversion: one LDS
+// with the offset as an immediate). Volatile, with a memory clobber: never moved across the
+// barrier that orders the copies it reads.
+__device__ __forceinline__ uint4 ld_shared_u4(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint2 ld_shared_u2(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a) : "memory");
+  return v;
+}
+
 // Shared-memory writes of the generic proxy (st.shared, cp.async) made visible to the async proxy
 // that wgmma and the bulk copies read through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -66,6 +80,10 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) {
   return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
+// The descriptor of the tile bytes further on (a multiple of 16 that stays inside shared memory):
+// the start address field (bits 0..13, the address / 16) plus bytes / 16, no carry out of it, so
+// smem_desc_sw128(saddr + bytes) in one add where the K steps of a tile advance (32 bytes each).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

@@ -27,8 +27,10 @@
 // 16 / rms(X) from the writer's sums of squares; kNormIn, below).
 // Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
 // stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
-// the CTA's rows, all by 16- and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math
-// (the stage refilled was read by the wgmmas of two k-steps back, retired before the barrier). Per
+// the CTA's rows (GPTQ codes with one group: no metadata, read once before the loop), all by 16-
+// and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math (the stage refilled was
+// read by the wgmmas of two k-steps back, retired before the barrier); the sources and the stage
+// advance a k-step at a time, and the codes are read (LDS) before the next copies are issued. Per
 // k-step each warpgroup dequantizes its 4 fragments into registers (scales in f16, as the
 // dequantized matrix holds them: numerics.md; GPTQ codes with one group: q - z only, each row's
 // scale applied to its accumulators once at the end in fp32) and issues 4 wgmmas, fp32 accumulators in registers
@@ -221,8 +223,9 @@ __device__ __forceinline__ void kstep_wgmma(const Format& fmt, const uint4 (&cq)
   for (int f = 0; f < 4; ++f) fmt.template dequant<kScaled>(cq, f, prep, a[f]);
   ptx::fence_regs(acc);
   ptx::wgmma_fence();
+  const uint64_t desc = ptx::smem_desc_sw128(xs);
 #pragma unroll
-  for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
+  for (int f = 0; f < 4; ++f) Wgmma<BN>::mma(acc, a[f], ptx::desc_advance(desc, 32 * f));
   ptx::wgmma_commit();
   ptx::fence_regs(acc);
 }
@@ -313,30 +316,37 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int st = o / ((BN - M) * 8), rest = o % ((BN - M) * 8);
     reinterpret_cast<uint4*>(smem + st * SB + (M + rest / 8) * 128)[rest % 8] = make_uint4(0, 0, 0, 0);
   }
-  // Staging k-step i of the slice into stage i % D. x: thread tid copies 16-byte chunk u = tid % 8
-  // of rows tid / 8 + 32 j (< M) to chunk u ^ (row % 8) (the swizzle; row % 8 is the thread's own).
+  // Staging k-step i of the slice into the stage at shared address st (stage i % D), from the codes
+  // at w and x at xg: the loop advances both sources a k-step and the stage a slot at a time (no
+  // index arithmetic a k-step: lab run 474 counted ~65 of the loop's ~182 instructions a warp and
+  // k-step in these copies' addresses). x: thread tid copies 16-byte chunk u = tid % 8 of rows
+  // tid / 8 + 32 j (< M) to chunk u ^ (row % 8) (the swizzle; row % 8 is the thread's own).
   // Codes and metadata: each thread copies its own.
   const int KP = 64 * KS, xu = tid & 7, xrow0 = tid >> 3;
-  const __half* xsrc = xp + int64_t(xrow0) * KP + 8 * xu;
-  const uint32_t sbase = ptx::smem_addr(smem), xdst = uint32_t(xrow0 * 128 + ((xu ^ (xrow0 & 7)) << 4));
-  auto stage_w = [&](int i) {
+  const uint32_t sbase = ptx::smem_addr(smem), ring_end = sbase + uint32_t(D * SB), xdst = uint32_t(xrow0 * 128 + ((xu ^ (xrow0 & 7)) << 4));
+  constexpr int kStepCodes = kU4 * 32;                                          // uint4 of one tile and k-step
+  const uint4* const w0 = W + (int64_t(tile) * KS + s0) * kStepCodes + lane;   // the slice's first k-step
+  const __half* const x0 = xp + int64_t(xrow0) * KP + 8 * xu + 64 * int64_t(s0);
+  auto stage_w = [&](int i, uint32_t st, const uint4* w) {
     if (i >= chunks) return;
-    const int s = s0 + i;
-    const uint32_t cs = sbase + uint32_t((i % D) * SB + BN * 128), ms = cs + kU4 * kThreads * 16;
+    const uint32_t cs = st + BN * 128, ms = cs + kU4 * kThreads * 16;
 #pragma unroll
-    for (int j = 0; j < kU4; ++j)
-      ptx::cp_async16(cs + uint32_t((j * kThreads + tid) * 16), W + (int64_t(tile) * KS * kU4 + int64_t(s) * kU4 + j) * 32 + lane, 16);
-    ptx::cp_async8(ms + uint32_t(tid * 8), fmt.meta_ptr(tile, s, lane, false));
+    for (int j = 0; j < kU4; ++j) ptx::cp_async16(cs + uint32_t((j * kThreads + tid) * 16), w + j * 32, 16);
+    if constexpr (!kRowScale) ptx::cp_async8(ms + uint32_t(tid * 8), fmt.meta_ptr(tile, s0 + i, lane, false));
   };
-  auto stage_x = [&](int i) {
+  // One group (kRowScale): the metadata is the same every k-step, read once (never written by a
+  // kernel: before the PDL wait), and so is its preparation.
+  Meta meta1{};
+  if constexpr (kRowScale) meta1 = *fmt.meta_ptr(tile, 0, lane, false);
+  auto stage_x = [&](int i, uint32_t st, const __half* xg) {
     if (i < chunks) {
-      const uint32_t st = sbase + uint32_t((i % D) * SB);
 #pragma unroll
       for (int j = 0; j < (BN + 31) / 32; ++j)
-        if (xrow0 + 32 * j < M) ptx::cp_async16(st + xdst + uint32_t(j * 32 * 128), xsrc + int64_t(32 * j) * KP + 64 * (s0 + i), 16);
+        if (xrow0 + 32 * j < M) ptx::cp_async16(st + xdst + uint32_t(j * 32 * 128), xg + int64_t(32 * j) * KP, 16);
     }
     ptx::cp_async_commit();   // past the last k-step an empty group: the wait below counts groups
   };
+  auto next_stage = [&](uint32_t st) { return st + SB == ring_end ? sbase : st + uint32_t(SB); };
 
   float acc[BN / 2];
 #pragma unroll
@@ -355,30 +365,41 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // workspace and y come after it. The group of the first commit holds them all.
   pdl::allow_dependents();
 #pragma unroll
-  for (int i = 0; i < D - 2; ++i) stage_w(i);
+  for (int i = 0; i < D - 2; ++i) stage_w(i, sbase + uint32_t(i * SB), w0 + i * kStepCodes);
   pdl::wait_prior_grid();
 #pragma unroll
-  for (int i = 0; i < D - 2; ++i) stage_x(i);
+  for (int i = 0; i < D - 2; ++i) stage_x(i, sbase + uint32_t(i * SB), x0 + 64 * i);
+  uint32_t fill = sbase + uint32_t((D - 2) * SB), read = sbase;   // the stages of k-steps i + D - 2 and i
+  const uint4* wn = w0 + (D - 2) * kStepCodes;                     // k-step i + D - 2's codes and x
+  const __half* xn = x0 + 64 * (D - 2);
   for (int i = 0; i < chunks; ++i) {
     ptx::cp_async_wait<D - 3>();   // this thread's copies of k-step i landed
     ptx::fence_proxy_async();
     __syncthreads();               // ... and every thread's; the wgmmas of k-step i - 2 retired everywhere
-    stage_w(i + D - 2);            // into the stage k-step i - 2 used
-    stage_x(i + D - 2);
-    const uint8_t* st = smem + (i % D) * SB;
+    // This k-step's codes and metadata first, then the copies: read after them, the loads waited on
+    // the copies' address registers (lab run 475: 7% of the stall samples on the codes' LDS).
     uint4 cq[kU4];
 #pragma unroll
-    for (int j = 0; j < kU4; ++j) cq[j] = reinterpret_cast<const uint4*>(st + BN * 128)[j * kThreads + tid];
-    const Meta meta = reinterpret_cast<const Meta*>(st + BN * 128 + kU4 * kThreads * 16)[tid];
-    const uint32_t xs = sbase + uint32_t((i % D) * SB);
+    for (int j = 0; j < kU4; ++j) cq[j] = ptx::ld_shared_u4(read + uint32_t(BN * 128 + (j * kThreads + tid) * 16));
+    Meta meta = meta1;
+    if constexpr (!kRowScale) {
+      const uint2 mw = ptx::ld_shared_u2(read + uint32_t(BN * 128 + kU4 * kThreads * 16 + tid * 8));
+      __builtin_memcpy(&meta, &mw, sizeof(Meta));
+    }
+    stage_w(i + D - 2, fill, wn);  // into the stage k-step i - 2 used
+    stage_x(i + D - 2, fill, xn);
+    fill = next_stage(fill), wn += kStepCodes, xn += 64;
+    const uint32_t xs = read;
+    read = next_stage(read);
     const auto prep = fmt.template prep<!kRowScale>(meta);
     if constexpr (kInterleave) {
+      const uint64_t desc = ptx::smem_desc_sw128(xs);
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         ptx::wgmma_wait<3>();   // the group that read a[f] (k-step i - 1's fragment f) retired
         fmt.template dequant<!kRowScale>(cq, f, prep, a[f]);
         ptx::wgmma_fence();
-        Wgmma<BN>::mma(acc, a[f], ptx::smem_desc_sw128(xs + 32 * f));
+        Wgmma<BN>::mma(acc, a[f], ptx::desc_advance(desc, 32 * f));
         ptx::wgmma_commit();
       }
     } else {
