@@ -1,5 +1,5 @@
-// ptx.cuh — the inline-PTX wrappers the kernels share (sm_80 and up): shared-memory addresses,
-// cp.async copies, and the f16 m16n8k16 tensor-core MMA; and for the sm_90a kernels (w8a8.cu,
+// ptx.cuh — the inline-PTX wrappers the kernels share (sm_80 and up): shared-memory addresses and
+// loads, cp.async copies, and the f16 m16n8k16 tensor-core MMA; and for the sm_90a kernels (w8a8.cu,
 // a16_wgmma.cu) the wgmma fences and the shared-memory matrix descriptor. One definition each, so
 // the kernels that stage tiles (attention_cuda.cu, kernels/a16_*, kernels/w8a8.cu) agree on them.
 #pragma once

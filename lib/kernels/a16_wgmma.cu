@@ -318,8 +318,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   // Staging k-step i of the slice into the stage at shared address st (stage i % D), from the codes
   // at w and x at xg: the loop advances both sources a k-step and the stage a slot at a time (no
-  // index arithmetic a k-step: lab run 474 counted ~65 of the loop's ~182 instructions a warp and
-  // k-step in these copies' addresses). x: thread tid copies 16-byte chunk u = tid % 8 of rows
+  // index arithmetic a k-step: lab run 474 counted ~65 of the 204 instructions a warp issued a
+  // k-step in these copies and their addresses). x: thread tid copies 16-byte chunk u = tid % 8 of rows
   // tid / 8 + 32 j (< M) to chunk u ^ (row % 8) (the swizzle; row % 8 is the thread's own).
   // Codes and metadata: each thread copies its own.
   const int KP = 64 * KS, xu = tid & 7, xrow0 = tid >> 3;
@@ -334,10 +334,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     for (int j = 0; j < kU4; ++j) ptx::cp_async16(cs + uint32_t((j * kThreads + tid) * 16), w + j * 32, 16);
     if constexpr (!kRowScale) ptx::cp_async8(ms + uint32_t(tid * 8), fmt.meta_ptr(tile, s0 + i, lane, false));
   };
-  // One group (kRowScale): the metadata is the same every k-step, read once (never written by a
-  // kernel: before the PDL wait), and so is its preparation.
-  Meta meta1{};
-  if constexpr (kRowScale) meta1 = *fmt.meta_ptr(tile, 0, lane, false);
   auto stage_x = [&](int i, uint32_t st, const __half* xg) {
     if (i < chunks) {
 #pragma unroll
@@ -347,6 +343,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     ptx::cp_async_commit();   // past the last k-step an empty group: the wait below counts groups
   };
   auto next_stage = [&](uint32_t st) { return st + SB == ring_end ? sbase : st + uint32_t(SB); };
+  // One group (kRowScale): the metadata is the same every k-step, read once (never written by a
+  // kernel: before the PDL wait), and so is its preparation.
+  Meta meta1{};
+  if constexpr (kRowScale) meta1 = *fmt.meta_ptr(tile, 0, lane, false);
 
   float acc[BN / 2];
 #pragma unroll
