@@ -1301,13 +1301,15 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
 // cluster_sum_store) in the global workspace sum's order (a16_split_k.cuh): at the same slices the
 // same bytes, f16 y and fp32 y + beta y (2 slices; 3: a shorter last slice; 8: the largest portable
 // cluster). GPTQ 4-bit g128 and NF4; N = 1000: a partial last row group (8 groups: every cluster
-// resident). The planner's own split, which may take fewer slices over a cluster than through the
-// workspace, is checked against the reference GEMM by the "every split" case above.
+// resident). At 2 and 8 slices the cluster's f16 y is also held to the reference GEMM (fp32, on
+// the same f16 x): equal bytes to a wrong sum would pass the first check. The planner's own split,
+// which may take fewer slices over a cluster than through the workspace, is checked against the
+// reference GEMM by the "every split" case above.
 TEST_CASE("gpu: the wgmma A16 loop's K slices summed over a cluster equal the global workspace's sum, byte for byte") {
   PTQ_REQUIRE_GPU();
   if (!cuda::a16_wgmma_supported()) PTQ_SKIP("the wgmma A16 kernel needs sm_90: " + cuda::describe());
   const int64_t N = 1000, K = 4096;
-  auto compare = [&](auto& L, const std::string& what) {
+  auto compare = [&](auto& L, const std::string& what, auto&& ref) {
     for (int64_t M : {33, 64, 100, 128, 200})
       for (int slices : {2, 3, 8}) {
         Rng r{uint64_t(M * 11 + slices)};
@@ -1339,18 +1341,26 @@ TEST_CASE("gpu: the wgmma A16 loop's K slices summed over a cluster equal the gl
         CHECK(cluster_clustered);
         CHECK(differ_f16 == 0);
         CHECK(differ_f32 == 0);
+        if (slices != 3) {
+          std::vector<float> x(xh.size()), yr(y0.size());
+          for (size_t i = 0; i < xh.size(); ++i) x[i] = f16_bits_to_f32(xh[i]);
+          ref(x.data(), M, yr.data());
+          const double rel = rel_error_f16(cluster.first, yr);
+          INFO("relative error against the reference GEMM " << rel);
+          CHECK(rel <= 3e-3);
+        }
       }
   };
   const QuantizedLinear q = random_q(4, N, K, 128, true, false, 1401);
   const GptqPacked pk = pack_gptq(q, true);
   auto L = cuda::W4A16Linear::from_gptq(pk, true);
-  compare(*L, "4-bit g128");
+  compare(*L, "4-bit g128", [&](const float* x, int64_t M, float* y) { ref_gemm_gptq(x, M, pk, true, y); });
   Rng rw{1402};
   std::vector<float> W(size_t(N * K));
   for (auto& v : W) v = float(rw.normal() * 0.02);
   const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
   auto F = cuda::Nf4Linear::from_nf4(t, N, K);
-  compare(*F, "NF4");
+  compare(*F, "NF4", [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, K, y); });
 }
 
 // The decode's stacked shapes at 24 and 48 rows (batch 24: decode steps and two-token prefills),

@@ -229,11 +229,12 @@ __device__ __forceinline__ void kstep_wgmma(const Format& fmt, const uint4 (&cq)
   ptx::wgmma_commit();
   ptx::fence_regs(acc);
 }
-// GPTQ codes with one group (kRowScale): each row's scale on its fp32 accumulators, once (the
-// weights' metadata, readable any time). Warp rows g (registers with bit 1 clear) and g + 8.
+// GPTQ codes with one group (kRowScale): each row's scale on its fp32 accumulators, once, from the
+// group's metadata the loop read before its first k-step (meta1). Warp rows g (registers with bit 1
+// clear) and g + 8.
 template <int BN, class Format>
-__device__ __forceinline__ void scale_rows(const Format& fmt, int tile, int lane, float (&acc)[BN / 2]) {
-  const float2 sc = fmt.scales(*fmt.meta_ptr(tile, 0, lane, false));
+__device__ __forceinline__ void scale_rows(const Format& fmt, const typename Format::Meta& meta1, float (&acc)[BN / 2]) {
+  const float2 sc = fmt.scales(meta1);
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] *= (i & 2) ? sc.y : sc.x;
 }
@@ -292,9 +293,16 @@ __device__ __forceinline__ void cluster_sum_store(float* red, const float (&acc)
 // norm's writer (a16_fold_norm with row_ss; a16_path.h, A16RowNorm) in the split-K sum
 // (sum_split_k's kRowSs): each token's sums of squares of each 16 rows of y, and x = f16(y w / 16)
 // in both column orders.
+// Whether the loop's x comes by the copy engine (one TMA box of 64 columns x BN rows a k-step on an
+// mbarrier of its stage, rows past M zero-filled by the box) rather than by cp.async: from 128
+// staged rows, and from 64 for 8-bit codes. Measured on the H200 (docs/lab/2026-11-24-decode-h200.md,
+// run 482, the box from 64 rows for every format): at 128 rows W8 -5 to -9%, at 256 every format
+// -6 to -12%, at 64 rows W8 -1 to -3% but W4 +9 to +17% and NF4 +7 to +10%.
+constexpr bool tma_x(int bn, int u4) { return bn >= 128 || (bn >= 64 && u4 == 2); }
+
 template <int BN, class Format, bool kInterleave, int kMinBlocks = 1, bool kRowScale = false, bool kRowSs = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    wgmma_kernel(Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
+    wgmma_kernel(const __grid_constant__ CUtensorMap map_x, Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                  float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps, const A16RowNorm norm) {
 #ifdef PTQ_A16_WGMMA
   static_assert(!kRowSs || BN == 32, "a split norm's writer: 17..32 rows");
@@ -311,8 +319,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   if constexpr (Format::kPairTable) fmt.template fill_pairs<true>();   // NF4's pair table: the loop's first barrier orders it before any lookup
   // x rows past M stay zero in every stage (written once; the loop's proxy fence and barrier order
-  // these stores before any wgmma reads them).
-  for (int o = tid; o < D * (BN - M) * 8; o += kThreads) {
+  // these stores before any wgmma reads them), or the copy engine stages x (kTmaX, tma_x) on an
+  // mbarrier a stage.
+  constexpr bool kTmaX = tma_x(BN, kU4);
+  __shared__ alignas(8) uint64_t xfull[kTmaX ? D : 1];
+  if constexpr (kTmaX) {
+    if (tid == 0) {
+      for (int st = 0; st < D; ++st) tma::mbar_init(&xfull[st], 1);
+      tma::mbar_init_fence();
+    }
+  }
+  for (int o = tid; !kTmaX && o < D * (BN - M) * 8; o += kThreads) {
     const int st = o / ((BN - M) * 8), rest = o % ((BN - M) * 8);
     reinterpret_cast<uint4*>(smem + st * SB + (M + rest / 8) * 128)[rest % 8] = make_uint4(0, 0, 0, 0);
   }
@@ -335,7 +352,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if constexpr (!kRowScale) ptx::cp_async8(ms + uint32_t(tid * 8), fmt.meta_ptr(tile, s0 + i, lane, false));
   };
   auto stage_x = [&](int i, uint32_t st, const __half* xg) {
-    if (i < chunks) {
+    if constexpr (kTmaX) {
+      if (tid == 0 && i < chunks) {
+        const int slot = int((st - sbase) / uint32_t(SB));
+        tma::mbar_expect_tx(&xfull[slot], BN * 128);
+        tma::tma_load(smem + (st - sbase), &map_x, 64 * (s0 + i), 0, &xfull[slot]);
+      }
+    } else if (i < chunks) {
 #pragma unroll
       for (int j = 0; j < (BN + 31) / 32; ++j)
         if (xrow0 + 32 * j < M) ptx::cp_async16(st + xdst + uint32_t(j * 32 * 128), xg + int64_t(32 * j) * KP, 16);
@@ -372,10 +395,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   uint32_t fill = sbase + uint32_t((D - 2) * SB), read = sbase;   // the stages of k-steps i + D - 2 and i
   const uint4* wn = w0 + (D - 2) * kStepCodes;                     // k-step i + D - 2's codes and x
   const __half* xn = x0 + 64 * (D - 2);
+  int rslot = 0, rphase = 0;   // kTmaX: the stage of k-step i and its mbarrier's phase
   for (int i = 0; i < chunks; ++i) {
     ptx::cp_async_wait<D - 3>();   // this thread's copies of k-step i landed
-    ptx::fence_proxy_async();
+    if constexpr (!kTmaX) ptx::fence_proxy_async();   // (x by cp.async: the generic proxy's writes, read by wgmma)
     __syncthreads();               // ... and every thread's; the wgmmas of k-step i - 2 retired everywhere
+    if constexpr (kTmaX) {
+      tma::mbar_wait(&xfull[rslot], rphase);   // k-step i's x landed
+      if (++rslot == D) rslot = 0, rphase ^= 1;
+    }
     // This k-step's codes and metadata first, then the copies: read after them, the loads waited on
     // the copies' address registers (lab run 475: 7% of the stall samples on the codes' LDS).
     uint4 cq[kU4];
@@ -413,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   // Accumulator layout of m64nBN: warp q holds W rows 16q + g (+ 8); register 4j + e is x row
   // 8j + 2c + (e & 1) of W row 16q + g + 8 (e >> 1).
-  if constexpr (kRowScale) scale_rows<BN>(fmt, tile, lane, acc);
+  if constexpr (kRowScale) scale_rows<BN>(fmt, meta1, acc);
   const int g = lane >> 2, c = lane & 3;
   const bool split = gridDim.y > 1;
   // K split over a cluster of all the slices (64..256 staged rows; run() launches it so where the
@@ -630,7 +658,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
     }
     ptx::wgmma_wait<0>();
     ptx::fence_regs(acc);
-    if constexpr (kRowScale) scale_rows<BN>(fmt, tile, lane, acc);
+    if constexpr (kRowScale) scale_rows<BN>(fmt, meta1, acc);
   }
   __syncthreads();   // every warpgroup's wgmmas retired: the partial goes over the ring
   float* inv_s = red + BN * kRedStride;   // kNormIn: token n's inv, past the partial (the ring is free)
@@ -722,7 +750,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
 }
 
 template <class Format>
-using WgmmaKernel = void (*)(Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int, const A16RowNorm);
+using WgmmaKernel = void (*)(CUtensorMap, Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int, const A16RowNorm);
 
 // x rows staged per k-step (wgmma's N): the next of 8, 16, 32, 64, 128, 256 at or above M.
 constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
@@ -1098,7 +1126,9 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   // the kernel before (a norm, silu·mul), on for 8-bit codes: decode batch 32 W8A16 +1.6%, while
   // W4A16 lost 1.4% (docs/lab/2026-11-24-decode-h200.md, run 154). permute_x always takes it.
   const bool pdl = bn >= 64 || (!xp.get() && Format::kU4 == 2);
-  launch_ex("a16 wgmma_kernel", pdl, -1, cluster ? dim3(1, unsigned(p.slices), 1) : dim3(0), kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, fmt, W, xk, yh, yf, beta, part.get(), arrivals,
+  // x by the copy engine (tma_x): boxes of 64 columns x bn rows, rows past M zero-filled.
+  const CUtensorMap map_x = tma_x(bn, Format::kU4) ? cached_tensor_map(tma_spec_f16(xk, M, (K + 63) / 64 * 64, bn)) : CUtensorMap{};
+  launch_ex("a16 wgmma_kernel", pdl, -1, cluster ? dim3(1, unsigned(p.slices), 1) : dim3(0), kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, map_x, fmt, W, xk, yh, yf, beta, part.get(), arrivals,
              int(M), int(N), int(K), p.sps, norm_out ? *norm_out : A16RowNorm{});
 }
 
