@@ -28,7 +28,8 @@
 // Work. A CTA = 2 warpgroups x 64 rows = 128 rows of W, one of Sk K slices; one k-step per pipeline
 // stage: x (BN rows x 128 bytes, in the 128-byte swizzle wgmma reads), the codes and metadata of
 // the CTA's rows (GPTQ codes with one group: no metadata, read once before the loop), all by 16-
-// and 8-byte cp.async into a ring of D stages, D - 2 ahead of the math (the stage refilled was
+// and 8-byte cp.async (x from 128 staged rows, and from 64 for 8-bit codes, by one TMA box a k-step
+// on an mbarrier of its stage: tma_x) into a ring of D stages, D - 2 ahead of the math (the stage refilled was
 // read by the wgmmas of two k-steps back, retired before the barrier); the sources and the stage
 // advance a k-step at a time, and the codes are read (LDS) before the next copies are issued. Per
 // k-step each warpgroup dequantizes its 4 fragments into registers (scales in f16, as the
@@ -287,19 +288,21 @@ __device__ __forceinline__ void cluster_sum_store(float* red, const float (&acc)
   cluster.sync();   // no CTA leaves while another reads its partial
 }
 
+// Whether the loop's x comes by the copy engine (one TMA box of 64 columns x BN rows a k-step on an
+// mbarrier of its stage, rows past M zero-filled by the box) rather than by cp.async: from 128
+// staged rows, and from 64 for 8-bit codes. Measured on the H200 (docs/lab/2026-11-24-decode-h200.md,
+// run 482, the box from 64 rows for every format): at 128 rows W8 -5 to -9%, at 256 every format
+// -6 to -12%, at 64 rows W8 -1 to -3% but W4 +9 to +17% and NF4 +7 to +10%. The rule (run 483,
+// against cp.async everywhere): at 128 rows W8 -5 to -9%, NF4 unchanged, W4 +1 to +4% on single
+// layers but decode at 128 sequences W4A16 +2.1-2.4% (stacked layers), W8A16 +4%.
+constexpr bool tma_x(int bn, int u4) { return bn >= 128 || (bn >= 64 && u4 == 2); }
+
 // kRowScale (GPTQ codes with one group, per-channel scales): the fragments are dequantized to
 // q - z only and each row's scale multiplies its accumulators once at the end, in fp32.
 // kRowSs (BN = 32, K split over CTAs, fp32 y, N % 16 == 0: run() launches it only so): a split
 // norm's writer (a16_fold_norm with row_ss; a16_path.h, A16RowNorm) in the split-K sum
 // (sum_split_k's kRowSs): each token's sums of squares of each 16 rows of y, and x = f16(y w / 16)
 // in both column orders.
-// Whether the loop's x comes by the copy engine (one TMA box of 64 columns x BN rows a k-step on an
-// mbarrier of its stage, rows past M zero-filled by the box) rather than by cp.async: from 128
-// staged rows, and from 64 for 8-bit codes. Measured on the H200 (docs/lab/2026-11-24-decode-h200.md,
-// run 482, the box from 64 rows for every format): at 128 rows W8 -5 to -9%, at 256 every format
-// -6 to -12%, at 64 rows W8 -1 to -3% but W4 +9 to +17% and NF4 +7 to +10%.
-constexpr bool tma_x(int bn, int u4) { return bn >= 128 || (bn >= 64 && u4 == 2); }
-
 template <int BN, class Format, bool kInterleave, int kMinBlocks = 1, bool kRowScale = false, bool kRowSs = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     wgmma_kernel(const __grid_constant__ CUtensorMap map_x, Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
