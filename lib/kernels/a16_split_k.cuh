@@ -48,6 +48,38 @@ __device__ __forceinline__ float write_split_quad(const A16RowNorm& norm, int n,
   return ((x[0] * x[0] + x[1] * x[1]) + x[2] * x[2]) + x[3] * x[3];
 }
 
+// y's quad: token n's rows R .. R + lim - 1 of y [M, N] from v, f16, or fp32 + beta y (v then
+// holds y, which the split norm's writer reads). A whole quad at an aligned address goes as one
+// 8-byte (f16) or 16-byte (fp32) access, else element by element; the same arithmetic either way.
+// Every split-K sum's store: sum_split_k below, and a16_wgmma.cu's two sums over a cluster.
+__device__ __forceinline__ void store_quad(float (&v)[4], int lim, int n, int N, int R, __half* yh, float* yf, float beta) {
+  const int64_t i = int64_t(n) * N + R;
+  if (lim == 4 && (reinterpret_cast<uintptr_t>(yf ? static_cast<void*>(yf + i) : static_cast<void*>(yh + i)) & (yf ? 15 : 7)) == 0) {
+    if (yf) {
+      float4 y = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (beta != 0.0f) y = *reinterpret_cast<const float4*>(yf + i);
+      v[0] = v[0] + (beta != 0.0f ? beta * y.x : 0.0f);
+      v[1] = v[1] + (beta != 0.0f ? beta * y.y : 0.0f);
+      v[2] = v[2] + (beta != 0.0f ? beta * y.z : 0.0f);
+      v[3] = v[3] + (beta != 0.0f ? beta * y.w : 0.0f);
+      *reinterpret_cast<float4*>(yf + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+      const __half2 lo = __floats2half2_rn(v[0], v[1]), hi = __floats2half2_rn(v[2], v[3]);
+      uint2 u;
+      __builtin_memcpy(&u.x, &lo, 4);
+      __builtin_memcpy(&u.y, &hi, 4);
+      *reinterpret_cast<uint2*>(yh + i) = u;
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (e >= lim) break;
+    if (yf) yf[i + e] = v[e] = v[e] + (beta != 0.0f ? beta * yf[i + e] : 0.0f);
+    else yh[i + e] = __float2half_rn(v[e]);
+  }
+}
+
 template <int U = 4, bool kRowSs = false>
 __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, int R0, int rows, int M, int N, __half* yh, float* yf, float beta,
                                             const A16RowNorm& norm = {}) {
@@ -105,13 +137,7 @@ __device__ __forceinline__ void sum_split_k(const float* part, int* arrivals, in
     for (int u = 0; u < U; ++u) {
       const int o = o0 + u * blockDim.x, R = R0 + 4 * (o % (rows / 4)), n = o / (rows / 4);
       float vv[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (e >= lim[u]) break;
-        const int64_t i = int64_t(n) * N + R + e;
-        if (yf) yf[i] = vv[e] = vv[e] + (beta != 0.0f ? beta * yf[i] : 0.0f);
-        else yh[i] = __float2half_rn(vv[e]);
-      }
+      store_quad(vv, lim[u], n, N, R, yh, yf, beta);
       if constexpr (kRowSs) {   // vv: y (fp32, after beta y); lim[u] is 0 or 4
         float sq = lim[u] ? write_split_quad(norm, n, N, R, vv, wn[u]) : 0.0f;
         sq += __shfl_xor_sync(0xffffffffu, sq, 1);

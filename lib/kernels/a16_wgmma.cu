@@ -276,14 +276,8 @@ __device__ __forceinline__ void cluster_sum_store(float* red, const float (&acc)
       const float4 t = *reinterpret_cast<const float4*>(cluster.map_shared_rank(red, z) + n * kRedStride + r);
       v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
     }
-    const float vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (r + e >= rows) break;
-      const int64_t i = int64_t(n) * N + n0 + r + e;
-      if (yf) yf[i] = vv[e] + (beta != 0.0f ? beta * yf[i] : 0.0f);
-      else yh[i] = __float2half_rn(vv[e]);
-    }
+    float vv[4] = {v.x, v.y, v.z, v.w};
+    store_quad(vv, min(4, rows - r), n, N, n0 + r, yh, yf, beta);
   }
   cluster.sync();   // no CTA leaves while another reads its partial
 }
@@ -732,13 +726,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
       if (r >= rows) continue;
       const float4 v = quad_sum(n, r);
       float vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (r + e >= rows) break;
-        const int64_t o2 = int64_t(n) * N + n0 + r + e;
-        if (yf) yf[o2] = vv[e] = vv[e] + (beta != 0.0f ? beta * yf[o2] : 0.0f);
-        else yh[o2] = __float2half_rn(vv[e]);
-      }
+      store_quad(vv, min(4, rows - r), n, N, n0 + r, yh, yf, beta);
       if constexpr (kRowSs) {   // vv: X (fp32, after beta y); rows == 128, so every lane of the warp is here
         const int R = n0 + r;
         float sq = write_split_quad(norm, n, N, R, vv, __ldg(reinterpret_cast<const float4*>(norm.w + R)));
