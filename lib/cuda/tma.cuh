@@ -1,8 +1,9 @@
 // tma.cuh — the copy engine (TMA) and mbarriers of the sm_90a kernels that stream tiles into
 // shared memory (kernels/w8a8.cu, kernels/w8a8_wgmma_gemv.cu, kernels/a16_wgmma.cu): a tensor map
 // over an int8 or f16 [rows, K] matrix in boxes of 128 bytes of K (the 128-byte swizzle wgmma's
-// descriptors read) and a 3-D one without swizzle, the box copies completing on an mbarrier, and
-// the mbarrier's init, arrive and wait. One definition each, so the
+// descriptors read) and a 3-D one without swizzle, the box copies completing on an mbarrier, a
+// box stored back from shared memory (tma_store: a16_wgmma.cu's y), and the mbarrier's init,
+// arrive and wait. One definition each, so the
 // kernels agree on the layout their wgmma descriptors assume (cuda/ptx.cuh: smem_desc_sw128).
 #pragma once
 #include <cuda.h>
@@ -132,6 +133,15 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
 
 // bytes (a multiple of 16; src and dst 16-byte aligned) of global memory into shared memory at
 // dst by the copy engine, without a tensor map, completing on bar (bench/chain_probe.cu).
+// A box of shared memory at src (1024-byte aligned for the swizzle) to the tensor at coordinates
+// (c0, c1), in a bulk group of the issuing thread; parts of the box past the extents are not
+// written. The thread waits (bulk_wait_read) before src is written again or the CTA exits.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, int c0, int c1, const void* src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)), "r"(ptx::smem_addr(src)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(ptx::smem_addr(dst)), "l"(src), "r"(bytes),
                "r"(ptx::smem_addr(bar))

@@ -40,7 +40,9 @@
 // (the interleaved loop: each fragment dequantized behind the wgmmas in flight). Split-K partials are summed in slice
 // order, deterministic: at 64..256 staged rows over a cluster of the slices through shared memory
 // (cluster_sum_store) where the clusters are all resident, else by the last CTA to arrive through
-// a global workspace (a16_split_k.cuh); both in the same order, so the same bytes. At 64 and 128 staged rows
+// a global workspace (a16_split_k.cuh); both in the same order, so the same bytes. With one slice
+// from 128 staged rows and f16 y, each warpgroup's tile goes through the free ring to the copy
+// engine as one box store (tma::tma_store). At 64 and 128 staged rows
 // (144 and 152 registers: one CTA an SM) a layer of more 128-row groups than SMs runs a variant
 // held to 128 registers and a ring of at most 110 KB, two CTAs an SM, so that its CTAs fit one
 // wave (run(), below). NF4 dequantizes through a table of f16 pairs in shared memory in both forms
@@ -299,7 +301,7 @@ constexpr bool tma_x(int bn, int u4) { return bn >= 128 || (bn >= 64 && u4 == 2)
 // in both column orders.
 template <int BN, class Format, bool kInterleave, int kMinBlocks = 1, bool kRowScale = false, bool kRowSs = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    wgmma_kernel(const __grid_constant__ CUtensorMap map_x, Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
+    wgmma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_y, int y_by_tma, Format fmt, const uint4* __restrict__ W, const __half* __restrict__ xp, __half* __restrict__ yh, float* __restrict__ yf, float beta,
                  float* __restrict__ part, int* __restrict__ arrivals, int M, int N, int K, int sps, const A16RowNorm norm) {
 #ifdef PTQ_A16_WGMMA
   static_assert(!kRowSs || BN == 32, "a split norm's writer: 17..32 rows");
@@ -441,9 +443,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if constexpr (kRowScale) scale_rows<BN>(fmt, meta1, acc);
   const int g = lane >> 2, c = lane & 3;
   const bool split = gridDim.y > 1;
+  // One slice, f16 y (run(): y_by_tma, from 128 staged rows): each warpgroup's tile through the free
+  // ring to the copy engine, one box store, instead of the accumulators' scattered 2-byte stores.
   // K split over a cluster of all the slices (64..256 staged rows; run() launches it so where the
   // clusters are all resident): the partials meet in shared memory instead of the global workspace.
   if constexpr (BN >= 64 && !kRowSs) {
+    if (y_by_tma && !split) {   // f16 y by the copy engine (run(): N % 8 == 0, y 16-byte aligned)
+      __syncthreads();   // every warpgroup's wgmmas retired and copies landed: the ring is free
+      // Warpgroup wg's 64 rows x BN tokens at smem + wg BN 128, token-major in the 128-byte
+      // swizzle of map_y's boxes: row r (0..63) of token t at byte t 128 + ((r / 8) ^ (t % 8)) 16 + (r % 8) 2.
+      uint8_t* const tile = smem + wg * BN * 128;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = 8 * j + 2 * c + (e & 1), r = 16 * q + g + 8 * (e >> 1);
+          *reinterpret_cast<__half*>(tile + t * 128 + (((r >> 3) ^ (t & 7)) << 4) + (r & 7) * 2) = __float2half_rn(acc[4 * j + e]);
+        }
+      ptx::fence_proxy_async();   // the generic proxy's writes, read by the copy engine
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");   // this warpgroup's tile written
+      if ((tid & 127) == 0) {
+        tma::tma_store(&map_y, 128 * int(blockIdx.x) + 64 * wg, 0, tile);
+        tma::bulk_wait_read();
+      }
+      return;
+    }
     if (split && int(cg::this_cluster().dim_blocks().y) == int(gridDim.y)) {
       static_assert(D * SB >= BN * kRedStride * 4, "the ring holds the CTA's partial");
       __syncthreads();   // every thread's wgmmas retired and copies landed (waits above): the ring is free
@@ -741,7 +765,7 @@ __global__ void __launch_bounds__(kTmaThreads) wgmma_tma_kernel(const __grid_con
 }
 
 template <class Format>
-using WgmmaKernel = void (*)(CUtensorMap, Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int, const A16RowNorm);
+using WgmmaKernel = void (*)(CUtensorMap, CUtensorMap, int, Format, const uint4*, const __half*, __half*, float*, float, float*, int*, int, int, int, int, const A16RowNorm);
 
 // x rows staged per k-step (wgmma's N): the next of 8, 16, 32, 64, 128, 256 at or above M.
 constexpr int wgmma_bn(int64_t M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256; }
@@ -1119,7 +1143,19 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   const bool pdl = bn >= 64 || (!xp.get() && Format::kU4 == 2);
   // x by the copy engine (tma_x): boxes of 64 columns x bn rows, rows past M zero-filled.
   const CUtensorMap map_x = tma_x(bn, Format::kU4) ? cached_tensor_map(tma_spec_f16(xk, M, (K + 63) / 64 * 64, bn)) : CUtensorMap{};
-  launch_ex("a16 wgmma_kernel", pdl, -1, cluster ? dim3(1, unsigned(p.slices), 1) : dim3(0), kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, map_x, fmt, W, xk, yh, yf, beta, part.get(), arrivals,
+  // f16 y of one slice by the copy engine (the kernel's y_by_tma): boxes of 64 rows of W x bn
+  // tokens, from 128 staged rows. Lab runs 496-497 (docs/lab/2026-11-24-decode-h200.md), stream µs
+  // against the accumulators' own stores: at 128 and 256 rows W4 and W8 -5 to -8%, NF4 -2 to -7%
+  // on the layers of one slice, the decode at 128 sequences within 0.4%; at 64 rows the one-CTA
+  // kernels -3% but the decode at 64 sequences -0.5 to -1%, so 64 rows keep their stores. The
+  // same loss showed with the path compiled into the 64-row kernels but not taken (run 497), so it
+  // is their code or noise, not the store; compiling the path out of them is
+  // docs/lab/2026-12-02-a16-tma-y-128.patch, not yet run on the GPU.
+  // PTQKIT_A16_TMA_Y=0 keeps the stores everywhere.
+  static const bool tma_y_on = env_switch("PTQKIT_A16_TMA_Y", true);
+  const bool y_by_tma = tma_y_on && bn >= 128 && !norm_out && yh && !yf && p.slices == 1 && N % 8 == 0 && reinterpret_cast<uintptr_t>(yh) % 16 == 0;
+  const CUtensorMap map_y = y_by_tma ? cached_tensor_map(tma_spec_f16(yh, M, N, bn)) : CUtensorMap{};
+  launch_ex("a16 wgmma_kernel", pdl, -1, cluster ? dim3(1, unsigned(p.slices), 1) : dim3(0), kern, dim3(unsigned(p.groups), unsigned(p.slices)), dim3(kThreads), smem, map_x, map_y, int(y_by_tma), fmt, W, xk, yh, yf, beta, part.get(), arrivals,
              int(M), int(N), int(K), p.sps, norm_out ? *norm_out : A16RowNorm{});
 }
 
