@@ -131,8 +131,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
                : "memory");
 }
 
-// bytes (a multiple of 16; src and dst 16-byte aligned) of global memory into shared memory at
-// dst by the copy engine, without a tensor map, completing on bar (bench/chain_probe.cu).
 // A box of shared memory at src (1024-byte aligned for the swizzle) to the tensor at coordinates
 // (c0, c1), in a bulk group of the issuing thread; parts of the box past the extents are not
 // written. The thread waits (bulk_wait_read) before src is written again or the CTA exits.
@@ -142,6 +140,9 @@ __device__ __forceinline__ void tma_store(const CUtensorMap* map, int c0, int c1
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
+// bytes (a multiple of 16; src and dst 16-byte aligned) of global memory into shared memory at
+// dst by the copy engine, without a tensor map, completing on bar (bench/chain_probe.cu).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(ptx::smem_addr(dst)), "l"(src), "r"(bytes),
                "r"(ptx::smem_addr(bar))
