@@ -1145,7 +1145,7 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   const CUtensorMap map_x = tma_x(bn, Format::kU4) ? cached_tensor_map(tma_spec_f16(xk, M, (K + 63) / 64 * 64, bn)) : CUtensorMap{};
   // f16 y of one slice by the copy engine (the kernel's y_by_tma): boxes of 64 rows of W x bn
   // tokens, from 128 staged rows. Lab runs 496-497 (docs/lab/2026-11-24-decode-h200.md), stream µs
-  // against the accumulators' own stores: at 128 and 256 rows W4 and W8 -5 to -8%, NF4 -2 to -7%
+  // against the accumulators' own stores: at 128 and 256 rows W4 and W8 -5 to -8%, NF4 -4 to -7%
   // on the layers of one slice, the decode at 128 sequences within 0.4%; at 64 rows the one-CTA
   // kernels -3% but the decode at 64 sequences -0.5 to -1%, so 64 rows keep their stores. The
   // same loss showed with the path compiled into the 64-row kernels but not taken (run 497), so it
