@@ -73,6 +73,10 @@ __device__ __forceinline__ uint2 ld_shared_u2(uint32_t a) {
 // Shared-memory writes of the generic proxy (st.shared, cp.async) made visible to the async proxy
 // that wgmma and the bulk copies read through.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// A barrier of kCount threads (a multiple of 32) on named barrier id (1..15; 0 is
+// __syncthreads'), e.g. one warpgroup's.
+template <int kCount>
+__device__ __forceinline__ void named_barrier(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kCount) : "memory"); }
 
 // sm_90a only (wgmma): a shared-memory matrix descriptor for a K-major tile in the 128-byte swizzle
 // (rows of 128 bytes, 8-row groups 1024 bytes apart, the tile 1024-byte aligned; advancing the

@@ -461,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           *reinterpret_cast<__half*>(tile + t * 128 + (((r >> 3) ^ (t & 7)) << 4) + (r & 7) * 2) = __float2half_rn(acc[4 * j + e]);
         }
       ptx::fence_proxy_async();   // the generic proxy's writes, read by the copy engine
-      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");   // this warpgroup's tile written
+      ptx::named_barrier<128>(1 + wg);   // this warpgroup's tile written
       if ((tid & 127) == 0) {
         tma::tma_store(&map_y, 128 * int(blockIdx.x) + 64 * wg, 0, tile);
         tma::bulk_wait_read();
