@@ -1268,6 +1268,25 @@ TEST_CASE("gpu: the wgmma A16 kernel: every split equals the reference GEMM (GPT
       }
   }
   {
+    // One slice from 128 staged rows writes f16 y by the copy engine, a box of 64 rows a warpgroup.
+    // N = 1040 (N % 128 = 16): the last CTA's first box is cut at N and its second lies wholly past
+    // it, so neither may write outside y (the whole y is compared; a fault fails the copy back).
+    const int64_t N2 = 1040;
+    for (const Case& cs : {Case{4, -1}, Case{8, 16}}) {
+      const QuantizedLinear q = random_q(cs.bits, N2, K, cs.gs, cs.gs < 0, false, uint64_t(131 + cs.bits));
+      const GptqPacked pk = pack_gptq(q, true);
+      auto L = cuda::W4A16Linear::from_gptq(pk, true);
+      for (int64_t M : {100, 128, 256}) {
+        cuda::set_a16_split({0, 1});
+        Rng r{uint64_t(M * 5 + 2)};
+        const double rel = a16_error(*L, M, K, N2, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_gptq(xx, M, pk, true, yy); });
+        cuda::set_a16_split({});
+        INFO(cs.bits << "-bit g" << cs.gs << " N=" << N2 << " M=" << M << " one slice: relative error " << rel);
+        CHECK(rel <= 2e-3);
+      }
+    }
+  }
+  {
     const int64_t Kn = 1984;   // NF4: a multiple of the block
     Rng r{501};
     std::vector<float> W(size_t(N * Kn));
