@@ -1150,7 +1150,8 @@ void run(const Format& fmt, const uint4* W, const __half* x, __half* yh, float* 
   // against the accumulators' own stores: at 128 and 256 rows W4 and W8 -5 to -8%, NF4 -4 to -7%
   // on the layers of one slice, the decode at 128 sequences within 0.4%; at 64 rows the one-CTA
   // kernels -3% but the decode at 64 sequences -0.5 to -1%, so the 64-row kernels keep their
-  // stores and are compiled without this path.
+  // stores and are compiled without this path (run 498: at 64 sequences W4A16 +0.7-1.5% and NF4
+  // +1.3% against the path compiled in but not taken).
   // PTQKIT_A16_TMA_Y=0 keeps the stores everywhere.
   static const bool tma_y_on = env_switch("PTQKIT_A16_TMA_Y", true);
   const bool y_by_tma = tma_y_on && bn >= 128 && !norm_out && yh && !yf && p.slices == 1 && N % 8 == 0 && reinterpret_cast<uintptr_t>(yh) % 16 == 0;
