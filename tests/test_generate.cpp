@@ -127,4 +127,12 @@ TEST_CASE("cli: generate streams transformers' greedy token, is deterministic fo
   auto bad = ptqtest::run_ptqkit("generate --model " + A + "/models/stories260k --prompt-ids 1,99999");
   CHECK(bad.code == int(Errc::input));
   CHECK(bad.out.find("outside the vocabulary") != std::string::npos);
+  // A checkpoint without a tokenizer (the tiny Qwen3): text in is refused, naming the folder and
+  // the ways out; ids in work.
+  auto none = ptqtest::run_ptqkit("generate --model " + A + "/models/tiny-qwen3 --prompt x");
+  INFO(none.out);
+  CHECK(none.code == int(Errc::io));
+  CHECK(none.out.find("tiny-qwen3") != std::string::npos);
+  CHECK(none.out.find("--prompt-ids") != std::string::npos);
+  CHECK(ptqtest::run_ptqkit("generate --model " + A + "/models/tiny-qwen3 --prompt-ids 1,5 --max-tokens 2").code == 0);
 }
