@@ -4,7 +4,10 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <memory>
 #include <string>
+
+#include "model/tokenizer.h"
 
 namespace ptq {
 
@@ -27,5 +30,8 @@ std::vector<Command> add_bench(CLI::App& app);
 
 // Shared by several commands.
 std::string human_bytes(double bytes);
+// The tokenizer at --tokenizer's path when given, else in the model folder. A model folder without
+// one fails (Errc::io, naming the folder) with `ways_out` added: the command's flags that avoid it.
+std::unique_ptr<Tokenizer> cli_tokenizer(const std::string& tokenizer_flag, const std::string& model_dir, int bos_hint, const std::string& ways_out);
 
 }  // namespace ptq

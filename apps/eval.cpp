@@ -88,7 +88,7 @@ int run_eval(const EvalArgs& a) {
   const LlamaModel& model = *mp;
   std::unique_ptr<LlamaModel> ref;
   if (!a.reference.empty()) ref = open_model(a.reference);
-  auto tok = load_tokenizer(a.tokenizer.empty() ? model.dir() : a.tokenizer, model.config().bos_token_id);
+  auto tok = cli_tokenizer(a.tokenizer, model.dir(), model.config().bos_token_id, "give one with --tokenizer FILE");
   const std::vector<int32_t> ids = encode_corpus(*tok, a.data);
   EvalOptions o;
   o.seq_len = a.seq_len > 0 ? a.seq_len : model.config().max_position_embeddings;

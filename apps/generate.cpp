@@ -46,12 +46,7 @@ int run(const GenerateArgs& a) {
   std::unique_ptr<Tokenizer> tok;
   std::vector<int32_t> ids;
   if (!a.prompt.empty()) {
-    try {
-      tok = load_tokenizer(a.tokenizer.empty() ? model->dir() : a.tokenizer, c.bos_token_id);
-    } catch (const Error& e) {   // the way out for checkpoints that ship without a tokenizer
-      if (e.code != Errc::io || !a.tokenizer.empty()) throw;
-      fail(e.code, e.file, e.field, e.message + "; give one with --tokenizer FILE, or the prompt as --prompt-ids ID,ID,...");
-    }
+    tok = cli_tokenizer(a.tokenizer, model->dir(), c.bos_token_id, "give one with --tokenizer FILE, or the prompt as --prompt-ids ID,ID,...");
     if (!a.no_bos && tok->bos_id >= 0) ids.push_back(tok->bos_id);
     for (int32_t t : tok->encode(a.prompt)) ids.push_back(t);
   } else {

@@ -30,6 +30,16 @@ std::string human_bytes(double b) {
   return s;
 }
 
+std::unique_ptr<Tokenizer> cli_tokenizer(const std::string& tokenizer_flag, const std::string& model_dir, int bos_hint, const std::string& ways_out) {
+  if (!tokenizer_flag.empty()) return load_tokenizer(tokenizer_flag, bos_hint);
+  try {
+    return load_tokenizer(model_dir, bos_hint);
+  } catch (const Error& e) {   // checkpoints that ship without a tokenizer (the tiny family checkpoints)
+    if (e.code != Errc::io) throw;
+    fail(e.code, e.file, e.field, e.message + "; " + ways_out);
+  }
+}
+
 namespace {
 
 struct InspectArgs {

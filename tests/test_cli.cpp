@@ -59,6 +59,7 @@ TEST_CASE("cli: errors name the file and field and exit non-zero with the kind's
   r = run_ptqkit("eval --model " + d / "notok" + " --data " + d / "t.txt");
   CHECK(r.code == 3);
   CHECK(r.out.find("no tokenizer.model, tokenizer.json") != std::string::npos);
+  CHECK(r.out.find("give one with --tokenizer") != std::string::npos);   // and the way out
 
   ptq::write_file_atomic(d / "m/config.json", "{\"model_type\": \"llama\", ");
   r = run_ptqkit("inspect " + d / "m");
