@@ -280,11 +280,13 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       static const int rt32 = env_int("PTQKIT_A16_RT32", -1);
       const int rt32_here = rt32 >= 0 ? rt32 : Format::kU4 == 2 && split == SplitNorm::writer ? 2 : 0;
       // PTQKIT_A16_MMA_CELLS="NxK:bits:rt:slices,..." (a sweep switch): the row tiles a warp and K
-      // slices of single layers at 17..32 rows (0: the planner's), for per-layer A/Bs in the decode.
+      // slices of single layers at 17..32 rows and at one row (0: the planner's; a stacked gate, up
+      // with its silu at one row: slices of each half, rt left to the silu form), for per-layer A/Bs
+      // in the decode.
       static const std::vector<A16SweepCell> cells = a16_sweep_cells("PTQKIT_A16_MMA_CELLS");
-      const A16SweepCell* cell = nt == 4 && !silu ? a16_sweep_cell(cells, N, K, code_bits<Format>()) : nullptr;
+      const A16SweepCell* cell = (nt == 4 && !silu) || M == 1 ? a16_sweep_cell(cells, N, K, code_bits<Format>()) : nullptr;
       const int rt_only = [&] {
-        if (cell && cell->a) return cell->a;
+        if (cell && cell->a && !silu) return cell->a;
         if (silu) return silu_split ? 1 : 2;
         if (nt == 2 && !Format::kPairTable) return 2;
         if (nt == 4 && Format::kPairTable) return 2;
@@ -293,8 +295,21 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       }();
       // With the measured slice counts at 17..32 rows (a16_path.h, a16_mma_slices; lab run 199:
       // phi3-mini NF4 decode batch 32 +4.1%).
-      Plan q = plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_only,
+      auto plan_rt = [&](int rt_of) {
+        return plan(N, K, M, kern, [nt](int rt) { return overlap_variants<Format>(nt, rt); }, [nt](int rt) { return batch_steps<Format>(nt, rt); }, rt_of,
                     silu_split ? 2 : 1, cell && cell->b ? cell->b : a16_mma_slices(M, N, K, code_bits<Format>()));
+      };
+      Plan q = plan_rt(rt_only);
+      // NF4 at one row: one row tile where its CTAs fit in one wave. The model counts a warp's k-steps,
+      // not its tiles, so it picks two plain tiles for 12288 x 4096 (the stacked q, k, v), where one
+      // tile's overlapped x-staged kernel ran 15.36 against 16.16 µs and the llama2-7b and phi3-mini
+      // decode at batch 1 +2.3% (lab runs 506-507). Where one tile takes more than a wave the
+      // model's choice stays: 28672 x 4096 ran 32.7 µs on two tiles, 70.9 on one (three waves).
+      if (Format::kPairTable && M == 1 && !silu && !g_split.rt && !(cell && cell->a) && q.rt == 2) {
+        const Plan q1 = plan_rt(1);
+        const size_t smem1 = red_bytes(q1.S, nt, 1) + (norm_in ? size_t(K / 16) * 4 : 0);
+        if (q1.rt == 1 && q1.ctas <= int64_t(resident_ctas(kern(1, q1.overlap), q1.S, smem1)) * sm_count()) q = q1;
+      }
       if (silu_split) q.S *= 2;   // gate tile b and up tile b + F / 16 in one CTA: S K slices of each
       q.smem = red_bytes(q.S, nt, q.rt) + (norm_in ? size_t(K / 16) * 4 : 0);   // at least 512 bytes: a fold's 32 sums and flag fit; kNormIn's sums after them
       // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks
