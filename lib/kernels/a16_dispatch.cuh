@@ -303,7 +303,7 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
       // NF4 at one row: one row tile where its CTAs fit in one wave. The model counts a warp's k-steps,
       // not its tiles, so it picks two plain tiles for 12288 x 4096 (the stacked q, k, v), where one
       // tile's overlapped x-staged kernel ran 15.36 against 16.16 µs and the llama2-7b and phi3-mini
-      // decode at batch 1 +2.3% (lab runs 506-507). Where one tile takes more than a wave the
+      // decode at batch 1 +2.3% (lab runs 506-508). Where one tile takes more than a wave the
       // model's choice stays: 28672 x 4096 ran 32.7 µs on two tiles, 70.9 on one (three waves).
       if (Format::kPairTable && M == 1 && !silu && !g_split.rt && !(cell && cell->a) && q.rt == 2) {
         const Plan q1 = plan_rt(1);
