@@ -300,18 +300,19 @@ void run_mma(const Format& fmt, bool k_step_scale, const uint4* W, const __half*
                     silu_split ? 2 : 1, cell && cell->b ? cell->b : a16_mma_slices(M, N, K, code_bits<Format>()));
       };
       Plan q = plan_rt(rt_only);
+      // Shared memory at launch: at least 512 bytes (a fold's 32 sums and flag fit); kNormIn's sums after them.
+      auto smem_of = [&](int S, int rt) { return red_bytes(S, nt, rt) + (norm_in ? size_t(K / 16) * 4 : 0); };
       // NF4 at one row: one row tile where its CTAs fit in one wave. The model counts a warp's k-steps,
       // not its tiles, so it picks two plain tiles for 12288 x 4096 (the stacked q, k, v), where one
       // tile's overlapped x-staged kernel ran 15.36 against 16.16 µs and the llama2-7b and phi3-mini
       // decode at batch 1 +2.3% (lab runs 506-508). Where one tile takes more than a wave the
       // model's choice stays: 28672 x 4096 ran 32.7 µs on two tiles, 70.9 on one (three waves).
       if (Format::kPairTable && M == 1 && !silu && !g_split.rt && !(cell && cell->a) && q.rt == 2) {
-        const Plan q1 = plan_rt(1);
-        const size_t smem1 = red_bytes(q1.S, nt, 1) + (norm_in ? size_t(K / 16) * 4 : 0);
-        if (q1.rt == 1 && q1.ctas <= int64_t(resident_ctas(kern(1, q1.overlap), q1.S, smem1)) * sm_count()) q = q1;
+        const Plan q1 = plan_rt(1);   // rt_only 1: plan() weighs one tile only
+        if (q1.ctas <= int64_t(resident_ctas(kern(1, q1.overlap), q1.S, smem_of(q1.S, 1))) * sm_count()) q = q1;
       }
       if (silu_split) q.S *= 2;   // gate tile b and up tile b + F / 16 in one CTA: S K slices of each
-      q.smem = red_bytes(q.S, nt, q.rt) + (norm_in ? size_t(K / 16) * 4 : 0);   // at least 512 bytes: a fold's 32 sums and flag fit; kNormIn's sums after them
+      q.smem = smem_of(q.S, q.rt);
       // One row, overlapped batches: x staged per batch (kStageX). One row tile: where a warp walks
       // more than one batch (staging takes the x loads off each batch's critical path; with one
       // batch a warp it only adds a copy), the unstaged kernel otherwise (the same launch bound, 64
