@@ -1550,6 +1550,67 @@ TEST_CASE("gpu: the wgmma A16 kernel's two-CTA variant (more 128-row groups than
   }
 }
 
+// One small call of each A16 kernel form, for compute-sanitizer's racecheck and synccheck, whose
+// shared-memory hazard tracking is too slow for the cases above (lab run 502: "every split" did
+// not finish in 60 s): `compute-sanitizer --tool racecheck test_cuda "[sanitize]"`. Hidden, so
+// CTest does not run it twice; each call is still held to the reference GEMM. The forms: the
+// L2-fed kernel at one row (one tile overlapped with x staged, two tiles plain, the planner's),
+// 8 rows (both loops), 16, 32 and 64; the shared-x kernel; the wgmma k-step loop at 32 rows, at
+// 64 and 128 with its K slices summed through the workspace and over a cluster, one slice from 128
+// rows (y by the copy engine) and 256; its streamed form at 1, 8 and 32 rows; its two-CTA variant
+// (133 groups of 128 rows). GPTQ 4-bit g128, 8-bit per channel, NF4 blocks of 64.
+TEST_CASE("gpu: one small call of each A16 kernel form equals the reference GEMM (for compute-sanitizer)", "[.][sanitize]") {
+  PTQ_REQUIRE_GPU();
+  using P = cuda::A16Path;
+  struct Call { P path; int64_t M; cuda::A16Split split; const char* what; };
+  std::vector<Call> calls = {
+      {P::mma, 1, {1, 2, 0, 2}, "one row, one tile, overlapped"}, {P::mma, 1, {2, 2, 0, 1}, "one row, two tiles, plain"},
+      {P::mma, 1, {}, "one row, planner"},                        {P::mma, 8, {1, 2, 0, 2}, "8 rows, one tile, overlapped"},
+      {P::mma, 8, {2, 2, 0, 1}, "8 rows, two tiles, plain"},      {P::mma, 16, {}, "16 rows"},
+      {P::mma, 32, {}, "32 rows"},                                {P::mma, 64, {0, 3}, "64 rows, 3 slices"},
+      {P::shared_x, 48, {0, 3, 8}, "shared x, 3 slices"}};
+  if (cuda::a16_wgmma_supported()) {
+    const std::vector<Call> wg = {
+        {P::wgmma, 32, {0, 2, 0, 0, 1}, "k-step loop, 32 rows"},   {P::wgmma, 64, {0, 2, 0, 0, 0, 1}, "loop, 64 rows, workspace sum"},
+        {P::wgmma, 64, {0, 2, 0, 0, 0, 2}, "loop, 64 rows, cluster sum"}, {P::wgmma, 128, {0, 2, 0, 0, 0, 2}, "loop, 128 rows, cluster sum"},
+        {P::wgmma, 128, {0, 1}, "loop, 128 rows, one slice (TMA y)"},     {P::wgmma, 256, {0, 1}, "loop, 256 rows"},
+        {P::wgmma, 1, {0, 1, 0, 0, 2}, "streamed, one row"},             {P::wgmma, 8, {0, 1, 0, 0, 2}, "streamed, 8 rows"},
+        {P::wgmma, 32, {0, 3, 0, 0, 2}, "streamed, 32 rows, 3 slices"}};
+    calls.insert(calls.end(), wg.begin(), wg.end());
+  } else {
+    WARN("the wgmma forms need sm_90: " + cuda::describe());
+  }
+  const int64_t N = 256, K = 1024;
+  auto run = [&](const auto& L, const std::string& codes, double tol, auto&& ref, int64_t n, const std::vector<Call>& list) {
+    for (const Call& c : list) {
+      Rng r{uint64_t(c.M * 13 + n)};
+      cuda::set_a16_split(c.split);
+      const double rel = a16_error(L, c.M, K, n, r, c.path, [&](const float* x, float* y) { ref(x, c.M, y); });
+      cuda::set_a16_split({});
+      INFO(codes << " " << n << "x" << K << " M=" << c.M << " " << c.what << ": relative error " << rel);
+      CHECK(rel <= tol);
+    }
+  };
+  for (int bits : {4, 8}) {
+    const GptqPacked pk = pack_gptq(random_q(bits, N, K, bits == 4 ? 128 : -1, bits == 8, false, uint64_t(1400 + bits)), true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    run(*L, std::to_string(bits) + "-bit", 2e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_gptq(x, M, pk, true, y); }, N, calls);
+  }
+  Rng rw{1409};
+  std::vector<float> W(size_t(N * K));
+  for (auto& v : W) v = float(rw.normal() * 0.02);
+  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  auto F = cuda::Nf4Linear::from_nf4(t, N, K);
+  run(*F, "NF4", 3e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, K, y); }, N, calls);
+  if (cuda::a16_wgmma_supported()) {   // more 128-row groups than SMs: two CTAs an SM at 33..128 rows
+    const int64_t N2 = 17024;
+    const GptqPacked pk = pack_gptq(random_q(4, N2, K, 128, true, false, 1410), true);
+    auto L = cuda::W4A16Linear::from_gptq(pk, true);
+    run(*L, "4-bit", 2e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_gptq(x, M, pk, true, y); }, N2,
+        {{P::wgmma, 48, {}, "two-CTA variant, 48 rows"}});
+  }
+}
+
 // The order is a permutation of each k-step's 64 columns that keeps column pairs together, and the
 // kernel reading a producer's copy in it (a16_offer_wgmma_x) gives the bytes of its own permute pass.
 TEST_CASE("gpu: the wgmma A16 kernel takes x in its k-step order from a producer (a16_offer_wgmma_x): the bytes of its own permute pass") {
