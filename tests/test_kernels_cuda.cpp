@@ -1589,6 +1589,7 @@ TEST_CASE("gpu: one small call of each A16 kernel form equals the reference GEMM
       cuda::set_a16_split({});
       INFO(codes << " " << n << "x" << K << " M=" << c.M << " " << c.what << ": relative error " << rel);
       CHECK(rel <= tol);
+      if (c.split.sum) CHECK(cuda::a16_wgmma_last_clustered() == (c.split.sum == 2));   // the sum the call is named for ran
     }
   };
   for (int bits : {4, 8}) {
