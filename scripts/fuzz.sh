@@ -12,7 +12,7 @@ if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux
   echo "PTQKIT_SKIP: clang or libFuzzer missing (scripts/setup.sh installs clang and libclang-rt-14-dev)"; exit 0
 fi
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-if ! grep -qs '^CMAKE_UNITY_BUILD:BOOL=ON' build-fuzz/CMakeCache.txt; then
+if ! grep -qsE '^CMAKE_UNITY_BUILD:[A-Z]+=ON' build-fuzz/CMakeCache.txt; then
   # -O1 (what the sanitizers' own docs build with) and line tables only (CMakeLists.txt): reports
   # keep their file:line stacks, and the build, most of this script's time in CI, is ~18% shorter
   # than at -O2 -g. A unity build (up to 8 of a library's files one translation unit): 239 CPU-s
@@ -20,7 +20,7 @@ if ! grep -qs '^CMAKE_UNITY_BUILD:BOOL=ON' build-fuzz/CMakeCache.txt; then
   # the rounding a joined unit may move (docs/architecture.md) does not matter to this build.
   CC=clang CXX=clang++ cmake -S . -B build-fuzz "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" -DPTQKIT_FUZZ=ON -DPTQKIT_CUDA=OFF \
-    -DBUILD_TESTING=OFF -DPTQKIT_NATIVE=OFF -DCMAKE_UNITY_BUILD=ON >/dev/null
+    -DBUILD_TESTING=OFF -DPTQKIT_NATIVE=OFF -DCMAKE_UNITY_BUILD:BOOL=ON >/dev/null
 fi
 cmake --build build-fuzz --parallel "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
 mkdir -p build-fuzz/crashes
