@@ -88,6 +88,14 @@ QuantizedLinear random_q(int bits, int64_t out, int64_t in, int gs, bool sym, bo
   }
   return q;
 }
+
+// The NF4 counterpart: weights drawn normal (sd 0.02) from seed, NF4 in blocks of 64 with nested absmax.
+Nf4Tensor random_nf4(int64_t N, int64_t K, uint64_t seed) {
+  Rng rw{seed};
+  std::vector<float> W(size_t(N * K));
+  for (auto& v : W) v = float(rw.normal() * 0.02);
+  return nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+}
 }  // namespace
 
 TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym, g128/per-channel, act-order, odd M and shapes)") {
@@ -1376,10 +1384,7 @@ TEST_CASE("gpu: the wgmma A16 loop's K slices summed over a cluster equal the gl
   const GptqPacked pk = pack_gptq(q, true);
   auto L = cuda::W4A16Linear::from_gptq(pk, true);
   compare(*L, "4-bit g128", [&](const float* x, int64_t M, float* y) { ref_gemm_gptq(x, M, pk, true, y); });
-  Rng rw{1402};
-  std::vector<float> W(size_t(N * K));
-  for (auto& v : W) v = float(rw.normal() * 0.02);
-  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  const Nf4Tensor t = random_nf4(N, K, 1402);
   auto F = cuda::Nf4Linear::from_nf4(t, N, K);
   compare(*F, "NF4", [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, K, y); });
 }
@@ -1403,10 +1408,7 @@ TEST_CASE("gpu: the wgmma A16 kernel on the decode's stacked shapes at 24 and 48
       }
     }
   // NF4 22016 x 4096 at 24 rows: the streamed form at 2 k-steps a stage (a16_wgmma_nk).
-  Rng rw{811};
-  std::vector<float> W(size_t(22016) * 4096);
-  for (auto& v : W) v = float(rw.normal() * 0.02);
-  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  const Nf4Tensor t = random_nf4(22016, 4096, 811);
   auto F = cuda::Nf4Linear::from_nf4(t, 22016, 4096);
   Rng r{24};
   const double rel = a16_error(*F, 24, 4096, 22016, r, cuda::A16Path::wgmma, [&](const float* xx, float* yy) { ref_gemm_nf4(xx, 24, t, 22016, 4096, yy); });
@@ -1466,10 +1468,7 @@ TEST_CASE("gpu: the wgmma A16 kernel's streamed form at 1..32 rows equals the re
     }
   }
   const int64_t Kn = 4160;
-  Rng rw{1109};
-  std::vector<float> W(size_t(N * Kn));
-  for (auto& v : W) v = float(rw.normal() * 0.02);
-  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  const Nf4Tensor t = random_nf4(N, Kn, 1109);
   auto F = cuda::Nf4Linear::from_nf4(t, N, Kn);
   check(*F, Kn, "NF4", 3e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, Kn, y); });
 }
@@ -1537,10 +1536,7 @@ TEST_CASE("gpu: the wgmma A16 kernel's two-CTA variant (more 128-row groups than
       CHECK(rel <= 2e-3);
     }
   }
-  Rng rw{901};
-  std::vector<float> W(size_t(N * K));
-  for (auto& v : W) v = float(rw.normal() * 0.02);
-  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  const Nf4Tensor t = random_nf4(N, K, 901);
   auto F = cuda::Nf4Linear::from_nf4(t, N, K);
   for (int64_t M : {48, 128}) {
     Rng r{uint64_t(M)};
@@ -1597,10 +1593,7 @@ TEST_CASE("gpu: one small call of each A16 kernel form equals the reference GEMM
     auto L = cuda::W4A16Linear::from_gptq(pk, true);
     run(*L, std::to_string(bits) + "-bit", 2e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_gptq(x, M, pk, true, y); }, N, calls);
   }
-  Rng rw{1409};
-  std::vector<float> W(size_t(N * K));
-  for (auto& v : W) v = float(rw.normal() * 0.02);
-  const Nf4Tensor t = nf4_quantize(W.data(), int64_t(W.size()), 64, true);
+  const Nf4Tensor t = random_nf4(N, K, 1409);
   auto F = cuda::Nf4Linear::from_nf4(t, N, K);
   run(*F, "NF4", 3e-3, [&](const float* x, int64_t M, float* y) { ref_gemm_nf4(x, M, t, N, K, y); }, N, calls);
   if (cuda::a16_wgmma_supported()) {   // more 128-row groups than SMs: two CTAs an SM at 33..128 rows
