@@ -41,11 +41,23 @@
 // the time goes between stages.
 // Compared with, on the same weights: each stage as its own launch of w4_rows.cuh's gemv_w4 under
 // PDL (its x the previous stage's f16 output, not normalized: the same bytes, the timing only).
-// Usage: chain_probe [runs] [layers]   (default 10 runs, 32 layers)
+// With positions L > 0, each layer also holds an attention stage between q, k, v and o (the term a
+// one-kernel decode step would add; lab run 518): Llama-2-7B's 32 heads of 128 at batch 1 over L
+// cached positions (f16, random, head-major so that a split's keys are one contiguous run: the
+// cache's layout measured no different in ptqkit's attention, lab run 170), q the q, k, v stage's
+// first 4,096 outputs, in splits of 64 positions, one a CTA (attn_split: one pass of online
+// softmax, the splits' records added by the last split of a head to arrive, in split order). In the
+// persistent kernel the producer streams a split's keys and values as two fills of the ring right
+// after the q, k, v stage's units (they do not depend on it), and the CTA computes its split once
+// every CTA arrived on q, k, v; ctx is the o stage's source. In the arm of launches, a kernel of
+// 8 warps a split loads its rows into registers before its PDL wait, as ptqkit's attend does.
+// Checked against fp64 (the same bound).
+// Usage: chain_probe [runs] [layers] [positions]   (default 10 runs, 32 layers, no attention)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -76,7 +88,23 @@ struct Stage {
   int N, K, gate_up;
   int part;                // units a block of the partition: 1, or K / 128 (whole row blocks)
   int ns_off;              // into the CTA's copy of the table of CTAs a row block
+  // An attention stage (attn = 1; N = K = 0, no codes): q = src [kHeads x kHd] (the q, k, v
+  // stage's first 4096 outputs), the layer's cache kc, vc [kHeads][L][kHd] f16 (head-major), ctx
+  // into out16 (and y32 in fp32 with check); recs [kHeads][S_a][2 + kHd] the splits' records,
+  // arrivals [kHeads] the splits arrived a head.
+  int attn;
+  const __half* kc;
+  const __half* vc;
+  float* recs;
+  int L, S_a;
 };
+
+// The attention stage: Llama-2-7B's 32 heads of 128 over L cached positions, batch 1, in splits of
+// 64 positions (a split a CTA, as ptqkit's attend at batch 1: 6 splits of a 384-long cache, of
+// which 4 hold positions at position 256). A thread takes dims d0 .. d0 + 7 of one position
+// (16 lanes a position, 2 a warp step) and at most kAttnU of the split's positions.
+constexpr int kHeads = 32, kHd = 128, kSplitPos = 64, kAttnRow = kHd * 2;
+constexpr int kAttnU = 4;   // 64 positions / (2 a warp step x 8 warps): the fewest warps an arm runs
 
 // The partition: CTA c takes blocks of A units [c (U / A) / P, (c + 1) (U / A) / P) (A = 1, or G:
 // whole row blocks); unit_begin is its first unit, cta_of(t) the CTA that holds unit t (the
@@ -109,12 +137,137 @@ __device__ __forceinline__ __half source_value(const Stage& d, int P, int k) {
 // With check: CTA 0 writes the stage's whole output in fp32 (y32) and its source values in f16
 // (out16), for the host's fp64 check. Not timed.
 __device__ void write_check(const Stage& d, int P, int threads) {
+  if (d.attn) return;   // its combining CTAs wrote y32 and out16
   const int G = d.K / 128, U = d.N / 32 * G;
   for (int r = threadIdx.x; r < d.N; r += threads) d.y32[r] = row_sum(d, G, U, P, r / 32, r % 32);
   for (int k = threadIdx.x; k < (d.gate_up ? d.N / 2 : d.N); k += threads) d.out16[k] = source_value(d, P, k);
 }
 
 constexpr int kMaxLocal = 8;   // row blocks a CTA's range of one stage may touch
+
+// Split z of head h (n of its positions) from the thread's key and value rows kr, vr (dims d0 ..
+// d0 + 7 of local positions 2 w + sub + 2 nw u, u < kAttnU, those < n; w the warp of nw): scores
+// q·k / sqrt(kHd) (fp32, the 16 lanes of a position summed by shuffles), one pass of online softmax
+// (the thread's max, exp-sum and P·V of its 8 dims), the two positions of a warp step merged by a
+// shuffle, the warps in scratch ([nw][kHd] + 2 nw floats + a flag) after sync(); the split's record
+// (max, exp-sum, P·V) into d.recs. The last of the head's splits to arrive (an acq_rel counter
+// after sync(): its release covers the CTA's record) adds the S_a records in split order, as
+// ptqkit's combine_splits: ctx = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) s_z, into out16 (and y32
+// with check). Deterministic: every sum in a fixed order.
+template <class Sync>
+__device__ void attn_split(const Stage& d, int h, int z, int n, const uint4 (&kr)[kAttnU], const uint4 (&vr)[kAttnU], float* scratch, int nw, int check, Sync sync) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, sub = lane / 16, d0 = (lane % 16) * 8;
+  float q[8];
+  {
+    const uint4 u = __ldcg(reinterpret_cast<const uint4*>(d.src + h * kHd + d0));   // written by the stage before
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h2(w[i]));
+      q[2 * i] = f.x, q[2 * i + 1] = f.y;
+    }
+  }
+  const float scale = rsqrtf(float(kHd));
+  float e[kAttnU], m = -FLT_MAX;
+#pragma unroll
+  for (int u = 0; u < kAttnU; ++u) {
+    const uint32_t w[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h2(w[i]));
+      t = fmaf(q[2 * i], f.x, fmaf(q[2 * i + 1], f.y, t));
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) t += __shfl_xor_sync(0xffffffffu, t, o);
+    const bool on = 2 * warp + sub + 2 * nw * u < n;
+    e[u] = on ? t * scale : -FLT_MAX;
+    m = fmaxf(m, e[u]);
+  }
+  float l = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+  for (int u = 0; u < kAttnU; ++u) {
+    const float p = 2 * warp + sub + 2 * nw * u < n ? __expf(e[u] - m) : 0.0f;
+    const uint32_t w[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
+    l += p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h2(w[i]));
+      acc[2 * i] = fmaf(p, f.x, acc[2 * i]), acc[2 * i + 1] = fmaf(p, f.y, acc[2 * i + 1]);
+    }
+  }
+  {   // the warp's two positions a step: rescaled to the larger max (none: -FLT_MAX, 0, 0, weight 0)
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, 16), l2 = __shfl_xor_sync(0xffffffffu, l, 16), mm = fmaxf(m, m2);
+    const float a = __expf(m - mm), b = __expf(m2 - mm);
+    l = l * a + l2 * b;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = acc[i] * a + __shfl_xor_sync(0xffffffffu, acc[i], 16) * b;
+    m = mm;
+  }
+  float* part = scratch;            // [nw][kHd]
+  float* red = scratch + nw * kHd;  // [nw] maxima, [nw] exp-sums
+  int* last = reinterpret_cast<int*>(red + 2 * nw);
+  if (sub == 0)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) part[warp * kHd + d0 + i] = acc[i];
+  if (lane == 0) red[warp] = m, red[nw + warp] = l;
+  sync();
+  float M = -FLT_MAX, tot = 0.0f;
+  for (int w = 0; w < nw; ++w) M = fmaxf(M, red[w]);
+  for (int w = 0; w < nw; ++w) tot += red[nw + w] * __expf(red[w] - M);
+  float* rec = d.recs + (size_t(h) * d.S_a + z) * (2 + kHd);
+  for (int i = tid; i < kHd; i += 32 * nw) {
+    float o = 0.0f;
+    for (int w = 0; w < nw; ++w) o += part[w * kHd + i] * __expf(red[w] - M);
+    rec[2 + i] = o;
+  }
+  if (tid == 0) rec[0] = M, rec[1] = tot;
+  sync();
+  if (tid == 0) {
+    int before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(d.arrivals + h) : "memory");
+    *last = before == d.S_a - 1;
+    if (*last) d.arrivals[h] = 0;   // every split has arrived: ready for the next step
+  }
+  sync();
+  if (!*last) return;
+  const float* rh = d.recs + size_t(h) * d.S_a * (2 + kHd);
+  for (int i = tid; i < kHd; i += 32 * nw) {
+    float Mx = -FLT_MAX, sum = 0.0f, o = 0.0f;
+    for (int zz = 0; zz < d.S_a; ++zz) {
+      const float* r = rh + zz * (2 + kHd);
+      const float mz = __ldcg(r), sz = __ldcg(r + 1), oz = __ldcg(r + 2 + i);
+      if (sz > 0.0f) {
+        const float Mn = fmaxf(Mx, mz), a = sum > 0.0f ? __expf(Mx - Mn) : 0.0f, b = __expf(mz - Mn);
+        sum = sum * a + sz * b, o = o * a + oz * b, Mx = Mn;
+      }
+    }
+    d.out16[h * kHd + i] = __float2half_rn(o / sum);
+    if (check) d.y32[h * kHd + i] = o / sum;
+  }
+}
+
+// The arm of launches: split blockIdx.x % S_a of head blockIdx.x / S_a, 8 warps; its key and value
+// rows loaded before the PDL wait (they do not depend on the kernel before, as in attend), q after.
+__global__ void __launch_bounds__(256) attn_launch(const Stage d, int check) {
+  __shared__ float scratch[8 * kHd + 2 * 8 + 1];
+  const int h = blockIdx.x / d.S_a, z = blockIdx.x % d.S_a, j0 = z * kSplitPos, n = min(kSplitPos, d.L - j0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / 16, d0 = (lane % 16) * 8;
+  uint4 kr[kAttnU], vr[kAttnU];
+#pragma unroll
+  for (int u = 0; u < kAttnU; ++u) {
+    const int j = 2 * warp + sub + 16 * u;
+    kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+    if (j < n) {
+      const size_t at = (size_t(h) * d.L + j0 + j) * kHd + d0;
+      kr[u] = __ldcs(reinterpret_cast<const uint4*>(d.kc + at));
+      vr[u] = __ldcs(reinterpret_cast<const uint4*>(d.vc + at));
+    }
+  }
+  ptq::cuda::pdl::wait_prior_grid();
+  ptq::cuda::pdl::allow_dependents();
+  attn_split(d, h, z, n, kr, vr, scratch, 8, check, [] { __syncthreads(); });
+}
 
 template <int C, int T>
 __global__ void __launch_bounds__((C + 1) * 32, 1)
@@ -143,6 +296,18 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     int j = 0, slot = 0, phase = 0;   // fills so far; this fill's slot and its use's parity
     for (int s = 0; s < n_stages; ++s) {
       const Stage d = stages[s];
+      if (d.attn) {   // the CTA's split: its keys, then its values, a fill each (one bulk copy: contiguous)
+        const int j0 = (c % d.S_a) * kSplitPos, h = c / d.S_a, n = min(kSplitPos, d.L - j0);
+        if (c >= kHeads * d.S_a || n <= 0) continue;
+        for (const __half* src : {d.kc, d.vc}) {
+          if (j >= S) tma::mbar_wait(&empty[slot], phase ^ 1);
+          tma::mbar_expect_tx(&full[slot], n * kAttnRow);
+          tma::bulk_load(ring + size_t(slot) * slot_bytes, src + (size_t(h) * d.L + j0) * kHd, n * kAttnRow, &full[slot]);
+          ++j;
+          if (++slot == S) slot = 0, phase ^= 1;
+        }
+        continue;
+      }
       const int U = d.N / 32 * (d.K / 128);
       const int u1 = unit_begin(c + 1, U, P, d.part);
       for (int u = unit_begin(c, U, P, d.part); u < u1; u += T, ++j) {
@@ -166,6 +331,47 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
   int q_base = 0, j_base = 0;   // units and fills of the stages before
   for (int s = 0; s < n_stages; ++s) {
     const Stage d = stages[s];
+    if (d.attn) {   // after every CTA arrived on the stage before (q): the CTA's split, from its two fills
+      if (threadIdx.x == 0) {
+        int a = 0;
+        do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(a) : "l"(grid_arrivals + s - 1) : "memory");
+        while (a < P);
+      }
+      stamp(s, 0);
+      consumers_sync(C);
+      if (check && c == 0) write_check(stages[s - 1], P, C * 32);
+      const int z = c % d.S_a, h = c / d.S_a, j0 = z * kSplitPos, n = min(kSplitPos, d.L - j0);
+      if (c < kHeads * d.S_a && n > 0) {
+        const int sub = lane / 16, d0 = (lane % 16) * 8;
+        uint4 kr[kAttnU], vr[kAttnU];
+        for (int f = 0; f < 2; ++f) {
+          const int slot = (j_base + f) % S, parity = ((j_base + f) / S) & 1;
+          tma::mbar_wait(&full[slot], parity);
+          const uint8_t* b = ring + size_t(slot) * slot_bytes;
+#pragma unroll
+          for (int u = 0; u < kAttnU; ++u) {
+            const int jl = 2 * warp + sub + 2 * C * u;
+            const uint4 v = jl < n ? *reinterpret_cast<const uint4*>(b + jl * kAttnRow + d0 * 2) : make_uint4(0, 0, 0, 0);
+            if (f == 0) kr[u] = v;
+            else vr[u] = v;
+          }
+        }
+        consumers_sync(C);   // both fills read: release them (T arrivals each, as a fill of units)
+        if (threadIdx.x == 0)
+          for (int f = 0; f < 2; ++f)
+            for (int k = 0; k < T; ++k) tma::mbar_arrive(&empty[(j_base + f) % S]);
+        stamp(s, 1);
+        attn_split(d, h, z, n, kr, vr, acc_rb, C, check, [=] { consumers_sync(C); });
+        j_base += 2;
+      } else {
+        stamp(s, 1);
+      }
+      stamp(s, 2);
+      consumers_sync(C);
+      stamp(s, 3);
+      if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(grid_arrivals + s) : "memory");
+      continue;
+    }
     const int G = d.K / 128, U = d.N / 32 * G;
     const int u0 = unit_begin(c, U, P, d.part), u1 = unit_begin(c + 1, U, P, d.part), n = u1 - u0, rb0 = u0 / G;
     // x: once every CTA arrived on stage s - 1, its output's first K values (in f16) at unit RMS.
@@ -301,6 +507,48 @@ __global__ void fill_stage(uint32_t* codes, uint32_t* meta, int64_t n_words, int
   }
 }
 
+// The attention stages' caches: f16 in [-1, 1) from the same hash.
+__global__ void fill_cache(__half* kc, __half* vc, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    kc[i] = __float2half_rn(float(mix((seed + 11) * 0x9e3779b97f4a7c15ull + uint64_t(i)) >> 8) / 8388608.0f - 1.0f);
+    vc[i] = __float2half_rn(float(mix((seed + 13) * 0xbf58476d1ce4e5b9ull + uint64_t(i)) >> 8) / 8388608.0f - 1.0f);
+  }
+}
+
+// fp64 ctx of an attention stage from its device q (src), cache and the kernel's fp32 ctx (y32):
+// norm-wise relative error over the heads.
+double check_attn(const Stage& d) {
+  const size_t n = size_t(kHeads) * d.L * kHd;
+  std::vector<__half> q(size_t(kHeads) * kHd), kc(n), vc(n);
+  std::vector<float> y(size_t(kHeads) * kHd);
+  CK(cudaMemcpy(q.data(), d.src, q.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(kc.data(), d.kc, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(vc.data(), d.vc, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(y.data(), d.y32, y.size() * 4, cudaMemcpyDeviceToHost));
+  auto f = [](__half v) { return double(__half2float(v)); };
+  double e2 = 0, r2 = 0;
+  for (int h = 0; h < kHeads; ++h) {
+    std::vector<double> sc(size_t(d.L));
+    double mx = -1e300;
+    for (int j = 0; j < d.L; ++j) {
+      double t = 0;
+      for (int i = 0; i < kHd; ++i) t += f(q[size_t(h * kHd + i)]) * f(kc[(size_t(h) * d.L + size_t(j)) * kHd + size_t(i)]);
+      sc[size_t(j)] = t / std::sqrt(double(kHd));
+      mx = std::max(mx, sc[size_t(j)]);
+    }
+    double sum = 0;
+    for (double& v : sc) sum += (v = std::exp(v - mx));
+    for (int i = 0; i < kHd; ++i) {
+      double o = 0;
+      for (int j = 0; j < d.L; ++j) o += sc[size_t(j)] * f(vc[(size_t(h) * d.L + size_t(j)) * kHd + size_t(i)]);
+      o /= sum;
+      const double dv = double(y[size_t(h * kHd + i)]) - o;
+      e2 += dv * dv, r2 += o * o;
+    }
+  }
+  return std::sqrt(e2 / r2);
+}
+
 // fp64 y of one stage from its device codes, metadata and source.
 double check_stage(const Stage& d, const __half* src) {
   const int G = d.K / 128, RB = d.N / 32;
@@ -344,6 +592,7 @@ double check_stage(const Stage& d, const __half* src) {
 int main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
   const int layers = argc > 2 ? std::max(1, std::atoi(argv[2])) : 32;
+  const int L = argc > 3 ? std::max(0, std::atoi(argv[3])) : 0;   // cached positions of an attention stage a layer (0: none)
   int dev = 0, major = 0, sms = 0, smem_optin = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -358,15 +607,24 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
 
   struct Shape {
-    int N, K, gate_up;
+    int N, K, gate_up, attn;
   };
-  const Shape layer[4] = {{12288, 4096, 0}, {4096, 4096, 0}, {22016, 4096, 1}, {4096, 11008, 0}};
+  // A layer's stages: q, k, v; (with L) the attention over L positions; o; gate, up; down.
+  std::vector<Shape> layer = {{12288, 4096, 0, 0}, {4096, 4096, 0, 0}, {22016, 4096, 1, 0}, {4096, 11008, 0, 0}};
+  if (L > 0) layer.insert(layer.begin() + 1, Shape{0, 0, 0, 1});
+  const int kinds = int(layer.size()), S_a = (L + kSplitPos - 1) / kSplitPos;
+  const char* kind_name[5] = {"q, k, v", "o", "gate, up", "down", ""};
+  if (L > 0) kind_name[0] = "q, k, v", kind_name[1] = "attention", kind_name[2] = "o", kind_name[3] = "gate, up", kind_name[4] = "down";
+  if (L > 0 && kHeads * S_a > sms) {
+    std::fprintf(stderr, "chain_probe: %d positions make %d attention splits, more than the %d CTAs\n", L, kHeads * S_a, sms);
+    return 2;
+  }
   int K_max = 0;   // the longest x: shared memory, and x0
   for (const Shape& sh : layer) K_max = std::max(K_max, sh.K);
-  const int n_stages = 4 * layers;
+  const int n_stages = kinds * layers;
   std::vector<Stage> hs(static_cast<size_t>(n_stages));
-  size_t bytes = 0, counters = size_t(n_stages);
-  for (int s = 0; s < n_stages; ++s) counters += size_t(layer[s % 4].N / 32);
+  size_t bytes = 0, kv_bytes = 0, counters = size_t(n_stages);
+  for (int s = 0; s < n_stages; ++s) counters += layer[size_t(s % kinds)].attn ? size_t(kHeads) : size_t(layer[size_t(s % kinds)].N / 32);
   int* d_counters = nullptr;   // the grid counters [n_stages], then each stage's row-block counters
   CK(cudaMalloc(&d_counters, counters * 4));
   __half* x0 = nullptr;
@@ -378,8 +636,25 @@ int main(int argc, char** argv) {
   }
   size_t off = size_t(n_stages);
   for (int s = 0; s < n_stages; ++s) {
-    const Shape sh = layer[s % 4];
+    const Shape sh = layer[size_t(s % kinds)];
     Stage& d = hs[size_t(s)];
+    if (sh.attn) {   // the layer's cache, random f16 in [-1, 1); ctx; the splits' records
+      const size_t n = size_t(kHeads) * L * kHd;
+      __half *kc = nullptr, *vc = nullptr;
+      CK(cudaMalloc(&kc, n * 2));
+      CK(cudaMalloc(&vc, n * 2));
+      fill_cache<<<1024, 256, 0, g_stream>>>(kc, vc, int64_t(n), uint64_t(s) + 1);
+      CK(cudaGetLastError());
+      d.attn = 1, d.kc = kc, d.vc = vc, d.L = L, d.S_a = S_a;
+      CK(cudaMalloc(&d.recs, size_t(kHeads) * S_a * (2 + kHd) * 4));
+      CK(cudaMalloc(&d.out16, size_t(kHeads) * kHd * 2));
+      CK(cudaMalloc(&d.y32, size_t(kHeads) * kHd * 4));
+      d.src = hs[size_t(s) - 1].out16;   // q: the q, k, v stage's first kHeads x kHd outputs
+      d.arrivals = d_counters + off;
+      off += size_t(kHeads);
+      kv_bytes += 2 * n * 2;
+      continue;
+    }
     const int G = sh.K / 128;
     const size_t U = size_t(sh.N / 32) * G;
     uint4* codes = nullptr;
@@ -398,6 +673,7 @@ int main(int argc, char** argv) {
     off += size_t(sh.N / 32);
     bytes += U * kUnitBytes;
   }
+  bytes += kv_bytes;
   // The partition (whole_rows: whole row blocks a CTA, so that none is split, at the cost of
   // balance) and the table the kernel keeps in shared memory, one a stage kind (every layer's
   // partition is the same): CTAs a row block (uint8).
@@ -407,8 +683,9 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&d_stages, hs.size() * sizeof(Stage)));
   auto partition = [&](bool whole_rows) {
     tables.clear();
-    int ns_off[4], n_split[4] = {};
-    for (int kind = 0; kind < 4; ++kind) {
+    int ns_off[5] = {}, n_split[5] = {};
+    for (int kind = 0; kind < kinds; ++kind) {
+      if (layer[size_t(kind)].attn) continue;
       const int G = layer[kind].K / 128, RB = layer[kind].N / 32, U = RB * G, A = whole_rows ? G : 1;
       ns_off[kind] = int(tables.size());
       for (int rb = 0; rb < RB; ++rb) {
@@ -428,9 +705,11 @@ int main(int argc, char** argv) {
         }
       }
     }
-    for (int s = 0; s < n_stages; ++s) hs[size_t(s)].ns_off = ns_off[s % 4], hs[size_t(s)].part = whole_rows ? layer[s % 4].K / 128 : 1;
+    for (int s = 0; s < n_stages; ++s)
+      if (!layer[size_t(s % kinds)].attn) hs[size_t(s)].ns_off = ns_off[s % kinds], hs[size_t(s)].part = whole_rows ? layer[size_t(s % kinds)].K / 128 : 1;
+    const int a = L > 0;   // the Linear kinds' indices past the attention
     std::printf("%s: row blocks split between CTAs: q, k, v %d, o %d, gate, up %d, down %d\n", whole_rows ? "whole row blocks a CTA" : "units spread evenly",
-                n_split[0], n_split[1], n_split[2], n_split[3]);
+                n_split[0], n_split[1 + a], n_split[2 + a], n_split[3 + a]);
     if (!d_tables) CK(cudaMalloc(&d_tables, tables.size()));
     CK(cudaMemcpy(d_tables, tables.data(), tables.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_stages, hs.data(), hs.size() * sizeof(Stage), cudaMemcpyHostToDevice));
@@ -441,7 +720,10 @@ int main(int argc, char** argv) {
   const double copy = copy_gbs();
   std::printf("chain_probe on %s, %d SMs: copy %.0f GB/s (read + write); %d layers of Llama-2-7B's Linears (%d stages), %.3f GB of W4 g128 codes and "
               "metadata a step; median of %d\n",
-              prop.name, sms, copy, layers, n_stages, bytes / 1e9, runs);
+              prop.name, sms, copy, layers, n_stages, (bytes - kv_bytes) / 1e9, runs);
+  if (L > 0)
+    std::printf("  and an attention stage a layer after q, k, v: 32 heads of 128 over %d positions in %d splits of %d (%d CTAs), %.3f GB of f16 cache a step\n", L, S_a,
+                kSplitPos, kHeads * S_a, kv_bytes / 1e9);
   const double floor_ms = double(bytes) / (copy * 1e9) * 1e3;
   std::printf("  the bytes at the copy rate: %.3f ms a step\n", floor_ms);
   auto report = [&](const char* name, double us) {
@@ -454,6 +736,10 @@ int main(int argc, char** argv) {
   int fence_mode = 0;   // 1: a __threadfence before each release (the first form measured)
   int defer_mode = 0;   // 1: x as it is, each row's sum scaled by 1 / RMS (defer_rms)
   auto run_chain = [&](auto kern, int C, int T) {
+    if (L > 0 && (C < 2 * kSplitPos / (2 * kAttnU) || size_t(T) * kUnitBytes < size_t(kSplitPos) * kAttnRow)) {
+      std::printf("chain_w4<%d>, %d units a fill: skipped (an attention split needs 8 warps or more and a fill of %d bytes)\n", C, T, kSplitPos * kAttnRow);
+      return;
+    }
     const int table_bytes = int(tables.size());   // the same for either partition
     const size_t fixed = 32 * 4 + size_t(C) * kMaxLocal * 32 * 4 + size_t(K_max) * 2 + size_t(table_bytes + 15) / 16 * 16;
     const int S = int((size_t(smem_optin) - 1024 - fixed) / (size_t(T) * kUnitBytes + 16));
@@ -485,12 +771,17 @@ int main(int argc, char** argv) {
     CK(cudaStreamSynchronize(g_stream));
     CK(cudaGetLastError());
     double worst = 0;
-    for (int s : {0, 1, 2, 3, n_stages - 1}) {
-      const double rel = check_stage(hs[size_t(s)], s > 0 ? hs[size_t(s) - 1].out16 : x0);
+    std::vector<int> checked;
+    for (int s = 0; s < kinds; ++s) checked.push_back(s);
+    checked.push_back(n_stages - 1);
+    for (int s : checked) {
+      const Stage& d = hs[size_t(s)];
+      const double rel = d.attn ? check_attn(d) : check_stage(d, s > 0 ? hs[size_t(s) - 1].out16 : x0);
       worst = std::max(worst, rel);
-      if (!(rel <= 2e-3)) std::printf("  stage %d (%dx%d): WRONG, relative error %.3g\n", s, hs[size_t(s)].N, hs[size_t(s)].K, rel);
+      if (d.attn) std::printf("  stage %d (attention): relative error %.2e\n", s, rel);
+      if (!(rel <= 2e-3)) std::printf("  stage %d (%dx%d): WRONG, relative error %.3g\n", s, d.N, d.K, rel);
     }
-    std::printf("  checked stages 0-3 and %d against fp64: worst relative error %.2e%s\n", n_stages - 1, worst, worst <= 2e-3 ? "" : " (WRONG)");
+    std::printf("  checked stages 0-%d and %d against fp64: worst relative error %.2e%s\n", kinds - 1, n_stages - 1, worst, worst <= 2e-3 ? "" : " (WRONG)");
     // Same bytes out on a second step (deterministic).
     std::vector<float> a(size_t(hs.back().N)), b(a.size());
     CK(cudaMemcpy(a.data(), hs.back().y32, a.size() * 4, cudaMemcpyDeviceToHost));
@@ -510,11 +801,10 @@ int main(int argc, char** argv) {
     std::vector<unsigned long long> tr(size_t(n_stages) * sms * 4);
     CK(cudaMemcpy(tr.data(), d_trace, tr.size() * 8, cudaMemcpyDeviceToHost));
     auto at = [&](int s, int cta, int k) { return double(tr[(size_t(s) * sms + cta) * 4 + k]); };
-    const char* kinds[4] = {"q, k, v", "o", "gate, up", "down"};
-    for (int kind = 0; kind < 4; ++kind) {
+    for (int kind = 0; kind < kinds; ++kind) {
       double gap = 0, xload = 0, units = 0, rows = 0, spread_units = 0, spread_pass = 0;
       int cnt = 0;
-      for (int s = kind; s < n_stages; s += 4) {
+      for (int s = kind; s < n_stages; s += kinds) {
         if (s == 0) continue;
         double last_end = 0, first_pass = 1e30, last_pass = 0, first_units = 1e30, last_units = 0;
         for (int cta = 0; cta < sms; ++cta) {
@@ -529,7 +819,7 @@ int main(int argc, char** argv) {
       const double per = double(cnt) * sms;
       std::printf("    %-9s a stage, us: last arrival -> first CTA passes %.2f, passes spread %.2f; x %.2f, units %.2f (CTAs' ends spread %.2f), row "
                   "blocks %.2f\n",
-                  kinds[kind], gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, spread_units / cnt / 1e3, rows / per / 1e3);
+                  kind_name[kind], gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, spread_units / cnt / 1e3, rows / per / 1e3);
     }
   };
   run_chain(chain_w4<8, 8>, 8, 8);
@@ -556,6 +846,10 @@ int main(int argc, char** argv) {
     auto launch_all = [&](int) {
       for (int s = 0; s < n_stages; ++s) {
         const Stage& d = hs[size_t(s)];
+        if (d.attn) {
+          launch(attn_launch, true, dim3(unsigned(kHeads * d.S_a)), dim3(256), 0, d, 0);
+          continue;
+        }
         const int G = d.K / 128, RB = d.N / 32, S = RB >= 256 ? 1 : 4;
         launch(kern, true, dim3(unsigned(S), unsigned(RB)), dim3(512), 0, d.codes, d.meta, d.src, part, arrivals, d.out16, d.N, G, S, (G + S - 1) / S);
       }
