@@ -736,7 +736,7 @@ int main(int argc, char** argv) {
   int fence_mode = 0;   // 1: a __threadfence before each release (the first form measured)
   int defer_mode = 0;   // 1: x as it is, each row's sum scaled by 1 / RMS (defer_rms)
   auto run_chain = [&](auto kern, int C, int T) {
-    if (L > 0 && (C < 2 * kSplitPos / (2 * kAttnU) || size_t(T) * kUnitBytes < size_t(kSplitPos) * kAttnRow)) {
+    if (L > 0 && (2 * C * kAttnU < kSplitPos || size_t(T) * kUnitBytes < size_t(kSplitPos) * kAttnRow)) {
       std::printf("chain_w4<%d>, %d units a fill: skipped (an attention split needs 8 warps or more and a fill of %d bytes)\n", C, T, kSplitPos * kAttnRow);
       return;
     }
