@@ -100,9 +100,9 @@ struct Stage {
 };
 
 // The attention stage: Llama-2-7B's 32 heads of 128 over L cached positions, batch 1, in splits of
-// 64 positions (a split a CTA, as ptqkit's attend at batch 1: 6 splits of a 384-long cache, of
-// which 4 hold positions at position 256). A thread takes dims d0 .. d0 + 7 of one position
-// (16 lanes a position, 2 a warp step) and at most kAttnU of the split's positions.
+// 64 positions, a split a CTA (ptqkit's attend at batch 1 splits a 384-long cache's positions 6
+// ways: about 43 a CTA at position 256). A thread takes dims d0 .. d0 + 7 of one position (16
+// lanes a position, 2 a warp step) and at most kAttnU of the split's positions.
 constexpr int kHeads = 32, kHd = 128, kSplitPos = 64, kAttnRow = kHd * 2;
 constexpr int kAttnU = 4;   // 64 positions / (2 a warp step x 8 warps): the fewest warps an arm runs
 
