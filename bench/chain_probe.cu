@@ -113,6 +113,14 @@ __device__ __host__ __forceinline__ int unit_begin(int c, int U, int P, int A) {
 __device__ __host__ __forceinline__ int cta_of(int t, int U, int P, int A) { return ((t / A + 1) * P + U / A - 1) / (U / A) - 1; }
 
 __device__ __forceinline__ void consumers_sync(int C) { asm volatile("bar.sync 1, %0;\n" ::"r"(C * 32) : "memory"); }
+// A stage's grid counter: a CTA's arrival (release: after a CTA barrier, it covers every consumer's
+// writes), and the wait until all P CTAs arrived (acquire), by one thread.
+__device__ __forceinline__ void arrive(int* counter) { asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory"); }
+__device__ __forceinline__ void wait_arrived(const int* counter, int P) {
+  int a = 0;
+  do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(a) : "l"(counter) : "memory");
+  while (a < P);
+}
 
 // Row rb * 32 + lane of a stage's output: its CTAs' partials (slots) added in CTA order.
 __device__ __forceinline__ float row_sum(const Stage& d, int G, int U, int P, int rb, int lane) {
@@ -169,8 +177,10 @@ __device__ void attn_split(const Stage& d, int h, int z, int n, const uint4 (&kr
   }
   const float scale = rsqrtf(float(kHd));
   float e[kAttnU], m = -FLT_MAX;
+  bool on[kAttnU];   // local position 2 w + sub + 2 nw u of the split is one of its n
 #pragma unroll
   for (int u = 0; u < kAttnU; ++u) {
+    on[u] = 2 * warp + sub + 2 * nw * u < n;
     const uint32_t w[4] = {kr[u].x, kr[u].y, kr[u].z, kr[u].w};
     float t = 0.0f;
 #pragma unroll
@@ -180,14 +190,13 @@ __device__ void attn_split(const Stage& d, int h, int z, int n, const uint4 (&kr
     }
 #pragma unroll
     for (int o = 8; o > 0; o /= 2) t += __shfl_xor_sync(0xffffffffu, t, o);
-    const bool on = 2 * warp + sub + 2 * nw * u < n;
-    e[u] = on ? t * scale : -FLT_MAX;
+    e[u] = on[u] ? t * scale : -FLT_MAX;
     m = fmaxf(m, e[u]);
   }
   float l = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
   for (int u = 0; u < kAttnU; ++u) {
-    const float p = 2 * warp + sub + 2 * nw * u < n ? __expf(e[u] - m) : 0.0f;
+    const float p = on[u] ? __expf(e[u] - m) : 0.0f;
     const uint32_t w[4] = {vr[u].x, vr[u].y, vr[u].z, vr[u].w};
     l += p;
 #pragma unroll
@@ -332,11 +341,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
   for (int s = 0; s < n_stages; ++s) {
     const Stage d = stages[s];
     if (d.attn) {   // after every CTA arrived on the stage before (q): the CTA's split, from its two fills
-      if (threadIdx.x == 0) {
-        int a = 0;
-        do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(a) : "l"(grid_arrivals + s - 1) : "memory");
-        while (a < P);
-      }
+      if (threadIdx.x == 0) wait_arrived(grid_arrivals + s - 1, P);
       stamp(s, 0);
       consumers_sync(C);
       if (check && c == 0) write_check(stages[s - 1], P, C * 32);
@@ -369,17 +374,13 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
       stamp(s, 2);
       consumers_sync(C);
       stamp(s, 3);
-      if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(grid_arrivals + s) : "memory");
+      if (threadIdx.x == 0) arrive(grid_arrivals + s);
       continue;
     }
     const int G = d.K / 128, U = d.N / 32 * G;
     const int u0 = unit_begin(c, U, P, d.part), u1 = unit_begin(c + 1, U, P, d.part), n = u1 - u0, rb0 = u0 / G;
     // x: once every CTA arrived on stage s - 1, its output's first K values (in f16) at unit RMS.
-    if (s > 0 && threadIdx.x == 0) {
-      int a = 0;
-      do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(a) : "l"(grid_arrivals + s - 1) : "memory");
-      while (a < P);
-    }
+    if (s > 0 && threadIdx.x == 0) wait_arrived(grid_arrivals + s - 1, P);
     stamp(s, 0);
     consumers_sync(C);
     if (s > 0 && check && c == 0) write_check(stages[s - 1], P, C * 32);
@@ -472,17 +473,13 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     stamp(s, 3);
     if (threadIdx.x == 0) {   // after the barrier: the release covers every consumer's writes
       if (fence) __threadfence();
-      asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(grid_arrivals + s) : "memory");
+      arrive(grid_arrivals + s);
     }
     q_base += n;
     j_base += (n + T - 1) / T;
   }
   if (check && c == 0) {   // the last stage's output
-    if (threadIdx.x == 0) {
-      int a = 0;
-      do asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(a) : "l"(grid_arrivals + n_stages - 1) : "memory");
-      while (a < P);
-    }
+    if (threadIdx.x == 0) wait_arrived(grid_arrivals + n_stages - 1, P);
     consumers_sync(C);
     write_check(stages[n_stages - 1], P, C * 32);
   }
@@ -608,13 +605,12 @@ int main(int argc, char** argv) {
 
   struct Shape {
     int N, K, gate_up, attn;
+    const char* name;
   };
   // A layer's stages: q, k, v; (with L) the attention over L positions; o; gate, up; down.
-  std::vector<Shape> layer = {{12288, 4096, 0, 0}, {4096, 4096, 0, 0}, {22016, 4096, 1, 0}, {4096, 11008, 0, 0}};
-  if (L > 0) layer.insert(layer.begin() + 1, Shape{0, 0, 0, 1});
+  std::vector<Shape> layer = {{12288, 4096, 0, 0, "q, k, v"}, {4096, 4096, 0, 0, "o"}, {22016, 4096, 1, 0, "gate, up"}, {4096, 11008, 0, 0, "down"}};
+  if (L > 0) layer.insert(layer.begin() + 1, Shape{0, 0, 0, 1, "attention"});
   const int kinds = int(layer.size()), S_a = (L + kSplitPos - 1) / kSplitPos;
-  const char* kind_name[5] = {"q, k, v", "o", "gate, up", "down", ""};
-  if (L > 0) kind_name[0] = "q, k, v", kind_name[1] = "attention", kind_name[2] = "o", kind_name[3] = "gate, up", kind_name[4] = "down";
   if (L > 0 && kHeads * S_a > sms) {
     std::fprintf(stderr, "chain_probe: %d positions make %d attention splits, more than the %d CTAs\n", L, kHeads * S_a, sms);
     return 2;
@@ -683,11 +679,13 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&d_stages, hs.size() * sizeof(Stage)));
   auto partition = [&](bool whole_rows) {
     tables.clear();
-    int ns_off[5] = {}, n_split[5] = {};
+    int ns_off[5] = {};
+    std::printf("%s: row blocks split between CTAs:", whole_rows ? "whole row blocks a CTA" : "units spread evenly");
     for (int kind = 0; kind < kinds; ++kind) {
       if (layer[size_t(kind)].attn) continue;
       const int G = layer[kind].K / 128, RB = layer[kind].N / 32, U = RB * G, A = whole_rows ? G : 1;
       ns_off[kind] = int(tables.size());
+      int n_split = 0;
       for (int rb = 0; rb < RB; ++rb) {
         const int ns = cta_of((rb + 1) * G - 1, U, sms, A) - cta_of(rb * G, U, sms, A) + 1;
         if (ns > kMaxSlots) {
@@ -695,7 +693,7 @@ int main(int argc, char** argv) {
           std::exit(1);
         }
         tables.push_back(uint8_t(ns));
-        n_split[kind] += ns > 1;
+        n_split += ns > 1;
       }
       for (int c = 0; c < sms; ++c) {   // the row blocks of a CTA's range: the kernel's kMaxLocal
         const int u0 = unit_begin(c, U, sms, A), u1 = unit_begin(c + 1, U, sms, A);
@@ -704,12 +702,11 @@ int main(int argc, char** argv) {
           std::exit(1);
         }
       }
+      std::printf("%s %s %d", kind > 0 ? "," : "", layer[size_t(kind)].name, n_split);
     }
+    std::printf("\n");
     for (int s = 0; s < n_stages; ++s)
       if (!layer[size_t(s % kinds)].attn) hs[size_t(s)].ns_off = ns_off[s % kinds], hs[size_t(s)].part = whole_rows ? layer[size_t(s % kinds)].K / 128 : 1;
-    const int a = L > 0;   // the Linear kinds' indices past the attention
-    std::printf("%s: row blocks split between CTAs: q, k, v %d, o %d, gate, up %d, down %d\n", whole_rows ? "whole row blocks a CTA" : "units spread evenly",
-                n_split[0], n_split[1 + a], n_split[2 + a], n_split[3 + a]);
     if (!d_tables) CK(cudaMalloc(&d_tables, tables.size()));
     CK(cudaMemcpy(d_tables, tables.data(), tables.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_stages, hs.data(), hs.size() * sizeof(Stage), cudaMemcpyHostToDevice));
@@ -819,7 +816,7 @@ int main(int argc, char** argv) {
       const double per = double(cnt) * sms;
       std::printf("    %-9s a stage, us: last arrival -> first CTA passes %.2f, passes spread %.2f; x %.2f, units %.2f (CTAs' ends spread %.2f), row "
                   "blocks %.2f\n",
-                  kind_name[kind], gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, spread_units / cnt / 1e3, rows / per / 1e3);
+                  layer[size_t(kind)].name, gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, spread_units / cnt / 1e3, rows / per / 1e3);
     }
   };
   run_chain(chain_w4<8, 8>, 8, 8);
