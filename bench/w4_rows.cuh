@@ -16,7 +16,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
@@ -47,19 +49,89 @@ __device__ __forceinline__ float word_dot(uint32_t w, const uint4& xv, __half2 z
 
 // acc + s · sum over a lane's group (its 4 uint4 of codes q, metadata m = (s, -(1024 + z))) of
 // (q - z) · x, x the group's 128 values (16 uint4 of f16, the same for every lane).
+// ga + the sum over one chunk (a lane's uint4: 32 columns) of (q - z) · x, x its 32 values (4 uint4
+// of f16); zlo = -(1024 + z), zhi = -(64 + z) from the metadata (zero_points).
+__device__ __forceinline__ void zero_points(__half2 mh, __half2& zlo, __half2& zhi) {
+  zlo = __half2half2(__high2half(mh));
+  zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
+}
+__device__ __forceinline__ float chunk_dot(const uint4& q, const uint4* xw, __half2 zlo, __half2 zhi, float ga) {
+  const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[j], zlo, zhi);
+  return ga;
+}
 __device__ __forceinline__ float group_dot(const uint4 (&q)[4], uint32_t m, const uint4* xw, float acc) {
   const __half2 mh = h2(m);
-  const __half2 zlo = __half2half2(__high2half(mh));
-  const __half2 zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
+  __half2 zlo, zhi;
+  zero_points(mh, zlo, zhi);
   float ga = 0.0f;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint32_t wd[4] = {q[c].x, q[c].y, q[c].z, q[c].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[c * 4 + j], zlo, zhi);
-  }
+  for (int c = 0; c < 4; ++c) ga = chunk_dot(q[c], xw + c * 4, zlo, zhi, ga);
   return fmaf(ga, __low2float(mh), acc);
 }
+
+// Random codes and metadata: s in [0.5, 1.5] / sqrt(21 K) (so that y has about unit RMS for x of
+// unit RMS: (q - z) of uniform q, z has variance 2 · 255 / 12), z in 0..15.
+__device__ __forceinline__ uint32_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+__global__ void fill_rows(uint32_t* codes, uint32_t* meta, int64_t n_words, int64_t n_meta, uint64_t seed, float s_scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) codes[i] = mix(seed * 0x9e3779b97f4a7c15ull + uint64_t(i));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_meta; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t r = mix((seed + 7) * 0xbf58476d1ce4e5b9ull + uint64_t(i));
+    const __half2 v = __halves2half2(__float2half_rn(s_scale * (0.5f + float(r & 0xffff) / 65535.0f)), __float2half_rn(-(1024.0f + float(r >> 28))));
+    meta[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// The fp64 reference: y [N] = W [N, K] · x from a layer's device codes and metadata (the layout above).
+inline std::vector<double> rows_gemv_ref(const uint4* d_codes, const uint32_t* d_meta, int N, int K, const std::vector<double>& x) {
+  const int G = K / 128, RB = N / 32;
+  const size_t U = size_t(RB) * G;
+  std::vector<uint32_t> codes(U * 512), meta(U * 32);
+  if (cudaMemcpy(codes.data(), d_codes, codes.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemcpy(meta.data(), d_meta, meta.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return {};
+  std::vector<double> y(static_cast<size_t>(N));
+  for (int rb = 0; rb < RB; ++rb)
+    for (int l = 0; l < 32; ++l) {
+      double acc = 0;
+      for (int g = 0; g < G; ++g) {
+        const size_t u = size_t(rb) * G + size_t(g);
+        const uint32_t m = meta[u * 32 + size_t(l)];
+        const double s = double(__half2float(__ushort_as_half(uint16_t(m & 0xffff)))), z = -double(__half2float(__ushort_as_half(uint16_t(m >> 16)))) - 1024.0;
+        double t = 0;
+        for (int k = 0; k < 4; ++k)
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t w = codes[u * 512 + (size_t(k) * 32 + size_t(l)) * 4 + size_t(j)];
+            for (int i = 0; i < 8; ++i) t += (double((w >> (4 * i)) & 15) - z) * x[size_t(g * 128 + k * 32 + j * 8 + kRowsColOfNibble[i])];
+          }
+        acc += s * t;
+      }
+      y[size_t(rb) * 32 + size_t(l)] = acc;
+    }
+  return y;
+}
+// Norm-wise relative error of y against the reference r (1 where r is missing).
+template <class T>
+double rel_error(const std::vector<T>& y, const std::vector<double>& r) {
+  if (r.size() != y.size()) return 1.0;
+  double e2 = 0, r2 = 0;
+  for (size_t i = 0; i < r.size(); ++i) e2 += (double(y[i]) - r[i]) * (double(y[i]) - r[i]), r2 += r[i] * r[i];
+  return std::sqrt(e2 / r2);
+}
+
+// The residual-stream accumulator of bench/fuse_probe.cu: fp32 values added as signed 32.32 fixed
+// point in int64 (integer adds commute, so the sum's bytes do not depend on the order the adds land).
+constexpr double kFixOne = 4294967296.0;   // 2^32
+__device__ __forceinline__ long long to_fixed(float v) { return __double2ll_rn(double(v) * kFixOne); }
+__device__ __forceinline__ float from_fixed(long long a) { return float(double(a) * (1.0 / kFixOne)); }
 
 // A split's arrival, after the CTA's partial sums are written: thread 0 counts the CTA with an
 // acquire-release atomic after a barrier (its release covers the partials, ordered before it by
@@ -81,11 +153,12 @@ __device__ bool arrived_last(int* counter, int S) {
 // warp w of W its groups w, w + W, ...; each lane 4 uint4 (one group: 64 bytes) a batch, the first
 // batch issued before the PDL wait; with kDB the next batch is issued before this one's math
 // (twice the registers). x: each warp copies its group's 256 bytes into its own shared memory
-// after the wait (no CTA barrier). Splits: each CTA's row sums go to fp32 partials, and the last
+// after the wait (no CTA barrier); with XT = long long x is the fixed-point accumulator above,
+// each lane converting 4 values. Splits: each CTA's row sums go to fp32 partials, and the last
 // CTA of a row block to arrive (an acq_rel atomic) adds them in split order (deterministic).
-template <int kThreads, int kMinBlocks, bool kDB>
+template <int kThreads, int kMinBlocks, bool kDB, class XT = __half>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    gemv_w4(const uint4* __restrict__ codes, const uint32_t* __restrict__ meta, const __half* x, float* part, int* arrivals, __half* y, int N, int G, int S,
+    gemv_w4(const uint4* __restrict__ codes, const uint32_t* __restrict__ meta, const XT* x, float* part, int* arrivals, __half* y, int N, int G, int S,
             int gps) {
   constexpr int W = kThreads / 32;
   __shared__ __align__(16) __half xs[W][128];
@@ -107,7 +180,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float acc = 0.0f;
   uint4* xw = reinterpret_cast<uint4*>(xs[warp]);
   while (g < g1) {
-    if (lane < 16) xw[lane] = __ldcg(reinterpret_cast<const uint4*>(x + size_t(g) * 128) + lane);
+    if constexpr (sizeof(XT) == 8) {
+      const longlong2* a = reinterpret_cast<const longlong2*>(x + size_t(g) * 128) + 2 * lane;
+      const longlong2 a0 = __ldcg(a), a1 = __ldcg(a + 1);
+      xs[warp][4 * lane] = __float2half_rn(from_fixed(a0.x));
+      xs[warp][4 * lane + 1] = __float2half_rn(from_fixed(a0.y));
+      xs[warp][4 * lane + 2] = __float2half_rn(from_fixed(a1.x));
+      xs[warp][4 * lane + 3] = __float2half_rn(from_fixed(a1.y));
+    } else if (lane < 16) {
+      xw[lane] = __ldcg(reinterpret_cast<const uint4*>(x + size_t(g) * 128) + lane);
+    }
     if constexpr (kDB)
       if (g + W < g1) load(g + W, qn, mn);
     __syncwarp();
