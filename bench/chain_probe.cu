@@ -616,7 +616,7 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&codes, U * kUnitCodes));
     CK(cudaMalloc(&meta, U * 128));
     fill_rows<<<1024, 256, 0, g_stream>>>(reinterpret_cast<uint32_t*>(codes), meta, int64_t(U) * 512, int64_t(U) * 32, uint64_t(s) + 1,
-                                           float(1.0 / std::sqrt(21.0 * sh.K)));
+                                          float(1.0 / std::sqrt(21.0 * sh.K)));
     CK(cudaGetLastError());
     d.codes = codes, d.meta = meta, d.N = sh.N, d.K = sh.K, d.gate_up = sh.gate_up;
     CK(cudaMalloc(&d.out16, size_t(sh.N) * 2));

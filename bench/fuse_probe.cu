@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 4 : kStageD ? 2 : 3)
     for (int k = 0; k < 4; ++k) q[k] = qn[k];
     m = mn;
   }
-  // W_d's row blocks of this warp, r = w + 8 j (kStageD: from shared memory).
+  // W_d's row blocks of this warp, r = w + W j (kStageD: from shared memory).
   constexpr int kRb = kDRowBlocks / W, kBatch = 4;
   uint4 dq[2][kBatch];   // this batch and the next, in flight while this one is summed
   uint32_t dm[2][kBatch];

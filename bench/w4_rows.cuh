@@ -47,10 +47,8 @@ __device__ __forceinline__ float word_dot(uint32_t w, const uint4& xv, __half2 z
   return f.x + f.y;
 }
 
-// acc + s · sum over a lane's group (its 4 uint4 of codes q, metadata m = (s, -(1024 + z))) of
-// (q - z) · x, x the group's 128 values (16 uint4 of f16, the same for every lane).
-// ga + the sum over one chunk (a lane's uint4: 32 columns) of (q - z) · x, x its 32 values (4 uint4
-// of f16); zlo = -(1024 + z), zhi = -(64 + z) from the metadata (zero_points).
+// zlo = -(1024 + z), zhi = -(64 + z) from a row's metadata (s, -(1024 + z)); ga + the sum over
+// one chunk (a lane's uint4: 32 columns) of (q - z) · x, x its 32 values (4 uint4 of f16).
 __device__ __forceinline__ void zero_points(__half2 mh, __half2& zlo, __half2& zhi) {
   zlo = __half2half2(__high2half(mh));
   zhi = __hadd2(zlo, __float2half2_rn(960.0f));   // -(64 + z)
@@ -61,6 +59,8 @@ __device__ __forceinline__ float chunk_dot(const uint4& q, const uint4* xw, __ha
   for (int j = 0; j < 4; ++j) ga += word_dot(wd[j], xw[j], zlo, zhi);
   return ga;
 }
+// acc + s · sum over a lane's group (its 4 uint4 of codes q, metadata m = (s, -(1024 + z))) of
+// (q - z) · x, x the group's 128 values (16 uint4 of f16, the same for every lane).
 __device__ __forceinline__ float group_dot(const uint4 (&q)[4], uint32_t m, const uint4* xw, float acc) {
   const __half2 mh = h2(m);
   __half2 zlo, zhi;
