@@ -38,8 +38,8 @@
 //   C  gate, up; down: 2 launches a layer;
 //   D  fused_mlp alone (x from the accumulator before it): 1 a layer.
 // A memset of the L accumulators (L x 32 KB) opens B's and D's graphs and counts in their time.
-// What it measured (lab runs 524-527, 2026-12-02, four H200s): every form loses. The fused MLP
-// takes 30.5-39.2 µs a layer against 24.5-24.9 for the two launches (D against C; its best form
+// What it measured (lab runs 524-528, 2026-12-02, five H200s): every form loses. The fused MLP
+// takes 30.5-39.2 µs a layer against 24.4-24.9 for the two launches (D against C; its best form
 // 30.5-31.9), and in the layer (B against A) 5.4-16.1 µs more. Traced: all CTAs run their phases
 // in lockstep (gate, up for all, then W_d for all), so the bytes are no more overlapped than across
 // a kernel boundary; what the boundary saved is spent on the cluster's sum and the adds (about 4 µs
