@@ -56,6 +56,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench_timing.cuh"
@@ -293,19 +294,27 @@ int main(int argc, char** argv) {
   for (int cs : {4, 8}) forms.push_back({true, 8, cs, fused_mlp<false, true, 8>, fused_mlp<true, true, 8>});
   forms.push_back({false, 8, 4, fused_mlp<false, false, 8>, fused_mlp<true, false, 8>});
   for (int cs : {2, 4, 8}) forms.push_back({false, 4, cs, fused_mlp<false, false, 4>, fused_mlp<true, false, 4>});
+  auto name_of = [](const Form& f) { return std::string(f.warps == 8 ? "8 warps" : "4 warps") + (f.stage_d ? ", W_d staged" : ", W_d in registers"); };
   std::printf("fuse_probe: %d layers, %.3f GB of W4 a step (%.3f ms at the copy rate %.0f GB/s); fused_mlp %d CTAs\n", layers, double(bytes) / 1e9,
               double(bytes) / (gbs * 1e9) * 1e3, gbs, kUnits);
-  for (const Form& f : {forms[0], forms[2], forms[3]})
+  std::vector<const void*> seen;   // each kernel once (forms differ in their cluster size only)
+  for (const Form& f : forms)
     for (auto k : {f.f16, f.fixed}) {
+      if (std::find(seen.begin(), seen.end(), reinterpret_cast<const void*>(k)) != seen.end()) continue;
+      seen.push_back(reinterpret_cast<const void*>(k));
       const size_t smem = fused_smem(f.stage_d);
       CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       cudaFuncAttributes fa{};
       CK(cudaFuncGetAttributes(&fa, k));
       int per_sm = 0;
       CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, 32 * f.warps, smem));
-      std::printf("  fused_mlp, %d warps, W_d %s, x %s: %zu B shared, %d registers, %d spilled bytes, %d CTAs an SM\n", f.warps, f.stage_d ? "staged" : "in registers",
-                  k == f.f16 ? "f16" : "fixed", smem, fa.numRegs, int(fa.localSizeBytes), per_sm);
+      std::printf("  fused_mlp, %s, x %s: %zu B shared, %d registers, %d spilled bytes, %d CTAs an SM\n", name_of(f).c_str(), k == f.f16 ? "f16" : "fixed", smem,
+                  fa.numRegs, int(fa.localSizeBytes), per_sm);
     }
+  auto fused = [&](const Form& f, const Layer& y, const __half* x, const long long* xa, unsigned long long* trace = nullptr) {
+    launch_cluster(xa ? f.fixed : f.f16, f.cs, dim3(kUnits), dim3(unsigned(32 * f.warps)), fused_smem(f.stage_d), (const uint4*)y.gu.codes, (const uint32_t*)y.gu.meta,
+                   (const uint4*)y.down.codes, (const uint32_t*)y.down.meta, x, xa, y.acc, trace);
+  };
 
   // The check: one layer's fused MLP from x0 against fp64, and its bytes again.
   {
@@ -323,19 +332,16 @@ int main(int argc, char** argv) {
       std::vector<long long> a1(kD), a2(kD);
       for (std::vector<long long>* a : {&a1, &a2}) {
         CK(cudaMemsetAsync(y.acc, 0, kD * 8, g_stream));
-        launch_cluster(f.f16, f.cs, dim3(kUnits), dim3(unsigned(32 * f.warps)), fused_smem(f.stage_d), (const uint4*)y.gu.codes, (const uint32_t*)y.gu.meta,
-                       (const uint4*)y.down.codes, (const uint32_t*)y.down.meta, (const __half*)x0, (const long long*)nullptr, y.acc,
-                       (unsigned long long*)nullptr);
+        fused(f, y, x0, nullptr);
         CK(cudaMemcpyAsync(a->data(), y.acc, kD * 8, cudaMemcpyDeviceToHost, g_stream));
         CK(cudaStreamSynchronize(g_stream));
       }
       std::vector<double> yv(kD);
-      for (int i = 0; i < kD; ++i) yv[size_t(i)] = double(a1[size_t(i)]) / 4294967296.0;
+      for (int i = 0; i < kD; ++i) yv[size_t(i)] = double(a1[size_t(i)]) / kFixOne;
       const double rel = rel_error(yv, ref);
       const bool same = std::memcmp(a1.data(), a2.data(), kD * 8) == 0;
-      std::printf("check: fused_mlp, %d warps, W_d %s, clusters of %d: relative error %.3g against fp64 (bound 2e-3), %s bytes on a second launch: %s\n",
-                  f.warps, f.stage_d ? "staged" : "in registers", f.cs, rel,
-                  same ? "the same" : "OTHER", rel <= 2e-3 && same ? "ok" : "FAIL");
+      std::printf("check: fused_mlp, %s, clusters of %d: relative error %.3g against fp64 (bound 2e-3), %s bytes on a second launch: %s\n", name_of(f).c_str(), f.cs,
+                  rel, same ? "the same" : "OTHER", rel <= 2e-3 && same ? "ok" : "FAIL");
       if (rel > 2e-3 || !same) return 1;
     }
   }
@@ -348,10 +354,6 @@ int main(int argc, char** argv) {
     else
       launch(gemv_w4<512, 3, false>, true, dim3(unsigned(S), unsigned(RB)), dim3(512), 0, (const uint4*)w.codes, (const uint32_t*)w.meta, x, part, arrivals, w.out,
              w.N, G, S, (G + S - 1) / S);
-  };
-  auto fused = [&](const Form& f, const Layer& y, const __half* x, const long long* xa, unsigned long long* trace = nullptr) {
-    launch_cluster(xa ? f.fixed : f.f16, f.cs, dim3(kUnits), dim3(unsigned(32 * f.warps)), fused_smem(f.stage_d), (const uint4*)y.gu.codes, (const uint32_t*)y.gu.meta,
-                   (const uint4*)y.down.codes, (const uint32_t*)y.down.meta, x, xa, y.acc, trace);
   };
   auto zero = [&] { CK(cudaMemsetAsync(acc_all, 0, size_t(layers) * kD * 8, g_stream)); };
   auto before = [&](int l) { return l == 0 ? (const long long*)acc0 : (const long long*)L[size_t(l) - 1].acc; };
@@ -402,7 +404,8 @@ int main(int argc, char** argv) {
                           2);
   for (const Form& f : forms) {
     char name[96];
-    const char* where = f.stage_d ? "8 warps, W_d staged" : f.warps == 8 ? "8 warps, W_d in registers" : "4 warps, W_d in registers";
+    const std::string where_s = name_of(f);
+    const char* where = where_s.c_str();
     std::snprintf(name, sizeof name, "B  q, k, v; o; fused MLP, %s, clusters of %d", where, f.cs);
     const double b = report(name, graph_us(
                                       runs, 1,
