@@ -90,31 +90,50 @@ __global__ void fill_rows(uint32_t* codes, uint32_t* meta, int64_t n_words, int6
   }
 }
 
-// The fp64 reference: y [N] = W [N, K] · x from a layer's device codes and metadata (the layout above).
-inline std::vector<double> rows_gemv_ref(const uint4* d_codes, const uint32_t* d_meta, int N, int K, const std::vector<double>& x) {
+// The fragment layout of chain_probe's tensor-core consumers: the same units (a row block's group,
+// 2,048 bytes of codes as uint4 [k][lane], then the metadata by row), but uint4 k of lane (gq, c)
+// (gq = lane / 4, c = lane % 4) holds the mma.m16n8k16 A fragments of row tile k / 2 (rows
+// 16 (k / 2) .. + 15) at the group's k16 steps 4 (k % 2) + j (word j): nibble i of a word is row
+// gq + 8 (i % 2), column 2c + i / 4 + 8 ((i / 2) % 2) of its k16 step, so that (w & 0x000F000F) |
+// 0x64006400 is a0 (row gq, columns 2c, 2c + 1), mask 0x00F000F0 a1 (row gq + 8, in units of 16), and
+// the same masks of w >> 8 a2 and a3 (columns 2c + 8, 2c + 9).
+enum class W4Layout { rows, frag };
+// Row (within the row block) and column (within the group) of nibble i of word j of uint4 k of lane l.
+inline void w4_row_col(W4Layout layout, int k, int l, int j, int i, int& row, int& col) {
+  if (layout == W4Layout::rows) {
+    row = l, col = k * 32 + j * 8 + kRowsColOfNibble[i];
+  } else {
+    row = 16 * (k / 2) + l / 4 + 8 * (i % 2);
+    col = 16 * (4 * (k % 2) + j) + 2 * (l % 4) + i / 4 + 8 * ((i / 2) % 2);
+  }
+}
+
+// The fp64 reference: y [N] = W [N, K] · x from a layer's device codes and metadata (either layout).
+inline std::vector<double> rows_gemv_ref(const uint4* d_codes, const uint32_t* d_meta, int N, int K, const std::vector<double>& x,
+                                         W4Layout layout = W4Layout::rows) {
   const int G = K / 128, RB = N / 32;
   const size_t U = size_t(RB) * G;
   std::vector<uint32_t> codes(U * 512), meta(U * 32);
   if (cudaMemcpy(codes.data(), d_codes, codes.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
       cudaMemcpy(meta.data(), d_meta, meta.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
     return {};
-  std::vector<double> y(static_cast<size_t>(N));
+  std::vector<double> y(static_cast<size_t>(N), 0.0);
   for (int rb = 0; rb < RB; ++rb)
-    for (int l = 0; l < 32; ++l) {
-      double acc = 0;
-      for (int g = 0; g < G; ++g) {
-        const size_t u = size_t(rb) * G + size_t(g);
-        const uint32_t m = meta[u * 32 + size_t(l)];
-        const double s = double(__half2float(__ushort_as_half(uint16_t(m & 0xffff)))), z = -double(__half2float(__ushort_as_half(uint16_t(m >> 16)))) - 1024.0;
-        double t = 0;
-        for (int k = 0; k < 4; ++k)
+    for (int g = 0; g < G; ++g) {
+      const size_t u = size_t(rb) * G + size_t(g);
+      double t[32] = {}, z[32];
+      for (int r = 0; r < 32; ++r) z[r] = -double(__half2float(__ushort_as_half(uint16_t(meta[u * 32 + size_t(r)] >> 16)))) - 1024.0;
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < 32; ++l)
           for (int j = 0; j < 4; ++j) {
             const uint32_t w = codes[u * 512 + (size_t(k) * 32 + size_t(l)) * 4 + size_t(j)];
-            for (int i = 0; i < 8; ++i) t += (double((w >> (4 * i)) & 15) - z) * x[size_t(g * 128 + k * 32 + j * 8 + kRowsColOfNibble[i])];
+            for (int i = 0; i < 8; ++i) {
+              int row = 0, col = 0;
+              w4_row_col(layout, k, l, j, i, row, col);
+              t[row] += (double((w >> (4 * i)) & 15) - z[row]) * x[size_t(g * 128 + col)];
+            }
           }
-        acc += s * t;
-      }
-      y[size_t(rb) * 32 + size_t(l)] = acc;
+      for (int r = 0; r < 32; ++r) y[size_t(rb) * 32 + size_t(r)] += double(__half2float(__ushort_as_half(uint16_t(meta[u * 32 + size_t(r)] & 0xffff)))) * t[r];
     }
   return y;
 }
