@@ -475,9 +475,12 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     const int c4 = lane % 4, my_row = kDot == kDotMma ? lane / 4 + 8 * c4 : lane;
     const float inv_m = c4 % 2 ? 1.0f / 16.0f : 1.0f, off_m = c4 % 2 ? 960.0f : 0.0f;
     // A unit's codes and metadata: wait for its fill, read them, release the warp's share of it.
-    long long waited = 0;   // traced: warp 0's cycles in the fills' waits this stage
+    // Traced: thread 0's cycles in the fills' waits this stage, summed in shared memory (a register
+    // held across the loop made the 16-warp rows form spill: lab run 544).
+    __shared__ long long waited;
+    if (threadIdx.x == 0) waited = 0;
     auto fetch = [&](uint4 (&q)[4], uint32_t& mq, int i, int sl, int par) {
-      if (trace) {
+      if (trace && threadIdx.x == 0) {
         const long long t0 = clock64();
         tma::mbar_wait(&full[sl], par);
         waited += clock64() - t0;
