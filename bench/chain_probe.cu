@@ -15,6 +15,9 @@
 // Runs 534-543 asked whether faster consumers would let the ring hide the boundaries: with no dot
 // at all and at most two fills in flight the step takes 0.91-0.92 ms (88-89% of copy), but a dot
 // on the tensor cores with half the instructions runs no faster than the CUDA cores' (1.19-1.21).
+// Runs 547-553 (lab): its SMs clock 1.69-1.79 GHz against 1.91-1.97 for the CUDA-core forms; with
+// flagged sources (ll, below) and no dot the step takes 0.88-0.89 ms (92-93% of copy), while the
+// real consumers gain 0-1% (rows, 8 warps) or lose (16 warps, the tensor-core form).
 //
 // Contract. A chain of stages (Llama-2-7B's per layer: q, k, v 12288 x 4096; o 4096 x 4096;
 // gate, up 22016 x 4096 with gate and up rows interleaved 16 and 16 a row block; down 4096 x 11008;
@@ -38,13 +41,17 @@
 // counter (release, after a CTA barrier: no fence); before a stage the consumers wait until every
 // CTA arrived on the one before (acquire), then load x (every load issued before the first is
 // used) and normalize it (or, defer_rms, use it as it is and scale each row's sum by the same
-// 1 / RMS when it is written). Deterministic: every sum in a fixed order. Needs every CTA
+// 1 / RMS when it is written). With ll (whole row blocks, no attention) no grid counter: each
+// stage's output is written as flagged words (ll_store, 4 values a 16-byte store) and the next
+// stage's consumers poll x's words in rounds (every word not yet flagged loaded again, together)
+// until all carry the stage's flag. Deterministic: every sum in a fixed order. Needs every CTA
 // resident: a cooperative launch (a plain one in the graph).
 // Numerics: w4_rows.cuh's; x's RMS in fp32; checked against fp64 sums of the device's own f16
 // sources (norm-wise relative error <= 2e-3, ptqkit's A16 kernel tests' bound) on the first
 // layer's stages and the last stage, with `check` set (CTA 0 then writes every stage's fp32 output;
-// not in the timed steps). A traced step (globaltimer stamps, every CTA, every stage, and warp 0's
-// cycles waiting for its fills) says where the time goes between stages.
+// not in the timed steps). A traced step (globaltimer stamps, every CTA, every stage; each warp's
+// cycles waiting for its fills and to its own last unit, converted at the SM clock measured over
+// the same phases) says where the time goes between stages.
 // Compared with, on the same weights: each stage as its own launch of w4_rows.cuh's gemv_w4 under
 // PDL (its x the previous stage's f16 output, not normalized: the same bytes, the timing only).
 // With positions L > 0, each layer also holds an attention stage between q, k, v and o (the term a
@@ -91,6 +98,7 @@ struct Stage {
   float* y32;              // y in fp32 (N)
   float* slots;            // [N / 32][kMaxSlots][32]: a split row block's partials
   int* arrivals;           // [N / 32]: CTAs of a split row block arrived (zeroed before each step)
+  ulonglong2* ll;          // with ll: the next stage's source as flagged words, [N / 4] (ll_store)
   int N, K, gate_up;
   int part;                // units a block of the partition: 1, or K / 128 (whole row blocks)
   int ns_off;              // into the CTA's copy of the table of CTAs a row block
@@ -140,6 +148,26 @@ __device__ __forceinline__ float row_sum(const Stage& d, int G, int U, int P, in
   return v;
 }
 __device__ __forceinline__ float silu_mul(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
+
+// Flagged outputs (ll; NCCL's LL protocol): 4 f16 values of a stage's output as two 8-byte words
+// {2 values, flag}, each written and read as one access (aligned 8-byte accesses are single-copy
+// atomic), so a reader that sees a word's flag sees its values: no grid counter, no fence, and the
+// source arrives in the same load that says it is ready. flag = epoch · stages + s + 1 (epoch: the
+// steps so far, from memory), never the same twice; a reader polls until both words carry it.
+__device__ __forceinline__ void ll_store(ulonglong2* p, uint32_t h01, uint32_t h23, uint32_t flag) {
+  const unsigned long long a = (static_cast<unsigned long long>(flag) << 32) | h01, b = (static_cast<unsigned long long>(flag) << 32) | h23;
+  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ ulonglong2 ll_load(const ulonglong2* p) {
+  ulonglong2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];\n" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ bool ll_ready(const ulonglong2& v, uint32_t flag) { return uint32_t(v.x >> 32) == flag && uint32_t(v.y >> 32) == flag; }
+__device__ __forceinline__ uint32_t pack_h2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 // Element k of the source of the stage after d: y_k in f16, or silu(gate_k) · up_k in f16 after a
 // gate, up stage (row block k / 16: lanes 0-15 its gate rows, 16-31 the same rows of up).
 __device__ __forceinline__ __half source_value(const Stage& d, int P, int k) {
@@ -297,16 +325,18 @@ __global__ void __launch_bounds__(256) attn_launch(const Stage d, int check) {
 enum { kDotRows = 0, kDotMma = 1, kDotNone = 2 };
 
 constexpr int kMaxK = 11008;   // the longest x (down's K): the x loads a thread holds
-// A traced stage's entries a CTA: barrier passed, x ready, units done, row blocks written (ns), and
-// warp 0's wait for its fills (SM cycles).
-constexpr int kTraceN = 5;
+// A traced stage's entries a CTA: barrier passed, x ready, units done, row blocks written (ns); a
+// warp's wait for its fills, and its units phase up to its own last unit (SM cycles, mean over warps);
+// thread 0's cycles over the units phase (with its ns: the SM clock the cycles are converted at).
+constexpr int kTraceN = 7;
 
-template <int C, int T, int kDot = kDotRows>
+template <int C, int T, int kDot = kDotRows, bool ll = false>
 __global__ void __launch_bounds__((C + 1) * 32, 1)
     chain_w4(const Stage* stages, int n_stages, int K_max, const __half* x0, int* grid_arrivals, const uint8_t* tables, int table_bytes, int S,
-             int check, int fence, int defer_rms, int max_out, unsigned long long* trace) {
+             int check, int fence, int defer_rms, int max_out, unsigned long long* trace, unsigned* epoch_ptr, int* done) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kXPer = (kMaxK / 8 + C * 32 - 1) / (C * 32);
+  constexpr int kXLL = (kMaxK / 4 + C * 32 - 1) / (C * 32);   // with ll: 4 values a load
   const int P = gridDim.x, c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ring = smem;   // S slots of T units: T x 2,048 bytes of codes, then T x 128 of metadata
   constexpr int slot_bytes = T * kUnitBytes;
@@ -323,6 +353,8 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     for (int i = 0; i < S; ++i) tma::mbar_init(&full[i], 1), tma::mbar_init(&empty[i], T);
     tma::mbar_init_fence();
   }
+  __shared__ unsigned long long trace_sums[3];   // traced: the warps' fill waits, their units' ends, the units' start (cycles)
+  if (threadIdx.x == 0) trace_sums[0] = trace_sums[1] = 0;
   __syncthreads();
 
   if (warp == C) {   // the producer: up to T units a bulk copy (a CTA's units are contiguous)
@@ -365,7 +397,10 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     return;
   }
 
-  // The consumers.
+  // The consumers. With ll, stage s's output carries flag epoch · n_stages + s + 1 and the grid
+  // counters are kept for check's write_check only.
+  const uint32_t epoch = ll ? *epoch_ptr : 0u;
+  const bool grid = !ll || check;
   auto stamp = [&](int s, int k) {
     if (trace && threadIdx.x == 0) trace[(size_t(s) * P + c) * kTraceN + k] = global_ns();
   };
@@ -411,8 +446,9 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     }
     const int G = d.K / 128, U = d.N / 32 * G;
     const int u0 = unit_begin(c, U, P, d.part), u1 = unit_begin(c + 1, U, P, d.part), n = u1 - u0, rb0 = u0 / G;
-    // x: once every CTA arrived on stage s - 1, its output's first K values (in f16) at unit RMS.
-    if (s > 0 && threadIdx.x == 0) wait_arrived(grid_arrivals + s - 1, P);
+    // x: once every CTA arrived on stage s - 1, its output's first K values (in f16) at unit RMS
+    // (with ll: as each of its words carries the stage's flag).
+    if (s > 0 && grid && threadIdx.x == 0) wait_arrived(grid_arrivals + s - 1, P);
     stamp(s, 0);
     consumers_sync(C);
     if (s > 0 && check && c == 0) write_check(stages[s - 1], P, C * 32);
@@ -420,31 +456,72 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     // (defer_rms) x as it is and each row's sum scaled by the same 1 / RMS before it is written.
     const __half* src = s > 0 ? stages[s - 1].out16 : x0;
     float ss = 0.0f;
-    uint4 xv[kXPer];   // every load issued before the first is used
+    if (ll && s > 0) {   // 4 values a load, every load issued before the first is checked
+      const ulonglong2* lsrc = stages[s - 1].ll;
+      const uint32_t flag = epoch * uint32_t(n_stages) + uint32_t(s);
+      ulonglong2 lv[kXLL];
 #pragma unroll
-    for (int it = 0; it < kXPer; ++it) {
-      const int k = warp * 32 + lane + it * C * 32;
-      if (k < d.K / 8) xv[it] = __ldcg(reinterpret_cast<const uint4*>(src) + k);
-    }
+      for (int it = 0; it < kXLL; ++it) {
+        const int k = warp * 32 + lane + it * C * 32;
+        if (k < d.K / 4) lv[it] = ll_load(lsrc + k);
+      }
+      // Rounds: every word not yet flagged loaded again, together (one round trip a round).
+      for (;;) {
+        bool all = true;
 #pragma unroll
-    for (int it = 0; it < kXPer; ++it) {   // warp-uniform: a group is 16 lanes' uint4
-      const int k = warp * 32 + lane + it * C * 32;
-      float gs = 0.0f;
-      if (k < d.K / 8) {
-        const uint4 v = xv[it];
-        reinterpret_cast<uint4*>(xs)[k] = v;
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        for (int it = 0; it < kXLL; ++it) {
+          const int k = warp * 32 + lane + it * C * 32;
+          if (k < d.K / 4 && !ll_ready(lv[it], flag)) all = false, lv[it] = ll_load(lsrc + k);
+        }
+        if (all) break;
+      }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __half22float2(h2(w[j]));
-          ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-          gs += f.x + f.y;
+      for (int it = 0; it < kXLL; ++it) {   // warp-uniform: a group is a warp's 32 loads
+        const int k = warp * 32 + lane + it * C * 32;
+        float gs = 0.0f;
+        if (k < d.K / 4) {
+          const uint32_t w[2] = {uint32_t(lv[it].x), uint32_t(lv[it].y)};
+          reinterpret_cast<uint2*>(xs)[k] = make_uint2(w[0], w[1]);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float2 f = __half22float2(h2(w[j]));
+            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+            gs += f.x + f.y;
+          }
+        }
+        if constexpr (kDot == kDotMma) {
+#pragma unroll
+          for (int o = 16; o > 0; o /= 2) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+          if (lane == 0 && k < d.K / 4) xsum[k / 32] = gs;
         }
       }
-      if constexpr (kDot == kDotMma) {
+    } else {
+      uint4 xv[kXPer];   // every load issued before the first is used
 #pragma unroll
-        for (int o = 8; o > 0; o /= 2) gs += __shfl_xor_sync(0xffffffffu, gs, o);
-        if (lane % 16 == 0 && k < d.K / 8) xsum[k / 16] = gs;
+      for (int it = 0; it < kXPer; ++it) {
+        const int k = warp * 32 + lane + it * C * 32;
+        if (k < d.K / 8) xv[it] = __ldcg(reinterpret_cast<const uint4*>(src) + k);
+      }
+#pragma unroll
+      for (int it = 0; it < kXPer; ++it) {   // warp-uniform: a group is 16 lanes' uint4
+        const int k = warp * 32 + lane + it * C * 32;
+        float gs = 0.0f;
+        if (k < d.K / 8) {
+          const uint4 v = xv[it];
+          reinterpret_cast<uint4*>(xs)[k] = v;
+          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(h2(w[j]));
+            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+            gs += f.x + f.y;
+          }
+        }
+        if constexpr (kDot == kDotMma) {
+#pragma unroll
+          for (int o = 8; o > 0; o /= 2) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+          if (lane % 16 == 0 && k < d.K / 8) xsum[k / 16] = gs;
+        }
       }
     }
 #pragma unroll
@@ -475,15 +552,15 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     const int c4 = lane % 4, my_row = kDot == kDotMma ? lane / 4 + 8 * c4 : lane;
     const float inv_m = c4 % 2 ? 1.0f / 16.0f : 1.0f, off_m = c4 % 2 ? 960.0f : 0.0f;
     // A unit's codes and metadata: wait for its fill, read them, release the warp's share of it.
-    // Traced: thread 0's cycles in the fills' waits this stage, summed in shared memory (a register
-    // held across the loop made the 16-warp rows form spill: lab run 544).
-    __shared__ long long waited;
-    if (threadIdx.x == 0) waited = 0;
+    // Traced: every warp's cycles in its fills' waits this stage (lane 0's), and in its units phase
+    // up to its own last unit, summed over the warps in shared memory (zeroed at kernel start and
+    // after each read; a register held across the loop made the 16-warp rows form spill: run 544).
+    if (trace && threadIdx.x == 0) trace_sums[2] = clock64();   // the units phase's start (after the barrier)
     auto fetch = [&](uint4 (&q)[4], uint32_t& mq, int i, int sl, int par) {
-      if (trace && threadIdx.x == 0) {
+      if (trace && lane == 0) {
         const long long t0 = clock64();
         tma::mbar_wait(&full[sl], par);
-        waited += clock64() - t0;
+        atomicAdd(&trace_sums[0], (unsigned long long)(clock64() - t0));
       } else {
         tma::mbar_wait(&full[sl], par);
       }
@@ -531,9 +608,14 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
       }
     }
     if (lrb < kMaxLocal) acc_rb[(warp * kMaxLocal + lrb) * 32 + my_row] = acc;   // past the range: lrb's entry is never read
+    if (trace && lane == 0) atomicAdd(&trace_sums[1], (unsigned long long)clock64());
     consumers_sync(C);
     stamp(s, 2);
-    if (trace && threadIdx.x == 0) trace[(size_t(s) * P + c) * kTraceN + 4] = (unsigned long long)waited;
+    if (trace && threadIdx.x == 0) {
+      trace[(size_t(s) * P + c) * kTraceN + 6] = clock64() - trace_sums[2];
+      trace[(size_t(s) * P + c) * kTraceN + 4] = trace_sums[0] / C, trace[(size_t(s) * P + c) * kTraceN + 5] = max(0ll, (long long)(trace_sums[1] / C - trace_sums[2]));
+      trace_sums[0] = trace_sums[1] = 0;
+    }
     // Each row block of the range: the warps' sums in warp order, into this CTA's slot (the next
     // stage's readers add a row block's slots in CTA order).
     if (n > 0)
@@ -552,21 +634,28 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
           v = 0.0f;
           for (int z = 0; z < ns; ++z) v += __ldcg(d.slots + (size_t(rb) * kMaxSlots + z) * 32 + lane);
         }
-        if (!d.gate_up) {
-          d.out16[rb * 32 + lane] = __float2half_rn(v);
-        } else {
-          const float up = __shfl_down_sync(0xffffffffu, v, 16);   // lanes 0-15 gate rows, 16-31 the same rows of up
-          if (lane < 16) d.out16[rb * 16 + lane] = __float2half_rn(silu_mul(v, up));
+        const int n_out = d.gate_up ? 16 : 32;   // lanes 0-15 gate rows, 16-31 the same rows of up
+        if (d.gate_up) v = silu_mul(v, __shfl_down_sync(0xffffffffu, v, 16));
+        if (ll) {   // lanes 4i: outputs 4i .. 4i + 3 of the row block as one flagged store
+          const float v1 = __shfl_down_sync(0xffffffffu, v, 1), v2 = __shfl_down_sync(0xffffffffu, v, 2), v3 = __shfl_down_sync(0xffffffffu, v, 3);
+          if (lane % 4 == 0 && lane < n_out) ll_store(d.ll + (rb * n_out + lane) / 4, pack_h2(v, v1), pack_h2(v2, v3), epoch * uint32_t(n_stages) + uint32_t(s) + 1u);
+        } else if (lane < n_out) {
+          d.out16[rb * n_out + lane] = __float2half_rn(v);
         }
       }
     consumers_sync(C);
     stamp(s, 3);
-    if (threadIdx.x == 0) {   // after the barrier: the release covers every consumer's writes
+    if (grid && threadIdx.x == 0) {   // after the barrier: the release covers every consumer's writes
       if (fence) __threadfence();
       arrive(grid_arrivals + s);
     }
     q_base += n;
     j_base += (n + T - 1) / T;
+  }
+  if (ll && threadIdx.x == 0) {   // the last CTA to finish moves the epoch on (done is zeroed before each step)
+    int before;
+    asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(done) : "memory");
+    if (before == P - 1) *epoch_ptr = epoch + 1u;
   }
   if (check && c == 0) {   // the last stage's output
     if (threadIdx.x == 0) wait_arrived(grid_arrivals + n_stages - 1, P);
@@ -647,8 +736,6 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
-  int sm_khz = 0;   // the SM clock the trace's cycles are converted at
-  CK(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev));
   CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
 
   struct Shape {
@@ -673,6 +760,7 @@ int main(int argc, char** argv) {
   std::vector<Stage> hs(static_cast<size_t>(n_stages));
   size_t bytes = 0, kv_bytes = 0, counters = size_t(n_stages);
   for (int s = 0; s < n_stages; ++s) counters += layer[size_t(s % kinds)].attn ? size_t(kHeads) : size_t(layer[size_t(s % kinds)].N / 32);
+  ++counters;   // the CTAs done (ll's epoch)
   int* d_counters = nullptr;   // the grid counters [n_stages], then each stage's row-block counters
   CK(cudaMalloc(&d_counters, counters * 4));
   __half* x0 = nullptr;
@@ -716,6 +804,8 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&d.out16, size_t(sh.N) * 2));
     CK(cudaMalloc(&d.y32, size_t(sh.N) * 4));
     CK(cudaMalloc(&d.slots, size_t(sh.N / 32) * kMaxSlots * 32 * 4));
+    CK(cudaMalloc(&d.ll, size_t(sh.N) / 4 * 16));
+    CK(cudaMemset(d.ll, 0, size_t(sh.N) / 4 * 16));   // flag 0: never a stage's
     d.src = s > 0 ? hs[size_t(s) - 1].out16 : x0;
     d.arrivals = d_counters + off;
     off += size_t(sh.N / 32);
@@ -785,9 +875,17 @@ int main(int argc, char** argv) {
   int fence_mode = 0;   // 1: a __threadfence before each release (the first form measured)
   int defer_mode = 0;   // 1: x as it is, each row's sum scaled by 1 / RMS (defer_rms)
   int max_out = 0;      // > 0: the producer keeps at most this many fills in flight
+  int ll_mode = 0;      // 1: each stage's source read as flagged words (ll_store), no grid counters
+  unsigned* d_epoch = nullptr;
+  CK(cudaMalloc(&d_epoch, 4));
+  CK(cudaMemset(d_epoch, 0, 4));
   auto run_chain = [&](auto kern, int C, int T, int dot = kDotRows) {
     if (dot == kDotMma && !defer_mode) {
       std::printf("chain_w4<%d, %d> on the tensor cores: skipped (its group sums X are of x as loaded: defer_rms only)\n", C, T);
+      return;
+    }
+    if (ll_mode && L > 0) {
+      std::printf("chain_w4<%d, %d>, flagged sources: skipped (the attention stage reads plain ones)\n", C, T);
       return;
     }
     if (L > 0 && (2 * C * kAttnU < kSplitPos || size_t(T) * kUnitBytes < size_t(kSplitPos) * kAttnRow)) {
@@ -822,7 +920,7 @@ int main(int argc, char** argv) {
       cfg.numAttrs = cooperative ? 1 : 0;
       cfg.stream = g_stream;
       CK(cudaLaunchKernelEx(&cfg, kern, (const Stage*)d_stages, n_stages, K_max, (const __half*)x0, d_counters, (const uint8_t*)d_tables, table_bytes, S, check,
-                                fence, defer, out, trace));
+                                fence, defer, out, trace, d_epoch, d_counters + counters - 1));
     };
     launch_step(true, 1);
     CK(cudaStreamSynchronize(g_stream));
@@ -854,7 +952,7 @@ int main(int argc, char** argv) {
     }
     char name[128];
     const char* rows = hs[0].part > 1 ? (defer_mode ? "whole rows, RMS at the end, " : "whole rows, ") : "";
-    const char* how = dot == kDotMma ? "mma, " : dot == kDotNone ? "no dot, " : "";
+    const char* how = dot == kDotMma ? (ll_mode ? "mma, LL, " : "mma, ") : dot == kDotNone ? (ll_mode ? "no dot, LL, " : "no dot, ") : ll_mode ? "LL, " : "";
     char outs[32] = "";
     if (max_out > 0) std::snprintf(outs, sizeof outs, ", %d out", max_out);
     std::snprintf(name, sizeof name, "persistent, %s%sC %d, T %d%s, stream", how, rows, C, T, outs);
@@ -869,7 +967,7 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(tr.data(), d_trace, tr.size() * 8, cudaMemcpyDeviceToHost));
     auto at = [&](int s, int cta, int k) { return double(tr[(size_t(s) * sms + cta) * kTraceN + k]); };
     for (int kind = 0; kind < kinds; ++kind) {
-      double gap = 0, xload = 0, units = 0, rows = 0, spread_units = 0, spread_pass = 0, waits = 0;
+      double gap = 0, xload = 0, units = 0, rows = 0, spread_units = 0, spread_pass = 0, waits = 0, own = 0, cyc = 0;
       int cnt = 0;
       for (int s = kind; s < n_stages; s += kinds) {
         if (s == 0) continue;
@@ -879,16 +977,20 @@ int main(int argc, char** argv) {
           first_pass = std::min(first_pass, at(s, cta, 0)), last_pass = std::max(last_pass, at(s, cta, 0));
           first_units = std::min(first_units, at(s, cta, 2)), last_units = std::max(last_units, at(s, cta, 2));
           xload += at(s, cta, 1) - at(s, cta, 0), units += at(s, cta, 2) - at(s, cta, 1), rows += at(s, cta, 3) - at(s, cta, 2);
-          waits += at(s, cta, 4) / (double(sm_khz) * 1e-6);   // cycles -> ns
+          waits += at(s, cta, 4);   // cycles (to ns at the measured clock, below)
+          own += at(s, cta, 5), cyc += at(s, cta, 6);
         }
         gap += first_pass - last_end, spread_pass += last_pass - first_pass, spread_units += last_units - first_units;
         ++cnt;
       }
       const double per = double(cnt) * sms;
-      std::printf("    %-9s a stage, us: last arrival -> first CTA passes %.2f, passes spread %.2f; x %.2f, units %.2f (warp 0 waiting for fills %.2f; CTAs' ends "
-                  "spread %.2f), row blocks %.2f\n",
-                  layer[size_t(kind)].name, gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, waits / per / 1e3, spread_units / cnt / 1e3,
-                  rows / per / 1e3);
+      const double ghz = cyc / units;   // the SM clock over the units phases (cycles a ns)
+      own /= ghz, waits /= ghz;
+      std::printf("    %-9s a stage, us: last arrival -> first CTA passes %.2f, passes spread %.2f; x %.2f, units %.2f (a warp's own %.2f, waiting for fills %.2f; CTAs' "
+                  "ends spread %.2f), row blocks %.2f; SM clock %.2f GHz\n",
+                  layer[size_t(kind)].name, gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, own / per / 1e3, waits / per / 1e3,
+                  spread_units / cnt / 1e3,
+                  rows / per / 1e3, ghz);
     }
   };
   run_chain(chain_w4<8, 8>, 8, 8);
@@ -917,6 +1019,15 @@ int main(int argc, char** argv) {
     run_chain(chain_w4<16, 16, kDotNone>, 16, 16, kDotNone);
   }
   max_out = 0;
+  // Flagged sources: each stage's x polled word by word, no grid counter (positions 0 only).
+  ll_mode = 1;
+  run_chain(chain_w4<8, 8, kDotMma, true>, 8, 8, kDotMma);
+  run_chain(chain_w4<8, 8, kDotRows, true>, 8, 8);
+  run_chain(chain_w4<16, 16, kDotRows, true>, 16, 16);
+  max_out = 2;
+  run_chain(chain_w4<8, 8, kDotNone, true>, 8, 8, kDotNone);
+  max_out = 0;
+  ll_mode = 0;
 
   // The same stages as one gemv_w4 launch each under PDL: the kernel-a-Linear structure.
   {
