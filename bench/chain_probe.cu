@@ -15,9 +15,10 @@
 // Runs 534-543 asked whether faster consumers would let the ring hide the boundaries: with no dot
 // at all and at most two fills in flight the step takes 0.91-0.92 ms (88-89% of copy), but a dot
 // on the tensor cores with half the instructions runs no faster than the CUDA cores' (1.19-1.21).
-// Runs 547-553 (lab): its SMs clock 1.69-1.79 GHz against 1.91-1.97 for the CUDA-core forms; with
+// Runs 547-558 (lab): its clock64 advances 1.68-1.79 cycles a globaltimer ns against 1.84-1.97 in
+// the other forms (nvidia-smi reads 1,980 MHz throughout: not explained); with
 // flagged sources (ll, below) and no dot the step takes 0.88-0.89 ms (92-93% of copy), while the
-// real consumers gain 0-1% (rows, 8 warps) or lose (16 warps, the tensor-core form).
+// real consumers gain 1-4% (rows, 8 warps) or lose (16 warps, the tensor-core form).
 //
 // Contract. A chain of stages (Llama-2-7B's per layer: q, k, v 12288 x 4096; o 4096 x 4096;
 // gate, up 22016 x 4096 with gate and up rows interleaved 16 and 16 a row block; down 4096 x 11008;
@@ -50,8 +51,8 @@
 // sources (norm-wise relative error <= 2e-3, ptqkit's A16 kernel tests' bound) on the first
 // layer's stages and the last stage, with `check` set (CTA 0 then writes every stage's fp32 output;
 // not in the timed steps). A traced step (globaltimer stamps, every CTA, every stage; each warp's
-// cycles waiting for its fills and to its own last unit, converted at the SM clock measured over
-// the same phases) says where the time goes between stages.
+// cycles waiting for its fills and to its own last unit, converted at the rate clock64 advanced,
+// cycles a ns, over the same phases) says where the time goes between stages.
 // Compared with, on the same weights: each stage as its own launch of w4_rows.cuh's gemv_w4 under
 // PDL (its x the previous stage's f16 output, not normalized: the same bytes, the timing only).
 // With positions L > 0, each layer also holds an attention stage between q, k, v and o (the term a
@@ -128,7 +129,8 @@ __device__ __host__ __forceinline__ int cta_of(int t, int U, int P, int A) { ret
 
 __device__ __forceinline__ void consumers_sync(int C) { asm volatile("bar.sync 1, %0;\n" ::"r"(C * 32) : "memory"); }
 // A stage's grid counter: a CTA's arrival (release: after a CTA barrier, it covers every consumer's
-// writes), and the wait until all P CTAs arrived (acquire), by one thread.
+// writes), and the wait until all P CTAs arrived (acquire), by one thread. (Relaxed polls with one
+// acquire fence after the last, sparing each poll's L1 invalidation, ran 2-8% slower: lab run 558.)
 __device__ __forceinline__ void arrive(int* counter) { asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory"); }
 __device__ __forceinline__ void wait_arrived(const int* counter, int P) {
   int a = 0;
@@ -327,7 +329,7 @@ enum { kDotRows = 0, kDotMma = 1, kDotNone = 2 };
 constexpr int kMaxK = 11008;   // the longest x (down's K): the x loads a thread holds
 // A traced stage's entries a CTA: barrier passed, x ready, units done, row blocks written (ns); a
 // warp's wait for its fills, and its units phase up to its own last unit (SM cycles, mean over warps);
-// thread 0's cycles over the units phase (with its ns: the SM clock the cycles are converted at).
+// thread 0's cycles over the units phase (with its ns: the rate the cycles are converted at).
 constexpr int kTraceN = 7;
 
 template <int C, int T, int kDot = kDotRows, bool ll = false>
@@ -456,6 +458,23 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     // (defer_rms) x as it is and each row's sum scaled by the same 1 / RMS before it is written.
     const __half* src = s > 0 ? stages[s - 1].out16 : x0;
     float ss = 0.0f;
+    // A load's W words of 2 f16 into ss (squares) and gs (values); the mma form's X of a group,
+    // gs summed over the L lanes whose loads hold its 128 values (k: the load's index, of lim).
+    auto add_x = [&](const uint32_t* w, int W, float& gs) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const float2 f = __half22float2(h2(w[j]));
+        ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+        gs += f.x + f.y;
+      }
+    };
+    auto group_x = [&](float gs, int k, int L, int lim) {
+      if constexpr (kDot == kDotMma) {
+#pragma unroll
+        for (int o = L / 2; o > 0; o /= 2) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+        if (lane % L == 0 && k < lim) xsum[k / L] = gs;
+      }
+    };
     if (ll && s > 0) {   // 4 values a load, every load issued before the first is checked
       const ulonglong2* lsrc = stages[s - 1].ll;
       const uint32_t flag = epoch * uint32_t(n_stages) + uint32_t(s);
@@ -482,18 +501,9 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
         if (k < d.K / 4) {
           const uint32_t w[2] = {uint32_t(lv[it].x), uint32_t(lv[it].y)};
           reinterpret_cast<uint2*>(xs)[k] = make_uint2(w[0], w[1]);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float2 f = __half22float2(h2(w[j]));
-            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-            gs += f.x + f.y;
-          }
+          add_x(w, 2, gs);
         }
-        if constexpr (kDot == kDotMma) {
-#pragma unroll
-          for (int o = 16; o > 0; o /= 2) gs += __shfl_xor_sync(0xffffffffu, gs, o);
-          if (lane == 0 && k < d.K / 4) xsum[k / 32] = gs;
-        }
+        group_x(gs, k, 32, d.K / 4);
       }
     } else {
       uint4 xv[kXPer];   // every load issued before the first is used
@@ -510,18 +520,9 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
           const uint4 v = xv[it];
           reinterpret_cast<uint4*>(xs)[k] = v;
           const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(h2(w[j]));
-            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-            gs += f.x + f.y;
-          }
+          add_x(w, 4, gs);
         }
-        if constexpr (kDot == kDotMma) {
-#pragma unroll
-          for (int o = 8; o > 0; o /= 2) gs += __shfl_xor_sync(0xffffffffu, gs, o);
-          if (lane % 16 == 0 && k < d.K / 8) xsum[k / 16] = gs;
-        }
+        group_x(gs, k, 16, d.K / 8);
       }
     }
 #pragma unroll
@@ -984,10 +985,10 @@ int main(int argc, char** argv) {
         ++cnt;
       }
       const double per = double(cnt) * sms;
-      const double ghz = cyc / units;   // the SM clock over the units phases (cycles a ns)
+      const double ghz = cyc / units;   // clock64's cycles a globaltimer ns over the units phases
       own /= ghz, waits /= ghz;
       std::printf("    %-9s a stage, us: last arrival -> first CTA passes %.2f, passes spread %.2f; x %.2f, units %.2f (a warp's own %.2f, waiting for fills %.2f; CTAs' "
-                  "ends spread %.2f), row blocks %.2f; SM clock %.2f GHz\n",
+                  "ends spread %.2f), row blocks %.2f; clock64 %.2f cycles a ns\n",
                   layer[size_t(kind)].name, gap / cnt / 1e3, spread_pass / cnt / 1e3, xload / per / 1e3, units / per / 1e3, own / per / 1e3, waits / per / 1e3,
                   spread_units / cnt / 1e3,
                   rows / per / 1e3, ghz);

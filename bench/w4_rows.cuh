@@ -23,6 +23,8 @@
 #include "cuda/pdl.cuh"
 #include "cuda/ptx.cuh"
 
+#include "bench_timing.cuh"   // CK
+
 namespace bench {
 
 // The column of a word's nibble i (bits 4i .. 4i + 3) within its 8 columns.
@@ -114,9 +116,8 @@ inline std::vector<double> rows_gemv_ref(const uint4* d_codes, const uint32_t* d
   const int G = K / 128, RB = N / 32;
   const size_t U = size_t(RB) * G;
   std::vector<uint32_t> codes(U * 512), meta(U * 32);
-  if (cudaMemcpy(codes.data(), d_codes, codes.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
-      cudaMemcpy(meta.data(), d_meta, meta.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
-    return {};
+  CK(cudaMemcpy(codes.data(), d_codes, codes.size() * 4, cudaMemcpyDeviceToHost));   // a failed copy stops the probe
+  CK(cudaMemcpy(meta.data(), d_meta, meta.size() * 4, cudaMemcpyDeviceToHost));
   std::vector<double> y(static_cast<size_t>(N), 0.0);
   for (int rb = 0; rb < RB; ++rb)
     for (int g = 0; g < G; ++g) {
