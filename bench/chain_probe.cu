@@ -166,6 +166,8 @@ __device__ __forceinline__ ulonglong2 ll_load(const ulonglong2* p) {
   return v;
 }
 __device__ __forceinline__ bool ll_ready(const ulonglong2& v, uint32_t flag) { return uint32_t(v.x >> 32) == flag && uint32_t(v.y >> 32) == flag; }
+// The flag stage s's output words carry in step epoch (the writer's s; its reader asks for s - 1).
+__device__ __forceinline__ uint32_t stage_flag(uint32_t epoch, int n_stages, int s) { return epoch * uint32_t(n_stages) + uint32_t(s) + 1u; }
 __device__ __forceinline__ uint32_t pack_h2(float a, float b) {
   const __half2 h = __floats2half2_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     return;
   }
 
-  // The consumers. With ll, stage s's output carries flag epoch · n_stages + s + 1 and the grid
+  // The consumers. With ll, stage s's output carries stage_flag(epoch, n_stages, s) and the grid
   // counters are kept for check's write_check only.
   const uint32_t epoch = ll ? *epoch_ptr : 0u;
   const bool grid = !ll || check;
@@ -477,7 +479,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
     };
     if (ll && s > 0) {   // 4 values a load, every load issued before the first is checked
       const ulonglong2* lsrc = stages[s - 1].ll;
-      const uint32_t flag = epoch * uint32_t(n_stages) + uint32_t(s);
+      const uint32_t flag = stage_flag(epoch, n_stages, s - 1);
       ulonglong2 lv[kXLL];
 #pragma unroll
       for (int it = 0; it < kXLL; ++it) {
@@ -639,7 +641,7 @@ __global__ void __launch_bounds__((C + 1) * 32, 1)
         if (d.gate_up) v = silu_mul(v, __shfl_down_sync(0xffffffffu, v, 16));
         if (ll) {   // lanes 4i: outputs 4i .. 4i + 3 of the row block as one flagged store
           const float v1 = __shfl_down_sync(0xffffffffu, v, 1), v2 = __shfl_down_sync(0xffffffffu, v, 2), v3 = __shfl_down_sync(0xffffffffu, v, 3);
-          if (lane % 4 == 0 && lane < n_out) ll_store(d.ll + (rb * n_out + lane) / 4, pack_h2(v, v1), pack_h2(v2, v3), epoch * uint32_t(n_stages) + uint32_t(s) + 1u);
+          if (lane % 4 == 0 && lane < n_out) ll_store(d.ll + (rb * n_out + lane) / 4, pack_h2(v, v1), pack_h2(v2, v3), stage_flag(epoch, n_stages, s));
         } else if (lane < n_out) {
           d.out16[rb * n_out + lane] = __float2half_rn(v);
         }
@@ -805,8 +807,10 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&d.out16, size_t(sh.N) * 2));
     CK(cudaMalloc(&d.y32, size_t(sh.N) * 4));
     CK(cudaMalloc(&d.slots, size_t(sh.N / 32) * kMaxSlots * 32 * 4));
-    CK(cudaMalloc(&d.ll, size_t(sh.N) / 4 * 16));
-    CK(cudaMemset(d.ll, 0, size_t(sh.N) / 4 * 16));   // flag 0: never a stage's
+    if (L == 0) {   // the ll arms run without the attention stage only
+      CK(cudaMalloc(&d.ll, size_t(sh.N) / 4 * 16));
+      CK(cudaMemset(d.ll, 0, size_t(sh.N) / 4 * 16));   // flag 0: never a stage's
+    }
     d.src = s > 0 ? hs[size_t(s) - 1].out16 : x0;
     d.arrivals = d_counters + off;
     off += size_t(sh.N / 32);
@@ -953,12 +957,13 @@ int main(int argc, char** argv) {
     }
     char name[128];
     const char* rows = hs[0].part > 1 ? (defer_mode ? "whole rows, RMS at the end, " : "whole rows, ") : "";
-    const char* how = dot == kDotMma ? (ll_mode ? "mma, LL, " : "mma, ") : dot == kDotNone ? (ll_mode ? "no dot, LL, " : "no dot, ") : ll_mode ? "LL, " : "";
+    const char* how = dot == kDotMma ? "mma, " : dot == kDotNone ? "no dot, " : "";
+    const char* src = ll_mode ? "LL, " : "";
     char outs[32] = "";
     if (max_out > 0) std::snprintf(outs, sizeof outs, ", %d out", max_out);
-    std::snprintf(name, sizeof name, "persistent, %s%sC %d, T %d%s, stream", how, rows, C, T, outs);
+    std::snprintf(name, sizeof name, "persistent, %s%s%sC %d, T %d%s, stream", how, src, rows, C, T, outs);
     report(name, stream_us(runs, 1, [&](int) { launch_step(true); }));
-    std::snprintf(name, sizeof name, "persistent, %s%sC %d, T %d%s, graph", how, rows, C, T, outs);
+    std::snprintf(name, sizeof name, "persistent, %s%s%sC %d, T %d%s, graph", how, src, rows, C, T, outs);
     report(name, graph_us(runs, 1, [&](int) { launch_step(false); }));
     // Where a step's time goes: one traced step, its stages averaged by kind.
     CK(cudaMemsetAsync(d_trace, 0, size_t(n_stages) * sms * kTraceN * 8, g_stream));
