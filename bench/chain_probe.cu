@@ -154,8 +154,9 @@ __device__ __forceinline__ float silu_mul(float gate, float up) { return gate / 
 // Flagged outputs (ll; NCCL's LL protocol): 4 f16 values of a stage's output as two 8-byte words
 // {2 values, flag}, each written and read as one access (aligned 8-byte accesses are single-copy
 // atomic), so a reader that sees a word's flag sees its values: no grid counter, no fence, and the
-// source arrives in the same load that says it is ready. flag = epoch · stages + s + 1 (epoch: the
-// steps so far, from memory), never the same twice; a reader polls until both words carry it.
+// source arrives in the same load that says it is ready. flag = epoch · stages + s + 1 (stage_flag;
+// epoch: the steps so far, from memory), never the same twice; a reader polls until both words
+// carry it.
 __device__ __forceinline__ void ll_store(ulonglong2* p, uint32_t h01, uint32_t h23, uint32_t flag) {
   const unsigned long long a = (static_cast<unsigned long long>(flag) << 32) | h01, b = (static_cast<unsigned long long>(flag) << 32) | h23;
   asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(a), "l"(b) : "memory");
@@ -1025,7 +1026,7 @@ int main(int argc, char** argv) {
     run_chain(chain_w4<16, 16, kDotNone>, 16, 16, kDotNone);
   }
   max_out = 0;
-  // Flagged sources: each stage's x polled word by word, no grid counter (positions 0 only).
+  // Flagged sources: each stage's x polled in rounds, no grid counter (positions 0 only).
   ll_mode = 1;
   run_chain(chain_w4<8, 8, kDotMma, true>, 8, 8, kDotMma);
   run_chain(chain_w4<8, 8, kDotRows, true>, 8, 8);
