@@ -873,3 +873,67 @@ TEST_CASE("compressed-tensors: every packed Linear ptqkit writes dequantizes by 
   }
   CHECK(checked == 2 * 30 + 5);   // g128: 6 Linears x 5 layers (down_proj float); g32: all 35
 }
+
+// The GPU path (eval/generate --device cuda) serves pack-quantized checkpoints through GptqReader,
+// which hands them to the W4A16 / W8A16 kernels as GPTQ's tensors. Here those tensors are checked
+// against an independent writer of the same quantization: the gptq_v2 export of the same run (one
+// calibration, two formats), module by module, every field.
+TEST_CASE("compressed-tensors pack-quantized read as GPTQ's tensors equals the gptq_v2 export of the same run") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets();
+  struct Case { const char* scheme; const char* sets; };
+  const Case cases[] = {{"W4A16-G32", ""},   // symmetric, static groups
+                        {"W4A16-G32", " --set quantization.sym=false --set quantization.static_groups=false"},   // zero points, g_idx permuted
+                        {"W8A16", ""}};   // 8-bit, one group a row
+  int k = 0;
+  for (const Case& cs : cases) {
+    const std::string out = d / ("q" + std::to_string(k++));
+    auto r = ptqtest::run_ptqkit("-q quantize --model " + A + "/models/llama2xs --scheme " + cs.scheme + " --dataset " + A +
+                                 "/text/tinystories/calib.txt --set calibration.samples=8 --set calibration.seq_len=64 --set 'export.format=[gptq_v2,compressed-tensors]'" +
+                                 cs.sets + " -o " + out);
+    INFO(cs.scheme << cs.sets << "\n" << r.out);
+    REQUIRE(r.code == 0);
+    REQUIRE(model_format(out + "/compressed-tensors") == "compressed-tensors/pack-quantized");
+    const GptqReader ct(out + "/compressed-tensors"), v2(out + "/gptq_v2");
+    CHECK(ct.v2());
+    int modules = 0, permuted = 0;
+    for (int l = 0; l < 5; ++l)
+      for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+        const std::string m = "model.layers." + std::to_string(l) + "." + p;
+        INFO(m);
+        REQUIRE(ct.has(m));
+        REQUIRE(v2.has(m));
+        const GptqPacked a = ct.read(m), b = v2.read(m);
+        CHECK(a.bits == b.bits);
+        CHECK(a.rows == b.rows);
+        CHECK(a.cols == b.cols);
+        CHECK(a.groups == b.groups);
+        CHECK(a.qweight == b.qweight);
+        CHECK(a.qzeros == b.qzeros);
+        CHECK(a.scales == b.scales);
+        CHECK(a.g_idx == b.g_idx);
+        for (int64_t c = 0; c < b.cols; ++c) permuted += b.g_idx[size_t(c)] != int32_t(c * b.groups / b.cols);
+        ++modules;
+      }
+    CHECK(modules == 35);
+    if (k == 2) CHECK(permuted > 0);   // act-order without static groups: the g_idx path is exercised
+  }
+  // What the GPU cannot take as GPTQ's tensors is refused naming the module: an output size that
+  // does not fill whole int32 words of 4-bit zero points.
+  const std::string cfg = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "vocab_size": 5, "torch_dtype": "float16", "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "symmetric": true, "group_size": 8}}}}})";
+  const std::string bad = d / "bad";
+  std::filesystem::create_directories(bad);
+  write_file_atomic(bad + "/config.json", cfg);
+  auto i32 = [](Shape s, std::vector<int32_t> v) { Tensor x(DType::I32, std::move(s)); std::memcpy(x.bytes.data(), v.data(), x.bytes.size()); return x; };
+  const std::vector<float> scale(4, 1.0f);
+  write_safetensors(bad + "/model.safetensors", {{"m.weight_shape", i32({2}, {4, 8})},
+                                                 {"m.weight_packed", i32({4, 1}, {0, 0, 0, 0})},
+                                                 {"m.weight_scale", tensor_from_f32(scale.data(), {4, 1}, DType::F16)}});
+  const GptqReader r(bad);
+  CHECK_THROWS_WITH(r.read("m"), Catch::Contains("m.weight_shape: the GPU kernels read 4-bit pack-quantized Linears as GPTQ's tensors"));
+  write_file_atomic(bad + "/config.json", cfg.substr(0, cfg.find("pack-quantized")) + "int-quantized" + cfg.substr(cfg.find("pack-quantized") + 14));
+  CHECK_THROWS_WITH(GptqReader(bad), Catch::Contains("quantization_config.format: GPTQ's tensors come from pack-quantized compressed-tensors, not 'int-quantized'"));
+}

@@ -182,14 +182,35 @@ CtPacked read_ct_packed(const Checkpoint& ck, const std::string& m, const Shape&
     if (int64_t(p.zero_point.size()) != (p.rows * bits + 31) / 32 * p.groups)
       fail(Errc::format, ck.file_of(m + ".weight_zero_point"), m + ".weight_zero_point", "size does not match weight_scale");
   }
-  if (ck.has(m + ".weight_g_idx")) {
+  const bool stored = ck.has(m + ".weight_g_idx");
+  if (stored) {
     p.g_idx = read_raw<int32_t>(ck, m + ".weight_g_idx", DType::I32);
     if (int64_t(p.g_idx.size()) != p.cols) fail(Errc::format, ck.file_of(m + ".weight_g_idx"), m + ".weight_g_idx", "expected one group index per input feature");
   } else {
     const int64_t gs = group > 0 ? group : p.cols;
     for (int64_t c = 0; c < p.cols; ++c) p.g_idx.push_back(int32_t(c / gs));
   }
+  for (int32_t g : p.g_idx)
+    if (g < 0 || g >= p.groups)
+      fail(Errc::format, ck.file_of(m + (stored ? ".weight_g_idx" : ".weight_scale")), m + (stored ? ".weight_g_idx" : ".weight_scale"),
+           stored ? "group index out of range" : "fewer groups than in_features / group_size");
   return p;
+}
+
+Shape ct_weight_shape(const Checkpoint& ck, const std::string& m) {
+  const auto s = read_raw<int32_t>(ck, m + ".weight_shape", DType::I32);
+  if (s.size() != 2 || s[0] < 1 || s[1] < 1) fail(Errc::format, ck.file_of(m + ".weight_shape"), m + ".weight_shape", "expected [out, in], both positive");
+  return {s[0], s[1]};
+}
+
+CtWeights ct_weights(const json& qc, const std::string& file) {
+  // Checked before operator[]: on a const json a missing key is undefined behaviour (found by fuzzing).
+  if (!qc.contains("config_groups") || qc["config_groups"].empty()) fail(Errc::format, file, "quantization_config.config_groups", "missing");
+  const json& g = qc["config_groups"].begin().value();
+  if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object())
+    fail(Errc::format, file, "quantization_config.config_groups.*.weights", "missing or not an object");
+  const json& w = g["weights"];
+  return {&g, w.value("num_bits", 4), w.value("symmetric", true), w.contains("group_size") && w["group_size"].is_number() ? w["group_size"].get<int>() : -1};
 }
 
 }  // namespace ptq

@@ -7,6 +7,7 @@
 //                   P.weight_shape  I32 [2] = [out, in];  P.weight_g_idx I32 [in] (act-order groups)
 //   int-quantized   P.weight I8 [out, in], P.weight_scale [out, 1], P.input_scale F32 [1] (static)
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,19 @@ void check_ct_module(const ModulePlan& m);
 std::vector<std::string> export_compressed_tensors(const ExportJob& job);   // weight-only: pack-quantized
 std::vector<std::string> export_ct_int8(const ExportJob& job);              // W8A8: int-quantized
 // Module m of a pack-quantized checkpoint whose Linear is [out, in] = s; `group` from the config
-// (-1: per channel) when the checkpoint stores no g_idx.
+// (-1: per channel) when the checkpoint stores no g_idx. Every size and group index is checked.
 CtPacked read_ct_packed(const Checkpoint& ck, const std::string& m, const Shape& s, int bits, int group, bool sym);
+// Module m's [out, in] from its weight_shape (checked: two positive sizes).
+Shape ct_weight_shape(const Checkpoint& ck, const std::string& m);
+// The first config group of a compressed-tensors quantization_config (present, with a weights
+// object: else Errc::format naming config_file) and its weights' bits, symmetry and group size
+// (-1: per channel). JSON of a wrong type throws nlohmann's error: callers name the file.
+struct CtWeights {
+  const nlohmann::json* config_group;
+  int bits;
+  bool sym;
+  int group_size;
+};
+CtWeights ct_weights(const nlohmann::json& quantization_config, const std::string& config_file);
 
 }  // namespace ptq

@@ -5,6 +5,7 @@
 
 #include "core/bits.h"
 #include "core/json_field.h"
+#include "formats/compressed_tensors.h"
 #include "model/config.h"
 #include "model/schedule.h"
 
@@ -185,16 +186,36 @@ GptqReader::GptqReader(const std::string& dir) {
   const LlamaConfig c = load_config(dir);
   const json qc = c.raw.value("quantization_config", json::object());
   const std::string file = dir + "/config.json";
-  if (json_field<std::string>(qc, "quant_method", "", Errc::format, file, "quantization_config.quant_method") != "gptq")
-    fail(Errc::format, file, "quantization_config.quant_method", "not a gptq checkpoint");
-  v2_ = json_field<std::string>(qc, "checkpoint_format", "gptq", Errc::format, file, "quantization_config.checkpoint_format") == "gptq_v2";
-  bits_ = json_field<int>(qc, "bits", 4, Errc::format, file, "quantization_config.bits");
+  const std::string method = json_field<std::string>(qc, "quant_method", "", Errc::format, file, "quantization_config.quant_method");
+  if (method == "compressed-tensors") {
+    const std::string fmt = json_field<std::string>(qc, "format", "", Errc::format, file, "quantization_config.format");
+    if (fmt != "pack-quantized") fail(Errc::format, file, "quantization_config.format", "GPTQ's tensors come from pack-quantized compressed-tensors, not '" + fmt + "'");
+    const CtWeights w = json_errors_named(Errc::format, file, "quantization_config.config_groups", [&] { return ct_weights(qc, file); });
+    ct_ = true, v2_ = true, bits_ = w.bits, sym_ = w.sym, group_ = w.group_size;
+  } else if (method == "gptq") {
+    v2_ = json_field<std::string>(qc, "checkpoint_format", "gptq", Errc::format, file, "quantization_config.checkpoint_format") == "gptq_v2";
+    bits_ = json_field<int>(qc, "bits", 4, Errc::format, file, "quantization_config.bits");
+  } else {
+    fail(Errc::format, file, "quantization_config.quant_method", "not a gptq or compressed-tensors pack-quantized checkpoint");
+  }
   ck_ = std::make_unique<Checkpoint>(dir);
 }
 
-bool GptqReader::has(const std::string& m) const { return ck_->has(m + ".qweight"); }
+bool GptqReader::has(const std::string& m) const { return ck_->has(m + (ct_ ? ".weight_packed" : ".qweight")); }
 
-GptqPacked GptqReader::read(const std::string& m) const { return read_gptq_packed(*ck_, m, bits_); }
+GptqPacked GptqReader::read(const std::string& m) const {
+  if (!ct_) return read_gptq_packed(*ck_, m, bits_);
+  const Shape s = ct_weight_shape(*ck_, m);
+  // GPTQ packs whole int32 words along both dimensions (read_gptq_packed asks the same of a gptq file).
+  const int64_t mult = 32 / std::gcd(32, bits_);
+  if (s[0] % mult || s[1] % mult)
+    fail(Errc::format, ck_->file_of(m + ".weight_shape"), m + ".weight_shape",
+         "the GPU kernels read " + std::to_string(bits_) + "-bit pack-quantized Linears as GPTQ's tensors, which needs [out, in] in multiples of " +
+             std::to_string(mult) + ", got [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + "] (use --device cpu)");
+  QuantizedLinear q = unpack_ct(read_ct_packed(*ck_, m, s, bits_, group_, sym_), sym_);
+  q.name = m;
+  return pack_gptq(q, /*v2=*/true);
+}
 
 
 }  // namespace ptq

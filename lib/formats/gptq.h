@@ -35,18 +35,20 @@ struct GptqDims {
 };
 GptqDims gptq_dims(const Checkpoint& ck, const std::string& m);   // from scales [groups, out] and g_idx [in]
 
-// The packed tensors of a gptq / gptq_v2 checkpoint, module by module as stored (what the GPU
-// kernels convert at load time; the reference path dequantizes through packed_source instead).
+// The packed tensors of a gptq / gptq_v2 checkpoint, module by module as stored, or of a
+// compressed-tensors pack-quantized one as GPTQ's (the same codes, scales, zero points and g_idx:
+// each module unpacked, then packed as gptq_v2 writes it, whose zero points are stored as they are).
+// What the GPU kernels convert at load time; the reference path dequantizes through packed_source.
 class GptqReader {
  public:
-  explicit GptqReader(const std::string& dir);   // Errc::format naming config.json if not gptq
+  explicit GptqReader(const std::string& dir);   // Errc::format naming config.json if neither
   bool v2() const { return v2_; }
   bool has(const std::string& module) const;     // false: the module is stored in float
   GptqPacked read(const std::string& module) const;
  private:
   std::unique_ptr<Checkpoint> ck_;
-  bool v2_ = false;
-  int bits_ = 4;
+  bool v2_ = false, ct_ = false, sym_ = true;
+  int bits_ = 4, group_ = -1;
 };
 
 }  // namespace ptq

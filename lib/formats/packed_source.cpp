@@ -29,13 +29,8 @@ class PackedSource final : public WeightSource {
       const std::string fmt = qc.value("format", "");
       if (fmt != "pack-quantized" && fmt != "int-quantized")
         fail(Errc::format, dir + "/config.json", "quantization_config.format", "compressed-tensors format '" + fmt + "' is not read (pack-quantized and int-quantized are)");
-      if (!qc.contains("config_groups") || qc["config_groups"].empty())
-        fail(Errc::format, dir + "/config.json", "quantization_config.config_groups", "missing");
-      // Checked before operator[]: on a const json a missing key is undefined behaviour (found by fuzzing).
-      const json& g = qc["config_groups"].begin().value();
-      if (!g.is_object() || !g.contains("weights") || !g["weights"].is_object())
-        fail(Errc::format, dir + "/config.json", "quantization_config.config_groups.*.weights", "missing or not an object");
-      const json& w = g["weights"];
+      const CtWeights w = ct_weights(qc, dir + "/config.json");
+      const json& g = *w.config_group;
       if (g.contains("input_activations") && g["input_activations"].is_object()) {
         const json& a = g["input_activations"];
         act_.mode = a.value("strategy", "") == "token" && a.value("dynamic", false) ? ActQuant::per_token
@@ -43,9 +38,9 @@ class PackedSource final : public WeightSource {
                     : ActQuant::none;
         if (act_.mode == ActQuant::none) fail(Errc::format, dir + "/config.json", "quantization_config.input_activations", "only int8 per-token dynamic or per-tensor static activations are read");
       }
-      bits_ = w.value("num_bits", 4);
-      sym_ = w.value("symmetric", true);
-      group_ = w.contains("group_size") && w["group_size"].is_number() ? w["group_size"].get<int>() : -1;
+      bits_ = w.bits;
+      sym_ = w.sym;
+      group_ = w.group_size;
     } else if (method_ != "bitsandbytes") {
       fail(Errc::format, dir + "/config.json", "quantization_config.quant_method", "unsupported quant_method '" + method_ + "'");
     }
@@ -87,11 +82,7 @@ class PackedSource final : public WeightSource {
         const GptqDims d = gptq_dims(ck_, m);
         return {d.rows, d.cols};
       }
-      case Ct: {
-        auto s = read_raw<int32_t>(ck_, m + ".weight_shape", DType::I32);
-        if (s.size() != 2 || s[0] < 1 || s[1] < 1) fail(Errc::format, ck_.file_of(m + ".weight_shape"), m + ".weight_shape", "expected [out, in], both positive");
-        return {s[0], s[1]};
-      }
+      case Ct: return ct_weight_shape(ck_, m);
       case Nf4: return nf4_quant_state(ck_, n)["shape"].get<Shape>();
       default: return ck_.get(n).shape;   // float, and Int8 ([out, in] as stored)
     }
@@ -124,8 +115,6 @@ class PackedSource final : public WeightSource {
     } else {
       q = unpack_ct(read_ct_packed(ck_, m, s, bits_, group_, sym_), sym_);
     }
-    for (int64_t c = 0; c < q.cols; ++c)
-      if (q.g_idx[size_t(c)] < 0 || q.g_idx[size_t(c)] >= q.groups) fail(Errc::format, file_of(n), m + ".g_idx", "group index out of range");
     MatF W = q.dequantize();
     std::memcpy(out, W.data(), size_t(W.size()) * 4);
   }
