@@ -937,3 +937,46 @@ TEST_CASE("compressed-tensors pack-quantized read as GPTQ's tensors equals the g
   write_file_atomic(bad + "/config.json", cfg.substr(0, cfg.find("pack-quantized")) + "int-quantized" + cfg.substr(cfg.find("pack-quantized") + 14));
   CHECK_THROWS_WITH(GptqReader(bad), Catch::Contains("quantization_config.format: GPTQ's tensors come from pack-quantized compressed-tensors, not 'int-quantized'"));
 }
+
+// The GPU loads a GGUF's Q4_0 / Q8_0 Linears as GPTQ's tensors (gguf_gptq_packed). Checked against
+// llama.cpp's own rule as the reader applies it (dequantize_row, then llama's q/k rows un-permuted by
+// gguf_source): the GPTQ tensors dequantize to exactly those floats, module by module.
+TEST_CASE("GGUF Q4_0 / Q8_0 Linears as GPTQ's tensors dequantize to the GGUF reader's weights, q/k rows in Hugging Face order") {
+  PTQ_REQUIRE_ASSETS();
+  const std::string a = ptqtest::assets();
+  for (const char* type : {"Q4_0", "Q8_0", "Q4_1"}) {
+    INFO(type);
+    ptqtest::TempDir d;
+    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {act_order: true}\nexport: {format: [gguf], gguf_type: ") + type + "}\n"), "r.yaml");
+    r.model = a + "/models/llama2xs";
+    r.output = d / "q";
+    r.calibration = {a + "/text/tinystories/calib.txt", 4, 128, 0};
+    run_quantize(r, {});
+    auto m = open_model(r.output);
+    const GgufFile g(gguf_path(r.output));
+    int modules = 0;
+    for (int l = 0; l < 5; ++l)
+      for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+        const std::string n = "model.layers." + std::to_string(l) + "." + p + ".weight";
+        INFO(n);
+        GptqPacked pk;
+        const bool ok = gguf_gptq_packed(g, n, m->config().head_dim, &pk);
+        CHECK(ok == gguf_gptq_packed(g, n, m->config().head_dim, nullptr));
+        if (std::string(type) == "Q4_1") {   // d·q + m: no integer zero point, so not GPTQ's grid
+          CHECK_FALSE(ok);
+          continue;
+        }
+        REQUIRE(ok);
+        CHECK(pk.bits == (std::string(type) == "Q4_0" ? 4 : 8));
+        const MatF got = unpack_gptq(pk, /*v2=*/true, /*sym=*/true).dequantize();
+        const Shape s = m->weights().shape(n);
+        REQUIRE(got.rows() == s[0]);
+        REQUIRE(got.cols() == s[1]);
+        std::vector<float> want(size_t(s[0] * s[1]));
+        m->weights().read_f32(n, want.data());
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+        ++modules;
+      }
+    CHECK(modules == (std::string(type) == "Q4_1" ? 0 : 35));
+  }
+}

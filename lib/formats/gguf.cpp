@@ -576,6 +576,49 @@ class GgufSource final : public WeightSource {
 
 std::unique_ptr<WeightSource> gguf_source(const std::string& path, const LlamaConfig& c) { return std::make_unique<GgufSource>(path, c); }
 
+bool gguf_gptq_packed(const GgufFile& f, const std::string& n, int hd, GptqPacked* out) {
+  const std::string gg = hf_to_gguf_name(n);
+  const GgufFile::TensorInfo* t = gg.empty() ? nullptr : f.find(gg);
+  if (!t || t->ne.size() != 2 || (t->type != GgmlType::Q4_0 && t->type != GgmlType::Q8_0)) return false;
+  const bool q4 = t->type == GgmlType::Q4_0;
+  const int bits = q4 ? 4 : 8;
+  const int64_t rows = t->ne[1], cols = t->ne[0], blocks = cols / kQK;
+  if (rows % (32 / bits)) return false;   // GPTQ's zero points pack along the output
+  if (!out) return true;
+  const bool perm = n.find("q_proj") != std::string::npos || n.find("k_proj") != std::string::npos;   // as GgufSource
+  QuantizedLinear q = formats::unpacked_shape(bits, /*sym=*/true, rows, cols, blocks);
+  q.name = n;
+  q.scales.resize(size_t(blocks * rows));
+  q.zeros.assign(size_t(blocks * rows), q4 ? 8 : 128);
+  q.g_idx.resize(size_t(cols));
+  for (int64_t c = 0; c < cols; ++c) q.g_idx[size_t(c)] = int32_t(c / kQK);
+  std::vector<uint8_t> codes(size_t(rows * cols));
+  const size_t bb = q4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+#pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 20))
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = t->data + size_t(perm ? gguf_permuted_row(r, hd) : r) * size_t(blocks) * bb;
+    uint8_t* dst = codes.data() + r * cols;
+    for (int64_t b = 0; b < blocks; ++b, dst += kQK) {
+      uint16_t d;
+      if (q4) {   // element j in the low nibble of qs[j], element j + 16 in its high nibble (dequantize_row)
+        BlockQ4_0 k;
+        std::memcpy(&k, src + size_t(b) * bb, bb);
+        d = k.d;
+        for (int j = 0; j < kQK / 2; ++j) dst[j] = k.qs[j] & 0xF, dst[j + kQK / 2] = k.qs[j] >> 4;
+      } else {    // the signed byte q - 128
+        BlockQ8_0 k;
+        std::memcpy(&k, src + size_t(b) * bb, bb);
+        d = k.d;
+        for (int j = 0; j < kQK; ++j) dst[j] = uint8_t(int(k.qs[j]) + 128);
+      }
+      q.scales[size_t(b * rows + r)] = f16_bits_to_f32(d);
+    }
+  }
+  q.set_codes(codes.data());
+  *out = pack_gptq(q, /*v2=*/true);
+  return true;
+}
+
 bool gguf_type_of(const QuantSpec& s, GgmlType* t, std::string* why) {
   auto no = [&](const std::string& w) { if (why) *why = w; return false; };
   if (s.act_order && !s.static_groups) return no("act-order permutes the groups, which blocks cannot: use static_groups");

@@ -27,6 +27,7 @@
 #include "core/fsutil.h"
 #include "formats/common.h"
 #include "formats/ggml_blocks.h"
+#include "formats/gptq.h"
 
 namespace ptq {
 
@@ -81,5 +82,13 @@ std::string gguf_arch(const LlamaConfig& c);
 
 // llama.cpp's row permutation of q/k: HF row h*hd + j*(hd/2) + i -> GGUF row h*hd + 2*i + j.
 int64_t gguf_permuted_row(int64_t hf_row, int head_dim);
+
+// A Linear stored as Q4_0 or Q8_0 (GPTQ's symmetric 4- and 8-bit grids, groups of 32 along the
+// input) as GPTQ's tensors, code for code and scale for scale: gptq_v2 zero points (8, 128), rows
+// in Hugging Face order (llama's q/k un-permuted, as gguf_source reads them). What the GPU's
+// W4A16 / W8A16 kernels load. False, and *out untouched, for any other type, an expert's stacked
+// tensor or rows that do not fill int32 words of zero points (the caller dequantizes those); with
+// out null, only whether it would be true.
+bool gguf_gptq_packed(const GgufFile& f, const std::string& hf_name, int head_dim, GptqPacked* out);
 
 }  // namespace ptq

@@ -42,6 +42,8 @@ class FakeW8A8Source final : public WeightSource {
   std::map<std::string, ActQuant> acts_;
 };
 
+}  // namespace
+
 std::string gguf_path(const std::string& path) {
   if (fs::is_regular_file(path) && fs::path(path).extension() == ".gguf") return path;
   if (fs::is_directory(path) && fs::exists(path + "/model.gguf") && !fs::exists(path + "/model.safetensors") &&
@@ -49,7 +51,6 @@ std::string gguf_path(const std::string& path) {
     return path + "/model.gguf";
   return "";
 }
-}  // namespace
 
 std::string model_format(const std::string& path) {
   if (!gguf_path(path).empty()) return "gguf";
