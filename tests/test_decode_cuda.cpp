@@ -4,10 +4,14 @@
 // decode runs through the packed kernels.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iostream>
 #include <utility>
 
 #include "core/safetensors.h"
 #include "eval/decode_cuda.h"
+#include "eval/perplexity.h"
+#include "eval/data.h"
 #include "eval/perplexity_cuda.h"
 #include "formats/open.h"
 #include "kernels/a16_path.h"
@@ -79,6 +83,96 @@ TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, ll
   check_gpu_greedy("tiny-phi3", 16, 8);   // its fused qkv and gate_up Linears as stored
   check_gpu_greedy("tiny-mixtral", 16, 8);   // MoE: routed on the host, experts on the device
   check_gpu_greedy("tiny-qwen3-moe", 16, 8);
+}
+
+// ptqkit's W4A16 and W8A16 schemes export compressed-tensors pack-quantized by default; the GPU
+// reads it as GPTQ's tensors (formats/gptq.h, GptqReader). One run exported in both formats: the
+// pack-quantized copy decodes as the CPU reference does, and gives the gptq_v2 copy's logits and
+// tokens to the bit (the same codes in the same kernels).
+TEST_CASE("decode cuda: a compressed-tensors pack-quantized checkpoint decodes as the CPU reference, and as its gptq_v2 twin to the bit") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  int k = 0;
+  for (const char* q : {"{bits: 4, group_size: 128, act_order: true, sym: false}", "{bits: 8, group_size: -1}"}) {
+    INFO(q);
+    Recipe r = parse_recipe(YAML::Load(std::string("quantization: ") + q + "\nexport: {format: [gptq_v2, compressed-tensors]}\n"), "r.yaml");
+    r.model = a + "/models/distilled-13m";
+    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+    r.output = d / ("twins-" + std::to_string(k++));
+    run_quantize(r, {});
+    const std::string ct = r.output + "/compressed-tensors", v2 = r.output + "/gptq_v2";
+    REQUIRE(model_format(ct) == "compressed-tensors/pack-quantized");
+    check_gpu_greedy("distilled-13m", 32, 16, ct);
+    const std::vector<int32_t> ids = ptqtest::golden("distilled-13m").ids;
+    const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 32);
+    auto run = [&](const std::string& path, MatF* first) {
+      auto m = open_model(path);
+      cuda::GpuLogits gl(*m, path);
+      CHECK(gl.describe().find("56 of 56") != std::string::npos);   // every decoder Linear through the packed kernels
+      cuda::DecodeCuda dec(gl.decode_weights(), 1, 128);
+      dec.feed(prompt, 32);
+      *first = dec.logits();
+      return dec.decode_greedy(16);
+    };
+    MatF lc, lv;
+    const std::vector<int32_t> tc = run(ct, &lc), tv = run(v2, &lv);
+    CHECK(tc == tv);
+    REQUIRE(lc.size() == lv.size());
+    CHECK(std::memcmp(lc.data(), lv.data(), size_t(lc.size()) * sizeof(float)) == 0);
+  }
+  // stories260k's W4A16 export (the README's main job): its gate and up of 172 rows do not fill
+  // GPTQ's int32 words of zero points, so they run dequantized beside the kernels' q, k, v and o
+  // (its 172-wide down stays float in compressed-tensors).
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [compressed-tensors]}\n"), "r.yaml");
+  r.model = a + "/models/stories260k";
+  r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+  r.output = d / "stories260k";
+  run_quantize(r, {});
+  REQUIRE(model_format(r.output) == "compressed-tensors/pack-quantized");
+  check_gpu_greedy("stories260k", 32, 16, r.output);
+  auto m = open_model(r.output);
+  cuda::GpuLogits gl(*m, r.output);
+  INFO(gl.describe());
+  CHECK(gl.describe().find("20 of 35 Linears through the W4A16/W8A16 kernels") != std::string::npos);
+}
+
+// GGUF on the GPU: Q4_0 and Q8_0 (GPTQ's symmetric grids in groups of 32) through the W4A16 /
+// W8A16 kernels as GPTQ's tensors (formats/gguf.h, gguf_gptq_packed: llama's q/k rows un-permuted),
+// the other block types dequantized to 16 bits at load. Each decodes and evaluates as the CPU
+// reference does: Q4_0, Q8_0, and llama.cpp's Q4_K_M mix (K-quants; on the 384-wide inputs their
+// fallbacks Q5_0 / Q5_1 and, for Q6_K, Q8_0: both paths in one model).
+TEST_CASE("decode cuda: GGUF checkpoints decode and evaluate on the GPU as the CPU reference (Q4_0 / Q8_0 on the A16 kernels)") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  const auto [model, ids, o] = ptqtest::distilled_eval();
+  int k = 0;
+  for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M"}) {
+    INFO(type);
+    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {act_order: true}\nexport: {format: [gguf], gguf_type: ") + type + "}\n"), "r.yaml");
+    r.model = model;
+    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+    r.output = d / ("gguf-" + std::to_string(k++));
+    run_quantize(r, {});
+    REQUIRE(model_format(r.output) == "gguf");
+    check_gpu_greedy("distilled-13m", 32, 16, r.output);
+    auto m = open_model(r.output);
+    const EvalResult cpu = evaluate(*m, ids, o);
+    cuda::GpuLogits gpu(*m, r.output);
+    const std::string how = gpu.describe();
+    INFO(how);
+    CHECK(how.find("GGUF") != std::string::npos);
+    if (std::string(type) != "Q4_K_M") CHECK(how.find("56 of 56 Linears through the W4A16/W8A16 kernels") != std::string::npos);
+    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
+    const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
+    std::cout << "GGUF " << type << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative " << g.perplexity / cpu.perplexity - 1
+              << "); " << how << "\n";
+    CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
+    CHECK(g.scored_tokens == cpu.scored_tokens);
+  }
 }
 
 TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels, batched sequences independent") {

@@ -176,18 +176,19 @@ TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0
   CHECK(std::abs(pg - pc) <= 0.002 * pc);
 }
 
-TEST_CASE("gpu: eval on the GPU of gptq, NF4 and W8A8 checkpoints (W4A16, W8A16, NF4, W8A8 kernels) equals the reference-kernel evaluation within 1e-3") {
+TEST_CASE("gpu: eval on the GPU of gptq, compressed-tensors (pack- and int-quantized) and NF4 checkpoints (W4A16, W8A16, NF4, W8A8 kernels) equals the reference-kernel evaluation within 1e-3") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
-  const std::string model = a + "/models/distilled-13m";
-  const auto ids = ptqtest::eval_tokens(model);
-  const EvalOptions o = ptqtest::eval_windows(512, 16);
+  const auto [model, ids, o] = ptqtest::distilled_eval();
   struct Case { const char* yaml; const char* format; };
   const Case cases[] = {{"quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", "gptq"},
                         {"quantization: {bits: 4, group_size: 128, sym: false}\nexport: {format: [gptq_v2]}\n", "gptq_v2"},
                         {"quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "gptq"},
+                        // pack-quantized (the W4A16 and W8A16 schemes' default export) through the same kernels as GPTQ's tensors
+                        {"quantization: {bits: 4, group_size: 128, act_order: true, sym: false}\nexport: {format: [compressed-tensors]}\n", "compressed-tensors/pack-quantized"},
+                        {"quantization: {bits: 8, group_size: -1}\nexport: {format: [compressed-tensors]}\n", "compressed-tensors/pack-quantized"},
                         {"quantization: {method: nf4}\nexport: {format: [nf4], nf4_blocksize: 64, nf4_double_quant: true}\n", "bitsandbytes-nf4"},
                         {"quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: 0.5}, activations: {strategy: token, dynamic: true}}\n"
                          "export: {format: [compressed-tensors]}\n", "compressed-tensors/int-quantized"},

@@ -103,9 +103,7 @@ TEST_CASE("gpu: SmoothQuant W8A8 runs with device cuda: the hybrid path writes d
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
-  const std::string model = a + "/models/distilled-13m";
-  const auto ids = ptqtest::eval_tokens(model);
-  const EvalOptions o = ptqtest::eval_windows(512, 16);
+  const auto [model, ids, o] = ptqtest::distilled_eval();
   for (const char* acts : {"activations: {strategy: token, dynamic: true}", "activations: {strategy: tensor, dynamic: false}"}) {
     Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: auto}, ") + acts +
                                        "}\nexport: {format: [compressed-tensors]}\n"),

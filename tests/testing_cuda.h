@@ -45,6 +45,17 @@ inline ptq::EvalOptions eval_windows(int seq_len, int64_t windows) {
   o.max_windows = windows;
   return o;
 }
+// distilled-13m's evaluation as the GPU evaluation tests compare it: the model, its tokens of the
+// evaluation text, and 16 windows of 512.
+struct DistilledEval {
+  std::string model;
+  std::vector<int32_t> ids;
+  ptq::EvalOptions windows;
+};
+inline DistilledEval distilled_eval() {
+  const std::string model = assets() + "/models/distilled-13m";
+  return {model, eval_tokens(model), eval_windows(512, 16)};
+}
 
 // The tiny checkpoint of `family` (random calibration, 16 windows of 48 tokens) quantized by r on
 // the host into DIR/cpu, then on the GPU into DIR/gpu; r is left as the GPU run's recipe. The

@@ -10,6 +10,7 @@
 #include "cuda/blas.h"
 #include "model/forward_cuda.h"
 #include "cuda/runtime.h"
+#include "formats/gguf.h"
 #include "formats/open.h"
 #include "kernels/f16_gemv.h"
 #include "formats/packed.h"
@@ -23,14 +24,15 @@
 namespace ptq::cuda {
 
 bool eval_supported(const std::string& format, std::string* why) {
-  if (format == "float" || format == "gptq" || format == "gptq_v2" || format == "bitsandbytes-nf4") return true;
+  if (format == "float" || format == "gptq" || format == "gptq_v2" || format == "compressed-tensors/pack-quantized" || format == "bitsandbytes-nf4") return true;
+  if (format == "gguf") return true;   // Q4_0 / Q8_0 as GPTQ's tensors, the other block types dequantized to 16 bits at load
   if (format == "compressed-tensors/int-quantized") {
     if (w8a8_supported()) return true;
     if (why) *why = "W8A8 (int-quantized) checkpoints run on the GPU's W8A8 GEMM, which needs an sm_90 device (use --device cpu)";
     return false;
   }
   if (why)
-    *why = "the GPU evaluation reads float, gptq, gptq_v2, bitsandbytes-nf4 and compressed-tensors int-quantized checkpoints, not " + format +
+    *why = "the GPU evaluation reads float, gptq, gptq_v2, bitsandbytes-nf4, GGUF and compressed-tensors pack-quantized and int-quantized checkpoints, not " + format +
            " (use --device cpu)";
   return false;
 }
@@ -46,6 +48,7 @@ struct GpuLogits::Impl {
   std::vector<std::array<Int8Linear, 2>> fused8;
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
   size_t packed_modules = 0;                              // checkpoint modules these packed Linears hold
+  bool gguf = false;                                      // a GGUF checkpoint: Q4_0 / Q8_0 on the A16 kernels, other blocks dequantized to 16 bits at load
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
   struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
   std::vector<std::unique_ptr<W8A8>> w8;                  // int8 weights, per-channel scales, the input's int8 spec
@@ -70,8 +73,20 @@ DeviceBuffer<uint16_t> upload16(const MatF& W, DType dt, const char* what) {
 using LinearFn = LayerForwardCuda::LinearFn;
 struct Sources {
   const WeightSource& ws;
-  const GptqReader* gptq;    // gptq / gptq_v2 checkpoints
+  const GptqReader* gptq;    // gptq / gptq_v2 checkpoints, and compressed-tensors pack-quantized ones as GPTQ's tensors
   const Checkpoint* nf4;     // bitsandbytes NF4 checkpoints
+  const GgufFile* gguf;      // GGUF: its Q4_0 / Q8_0 Linears as GPTQ's tensors (gguf_gptq_packed), the other types dequantized
+  int head_dim;              // GGUF's q/k row order
+  bool is_gptq(const std::string& module) const {
+    return gptq ? gptq->has(module) : gguf && gguf_gptq_packed(*gguf, module + ".weight", head_dim, nullptr);
+  }
+  GptqPacked read_gptq(const std::string& module) const {
+    if (gptq) return gptq->read(module);
+    GptqPacked p;
+    gguf_gptq_packed(*gguf, module + ".weight", head_dim, &p);
+    return p;
+  }
+  bool gptq_v2() const { return !gptq || gptq->v2(); }
 };
 struct Part {
   std::string name;          // the module, "model.layers.3.self_attn.q_proj"
@@ -88,7 +103,7 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
   int64_t out = 0;
   for (const Part& p : parts) out += p.out;
   auto stored = [&](const std::string& n) {
-    if (s.gptq && s.gptq->has(n)) return Stored::gptq;
+    if (s.is_gptq(n)) return Stored::gptq;
     if (s.ws.act_quant(n).mode != ActQuant::none) return Stored::w8a8;
     if (s.nf4 && s.nf4->has(n + ".weight.quant_state.bitsandbytes__nf4")) return Stored::nf4;
     return Stored::dense;
@@ -98,12 +113,12 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     if (stored(p.name) != kind) return {};
   if (kind == Stored::gptq) {
     std::vector<GptqPacked> ps;
-    for (const Part& p : parts) ps.push_back(s.gptq->read(p.name));
+    for (const Part& p : parts) ps.push_back(s.read_gptq(p.name));
     GptqPacked g;
     if (!concat_gptq_out(ps, &g)) return {};
     if (g.rows != out || g.cols != in)
       fail(Errc::format, "", parts[0].name + ".qweight", "GPTQ shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
-    m.w4.push_back(W4A16Linear::from_gptq(g, s.gptq->v2()));
+    m.w4.push_back(W4A16Linear::from_gptq(g, s.gptq_v2()));
     m.packed_modules += parts.size();
     const W4A16Linear* q = m.w4.back().get();
     return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
@@ -194,18 +209,23 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   std::string why;
   if (!eval_supported(fmt, &why)) fail(Errc::usage, path, "--device", why);
   if (!cuda::available()) fail(Errc::usage, "", "--device", "cuda requested, but " + cuda::describe());
-  const bool gptq = fmt == "gptq" || fmt == "gptq_v2", nf4 = fmt == "bitsandbytes-nf4";
+  // pack-quantized holds GPTQ's codes, scales, zero points and g_idx in another layout: GptqReader
+  // gives them as GPTQ's tensors, and the same W4A16 / W8A16 kernels serve both.
+  const bool gptq = fmt == "gptq" || fmt == "gptq_v2" || fmt == "compressed-tensors/pack-quantized", nf4 = fmt == "bitsandbytes-nf4";
   // The A16 kernels take f16 activations; a float bf16 model keeps bf16.
-  m.dt = gptq || nf4 ? DType::F16 : (m.c.dtype == DType::BF16 ? DType::BF16 : DType::F16);
+  m.gguf = fmt == "gguf";
+  m.dt = gptq || nf4 || m.gguf ? DType::F16 : (m.c.dtype == DType::BF16 ? DType::BF16 : DType::F16);
   std::unique_ptr<GptqReader> reader;
   if (gptq) reader = std::make_unique<GptqReader>(path);
+  std::unique_ptr<GgufFile> gguf;
+  if (m.gguf) gguf = std::make_unique<GgufFile>(gguf_path(path));
   std::unique_ptr<Checkpoint> nf4_ck;
   if (nf4) nf4_ck = std::make_unique<Checkpoint>(path);
   const LlamaConfig& c = m.c;
   if (!forward_supported(c, 2, &why)) fail(Errc::usage, path, "--device", "cuda evaluation of this model: " + why + " (evaluate with --device cpu)");
   const int64_t d = c.hidden_size;
   const WeightSource& ws = model.weights();
-  const Sources src{ws, reader.get(), nf4_ck.get()};
+  const Sources src{ws, reader.get(), nf4_ck.get(), gguf.get(), c.head_dim};
   m.fused.resize(size_t(c.num_hidden_layers));
   m.fused8.resize(size_t(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -307,11 +327,13 @@ std::string GpuLogits::describe() const {
   const size_t packed = m.packed_modules;
   bool stacked = false;
   for (const auto& f : m.fused) stacked = stacked || f[0] || f[1];
-  if (packed == 0) return std::string("cuda: ") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS";
+  if (packed == 0)
+    return std::string("cuda: ") + (m.gguf ? "GGUF's blocks dequantized at load to " : "") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS";
   const char* kernels = !m.w8.empty()    ? "the W8A8 GEMM with int8 activations per token/tensor (lib/kernels/w8a8.cu)"
                         : m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)"
                                         : "the NF4 kernel (lib/kernels/nf4.cu)";
-  return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + ", the rest f16 through cuBLAS" +
+  return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels +
+         (m.gguf ? " (GGUF's Q4_0 / Q8_0 blocks as GPTQ's tensors), the rest dequantized to f16 through cuBLAS" : ", the rest f16 through cuBLAS") +
          (stacked ? " (q, k, v and gate, up stacked)" : "");
 }
 

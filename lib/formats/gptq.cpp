@@ -201,17 +201,26 @@ GptqReader::GptqReader(const std::string& dir) {
   ck_ = std::make_unique<Checkpoint>(dir);
 }
 
-bool GptqReader::has(const std::string& m) const { return ck_->has(m + (ct_ ? ".weight_packed" : ".qweight")); }
+namespace {
+// GPTQ packs whole int32 words along both dimensions (read_gptq_packed asks the same of a gptq file).
+bool fills_gptq_words(const Shape& s, int bits) {
+  const int64_t mult = 32 / std::gcd(32, bits);
+  return s[0] % mult == 0 && s[1] % mult == 0;
+}
+}  // namespace
+
+bool GptqReader::has(const std::string& m) const {
+  if (!ct_) return ck_->has(m + ".qweight");
+  return ck_->has(m + ".weight_packed") && fills_gptq_words(ct_weight_shape(*ck_, m), bits_);
+}
 
 GptqPacked GptqReader::read(const std::string& m) const {
   if (!ct_) return read_gptq_packed(*ck_, m, bits_);
   const Shape s = ct_weight_shape(*ck_, m);
-  // GPTQ packs whole int32 words along both dimensions (read_gptq_packed asks the same of a gptq file).
-  const int64_t mult = 32 / std::gcd(32, bits_);
-  if (s[0] % mult || s[1] % mult)
-    fail(Errc::format, ck_->file_of(m + ".weight_shape"), m + ".weight_shape",
-         "the GPU kernels read " + std::to_string(bits_) + "-bit pack-quantized Linears as GPTQ's tensors, which needs [out, in] in multiples of " +
-             std::to_string(mult) + ", got [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + "] (use --device cpu)");
+  if (!fills_gptq_words(s, bits_))
+    fail(Errc::usage, ck_->file_of(m + ".weight_shape"), m + ".weight_shape",
+         "a " + std::to_string(bits_) + "-bit pack-quantized Linear of [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) +
+             "] does not fill GPTQ's int32 words (has() is false for it: dequantize it instead)");
   QuantizedLinear q = unpack_ct(read_ct_packed(*ck_, m, s, bits_, group_, sym_), sym_);
   q.name = m;
   return pack_gptq(q, /*v2=*/true);

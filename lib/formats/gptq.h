@@ -43,7 +43,9 @@ class GptqReader {
  public:
   explicit GptqReader(const std::string& dir);   // Errc::format naming config.json if neither
   bool v2() const { return v2_; }
-  bool has(const std::string& module) const;     // false: the module is stored in float
+  // False where the module is stored in float, and for a pack-quantized module whose [out, in] does
+  // not fill GPTQ's int32 words (GPTQ files hold none such): the caller dequantizes it instead.
+  bool has(const std::string& module) const;
   GptqPacked read(const std::string& module) const;
  private:
   std::unique_ptr<Checkpoint> ck_;
