@@ -63,6 +63,9 @@ std::string gguf_arch(const LlamaConfig& c) {
 }
 
 namespace {
+// Whether a Hugging Face tensor is one whose rows llama.cpp permutes for llama (q_proj, k_proj):
+// the writer permutes them, and every reader of codes or weights puts them back.
+bool qk_rows(const std::string& hf) { return hf.find("q_proj") != std::string::npos || hf.find("k_proj") != std::string::npos; }
 // "model.layers.12.block_sparse_moe.experts.3.w1.weight" -> 3 (-1: not an expert's)
 int expert_of(const std::string& n) {
   const size_t p = n.find(".experts.");
@@ -315,7 +318,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
       data.clear();
       data.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * 4);
       for (const std::string& hf : t.parts) {
-        const bool perm = permute_qk && (hf.find("q_proj") != std::string::npos || hf.find("k_proj") != std::string::npos);
+        const bool perm = permute_qk && qk_rows(hf);
         auto row_of = [&](int64_t gg_row) -> int64_t {   // GGUF row -> HF row
           if (!perm) return gg_row;
           const int hd = c.head_dim;
@@ -556,16 +559,14 @@ class GgufSource final : public WeightSource {
   std::string file_of(const std::string&) const override { return f_.path(); }
   void read_f32(const std::string& n, float* out) const override {
     const auto& t = info(n);
-    const bool perm = n.find("q_proj") != std::string::npos || n.find("k_proj") != std::string::npos;
-    if (!perm) return f_.read_f32(t, out);
+    if (!qk_rows(n)) return f_.read_f32(t, out);
     const int64_t rows = t.ne[1], cols = t.ne[0];
     std::vector<float> g(static_cast<size_t>(rows * cols));
     f_.read_f32(t, g.data());
     for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * cols, &g[size_t(gguf_permuted_row(r, hd_) * cols)], size_t(cols) * 4);
   }
   void read_rows_f32(const std::string& n, const std::vector<int32_t>& rows, float* out) const override {
-    const bool perm = n.find("q_proj") != std::string::npos || n.find("k_proj") != std::string::npos;
-    if (perm) return WeightSource::read_rows_f32(n, rows, out);   // rows stored in llama.cpp's rotary order
+    if (qk_rows(n)) return WeightSource::read_rows_f32(n, rows, out);   // rows stored in llama.cpp's rotary order
     f_.read_rows_f32(info(n), rows, out);
   }
  private:
@@ -585,7 +586,7 @@ bool gguf_gptq_packed(const GgufFile& f, const std::string& n, int hd, GptqPacke
   const int64_t rows = t->ne[1], cols = t->ne[0], blocks = cols / kQK;
   if (rows % (32 / bits)) return false;   // GPTQ's zero points pack along the output
   if (!out) return true;
-  const bool perm = n.find("q_proj") != std::string::npos || n.find("k_proj") != std::string::npos;   // as GgufSource
+  const bool perm = qk_rows(n);
   QuantizedLinear q = formats::unpacked_shape(bits, /*sym=*/true, rows, cols, blocks);
   q.name = n;
   q.scales.resize(size_t(blocks * rows));
