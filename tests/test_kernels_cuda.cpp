@@ -124,10 +124,36 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
         }
     }
   }
-  QuantSpec s3;
-  s3.bits = 3;
-  s3.group_size = 128;
-  CHECK_THROWS_AS(cuda::W4A16Linear::from_gptq(pack_gptq(QuantizedLinear::empty(64, 256, s3), true), true), Error);
+  GptqPacked wide;
+  wide.bits = 9;
+  CHECK_THROWS_WITH(cuda::W4A16Linear::from_gptq(wide, true), Catch::Contains("1- to 8-bit"));
+}
+
+// GPTQ's 2- and 3-bit codes (and 5..7-bit ones, which compressed-tensors' pack-quantized may hold)
+// run in the 4- and 8-bit kernels' layouts with their zero points as stored: against the same
+// reference GEMM, which reads the checkpoint's own bit stream (3 bits: codes across word edges).
+TEST_CASE("gpu: 2-, 3-, 5- and 6-bit GPTQ weights in the A16 kernels' 4- and 8-bit layouts equal the reference GPTQ GEMM") {
+  PTQ_REQUIRE_GPU();
+  struct Case { int64_t out, in; int gs; bool sym, act; };
+  const Case cases[] = {{96, 160, 32, false, true}, {4096, 4096, 128, true, false}, {768, 2048, 64, true, true}, {1024, 4096, 128, false, true}};
+  for (int bits : {2, 3, 5, 6})
+    for (const Case& c : cases) {
+      const QuantizedLinear q = random_q(bits, c.out, c.in, c.gs, c.sym, c.act, uint64_t(c.out * 17 + c.in + bits));
+      for (bool v2 : {false, true}) {
+        if (!v2 && !c.sym) continue;
+        const GptqPacked pk = pack_gptq(q, v2);
+        auto L = cuda::W4A16Linear::from_gptq(pk, v2);
+        CHECK(L->bits() == (bits <= 4 ? 4 : 8));
+        CHECK(L->code_bits() == bits);
+        for (int64_t M : {1, 7, 24, 64, 128}) {
+          Rng r{uint64_t(M)};
+          const double rel = a16_error(*L, M, c.in, c.out, r, cuda::A16Path::automatic, [&](const float* x, float* y) { ref_gemm_gptq(x, M, pk, v2, y); });
+          INFO(bits << "-bit " << c.out << "x" << c.in << " g" << c.gs << (c.sym ? " sym" : " asym") << (c.act ? " act-order" : "") << (v2 ? " v2" : " v1")
+                    << " M=" << M << " path " << cuda::a16_path_name(L->path_for(M)) << ": relative error " << rel);
+          CHECK(rel <= 2e-3);
+        }
+      }
+    }
 }
 
 TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activations (per token and per tensor, f16 and bf16)") {

@@ -332,7 +332,11 @@ std::string GpuLogits::describe() const {
   const char* kernels = !m.w8.empty()    ? "the W8A8 GEMM with int8 activations per token/tensor (lib/kernels/w8a8.cu)"
                         : m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)"
                                         : "the NF4 kernel (lib/kernels/nf4.cu)";
-  return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels +
+  std::string widened;   // GPTQ's 2- and 3-bit codes (and 5..7-bit pack-quantized) held in the kernels' 4- or 8-bit layout
+  for (const auto& q : m.w4)
+    if (q->code_bits() != q->bits() && widened.empty())
+      widened = " (" + std::to_string(q->code_bits()) + "-bit codes held in the " + std::to_string(q->bits()) + "-bit layout)";
+  return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + widened +
          (m.gguf ? " (GGUF's Q4_0 / Q8_0 blocks as GPTQ's tensors), the rest dequantized to f16 through cuBLAS" : ", the rest f16 through cuBLAS") +
          (stacked ? " (q, k, v and gate, up stacked)" : "");
 }

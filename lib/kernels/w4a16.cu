@@ -20,7 +20,8 @@
 // Paths by M (a16_path.h): the tensor-core kernels a16_mma.cuh (x through L1), a16_wgmma.cu (sm_90,
 // 33..128 rows, 129..256 and at 4 bits 17..32 on large layers) and a16_shared_x.cuh (33..64 rows of large layers
 // without sm_90), the last two scaling weights in f16 (wgmma: per-channel scales in fp32 at the end); else dequantize to f16 and cuBLAS. Accepted: K and the group size multiples of 16 (or
-// one group), groups of equal size, N any; 3-bit weights refused.
+// one group), groups of equal size, N any; codes of 1..3 bits (GPTQ's 2- and 3-bit) held in the
+// 4-bit layout and of 5..7 in the 8-bit one, zero points as stored: exact, at 4 or 8 bits a weight.
 // Roofline at M = 1: reads N*K*BITS/8 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
 #include <cublas_v2.h>
@@ -73,7 +74,8 @@ bool a16_took_wgmma_x() {
 
 struct W4A16Linear::Impl {
   int64_t N = 0, K = 0, groups = 0, gs = 0;
-  int bits = 4;
+  int bits = 4;        // the kernel's code width: 4 or 8
+  int code_bits = 4;   // the checkpoint's (1..8): held in the kernel's width, values unchanged
   DeviceBuffer<uint32_t> W;   // fragment order (kernels/a16_mma.cuh)
   DeviceBuffer<__half2> zs;   // [tiles][groups][8][2]
   DeviceBuffer<int> perm;
@@ -86,12 +88,13 @@ int64_t W4A16Linear::out() const { return p_->N; }
 int64_t W4A16Linear::in() const { return p_->K; }
 size_t W4A16Linear::weight_bytes() const { return size_t(p_->N * p_->K * p_->bits / 8) + size_t(p_->N * p_->groups) * 4; }
 int W4A16Linear::bits() const { return p_->bits; }
+int W4A16Linear::code_bits() const { return p_->code_bits; }
 
 std::unique_ptr<W4A16Linear> W4A16Linear::clone() const {
   std::unique_ptr<W4A16Linear> L(new W4A16Linear);
   Impl& m = *L->p_;
   const Impl& o = *p_;
-  m.N = o.N; m.K = o.K; m.groups = o.groups; m.gs = o.gs; m.bits = o.bits; m.identity = o.identity;
+  m.N = o.N; m.K = o.K; m.groups = o.groups; m.gs = o.gs; m.bits = o.bits; m.code_bits = o.code_bits; m.identity = o.identity;
   m.W = DeviceBuffer<uint32_t>(o.W.size(), "W4A16 codes");
   m.zs = DeviceBuffer<__half2>(o.zs.size(), "W4A16 zeros and scales");
   m.perm = DeviceBuffer<int>(o.perm.size(), "W4A16 column permutation");
@@ -102,8 +105,10 @@ std::unique_ptr<W4A16Linear> W4A16Linear::clone() const {
 }
 
 std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v2) {
-  if (pk.bits != 4 && pk.bits != 8) fail(Errc::usage, "", "bits", "the A16 kernels take 4- or 8-bit weights, got " + std::to_string(pk.bits));
-  const int bits = pk.bits;
+  if (pk.bits < 1 || pk.bits > 8) fail(Errc::usage, "", "bits", "the A16 kernels take 1- to 8-bit weights, got " + std::to_string(pk.bits));
+  // Narrower codes sit in the 4-bit kernel's nibbles (1..4 bits) or the 8-bit kernel's bytes (5..8),
+  // their zero points as they are: (q - z) * s is the same number, so nothing is rounded.
+  const int bits = pk.bits <= 4 ? 4 : 8;
   if (pk.cols % 16) fail(Errc::usage, "", "in_features", "must be a multiple of 16, got " + std::to_string(pk.cols));
   const QuantizedLinear q = unpack_gptq(pk, v2, /*sym=*/false);   // zeros as stored, whatever the grid
   const int64_t N = q.rows, K = q.cols, G = q.groups;
@@ -126,7 +131,7 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
           __halves2half2(__float2half_rn(1024.0f + float(q.zeros[size_t(g * N + r)])), __float2half_rn(q.scales[size_t(g * N + r)]));
   std::unique_ptr<W4A16Linear> L(new W4A16Linear);
   Impl& m = *L->p_;
-  m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits;
+  m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits; m.code_bits = pk.bits;
   for (int64_t k = 0; k < K; ++k) m.identity = m.identity && perm[size_t(k)] == int(k);
   m.W = DeviceBuffer<uint32_t>(W.size(), "W4A16 codes");
   m.zs = DeviceBuffer<__half2>(zs.size(), "W4A16 zeros and scales");

@@ -11,9 +11,11 @@ namespace ptq::cuda {
 
 class W4A16Linear {
  public:
-  // Converts the canonical GPTQ layout (v1/v2, sym or asym, act-order g_idx; 4 or 8 bits) at load
-  // time. Refuses (Errc::usage, naming the reason) other bit widths, in_features or group sizes
-  // not a multiple of 16, or groups of unequal sizes.
+  // Converts the canonical GPTQ layout (v1/v2, sym or asym, act-order g_idx; 1..8 bits) at load
+  // time. 4- and 8-bit codes run as stored; narrower ones (GPTQ's 2 and 3 bits) are held in the
+  // 4-bit kernel's nibbles, 5..7 bits in the 8-bit kernel's bytes, with their zero points as they
+  // are: the same (q - z) * s, so the same products. Refuses (Errc::usage, naming the reason) other
+  // bit widths, in_features or group sizes not a multiple of 16, or groups of unequal sizes.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
   ~W4A16Linear();
   // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. Tensor cores, weights dequantized in
@@ -31,7 +33,8 @@ class W4A16Linear {
   int64_t out() const;
   int64_t in() const;
   size_t weight_bytes() const;   // bytes the kernel reads for W (codes + scales/offsets)
-  int bits() const;              // 4 (W4A16) or 8 (W8A16)
+  int bits() const;              // the kernel's: 4 (W4A16) or 8 (W8A16)
+  int code_bits() const;         // the checkpoint's: 1..8 (3 for a W3A16 model on the 4-bit kernel)
  private:
   struct Impl;
   std::unique_ptr<Impl> p_;
