@@ -197,7 +197,7 @@ Command add_eval(CLI::App& app) {
   ev->add_option("--max-kl", a->max_kl, "fail when the mean KL divergence against --reference exceeds this");
   ev->add_option("--min-top1", a->min_top1, "fail when the top-1 agreement with --reference is below this (0..1)");
   ev->add_option("--write-baseline", a->write_baseline, "record this run as a baseline");
-  ev->add_option("--device", a->device, "cpu (the reference path) or cuda (float, gptq (2..8 bits), compressed-tensors and bitsandbytes-nf4 checkpoints through the W4A16/W8A16/NF4/W8A8 kernels; GGUF Q4_0 / Q8_0 on the A16 kernels, its other blocks dequantized to 16 bits)")->default_val("cpu");
+  ev->add_option("--device", a->device, "cpu (the reference path) or cuda (float, gptq (2..8 bits), compressed-tensors and bitsandbytes-nf4 checkpoints through the W4A16/W8A16/NF4/W8A8 kernels; GGUF's blocks, Q4_0 to Q6_K, on the W4A16/W8A16 kernels)")->default_val("cpu");
   ev->add_option("--w8a8-path", a->w8a8_path, "W8A8 models: int (int8 GEMM, int32 accumulation) or fake (float)")->default_val("int");
 
   return {ev, [a] { return run_eval(*a); }};

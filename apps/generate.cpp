@@ -157,7 +157,7 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--seed", a->seed, "sampling seed (same seed, same text)")->capture_default_str();
   sub->add_option("--tokenizer", a->tokenizer, "tokenizer file or folder (default: the model folder)");
   sub->add_option("--json", a->json_out, "write the prompt and generated token ids, text and timings here");
-  sub->add_option("--device", a->device, "cpu (the reference) or cuda (f16 KV cache; float, gptq (2..8 bits), compressed-tensors and NF4 checkpoints of every family through their kernels; GGUF Q4_0 / Q8_0 on the A16 kernels, its other blocks dequantized to 16 bits)")
+  sub->add_option("--device", a->device, "cpu (the reference) or cuda (f16 KV cache; float, gptq (2..8 bits), compressed-tensors and NF4 checkpoints of every family through their kernels; GGUF's blocks, Q4_0 to Q6_K, on the W4A16/W8A16 kernels)")
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   sub->add_flag("--ignore-eos", a->ignore_eos, "keep generating past the end-of-sequence token");
   sub->add_flag("--no-bos", a->no_bos, "do not put the BOS token before the prompt");

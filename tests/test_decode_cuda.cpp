@@ -138,19 +138,20 @@ TEST_CASE("decode cuda: a compressed-tensors pack-quantized checkpoint decodes a
   CHECK(gl.describe().find("20 of 35 Linears through the W4A16/W8A16 kernels") != std::string::npos);
 }
 
-// GGUF on the GPU: Q4_0 and Q8_0 (GPTQ's symmetric grids in groups of 32) through the W4A16 /
-// W8A16 kernels as GPTQ's tensors (formats/gguf.h, gguf_gptq_packed: llama's q/k rows un-permuted),
-// the other block types dequantized to 16 bits at load. Each decodes and evaluates as the CPU
-// reference does: Q4_0, Q8_0, and llama.cpp's Q4_K_M mix (K-quants; on the 384-wide inputs their
-// fallbacks Q5_0 / Q5_1 and, for Q6_K, Q8_0: both paths in one model).
-TEST_CASE("decode cuda: GGUF checkpoints decode and evaluate on the GPU as the CPU reference (Q4_0 / Q8_0 on the A16 kernels)") {
+// GGUF on the GPU: every quantized block type through the W4A16 / W8A16 kernels as codes and grids
+// (formats/gguf.h, gguf_quantized: llama's q/k rows un-permuted): integer zero points (Q4_0, Q5_0,
+// Q8_0, Q6_K's groups of 16) and mins (Q4_1, Q5_1, Q4_K, Q5_K), 5- and 6-bit codes in the 8-bit
+// layout. Each decodes and evaluates as the CPU reference does: Q4_0, Q8_0, Q4_1, and llama.cpp's
+// Q4_K_M and Q5_K_M mixes (on distilled-13m the K-quants take the 1024-wide down projections; the
+// 384-wide inputs fall back to Q5_0 / Q5_1 and, for Q6_K, Q8_0): all eight types.
+TEST_CASE("decode cuda: GGUF checkpoints decode and evaluate on the GPU as the CPU reference (every block type on the A16 kernels)") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
   const auto [model, ids, o] = ptqtest::distilled_eval();
   int k = 0;
-  for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M"}) {
+  for (const char* type : {"Q4_0", "Q8_0", "Q4_1", "Q4_K_M", "Q5_K_M"}) {
     INFO(type);
     Recipe r = parse_recipe(YAML::Load(std::string("quantization: {act_order: true}\nexport: {format: [gguf], gguf_type: ") + type + "}\n"), "r.yaml");
     r.model = model;
@@ -165,7 +166,8 @@ TEST_CASE("decode cuda: GGUF checkpoints decode and evaluate on the GPU as the C
     const std::string how = gpu.describe();
     INFO(how);
     CHECK(how.find("GGUF") != std::string::npos);
-    if (std::string(type) != "Q4_K_M") CHECK(how.find("56 of 56 Linears through the W4A16/W8A16 kernels") != std::string::npos);
+    CHECK(how.find("56 of 56 Linears through the W4A16/W8A16 kernels") != std::string::npos);
+    if (std::string(type) != "Q4_0" && std::string(type) != "Q8_0") CHECK(how.find("Linears with mins") != std::string::npos);
     const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
     const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
     std::cout << "GGUF " << type << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative " << g.perplexity / cpu.perplexity - 1

@@ -108,25 +108,45 @@ TEST_CASE("pack -> unpack returns the codes bit for bit, every bit width and for
     }
 }
 
-TEST_CASE("q/k/v stacked into one Linear: the stacked GPTQ and NF4 tensors dequantize to the parts rows in order") {
-  for (int bits : {4, 8}) {
+TEST_CASE("q/k/v stacked into one Linear: the stacked quantized and NF4 Linears dequantize to the parts rows in order") {
+  for (int bits : {3, 4, 5, 8}) {
     std::vector<QuantizedLinear> qs = {random_quantized(64, 96, bits, 32, true, false, 1), random_quantized(32, 96, bits, 32, true, false, 2),
-                                       random_quantized(32, 96, bits, 32, true, false, 3)};
-    std::vector<GptqPacked> ps;
-    for (auto& q : qs) ps.push_back(pack_gptq(q, true));
-    GptqPacked st;
-    REQUIRE(concat_gptq_out(ps, &st));
-    CHECK(st.rows == 128);
-    const MatF W = unpack_gptq(st, true, true).dequantize();
+                                       random_quantized(30, 96, bits, 32, true, false, 3)};
+    QuantizedLinear st;
+    REQUIRE(concat_rows(qs, &st));
+    CHECK(st.rows == 126);
+    const MatF W = st.dequantize();
     int64_t r0 = 0;
     for (auto& q : qs) {
       const MatF Wi = q.dequantize();
       CHECK(W.middleRows(r0, q.rows) == Wi);   // the same fp32 values: the same codes, scales and zeros
       r0 += q.rows;
     }
-    ps[1] = pack_gptq(random_quantized(32, 96, bits, 32, true, true, 4), true);   // act-order: another g_idx
-    CHECK_FALSE(concat_gptq_out(ps, &st));
+    qs[1] = random_quantized(32, 96, bits, 32, true, true, 4);   // act-order: another g_idx
+    CHECK_FALSE(concat_rows(qs, &st));
   }
+  // Grids with mins (GGUF's Q4_K: w = (d sc) q - dmin m, super-blocks of 8 groups of 32).
+  QuantSpec k;
+  k.bits = 4;
+  k.group_size = 32;
+  k.sym = false;
+  k.form = GridForm::k_min;
+  k.static_groups = true;
+  std::vector<QuantizedLinear> ks;
+  for (int i = 0; i < 3; ++i) {
+    Rng r(uint64_t(20 + i));
+    MatF Wk(16 * (i + 1), 256);
+    for (int64_t j = 0; j < Wk.size(); ++j) Wk.data()[j] = float(r.normal());
+    ks.push_back(rtn_quantize(Wk, k));
+  }
+  QuantizedLinear kst;
+  REQUIRE(concat_rows(ks, &kst));
+  REQUIRE(kst.mins.size() == size_t(8 * 96));
+  const MatF Wk = kst.dequantize();
+  CHECK(Wk.middleRows(16, 32) == ks[1].dequantize());
+  CHECK(Wk.middleRows(48, 48) == ks[2].dequantize());
+  ks[2] = random_quantized(48, 256, 4, 32, false, false, 5);   // zero points, not mins: not one grid
+  CHECK_FALSE(concat_rows(ks, &kst));
   Rng r(9);
   std::vector<float> W(size_t(128 * 64));
   for (auto& v : W) v = float(r.normal());
@@ -940,37 +960,40 @@ TEST_CASE("compressed-tensors pack-quantized read as GPTQ's tensors equals the g
   CHECK_THROWS_WITH(GptqReader(bad), Catch::Contains("quantization_config.format: GPTQ's tensors come from pack-quantized compressed-tensors, not 'int-quantized'"));
 }
 
-// The GPU loads a GGUF's Q4_0 / Q8_0 Linears as GPTQ's tensors (gguf_gptq_packed). Checked against
+// The GPU loads a GGUF's quantized Linears as codes and grids (gguf_quantized). Checked against
 // llama.cpp's own rule as the reader applies it (dequantize_row, then llama's q/k rows un-permuted by
-// gguf_source): the GPTQ tensors dequantize to exactly those floats, module by module.
-TEST_CASE("GGUF Q4_0 / Q8_0 Linears as GPTQ's tensors dequantize to the GGUF reader's weights, q/k rows in Hugging Face order") {
-  PTQ_REQUIRE_ASSETS();
-  const std::string a = ptqtest::assets();
-  for (const char* type : {"Q4_0", "Q8_0", "Q4_1"}) {
+// gguf_source): the codes and grids dequantize to exactly those floats, module by module, for every
+// block type. A synthetic model of 512-wide layers, so that the K-quants take every Linear.
+TEST_CASE("GGUF Linears of every block type as codes and grids dequantize to the GGUF reader's weights, q/k rows in Hugging Face order") {
+  ptqtest::TempDir d;
+  SynthOptions so;
+  so.preset = "small";
+  so.layers = 2;
+  synth_model(so, d / "float");
+  for (const char* type : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
     INFO(type);
-    ptqtest::TempDir d;
-    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {act_order: true}\nexport: {format: [gguf], gguf_type: ") + type + "}\n"), "r.yaml");
-    r.model = a + "/models/llama2xs";
-    r.output = d / "q";
-    r.calibration = {a + "/text/tinystories/calib.txt", 4, 128, 0};
+    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn}\nexport: {format: [gguf], gguf_type: ") + type + "}\n"), "r.yaml");
+    r.model = d / "float";
+    r.output = d / type;
+    r.calibration = {"random", 2, 32, 0};
     run_quantize(r, {});
     auto m = open_model(r.output);
     const GgufFile g(gguf_path(r.output));
+    QuantSpec want_spec;
+    apply_gguf_type(type, want_spec);
     int modules = 0;
-    for (int l = 0; l < 5; ++l)
+    for (int l = 0; l < 2; ++l)
       for (const char* p : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
         const std::string n = "model.layers." + std::to_string(l) + "." + p + ".weight";
         INFO(n);
-        GptqPacked pk;
-        const bool ok = gguf_gptq_packed(g, n, m->config().head_dim, &pk);
-        CHECK(ok == gguf_gptq_packed(g, n, m->config().head_dim, nullptr));
-        if (std::string(type) == "Q4_1") {   // d·q + m: no integer zero point, so not GPTQ's grid
-          CHECK_FALSE(ok);
-          continue;
-        }
-        REQUIRE(ok);
-        CHECK(pk.bits == (std::string(type) == "Q4_0" ? 4 : 8));
-        const MatF got = unpack_gptq(pk, /*v2=*/true, /*sym=*/true).dequantize();
+        QuantizedLinear q;
+        REQUIRE(gguf_quantized(g, n, m->config().head_dim, nullptr));
+        REQUIRE(gguf_quantized(g, n, m->config().head_dim, &q));
+        CHECK(q.spec.bits == want_spec.bits);
+        CHECK(q.spec.form == want_spec.form);
+        CHECK(q.groups == q.cols / want_spec.group_size);
+        CHECK(q.mins.empty() == !has_min(want_spec.form));
+        const MatF got = q.dequantize();
         const Shape s = m->weights().shape(n);
         REQUIRE(got.rows() == s[0]);
         REQUIRE(got.cols() == s[1]);
@@ -979,6 +1002,9 @@ TEST_CASE("GGUF Q4_0 / Q8_0 Linears as GPTQ's tensors dequantize to the GGUF rea
         CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
         ++modules;
       }
-    CHECK(modules == (std::string(type) == "Q4_1" ? 0 : 35));
+    CHECK(modules == 14);
+    QuantizedLinear none;
+    CHECK_FALSE(gguf_quantized(g, "model.norm.weight", m->config().head_dim, &none));   // float tensors: read by the WeightSource
+    CHECK_FALSE(gguf_quantized(g, "model.layers.0.input_layernorm.weight", m->config().head_dim, nullptr));
   }
 }

@@ -156,6 +156,47 @@ TEST_CASE("gpu: 2-, 3-, 5- and 6-bit GPTQ weights in the A16 kernels' 4- and 8-b
     }
 }
 
+// GGUF's blocks on the same kernels (W4A16Linear::from_quantized): grids with mins, w = s q + m
+// (Q4_1 / Q4_K at 4 bits, Q5_1 / Q5_K at 5 bits in the 8-bit layout, groups of 32), and Q6_K's
+// signed scales on zero point 32 in groups of 16. Reference: the fp32 GEMM of x with the
+// quantizer's own dequantization (QuantizedLinear::dequantize), s and m f16 numbers as the blocks
+// give them (Q4_1's) or not (a K-quant's d sc, rounded to f16 by the kernel: within the tolerance).
+TEST_CASE("gpu: grids with mins (GGUF Q4_1, Q5_1, Q4_K, Q5_K) and Q6_K's groups of 16 on the A16 kernels equal the fp32 GEMM of the dequantized weights") {
+  PTQ_REQUIRE_GPU();
+  struct Case { int bits; GridForm form; int group; int64_t out, in; };
+  const Case cases[] = {{4, GridForm::f16_min, 32, 96, 256},   {4, GridForm::k_min, 32, 4096, 4096}, {5, GridForm::f16_min, 32, 768, 1024},
+                        {5, GridForm::k_min, 32, 1024, 4096}, {6, GridForm::k_sym, 16, 512, 2048},  {4, GridForm::k_min, 32, 12288, 4096}};
+  for (const Case& c : cases) {
+    QuantSpec sp;
+    sp.bits = c.bits;
+    sp.group_size = c.group;
+    sp.form = c.form;
+    sp.sym = c.form == GridForm::k_sym;
+    sp.static_groups = c.form != GridForm::f16_min;
+    Rng rw{uint64_t(c.out + c.bits)};
+    MatF W(c.out, c.in);
+    for (int64_t i = 0; i < W.size(); ++i) W.data()[i] = float(rw.normal() * 0.02 + 0.004);   // off-centre: the mins matter
+    const QuantizedLinear q = rtn_quantize(W, sp);
+    REQUIRE(q.mins.empty() == !has_min(c.form));
+    const Eigen::MatrixXd Wq = q.dequantize().cast<double>();
+    auto L = cuda::W4A16Linear::from_quantized(q);
+    CHECK(L->bits() == (c.bits <= 4 ? 4 : 8));
+    CHECK(L->has_min() == has_min(c.form));
+    for (int64_t M : {1, 5, 16, 24, 64, 128, 300}) {   // mma, wgmma and (300) dequantize + cuBLAS
+      Rng r{uint64_t(M)};
+      const double rel = a16_error(*L, M, c.in, c.out, r, cuda::A16Path::automatic, [&](const float* x, float* y) {   // fp64 x · Wqᵀ
+        const Eigen::MatrixXd X = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(x, M, c.in).cast<double>();
+        const Eigen::MatrixXd Y = X * Wq.transpose();
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t o = 0; o < c.out; ++o) y[i * c.out + o] = float(Y(i, o));
+      });
+      INFO(c.bits << "-bit " << grid_form_name(c.form) << " g" << c.group << " " << c.out << "x" << c.in << " M=" << M << " path "
+                  << cuda::a16_path_name(L->path_for(M)) << ": relative error " << rel);
+      CHECK(rel <= 2e-3);
+    }
+  }
+}
+
 TEST_CASE("gpu: int8 activations quantized on the device equal quantize_activations (per token and per tensor, f16 and bf16)") {
   PTQ_REQUIRE_GPU();
   const int64_t rows = 37;

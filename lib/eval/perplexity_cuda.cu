@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <set>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -25,7 +26,7 @@ namespace ptq::cuda {
 
 bool eval_supported(const std::string& format, std::string* why) {
   if (format == "float" || format == "gptq" || format == "gptq_v2" || format == "compressed-tensors/pack-quantized" || format == "bitsandbytes-nf4") return true;
-  if (format == "gguf") return true;   // Q4_0 / Q8_0 as GPTQ's tensors, the other block types dequantized to 16 bits at load
+  if (format == "gguf") return true;   // every quantized block type on the W4A16 / W8A16 kernels (gguf_quantized), float tensors in 16 bits
   if (format == "compressed-tensors/int-quantized") {
     if (w8a8_supported()) return true;
     if (why) *why = "W8A8 (int-quantized) checkpoints run on the GPU's W8A8 GEMM, which needs an sm_90 device (use --device cpu)";
@@ -48,7 +49,7 @@ struct GpuLogits::Impl {
   std::vector<std::array<Int8Linear, 2>> fused8;
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
   size_t packed_modules = 0;                              // checkpoint modules these packed Linears hold
-  bool gguf = false;                                      // a GGUF checkpoint: Q4_0 / Q8_0 on the A16 kernels, other blocks dequantized to 16 bits at load
+  bool gguf = false;                                      // a GGUF checkpoint: its quantized blocks on the A16 kernels
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
   struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
   std::vector<std::unique_ptr<W8A8>> w8;                  // int8 weights, per-channel scales, the input's int8 spec
@@ -73,26 +74,36 @@ DeviceBuffer<uint16_t> upload16(const MatF& W, DType dt, const char* what) {
 using LinearFn = LayerForwardCuda::LinearFn;
 struct Sources {
   const WeightSource& ws;
-  const GptqReader* gptq;    // gptq / gptq_v2 checkpoints, and compressed-tensors pack-quantized ones as GPTQ's tensors
+  const GptqReader* gptq;    // gptq / gptq_v2 checkpoints, and compressed-tensors pack-quantized ones
   const Checkpoint* nf4;     // bitsandbytes NF4 checkpoints
-  const GgufFile* gguf;      // GGUF: its Q4_0 / Q8_0 Linears as GPTQ's tensors (gguf_gptq_packed), the other types dequantized
+  const GgufFile* gguf;      // GGUF: its quantized Linears as the quantizer's representation (gguf_quantized)
   int head_dim;              // GGUF's q/k row order
-  bool is_gptq(const std::string& module) const {
-    return gptq ? gptq->has(module) : gguf && gguf_gptq_packed(*gguf, module + ".weight", head_dim, nullptr);
+  // Whether the module is stored as codes on a grid the W4A16 / W8A16 kernels take.
+  bool is_grid(const std::string& module) const {
+    return gptq ? gptq->has(module) : gguf && gguf_quantized(*gguf, module + ".weight", head_dim, nullptr);
   }
-  GptqPacked read_gptq(const std::string& module) const {
-    if (gptq) return gptq->read(module);
-    GptqPacked p;
-    gguf_gptq_packed(*gguf, module + ".weight", head_dim, &p);
-    return p;
+  QuantizedLinear read_grid(const std::string& module) const {
+    if (gptq) return gptq->read_quantized(module);
+    QuantizedLinear q;
+    gguf_quantized(*gguf, module + ".weight", head_dim, &q);
+    return q;
   }
-  bool gptq_v2() const { return !gptq || gptq->v2(); }
 };
+// Whether every scale and min of q is an f16 number (the kernels hold them in f16): GPTQ's are
+// stored so; a GGUF K-quant's d sc could pass 65504 only in a hostile file, which is then dequantized.
+bool f16_grid(const QuantizedLinear& q) {
+  auto fits = [](const std::vector<float>& v) {
+    for (float x : v)
+      if (!(std::abs(x) <= 65504.0f)) return false;
+    return true;
+  };
+  return fits(q.scales) && fits(q.mins);
+}
 struct Part {
   std::string name;          // the module, "model.layers.3.self_attn.q_proj"
   int64_t out;
 };
-enum class Stored { gptq, w8a8, nf4, dense };
+enum class Stored { grid, w8a8, nf4, dense };
 
 // The Linear over `parts`' output rows in order, resident on the device: one part is the module as
 // stored; several (q, k, v or gate, up) are their rows stacked, where every part is stored the same
@@ -103,7 +114,7 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
   int64_t out = 0;
   for (const Part& p : parts) out += p.out;
   auto stored = [&](const std::string& n) {
-    if (s.is_gptq(n)) return Stored::gptq;
+    if (s.is_grid(n)) return Stored::grid;
     if (s.ws.act_quant(n).mode != ActQuant::none) return Stored::w8a8;
     if (s.nf4 && s.nf4->has(n + ".weight.quant_state.bitsandbytes__nf4")) return Stored::nf4;
     return Stored::dense;
@@ -111,17 +122,20 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
   Stored kind = stored(parts[0].name);
   for (const Part& p : parts)
     if (stored(p.name) != kind) return {};
-  if (kind == Stored::gptq) {
-    std::vector<GptqPacked> ps;
-    for (const Part& p : parts) ps.push_back(s.read_gptq(p.name));
-    GptqPacked g;
-    if (!concat_gptq_out(ps, &g)) return {};
+  if (kind == Stored::grid) {
+    std::vector<QuantizedLinear> qs;
+    for (const Part& p : parts) qs.push_back(s.read_grid(p.name));
+    QuantizedLinear g;
+    if (!concat_rows(qs, &g)) return {};
     if (g.rows != out || g.cols != in)
-      fail(Errc::format, "", parts[0].name + ".qweight", "GPTQ shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
-    m.w4.push_back(W4A16Linear::from_gptq(g, s.gptq_v2()));
-    m.packed_modules += parts.size();
-    const W4A16Linear* q = m.w4.back().get();
-    return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
+      fail(Errc::format, "", parts[0].name, "quantized shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
+    if (f16_grid(g)) {
+      m.w4.push_back(W4A16Linear::from_quantized(g));
+      m.packed_modules += parts.size();
+      const W4A16Linear* q = m.w4.back().get();
+      return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
+    }
+    kind = Stored::dense;
   }
   if (kind == Stored::w8a8) {
     // The activations quantized per token (or per tensor) on the device, then the int8 GEMV / GEMM
@@ -210,7 +224,7 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   if (!eval_supported(fmt, &why)) fail(Errc::usage, path, "--device", why);
   if (!cuda::available()) fail(Errc::usage, "", "--device", "cuda requested, but " + cuda::describe());
   // pack-quantized holds GPTQ's codes, scales, zero points and g_idx in another layout: GptqReader
-  // gives them as GPTQ's tensors, and the same W4A16 / W8A16 kernels serve both.
+  // reads both as the quantizer's representation, which the W4A16 / W8A16 kernels load.
   const bool gptq = fmt == "gptq" || fmt == "gptq_v2" || fmt == "compressed-tensors/pack-quantized", nf4 = fmt == "bitsandbytes-nf4";
   // The A16 kernels take f16 activations; a float bf16 model keeps bf16.
   m.gguf = fmt == "gguf";
@@ -332,13 +346,21 @@ std::string GpuLogits::describe() const {
   const char* kernels = !m.w8.empty()    ? "the W8A8 GEMM with int8 activations per token/tensor (lib/kernels/w8a8.cu)"
                         : m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)"
                                         : "the NF4 kernel (lib/kernels/nf4.cu)";
-  std::string widened;   // GPTQ's 2- and 3-bit codes (and 5..7-bit pack-quantized) held in the kernels' 4- or 8-bit layout
-  for (const auto& q : m.w4)
-    if (q->code_bits() != q->bits() && widened.empty())
-      widened = " (" + std::to_string(q->code_bits()) + "-bit codes held in the " + std::to_string(q->bits()) + "-bit layout)";
+  // Codes narrower than the kernel's layout (GPTQ's 2 and 3 bits, GGUF's 5 and 6), and grids with mins (GGUF's Q4_1, Q5_1, Q4_K, Q5_K).
+  std::set<std::pair<int, int>> widths;
+  size_t with_min = 0;
+  for (const auto& q : m.w4) {
+    if (q->code_bits() != q->bits()) widths.insert({q->code_bits(), q->bits()});
+    with_min += q->has_min();
+  }
+  std::string widened;
+  for (const auto& [code, layout] : widths)
+    widened += (widened.empty() ? " (" : ", ") + std::to_string(code) + "-bit codes held in the " + std::to_string(layout) + "-bit layout";
+  if (!widened.empty()) widened += ")";
+  const std::string gguf = " (GGUF's blocks as codes and grids" + (with_min ? ", " + std::to_string(with_min) + " Linears with mins" : std::string()) +
+                           "), the rest dequantized to f16 through cuBLAS";
   return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + widened +
-         (m.gguf ? " (GGUF's Q4_0 / Q8_0 blocks as GPTQ's tensors), the rest dequantized to f16 through cuBLAS" : ", the rest f16 through cuBLAS") +
-         (stacked ? " (q, k, v and gate, up stacked)" : "");
+         (m.gguf ? gguf : ", the rest f16 through cuBLAS") + (stacked ? " (q, k, v and gate, up stacked)" : "");
 }
 
 DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S, int T) const {

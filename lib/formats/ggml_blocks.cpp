@@ -249,6 +249,74 @@ void dequantize_row(GgmlType t, const void* blocks, float* y, int64_t n) {
   }
 }
 
+int ggml_block_group(GgmlType t) { return t == GgmlType::Q6_K ? 16 : kQK; }
+
+void decode_block(GgmlType t, const void* block, uint8_t* q, BlockGrid* g) {
+  auto read = [&](auto* b) { std::memcpy(b, block, sizeof *b); };
+  auto q5 = [&](const uint8_t* qh4, const uint8_t* qs) {   // pack_q5's inverse
+    uint32_t h;
+    std::memcpy(&h, qh4, 4);
+    for (int j = 0; j < kQK / 2; ++j) {
+      q[j] = uint8_t((qs[j] & 0xF) | (((h >> j) & 1) << 4));
+      q[j + kQK / 2] = uint8_t((qs[j] >> 4) | (((h >> (j + kQK / 2)) & 1) << 4));
+    }
+  };
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: {
+      uint8_t qs[kQK / 2];
+      if (t == GgmlType::Q4_0) { BlockQ4_0 b; read(&b); std::memcpy(qs, b.qs, sizeof qs); g[0] = {f16_bits_to_f32(b.d), 0.0f, 8}; }
+      else { BlockQ4_1 b; read(&b); std::memcpy(qs, b.qs, sizeof qs); g[0] = {f16_bits_to_f32(b.d), f16_bits_to_f32(b.m), 0}; }
+      for (int j = 0; j < kQK / 2; ++j) q[j] = qs[j] & 0xF, q[j + kQK / 2] = qs[j] >> 4;
+      return;
+    }
+    case GgmlType::Q5_0: { BlockQ5_0 b; read(&b); q5(b.qh, b.qs); g[0] = {f16_bits_to_f32(b.d), 0.0f, 16}; return; }
+    case GgmlType::Q5_1: { BlockQ5_1 b; read(&b); q5(b.qh, b.qs); g[0] = {f16_bits_to_f32(b.d), f16_bits_to_f32(b.m), 0}; return; }
+    case GgmlType::Q8_0: {
+      BlockQ8_0 b;
+      read(&b);
+      for (int j = 0; j < kQK; ++j) q[j] = uint8_t(int(b.qs[j]) + 128);
+      g[0] = {f16_bits_to_f32(b.d), 0.0f, 128};
+      return;
+    }
+    case GgmlType::Q4_K: case GgmlType::Q5_K: {
+      uint16_t dh, mh;
+      uint8_t scales[12], qs[kQKK / 2], qh[kQKK / 8] = {};
+      if (t == GgmlType::Q4_K) { BlockQ4_K b; read(&b); dh = b.d; mh = b.dmin; std::memcpy(scales, b.scales, 12); std::memcpy(qs, b.qs, sizeof qs); }
+      else { BlockQ5_K b; read(&b); dh = b.d; mh = b.dmin; std::memcpy(scales, b.scales, 12); std::memcpy(qs, b.qs, sizeof qs); std::memcpy(qh, b.qh, sizeof qh); }
+      const float d = f16_bits_to_f32(dh), dmin = f16_bits_to_f32(mh);
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        scale_min_k4(j, scales, &sc, &m);
+        g[j] = {d * float(sc), -(dmin * float(m)), 0};
+      }
+      for (int c = 0; c < 4; ++c)
+        for (int l = 0; l < 32; ++l) {
+          q[64 * c + l] = uint8_t((qs[32 * c + l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4));
+          q[64 * c + 32 + l] = uint8_t((qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4));
+        }
+      return;
+    }
+    case GgmlType::Q6_K: {
+      BlockQ6_K b;
+      read(&b);
+      const float d = f16_bits_to_f32(b.d);
+      for (int j = 0; j < 16; ++j) g[j] = {d * float(b.scales[j]), 0.0f, 32};
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t* ql = b.ql + 64 * h;
+          const uint8_t qh = b.qh[32 * h + l];
+          uint8_t* e = q + 128 * h + l;
+          e[0] = uint8_t((ql[l] & 0xF) | (((qh >> 0) & 3) << 4));
+          e[32] = uint8_t((ql[l + 32] & 0xF) | (((qh >> 2) & 3) << 4));
+          e[64] = uint8_t((ql[l] >> 4) | (((qh >> 4) & 3) << 4));
+          e[96] = uint8_t((ql[l + 32] >> 4) | (((qh >> 6) & 3) << 4));
+        }
+      return;
+    }
+    default: fail(Errc::usage, "", ggml_type_name(t), "not a quantized block type");
+  }
+}
+
 BlockQ4_0 quantize_block_q4_0(const float* x) {
   float amax = 0, max = 0;
   for (int j = 0; j < kQK; ++j)

@@ -53,6 +53,18 @@ void encode_block(GgmlType t, const BlockParams& p, const uint8_t* q, void* out)
 // Decodes n elements (a multiple of the block) of type t, as llama.cpp's dequantize_row_*.
 void dequantize_row(GgmlType t, const void* blocks, float* y, int64_t n);
 
+// One block as codes and grids: q[ggml_block_elems(t)] the codes (0..2^bits - 1, element order),
+// and each group of ggml_block_group(t) elements' grid, the numbers dequantize_row multiplies:
+// w = scale (q - zero) (Q4_0, Q5_0, Q8_0; Q6_K with scale d sc), or w = scale q + min (Q4_1,
+// Q5_1; Q4_K, Q5_K with scale d sc and min -(dmin m)). Scales and mins are exact products of the
+// block's f16 and 6- or 8-bit integers.
+struct BlockGrid {
+  float scale = 0.0f, min = 0.0f;
+  int zero = 0;
+};
+int ggml_block_group(GgmlType t);   // 32; 16 for Q6_K
+void decode_block(GgmlType t, const void* block, uint8_t* q, BlockGrid* groups);
+
 // llama.cpp's reference round-to-nearest quantizers (quantize_row_q4_0_ref, quantize_row_q8_0_ref)
 // of one block: the baselines of tests/test_gguf.cpp.
 BlockQ4_0 quantize_block_q4_0(const float* x);

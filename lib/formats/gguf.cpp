@@ -577,46 +577,46 @@ class GgufSource final : public WeightSource {
 
 std::unique_ptr<WeightSource> gguf_source(const std::string& path, const LlamaConfig& c) { return std::make_unique<GgufSource>(path, c); }
 
-bool gguf_gptq_packed(const GgufFile& f, const std::string& n, int hd, GptqPacked* out) {
+bool gguf_quantized(const GgufFile& f, const std::string& n, int hd, QuantizedLinear* out) {
   const std::string gg = hf_to_gguf_name(n);
   const GgufFile::TensorInfo* t = gg.empty() ? nullptr : f.find(gg);
-  if (!t || t->ne.size() != 2 || (t->type != GgmlType::Q4_0 && t->type != GgmlType::Q8_0)) return false;
-  const bool q4 = t->type == GgmlType::Q4_0;
-  const int bits = q4 ? 4 : 8;
-  const int64_t rows = t->ne[1], cols = t->ne[0], blocks = cols / kQK;
-  if (rows % (32 / bits)) return false;   // GPTQ's zero points pack along the output
+  if (!t || t->ne.size() != 2 || ggml_block_elems(t->type) == 1) return false;
   if (!out) return true;
-  const bool perm = qk_rows(n);
-  QuantizedLinear q = formats::unpacked_shape(bits, /*sym=*/true, rows, cols, blocks);
+  const GgmlType type = t->type;
+  const int64_t rows = t->ne[1], cols = t->ne[0], be = ggml_block_elems(type), blocks = cols / be, gb = ggml_block_group(type), gpb = be / gb;
+  const size_t bb = size_t(ggml_block_bytes(type));
+  QuantSpec spec;
+  const std::string why = apply_gguf_type(ggml_type_name(type), spec);   // bits and grid form of the type
+  if (!why.empty()) fail(Errc::format, "", gg, why);
+  QuantizedLinear q = formats::unpacked_shape(spec.bits, spec.sym, rows, cols, blocks * gpb);
   q.name = n;
-  q.scales.resize(size_t(blocks * rows));
-  q.zeros.assign(size_t(blocks * rows), q4 ? 8 : 128);
+  q.spec = spec;
+  q.spec.group_size = int(gb);
+  const int64_t G = q.groups;
+  const bool min = has_min(spec.form);
+  q.scales.resize(size_t(G * rows));
+  q.zeros.assign(size_t(G * rows), 0);
+  if (min) q.mins.resize(size_t(G * rows));
   q.g_idx.resize(size_t(cols));
-  for (int64_t c = 0; c < cols; ++c) q.g_idx[size_t(c)] = int32_t(c / kQK);
+  for (int64_t c = 0; c < cols; ++c) q.g_idx[size_t(c)] = int32_t(c / gb);
   std::vector<uint8_t> codes(size_t(rows * cols));
-  const size_t bb = q4 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+  const bool perm = qk_rows(n);
 #pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 20))
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* src = t->data + size_t(perm ? gguf_permuted_row(r, hd) : r) * size_t(blocks) * bb;
-    uint8_t* dst = codes.data() + r * cols;
-    for (int64_t b = 0; b < blocks; ++b, dst += kQK) {
-      uint16_t d;
-      if (q4) {   // element j in the low nibble of qs[j], element j + 16 in its high nibble (dequantize_row)
-        BlockQ4_0 k;
-        std::memcpy(&k, src + size_t(b) * bb, bb);
-        d = k.d;
-        for (int j = 0; j < kQK / 2; ++j) dst[j] = k.qs[j] & 0xF, dst[j + kQK / 2] = k.qs[j] >> 4;
-      } else {    // the signed byte q - 128
-        BlockQ8_0 k;
-        std::memcpy(&k, src + size_t(b) * bb, bb);
-        d = k.d;
-        for (int j = 0; j < kQK; ++j) dst[j] = uint8_t(int(k.qs[j]) + 128);
+    BlockGrid grid[16];
+    for (int64_t b = 0; b < blocks; ++b) {
+      decode_block(type, src + size_t(b) * bb, codes.data() + r * cols + b * be, grid);
+      for (int64_t j = 0; j < gpb; ++j) {
+        const size_t k = size_t((b * gpb + j) * rows + r);
+        q.scales[k] = grid[j].scale;
+        q.zeros[k] = grid[j].zero;
+        if (min) q.mins[k] = grid[j].min;
       }
-      q.scales[size_t(b * rows + r)] = f16_bits_to_f32(d);
     }
   }
   q.set_codes(codes.data());
-  *out = pack_gptq(q, /*v2=*/true);
+  *out = std::move(q);
   return true;
 }
 

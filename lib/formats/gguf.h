@@ -83,12 +83,13 @@ std::string gguf_arch(const LlamaConfig& c);
 // llama.cpp's row permutation of q/k: HF row h*hd + j*(hd/2) + i -> GGUF row h*hd + 2*i + j.
 int64_t gguf_permuted_row(int64_t hf_row, int head_dim);
 
-// A Linear stored as Q4_0 or Q8_0 (GPTQ's symmetric 4- and 8-bit grids, groups of 32 along the
-// input) as GPTQ's tensors, code for code and scale for scale: gptq_v2 zero points (8, 128), rows
-// in Hugging Face order (llama's q/k un-permuted, as gguf_source reads them). What the GPU's
-// W4A16 / W8A16 kernels load. False, and *out untouched, for any other type, an expert's stacked
-// tensor or rows that do not fill int32 words of zero points (the caller dequantizes those); with
-// out null, only whether it would be true.
-bool gguf_gptq_packed(const GgufFile& f, const std::string& hf_name, int head_dim, GptqPacked* out);
+// A Linear stored in one of llama.cpp's quantized blocks (Q4_0 ... Q6_K) as the quantizer's
+// representation, code for code and grid for grid (ggml_blocks.h, decode_block): groups of 32
+// along the input (16 for Q6_K); integer zero points 8, 16, 128 and 32 (Q4_0, Q5_0, Q8_0, Q6_K),
+// or mins (Q4_1, Q5_1, Q4_K, Q5_K: spec.form f16_min / k_min); rows in Hugging Face order (llama's
+// q/k un-permuted, as gguf_source reads them). What the GPU's W4A16 / W8A16 kernels load. False,
+// and *out untouched, for float tensors and an expert's stacked tensor (the caller dequantizes
+// those); with out null, only whether it would be true.
+bool gguf_quantized(const GgufFile& f, const std::string& hf_name, int head_dim, QuantizedLinear* out);
 
 }  // namespace ptq

@@ -48,35 +48,6 @@ GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits
   return p;
 }
 
-bool concat_gptq_out(const std::vector<GptqPacked>& parts, GptqPacked* out) {
-  if (parts.empty()) return false;
-  const GptqPacked& a = parts[0];
-  GptqPacked p;
-  p.bits = a.bits;
-  p.cols = a.cols;
-  p.groups = a.groups;
-  p.g_idx = a.g_idx;
-  p.rows = 0;
-  for (const GptqPacked& q : parts) {
-    if (q.bits != a.bits || q.cols != a.cols || q.groups != a.groups || q.g_idx != a.g_idx) return false;
-    p.rows += q.rows;
-  }
-  // Each tensor is [r, width_i] row-major with width_i proportional to the part's outputs.
-  auto stack = [&](auto member, int64_t nrows, auto width_of) {
-    auto& dst = p.*member;
-    for (int64_t r = 0; r < nrows; ++r)
-      for (const GptqPacked& q : parts) {
-        const int64_t w = width_of(q);
-        dst.insert(dst.end(), (q.*member).begin() + r * w, (q.*member).begin() + (r + 1) * w);
-      }
-  };
-  stack(&GptqPacked::qweight, a.cols * a.bits / 32, [](const GptqPacked& q) { return q.rows; });
-  stack(&GptqPacked::qzeros, a.groups, [](const GptqPacked& q) { return q.rows * q.bits / 32; });
-  stack(&GptqPacked::scales, a.groups, [](const GptqPacked& q) { return q.rows; });
-  *out = std::move(p);
-  return true;
-}
-
 void check_gptq_module(const ModulePlan& m, bool v2) {
   const std::string fmt = v2 ? "gptq_v2" : "gptq";
   const QuantSpec& b = m.spec;
@@ -212,6 +183,13 @@ bool fills_gptq_words(const Shape& s, int bits) {
 bool GptqReader::has(const std::string& m) const {
   if (!ct_) return ck_->has(m + ".qweight");
   return ck_->has(m + ".weight_packed") && fills_gptq_words(ct_weight_shape(*ck_, m), bits_);
+}
+
+QuantizedLinear GptqReader::read_quantized(const std::string& m) const {
+  if (!ct_) return unpack_gptq(read_gptq_packed(*ck_, m, bits_), v2_, /*sym=*/false);   // zeros as stored
+  QuantizedLinear q = unpack_ct(read_ct_packed(*ck_, m, ct_weight_shape(*ck_, m), bits_, group_, sym_), sym_);
+  q.name = m;
+  return q;
 }
 
 GptqPacked GptqReader::read(const std::string& m) const {

@@ -26,10 +26,6 @@ std::vector<std::string> export_gptq(const ExportJob& job, bool v2);
 // Module m of a checkpoint, every size checked against scales [groups, out] and g_idx [in]
 // before anything is unpacked.
 GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits);
-// Modules over one input stacked along their outputs (q, k, v -> one Linear): qweight, qzeros and
-// scales concatenated column-block by column-block. False (and *out untouched) where the parts
-// differ in bits, inputs, groups or g_idx (act-order with different permutations).
-bool concat_gptq_out(const std::vector<GptqPacked>& parts, GptqPacked* out);
 struct GptqDims {
   int64_t groups, rows, cols;
 };
@@ -47,6 +43,9 @@ class GptqReader {
   // not fill GPTQ's int32 words (GPTQ files hold none such): the caller dequantizes it instead.
   bool has(const std::string& module) const;
   GptqPacked read(const std::string& module) const;
+  // The same module as the quantizer's representation (what the GPU kernels load): zero points as
+  // stored; pack-quantized unpacked once, not through GPTQ's tensors.
+  QuantizedLinear read_quantized(const std::string& module) const;
  private:
   std::unique_ptr<Checkpoint> ck_;
   bool v2_ = false, ct_ = false, sym_ = true;

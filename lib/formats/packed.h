@@ -3,7 +3,7 @@
 //   gptq.h                 gptq / gptq_v2 (AutoGPTQ, GPTQModel)
 //   compressed_tensors.h   pack-quantized and int-quantized (vLLM, llm-compressor)
 //   nf4.h                  bitsandbytes NF4 (transformers)
-//   gguf.h                 llama.cpp's GGUF (Q4_0 / Q8_0)
+//   gguf.h                 llama.cpp's GGUF (Q4_0 ... Q6_K and the _M mixes)
 //   fake.h                 dequantized weights in the source dtype
 #pragma once
 #include <memory>

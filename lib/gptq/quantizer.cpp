@@ -159,6 +159,39 @@ QuantizedLinear QuantizedLinear::row_slice(int64_t r0, int64_t r1) const {
   return q;
 }
 
+bool concat_rows(const std::vector<QuantizedLinear>& parts, QuantizedLinear* out) {
+  if (parts.empty()) return false;
+  const QuantizedLinear& a = parts[0];
+  for (const QuantizedLinear& q : parts)
+    if (q.spec.bits != a.spec.bits || q.spec.form != a.spec.form || q.cols != a.cols || q.groups != a.groups || q.g_idx != a.g_idx ||
+        q.mins.empty() != a.mins.empty())
+      return false;
+  QuantizedLinear c;
+  c.name = a.name;
+  c.spec = a.spec;
+  c.cols = a.cols;
+  c.groups = a.groups;
+  c.g_idx = a.g_idx;
+  for (const QuantizedLinear& q : parts) {
+    c.rows += q.rows;
+    c.packed.insert(c.packed.end(), q.packed.begin(), q.packed.end());   // whole rows of words
+  }
+  auto stack = [&](auto member, int64_t n) {   // [n, rows_i] each -> [n, rows]
+    auto& dst = c.*member;
+    for (int64_t g = 0; g < n; ++g)
+      for (const QuantizedLinear& q : parts)
+        if (!(q.*member).empty()) dst.insert(dst.end(), (q.*member).begin() + g * q.rows, (q.*member).begin() + (g + 1) * q.rows);
+  };
+  stack(&QuantizedLinear::scales, a.groups);
+  stack(&QuantizedLinear::zeros, a.groups);
+  stack(&QuantizedLinear::mins, a.groups);
+  const int64_t supers = groups_per_super(a.spec.form) ? a.groups / groups_per_super(a.spec.form) : 0;
+  stack(&QuantizedLinear::super_d, supers);
+  stack(&QuantizedLinear::super_dmin, supers);
+  *out = std::move(c);
+  return true;
+}
+
 QuantizedLinear QuantizedLinear::empty(int64_t rows, int64_t cols, const QuantSpec& s) {
   QuantizedLinear q;
   q.spec = s;

@@ -101,6 +101,11 @@ struct QuantizedLinear {
   static QuantizedLinear empty(int64_t rows, int64_t cols, const QuantSpec& s);
 };
 
+// Linears over one input stacked along their outputs (q, k, v -> one Linear): the parts' rows in
+// order, every grid parameter with its row. False (and *out untouched) where the parts differ in
+// bits, grid form, inputs, groups or g_idx (act-order with different permutations).
+bool concat_rows(const std::vector<QuantizedLinear>& parts, QuantizedLinear* out);
+
 // The grids of W's groups in natural column order [groups, rows] (one group per row without
 // group_size; super-blocks rounded), also written into q's scales, zeros, mins and super-block
 // parameters (q: QuantizedLinear::empty).

@@ -193,12 +193,18 @@ MmaKernel<Format> mma_kernel_of(bool overlap, bool stage_x, bool fold, bool silu
 }
 template <int NT, class Format>
 MmaKernel<Format> mma_kernel_of(int rt, bool k_step_scale, bool overlap, bool stage_x, bool fold, bool silu, SplitNorm split) {
-  if constexpr (NT <= 4)
-    if (rt == 2)
-      return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold, silu, split)
-                          : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu, split);
-  return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold, silu, split)
-                      : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu, split);
+  if constexpr (Format::kMin) {   // a grid with mins is scaled in f16 (GptqFormat): its k-step-scaled forms are not instantiated
+    if constexpr (NT <= 4)
+      if (rt == 2) return mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu, split);
+    return mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu, split);
+  } else {
+    if constexpr (NT <= 4)
+      if (rt == 2)
+        return k_step_scale ? mma_kernel_of<NT, 2, true, Format>(overlap, stage_x, fold, silu, split)
+                            : mma_kernel_of<NT, 2, false, Format>(overlap, stage_x, fold, silu, split);
+    return k_step_scale ? mma_kernel_of<NT, 1, true, Format>(overlap, stage_x, fold, silu, split)
+                        : mma_kernel_of<NT, 1, false, Format>(overlap, stage_x, fold, silu, split);
+  }
 }
 template <class Format>
 MmaKernel<Format> mma_kernel_of(int nt, int rt, bool k_step_scale, bool overlap, bool stage_x = false, bool fold = false, bool silu = false,

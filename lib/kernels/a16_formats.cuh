@@ -17,9 +17,14 @@ using ptx::prmt;
 
 // The GPTQ format of kernels/a16_mma.cuh: Meta = the (1024 + z, s) pairs of rows g and g + 8 for
 // the lane's group; a fragment's codes less z, in f16 (exact), times s in f16 when SCALED.
-template <int BITS>
+// MIN: a grid with a min in place of the zero point, w = s q + m (llama.cpp's Q4_1, Q5_1, Q4_K and
+// Q5_K blocks): Meta = the (m, s) pairs, q formed exactly in f16 as above (z = 0) and s q + m by one
+// f16 FMA. Always SCALED (groups of whole k-steps would scale partials, which cannot add m): the
+// dispatch never instantiates it otherwise, and scales() is not its grid.
+template <int BITS, bool MIN = false>
 struct GptqFormat {
   static constexpr int kU4 = BITS / 4;   // uint4 per lane per k-step
+  static constexpr bool kMin = MIN;
   static constexpr bool kPairTable = false;
   // One row tile at M <= 8 overlaps its batches too (a16_mma.cuh, overlap_variants): measured for
   // 4-bit codes (docs/lab/kernels.md); 8-bit codes have both loops there, the planner's choice
@@ -31,9 +36,10 @@ struct GptqFormat {
   // (a16_mma.cuh's kRoll): 8-bit codes only. Decode batch 1 (docs/lab/2026-11-24-decode-h200.md,
   // runs 257-258, 261): W8A16 +0.7 to +1.2%; W4A16 -1.7 to -3.2%.
   static constexpr bool kRollM1 = BITS == 8;
-  using Meta = uint2;                    // half2 {1024 + z, s} of row g, of row g + 8
+  using Meta = uint2;                    // half2 {1024 + z, s} (MIN: {m, s}) of row g, of row g + 8
   struct Prep {
     __half2 z_lo, z_hi, s_lo, s_hi;      // 4-bit: z_hi = -(64 + z) of row g + 8 (the FMA form); 8-bit: {1024 + z} x 2
+    __half2 m_lo, m_hi;                  // MIN only
   };
   const uint2* zs;   // [tiles][groups][8]
   int groups;
@@ -50,8 +56,16 @@ struct GptqFormat {
   __device__ Prep prep(const Meta& m) const {
     const __half2 lo = *reinterpret_cast<const __half2*>(&m.x), hi = *reinterpret_cast<const __half2*>(&m.y);
     Prep p;
-    p.z_lo = __half2half2(__low2half(lo));
-    p.z_hi = BITS == 4 ? __hneg2(__hsub2(__half2half2(__low2half(hi)), __float2half2_rn(960.0f))) : __half2half2(__low2half(hi));
+    if constexpr (MIN) {   // q itself: z = 0
+      static_assert(SCALED, "a grid with mins is always scaled in f16");
+      p.z_lo = __float2half2_rn(1024.0f);
+      p.z_hi = BITS == 4 ? __float2half2_rn(-64.0f) : p.z_lo;
+      p.m_lo = __half2half2(__low2half(lo));
+      p.m_hi = __half2half2(__low2half(hi));
+    } else {
+      p.z_lo = __half2half2(__low2half(lo));
+      p.z_hi = BITS == 4 ? __hneg2(__hsub2(__half2half2(__low2half(hi)), __float2half2_rn(960.0f))) : __half2half2(__low2half(hi));
+    }
     if (SCALED) {
       p.s_lo = __half2half2(__high2half(lo));
       p.s_hi = __half2half2(__high2half(hi));
@@ -78,7 +92,12 @@ struct GptqFormat {
       d[2] = __hsub2(h2(prmt(wb, magic, 0x5250u)), p.z_lo);
       d[3] = __hsub2(h2(prmt(wb, magic, 0x5351u)), p.z_hi);
     }
-    if constexpr (SCALED) {
+    if constexpr (MIN) {
+      d[0] = __hfma2(d[0], p.s_lo, p.m_lo);
+      d[1] = __hfma2(d[1], p.s_hi, p.m_hi);
+      d[2] = __hfma2(d[2], p.s_lo, p.m_lo);
+      d[3] = __hfma2(d[3], p.s_hi, p.m_hi);
+    } else if constexpr (SCALED) {
       d[0] = __hmul2(d[0], p.s_lo);
       d[1] = __hmul2(d[1], p.s_hi);
       d[2] = __hmul2(d[2], p.s_lo);
@@ -96,6 +115,7 @@ struct GptqFormat {
 // Meta = the absmax of rows g and g + 8 for the lane's block.
 struct Nf4Format {
   static constexpr int kU4 = 1;
+  static constexpr bool kMin = false;
   static constexpr bool kPairTable = false;
   static constexpr bool kOverlapM8 = false;   // the L2-fed kernel runs Nf4PairFormat below, which overlaps
   static constexpr bool kRollM1 = false;
@@ -234,6 +254,7 @@ struct Nf4PairFormat : Nf4Format {
 // The point: f16 Linears at decode batch 1 under PDL (cuBLAS's kernels cannot wait under it).
 struct F16RowFormat {
   static constexpr int kU4 = 4;
+  static constexpr bool kMin = false;
   static constexpr bool kPairTable = false;
   static constexpr bool kOverlapM8 = true;   // both loops at M <= 8 (overlap_variants); the planner picks
   static constexpr bool kRollM1 = false;     // the rolled loads at one row: equal for f16 (run 257)

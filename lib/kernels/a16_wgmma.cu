@@ -783,9 +783,15 @@ constexpr bool interleaved() { return std::is_base_of_v<Nf4Format, Format> || BN
 // scales). Measured on the H200 (docs/lab/2026-11-24-decode-h200.md, run 225), against the scales
 // in f16 on every fragment: W8 22016x4096 at 32 rows 42.1 -> 40.0 µs, at 64 rows 49.2 -> 46.9;
 // decode W8A16 batch 32 llama2-7b +2.8%, llama3-8b +4.2%, batch 64 +3.2-3.4%.
+// Formats that never scale per row: NF4 (blocks), and grids with mins (their m is added per
+// weight); their kRowScale forms are not instantiated.
+template <class Format>
+constexpr bool never_row_scale() {
+  return std::is_base_of_v<Nf4Format, Format> || Format::kMin;
+}
 template <class Format>
 bool scales_per_row(const Format& f) {
-  if constexpr (std::is_base_of_v<Nf4Format, Format>) return false;
+  if constexpr (never_row_scale<Format>()) return false;
   else return f.groups == 1;
 }
 // BN = 64 and 128 held to 128 registers and 110 KB of ring, two CTAs an SM: for the layers whose
@@ -811,6 +817,7 @@ WgmmaKernel<Format> wgmma_kernel_of(int bn) {
 template <class Format>
 WgmmaKernel<Format> wgmma_kernel_of(int bn, bool row_scale, bool row_ss = false) {
   if constexpr (std::is_base_of_v<Nf4Format, Format>) return wgmma_kernel_of<Format, false>(bn);
+  else if constexpr (Format::kMin) return row_ss && bn == 32 ? wgmma_kernel<32, Format, interleaved<32, Format>(), 1, false, true> : wgmma_kernel_of<Format, false>(bn);
   else {
     if (row_ss && bn == 32)
       return row_scale ? wgmma_kernel<32, Format, interleaved<32, Format>(), 1, true, true> : wgmma_kernel<32, Format, interleaved<32, Format>(), 1, false, true>;
@@ -824,7 +831,7 @@ constexpr bool loop_writes_split_norm(int bn) {
 }
 template <class Format>
 WgmmaKernel<Format> wgmma_kernel_two_per_sm(int bn, bool row_scale) {
-  if constexpr (std::is_base_of_v<Nf4Format, Format>) return wgmma_kernel_two_per_sm<Format, false>(bn);
+  if constexpr (never_row_scale<Format>()) return wgmma_kernel_two_per_sm<Format, false>(bn);
   else return row_scale ? wgmma_kernel_two_per_sm<Format, true>(bn) : wgmma_kernel_two_per_sm<Format, false>(bn);
 }
 
@@ -880,11 +887,11 @@ bool tma_takes(const Format& f, int bn, int64_t N, int64_t K) {
   return bn <= 32 && whole && (g_split.form ? g_split.form == 2 : on && (a16_wgmma_streamed(N, K, bits) || cell));
 }
 // The metadata's base and groups (NF4: blocks) a 16-row tile, for its tensor map.
-inline const void* meta_base(const GptqFormat<4>& f) { return f.zs; }
-inline const void* meta_base(const GptqFormat<8>& f) { return f.zs; }
+template <int B, bool M>
+const void* meta_base(const GptqFormat<B, M>& f) { return f.zs; }
 inline const void* meta_base(const Nf4Format& f) { return f.absmax; }
-inline int meta_groups(const GptqFormat<4>& f) { return f.groups; }
-inline int meta_groups(const GptqFormat<8>& f) { return f.groups; }
+template <int B, bool M>
+int meta_groups(const GptqFormat<B, M>& f) { return f.groups; }
 inline int meta_groups(const Nf4Format& f) { return f.blocks; }
 
 // Whether the streamed form has a split norm's reader (kNormIn) at these staged rows and codes: 32
@@ -921,7 +928,7 @@ auto tma_kernel_with(Epi epi, bool norm_in, bool norm_out) {
 }
 template <int BN, class Format, int NK>
 auto tma_kernel_of(bool row_scale, Epi epi, bool norm_in, bool norm_out) {
-  if constexpr (!std::is_base_of_v<Nf4Format, Format>)   // NF4's blocks are never per-row scales
+  if constexpr (!never_row_scale<Format>())   // NF4's blocks and grids with mins are never per-row scales
     if (row_scale) return tma_kernel_with<BN, Format, true, NK>(epi, norm_in, norm_out);
   return tma_kernel_with<BN, Format, false, NK>(epi, norm_in, norm_out);
 }
@@ -1169,6 +1176,12 @@ void run_wgmma(const GptqFormat<8>& fmt, const uint4* W, const __half* x, __half
   run(fmt, W, x, yh, yf, beta, M, N, K);
 }
 void run_wgmma(const Nf4Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+  run(fmt, W, x, yh, yf, beta, M, N, K);
+}
+void run_wgmma(const GptqFormat<4, true>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
+  run(fmt, W, x, yh, yf, beta, M, N, K);
+}
+void run_wgmma(const GptqFormat<8, true>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K) {
   run(fmt, W, x, yh, yf, beta, M, N, K);
 }
 

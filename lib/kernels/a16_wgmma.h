@@ -15,5 +15,8 @@ namespace ptq::cuda::a16 {
 void run_wgmma(const GptqFormat<4>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K);
 void run_wgmma(const GptqFormat<8>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K);
 void run_wgmma(const Nf4Format& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K);
+// Grids with mins (w = s q + m: GGUF's Q4_1, Q5_1, Q4_K, Q5_K) in the 4- and 8-bit layouts.
+void run_wgmma(const GptqFormat<4, true>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K);
+void run_wgmma(const GptqFormat<8, true>& fmt, const uint4* W, const __half* x, __half* yh, float* yf, float beta, int64_t M, int64_t N, int64_t K);
 
 }  // namespace ptq::cuda::a16

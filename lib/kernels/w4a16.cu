@@ -10,12 +10,14 @@
 //     (second)), two at 8 bits (a0a1 | a2a3 in bytes 0, 2 | 1, 3 of the first word, a4a5 | a6a7 of
 //     the second);
 //   - per (row, group): the zero point as an f16 integer 1024 + z and the scale s (f16, the value
-//     GPTQ stored), stored per tile and group as the pairs (row g, row g + 8).
+//     GPTQ stored), stored per tile and group as the pairs (row g, row g + 8); for a grid with mins
+//     (w = s q + m, GGUF's Q4_1 / Q5_1 / Q4_K / Q5_K: from_quantized) the min m in place of 1024 + z.
 // Math: (q - z) from the magic-number trick (0x6400 | q = 1024 + q in f16, less 1024 + z: exact;
 // 4-bit codes in bits 4..7 taken in place and brought down by an exact FMA with 1/16, Marlin's
 // lop3 trick), f16 x f16 products summed in fp32 by mma.sync; s applied in fp32 to each k-step's
 // partial when groups hold whole k-steps (groups of 64, 128, per channel), else in f16 to the
-// weights. Tolerance against the fp32 reference: x and s are f16 (exact inputs); (q - z) * s in f16
+// weights. Mins: q formed exactly the same way, then s q + m by one f16 FMA (always in f16; s and
+// m rounded to f16 at load, 2^-11 relative each, so |error| <= 2^-11 (|s q| + |m|) + the FMA's). Tolerance against the fp32 reference: x and s are f16 (exact inputs); (q - z) * s in f16
 // where scaled in f16 (2^-11 relative); fp32 sums (tests: 2e-3 relative, norm-wise).
 // Paths by M (a16_path.h): the tensor-core kernels a16_mma.cuh (x through L1), a16_wgmma.cu (sm_90,
 // 33..128 rows, 129..256 and at 4 bits 17..32 on large layers) and a16_shared_x.cuh (33..64 rows of large layers
@@ -76,6 +78,7 @@ struct W4A16Linear::Impl {
   int64_t N = 0, K = 0, groups = 0, gs = 0;
   int bits = 4;        // the kernel's code width: 4 or 8
   int code_bits = 4;   // the checkpoint's (1..8): held in the kernel's width, values unchanged
+  bool min = false;    // w = s q + m (zs holds {m, s}): GptqFormat<bits, true>
   DeviceBuffer<uint32_t> W;   // fragment order (kernels/a16_mma.cuh)
   DeviceBuffer<__half2> zs;   // [tiles][groups][8][2]
   DeviceBuffer<int> perm;
@@ -89,12 +92,13 @@ int64_t W4A16Linear::in() const { return p_->K; }
 size_t W4A16Linear::weight_bytes() const { return size_t(p_->N * p_->K * p_->bits / 8) + size_t(p_->N * p_->groups) * 4; }
 int W4A16Linear::bits() const { return p_->bits; }
 int W4A16Linear::code_bits() const { return p_->code_bits; }
+bool W4A16Linear::has_min() const { return p_->min; }
 
 std::unique_ptr<W4A16Linear> W4A16Linear::clone() const {
   std::unique_ptr<W4A16Linear> L(new W4A16Linear);
   Impl& m = *L->p_;
   const Impl& o = *p_;
-  m.N = o.N; m.K = o.K; m.groups = o.groups; m.gs = o.gs; m.bits = o.bits; m.code_bits = o.code_bits; m.identity = o.identity;
+  m.N = o.N; m.K = o.K; m.groups = o.groups; m.gs = o.gs; m.bits = o.bits; m.code_bits = o.code_bits; m.min = o.min; m.identity = o.identity;
   m.W = DeviceBuffer<uint32_t>(o.W.size(), "W4A16 codes");
   m.zs = DeviceBuffer<__half2>(o.zs.size(), "W4A16 zeros and scales");
   m.perm = DeviceBuffer<int>(o.perm.size(), "W4A16 column permutation");
@@ -106,32 +110,44 @@ std::unique_ptr<W4A16Linear> W4A16Linear::clone() const {
 
 std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v2) {
   if (pk.bits < 1 || pk.bits > 8) fail(Errc::usage, "", "bits", "the A16 kernels take 1- to 8-bit weights, got " + std::to_string(pk.bits));
-  // Narrower codes sit in the 4-bit kernel's nibbles (1..4 bits) or the 8-bit kernel's bytes (5..8),
-  // their zero points as they are: (q - z) * s is the same number, so nothing is rounded.
-  const int bits = pk.bits <= 4 ? 4 : 8;
   if (pk.cols % 16) fail(Errc::usage, "", "in_features", "must be a multiple of 16, got " + std::to_string(pk.cols));
-  const QuantizedLinear q = unpack_gptq(pk, v2, /*sym=*/false);   // zeros as stored, whatever the grid
+  return from_quantized(unpack_gptq(pk, v2, /*sym=*/false));   // zeros as stored, whatever the grid
+}
+
+std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& q) {
+  const int code_bits = q.spec.bits;
+  if (code_bits < 1 || code_bits > 8) fail(Errc::usage, q.name, "bits", "the A16 kernels take 1- to 8-bit weights, got " + std::to_string(code_bits));
+  // Narrower codes sit in the 4-bit kernel's nibbles (1..4 bits) or the 8-bit kernel's bytes (5..8),
+  // their zero points (or mins) as they are: (q - z) * s, s q + m, is the same number, so nothing is rounded.
+  const int bits = code_bits <= 4 ? 4 : 8;
+  const bool min = ptq::has_min(q.spec.form);
   const int64_t N = q.rows, K = q.cols, G = q.groups;
+  if (K % 16) fail(Errc::usage, q.name, "in_features", "must be a multiple of 16, got " + std::to_string(K));
+  if (min && (G < 2 || q.mins.size() != size_t(G * N)))
+    fail(Errc::usage, q.name, "mins", "a grid with mins needs groups of columns and a min per group and row");
   // Columns sorted by group (stable): contiguous groups of equal size.
   std::vector<int> perm(static_cast<size_t>(K));
   std::iota(perm.begin(), perm.end(), 0);
   std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
   const int64_t gs = K / G;
-  if (G * gs != K || (G > 1 && gs % 16)) fail(Errc::usage, "", "group_size", "groups must hold a multiple of 16 columns each, equally");
+  if (G * gs != K || (G > 1 && gs % 16)) fail(Errc::usage, q.name, "group_size", "groups must hold a multiple of 16 columns each, equally");
   for (int64_t k = 0; k < K; ++k)
-    if (q.g_idx[size_t(perm[size_t(k)])] != k / gs) fail(Errc::usage, "", "g_idx", "groups of unequal sizes are not served by the W4A16 kernel");
+    if (q.g_idx[size_t(perm[size_t(k)])] != k / gs) fail(Errc::usage, q.name, "g_idx", "groups of unequal sizes are not served by the W4A16 kernel");
   // Fragment order (kernels/relayout.h), columns in the sorted order.
   const int64_t tiles = (N + 15) / 16;
   const std::vector<uint32_t> W = relayout_codes(N, K, bits == 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8,
                                                  [&](int64_t r, int64_t k) { return q.code(r, perm[size_t(k)]); });
-  std::vector<__half2> zs(static_cast<size_t>(tiles * 16 * G), __halves2half2(__float2half_rn(1024.0f), __float2half_rn(0.0f)));
+  // Per (row, group): {1024 + z, s}, or {m, s} for a grid with mins (GptqFormat); rows past N: zero weights.
+  std::vector<__half2> zs(static_cast<size_t>(tiles * 16 * G), __halves2half2(__float2half_rn(min ? 0.0f : 1024.0f), __float2half_rn(0.0f)));
   for (int64_t r = 0; r < N; ++r)
-    for (int64_t g = 0; g < G; ++g)
-      zs[size_t(((r / 16 * G + g) * 8 + r % 8) * 2 + (r % 16) / 8)] =
-          __halves2half2(__float2half_rn(1024.0f + float(q.zeros[size_t(g * N + r)])), __float2half_rn(q.scales[size_t(g * N + r)]));
+    for (int64_t g = 0; g < G; ++g) {
+      const size_t i = size_t(g * N + r);
+      const float first = min ? q.mins[i] : 1024.0f + float(q.zeros[i]);
+      zs[size_t(((r / 16 * G + g) * 8 + r % 8) * 2 + (r % 16) / 8)] = __halves2half2(__float2half_rn(first), __float2half_rn(q.scales[i]));
+    }
   std::unique_ptr<W4A16Linear> L(new W4A16Linear);
   Impl& m = *L->p_;
-  m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits; m.code_bits = pk.bits;
+  m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits; m.code_bits = code_bits; m.min = min;
   for (int64_t k = 0; k < K; ++k) m.identity = m.identity && perm[size_t(k)] == int(k);
   m.W = DeviceBuffer<uint32_t>(W.size(), "W4A16 codes");
   m.zs = DeviceBuffer<__half2>(zs.size(), "W4A16 zeros and scales");
@@ -163,17 +179,23 @@ void W4A16Linear::run(const void* x, int64_t M, void* y, bool f32, float beta, A
   auto* Wv = reinterpret_cast<const uint4*>(m.W.get());
   auto* zs = reinterpret_cast<const uint2*>(m.zs.get());
   const a16::GroupOf group = a16::GroupOf::make(m.groups, m.gs);
-  const bool k_step_scale = m.groups == 1 || m.gs % 64 == 0;
+  const bool k_step_scale = !m.min && (m.groups == 1 || m.gs % 64 == 0);   // mins: always scaled in f16
+  // The format of the codes' width and grid, to f(format).
+  auto with_format = [&](auto&& f) {
+    if (m.min) {
+      if (m.bits == 4) f(a16::GptqFormat<4, true>{zs, int(m.groups), group});
+      else f(a16::GptqFormat<8, true>{zs, int(m.groups), group});
+    } else if (m.bits == 4) f(a16::GptqFormat<4>{zs, int(m.groups), group});
+    else f(a16::GptqFormat<8>{zs, int(m.groups), group});
+  };
   if (path != A16Path::dequant) {
     __half* yh = f32 ? nullptr : static_cast<__half*>(y);
     float* yf = f32 ? static_cast<float*>(y) : nullptr;
-    if (m.bits == 4) a16::run_tensor_cores(path, a16::GptqFormat<4>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
-    else a16::run_tensor_cores(path, a16::GptqFormat<8>{zs, int(m.groups), group}, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K);
+    with_format([&](const auto& fmt) { a16::run_tensor_cores(path, fmt, k_step_scale, Wv, xp, yh, yf, beta, M, m.N, m.K); });
     return;
   }
   DeviceBuffer<__half> wf(size_t(m.N * m.K), "W4A16 dequantized workspace");
-  if (m.bits == 4) a16::run_dequant(a16::GptqFormat<4>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
-  else a16::run_dequant(a16::GptqFormat<8>{zs, int(m.groups), group}, Wv, wf.get(), m.N, m.K);
+  with_format([&](const auto& fmt) { a16::run_dequant(fmt, Wv, wf.get(), m.N, m.K); });
   const float one = 1.0f, b = f32 ? beta : 0.0f;
   PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m.N), int(M), int(m.K), &one, wf.get(), CUDA_R_16F, int(m.K), xp,
                           CUDA_R_16F, int(m.K), &b, y, f32 ? CUDA_R_32F : CUDA_R_16F, int(m.N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

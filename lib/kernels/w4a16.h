@@ -17,6 +17,10 @@ class W4A16Linear {
   // are: the same (q - z) * s, so the same products. Refuses (Errc::usage, naming the reason) other
   // bit widths, in_features or group sizes not a multiple of 16, or groups of unequal sizes.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
+  // The same from the quantizer's representation (codes of 1..8 bits, g_idx, scales and zero
+  // points), and also grids with mins (w = s q + m: GGUF's Q4_1, Q5_1, Q4_K and Q5_K, in groups of
+  // 16 columns or more), which run the kernels with s and m in f16 and s q + m by one f16 FMA.
+  static std::unique_ptr<W4A16Linear> from_quantized(const QuantizedLinear& q);
   ~W4A16Linear();
   // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. Tensor cores, weights dequantized in
   // registers: mma.sync with x through L1 up to 32 rows; on sm_90 wgmma for 33..128 rows (and
@@ -35,6 +39,7 @@ class W4A16Linear {
   size_t weight_bytes() const;   // bytes the kernel reads for W (codes + scales/offsets)
   int bits() const;              // the kernel's: 4 (W4A16) or 8 (W8A16)
   int code_bits() const;         // the checkpoint's: 1..8 (3 for a W3A16 model on the 4-bit kernel)
+  bool has_min() const;          // a grid with mins (w = s q + m)
  private:
   struct Impl;
   std::unique_ptr<Impl> p_;
