@@ -174,7 +174,9 @@ std::vector<Command> add_bench(CLI::App& app) {
   CLI::App* bd = bench->add_subcommand("decode", "GPU decode tok/s per weight format and batch on a synthetic checkpoint, beside each format's bytes-per-token floor");
   bd->add_option("--preset", da->preset, "llama2-7b | llama3-8b | ... (synth presets)")->capture_default_str();
   bd->add_option("--layers", da->layers, "layers (default: the preset's)");
-  bd->add_option("--formats", da->formats, "f16, w8a16, w4a16, nf4, w8a8")->check(CLI::IsMember({"f16", "w8a16", "w4a16", "nf4", "w8a8"}))->delimiter(',');
+  bd->add_option("--formats", da->formats, "f16, w8a16, w4a16, nf4, w8a8; q4_k, q6_k (GGUF's K-quants on the A16 kernels)")
+      ->check(CLI::IsMember({"f16", "w8a16", "w4a16", "nf4", "w8a8", "q4_k", "q6_k"}))
+      ->delimiter(',');
   bd->add_option("--batch", da->batches, "sequences decoded together (default 1,8,32)")->check(CLI::Range(1, 256))->delimiter(',');
   bd->add_option("--prompt", da->prompt, "prompt tokens (prefill)")->capture_default_str();
   bd->add_option("--decode", da->decode, "tokens decoded")->capture_default_str();

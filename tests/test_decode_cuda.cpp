@@ -219,7 +219,7 @@ TEST_CASE("decode cuda: GPTQ 3-bit (the W3A16 scheme) and 2-bit checkpoints deco
 TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels, batched sequences independent") {
   PTQ_REQUIRE_GPU();
   const LlamaConfig c = parse_config(synth_config_json("small", 2, DType::F16), "small");
-  for (const char* f : {"f16", "w4a16", "w8a16", "nf4"}) {
+  for (const char* f : {"f16", "w4a16", "w8a16", "nf4", "q4_k", "q6_k"}) {   // q4_k, q6_k: GGUF's K-quants (mins; 6-bit codes in groups of 16)
     for (bool stacked : {true, false}) {
       INFO(f << (stacked ? " stacked" : " apart"));
       cuda::DecodeWeights w = cuda::synthetic_decode_weights(c, f, stacked);

@@ -1440,8 +1440,8 @@ bool DecodeCuda::graph_used() const { return p_->graph_used; }
 // ---- synthetic weights for `bench decode` ----
 
 DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& format, bool stacked) {
-  if (format != "f16" && format != "w8a16" && format != "w4a16" && format != "nf4" && format != "w8a8")
-    fail(Errc::usage, "", "--formats", "unknown format '" + format + "' (f16, w8a16, w4a16, nf4, w8a8)");
+  if (format != "f16" && format != "w8a16" && format != "w4a16" && format != "nf4" && format != "w8a8" && format != "q4_k" && format != "q6_k")
+    fail(Errc::usage, "", "--formats", "unknown format '" + format + "' (f16, w8a16, w4a16, nf4, w8a8, q4_k, q6_k)");
   DecodeWeights w;
   w.c = c;
   w.dt = DType::F16;
@@ -1466,6 +1466,7 @@ DecodeWeights synthetic_decode_weights(const LlamaConfig& c, const std::string& 
     const LinearShape sh = linear_shape(c, projs[j]);
     if (format == "w4a16" || format == "w8a16") w4[j] = random_gptq_linear(sh.out, sh.in, format == "w4a16" ? 4 : 8, 0.002f, r);
     else if (format == "nf4") nf[j] = random_nf4_linear(sh.out, sh.in, 0.02f, r);
+    else if (format == "q4_k" || format == "q6_k") w4[j] = random_gguf_linear(sh.out, sh.in, format, 0.002f, r);
   }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     DecodeLayer L;

@@ -49,6 +49,7 @@ struct GpuLogits::Impl {
   std::vector<std::array<Int8Linear, 2>> fused8;
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
   size_t packed_modules = 0;                              // checkpoint modules these packed Linears hold
+  size_t min_modules = 0;                                 // of those, on grids with mins (GGUF's Q4_1, Q5_1, Q4_K, Q5_K)
   bool gguf = false;                                      // a GGUF checkpoint: its quantized blocks on the A16 kernels
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
   struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
@@ -132,6 +133,7 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     if (f16_grid(g)) {
       m.w4.push_back(W4A16Linear::from_quantized(g));
       m.packed_modules += parts.size();
+      if (m.w4.back()->has_min()) m.min_modules += parts.size();
       const W4A16Linear* q = m.w4.back().get();
       return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
     }
@@ -348,11 +350,9 @@ std::string GpuLogits::describe() const {
                                         : "the NF4 kernel (lib/kernels/nf4.cu)";
   // Codes narrower than the kernel's layout (GPTQ's 2 and 3 bits, GGUF's 5 and 6), and grids with mins (GGUF's Q4_1, Q5_1, Q4_K, Q5_K).
   std::set<std::pair<int, int>> widths;
-  size_t with_min = 0;
-  for (const auto& q : m.w4) {
+  for (const auto& q : m.w4)
     if (q->code_bits() != q->bits()) widths.insert({q->code_bits(), q->bits()});
-    with_min += q->has_min();
-  }
+  const size_t with_min = m.min_modules;
   std::string widened;
   for (const auto& [code, layout] : widths)
     widened += (widened.empty() ? " (" : ", ") + std::to_string(code) + "-bit codes held in the " + std::to_string(layout) + "-bit layout";

@@ -91,6 +91,24 @@ double stream_us(int runs, int R, F&& f) {
 int rotation(size_t bytes) { return int(std::max<size_t>(2, ((size_t(256) << 20) + bytes - 1) / bytes)); }
 }  // namespace
 
+std::unique_ptr<W4A16Linear> random_gguf_linear(int64_t N, int64_t K, const std::string& type, float scale, Rng& r) {
+  const bool q4k = type == "q4_k";
+  if (!q4k && type != "q6_k") fail(Errc::usage, "", "format", "unknown GGUF kernel format '" + type + "' (q4_k, q6_k)");
+  QuantSpec s;
+  s.bits = q4k ? 4 : 6;
+  s.group_size = q4k ? 32 : 16;
+  s.form = q4k ? GridForm::f16_min : GridForm::integer_zero;   // Q4_K's grid is s q + m per group of 32, as Q4_1's
+  s.sym = !q4k;
+  QuantizedLinear q = QuantizedLinear::empty(N, K, s);
+  std::vector<uint8_t> codes(size_t(N * K));
+  for (auto& c : codes) c = uint8_t(r.next() & ((1u << s.bits) - 1));
+  q.set_codes(codes.data());
+  for (auto& v : q.scales) v = scale;
+  for (auto& m : q.mins) m = -8.0f * scale;      // codes 0..15 centred on zero
+  for (auto& z : q.zeros) z = q4k ? 0 : 32;
+  return W4A16Linear::from_quantized(q);
+}
+
 std::unique_ptr<W4A16Linear> random_gptq_linear(int64_t N, int64_t K, int bits, float scale, Rng& r) {
   QuantSpec s;
   s.bits = bits;

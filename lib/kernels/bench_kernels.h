@@ -16,6 +16,10 @@ namespace ptq::cuda {
 // absmax `absmax`. Codes drawn from r.
 std::unique_ptr<W4A16Linear> random_gptq_linear(int64_t N, int64_t K, int bits, float scale, Rng& r);
 std::unique_ptr<Nf4Linear> random_nf4_linear(int64_t N, int64_t K, float absmax, Rng& r);
+// GGUF's K-quants as the GPU holds them (W4A16Linear::from_quantized): "q4_k" 4-bit codes with a
+// scale and a min a group of 32 (Q4_K, and Q4_1's layout), "q6_k" 6-bit codes in the 8-bit layout
+// on zero point 32 with a scale a group of 16 (Q6_K). Every scale `scale`, mins centring the codes.
+std::unique_ptr<W4A16Linear> random_gguf_linear(int64_t N, int64_t K, const std::string& type, float scale, Rng& r);
 
 // shapes: (N = out, K = in); prints one line per (kernel, shape, M). kernels: any of w4a16, w8a16,
 // nf4, w8a8.
