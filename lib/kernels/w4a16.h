@@ -1,5 +1,6 @@
-// w4a16.h — the W4A16 / W8A16 GPU kernels for GPTQ 4- and 8-bit weights (contract and layout in
-// w4a16.cu). The reference is ref_gemm_gptq (lib/kernels/reference.h).
+// w4a16.h — the W4A16 / W8A16 GPU kernels for codes on a grid in 4- and 8-bit layouts: GPTQ's
+// (1..8 bits), compressed-tensors' and GGUF's blocks (contract and layout in w4a16.cu). The
+// references: ref_gemm_gptq (lib/kernels/reference.h), QuantizedLinear::dequantize.
 #pragma once
 #include <cstdint>
 #include <memory>
