@@ -895,10 +895,10 @@ TEST_CASE("compressed-tensors: every packed Linear ptqkit writes dequantizes by 
 }
 
 // The GPU path (eval/generate --device cuda) serves pack-quantized checkpoints through GptqReader,
-// which hands them to the W4A16 / W8A16 kernels as GPTQ's tensors. Here those tensors are checked
-// against an independent writer of the same quantization: the gptq_v2 export of the same run (one
-// calibration, two formats), module by module, every field.
-TEST_CASE("compressed-tensors pack-quantized read as GPTQ's tensors equals the gptq_v2 export of the same run") {
+// which hands them to the W4A16 / W8A16 kernels as the quantizer's representation. Here that is
+// checked against an independent writer of the same quantization: the gptq_v2 export of the same
+// run (one calibration, two formats) read by the same reader, module by module, every field.
+TEST_CASE("compressed-tensors pack-quantized read as codes and grids equals the gptq_v2 export of the same run") {
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets();
@@ -924,24 +924,21 @@ TEST_CASE("compressed-tensors pack-quantized read as GPTQ's tensors equals the g
         INFO(m);
         REQUIRE(ct.has(m));
         REQUIRE(v2.has(m));
-        const GptqPacked a = ct.read(m), b = v2.read(m);
-        CHECK(a.bits == b.bits);
+        const QuantizedLinear a = ct.read(m), b = v2.read(m);
+        CHECK(a.spec.bits == b.spec.bits);
         CHECK(a.rows == b.rows);
         CHECK(a.cols == b.cols);
         CHECK(a.groups == b.groups);
-        CHECK(a.qweight == b.qweight);
-        CHECK(a.qzeros == b.qzeros);
-        CHECK(a.scales == b.scales);
-        CHECK(a.g_idx == b.g_idx);
+        check_same(a, b);   // codes, zero points, scales, g_idx
         for (int64_t c = 0; c < b.cols; ++c) permuted += b.g_idx[size_t(c)] != int32_t(c * b.groups / b.cols);
         ++modules;
       }
     CHECK(modules == 35);
     if (k == 2) CHECK(permuted > 0);   // act-order without static groups: the g_idx path is exercised
   }
-  // A module whose output size does not fill whole int32 words of 4-bit zero points is not offered
-  // as GPTQ's tensors (the GPU dequantizes it, as stories260k's 172-row gate and up), and reading it
-  // anyway is refused naming it.
+  // A module whose sizes do not fill GPTQ's int32 words (pack-quantized pads each row to a word, as
+  // stories260k's 172-row gate and up) reads as well: here [4, 8] of codes 0 on the symmetric grid
+  // (zero point 8) and scales 1, so every weight is -8.
   const std::string cfg = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
     "vocab_size": 5, "torch_dtype": "float16", "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
     "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "symmetric": true, "group_size": 8}}}}})";
@@ -954,10 +951,14 @@ TEST_CASE("compressed-tensors pack-quantized read as GPTQ's tensors equals the g
                                                  {"m.weight_packed", i32({4, 1}, {0, 0, 0, 0})},
                                                  {"m.weight_scale", tensor_from_f32(scale.data(), {4, 1}, DType::F16)}});
   const GptqReader r(bad);
-  CHECK_FALSE(r.has("m"));
-  CHECK_THROWS_WITH(r.read("m"), Catch::Contains("m.weight_shape: a 4-bit pack-quantized Linear of [4, 8] does not fill GPTQ's int32 words"));
+  REQUIRE(r.has("m"));
+  CHECK_FALSE(r.has("n"));
+  const QuantizedLinear q = r.read("m");
+  CHECK(q.rows == 4);
+  CHECK(q.cols == 8);
+  CHECK(q.dequantize() == MatF::Constant(4, 8, -8.0f));
   write_file_atomic(bad + "/config.json", cfg.substr(0, cfg.find("pack-quantized")) + "int-quantized" + cfg.substr(cfg.find("pack-quantized") + 14));
-  CHECK_THROWS_WITH(GptqReader(bad), Catch::Contains("quantization_config.format: GPTQ's tensors come from pack-quantized compressed-tensors, not 'int-quantized'"));
+  CHECK_THROWS_WITH(GptqReader(bad), Catch::Contains("quantization_config.format: the packed-Linear reader takes pack-quantized compressed-tensors, not 'int-quantized'"));
 }
 
 // The GPU loads a GGUF's quantized Linears as codes and grids (gguf_quantized). Checked against

@@ -84,21 +84,24 @@ struct Sources {
     return gptq ? gptq->has(module) : gguf && gguf_quantized(*gguf, module + ".weight", head_dim, nullptr);
   }
   QuantizedLinear read_grid(const std::string& module) const {
-    if (gptq) return gptq->read_quantized(module);
+    if (gptq) return gptq->read(module);
     QuantizedLinear q;
     gguf_quantized(*gguf, module + ".weight", head_dim, &q);
     return q;
   }
 };
-// Whether every scale and min of q is an f16 number (the kernels hold them in f16): GPTQ's are
-// stored so; a GGUF K-quant's d sc could pass 65504 only in a hostile file, which is then dequantized.
-bool f16_grid(const QuantizedLinear& q) {
+// Whether the W4A16 / W8A16 kernels take q (else the loader dequantizes it): inputs and groups in
+// multiples of 16 columns (stories260k's 64-wide Linears are one group; a [4, 8] Linear is not
+// taken), and every scale and min an f16 number (the kernels hold them in f16: GPTQ's are stored so;
+// a GGUF K-quant's d sc could pass 65504 only in a hostile file).
+bool kernel_takes(const QuantizedLinear& q) {
   auto fits = [](const std::vector<float>& v) {
     for (float x : v)
       if (!(std::abs(x) <= 65504.0f)) return false;
     return true;
   };
-  return fits(q.scales) && fits(q.mins);
+  const bool columns = q.cols % 16 == 0 && q.groups >= 1 && q.cols % q.groups == 0 && (q.groups == 1 || (q.cols / q.groups) % 16 == 0);
+  return columns && fits(q.scales) && fits(q.mins);
 }
 struct Part {
   std::string name;          // the module, "model.layers.3.self_attn.q_proj"
@@ -130,7 +133,7 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     if (!concat_rows(qs, &g)) return {};
     if (g.rows != out || g.cols != in)
       fail(Errc::format, "", parts[0].name, "quantized shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
-    if (f16_grid(g)) {
+    if (kernel_takes(g)) {
       m.w4.push_back(W4A16Linear::from_quantized(g));
       m.packed_modules += parts.size();
       if (m.w4.back()->has_min()) m.min_modules += parts.size();
@@ -226,7 +229,8 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   if (!eval_supported(fmt, &why)) fail(Errc::usage, path, "--device", why);
   if (!cuda::available()) fail(Errc::usage, "", "--device", "cuda requested, but " + cuda::describe());
   // pack-quantized holds GPTQ's codes, scales, zero points and g_idx in another layout: GptqReader
-  // reads both as the quantizer's representation, which the W4A16 / W8A16 kernels load.
+  // reads both as the quantizer's representation, which the W4A16 / W8A16 kernels load (a Linear
+  // the kernels do not take is dequantized: kernel_takes).
   const bool gptq = fmt == "gptq" || fmt == "gptq_v2" || fmt == "compressed-tensors/pack-quantized", nf4 = fmt == "bitsandbytes-nf4";
   // The A16 kernels take f16 activations; a float bf16 model keeps bf16.
   m.gguf = fmt == "gguf";

@@ -160,7 +160,7 @@ GptqReader::GptqReader(const std::string& dir) {
   const std::string method = json_field<std::string>(qc, "quant_method", "", Errc::format, file, "quantization_config.quant_method");
   if (method == "compressed-tensors") {
     const std::string fmt = json_field<std::string>(qc, "format", "", Errc::format, file, "quantization_config.format");
-    if (fmt != "pack-quantized") fail(Errc::format, file, "quantization_config.format", "GPTQ's tensors come from pack-quantized compressed-tensors, not '" + fmt + "'");
+    if (fmt != "pack-quantized") fail(Errc::format, file, "quantization_config.format", "the packed-Linear reader takes pack-quantized compressed-tensors, not '" + fmt + "'");
     const CtWeights w = json_errors_named(Errc::format, file, "quantization_config.config_groups", [&] { return ct_weights(qc, file); });
     ct_ = true, v2_ = true, bits_ = w.bits, sym_ = w.sym, group_ = w.group_size;
   } else if (method == "gptq") {
@@ -172,36 +172,13 @@ GptqReader::GptqReader(const std::string& dir) {
   ck_ = std::make_unique<Checkpoint>(dir);
 }
 
-namespace {
-// GPTQ packs whole int32 words along both dimensions (read_gptq_packed asks the same of a gptq file).
-bool fills_gptq_words(const Shape& s, int bits) {
-  const int64_t mult = 32 / std::gcd(32, bits);
-  return s[0] % mult == 0 && s[1] % mult == 0;
-}
-}  // namespace
+bool GptqReader::has(const std::string& m) const { return ck_->has(m + (ct_ ? ".weight_packed" : ".qweight")); }
 
-bool GptqReader::has(const std::string& m) const {
-  if (!ct_) return ck_->has(m + ".qweight");
-  return ck_->has(m + ".weight_packed") && fills_gptq_words(ct_weight_shape(*ck_, m), bits_);
-}
-
-QuantizedLinear GptqReader::read_quantized(const std::string& m) const {
+QuantizedLinear GptqReader::read(const std::string& m) const {
   if (!ct_) return unpack_gptq(read_gptq_packed(*ck_, m, bits_), v2_, /*sym=*/false);   // zeros as stored
   QuantizedLinear q = unpack_ct(read_ct_packed(*ck_, m, ct_weight_shape(*ck_, m), bits_, group_, sym_), sym_);
   q.name = m;
   return q;
-}
-
-GptqPacked GptqReader::read(const std::string& m) const {
-  if (!ct_) return read_gptq_packed(*ck_, m, bits_);
-  const Shape s = ct_weight_shape(*ck_, m);
-  if (!fills_gptq_words(s, bits_))
-    fail(Errc::usage, ck_->file_of(m + ".weight_shape"), m + ".weight_shape",
-         "a " + std::to_string(bits_) + "-bit pack-quantized Linear of [" + std::to_string(s[0]) + ", " + std::to_string(s[1]) +
-             "] does not fill GPTQ's int32 words (has() is false for it: dequantize it instead)");
-  QuantizedLinear q = unpack_ct(read_ct_packed(*ck_, m, s, bits_, group_, sym_), sym_);
-  q.name = m;
-  return pack_gptq(q, /*v2=*/true);
 }
 
 

@@ -31,21 +31,15 @@ struct GptqDims {
 };
 GptqDims gptq_dims(const Checkpoint& ck, const std::string& m);   // from scales [groups, out] and g_idx [in]
 
-// The packed tensors of a gptq / gptq_v2 checkpoint, module by module as stored, or of a
-// compressed-tensors pack-quantized one as GPTQ's (the same codes, scales, zero points and g_idx:
-// each module unpacked, then packed as gptq_v2 writes it, whose zero points are stored as they are).
-// What the GPU kernels convert at load time; the reference path dequantizes through packed_source.
+// The quantized Linears of a gptq / gptq_v2 checkpoint, or of a compressed-tensors pack-quantized
+// one, as the quantizer's representation (codes, scales, zero points as stored, g_idx): what the GPU
+// kernels load (W4A16Linear::from_quantized); the reference path dequantizes through packed_source.
 class GptqReader {
  public:
   explicit GptqReader(const std::string& dir);   // Errc::format naming config.json if neither
   bool v2() const { return v2_; }
-  // False where the module is stored in float, and for a pack-quantized module whose [out, in] does
-  // not fill GPTQ's int32 words (GPTQ files hold none such): the caller dequantizes it instead.
-  bool has(const std::string& module) const;
-  GptqPacked read(const std::string& module) const;
-  // The same module as the quantizer's representation (what the GPU kernels load): zero points as
-  // stored; pack-quantized unpacked once, not through GPTQ's tensors.
-  QuantizedLinear read_quantized(const std::string& module) const;
+  bool has(const std::string& module) const;     // false where the module is stored in float
+  QuantizedLinear read(const std::string& module) const;   // every size checked before anything is unpacked
  private:
   std::unique_ptr<Checkpoint> ck_;
   bool v2_ = false, ct_ = false, sym_ = true;
