@@ -158,10 +158,10 @@ TEST_CASE("gpu: 2-, 3-, 5- and 6-bit GPTQ weights in the A16 kernels' 4- and 8-b
 
 // GGUF's blocks on the same kernels (W4A16Linear::from_quantized): grids with mins, w = s q + m
 // (Q4_1 / Q4_K at 4 bits, Q5_1 / Q5_K at 5 bits in the 8-bit layout, groups of 32), and Q6_K's
-// signed scales on zero point 32 in groups of 16. Reference: the fp32 GEMM of x with the
+// signed scales on zero point 32 in groups of 16. Reference: the fp64 GEMM of x with the
 // quantizer's own dequantization (QuantizedLinear::dequantize), s and m f16 numbers as the blocks
 // give them (Q4_1's) or not (a K-quant's d sc, rounded to f16 by the kernel: within the tolerance).
-TEST_CASE("gpu: grids with mins (GGUF Q4_1, Q5_1, Q4_K, Q5_K) and Q6_K's groups of 16 on the A16 kernels equal the fp32 GEMM of the dequantized weights") {
+TEST_CASE("gpu: grids with mins (GGUF Q4_1, Q5_1, Q4_K, Q5_K) and Q6_K's groups of 16 on the A16 kernels equal the fp64 GEMM of the dequantized weights") {
   PTQ_REQUIRE_GPU();
   struct Case { int bits; GridForm form; int group; int64_t out, in; };
   const Case cases[] = {{4, GridForm::f16_min, 32, 96, 256},   {4, GridForm::k_min, 32, 4096, 4096}, {5, GridForm::f16_min, 32, 768, 1024},
