@@ -86,7 +86,7 @@ TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, ll
 }
 
 // ptqkit's W4A16 and W8A16 schemes export compressed-tensors pack-quantized by default; the GPU
-// reads it as GPTQ's tensors (formats/gptq.h, GptqReader). One run exported in both formats: the
+// reads it as codes and grids (formats/gptq.h, GptqReader), as it reads gptq_v2. One run exported in both formats: the
 // pack-quantized copy decodes as the CPU reference does, and gives the gptq_v2 copy's logits and
 // tokens to the bit (the same codes in the same kernels).
 TEST_CASE("decode cuda: a compressed-tensors pack-quantized checkpoint decodes as the CPU reference, and as its gptq_v2 twin to the bit") {

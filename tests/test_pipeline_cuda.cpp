@@ -186,7 +186,7 @@ TEST_CASE("gpu: eval on the GPU of gptq, compressed-tensors (pack- and int-quant
   const Case cases[] = {{"quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", "gptq"},
                         {"quantization: {bits: 4, group_size: 128, sym: false}\nexport: {format: [gptq_v2]}\n", "gptq_v2"},
                         {"quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "gptq"},
-                        // pack-quantized (the W4A16 and W8A16 schemes' default export) through the same kernels as GPTQ's tensors
+                        // pack-quantized (the W4A16 and W8A16 schemes' default export) through the same kernels as gptq
                         {"quantization: {bits: 4, group_size: 128, act_order: true, sym: false}\nexport: {format: [compressed-tensors]}\n", "compressed-tensors/pack-quantized"},
                         {"quantization: {bits: 8, group_size: -1}\nexport: {format: [compressed-tensors]}\n", "compressed-tensors/pack-quantized"},
                         {"quantization: {method: nf4}\nexport: {format: [nf4], nf4_blocksize: 64, nf4_double_quant: true}\n", "bitsandbytes-nf4"},

@@ -17,8 +17,9 @@
 // lop3 trick), f16 x f16 products summed in fp32 by mma.sync; s applied in fp32 to each k-step's
 // partial when groups hold whole k-steps (groups of 64, 128, per channel), else in f16 to the
 // weights. Mins: q formed exactly the same way, then s q + m by one f16 FMA (always in f16; s and
-// m rounded to f16 at load, 2^-11 relative each, so |error| <= 2^-11 (|s q| + |m|) + the FMA's). Tolerance against the fp32 reference: x and s are f16 (exact inputs); (q - z) * s in f16
-// where scaled in f16 (2^-11 relative); fp32 sums (tests: 2e-3 relative, norm-wise).
+// m rounded to f16 at load, 2^-11 relative each, so |error| <= 2^-11 (|s q| + |m|) + the FMA's).
+// Tolerance against the fp32 reference: x and s are f16 (exact inputs); (q - z) * s in f16 where
+// scaled in f16 (2^-11 relative); fp32 sums (tests: 2e-3 relative, norm-wise).
 // Paths by M (a16_path.h): the tensor-core kernels a16_mma.cuh (x through L1), a16_wgmma.cu (sm_90,
 // 33..128 rows, 129..256 and at 4 bits 17..32 on large layers) and a16_shared_x.cuh (33..64 rows of large layers
 // without sm_90), the last two scaling weights in f16 (wgmma: per-channel scales in fp32 at the end); else dequantize to f16 and cuBLAS. Accepted: K and the group size multiples of 16 (or
