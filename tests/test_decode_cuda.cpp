@@ -216,6 +216,37 @@ TEST_CASE("decode cuda: GPTQ 3-bit (the W3A16 scheme) and 2-bit checkpoints deco
   }
 }
 
+// A GPTQ checkpoint with groups the kernels cannot hold: distilled-13m at group_size 256 stores its
+// 384-wide inputs (q, k, v, o, gate, up) in groups of 256 and 128 columns, and the kernels take
+// groups of one size only (a16_grid.h). Those Linears are dequantized at load, the 1024-wide down
+// projections (four groups of 256) stay on the kernels, and the model decodes and evaluates as the
+// CPU reference. (Before a16_takes, the loader passed these to W4A16Linear::from_quantized, which
+// refused them and with them the whole model.)
+TEST_CASE("decode cuda: a GPTQ checkpoint with groups of unequal sizes runs its other Linears on the kernels and evaluates as the CPU reference") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const auto [model, ids, o] = ptqtest::distilled_eval();
+  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 256, act_order: true}\nexport: {format: [gptq]}\n"), "r.yaml");
+  r.model = model;
+  r.calibration = {ptqtest::assets() + "/text/tinystories/calib.txt", 16, 256, 0};
+  r.output = d / "g256";
+  run_quantize(r, {});
+  check_gpu_greedy("distilled-13m", 32, 16, r.output);
+  auto m = open_model(r.output);
+  const EvalResult cpu = evaluate(*m, ids, o);
+  cuda::GpuLogits gpu(*m, r.output);
+  const std::string how = gpu.describe();
+  INFO(how);
+  CHECK(how.find("8 of 56 Linears through the W4A16/W8A16 kernels") != std::string::npos);
+  CHECK(how.find("dequantized at load, 48 (g_idx: groups of unequal sizes") != std::string::npos);
+  const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
+  const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
+  std::cout << "GPTQ g256  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative " << g.perplexity / cpu.perplexity - 1 << "); " << how << "\n";
+  CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
+  CHECK(g.scored_tokens == cpu.scored_tokens);
+}
+
 TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels, batched sequences independent") {
   PTQ_REQUIRE_GPU();
   const LlamaConfig c = parse_config(synth_config_json("small", 2, DType::F16), "small");

@@ -94,7 +94,7 @@ TEST_CASE("GPTQ packing of a hand matrix: qweight along the input, v1 qzeros 0x7
 }
 
 TEST_CASE("pack -> unpack returns the codes bit for bit, every bit width and format") {
-  for (int bits : {2, 3, 4, 8})
+  for (int bits : {1, 2, 3, 4, 5, 6, 7, 8})
     for (bool sym : {true, false}) {
       QuantizedLinear q = random_quantized(64, 96, bits, 32, sym, bits == 4, uint64_t(bits * 10 + sym));
       INFO("bits " << bits << " sym " << sym);

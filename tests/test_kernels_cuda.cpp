@@ -17,6 +17,7 @@
 #include "kernels/act_quant.h"
 #include "kernels/bench_kernels.h"
 #include "kernels/f16_gemv.h"
+#include "kernels/a16_grid.h"
 #include "kernels/reference.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
@@ -129,14 +130,15 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
   CHECK_THROWS_WITH(cuda::W4A16Linear::from_gptq(wide, true), Catch::Contains("1- to 8-bit"));
 }
 
-// GPTQ's 2- and 3-bit codes (and 5..7-bit ones, which compressed-tensors' pack-quantized may hold)
-// run in the 4- and 8-bit kernels' layouts with their zero points as stored: against the same
-// reference GEMM, which reads the checkpoint's own bit stream (3 bits: codes across word edges).
-TEST_CASE("gpu: 2-, 3-, 5- and 6-bit GPTQ weights in the A16 kernels' 4- and 8-bit layouts equal the reference GPTQ GEMM") {
+// GPTQ's 2- and 3-bit codes (and 1-bit and 5..7-bit ones, which compressed-tensors' pack-quantized
+// may hold) run in the 4- and 8-bit kernels' layouts with their zero points as stored: against the
+// same reference GEMM, which reads the checkpoint's own bit stream (3 and 7 bits: codes across word
+// edges). What a16_takes refuses, from_quantized refuses too, naming the same field.
+TEST_CASE("gpu: 1-, 2-, 3-, 5-, 6- and 7-bit GPTQ weights in the A16 kernels' 4- and 8-bit layouts equal the reference GPTQ GEMM") {
   PTQ_REQUIRE_GPU();
   struct Case { int64_t out, in; int gs; bool sym, act; };
   const Case cases[] = {{96, 160, 32, false, true}, {4096, 4096, 128, true, false}, {768, 2048, 64, true, true}, {1024, 4096, 128, false, true}};
-  for (int bits : {2, 3, 5, 6})
+  for (int bits : {1, 2, 3, 5, 6, 7})
     for (const Case& c : cases) {
       const QuantizedLinear q = random_q(bits, c.out, c.in, c.gs, c.sym, c.act, uint64_t(c.out * 17 + c.in + bits));
       for (bool v2 : {false, true}) {
@@ -154,6 +156,20 @@ TEST_CASE("gpu: 2-, 3-, 5- and 6-bit GPTQ weights in the A16 kernels' 4- and 8-b
         }
       }
     }
+  // Refused by the rule the loaders ask first (a16_grid.h), each naming its field: groups of 256 and
+  // 128 columns (distilled-13m's 384-wide inputs at group_size 256), a 172-wide input, one group with mins.
+  const QuantizedLinear unequal = random_q(4, 64, 384, 256, false, false, 5), narrow = random_q(4, 64, 172, -1, true, false, 6);
+  QuantSpec with_min;
+  with_min.form = GridForm::f16_min;
+  with_min.group_size = -1;   // one group
+  const QuantizedLinear one_min = QuantizedLinear::empty(64, 256, with_min);
+  for (const QuantizedLinear* q : {&unequal, &narrow, &one_min}) {
+    INFO(q->cols << " columns in " << q->groups << " groups" << (q->mins.empty() ? "" : ", with mins"));
+    A16Refusal why;
+    REQUIRE_FALSE(a16_takes(*q, &why));
+    INFO(why.field << ": " << why.reason);
+    CHECK_THROWS_WITH(cuda::W4A16Linear::from_quantized(*q), Catch::Contains(why.field) && Catch::Contains(why.reason));
+  }
 }
 
 // GGUF's blocks on the same kernels (W4A16Linear::from_quantized): grids with mins, w = s q + m

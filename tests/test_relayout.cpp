@@ -1,9 +1,11 @@
 // The A16 kernels' fragment order (lib/kernels/relayout.h) on the CPU: every code lands in its own
 // bits, the inverse reads each back (unrelayout(relayout(codes)) == codes), and hand-placed
 // anchors match the layout documented in docs/fragment-layout.md.
+#include <cmath>
 #include <set>
 
 #include "core/rng.h"
+#include "kernels/a16_grid.h"
 #include "kernels/relayout.h"
 #include "testing.h"
 
@@ -67,4 +69,59 @@ TEST_CASE("relayout: anchors of the documented layout (word, bit) for 4-bit GPTQ
   CHECK(at(8, 0, F::nf4).shift == 8);
   CHECK(at(0, 2, F::nf4).shift == 16);
   CHECK(at(8, 3, F::nf4).shift == 28);
+}
+
+// Which grids the A16 kernels take (a16_grid.h: the GPU loaders ask it, and dequantize what it
+// refuses; W4A16Linear::from_quantized refuses by it). Each refusal names its field. The grids are
+// the quantizer's own (QuantizedLinear::empty): distilled-13m's 384-wide inputs at group_size 256
+// give groups of 256 and 128 columns, which the kernels' equal groups cannot hold.
+TEST_CASE("a16_takes: the grids the A16 kernels take, and each refusal naming its field") {
+  auto grid = [](int bits, int64_t rows, int64_t cols, int group, GridForm form = GridForm::integer_zero) {
+    QuantSpec s;
+    s.bits = bits;
+    s.group_size = group;
+    s.form = form;
+    return QuantizedLinear::empty(rows, cols, s);
+  };
+  auto refusal = [](const QuantizedLinear& q) {
+    A16Refusal why;
+    return a16_takes(q, &why) ? std::string("taken") : why.field;
+  };
+  // Taken: every code width 1..8, one group, groups of 16 .. 128 columns, act-order's g_idx.
+  for (int bits = 1; bits <= 8; ++bits) CHECK(refusal(grid(bits, 24, 256, 128)) == "taken");
+  CHECK(refusal(grid(4, 8, 64, -1)) == "taken");     // stories260k's 64-wide Linears: one group
+  CHECK(refusal(grid(4, 8, 96, 16)) == "taken");
+  CHECK(refusal(grid(4, 8, 96, 48)) == "taken");
+  QuantizedLinear act = grid(4, 8, 256, 64);
+  for (int64_t c = 0; c < 256; ++c) act.g_idx[size_t(c)] = int32_t((c * 7) % 4);   // a permutation: 64 columns a group
+  CHECK(refusal(act) == "taken");
+  CHECK(refusal(grid(4, 8, 256, 32, GridForm::f16_min)) == "taken");
+  CHECK(refusal(grid(5, 8, 256, 32, GridForm::k_min)) == "taken");
+  // Refused.
+  CHECK(refusal(grid(9, 8, 256, 128)) == "bits");
+  CHECK(refusal(grid(0, 8, 256, 128)) == "bits");
+  CHECK(refusal(grid(4, 8, 172, -1)) == "in_features");   // stories260k's down projection
+  CHECK(refusal(grid(4, 8, 80, 40)) == "group_size");     // groups of 40 columns
+  CHECK(refusal(grid(4, 8, 384, 256)) == "g_idx");        // groups of 256 and 128
+  QuantizedLinear stray = grid(4, 8, 256, 128);
+  stray.g_idx[3] = 2;
+  CHECK(refusal(stray) == "g_idx");
+  CHECK(refusal(grid(4, 8, 256, -1, GridForm::f16_min)) == "mins");   // one group with mins
+  QuantizedLinear big = grid(4, 8, 256, 128);
+  big.scales[5] = 1e5f;
+  CHECK(refusal(big) == "scales");
+  big.scales[5] = std::nanf("");
+  CHECK(refusal(big) == "scales");
+  QuantizedLinear low = grid(4, 8, 256, 32, GridForm::f16_min);
+  low.mins[2] = -7e4f;
+  CHECK(refusal(low) == "mins");
+  QuantizedLinear zero = grid(4, 8, 256, 128);
+  zero.zeros[1] = 1025;
+  CHECK(refusal(zero) == "zeros");
+  zero.zeros[1] = 1024;
+  CHECK(refusal(zero) == "taken");
+  A16Refusal why;
+  CHECK_FALSE(a16_takes(grid(4, 8, 172, -1), &why));
+  CHECK(why.reason == "must be a multiple of 16, got 172");
+  CHECK_FALSE(a16_takes(grid(4, 8, 172, -1)));   // without a reason asked for
 }

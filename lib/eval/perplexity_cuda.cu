@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <set>
 
 #include <cublas_v2.h>
@@ -15,6 +16,7 @@
 #include "formats/open.h"
 #include "kernels/f16_gemv.h"
 #include "formats/packed.h"
+#include "kernels/a16_grid.h"
 #include "kernels/act_quant.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
@@ -50,6 +52,7 @@ struct GpuLogits::Impl {
   std::vector<std::unique_ptr<W4A16Linear>> w4;           // what the linears run on (owned here)
   size_t packed_modules = 0;                              // checkpoint modules these packed Linears hold
   size_t min_modules = 0;                                 // of those, on grids with mins (GGUF's Q4_1, Q5_1, Q4_K, Q5_K)
+  std::map<std::string, size_t> dequantized;              // stored grids the kernels do not take: modules, by reason (a16_takes)
   bool gguf = false;                                      // a GGUF checkpoint: its quantized blocks on the A16 kernels
   std::vector<std::unique_ptr<Nf4Linear>> nf4;
   struct W8A8 { DeviceBuffer<int8_t> w; DeviceBuffer<float> sw; ActQuant act; int64_t out = 0, in = 0; };
@@ -90,19 +93,6 @@ struct Sources {
     return q;
   }
 };
-// Whether the W4A16 / W8A16 kernels take q (else the loader dequantizes it): inputs and groups in
-// multiples of 16 columns (stories260k's 64-wide Linears are one group; a [4, 8] Linear is not
-// taken), and every scale and min an f16 number (the kernels hold them in f16: GPTQ's are stored so;
-// a GGUF K-quant's d sc could pass 65504 only in a hostile file).
-bool kernel_takes(const QuantizedLinear& q) {
-  auto fits = [](const std::vector<float>& v) {
-    for (float x : v)
-      if (!(std::abs(x) <= 65504.0f)) return false;
-    return true;
-  };
-  const bool columns = q.cols % 16 == 0 && q.groups >= 1 && q.cols % q.groups == 0 && (q.groups == 1 || (q.cols / q.groups) % 16 == 0);
-  return columns && fits(q.scales) && fits(q.mins);
-}
 struct Part {
   std::string name;          // the module, "model.layers.3.self_attn.q_proj"
   int64_t out;
@@ -133,13 +123,17 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     if (!concat_rows(qs, &g)) return {};
     if (g.rows != out || g.cols != in)
       fail(Errc::format, "", parts[0].name, "quantized shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
-    if (kernel_takes(g)) {
+    // What the kernels do not take (a16_grid.h: stories260k's 172-wide down projection, groups of
+    // unequal sizes, a scale past f16's range) is dequantized to f16; describe() says why.
+    A16Refusal why;
+    if (a16_takes(g, &why)) {
       m.w4.push_back(W4A16Linear::from_quantized(g));
       m.packed_modules += parts.size();
       if (m.w4.back()->has_min()) m.min_modules += parts.size();
       const W4A16Linear* q = m.w4.back().get();
       return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
     }
+    m.dequantized[why.field + ": " + why.reason] += parts.size();
     kind = Stored::dense;
   }
   if (kind == Stored::w8a8) {
@@ -230,7 +224,7 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   if (!cuda::available()) fail(Errc::usage, "", "--device", "cuda requested, but " + cuda::describe());
   // pack-quantized holds GPTQ's codes, scales, zero points and g_idx in another layout: GptqReader
   // reads both as the quantizer's representation, which the W4A16 / W8A16 kernels load (a Linear
-  // the kernels do not take is dequantized: kernel_takes).
+  // the kernels do not take is dequantized: a16_takes).
   const bool gptq = fmt == "gptq" || fmt == "gptq_v2" || fmt == "compressed-tensors/pack-quantized", nf4 = fmt == "bitsandbytes-nf4";
   // The A16 kernels take f16 activations; a float bf16 model keeps bf16.
   m.gguf = fmt == "gguf";
@@ -347,8 +341,12 @@ std::string GpuLogits::describe() const {
   const size_t packed = m.packed_modules;
   bool stacked = false;
   for (const auto& f : m.fused) stacked = stacked || f[0] || f[1];
+  // Stored grids the kernels do not take, by reason: "the rest" is these and the float Linears.
+  std::string refused;
+  for (const auto& [reason, modules] : m.dequantized)
+    refused += (refused.empty() ? "; dequantized at load, " : ", ") + std::to_string(modules) + " (" + reason + ")";
   if (packed == 0)
-    return std::string("cuda: ") + (m.gguf ? "GGUF's blocks dequantized at load to " : "") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS";
+    return std::string("cuda: ") + (m.gguf ? "GGUF's blocks dequantized at load to " : "") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS" + refused;
   const char* kernels = !m.w8.empty()    ? "the W8A8 GEMM with int8 activations per token/tensor (lib/kernels/w8a8.cu)"
                         : m.nf4.empty() ? "the W4A16/W8A16 kernels (lib/kernels/w4a16.cu)"
                                         : "the NF4 kernel (lib/kernels/nf4.cu)";
@@ -364,7 +362,7 @@ std::string GpuLogits::describe() const {
   const std::string gguf = " (GGUF's blocks as codes and grids" + (with_min ? ", " + std::to_string(with_min) + " Linears with mins" : std::string()) +
                            "), the rest dequantized to f16 through cuBLAS";
   return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + widened +
-         (m.gguf ? gguf : ", the rest f16 through cuBLAS") + (stacked ? " (q, k, v and gate, up stacked)" : "");
+         (m.gguf ? gguf : ", the rest f16 through cuBLAS") + (stacked ? " (q, k, v and gate, up stacked)" : "") + refused;
 }
 
 DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S, int T) const {

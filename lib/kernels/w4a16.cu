@@ -21,10 +21,12 @@
 // Tolerance against the fp32 reference: x and s are f16 (exact inputs); (q - z) * s in f16 where
 // scaled in f16 (2^-11 relative); fp32 sums (tests: 2e-3 relative, norm-wise).
 // Paths by M (a16_path.h): the tensor-core kernels a16_mma.cuh (x through L1), a16_wgmma.cu (sm_90,
-// 33..128 rows, 129..256 and at 4 bits 17..32 on large layers) and a16_shared_x.cuh (33..64 rows of large layers
-// without sm_90), the last two scaling weights in f16 (wgmma: per-channel scales in fp32 at the end); else dequantize to f16 and cuBLAS. Accepted: K and the group size multiples of 16 (or
-// one group), groups of equal size, N any; codes of 1..3 bits (GPTQ's 2- and 3-bit) held in the
-// 4-bit layout and of 5..7 in the 8-bit one, zero points as stored: exact, at 4 or 8 bits a weight.
+// 33..128 rows, 129..256 and at 4 bits 17..32 on large layers) and a16_shared_x.cuh (33..64 rows of
+// large layers without sm_90), the last two scaling weights in f16 (wgmma: per-channel scales in
+// fp32 at the end); else dequantize to f16 and cuBLAS.
+// Accepted (a16_grid.h: a16_takes, which the loaders ask first): K and the group size multiples of
+// 16 (or one group), groups of equal size, N any; codes of 1..3 bits (GPTQ's 2- and 3-bit) held in
+// the 4-bit layout and of 5..7 in the 8-bit one, zero points as stored: exact, at 4 or 8 bits a weight.
 // Roofline at M = 1: reads N*K*BITS/8 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
 #include <cublas_v2.h>
@@ -39,6 +41,7 @@
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
 #include "kernels/a16_dispatch.cuh"
+#include "kernels/a16_grid.h"
 #include "kernels/relayout.h"
 #include "kernels/w4a16.h"
 
@@ -115,24 +118,18 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
 }
 
 std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& q) {
-  const int code_bits = q.spec.bits;
-  if (code_bits < 1 || code_bits > 8) fail(Errc::usage, q.name, "bits", "the A16 kernels take 1- to 8-bit weights, got " + std::to_string(code_bits));
+  A16Refusal why;
+  if (!a16_takes(q, &why)) fail(Errc::usage, q.name, why.field, why.reason);
   // Narrower codes sit in the 4-bit kernel's nibbles (1..4 bits) or the 8-bit kernel's bytes (5..8),
   // their zero points (or mins) as they are: (q - z) * s, s q + m, is the same number, so nothing is rounded.
+  const int code_bits = q.spec.bits;
   const int bits = code_bits <= 4 ? 4 : 8;
   const bool min = ptq::has_min(q.spec.form);
-  const int64_t N = q.rows, K = q.cols, G = q.groups;
-  if (K % 16) fail(Errc::usage, q.name, "in_features", "must be a multiple of 16, got " + std::to_string(K));
-  if (min && (G < 2 || q.mins.size() != size_t(G * N)))
-    fail(Errc::usage, q.name, "mins", "a grid with mins needs groups of columns and a min per group and row");
-  // Columns sorted by group (stable): contiguous groups of equal size.
+  const int64_t N = q.rows, K = q.cols, G = q.groups, gs = K / G;
+  // Columns sorted by group (stable): contiguous groups of equal size (a16_takes).
   std::vector<int> perm(static_cast<size_t>(K));
   std::iota(perm.begin(), perm.end(), 0);
   std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
-  const int64_t gs = K / G;
-  if (G * gs != K || (G > 1 && gs % 16)) fail(Errc::usage, q.name, "group_size", "groups must hold a multiple of 16 columns each, equally");
-  for (int64_t k = 0; k < K; ++k)
-    if (q.g_idx[size_t(perm[size_t(k)])] != k / gs) fail(Errc::usage, q.name, "g_idx", "groups of unequal sizes are not served by the W4A16 kernel");
   // Fragment order (kernels/relayout.h), columns in the sorted order.
   const int64_t tiles = (N + 15) / 16;
   const std::vector<uint32_t> W = relayout_codes(N, K, bits == 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8,
