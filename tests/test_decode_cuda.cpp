@@ -216,35 +216,49 @@ TEST_CASE("decode cuda: GPTQ 3-bit (the W3A16 scheme) and 2-bit checkpoints deco
   }
 }
 
-// A GPTQ checkpoint with groups the kernels cannot hold: distilled-13m at group_size 256 stores its
-// 384-wide inputs (q, k, v, o, gate, up) in groups of 256 and 128 columns, and the kernels take
-// groups of one size only (a16_grid.h). Those Linears are dequantized at load, the 1024-wide down
-// projections (four groups of 256) stay on the kernels, and the model decodes and evaluates as the
-// CPU reference. (Before a16_takes, the loader passed these to W4A16Linear::from_quantized, which
-// refused them and with them the whole model.)
-TEST_CASE("decode cuda: a GPTQ checkpoint with groups of unequal sizes runs its other Linears on the kernels and evaluates as the CPU reference") {
+// Grids the checkpoint's writer allows and the kernels do not hold as stored. distilled-13m at
+// group_size 256 stores its 384-wide inputs (q, k, v, o, gate, up) in groups of 256 and 128 columns:
+// the kernels run them as runs of 128 columns, each with its group's grid (a16_group_columns), so
+// every Linear is on the kernels. stories260k at 8 bits per channel has 172-wide down projections,
+// which the kernels do not take (in_features a multiple of 16): those are dequantized at load, the
+// rest stay on the kernels. Both decode and evaluate as the CPU reference. (Before a16_takes the
+// loader passed the first to W4A16Linear::from_quantized, which refused it, and with it the model.)
+TEST_CASE("decode cuda: GPTQ checkpoints with groups of unequal sizes, or Linears the kernels do not take, decode and evaluate as the CPU reference") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const auto [model, ids, o] = ptqtest::distilled_eval();
-  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 256, act_order: true}\nexport: {format: [gptq]}\n"), "r.yaml");
-  r.model = model;
-  r.calibration = {ptqtest::assets() + "/text/tinystories/calib.txt", 16, 256, 0};
-  r.output = d / "g256";
-  run_quantize(r, {});
-  check_gpu_greedy("distilled-13m", 32, 16, r.output);
-  auto m = open_model(r.output);
-  const EvalResult cpu = evaluate(*m, ids, o);
-  cuda::GpuLogits gpu(*m, r.output);
-  const std::string how = gpu.describe();
-  INFO(how);
-  CHECK(how.find("8 of 56 Linears through the W4A16/W8A16 kernels") != std::string::npos);
-  CHECK(how.find("dequantized at load, 48 (g_idx: groups of unequal sizes") != std::string::npos);
-  const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
-  const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
-  std::cout << "GPTQ g256  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative " << g.perplexity / cpu.perplexity - 1 << "); " << how << "\n";
-  CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
-  CHECK(g.scored_tokens == cpu.scored_tokens);
+  const std::string a = ptqtest::assets();
+  struct Case { const char* model; const char* yaml; const char* linears; const char* refused; };
+  const Case cases[] = {
+      {"distilled-13m", "quantization: {bits: 4, group_size: 256, act_order: true}\nexport: {format: [gptq]}\n", "56 of 56 Linears through the W4A16/W8A16 kernels", ""},
+      {"stories260k", "quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "30 of 35 Linears through the W4A16/W8A16 kernels",
+       "dequantized at load, 5 (in_features: must be a multiple of 16, got 172)"}};
+  int k = 0;
+  for (const Case& cs : cases) {
+    INFO(cs.model << ": " << cs.yaml);
+    Recipe r = parse_recipe(YAML::Load(cs.yaml), "r.yaml");
+    r.model = a + "/models/" + cs.model;
+    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+    r.output = d / ("grids-" + std::to_string(k++));
+    run_quantize(r, {});
+    check_gpu_greedy(cs.model, 32, 16, r.output);
+    auto m = open_model(r.output);
+    const std::vector<int32_t> ids = ptqtest::eval_tokens(r.model);
+    const EvalOptions o = ptqtest::eval_windows(512, 16);
+    const EvalResult cpu = evaluate(*m, ids, o);
+    cuda::GpuLogits gpu(*m, r.output);
+    const std::string how = gpu.describe();
+    INFO(how);
+    CHECK(how.find(cs.linears) != std::string::npos);
+    CHECK((how.find("dequantized at load") == std::string::npos) == (*cs.refused == 0));
+    CHECK(how.find(cs.refused) != std::string::npos);
+    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
+    const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
+    std::cout << cs.model << " " << cs.yaml << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative "
+              << g.perplexity / cpu.perplexity - 1 << "); " << how << "\n";
+    CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
+    CHECK(g.scored_tokens == cpu.scored_tokens);
+  }
 }
 
 TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels, batched sequences independent") {

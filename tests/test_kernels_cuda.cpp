@@ -133,12 +133,16 @@ TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym,
 // GPTQ's 2- and 3-bit codes (and 1-bit and 5..7-bit ones, which compressed-tensors' pack-quantized
 // may hold) run in the 4- and 8-bit kernels' layouts with their zero points as stored: against the
 // same reference GEMM, which reads the checkpoint's own bit stream (3 and 7 bits: codes across word
-// edges). What a16_takes refuses, from_quantized refuses too, naming the same field.
-TEST_CASE("gpu: 1-, 2-, 3-, 5-, 6- and 7-bit GPTQ weights in the A16 kernels' 4- and 8-bit layouts equal the reference GPTQ GEMM") {
+// edges). Groups of unequal sizes (group_size not dividing in_features) run as equal runs of columns
+// with their group's grid (a16_group_columns), at every width. What a16_takes refuses,
+// from_quantized refuses too, naming the same field.
+TEST_CASE("gpu: 1- to 8-bit GPTQ weights, groups of unequal sizes too, in the A16 kernels' 4- and 8-bit layouts equal the reference GPTQ GEMM") {
   PTQ_REQUIRE_GPU();
   struct Case { int64_t out, in; int gs; bool sym, act; };
-  const Case cases[] = {{96, 160, 32, false, true}, {4096, 4096, 128, true, false}, {768, 2048, 64, true, true}, {1024, 4096, 128, false, true}};
-  for (int bits : {1, 2, 3, 5, 6, 7})
+  // The last two: groups of unequal sizes (256 and 128; 384, 384 and 256), held as runs of 128 columns.
+  const Case cases[] = {{96, 160, 32, false, true}, {4096, 4096, 128, true, false}, {768, 2048, 64, true, true}, {1024, 4096, 128, false, true},
+                        {64, 384, 256, false, true}, {96, 1024, 384, true, false}};
+  for (int bits : {1, 2, 3, 4, 5, 6, 7, 8})
     for (const Case& c : cases) {
       const QuantizedLinear q = random_q(bits, c.out, c.in, c.gs, c.sym, c.act, uint64_t(c.out * 17 + c.in + bits));
       for (bool v2 : {false, true}) {
@@ -156,14 +160,14 @@ TEST_CASE("gpu: 1-, 2-, 3-, 5-, 6- and 7-bit GPTQ weights in the A16 kernels' 4-
         }
       }
     }
-  // Refused by the rule the loaders ask first (a16_grid.h), each naming its field: groups of 256 and
-  // 128 columns (distilled-13m's 384-wide inputs at group_size 256), a 172-wide input, one group with mins.
-  const QuantizedLinear unequal = random_q(4, 64, 384, 256, false, false, 5), narrow = random_q(4, 64, 172, -1, true, false, 6);
+  // Refused by the rule the loaders ask first (a16_grid.h), each naming its field: groups of 40
+  // columns, a 172-wide input, one group with mins over 16 columns.
+  const QuantizedLinear forty = random_q(4, 64, 80, 40, false, false, 5), narrow = random_q(4, 64, 172, -1, true, false, 6);
   QuantSpec with_min;
   with_min.form = GridForm::f16_min;
   with_min.group_size = -1;   // one group
-  const QuantizedLinear one_min = QuantizedLinear::empty(64, 256, with_min);
-  for (const QuantizedLinear* q : {&unequal, &narrow, &one_min}) {
+  const QuantizedLinear one_min = QuantizedLinear::empty(64, 16, with_min);
+  for (const QuantizedLinear* q : {&forty, &narrow, &one_min}) {
     INFO(q->cols << " columns in " << q->groups << " groups" << (q->mins.empty() ? "" : ", with mins"));
     A16Refusal why;
     REQUIRE_FALSE(a16_takes(*q, &why));
@@ -181,7 +185,8 @@ TEST_CASE("gpu: grids with mins (GGUF Q4_1, Q5_1, Q4_K, Q5_K) and Q6_K's groups 
   PTQ_REQUIRE_GPU();
   struct Case { int bits; GridForm form; int group; int64_t out, in; };
   const Case cases[] = {{4, GridForm::f16_min, 32, 96, 256},   {4, GridForm::k_min, 32, 4096, 4096}, {5, GridForm::f16_min, 32, 768, 1024},
-                        {5, GridForm::k_min, 32, 1024, 4096}, {6, GridForm::k_sym, 16, 512, 2048},  {4, GridForm::k_min, 32, 12288, 4096}};
+                        {5, GridForm::k_min, 32, 1024, 4096}, {6, GridForm::k_sym, 16, 512, 2048},  {4, GridForm::k_min, 32, 12288, 4096},
+                        {4, GridForm::f16_min, -1, 96, 256},  {5, GridForm::f16_min, -1, 64, 48}};   // one group with mins: runs of 128, 16
   for (const Case& c : cases) {
     QuantSpec sp;
     sp.bits = c.bits;

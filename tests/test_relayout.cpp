@@ -72,10 +72,11 @@ TEST_CASE("relayout: anchors of the documented layout (word, bit) for 4-bit GPTQ
 }
 
 // Which grids the A16 kernels take (a16_grid.h: the GPU loaders ask it, and dequantize what it
-// refuses; W4A16Linear::from_quantized refuses by it). Each refusal names its field. The grids are
-// the quantizer's own (QuantizedLinear::empty): distilled-13m's 384-wide inputs at group_size 256
-// give groups of 256 and 128 columns, which the kernels' equal groups cannot hold.
-TEST_CASE("a16_takes: the grids the A16 kernels take, and each refusal naming its field") {
+// refuses; W4A16Linear::from_quantized refuses by it), and the equal runs of columns the kernels hold
+// them in. Each refusal names its field. The grids are the quantizer's own (QuantizedLinear::empty):
+// distilled-13m's 384-wide inputs at group_size 256 give groups of 256 and 128 columns, which run as
+// three runs of 128.
+TEST_CASE("a16_takes: the grids the A16 kernels take, their runs of columns, and each refusal naming its field") {
   auto grid = [](int bits, int64_t rows, int64_t cols, int group, GridForm form = GridForm::integer_zero) {
     QuantSpec s;
     s.bits = bits;
@@ -87,26 +88,53 @@ TEST_CASE("a16_takes: the grids the A16 kernels take, and each refusal naming it
     A16Refusal why;
     return a16_takes(q, &why) ? std::string("taken") : why.field;
   };
-  // Taken: every code width 1..8, one group, groups of 16 .. 128 columns, act-order's g_idx.
+  // Taken, with the runs' width: every code width 1..8, one group, groups of 16 .. 128 columns,
+  // act-order's g_idx, unequal groups, mins.
   for (int bits = 1; bits <= 8; ++bits) CHECK(refusal(grid(bits, 24, 256, 128)) == "taken");
+  CHECK(a16_group_columns(grid(4, 24, 256, 128)) == 128);
   CHECK(refusal(grid(4, 8, 64, -1)) == "taken");     // stories260k's 64-wide Linears: one group
-  CHECK(refusal(grid(4, 8, 96, 16)) == "taken");
-  CHECK(refusal(grid(4, 8, 96, 48)) == "taken");
+  CHECK(a16_group_columns(grid(4, 8, 64, -1)) == 64);
+  CHECK(a16_group_columns(grid(4, 8, 96, 16)) == 16);
+  CHECK(a16_group_columns(grid(4, 8, 96, 48)) == 48);
   QuantizedLinear act = grid(4, 8, 256, 64);
   for (int64_t c = 0; c < 256; ++c) act.g_idx[size_t(c)] = int32_t((c * 7) % 4);   // a permutation: 64 columns a group
   CHECK(refusal(act) == "taken");
+  CHECK(a16_group_columns(act) == 64);
+  CHECK(refusal(grid(4, 8, 384, 256)) == "taken");   // groups of 256 and 128: runs of 128
+  CHECK(a16_group_columns(grid(4, 8, 384, 256)) == 128);
+  CHECK(a16_group_columns(grid(4, 8, 80, 48)) == 16);   // 48 and 32: runs of 16
+  CHECK(a16_group_columns(grid(4, 8, 1024, 384)) == 128);   // 384, 384, 256
   CHECK(refusal(grid(4, 8, 256, 32, GridForm::f16_min)) == "taken");
+  CHECK(a16_group_columns(grid(4, 8, 256, 32, GridForm::f16_min)) == 32);
   CHECK(refusal(grid(5, 8, 256, 32, GridForm::k_min)) == "taken");
+  CHECK(a16_group_columns(grid(4, 8, 256, -1, GridForm::f16_min)) == 128);   // one group with mins: two runs
+  CHECK(a16_group_columns(grid(4, 8, 96, -1, GridForm::f16_min)) == 48);
+  CHECK(a16_group_columns(grid(4, 8, 48, -1, GridForm::f16_min)) == 16);
+  {   // the quantizer's own one-group grid with mins (as the GPU case of it quantizes)
+    QuantSpec sp;
+    sp.group_size = -1;
+    sp.form = GridForm::f16_min;
+    sp.static_groups = false;
+    MatF W(8, 256);
+    Rng rw(3);
+    for (int64_t i = 0; i < W.size(); ++i) W.data()[i] = float(rw.normal() * 0.02 + 0.004);
+    const QuantizedLinear q = rtn_quantize(W, sp);
+    CHECK(q.groups == 1);
+    CHECK(q.mins.size() == 8);
+    CHECK(refusal(q) == "taken");
+    CHECK(a16_group_columns(q) == 128);
+  }
   // Refused.
   CHECK(refusal(grid(9, 8, 256, 128)) == "bits");
   CHECK(refusal(grid(0, 8, 256, 128)) == "bits");
   CHECK(refusal(grid(4, 8, 172, -1)) == "in_features");   // stories260k's down projection
   CHECK(refusal(grid(4, 8, 80, 40)) == "group_size");     // groups of 40 columns
-  CHECK(refusal(grid(4, 8, 384, 256)) == "g_idx");        // groups of 256 and 128
+  CHECK(a16_group_columns(grid(4, 8, 80, 40)) == 0);
+  CHECK(refusal(grid(4, 8, 96, 88)) == "group_size");     // 88 and 8: runs of 8
   QuantizedLinear stray = grid(4, 8, 256, 128);
   stray.g_idx[3] = 2;
   CHECK(refusal(stray) == "g_idx");
-  CHECK(refusal(grid(4, 8, 256, -1, GridForm::f16_min)) == "mins");   // one group with mins
+  CHECK(refusal(grid(4, 8, 16, -1, GridForm::f16_min)) == "mins");   // one group with mins, 16 columns: no two runs of 16
   QuantizedLinear big = grid(4, 8, 256, 128);
   big.scales[5] = 1e5f;
   CHECK(refusal(big) == "scales");

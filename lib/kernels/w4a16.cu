@@ -24,9 +24,11 @@
 // 33..128 rows, 129..256 and at 4 bits 17..32 on large layers) and a16_shared_x.cuh (33..64 rows of
 // large layers without sm_90), the last two scaling weights in f16 (wgmma: per-channel scales in
 // fp32 at the end); else dequantize to f16 and cuBLAS.
-// Accepted (a16_grid.h: a16_takes, which the loaders ask first): K and the group size multiples of
-// 16 (or one group), groups of equal size, N any; codes of 1..3 bits (GPTQ's 2- and 3-bit) held in
-// the 4-bit layout and of 5..7 in the 8-bit one, zero points as stored: exact, at 4 or 8 bits a weight.
+// Accepted (a16_grid.h: a16_takes, which the loaders ask first): K a multiple of 16, N any; groups
+// as runs of equal size, a multiple of 16 columns (or one group): a checkpoint's unequal groups in
+// runs of their sizes' common divisor, each carrying its group's grid; codes of 1..3 bits (GPTQ's
+// 2- and 3-bit) held in the 4-bit layout and of 5..7 in the 8-bit one, zero points as stored: exact,
+// at 4 or 8 bits a weight.
 // Roofline at M = 1: reads N*K*BITS/8 bytes of codes + 4*N*K/gs bytes of (z, s) + 2K of x; on the
 // H100 (3.0 TB/s copy) a 4096 x 4096 g128 layer moves 8.9 MB: 3.0 us at the floor.
 #include <cublas_v2.h>
@@ -125,8 +127,9 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& 
   const int code_bits = q.spec.bits;
   const int bits = code_bits <= 4 ? 4 : 8;
   const bool min = ptq::has_min(q.spec.form);
-  const int64_t N = q.rows, K = q.cols, G = q.groups, gs = K / G;
-  // Columns sorted by group (stable): contiguous groups of equal size (a16_takes).
+  // Columns sorted by group (stable), then cut into G runs of gs columns (a16_group_columns: a
+  // checkpoint's unequal groups in runs of their sizes' common divisor), each with its group's grid.
+  const int64_t N = q.rows, K = q.cols, gs = a16_group_columns(q), G = K / gs;
   std::vector<int> perm(static_cast<size_t>(K));
   std::iota(perm.begin(), perm.end(), 0);
   std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
@@ -138,7 +141,7 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& 
   std::vector<__half2> zs(static_cast<size_t>(tiles * 16 * G), __halves2half2(__float2half_rn(min ? 0.0f : 1024.0f), __float2half_rn(0.0f)));
   for (int64_t r = 0; r < N; ++r)
     for (int64_t g = 0; g < G; ++g) {
-      const size_t i = size_t(g * N + r);
+      const size_t i = size_t(q.g_idx[size_t(perm[size_t(g * gs)])] * N + r);   // the run's group
       const float first = min ? q.mins[i] : 1024.0f + float(q.zeros[i]);
       zs[size_t(((r / 16 * G + g) * 8 + r % 8) * 2 + (r % 16) / 8)] = __halves2half2(__float2half_rn(first), __float2half_rn(q.scales[i]));
     }

@@ -16,8 +16,9 @@ class W4A16Linear {
   // time. 4- and 8-bit codes run as stored; narrower ones (GPTQ's 2 and 3 bits) are held in the
   // 4-bit kernel's nibbles, 5..7 bits in the 8-bit kernel's bytes, with their zero points as they
   // are: the same (q - z) * s, so the same products. Refuses (Errc::usage, naming the field and
-  // the reason) what a16_takes (kernels/a16_grid.h) refuses: other bit widths, in_features or group
-  // sizes not a multiple of 16, groups of unequal sizes, scales past f16's range.
+  // the reason) what a16_takes (kernels/a16_grid.h) refuses: other bit widths, in_features not a
+  // multiple of 16, groups whose sizes share no multiple of 16, scales past f16's range. Groups of
+  // unequal sizes (256 and 128) run as equal runs of their common divisor, each with its group's grid.
   static std::unique_ptr<W4A16Linear> from_gptq(const GptqPacked& p, bool v2);
   // The same from the quantizer's representation (codes of 1..8 bits, g_idx, scales and zero
   // points), and also grids with mins (w = s q + m: GGUF's Q4_1, Q5_1, Q4_K and Q5_K, in groups of
