@@ -343,8 +343,11 @@ std::string GpuLogits::describe() const {
   for (const auto& f : m.fused) stacked = stacked || f[0] || f[1];
   // Stored grids the kernels do not take, by reason: "the rest" is these and the float Linears.
   std::string refused;
+  size_t listed = 0, more = 0;
   for (const auto& [reason, modules] : m.dequantized)
-    refused += (refused.empty() ? "; dequantized at load, " : ", ") + std::to_string(modules) + " (" + reason + ")";
+    if (listed++ < 3) refused += (refused.empty() ? "; dequantized at load, " : ", ") + std::to_string(modules) + " (" + reason + ")";
+    else more += modules;
+  if (more) refused += ", " + std::to_string(more) + " more";
   if (packed == 0)
     return std::string("cuda: ") + (m.gguf ? "GGUF's blocks dequantized at load to " : "") + (m.dt == DType::F16 ? "f16" : "bf16") + " weights through cuBLAS" + refused;
   const char* kernels = !m.w8.empty()    ? "the W8A8 GEMM with int8 activations per token/tensor (lib/kernels/w8a8.cu)"
