@@ -1,6 +1,7 @@
 // The A16 kernels' fragment order (lib/kernels/relayout.h) on the CPU: every code lands in its own
 // bits, the inverse reads each back (unrelayout(relayout(codes)) == codes), and hand-placed
-// anchors match the layout documented in docs/fragment-layout.md.
+// anchors match the layout documented in docs/fragment-layout.md. And which grids the kernels take
+// in that layout (a16_grid.h), with the runs of columns they hold groups in.
 #include <cmath>
 #include <set>
 

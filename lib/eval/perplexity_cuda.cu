@@ -123,8 +123,9 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     if (!concat_rows(qs, &g)) return {};
     if (g.rows != out || g.cols != in)
       fail(Errc::format, "", parts[0].name, "quantized shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
-    // What the kernels do not take (a16_grid.h: stories260k's 172-wide down projection, groups of
-    // unequal sizes, a scale past f16's range) is dequantized to f16; describe() says why.
+    // What the kernels do not take (a16_grid.h: a 172-wide input such as stories260k's down
+    // projection, groups whose sizes share no multiple of 16 columns, a scale past f16's range) is
+    // dequantized to f16; describe() says why.
     A16Refusal why;
     if (a16_takes(g, &why)) {
       m.w4.push_back(W4A16Linear::from_quantized(g));
