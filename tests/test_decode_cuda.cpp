@@ -71,6 +71,35 @@ void check_gpu_greedy(const std::string& model, int prefix, int steps, std::stri
     CHECK(seq == want);
   }
 }
+
+// The shared model `model` quantized by the recipe text `yaml` (calibration: 16 x 256 tokens of
+// the tinystories text) into `out`; returns out.
+std::string quantize_shared(const std::string& model, const std::string& yaml, const std::string& out) {
+  Recipe r = parse_recipe(YAML::Load(yaml), "r.yaml");
+  r.model = ptqtest::assets() + "/models/" + model;
+  r.calibration = {ptqtest::assets() + "/text/tinystories/calib.txt", 16, 256, 0};
+  r.output = out;
+  run_quantize(r, {});
+  return out;
+}
+
+// The checkpoint at `path` evaluated on the GPU (GpuLogits) against the CPU reference over the
+// tokens `ids` in the windows `o`: perplexity within 1e-3, the same tokens scored. Prints both
+// beside `label`; returns the GPU path's describe() (which Linears run on which kernels).
+std::string check_gpu_eval(const std::string& label, const std::string& path, const std::vector<int32_t>& ids, const EvalOptions& o) {
+  auto m = open_model(path);
+  const EvalResult cpu = evaluate(*m, ids, o);
+  cuda::GpuLogits gpu(*m, path);
+  const std::string how = gpu.describe();
+  INFO(label << ": " << how);
+  const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
+  const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
+  std::cout << label << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative " << g.perplexity / cpu.perplexity - 1
+            << "); " << how << "\n";
+  CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
+  CHECK(g.scored_tokens == cpu.scored_tokens);
+  return how;
+}
 }  // namespace
 
 TEST_CASE("decode cuda: greedy tokens equal the CPU reference's (stories260k, llama2xs, distilled-13m, qwen3, phi3, mixtral, qwen3-moe)") {
@@ -93,16 +122,12 @@ TEST_CASE("decode cuda: a compressed-tensors pack-quantized checkpoint decodes a
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
   int k = 0;
   for (const char* q : {"{bits: 4, group_size: 128, act_order: true, sym: false}", "{bits: 8, group_size: -1}"}) {
     INFO(q);
-    Recipe r = parse_recipe(YAML::Load(std::string("quantization: ") + q + "\nexport: {format: [gptq_v2, compressed-tensors]}\n"), "r.yaml");
-    r.model = a + "/models/distilled-13m";
-    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-    r.output = d / ("twins-" + std::to_string(k++));
-    run_quantize(r, {});
-    const std::string ct = r.output + "/compressed-tensors", v2 = r.output + "/gptq_v2";
+    const std::string out = quantize_shared("distilled-13m", std::string("quantization: ") + q + "\nexport: {format: [gptq_v2, compressed-tensors]}\n",
+                                            d / ("twins-" + std::to_string(k++)));
+    const std::string ct = out + "/compressed-tensors", v2 = out + "/gptq_v2";
     REQUIRE(model_format(ct) == "compressed-tensors/pack-quantized");
     check_gpu_greedy("distilled-13m", 32, 16, ct);
     const std::vector<int32_t> ids = ptqtest::golden("distilled-13m").ids;
@@ -125,15 +150,12 @@ TEST_CASE("decode cuda: a compressed-tensors pack-quantized checkpoint decodes a
   // stories260k's W4A16 export (the README's main job): its gate and up of 172 rows (pack-quantized
   // pads each row to a word, GPTQ's files could not hold them) run on the kernels too, stacked; its
   // 172-wide down stays float in compressed-tensors.
-  Recipe r = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [compressed-tensors]}\n"), "r.yaml");
-  r.model = a + "/models/stories260k";
-  r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-  r.output = d / "stories260k";
-  run_quantize(r, {});
-  REQUIRE(model_format(r.output) == "compressed-tensors/pack-quantized");
-  check_gpu_greedy("stories260k", 32, 16, r.output);
-  auto m = open_model(r.output);
-  cuda::GpuLogits gl(*m, r.output);
+  const std::string st = quantize_shared("stories260k", "quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [compressed-tensors]}\n",
+                                         d / "stories260k");
+  REQUIRE(model_format(st) == "compressed-tensors/pack-quantized");
+  check_gpu_greedy("stories260k", 32, 16, st);
+  auto m = open_model(st);
+  cuda::GpuLogits gl(*m, st);
   INFO(gl.describe());
   CHECK(gl.describe().find("30 of 35 Linears through the W4A16/W8A16 kernels") != std::string::npos);
 }
@@ -148,32 +170,19 @@ TEST_CASE("decode cuda: GGUF checkpoints decode and evaluate on the GPU as the C
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
   const auto [model, ids, o] = ptqtest::distilled_eval();
   int k = 0;
   for (const char* type : {"Q4_0", "Q8_0", "Q4_1", "Q4_K_M", "Q5_K_M"}) {
     INFO(type);
-    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {act_order: true}\nexport: {format: [gguf], gguf_type: ") + type + "}\n"), "r.yaml");
-    r.model = model;
-    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-    r.output = d / ("gguf-" + std::to_string(k++));
-    run_quantize(r, {});
-    REQUIRE(model_format(r.output) == "gguf");
-    check_gpu_greedy("distilled-13m", 32, 16, r.output);
-    auto m = open_model(r.output);
-    const EvalResult cpu = evaluate(*m, ids, o);
-    cuda::GpuLogits gpu(*m, r.output);
-    const std::string how = gpu.describe();
+    const std::string out = quantize_shared("distilled-13m", std::string("quantization: {act_order: true}\nexport: {format: [gguf], gguf_type: ") + type + "}\n",
+                                            d / ("gguf-" + std::to_string(k++)));
+    REQUIRE(model_format(out) == "gguf");
+    check_gpu_greedy("distilled-13m", 32, 16, out);
+    const std::string how = check_gpu_eval(std::string("GGUF ") + type, out, ids, o);
     INFO(how);
     CHECK(how.find("GGUF") != std::string::npos);
     CHECK(how.find("56 of 56 Linears through the W4A16/W8A16 kernels") != std::string::npos);
     if (std::string(type) != "Q4_0" && std::string(type) != "Q8_0") CHECK(how.find("Linears with mins") != std::string::npos);
-    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
-    const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
-    std::cout << "GGUF " << type << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative " << g.perplexity / cpu.perplexity - 1
-              << "); " << how << "\n";
-    CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
-    CHECK(g.scored_tokens == cpu.scored_tokens);
   }
 }
 
@@ -186,7 +195,6 @@ TEST_CASE("decode cuda: GPTQ 3-bit (the W3A16 scheme) and 2-bit checkpoints deco
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
   const auto [model, ids, o] = ptqtest::distilled_eval();
   struct Case { const char* yaml; int bits; bool greedy; };
   const Case cases[] = {{"quantization: {bits: 3, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", 3, true},
@@ -194,25 +202,12 @@ TEST_CASE("decode cuda: GPTQ 3-bit (the W3A16 scheme) and 2-bit checkpoints deco
   int k = 0;
   for (const Case& cs : cases) {
     INFO(cs.yaml);
-    Recipe r = parse_recipe(YAML::Load(cs.yaml), "r.yaml");
-    r.model = model;
-    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-    r.output = d / ("low-" + std::to_string(k++));
-    run_quantize(r, {});
-    if (cs.greedy) check_gpu_greedy("distilled-13m", 32, 16, r.output);
-    auto m = open_model(r.output);
-    const EvalResult cpu = evaluate(*m, ids, o);
-    cuda::GpuLogits gpu(*m, r.output);
-    const std::string how = gpu.describe();
+    const std::string out = quantize_shared("distilled-13m", cs.yaml, d / ("low-" + std::to_string(k++)));
+    if (cs.greedy) check_gpu_greedy("distilled-13m", 32, 16, out);
+    const std::string how = check_gpu_eval(std::to_string(cs.bits) + "-bit GPTQ", out, ids, o);
     INFO(how);
     CHECK(how.find("56 of 56 Linears through the W4A16/W8A16 kernels (lib/kernels/w4a16.cu) (" + std::to_string(cs.bits) + "-bit codes held in the 4-bit layout)") !=
           std::string::npos);
-    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
-    const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
-    std::cout << cs.bits << "-bit GPTQ  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative " << g.perplexity / cpu.perplexity - 1
-              << "); " << how << "\n";
-    CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
-    CHECK(g.scored_tokens == cpu.scored_tokens);
   }
 }
 
@@ -227,7 +222,6 @@ TEST_CASE("decode cuda: GPTQ checkpoints with groups of unequal sizes, or Linear
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
   struct Case { const char* model; const char* yaml; const char* linears; const char* refused; };
   const Case cases[] = {
       {"distilled-13m", "quantization: {bits: 4, group_size: 256, act_order: true}\nexport: {format: [gptq]}\n", "56 of 56 Linears through the W4A16/W8A16 kernels", ""},
@@ -236,28 +230,13 @@ TEST_CASE("decode cuda: GPTQ checkpoints with groups of unequal sizes, or Linear
   int k = 0;
   for (const Case& cs : cases) {
     INFO(cs.model << ": " << cs.yaml);
-    Recipe r = parse_recipe(YAML::Load(cs.yaml), "r.yaml");
-    r.model = a + "/models/" + cs.model;
-    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-    r.output = d / ("grids-" + std::to_string(k++));
-    run_quantize(r, {});
-    check_gpu_greedy(cs.model, 32, 16, r.output);
-    auto m = open_model(r.output);
-    const std::vector<int32_t> ids = ptqtest::eval_tokens(r.model);
-    const EvalOptions o = ptqtest::eval_windows(512, 16);
-    const EvalResult cpu = evaluate(*m, ids, o);
-    cuda::GpuLogits gpu(*m, r.output);
-    const std::string how = gpu.describe();
+    const std::string out = quantize_shared(cs.model, cs.yaml, d / ("grids-" + std::to_string(k++)));
+    check_gpu_greedy(cs.model, 32, 16, out);
+    const std::string how = check_gpu_eval(cs.model, out, ptqtest::eval_tokens(ptqtest::assets() + "/models/" + cs.model), ptqtest::eval_windows(512, 16));
     INFO(how);
     CHECK(how.find(cs.linears) != std::string::npos);
     CHECK((how.find("dequantized at load") == std::string::npos) == (*cs.refused == 0));
     CHECK(how.find(cs.refused) != std::string::npos);
-    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
-    const EvalResult g = evaluate(fn, m->config().max_position_embeddings, ids, o);
-    std::cout << cs.model << " " << cs.yaml << "  perplexity GPU " << g.perplexity << " CPU reference " << cpu.perplexity << " (relative "
-              << g.perplexity / cpu.perplexity - 1 << "); " << how << "\n";
-    CHECK(std::abs(g.perplexity / cpu.perplexity - 1) <= 1e-3);
-    CHECK(g.scored_tokens == cpu.scored_tokens);
   }
 }
 
@@ -425,7 +404,6 @@ TEST_CASE("decode cuda: W8A8 checkpoints decode as the CPU reference, int8 input
   PTQ_REQUIRE_ASSETS();
   if (!cuda::w8a8_supported()) PTQ_SKIP("W8A8 checkpoints run on the GPU's W8A8 GEMM, which needs sm_90: " + cuda::describe());
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
   const char* yamls[] = {"quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: 0.5}, activations: {strategy: token, dynamic: true}}\n"
                          "export: {format: [compressed-tensors]}\n",
                          "quantization: {method: rtn, bits: 8, group_size: -1, activations: {strategy: tensor, dynamic: false}}\n"
@@ -433,15 +411,11 @@ TEST_CASE("decode cuda: W8A8 checkpoints decode as the CPU reference, int8 input
   int k = 0;
   for (const char* yaml : yamls) {
     INFO(yaml);
-    Recipe r = parse_recipe(YAML::Load(yaml), "r.yaml");
-    r.model = a + "/models/distilled-13m";
-    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-    r.output = d / ("w8a8-" + std::to_string(k++));
-    run_quantize(r, {});
-    check_gpu_greedy("distilled-13m", 32, 16, r.output);
+    const std::string out = quantize_shared("distilled-13m", yaml, d / ("w8a8-" + std::to_string(k++)));
+    check_gpu_greedy("distilled-13m", 32, 16, out);
 
-    auto m = open_model(r.output);
-    cuda::GpuLogits gl(*m, r.output);
+    auto m = open_model(out);
+    cuda::GpuLogits gl(*m, out);
     cuda::DecodeWeights fused = gl.decode_weights(), plain = fused;
     int int8_forms = 0, linears = 0;
     for (cuda::DecodeLayer& L : plain.layers) {
