@@ -182,6 +182,7 @@ TEST_CASE("decode cuda: GGUF checkpoints decode and evaluate on the GPU as the C
     INFO(how);
     CHECK(how.find("GGUF") != std::string::npos);
     CHECK(how.find("56 of 56 Linears through the W4A16/W8A16 kernels") != std::string::npos);
+    CHECK(how.find("), the lm_head dequantized to f16") != std::string::npos);   // every Linear packed: only the lm_head is 16-bit
     if (std::string(type) != "Q4_0" && std::string(type) != "Q8_0") CHECK(how.find("Linears with mins") != std::string::npos);
   }
 }
@@ -224,8 +225,8 @@ TEST_CASE("decode cuda: GPTQ checkpoints with groups of unequal sizes, or Linear
   ptqtest::TempDir d;
   struct Case { const char* model; const char* yaml; const char* linears; const char* refused; };
   const Case cases[] = {
-      {"distilled-13m", "quantization: {bits: 4, group_size: 256, act_order: true}\nexport: {format: [gptq]}\n", "56 of 56 Linears through the W4A16/W8A16 kernels", ""},
-      {"stories260k", "quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "30 of 35 Linears through the W4A16/W8A16 kernels",
+      {"distilled-13m", "quantization: {bits: 4, group_size: 256, act_order: true}\nexport: {format: [gptq]}\n", "56 of 56 Linears through the W4A16/W8A16 kernels (lib/kernels/w4a16.cu), the lm_head f16", ""},
+      {"stories260k", "quantization: {bits: 8, group_size: -1}\nexport: {format: [gptq]}\n", "30 of 35 Linears through the W4A16/W8A16 kernels (lib/kernels/w4a16.cu), the rest f16",
        "dequantized at load, 5 (in_features: must be a multiple of 16, got 172)"}};
   int k = 0;
   for (const Case& cs : cases) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "cuda/blas.h"
 #include "model/forward_cuda.h"
 #include "cuda/runtime.h"
@@ -243,6 +244,9 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   const Sources src{ws, reader.get(), nf4_ck.get(), gguf.get(), c.head_dim};
   m.fused.resize(size_t(c.num_hidden_layers));
   m.fused8.resize(size_t(c.num_hidden_layers));
+  // A 7B model's layers take seconds to read, relayout and upload: a line with its rate and ETA
+  // on a terminal, and progress events in --log-json.
+  Progress bar("load (GPU)", double(c.num_hidden_layers), "layers");
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     m.norms.emplace_back(read_vector(ws, pre + "input_layernorm.weight", d), read_vector(ws, pre + "post_attention_layernorm.weight", d));
@@ -271,10 +275,12 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
       m.linears8.emplace_back();
       m.linears.push_back(in_fused ? LinearFn() : load_linear(m, src, {{name, out_i}}, in_i, &m.linears8.back()));
     }
+    bar.update(double(l + 1), "layer " + std::to_string(l));
   }
   m.final_norm = read_vector(ws, "model.norm.weight", d);
   const std::string head = ws.has("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight";
   m.lm_head = upload16(read_matrix(ws, head, c.vocab_size, d), m.dt, "lm_head (16-bit)");
+  bar.finish();
 }
 
 DecodeWeights GpuLogits::decode_weights() const {
@@ -363,10 +369,13 @@ std::string GpuLogits::describe() const {
   for (const auto& [code, layout] : widths)
     widened += (widened.empty() ? " (" : ", ") + std::to_string(code) + "-bit codes held in the " + std::to_string(layout) + "-bit layout";
   if (!widened.empty()) widened += ")";
+  // "The rest" are the Linears not counted in `packed` and the lm_head; with every Linear packed,
+  // only the lm_head, which runs 16-bit (f16 as stored, or dequantized from a GGUF block type).
+  const std::string rest = packed == m.linears.size() ? "the lm_head" : "the rest";
   const std::string gguf = " (GGUF's blocks as codes and grids" + (with_min ? ", " + std::to_string(with_min) + " Linears with mins" : std::string()) +
-                           "), the rest dequantized to f16 through cuBLAS";
+                           "), " + rest + " dequantized to f16";
   return "cuda: " + std::to_string(packed) + " of " + std::to_string(m.linears.size()) + " Linears through " + kernels + widened +
-         (m.gguf ? gguf : ", the rest f16 through cuBLAS") + (stacked ? " (q, k, v and gate, up stacked)" : "") + refused;
+         (m.gguf ? gguf : ", " + rest + " f16") + (stacked ? " (q, k, v and gate, up stacked)" : "") + refused;
 }
 
 DeviceBuffer<float> GpuLogits::forward(const std::vector<int32_t>& tokens, int S, int T) const {
