@@ -241,6 +241,76 @@ TEST_CASE("decode cuda: GPTQ checkpoints with groups of unequal sizes, or Linear
   }
 }
 
+// generate's loop: one token at a time through feed(), the host choosing each next token. From the
+// second one-token feed the step replays a captured CUDA graph; its tokens and logits are the CPU
+// reference's, as plain launches' are, also after a reset and a longer prompt (which replaces the
+// per-row buffers, so the graph is captured again), and device memory handed out between feeds
+// is not written by a replay (the graph's workspaces stay held: cuda::PoolHold).
+TEST_CASE("decode cuda: one-token feeds replay a captured graph and follow the CPU reference's greedy tokens") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  const std::string path = ptqtest::assets() + "/models/distilled-13m";
+  auto m = open_model(path);
+  const std::vector<int32_t> ids = ptqtest::golden("distilled-13m").ids;
+  cuda::GpuLogits gl(*m, path);
+  cuda::DecodeCuda dec(gl.decode_weights(), 1, 256);
+  for (int prefix : {16, 48}) {   // the second prompt is longer: grow() replaces the buffers
+    INFO("prompt of " << prefix << " tokens");
+    Generator cpu(*m);
+    const std::vector<int32_t> prompt(ids.begin(), ids.begin() + prefix);
+    VecF want = cpu.feed(prompt);
+    dec.reset();
+    dec.feed(prompt, prefix);
+    Rng rng(0);
+    for (int i = 0; i < 24; ++i) {
+      const VecF got = dec.logits().row(0).transpose();
+      const double scale = want.cwiseAbs().maxCoeff();
+      CHECK((got - want).cwiseAbs().maxCoeff() < 0.02 * scale);
+      const int32_t t = sample_token(want, {}, rng);
+      REQUIRE(sample_token(got, {}, rng) == t);
+      // Buffers handed out between feeds (512 B to 8 MB: any cached block up to 16 MB can be one
+      // of them), filled with a pattern a replay would overwrite were its workspaces among them.
+      std::vector<cuda::DeviceBuffer<float>> others;
+      for (size_t n = 128; n <= (size_t(1) << 21); n *= 2) {
+        others.emplace_back(n, "test buffer");
+        const std::vector<float> pattern(n, 7.0f);
+        cuda::copy_to_device(others.back().get(), pattern.data(), n * 4);
+      }
+      dec.feed({t}, 1);
+      CHECK(dec.graph_used() == (i > 0 || prefix > 16));   // only the very first one-token feed runs plainly
+      for (const auto& o : others) {
+        std::vector<float> back(o.size());
+        cuda::copy_to_host(back.data(), o.get(), back.size() * 4);
+        CHECK(std::all_of(back.begin(), back.end(), [](float v) { return v == 7.0f; }));
+      }
+      want = cpu.feed({t});
+    }
+  }
+}
+
+// A hold keeps the blocks freed while it is open from the pool's other users, and gives them back
+// when it ends.
+TEST_CASE("gpu: blocks freed while a pool hold is open are handed out again only after it ends") {
+  PTQ_REQUIRE_GPU();
+  cuda::pool_release_cached();   // no cached block of this size from earlier cases
+  void* held = nullptr;
+  {
+    cuda::PoolHold hold;
+    hold.open();
+    held = cuda::device_alloc(size_t(3) << 20, "test block");
+    cuda::device_free(held);
+    hold.close();
+    void* other = cuda::device_alloc(size_t(3) << 20, "test block");
+    CHECK(other != held);
+    cuda::device_free(other);
+  }
+  void* again = cuda::device_alloc(size_t(3) << 20, "test block");
+  void* again2 = cuda::device_alloc(size_t(3) << 20, "test block");
+  CHECK((again == held || again2 == held));   // the cache's two blocks of that size now: the held one and `other`
+  cuda::device_free(again);
+  cuda::device_free(again2);
+}
+
 TEST_CASE("decode cuda: a synthetic model decodes through every format's kernels, batched sequences independent") {
   PTQ_REQUIRE_GPU();
   const LlamaConfig c = parse_config(synth_config_json("small", 2, DType::F16), "small");

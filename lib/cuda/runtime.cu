@@ -128,13 +128,38 @@ void* device_alloc(size_t bytes, const char* what) {
   return p;
 }
 
+namespace {
+thread_local std::vector<std::pair<size_t, void*>>* g_hold = nullptr;   // the open PoolHold's blocks
+}
+
 void device_free(void* p) {
   Pool& P = pool();
   std::lock_guard<std::mutex> lock(P.mu);
   auto it = P.sizes.find(p);
   if (it == P.sizes.end()) return;
+  if (g_hold) {   // still in use (by a graph), counted as such until the hold ends
+    g_hold->emplace_back(it->second, p);
+    return;
+  }
   P.in_use -= it->second;
   P.free_blocks.emplace(it->second, p);
+}
+
+void PoolHold::open() {
+  if (g_hold) fail(Errc::usage, "", "PoolHold", "a pool hold is already open on this thread");
+  g_hold = &blocks_;
+}
+void PoolHold::close() {
+  if (g_hold == &blocks_) g_hold = nullptr;
+}
+PoolHold::~PoolHold() {
+  close();
+  Pool& P = pool();
+  std::lock_guard<std::mutex> lock(P.mu);
+  for (auto [b, p] : blocks_) {
+    P.in_use -= b;
+    P.free_blocks.emplace(b, p);
+  }
 }
 
 size_t pool_peak_bytes() { return pool().peak; }

@@ -48,6 +48,20 @@ void set_current_stream(void* s);
 // Device memory from the pool. `what` names the buffer in the out-of-memory message.
 void* device_alloc(size_t bytes, const char* what);
 void device_free(void* p);
+// Blocks freed on this thread while a PoolHold is open are kept by it instead of going back to the
+// cache, until it is destroyed. A CUDA graph captured meanwhile keeps the workspaces its kernels
+// were given this way: nothing else is handed them (or frees them to the driver) while it lives.
+class PoolHold {
+ public:
+  PoolHold() = default;
+  PoolHold(const PoolHold&) = delete;
+  PoolHold& operator=(const PoolHold&) = delete;
+  ~PoolHold();
+  void open();    // from now on this thread's freed blocks are held here (one hold open at a time)
+  void close();   // stop collecting; what was collected stays held
+ private:
+  std::vector<std::pair<size_t, void*>> blocks_;
+};
 size_t pool_peak_bytes();          // peak bytes handed out (the pipeline's peak GPU memory)
 void pool_release_cached();        // return cached blocks to the driver
 size_t device_free_bytes();        // free on the device plus the pool's cached blocks

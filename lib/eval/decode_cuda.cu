@@ -41,6 +41,7 @@
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -748,6 +749,28 @@ __global__ void advance(int* pos, int by, int* step) {
 
 cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
 
+// `one_step` captured into *exec on stream s (made the current stream meanwhile: every kernel and
+// cuBLAS call of this thread goes to it). False, with the error state cleared, where the driver
+// refuses the capture or a call in it throws: the caller launches plainly.
+bool capture_step(cudaStream_t s, const std::function<void()>& one_step, cudaGraphExec_t* exec) {
+  cudaGraph_t graph = nullptr;
+  set_current_stream(s);
+  bool ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess;
+  if (ok) {
+    try {
+      one_step();
+    } catch (const Error&) {
+      ok = false;
+    }
+    ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && ok;
+    ok = ok && cudaGraphInstantiate(exec, graph, 0) == cudaSuccess;
+  }
+  set_current_stream(nullptr);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  return ok;
+}
+
 DeviceBuffer<float> upload_f32(const VecF& v, const char* what) {
   DeviceBuffer<float> d(size_t(std::max<Eigen::Index>(v.size(), 1)), what);
   if (v.size()) copy_to_device(d.get(), v.data(), size_t(v.size()) * 4);
@@ -777,6 +800,21 @@ struct DecodeCuda::Impl {
   // W8's o projection).
   std::map<int64_t, std::array<int8_t, 4>> xperm_taken;
   bool moe_layers = false;   // routing on the host each step: no graphs
+  // feed() at one token a sequence (generate's loop) as a CUDA graph: the step from tokens_d and
+  // the position's advance, captured once a plain one-token step has run (the first step of a row
+  // count decides what later ones take), replayed on the legacy stream (ordered with the token's
+  // copy before it and the logits' after) while the buffers it was captured with stand.
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t rows_cap = 0;   // the per-row buffers it was captured with (grow() replaces them)
+    PoolHold workspaces;    // the pool blocks its kernels were given, kept from other users while it lives
+    ~StepGraph() {
+      cudaStreamSynchronize(nullptr);   // a replay in flight ends before its workspaces go back to the pool
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+  };
+  std::unique_ptr<StepGraph> feed_graph;
+  bool one_token_plain = false, feed_capture_refused = false;
   struct LayerDev {
     DeviceBuffer<float> in_norm, post_norm, q_norm, k_norm, bq, bk, bv;
     DeviceBuffer<uint16_t> K, V;   // [B, max_len, kv_dim] in dt
@@ -1353,10 +1391,39 @@ void DecodeCuda::feed(const std::vector<int32_t>& tokens, int T) {
   for (int32_t t : tokens)
     if (t < 0 || t >= m.w.c.vocab_size) fail(Errc::input, "", "tokens", "id " + std::to_string(t) + " outside the vocabulary");
   copy_to_device(m.tokens_d.get(), tokens.data(), tokens.size() * 4);
-  m.step(T);
-  advance<<<1, 1, 0, stream()>>>(m.pos_d.get(), T, nullptr);
-  PTQ_CUDA_LAUNCH("advance");
+  auto one_step = [&] {
+    m.step(T);
+    advance<<<1, 1, 0, stream()>>>(m.pos_d.get(), T, nullptr);
+    PTQ_CUDA_LAUNCH("advance");
+  };
+  // One token a sequence after a plain one: the step as a graph (on llama2-7b W4A16, generate's
+  // 591 tok/s with plain launches; docs/lab/2026-12-03-gpu-formats-h200.md).
+  if (T == 1 && m.one_token_plain && m.graphs && !m.moe_layers && !m.profile && !m.check && !m.feed_capture_refused) {
+    if (!m.feed_graph || m.feed_graph->rows_cap != m.rows_cap) {
+      m.feed_graph.reset();
+      auto g = std::make_unique<Impl::StepGraph>();
+      cudaStream_t s = nullptr;
+      PTQ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      synchronize();   // the copy above and the work before it, done before the capture's stream runs nothing
+      g->workspaces.open();
+      const bool ok = capture_step(s, one_step, &g->exec);
+      g->workspaces.close();
+      cudaStreamDestroy(s);
+      g->rows_cap = m.rows_cap;
+      if (ok) m.feed_graph = std::move(g);
+      else m.feed_capture_refused = true;   // plain launches from now on
+    }
+    if (m.feed_graph) {
+      PTQ_CUDA(cudaGraphLaunch(m.feed_graph->exec, nullptr));
+      m.pos += T;
+      m.graph_used = true;
+      return;
+    }
+  }
+  one_step();
   m.pos += T;
+  m.graph_used = false;
+  if (T == 1) m.one_token_plain = true;
 }
 
 MatF DecodeCuda::logits() const {
@@ -1391,32 +1458,18 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
     ++m.pos, ++done;
     synchronize();
     cudaStream_t s = nullptr;
-    cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     PTQ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    set_current_stream(s);
-    bool ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess;
-    if (ok) {
-      try {
-        one_step();
-      } catch (const Error&) {
-        ok = false;
-      }
-      ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && ok;
-      ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    }
-    set_current_stream(nullptr);
-    cudaGetLastError();
-    if (ok) {
+    if (capture_step(s, one_step, &exec)) {
       for (; done < n; ++done, ++m.pos) PTQ_CUDA(cudaGraphLaunch(exec, s));
       PTQ_CUDA(cudaStreamSynchronize(s));
       m.graph_used = true;
     }
     if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
   }
   for (; done < n; ++done, ++m.pos) one_step();
+  if (n) m.one_token_plain = true;   // its first step ran plainly (at one token a sequence)
   if (m.profile) {
     static const char* names[Impl::kStages] = {"norm1", "qkv", "rope+append", "attention", "o", "norm2", "gate_up", "silu", "down", "head"};
     std::fprintf(stderr, "decode profile (B = %d, %d plain steps, ms per step):", m.B, n);
@@ -1430,9 +1483,10 @@ std::vector<int32_t> DecodeCuda::decode_greedy(int n) {
 }
 
 void DecodeCuda::set_graphs(bool on) { p_->graphs = on; }
-void DecodeCuda::set_permuted_x(bool on) { p_->xperm = on; }
+// Each changes what a step launches: feed's graph is captured again.
+void DecodeCuda::set_permuted_x(bool on) { p_->xperm = on, p_->feed_graph.reset(); }
 bool DecodeCuda::permuted_x_used() const { return p_->xperm_used; }
-void DecodeCuda::set_rope_in_linear(bool on) { p_->rope_in_linear = on; }
+void DecodeCuda::set_rope_in_linear(bool on) { p_->rope_in_linear = on, p_->feed_graph.reset(); }
 bool DecodeCuda::rope_in_linear_used() const { return p_->rope_in_linear_used; }
 bool DecodeCuda::norm_split_rows_used() const { return p_->norm_split_rows_used; }
 bool DecodeCuda::graph_used() const { return p_->graph_used; }

@@ -85,7 +85,8 @@ class DecodeCuda {
   int position() const;                  // tokens in the cache (every sequence alike)
   void reset();
   // tokens [batch, T] row-major at the current positions; afterwards logits() holds each
-  // sequence's last position's logits.
+  // sequence's last position's logits. At T = 1, once a one-token step has run plainly, the step
+  // is captured as a CUDA graph and replayed (generate's loop; unless set_graphs(false)).
   void feed(const std::vector<int32_t>& tokens, int T);
   MatF logits() const;                   // [batch, vocab] to the host
   // n greedy steps from the last logits, each sequence's argmax fed back on the device (no host
@@ -93,7 +94,7 @@ class DecodeCuda {
   // Steps after the first run as one CUDA graph, replayed (unless set_graphs(false)).
   std::vector<int32_t> decode_greedy(int n);
   void set_graphs(bool on);
-  bool graph_used() const;               // whether the last decode_greedy replayed a graph
+  bool graph_used() const;               // whether the last decode_greedy or feed replayed a graph
   // From 17 rows the norm and silu·mul kernels also write their output in the wgmma A16 kernel's
   // k-step order for the Linears after them (on by default; PTQKIT_DECODE_XPERM=0 turns it off).
   void set_permuted_x(bool on);
