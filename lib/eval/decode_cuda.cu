@@ -1373,7 +1373,7 @@ DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_u
   reset();
 }
 
-DecodeCuda::~DecodeCuda() = default;
+DecodeCuda::~DecodeCuda() { p_->feed_graph.reset(); }   // first: a replay in flight ends before the buffers it uses go
 int DecodeCuda::batch() const { return p_->B; }
 int DecodeCuda::position() const { return p_->pos; }
 const DecodeWeights& DecodeCuda::weights() const { return p_->w; }
