@@ -1396,8 +1396,8 @@ void DecodeCuda::feed(const std::vector<int32_t>& tokens, int T) {
     advance<<<1, 1, 0, stream()>>>(m.pos_d.get(), T, nullptr);
     PTQ_CUDA_LAUNCH("advance");
   };
-  // One token a sequence after a plain one: the step as a graph (on llama2-7b W4A16, generate's
-  // 591 tok/s with plain launches; docs/lab/2026-12-03-gpu-formats-h200.md).
+  // One token a sequence after a plain one: the step as a graph (a 32-layer llama2-7b W4A16 from
+  // generate: 591 tok/s with plain launches, 630 with the graph; docs/lab/2026-12-03-gpu-formats-h200.md, runs 11-12).
   if (T == 1 && m.one_token_plain && m.graphs && !m.moe_layers && !m.profile && !m.check && !m.feed_capture_refused) {
     if (!m.feed_graph || m.feed_graph->rows_cap != m.rows_cap) {
       m.feed_graph.reset();
