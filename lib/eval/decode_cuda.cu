@@ -1404,7 +1404,7 @@ void DecodeCuda::feed(const std::vector<int32_t>& tokens, int T) {
       auto g = std::make_unique<Impl::StepGraph>();
       cudaStream_t s = nullptr;
       PTQ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      synchronize();   // the copy above and the work before it, done before the capture's stream runs nothing
+      synchronize();   // as decode_greedy: nothing in flight on the legacy stream while the capture is made
       g->workspaces.open();
       const bool ok = capture_step(s, one_step, &g->exec);
       g->workspaces.close();
