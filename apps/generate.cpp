@@ -67,6 +67,9 @@ int run(const GenerateArgs& a) {
   // decode (eval/decode_cuda.h), both fed the prompt once, then one token per step.
   std::function<VecF(const std::vector<int32_t>&)> feed;
   std::function<int()> position;
+  // Greedy on the GPU: the device picks each token and feeds it at once (DecodeCuda::next_greedy);
+  // only the token crosses to the host, and the next step runs while the host prints this one.
+  std::function<int32_t(bool then_feed)> next_on_device;
   std::unique_ptr<Generator> cpu;
 #ifdef PTQKIT_HAVE_CUDA
   std::unique_ptr<cuda::DecodeCuda> gpu;
@@ -84,6 +87,7 @@ int run(const GenerateArgs& a) {
       return VecF(gpu->logits().row(0).transpose());
     };
     position = [&] { return gpu->position(); };
+    if (a.temperature <= 0) next_on_device = [&](bool then_feed) { return gpu->next_greedy(then_feed)[0]; };
 #endif
   } else {
     cpu = std::make_unique<Generator>(*model);
@@ -117,16 +121,19 @@ int run(const GenerateArgs& a) {
   const auto t_decode = std::chrono::steady_clock::now();
   std::string stop = "max_tokens";
   for (int i = 0; i < a.max_tokens; ++i) {
-    const int32_t t = sample_token(logits, s, rng);
+    // Whether a token follows this one: decided before it is chosen, so the device path can feed
+    // it at once (a step past an end-of-sequence token is launched and left unused).
+    const bool last = i + 1 == a.max_tokens, full = position() >= c.max_position_embeddings;
+    const int32_t t = next_on_device ? next_on_device(!last && !full) : sample_token(logits, s, rng);
     if (std::find(eos.begin(), eos.end(), t) != eos.end()) { stop = "eos"; break; }
     out.push_back(t);
     const std::string text = tok ? continuation() : shown + "," + std::to_string(t);
     if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) std::fputs(text.c_str() + shown.size(), stdout);
     shown = text;
     std::fflush(stdout);
-    if (i + 1 == a.max_tokens) break;
-    if (position() >= c.max_position_embeddings) { stop = "context"; break; }
-    logits = feed({t});
+    if (last) break;
+    if (full) { stop = "context"; break; }
+    if (!next_on_device) logits = feed({t});
   }
   const double decode_s = seconds_since(t_decode);
   std::fputs("\n", stdout);

@@ -245,46 +245,89 @@ TEST_CASE("decode cuda: GPTQ checkpoints with groups of unequal sizes, or Linear
 // second one-token feed the step replays a captured CUDA graph; its tokens and logits are the CPU
 // reference's, as plain launches' are, also after a reset and a longer prompt (which replaces the
 // per-row buffers, so the graph is captured again), and device memory handed out between feeds
-// is not written by a replay (the graph's workspaces stay held: cuda::PoolHold).
-TEST_CASE("decode cuda: one-token feeds replay a captured graph and follow the CPU reference's greedy tokens") {
+// is not written by a replay (the graph's workspaces stay held: cuda::PoolHold). Two checkpoints:
+// distilled-13m as stored, and its act-order GPTQ W4A16 export, whose kernels gather x into a
+// workspace from the pool at every Linear (768 B and 2 KB a row): the blocks a replay writes.
+TEST_CASE("decode cuda: one-token feeds replay a captured graph and follow the CPU reference's greedy tokens (float, and act-order GPTQ with pool workspaces)") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
-  const std::string path = ptqtest::assets() + "/models/distilled-13m";
-  auto m = open_model(path);
+  ptqtest::TempDir d;
+  const std::string act_order = quantize_shared("distilled-13m", "quantization: {bits: 4, group_size: 128, act_order: true}\nexport: {format: [gptq]}\n", d / "act-order");
   const std::vector<int32_t> ids = ptqtest::golden("distilled-13m").ids;
-  cuda::GpuLogits gl(*m, path);
-  cuda::DecodeCuda dec(gl.decode_weights(), 1, 256);
-  for (int prefix : {16, 48}) {   // the second prompt is longer: grow() replaces the buffers
-    INFO("prompt of " << prefix << " tokens");
-    Generator cpu(*m);
-    const std::vector<int32_t> prompt(ids.begin(), ids.begin() + prefix);
-    VecF want = cpu.feed(prompt);
-    dec.reset();
-    dec.feed(prompt, prefix);
-    Rng rng(0);
-    for (int i = 0; i < 24; ++i) {
-      const VecF got = dec.logits().row(0).transpose();
-      const double scale = want.cwiseAbs().maxCoeff();
-      CHECK((got - want).cwiseAbs().maxCoeff() < 0.02 * scale);
-      const int32_t t = sample_token(want, {}, rng);
-      REQUIRE(sample_token(got, {}, rng) == t);
-      // Buffers handed out between feeds (512 B to 8 MB: any cached block up to 16 MB can be one
-      // of them), filled with a pattern a replay would overwrite were its workspaces among them.
-      std::vector<cuda::DeviceBuffer<float>> others;
-      for (size_t n = 128; n <= (size_t(1) << 21); n *= 2) {
-        others.emplace_back(n, "test buffer");
-        const std::vector<float> pattern(n, 7.0f);
-        cuda::copy_to_device(others.back().get(), pattern.data(), n * 4);
+  for (const std::string& path : {ptqtest::assets() + "/models/distilled-13m", act_order}) {
+    INFO(path);
+    auto m = open_model(path);
+    cuda::GpuLogits gl(*m, path);
+    cuda::DecodeCuda dec(gl.decode_weights(), 1, 256);
+    for (int prefix : {16, 48}) {   // the second prompt is longer: grow() replaces the buffers
+      INFO("prompt of " << prefix << " tokens");
+      Generator cpu(*m);
+      const std::vector<int32_t> prompt(ids.begin(), ids.begin() + prefix);
+      VecF want = cpu.feed(prompt);
+      dec.reset();
+      dec.feed(prompt, prefix);
+      Rng rng(0);
+      for (int i = 0; i < 24; ++i) {
+        const VecF got = dec.logits().row(0).transpose();
+        const double scale = want.cwiseAbs().maxCoeff();
+        CHECK((got - want).cwiseAbs().maxCoeff() < 0.02 * scale);
+        const int32_t t = sample_token(want, {}, rng);
+        REQUIRE(sample_token(got, {}, rng) == t);
+        // Buffers handed out between feeds (512 B to 8 MB: any cached block up to 16 MB can be one
+        // of them), filled with a pattern a replay would overwrite were its workspaces among them.
+        std::vector<cuda::DeviceBuffer<float>> others;
+        for (size_t n = 128; n <= (size_t(1) << 21); n *= 2) {
+          others.emplace_back(n, "test buffer");
+          const std::vector<float> pattern(n, 7.0f);
+          cuda::copy_to_device(others.back().get(), pattern.data(), n * 4);
+        }
+        dec.feed({t}, 1);
+        CHECK(dec.graph_used() == (i > 0 || prefix > 16));   // only the very first one-token feed runs plainly
+        if (dec.graph_used() && path == act_order) CHECK(dec.graph_held_bytes() > 0);   // the gathered x's blocks
+        for (const auto& o : others) {
+          std::vector<float> back(o.size());
+          cuda::copy_to_host(back.data(), o.get(), back.size() * 4);
+          CHECK(std::all_of(back.begin(), back.end(), [](float v) { return v == 7.0f; }));
+        }
+        want = cpu.feed({t});
       }
-      dec.feed({t}, 1);
-      CHECK(dec.graph_used() == (i > 0 || prefix > 16));   // only the very first one-token feed runs plainly
-      for (const auto& o : others) {
-        std::vector<float> back(o.size());
-        cuda::copy_to_host(back.data(), o.get(), back.size() * 4);
-        CHECK(std::all_of(back.begin(), back.end(), [](float v) { return v == 7.0f; }));
-      }
-      want = cpu.feed({t});
     }
+  }
+}
+
+// generate's greedy loop on the GPU: next_greedy picks each token on the device (only the token
+// crosses to the host) and feeds it at once, the step launched before the call returns. The tokens
+// are the CPU reference's greedy tokens, the step replays feed's graph from the second token on,
+// and at the end next_greedy(false) picks the last token without a step (the position stays).
+TEST_CASE("decode cuda: greedy tokens chosen and fed on the device, one at a time, are the CPU reference's") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  for (const char* model : {"distilled-13m", "tiny-qwen3", "tiny-mixtral"}) {   // mixtral: routed on the host, plain launches
+    INFO(model);
+    const std::string path = ptqtest::assets() + "/models/" + model;
+    auto m = open_model(path);
+    const std::vector<int32_t> ids = ptqtest::golden(model).ids;
+    const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 16);
+    Generator cpu(*m);
+    VecF l = cpu.feed(prompt);
+    Rng rng(0);
+    cuda::GpuLogits gl(*m, path);
+    cuda::DecodeCuda dec(gl.decode_weights(), 1, 64);
+    dec.feed(prompt, 16);
+    const int n = 8;
+    for (int i = 0; i < n; ++i) {
+      const int32_t want = sample_token(l, {}, rng);
+      const bool more = i + 1 < n;
+      const std::vector<int32_t> got = dec.next_greedy(more);
+      REQUIRE(got.size() == 1);
+      REQUIRE(got[0] == want);
+      CHECK(dec.position() == 16 + i + (more ? 1 : 0));
+      if (more && std::string(model) != "tiny-mixtral") CHECK(dec.graph_used() == (i > 0));
+      if (more) l = cpu.feed({want});
+    }
+    // The last logits are the CPU reference's after the 7 tokens fed.
+    const VecF got = dec.logits().row(0).transpose();
+    CHECK((got - l).cwiseAbs().maxCoeff() < 0.02 * l.cwiseAbs().maxCoeff());
   }
 }
 

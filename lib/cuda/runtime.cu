@@ -152,6 +152,11 @@ void PoolHold::open() {
 void PoolHold::close() {
   if (g_hold == &blocks_) g_hold = nullptr;
 }
+size_t PoolHold::bytes() const {
+  size_t n = 0;
+  for (const auto& [b, p] : blocks_) n += b;
+  return n;
+}
 PoolHold::~PoolHold() {
   close();
   Pool& P = pool();

@@ -59,6 +59,7 @@ class PoolHold {
   ~PoolHold();
   void open();    // from now on this thread's freed blocks are held here (one hold open at a time)
   void close();   // stop collecting; what was collected stays held
+  size_t bytes() const;   // what it holds
  private:
   std::vector<std::pair<size_t, void*>> blocks_;
 };

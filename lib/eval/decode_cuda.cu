@@ -800,8 +800,8 @@ struct DecodeCuda::Impl {
   // W8's o projection).
   std::map<int64_t, std::array<int8_t, 4>> xperm_taken;
   bool moe_layers = false;   // routing on the host each step: no graphs
-  // feed() at one token a sequence (generate's loop) as a CUDA graph: the step from tokens_d and
-  // the position's advance, captured once a plain one-token step has run (the first step of a row
+  // feed() and next_greedy() at one token a sequence (generate's loop) as a CUDA graph (run_fed):
+  // the step from tokens_d and the position's advance, captured once a plain one-token step has run (the first step of a row
   // count decides what later ones take), replayed on the legacy stream (ordered with the token's
   // copy before it and the logits' after) while the buffers it was captured with stand.
   struct StepGraph {
@@ -1334,6 +1334,45 @@ struct DecodeCuda::Impl {
     }
     PTQ_CUDA_LAUNCH("embed_rows");
   }
+
+  // The step from tokens_d ([B, T], on the device already) and the position's advance. One token a
+  // sequence after a plain one-token step: as a CUDA graph (a 32-layer llama2-7b W4A16 from
+  // generate: 591 tok/s with plain launches, 630 with the graph; docs/lab/2026-12-03-gpu-formats-h200.md,
+  // runs 11-12), captured once and replayed on the legacy stream, ordered with the copies before and
+  // after it.
+  void run_fed(int T) {
+    auto one_step = [&] {
+      step(T);
+      advance<<<1, 1, 0, stream()>>>(pos_d.get(), T, nullptr);
+      PTQ_CUDA_LAUNCH("advance");
+    };
+    if (T == 1 && one_token_plain && graphs && !moe_layers && !profile && !check && !feed_capture_refused) {
+      if (!feed_graph || feed_graph->rows_cap != rows_cap) {
+        feed_graph.reset();
+        auto g = std::make_unique<StepGraph>();
+        cudaStream_t s = nullptr;
+        PTQ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        synchronize();   // as decode_greedy: nothing in flight on the legacy stream while the capture is made
+        g->workspaces.open();
+        const bool ok = capture_step(s, one_step, &g->exec);
+        g->workspaces.close();
+        cudaStreamDestroy(s);
+        g->rows_cap = rows_cap;
+        if (ok) feed_graph = std::move(g);
+        else feed_capture_refused = true;   // plain launches from now on
+      }
+      if (feed_graph) {
+        PTQ_CUDA(cudaGraphLaunch(feed_graph->exec, nullptr));
+        pos += T;
+        graph_used = true;
+        return;
+      }
+    }
+    one_step();
+    pos += T;
+    graph_used = false;
+    if (T == 1) one_token_plain = true;
+  }
 };
 
 DecodeCuda::DecodeCuda(DecodeWeights w, int batch, int max_len) : p_(std::make_unique<Impl>()) {
@@ -1391,45 +1430,24 @@ void DecodeCuda::feed(const std::vector<int32_t>& tokens, int T) {
   for (int32_t t : tokens)
     if (t < 0 || t >= m.w.c.vocab_size) fail(Errc::input, "", "tokens", "id " + std::to_string(t) + " outside the vocabulary");
   copy_to_device(m.tokens_d.get(), tokens.data(), tokens.size() * 4);
-  auto one_step = [&] {
-    m.step(T);
-    advance<<<1, 1, 0, stream()>>>(m.pos_d.get(), T, nullptr);
-    PTQ_CUDA_LAUNCH("advance");
-  };
-  // One token a sequence after a plain one: the step as a graph (a 32-layer llama2-7b W4A16 from
-  // generate: 591 tok/s with plain launches, 630 with the graph; docs/lab/2026-12-03-gpu-formats-h200.md, runs 11-12).
-  if (T == 1 && m.one_token_plain && m.graphs && !m.moe_layers && !m.profile && !m.check && !m.feed_capture_refused) {
-    if (!m.feed_graph || m.feed_graph->rows_cap != m.rows_cap) {
-      m.feed_graph.reset();
-      auto g = std::make_unique<Impl::StepGraph>();
-      cudaStream_t s = nullptr;
-      PTQ_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      synchronize();   // as decode_greedy: nothing in flight on the legacy stream while the capture is made
-      g->workspaces.open();
-      const bool ok = capture_step(s, one_step, &g->exec);
-      g->workspaces.close();
-      cudaStreamDestroy(s);
-      g->rows_cap = m.rows_cap;
-      if (ok) m.feed_graph = std::move(g);
-      else m.feed_capture_refused = true;   // plain launches from now on
-    }
-    if (m.feed_graph) {
-      PTQ_CUDA(cudaGraphLaunch(m.feed_graph->exec, nullptr));
-      m.pos += T;
-      m.graph_used = true;
-      return;
-    }
-  }
-  one_step();
-  m.pos += T;
-  m.graph_used = false;
-  if (T == 1) m.one_token_plain = true;
+  m.run_fed(T);
 }
 
 MatF DecodeCuda::logits() const {
   const Impl& m = *p_;
   MatF out(m.B, m.w.c.vocab_size);   // row-major: [B, vocab]
   copy_to_host(out.data(), m.logits.get(), size_t(out.size()) * 4);
+  return out;
+}
+
+std::vector<int32_t> DecodeCuda::next_greedy(bool then_feed) {
+  Impl& m = *p_;
+  if (then_feed && m.pos + 1 > m.max_len) fail(Errc::input, "", "tokens", "the KV cache holds " + std::to_string(m.max_len) + " positions");
+  argmax_rows<<<unsigned(m.B), 1024, 0, stream()>>>(m.logits.get(), m.w.c.vocab_size, m.tokens_d.get(), nullptr, nullptr, m.B);
+  PTQ_CUDA_LAUNCH("argmax_rows");
+  std::vector<int32_t> out(size_t(m.B));
+  copy_to_host(out.data(), m.tokens_d.get(), out.size() * 4);   // waits for the step before and the argmax only
+  if (then_feed) m.run_fed(1);   // launched, not waited for: it runs while the caller prints the tokens
   return out;
 }
 
@@ -1490,6 +1508,7 @@ void DecodeCuda::set_rope_in_linear(bool on) { p_->rope_in_linear = on, p_->feed
 bool DecodeCuda::rope_in_linear_used() const { return p_->rope_in_linear_used; }
 bool DecodeCuda::norm_split_rows_used() const { return p_->norm_split_rows_used; }
 bool DecodeCuda::graph_used() const { return p_->graph_used; }
+size_t DecodeCuda::graph_held_bytes() const { return p_->feed_graph ? p_->feed_graph->workspaces.bytes() : 0; }
 
 // ---- synthetic weights for `bench decode` ----
 

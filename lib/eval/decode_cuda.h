@@ -89,12 +89,19 @@ class DecodeCuda {
   // is captured as a CUDA graph and replayed (generate's loop; unless set_graphs(false)).
   void feed(const std::vector<int32_t>& tokens, int T);
   MatF logits() const;                   // [batch, vocab] to the host
+  // Greedy decoding for a host loop (generate): each sequence's argmax of the last logits (lowest
+  // id on ties, as sample_token), chosen on the device; returns them [batch]. With `then_feed` they
+  // are also fed at once from the device, as feed(tokens, 1) would (graph and all), and that step
+  // is launched, not waited for: the caller's work on the tokens overlaps it. Only the tokens
+  // cross to the host, not the logits.
+  std::vector<int32_t> next_greedy(bool then_feed);
   // n greedy steps from the last logits, each sequence's argmax fed back on the device (no host
   // round trip); returns the tokens [n, batch].
   // Steps after the first run as one CUDA graph, replayed (unless set_graphs(false)).
   std::vector<int32_t> decode_greedy(int n);
   void set_graphs(bool on);
-  bool graph_used() const;               // whether the last decode_greedy or feed replayed a graph
+  size_t graph_held_bytes() const;       // pool blocks feed's graph keeps for its kernels' workspaces (0: none, or no graph)
+  bool graph_used() const;               // whether the last decode_greedy, feed or next_greedy's feed replayed a graph
   // From 17 rows the norm and silu·mul kernels also write their output in the wgmma A16 kernel's
   // k-step order for the Linears after them (on by default; PTQKIT_DECODE_XPERM=0 turns it off).
   void set_permuted_x(bool on);
