@@ -2,9 +2,11 @@
 // bits, the inverse reads each back (unrelayout(relayout(codes)) == codes), and hand-placed
 // anchors match the layout documented in docs/fragment-layout.md. And which grids the kernels take
 // in that layout (a16_grid.h), with the runs of columns they hold groups in.
+#include <algorithm>
 #include <cmath>
 #include <set>
 
+#include "core/bits.h"
 #include "core/rng.h"
 #include "kernels/a16_grid.h"
 #include "kernels/relayout.h"
@@ -37,6 +39,40 @@ TEST_CASE("relayout: fragment order round-trips every code and uses each bit onc
       std::vector<uint32_t> mask(W.size(), 0);
       for (auto [w, s] : used) mask[w] |= ((1u << bits) - 1) << s;
       for (size_t w = 0; w < W.size(); ++w) CHECK((W[w] & ~mask[w]) == 0u);
+    }
+  }
+}
+
+// The loaders' path: the words of relayout_rows (a tile's rows at a time, one block's map) are
+// those of relayout_codes (code by code through fragment_bits) on every layout and ragged shape,
+// rows read from a bitstream by unpack_stream, whose bytes are unpack_bit's at every width.
+TEST_CASE("relayout: whole rows give the words of the code-by-code reference; unpack_stream reads the bitstream as unpack_bit") {
+  for (int bits = 1; bits <= 8; ++bits) {
+    for (int64_t n : {1, 7, 32, 33, 100, 257}) {
+      Rng r(uint64_t(bits * 1000 + n));
+      std::vector<uint32_t> v(static_cast<size_t>(n));
+      for (auto& x : v) x = uint32_t(r.next() & ((1u << bits) - 1));
+      std::vector<uint32_t> w(size_t(packed_words(n, bits)));
+      pack_bits(v.data(), n, bits, w.data());
+      std::vector<uint8_t> got(static_cast<size_t>(n));
+      unpack_stream(w.data(), n, bits, got.data());
+      int64_t wrong = 0;
+      for (int64_t k = 0; k < n; ++k) wrong += got[size_t(k)] != unpack_bit(w.data(), k, bits) || got[size_t(k)] != v[size_t(k)];
+      INFO(bits << " bits, " << n << " values");
+      CHECK(wrong == 0);
+    }
+  }
+  const std::pair<int64_t, int64_t> shapes[] = {{16, 64}, {1, 16}, {37, 80}, {50, 200}, {64, 256}, {300, 4160}};
+  for (FragmentCodes fc : {FragmentCodes::gptq4, FragmentCodes::gptq8, FragmentCodes::nf4}) {
+    const int bits = fragment_code_bits(fc);
+    for (auto [N, K] : shapes) {
+      INFO(bits << "-bit layout " << int(fc) << ", " << N << " x " << K);
+      Rng r(uint64_t(N * 7 + K + bits));
+      std::vector<uint8_t> codes(size_t(N * K));
+      for (auto& c : codes) c = uint8_t(r.next() & ((1u << bits) - 1));
+      const std::vector<uint32_t> want = relayout_codes(N, K, fc, [&](int64_t i, int64_t k) { return codes[size_t(i * K + k)]; });
+      const std::vector<uint32_t> got = relayout_rows(N, K, fc, [&](int64_t i, uint8_t* row) { std::copy_n(codes.data() + i * K, K, row); });
+      CHECK(got == want);
     }
   }
 }

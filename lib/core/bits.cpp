@@ -36,11 +36,25 @@ void pack_rows(const uint8_t* codes, int64_t rows, int64_t cols, int bits, uint3
   }
 }
 
+void unpack_stream(const uint32_t* w, int64_t n, int bits, uint8_t* codes) {
+  const uint64_t mask = (uint64_t(1) << bits) - 1;
+  uint64_t acc = 0;   // the stream's next `have` bits, lowest first
+  int have = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    if (have < bits) {   // never past the stream's last word: n * bits bits remain to be read
+      acc |= uint64_t(*w++) << have;
+      have += 32;
+    }
+    codes[k] = uint8_t(acc & mask);
+    acc >>= bits;
+    have -= bits;
+  }
+}
+
 void unpack_rows(const uint32_t* words, int64_t rows, int64_t cols, int bits, uint8_t* codes) {
   const int64_t nw = packed_words(cols, bits);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) codes[r * cols + c] = uint8_t(unpack_bit(words + r * nw, c, bits));
+  for (int64_t r = 0; r < rows; ++r) unpack_stream(words + r * nw, cols, bits, codes + r * cols);
 }
 
 }  // namespace ptq

@@ -15,5 +15,7 @@ uint32_t unpack_bit(const uint32_t* words, int64_t k, int bits);   // value k of
 // w = packed_words(cols, bits) (the layer store's P.qcodes; lib/cuda packs the same on the GPU).
 void pack_rows(const uint8_t* codes, int64_t rows, int64_t cols, int bits, uint32_t* words);
 void unpack_rows(const uint32_t* words, int64_t rows, int64_t cols, int bits, uint8_t* codes);
+// One stream of n values (bits <= 8) into bytes, read in order (no per-value word arithmetic).
+void unpack_stream(const uint32_t* words, int64_t n, int bits, uint8_t* codes);
 
 }  // namespace ptq

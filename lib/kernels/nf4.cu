@@ -80,11 +80,12 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   const int64_t n = out * in, blocks = in / B;
   if (int64_t(t.packed.size()) != n / 2) fail(Errc::usage, "", "packed", "holds " + std::to_string(t.packed.size()) + " bytes, expected " + std::to_string(n / 2));
   const int64_t tiles = (out + 15) / 16;
-  const std::vector<uint32_t> W = relayout_codes(out, in, FragmentCodes::nf4, [&](int64_t r, int64_t k) {
-    const int64_t e = r * in + k;
-    return e % 2 ? t.packed[size_t(e / 2)] & 15u : uint32_t(t.packed[size_t(e / 2)] >> 4);   // the first element in the high nibble
+  const std::vector<uint32_t> W = relayout_rows(out, in, FragmentCodes::nf4, [&](int64_t r, uint8_t* row) {
+    const uint8_t* p = t.packed.data() + size_t(r * in / 2);   // in is even: rows start on a byte
+    for (int64_t j = 0; j < in / 2; ++j) row[2 * j] = uint8_t(p[j] >> 4), row[2 * j + 1] = uint8_t(p[j] & 15u);   // the first element in the high nibble
   });
   std::vector<float> am(static_cast<size_t>(tiles * 16 * blocks), 0.0f);
+#pragma omp parallel for schedule(static) if (out * blocks > (int64_t(1) << 16))
   for (int64_t r = 0; r < out; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t i = r * blocks + b;   // block i of the flattening (in % B == 0: blocks do not straddle rows)

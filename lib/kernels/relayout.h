@@ -1,6 +1,6 @@
 // relayout.h — the A16 kernels' weight layout ("fragment order"), in one place: where each code of
 // W [N, K] goes so that one 16-byte load of a lane is exactly its mma.sync A operands for one
-// k-step. The W4A16/W8A16 (GPTQ) and NF4 loaders lay their codes out with relayout_codes; the
+// k-step. The W4A16/W8A16 (GPTQ) and NF4 loaders lay their codes out with relayout_rows; the
 // kernels (a16_mma.cuh, a16_shared_x.cuh, a16_wgmma.cu) read them through a16_formats.cuh.
 // docs/fragment-layout.md draws the bits; tests/test_relayout.cpp checks the round trip.
 //
@@ -15,6 +15,7 @@
 //   NF4: one uint32 per fragment, word lane_u4 * 4 + f; nibble (e / 2) * 4 + hi * 2 + e % 2.
 // Rows past N and columns past K hold zero codes.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -61,9 +62,8 @@ inline size_t fragment_words(int64_t N, int64_t K, FragmentCodes codes) {
   return size_t((N + 15) / 16 * ((K + 63) / 64) * 32 * 4 * (fragment_code_bits(codes) / 4));
 }
 
-// W in fragment order from code_of(r, k) (r < N, k < K; each < 2^bits). Tiles in parallel: a
-// tile's 16 rows fill words no other tile touches (a 7B layer's re-layout is the bulk of
-// `eval --device cuda`'s load time).
+// W in fragment order from code_of(r, k) (r < N, k < K; each < 2^bits), code by code: the
+// reference. Tiles in parallel: a tile's 16 rows fill words no other tile touches.
 template <class CodeOf>
 std::vector<uint32_t> relayout_codes(int64_t N, int64_t K, FragmentCodes codes, CodeOf&& code_of) {
   const int64_t KS = (K + 63) / 64, tiles = (N + 15) / 16;
@@ -75,6 +75,45 @@ std::vector<uint32_t> relayout_codes(int64_t N, int64_t K, FragmentCodes codes, 
         const FragmentBits b = fragment_bits(r, k, KS, codes);
         W[b.word] |= uint32_t(code_of(r, k)) << b.shift;
       }
+  return W;
+}
+
+// The same words from whole rows: row_of(r, dst) writes row r's K codes (bytes, each < 2^bits)
+// to dst. Every (tile, k-step) block is laid out alike in a run of its own words, so one block's
+// map (word and shift of each of its 16 x 64 codes) places every code; a tile's 16 rows are
+// fetched once. The loaders' path (relayout_codes is its reference: tests/test_relayout.cpp).
+template <class RowOf>
+std::vector<uint32_t> relayout_rows(int64_t N, int64_t K, FragmentCodes codes, RowOf&& row_of) {
+  const int64_t KS = (K + 63) / 64, tiles = (N + 15) / 16;
+  const size_t block = size_t(128 * (fragment_code_bits(codes) / 4));   // words of one block
+  uint16_t word[16 * 64];
+  uint8_t shift[16 * 64];
+  for (int r = 0; r < 16; ++r)
+    for (int k = 0; k < 64; ++k) {
+      const FragmentBits b = fragment_bits(r, k, 1, codes);
+      word[r * 64 + k] = uint16_t(b.word);
+      shift[r * 64 + k] = uint8_t(b.shift);
+    }
+  std::vector<uint32_t> W(fragment_words(N, K, codes), 0);
+#pragma omp parallel if (N * K > (int64_t(1) << 20))
+  {
+    std::vector<uint8_t> rows(size_t(16 * KS * 64), 0);   // the tile's rows; columns past K stay zero
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      for (int64_t i = 0; i < 16; ++i) {
+        uint8_t* dst = rows.data() + i * KS * 64;
+        if (16 * t + i < N) row_of(16 * t + i, dst);
+        else std::fill(dst, dst + K, uint8_t(0));
+      }
+      for (int64_t s = 0; s < KS; ++s) {
+        uint32_t* w = W.data() + size_t(t * KS + s) * block;
+        for (int i = 0; i < 16; ++i) {
+          const uint8_t* c = rows.data() + i * KS * 64 + 64 * s;
+          for (int k = 0; k < 64; ++k) w[word[i * 64 + k]] |= uint32_t(c[k]) << shift[i * 64 + k];
+        }
+      }
+    }
+  }
   return W;
 }
 

@@ -39,6 +39,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/bits.h"
 #include "core/error.h"
 #include "cuda/blas.h"
 #include "cuda/runtime.h"
@@ -135,10 +136,19 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& 
   std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
   // Fragment order (kernels/relayout.h), columns in the sorted order.
   const int64_t tiles = (N + 15) / 16;
-  const std::vector<uint32_t> W = relayout_codes(N, K, bits == 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8,
-                                                 [&](int64_t r, int64_t k) { return q.code(r, perm[size_t(k)]); });
+  bool identity = true;
+  for (int64_t k = 0; k < K; ++k) identity = identity && perm[size_t(k)] == int(k);
+  const int64_t nw = packed_words(K, code_bits);
+  const std::vector<uint32_t> W = relayout_rows(N, K, bits == 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8, [&](int64_t r, uint8_t* row) {
+    if (identity) return unpack_stream(q.packed.data() + r * nw, K, code_bits, row);
+    thread_local std::vector<uint8_t> stored;   // the row in the checkpoint's column order
+    stored.resize(size_t(K));
+    unpack_stream(q.packed.data() + r * nw, K, code_bits, stored.data());
+    for (int64_t k = 0; k < K; ++k) row[k] = stored[size_t(perm[size_t(k)])];
+  });
   // Per (row, group): {1024 + z, s}, or {m, s} for a grid with mins (GptqFormat); rows past N: zero weights.
   std::vector<__half2> zs(static_cast<size_t>(tiles * 16 * G), __halves2half2(__float2half_rn(min ? 0.0f : 1024.0f), __float2half_rn(0.0f)));
+#pragma omp parallel for schedule(static) if (N * G > (int64_t(1) << 16))
   for (int64_t r = 0; r < N; ++r)
     for (int64_t g = 0; g < G; ++g) {
       const size_t i = size_t(q.g_idx[size_t(perm[size_t(g * gs)])] * N + r);   // the run's group
@@ -147,8 +157,7 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& 
     }
   std::unique_ptr<W4A16Linear> L(new W4A16Linear);
   Impl& m = *L->p_;
-  m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits; m.code_bits = code_bits; m.min = min;
-  for (int64_t k = 0; k < K; ++k) m.identity = m.identity && perm[size_t(k)] == int(k);
+  m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits; m.code_bits = code_bits; m.min = min; m.identity = identity;
   m.W = DeviceBuffer<uint32_t>(W.size(), "W4A16 codes");
   m.zs = DeviceBuffer<__half2>(zs.size(), "W4A16 zeros and scales");
   m.perm = DeviceBuffer<int>(size_t(K), "W4A16 column permutation");
