@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
 #include <map>
 #include <set>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "cuda/blas.h"
@@ -65,6 +68,21 @@ struct GpuLogits::Impl {
   DeviceBuffer<uint16_t> lm_head;
   VecF final_norm;
   mutable double seconds = 0;
+  // Where the load's time goes (PTQKIT_LOAD_PROFILE=1 prints it): the Linears' tensors read and
+  // decoded to the quantizer's form, stacked (q, k, v; gate, up), laid out for the kernels and
+  // uploaded; the rest is norms, biases, the lm_head.
+  std::array<double, 3> load_s{};
+  enum LoadStage { read_stage, stack_stage, layout_stage };
+  template <class F>
+  auto timed(LoadStage st, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    struct Add {
+      double* to;
+      std::chrono::steady_clock::time_point t0;
+      ~Add() { *to += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    } add{&load_s[size_t(st)], t0};
+    return f();
+  }
 };
 
 namespace {
@@ -73,6 +91,31 @@ DeviceBuffer<uint16_t> upload16(const MatF& W, DType dt, const char* what) {
   convert_from_f32(dt, W.data(), h.data(), h.size());
   DeviceBuffer<uint16_t> d(h.size(), what);
   copy_to_device(d.get(), h.data(), h.size() * 2);
+  return d;
+}
+
+// The tensors `parts` ({name, rows}: each [rows, cols], stacked by rows) as one 16-bit matrix on
+// the device in dt. A float checkpoint's tensors stored in dt already (f16 or bf16) are copied as
+// they are, through pinned staging: the fp32 round trip below gives the same bytes, with the
+// conversions and twice the memory traffic. Empty where a part is not so stored.
+DeviceBuffer<uint16_t> upload16_stored(const WeightSource& ws, const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols, DType dt,
+                                       const char* what) {
+  const Checkpoint* ck = ws.checkpoint();
+  if (!ck || (dt != DType::F16 && dt != DType::BF16)) return {};
+  std::vector<TensorView> ts;
+  int64_t rows = 0;
+  for (const auto& [name, r] : parts) {
+    if (!ck->has(name)) return {};
+    ts.push_back(ck->get(name));
+    if (ts.back().dtype != dt || ts.back().shape != Shape{r, cols}) return {};   // read_matrix names a wrong shape
+    rows += r;
+  }
+  DeviceBuffer<uint16_t> d(size_t(rows * cols), what);
+  size_t at = 0;
+  for (const TensorView& t : ts) {
+    copy_to_device_staged(d.get() + at, t.data, size_t(t.numel()) * 2);
+    at += size_t(t.numel());
+  }
   return d;
 }
 
@@ -86,6 +129,12 @@ struct Sources {
   // Whether the module is stored as codes on a grid the W4A16 / W8A16 kernels take.
   bool is_grid(const std::string& module) const {
     return gptq ? gptq->has(module) : gguf && gguf_quantized(*gguf, module + ".weight", head_dim, nullptr);
+  }
+  // The block type a GGUF module is stored in (-1: not GGUF, whose stacked parts concat_rows checks).
+  int grid_type(const std::string& module) const {
+    if (!gguf) return -1;
+    const GgufFile::TensorInfo* t = gguf->find(hf_to_gguf_name(module + ".weight"));
+    return t ? int(t->type) : -1;
   }
   QuantizedLinear read_grid(const std::string& module) const {
     if (gptq) return gptq->read(module);
@@ -118,10 +167,14 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
   for (const Part& p : parts)
     if (stored(p.name) != kind) return {};
   if (kind == Stored::grid) {
+    // Parts stored in different block types (GGUF's Q4_K_M keeps v in Q6_K) are not stacked: known
+    // before any is read, so none is decoded twice.
+    for (const Part& p : parts)
+      if (s.grid_type(p.name) != s.grid_type(parts[0].name)) return {};
     std::vector<QuantizedLinear> qs;
-    for (const Part& p : parts) qs.push_back(s.read_grid(p.name));
+    for (const Part& p : parts) qs.push_back(m.timed(GpuLogits::Impl::read_stage, [&] { return s.read_grid(p.name); }));
     QuantizedLinear g;
-    if (!concat_rows(qs, &g)) return {};
+    if (!m.timed(GpuLogits::Impl::stack_stage, [&] { return concat_rows(qs, &g); })) return {};
     if (g.rows != out || g.cols != in)
       fail(Errc::format, "", parts[0].name, "quantized shape [" + std::to_string(g.rows) + ", " + std::to_string(g.cols) + "] does not match the config");
     // What the kernels do not take (a16_grid.h: a 172-wide input such as stories260k's down
@@ -129,7 +182,7 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     // dequantized to f16; describe() says why.
     A16Refusal why;
     if (a16_takes(g, &why)) {
-      m.w4.push_back(W4A16Linear::from_quantized(g));
+      m.w4.push_back(m.timed(GpuLogits::Impl::layout_stage, [&] { return W4A16Linear::from_quantized(g); }));
       m.packed_modules += parts.size();
       if (m.w4.back()->has_min()) m.min_modules += parts.size();
       const W4A16Linear* q = m.w4.back().get();
@@ -150,7 +203,7 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
       VecF si;
       const ActQuant a = s.ws.act_quant(p.name);
       if (a.mode != act.mode || a.static_scale != act.static_scale) return {};
-      if (!s.ws.read_int8(p.name, &Wi, &si)) {
+      if (!m.timed(GpuLogits::Impl::read_stage, [&] { return s.ws.read_int8(p.name, &Wi, &si); })) {
         int8 = false;
         break;
       }
@@ -187,23 +240,31 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     std::vector<int64_t> n;
     for (const Part& p : parts) {
       Shape sh;
-      ts.push_back(read_nf4(*s.nf4, p.name + ".weight", &sh));
+      ts.push_back(m.timed(GpuLogits::Impl::read_stage, [&] { return read_nf4(*s.nf4, p.name + ".weight", &sh); }));
       if (sh != Shape{p.out, in}) fail(Errc::format, s.nf4->file_of(p.name + ".weight"), p.name + ".weight", "NF4 quant_state shape does not match the config");
       if (ts.back().blocksize != ts[0].blocksize) return {};
       n.push_back(p.out * in);
     }
-    m.nf4.push_back(Nf4Linear::from_nf4(parts.size() == 1 ? ts[0] : concat_nf4_rows(ts, n), out, in));
+    const Nf4Tensor t = parts.size() == 1 ? std::move(ts[0]) : m.timed(GpuLogits::Impl::stack_stage, [&] { return concat_nf4_rows(ts, n); });
+    m.nf4.push_back(m.timed(GpuLogits::Impl::layout_stage, [&] { return Nf4Linear::from_nf4(t, out, in); }));
     m.packed_modules += parts.size();
     const Nf4Linear* q = m.nf4.back().get();
     return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };
   }
-  MatF W(out, in);
-  int64_t r0 = 0;
-  for (const Part& p : parts) {
-    W.middleRows(r0, p.out) = read_matrix(s.ws, p.name + ".weight", p.out, in);
-    r0 += p.out;
+  std::vector<std::pair<std::string, int64_t>> names;
+  for (const Part& p : parts) names.emplace_back(p.name + ".weight", p.out);
+  DeviceBuffer<uint16_t> stored16 = m.timed(GpuLogits::Impl::layout_stage, [&] { return upload16_stored(s.ws, names, in, m.dt, "evaluation weights (16-bit)"); });
+  if (stored16.get()) {
+    m.dense.push_back(std::move(stored16));
+  } else {
+    MatF W(out, in);
+    int64_t r0 = 0;
+    for (const Part& p : parts) {
+      m.timed(GpuLogits::Impl::read_stage, [&] { W.middleRows(r0, p.out) = read_matrix(s.ws, p.name + ".weight", p.out, in); });
+      r0 += p.out;
+    }
+    m.dense.push_back(m.timed(GpuLogits::Impl::layout_stage, [&] { return upload16(W, m.dt, "evaluation weights (16-bit)"); }));
   }
-  m.dense.push_back(upload16(W, m.dt, "evaluation weights (16-bit)"));
   const void* w = m.dense.back().get();
   const cudaDataType ct = m.dt == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   if (m.dt == DType::F16)   // decode-sized M through the A16 kernel reading W in place (kernels/f16_gemv.h), else cuBLAS
@@ -246,6 +307,7 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   m.fused8.resize(size_t(c.num_hidden_layers));
   // A 7B model's layers take seconds to read, relayout and upload: a line with its rate and ETA
   // on a terminal, and progress events in --log-json.
+  const auto t_load = std::chrono::steady_clock::now();
   Progress bar("load (GPU)", double(c.num_hidden_layers), "layers");
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
@@ -279,8 +341,14 @@ GpuLogits::GpuLogits(const LlamaModel& model, const std::string& path) : p_(std:
   }
   m.final_norm = read_vector(ws, "model.norm.weight", d);
   const std::string head = ws.has("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight";
-  m.lm_head = upload16(read_matrix(ws, head, c.vocab_size, d), m.dt, "lm_head (16-bit)");
+  m.lm_head = upload16_stored(ws, {{head, c.vocab_size}}, d, m.dt, "lm_head (16-bit)");
+  if (!m.lm_head.get()) m.lm_head = upload16(read_matrix(ws, head, c.vocab_size, d), m.dt, "lm_head (16-bit)");
   bar.finish();
+  if (env_switch("PTQKIT_LOAD_PROFILE", false)) {
+    const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+    std::fprintf(stderr, "load profile: %.2f s: Linears read %.2f s, stacked %.2f s, laid out and uploaded %.2f s; the rest %.2f s\n", all, m.load_s[0],
+                 m.load_s[1], m.load_s[2], all - m.load_s[0] - m.load_s[1] - m.load_s[2]);
+  }
 }
 
 DecodeWeights GpuLogits::decode_weights() const {
@@ -293,8 +361,8 @@ DecodeWeights GpuLogits::decode_weights() const {
   w.dt = m.dt;
   w.owners.push_back(p_);
   const int64_t d = c.hidden_size;
-  auto emb = std::make_shared<DeviceBuffer<uint16_t>>(upload16(read_matrix(m.model->weights(), "model.embed_tokens.weight", c.vocab_size, d), m.dt,
-                                                               "embedding table (16-bit)"));
+  auto emb = std::make_shared<DeviceBuffer<uint16_t>>(upload16_stored(m.model->weights(), {{"model.embed_tokens.weight", c.vocab_size}}, d, m.dt, "embedding table (16-bit)"));
+  if (!emb->get()) *emb = upload16(read_matrix(m.model->weights(), "model.embed_tokens.weight", c.vocab_size, d), m.dt, "embedding table (16-bit)");
   w.owners.push_back(emb);
   w.embed = emb->get();
   w.lm_head = m.lm_head.get();
