@@ -801,9 +801,10 @@ struct DecodeCuda::Impl {
   std::map<int64_t, std::array<int8_t, 4>> xperm_taken;
   bool moe_layers = false;   // routing on the host each step: no graphs
   // feed() and next_greedy() at one token a sequence (generate's loop) as a CUDA graph (run_fed):
-  // the step from tokens_d and the position's advance, captured once a plain one-token step has run (the first step of a row
-  // count decides what later ones take), replayed on the legacy stream (ordered with the token's
-  // copy before it and the logits' after) while the buffers it was captured with stand.
+  // the step from tokens_d and the position's advance, captured once a plain one-token step has
+  // run (the first step of a row count decides what later ones take), replayed on the legacy
+  // stream (ordered with the copies before and after it) while the buffers it was captured with
+  // stand.
   struct StepGraph {
     cudaGraphExec_t exec = nullptr;
     int64_t rows_cap = 0;   // the per-row buffers it was captured with (grow() replaces them)

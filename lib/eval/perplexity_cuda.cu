@@ -70,7 +70,8 @@ struct GpuLogits::Impl {
   mutable double seconds = 0;
   // Where the load's time goes (PTQKIT_LOAD_PROFILE=1 prints it): the Linears' tensors read and
   // decoded to the quantizer's form, stacked (q, k, v; gate, up), laid out for the kernels and
-  // uploaded; the rest is norms, biases, the lm_head.
+  // uploaded (16-bit tensors stored as computed: read and uploaded in one copy); the rest is norms,
+  // biases, the lm_head, and W8A8 weights' upload.
   std::array<double, 3> load_s{};
   enum LoadStage { read_stage, stack_stage, layout_stage };
   template <class F>
