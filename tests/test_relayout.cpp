@@ -46,7 +46,7 @@ TEST_CASE("relayout: fragment order round-trips every code and uses each bit onc
 // The loaders' path: the words of relayout_rows (a tile's rows at a time, one block's map) are
 // those of relayout_codes (code by code through fragment_bits) on every layout and ragged shape,
 // rows read from a bitstream by unpack_stream, whose bytes are unpack_bit's at every width.
-TEST_CASE("relayout: whole rows give the words of the code-by-code reference; unpack_stream reads the bitstream as unpack_bit") {
+TEST_CASE("relayout: whole rows give the words of the code-by-code reference, and unpack_stream reads the bitstream as unpack_bit") {
   for (int bits = 1; bits <= 8; ++bits) {
     for (int64_t n : {1, 7, 32, 33, 100, 257}) {
       Rng r(uint64_t(bits * 1000 + n));
