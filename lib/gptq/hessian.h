@@ -29,6 +29,10 @@ class HessianSum {
   virtual ~HessianSum() = default;
   virtual void add(const MatF& X) = 0;        // X [tokens, cols] (host)
   virtual MatD finalize() const = 0;          // scale() * sum, symmetric, on the host
+  // The same H where the caller is the last to need it: an accumulator may give its own storage
+  // (the CPU's does, symmetrized and scaled in place: no second cols^2 fp64 matrix, no copy), after
+  // which only tokens() and scale() still answer.
+  virtual MatD take_finalized() { return finalize(); }
   virtual int64_t tokens() const = 0;
   virtual double scale() const = 0;           // 2 / tokens (1 for a matrix that is H already)
   // The sum on the GPU, for the GPU solve to read in place; {nullptr, 1} for a host Hessian.
@@ -43,6 +47,7 @@ class Hessian final : public HessianSum {
   static Hessian from_matrix(MatD H);
   void add(const MatF& X) override;
   MatD finalize() const override;
+  MatD take_finalized() override;
   int64_t tokens() const override { return n_; }
   double scale() const override { return scaled_ ? 1.0 : n_ > 0 ? 2.0 / double(n_) : 1.0; }
   MatD diag_sum_x2() const;               // sum_t x_t^2 per column: llama.cpp's importance matrix
@@ -50,6 +55,7 @@ class Hessian final : public HessianSum {
   MatD H_;                                // lower triangle of sum x x^T (or all of H, from_matrix)
   int64_t n_ = 0;
   bool scaled_ = false;
+  bool taken_ = false;                    // H_ given away by take_finalized
 };
 
 }  // namespace ptq
