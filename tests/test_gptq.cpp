@@ -220,7 +220,7 @@ TEST_CASE("the Hessian's chunked fp32 accumulation matches an fp64 sum") {
   CHECK((p.H - ref).cwiseAbs().maxCoeff() <= 1e-5 * ref.cwiseAbs().maxCoeff());
 }
 
-TEST_CASE("the Hessian's tiles: 300 columns (tiles of 128: two whole and a part each way), an fp64 sum's values, the same bytes on one thread and on two") {
+TEST_CASE("the Hessian's tiles: 300 columns (tiles of 128: two whole and a part each way), an fp64 sum's values, the same bytes on one thread and on two, and taken in place") {
   Rng r{41};
   MatF X(2500, 300);   // three chunks, the last partial
   for (int i = 0; i < X.size(); ++i) X.data()[i] = float(r.normal());
@@ -234,10 +234,87 @@ TEST_CASE("the Hessian's tiles: 300 columns (tiles of 128: two whole and a part 
     return h.finalize();
   };
   const MatD one = hessian(1), two = hessian(2);
+  omp_set_num_threads(2);
+  Hessian h(300);
+  h.add(X.topRows(1700));
+  h.add(X.bottomRows(800));
+  const MatD taken = h.take_finalized();   // in place: finalize's bytes
   omp_set_num_threads(threads);
+  CHECK(std::memcmp(one.data(), taken.data(), sizeof(double) * size_t(one.size())) == 0);
+  CHECK(h.tokens() == 2500);
+  CHECK_THROWS_WITH(h.add(X), Catch::Contains("taken"));
   CHECK((one - ref).cwiseAbs().maxCoeff() <= 1e-5 * ref.cwiseAbs().maxCoeff());
   CHECK(one == one.transpose());
   CHECK(std::memcmp(one.data(), two.data(), sizeof(double) * size_t(one.size())) == 0);
+}
+
+TEST_CASE("output error: the Gram forms give the fp64 definition's value (fp64 to 1e-12, fp32 to 1e-5), the same bytes on one thread and on two") {
+  // 2,100 rows: two whole chunks of 1,024 and a part; 600 columns: tiles of 256, two whole and a part
+  Problem p = make_problem(2100, 600, 900, 44);
+  QuantSpec s;
+  s.group_size = 32;
+  const MatF Wr = rtn_quantize(p.W, s).dequantize(), Wq = gptq_quantize(p.W, p.H, s).dequantize();
+  // independent of H: the definition's mean over the tokens of ||(W - Wq) x||^2, in fp64
+  const Eigen::MatrixXd Y = (p.W - Wr).cast<double>() * p.X.cast<double>().transpose();
+  const double by_tokens = Y.squaredNorm() / double(p.X.rows());
+  const double def_rtn = output_error(p.W, Wr, p.H), def_gptq = output_error(p.W, Wq, p.H);
+  const int threads = omp_get_max_threads();
+  auto gram = [&](int t, auto scalar, const MatF& W2) {
+    omp_set_num_threads(t);
+    return output_error_gram<decltype(scalar)>(p.W, W2, p.H);
+  };
+  const double d1 = gram(1, 0.0, Wr), d2 = gram(2, 0.0, Wr), f1 = gram(1, 0.0f, Wr), f2 = gram(2, 0.0f, Wr);
+  const double g1 = gram(1, 0.0, Wq), g2 = gram(2, 0.0, Wq);
+  omp_set_num_threads(threads);
+  INFO("RTN " << def_rtn << ", relative differences from the definition: by tokens " << (by_tokens - def_rtn) / def_rtn << ", Gram fp64 "
+              << (d1 - def_rtn) / def_rtn << ", fp32 " << (f1 - def_rtn) / def_rtn << "; GPTQ " << def_gptq << ", Gram fp64 "
+              << (g1 - def_gptq) / def_gptq);
+  CHECK(std::abs(def_rtn - by_tokens) <= 1e-4 * by_tokens);   // H's fp32 chunk sums
+  CHECK(std::abs(d1 - def_rtn) <= 1e-12 * def_rtn);
+  CHECK(std::abs(g1 - def_gptq) <= 1e-12 * def_gptq);
+  CHECK(std::abs(f1 - def_rtn) <= 1e-5 * def_rtn);
+  CHECK(std::memcmp(&d1, &d2, 8) == 0);
+  CHECK(std::memcmp(&f1, &f2, 8) == 0);
+  CHECK(std::memcmp(&g1, &g2, 8) == 0);
+}
+
+TEST_CASE("output error: GPTQ's from its column loop gives the fp64 definition's value (per channel, groups, act-order, dead columns, K-quant grids)") {
+  struct Case { const char* name; int bits, group; bool sym, act_order, static_groups, dead; GridForm form; };
+  for (const Case& c : {Case{"4-bit per channel", 4, 0, true, false, false, false, GridForm::integer_zero},
+                        Case{"4-bit g32 act-order, a dead column", 4, 32, false, true, false, true, GridForm::integer_zero},
+                        Case{"3-bit g48 static groups", 3, 48, false, true, true, false, GridForm::integer_zero},
+                        Case{"8-bit per channel", 8, 0, false, false, false, true, GridForm::integer_zero},
+                        Case{"Q4_K, a dead column", 4, 32, false, true, true, true, GridForm::k_min}}) {
+    INFO(c.name);
+    QuantSpec s;
+    s.bits = c.bits;
+    s.group_size = c.group;
+    s.sym = c.sym;
+    s.act_order = c.act_order;
+    s.static_groups = c.static_groups;
+    s.form = c.form;
+    Problem p = make_problem(48, 256, 1024, 45, c.dead);
+    SolveStats st;
+    const MatF Wq = gptq_quantize(p.W, p.H, s, &st).dequantize();
+    REQUIRE(std::isfinite(st.err2));
+    const double lambda = st.damp_percent * p.H.diagonal().unaryExpr([](double v) { return v == 0 ? 1.0 : v; }).mean();
+    CHECK(std::abs(st.lambda - lambda) <= 1e-14 * lambda);   // the damping added (dead diagonals set to 1), summed in the permuted order
+    const double def = output_error(p.W, Wq, p.H);
+    const auto [loss, same] = host_output_errors(p.W, Wq, nullptr, p.H, true, st);
+    INFO("definition " << def << ", from the loop " << loss << " (relative difference " << (loss - def) / def << "; sum err^2 " << st.err2
+                       << ", lambda " << st.lambda << ")");
+    CHECK(std::abs(loss - def) <= 1e-5 * def);
+    CHECK(same == loss);
+  }
+  // the rule: the damping term's share of sum err^2 at most 90%, else NaN (the exact form is taken)
+  CHECK(damped_output_error(1.0, 1.0, 0.5) == 0.25);
+  CHECK(std::isnan(damped_output_error(1.0, 1.0, 0.95)));
+  Problem p = make_problem(16, 64, 512, 46);
+  const MatF Wr = rtn_quantize(p.W, QuantSpec{}).dequantize();
+  SolveStats none;   // no loop's sums (a GPU solve): the fp64 Gram form; RTN's by the fp32 one
+  const auto [g, r] = host_output_errors(p.W, Wr, &Wr, p.H, true, none);
+  CHECK(g == output_error_gram<double>(p.W, Wr, p.H));
+  CHECK(r == output_error_gram<float>(p.W, Wr, p.H));
 }
 
 TEST_CASE("GPTQ's factor U of H^-1: U^T U equals an fp64 inverse, U is upper triangular, the same bytes on one thread and on two") {

@@ -4,7 +4,9 @@
 // GEMM are fp32, as in the reference and the GPU path, so the two paths round alike.
 #pragma once
 #include <Eigen/Core>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gptq/hessian.h"
@@ -18,6 +20,11 @@ struct SolveStats {
   int dead_columns = 0;      // columns whose input was always zero
   double seconds = 0;
   std::vector<std::string> log;   // one line per retry
+  // The CPU column loop's sum of err^2 over the live columns, fp64 (NaN where no CPU loop ran),
+  // and the damping it added to H's diagonal: with them GPTQ's output error costs no product
+  // (damped_output_error).
+  double err2 = std::numeric_limits<double>::quiet_NaN();
+  double lambda = 0;
 };
 
 QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* stats = nullptr);
@@ -41,7 +48,31 @@ GptqProblem gptq_prepare(const MatF& W, const MatD& H, const QuantSpec& s, Solve
 // H is not positive definite.
 bool inverse_cholesky_upper(const MatD& H, MatD& U);
 
-// The layer's output error ||(W - Wq) X||^2 / n_tokens = tr((W - Wq) H (W - Wq)^T) / 2, in fp64.
+// The layer's output error ||(W - Wq) X||^2 / n_tokens = tr((W - Wq) H (W - Wq)^T) / 2, in fp64:
+// the definition, by one product (W - Wq) H (the reference of the forms below).
 double output_error(const MatF& W, const MatF& Wq, const MatD& H);
+
+// The same as sum_ij G_ij H_ij / 2 with G = (W - Wq)^T (W - Wq), the Gram matrix of the error
+// rows: G is symmetric, so only its lower tiles are formed (256 x 256, a thread a tile), half the
+// products of output_error's; the tiles' sums are added in a fixed order, so the bytes are the same
+// on any thread count. Scalar: the precision of G's products and in-chunk sums. double: fp64
+// throughout (GPTQ's errors are fitted to H and cancel: they need it). float: chunks of 1,024
+// rows summed in fp32 and added in fp64 (RTN's errors do not cancel: ~1e-6 relative, twice the
+// speed again).
+template <class Scalar>
+double output_error_gram(const MatF& W, const MatF& Wq, const MatD& H);
+
+// GPTQ's output error from its column loop. With H_d = H + lambda I the damped Hessian it factors
+// (H_d^-1 = U^T U) and err_j = (w_j - q_j) / U_jj the errors it propagates, W - Q = err U, so
+// (W - Q) H_d (W - Q)^T = err err^T and the error is (sum err^2 - lambda sum (W - Q)^2) / 2, both
+// sums over the live columns (the dead ones, H_jj = 0, are decoupled in H_d). NaN where the
+// damping term is over 90% of sum err^2: the fp32 rounding of err would be amplified past 1e-4
+// there, and the exact form is needed.
+double damped_output_error(double err2, double live_dw2, double lambda);
+
+// The report's two losses of a Linear solved on the host (GPTQ's or RTN's weights Wq, and RTN's
+// Wr in a GPTQ run, else null): GPTQ's by damped_output_error where stats has the loop's sums,
+// else by the fp64 Gram form; RTN's by the fp32 Gram form.
+std::pair<double, double> host_output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const MatD& H, bool gptq, const SolveStats& stats);
 
 }  // namespace ptq

@@ -367,9 +367,7 @@ double DampedLoss::loss(int64_t r0, int64_t r1) const {
   double a = 0, b = 0;
   for (int64_t r = r0; r < r1 && r < int64_t(err2.size()); ++r) { a += err2[size_t(r)]; b += e2[size_t(r)]; }
   if (err2.empty() || rows_per <= 0 || (r1 - 1) / rows_per != r0 / rows_per) return std::nan("");
-  const double lambda = this->lambda[size_t(r0 / rows_per)];
-  if (!(lambda * b <= 0.9 * a)) return std::nan("");
-  return (a - lambda * b) / 2.0;
+  return damped_output_error(a, b, lambda[size_t(r0 / rows_per)]);
 }
 
 namespace {

@@ -1,7 +1,8 @@
 // backend_cpu.cpp — the CPU backend (backend.h): the reference every other backend is held to.
 //
 // Precision: the forward is fp32 (lib/model/llama.h), Hessians are fp32 SYRK chunks summed in
-// fp64 (lib/gptq/hessian.h), the solve is gptq.h's, losses are fp64.
+// fp64 (lib/gptq/hessian.h), the solve is gptq.h's, losses gptq.h's
+// (fp64 for GPTQ's, fp32 products summed in fp64 for RTN's).
 #include <string>
 #include <tuple>
 #include <utility>
@@ -214,7 +215,7 @@ class CpuSolver final : public GroupSolver {
     MatD own;
     if (!H_host) {
       PhaseTimer tt(t.phase["hessian"]);
-      own = H.finalize();
+      own = H.take_finalized();   // the solve is its last reader
       H_host = &own;
     }
     std::vector<SolvedLinear> out;
@@ -255,9 +256,8 @@ SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTi
     q = gptq ? gptq_quantize(W, H, spec, &st) : rtn_quantize(W, spec);
     if (gptq) rtn = rtn_quantize(W, spec);
   }
-  return finish_apart(job, std::move(q), rtn, st, W, [&H](const MatF& W0, const MatF& Wq, const MatF* Wr) {
-    const double loss = output_error(W0, Wq, H);
-    return std::make_pair(loss, Wr ? output_error(W0, *Wr, H) : loss);
+  return finish_apart(job, std::move(q), rtn, st, W, [&](const MatF& W0, const MatF& Wq, const MatF* Wr) {
+    return host_output_errors(W0, Wq, Wr, H, gptq, st);
   }, t);
 }
 

@@ -476,9 +476,7 @@ class CudaSolver final : public GroupSolver {
     }
     return finish_apart(j, std::move(q), rtn, st, W, [&](const MatF& W0, const MatF& Wq, const MatF* Wr) {
       if (dev.sum) return cuda::output_errors(W0, Wq, Wr, dev);   // fp64 on the device (cuBLAS DGEMM), as output_error on the CPU
-      const MatD& H = host_H();
-      const double loss = output_error(W0, Wq, H);
-      return std::make_pair(loss, Wr ? output_error(W0, *Wr, H) : loss);
+      return host_output_errors(W0, Wq, Wr, host_H(), gptq, st);
     }, t);
   }
 };

@@ -469,7 +469,7 @@ CollectedGroup collect_group(Run& R, Backend& B, int l, const LinearGroup& g, La
   cg.H = B.forward->collect(g, sm);
   if (R.stats_in || R.stats_out || (R.opt.dist && R.opt.dist->host_hessians)) {
     PhaseTimer t(R.t.phase["hessian"]);
-    cg.H_host = cg.H->finalize();
+    cg.H_host = cg.H->take_finalized();   // after this the group reads H_host (and cg.H's tokens, or a GPU sum)
   }
   for (LinearId p : g.linears) {
     const std::string name = linear_name(c, l, p);
