@@ -319,7 +319,7 @@ TEST_CASE("output error: GPTQ's from its column loop gives the fp64 definition's
 
 TEST_CASE("GPTQ's factor U of H^-1: U^T U equals an fp64 inverse, U is upper triangular, the same bytes on one thread and on two") {
   Rng r{43};
-  const int n = 300;   // column blocks of 64: four whole and a part
+  const int n = 301;   // column blocks of 64: four whole and a part; odd, so the in-place reversal has a middle element
   Eigen::MatrixXd A(n, 2 * n);
   for (int i = 0; i < A.size(); ++i) A.data()[i] = r.normal();
   const MatD H = A * A.transpose() / double(2 * n) + 0.01 * Eigen::MatrixXd::Identity(n, n);

@@ -67,6 +67,18 @@ void tune_allocator() {
   mallopt(M_TRIM_THRESHOLD, INT_MAX);   // ~2 GiB (an int): a 7B layer's fp32 weights are 0.8 GB
 }
 
+void advise_huge_pages(void* p, size_t n) {
+#ifdef MADV_HUGEPAGE
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  uintptr_t a = reinterpret_cast<uintptr_t>(p), b = a + n;
+  a = (a + kHuge - 1) / kHuge * kHuge;
+  b = b / kHuge * kHuge;
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);   // advice: a failure changes nothing
+#else
+  (void)p, (void)n;
+#endif
+}
+
 std::string read_text_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(Errc::io, path, "", "cannot open for reading: " + errno_str());

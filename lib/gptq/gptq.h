@@ -44,8 +44,9 @@ struct GptqProblem {
 GptqProblem gptq_prepare(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats& stats);
 
 // U, upper triangular with H^-1 = U^T U (GPTQ's factor), from a blocked Cholesky of the reversed
-// H and L^-1 by column blocks, on the CPU's threads (the same bytes on any thread count). False if
-// H is not positive definite.
+// H and L^-1 by column blocks, on the CPU's threads (the same bytes on any thread count); H is read
+// by its lower triangle. False if H is not positive definite. (gptq_quantize runs the same steps
+// in the damped H's own storage and writes U in fp32 directly.)
 bool inverse_cholesky_upper(const MatD& H, MatD& U);
 
 // The layer's output error ||(W - Wq) X||^2 / n_tokens = tr((W - Wq) H (W - Wq)^T) / 2, in fp64:

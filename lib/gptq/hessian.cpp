@@ -3,9 +3,16 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "gptq/tasks.h"
 
 namespace ptq {
+
+Hessian::Hessian(int64_t cols) {
+  H_.resize(cols, cols);
+  advise_huge_pages(H_.data(), sizeof(double) * size_t(H_.size()));
+  H_.setZero();
+}
 
 // Each chunk's fp32 sum, lower triangle, in tiles of kTile x kTile of H, one task a tile (the
 // tiles are disjoint, so the threads never write the same element; n = 4096 is 528 tiles, enough

@@ -42,7 +42,7 @@ class HessianSum {
 // The CPU accumulator (and the reference of the GPU's).
 class Hessian final : public HessianSum {
  public:
-  explicit Hessian(int64_t cols) : H_(MatD::Zero(cols, cols)) {}
+  explicit Hessian(int64_t cols);   // zero, in huge pages where the kernel gives them
   // A finished H (saved statistics): finalize() returns it unchanged (scale 1).
   static Hessian from_matrix(MatD H);
   void add(const MatF& X) override;
