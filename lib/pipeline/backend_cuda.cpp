@@ -184,7 +184,7 @@ class CudaSolver final : public GroupSolver {
     if (!H_host) {
       PhaseTimer a(t.phase["hessian"]);
       dev = H.device();
-      if (!dev.sum) { own = H.finalize(); H_host = &own; }
+      if (!dev.sum) { own = H.take_finalized(); H_host = &own; }   // a host sum: the solve is its last reader
     }
     auto host_H = [&]() -> const MatD& {
       if (!H_host) { PhaseTimer a(t.phase["hessian"]); own = H.finalize(); H_host = &own; }
