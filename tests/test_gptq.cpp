@@ -286,13 +286,7 @@ TEST_CASE("output error: GPTQ's from its column loop gives the fp64 definition's
                         Case{"8-bit per channel", 8, 0, false, false, false, true, GridForm::integer_zero},
                         Case{"Q4_K, a dead column", 4, 32, false, true, true, true, GridForm::k_min}}) {
     INFO(c.name);
-    QuantSpec s;
-    s.bits = c.bits;
-    s.group_size = c.group;
-    s.sym = c.sym;
-    s.act_order = c.act_order;
-    s.static_groups = c.static_groups;
-    s.form = c.form;
+    const QuantSpec s{.bits = c.bits, .group_size = c.group, .sym = c.sym, .act_order = c.act_order, .static_groups = c.static_groups, .form = c.form};
     Problem p = make_problem(48, 256, 1024, 45, c.dead);
     SolveStats st;
     const MatF Wq = gptq_quantize(p.W, p.H, s, &st).dequantize();
