@@ -17,8 +17,8 @@ void tune_allocator();
 // where it gives them on request (THP "madvise", Debian's and Ubuntu's default; "always" needs no
 // asking, "never" ignores it). Call before the first touch: a fresh 1 GB fp64 matrix then faults
 // in 512 pieces, not 262,144 (on the 2-core VM: gptq_quantize of a 4096 x 11008 Linear 21.5 ->
-// 16.3 s, 3 GB of fresh matrices). Only the solve's cols^2 matrices ask: smaller buffers are reused
-// from the heap (tune_allocator) and gain nothing.
+// 18.3 s, 3 GB of fresh matrices). Only the solve's cols^2 matrices and the Hessian's accumulator
+// ask: smaller buffers are reused from the heap (tune_allocator) and gain less.
 void advise_huge_pages(void* p, size_t n);
 
 std::string read_text_file(const std::string& path);          // whole file; Errc::io naming it
