@@ -429,6 +429,14 @@ TEST_CASE("formats refuse what they cannot hold, before calibration") {
   r.quant.bits = 3;
   r.formats = {"compressed-tensors"};
   CHECK_THROWS_WITH(run_quantize(r, {}), Catch::Contains("holds 4- and 8-bit weights"));
+  // GGUF embeds the vocabulary: a model folder without tokenizer files (tiny-phi3) is refused by
+  // the checks, before the calibration text (which needs the tokenizer too) is read
+  Recipe t = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, sym: true}\n"), "r.yaml");
+  t.model = ptqtest::assets() + "/models/tiny-phi3";
+  t.output = d / "out";
+  t.calibration.dataset = ptqtest::assets() + "/text/tinystories/calib.txt";
+  t.formats = {"gguf"};
+  CHECK_THROWS_WITH(run_quantize(t, {}), Catch::Contains("tiny-phi3: tokenizer: no tokenizer.model") && Catch::Contains("a GGUF file embeds the model's vocabulary"));
   CHECK_FALSE(fs::exists(d / "out"));
   // GGUF alone: stories260k's downs (172 wide) stay float, named in the report and the recipe
   Recipe g = parse_recipe(YAML::Load("quantization: {bits: 4, group_size: 32, sym: true}\ncalibration: {samples: 4, seq_len: 64}\n"), "r.yaml");

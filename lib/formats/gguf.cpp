@@ -174,12 +174,19 @@ BlockParams block_params(const QuantizedLinear& q, GgmlType t, int64_t r, int64_
 }
 }  // namespace
 
+VocabInfo gguf_vocab(const std::string& model_dir, const LlamaConfig& c) {
+  try {
+    return load_tokenizer(model_dir, c.bos_token_id)->vocab_info();
+  } catch (const Error& e) {
+    fail(e.code, e.file, e.field, e.message + " (a GGUF file embeds the model's vocabulary: add the tokenizer files, or export another format)");
+  }
+}
+
 std::vector<std::string> export_gguf(const ExportJob& job) {
   const LlamaConfig& c = job.model->config();
   const std::string out = job.out_dir + "/model.gguf", arch = gguf_arch(c);
   check_format("gguf", c, {});
-  auto tok = load_tokenizer(job.model->dir(), c.bos_token_id);
-  const VocabInfo voc = tok->vocab_info();
+  const VocabInfo voc = gguf_vocab(job.model->dir(), c);
   // llama.cpp rotates llama's q/k rows as interleaved pairs (its converter permutes them); the
   // other families rotate halves, as Hugging Face stores them.
   const bool permute_qk = arch == "llama";

@@ -28,6 +28,7 @@
 #include "formats/common.h"
 #include "formats/ggml_blocks.h"
 #include "formats/gptq.h"
+#include "model/tokenizer.h"
 
 namespace ptq {
 
@@ -42,6 +43,10 @@ std::string apply_gguf_type(const std::string& name, QuantSpec& s);
 // model one the writer covers.
 void check_gguf_module(const ModulePlan& m);
 void check_gguf_model(const LlamaConfig& c);
+// The vocabulary the file embeds, from the model folder's tokenizer: the writer's, and the
+// pipeline's check before calibration (a folder without tokenizer files is refused there, naming
+// the folder, not after the solve).
+VocabInfo gguf_vocab(const std::string& model_dir, const LlamaConfig& c);
 std::vector<std::string> export_gguf(const ExportJob& job);
 
 class GgufFile {

@@ -258,6 +258,7 @@ void load_model(Run& R) {
       plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
     }
   for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
+  if (gguf) gguf_vocab(r.model, c);   // the file embeds the vocabulary: a folder without a tokenizer is refused now, not after the solve
   // vLLM's GPTQ layers refuse an input width the group size does not divide: said once
   for (auto& fmt : r.formats)
     if (fmt == "gptq" || fmt == "gptq_v2")
