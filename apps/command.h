@@ -25,11 +25,11 @@ Command add_generate(CLI::App& app);
 Command add_synth(CLI::App& app);
 Command add_inspect(CLI::App& app);
 Command add_report(CLI::App& app);
+Command add_compare(CLI::App& app);
 // `bench` and its subcommands (eval, gptq, kernels): one Command per leaf.
 std::vector<Command> add_bench(CLI::App& app);
 
 // Shared by several commands.
-std::string human_bytes(double bytes);
 // The tokenizer at --tokenizer's path when given, else in the model folder. A model folder without
 // one fails (Errc::io, naming the folder) with `ways_out` added: the command's flags that avoid it.
 std::unique_ptr<Tokenizer> cli_tokenizer(const std::string& tokenizer_flag, const std::string& model_dir, int bos_hint, const std::string& ways_out);

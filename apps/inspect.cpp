@@ -8,6 +8,7 @@
 
 #include "command.h"
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "core/json_field.h"
 #include "core/safetensors.h"
 #include "formats/gguf.h"
@@ -20,15 +21,6 @@ namespace fs = std::filesystem;
 namespace ptq {
 
 using nlohmann::json;
-
-std::string human_bytes(double b) {
-  char s[32];
-  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (b >= 1024 && i < 4) { b /= 1024; ++i; }
-  std::snprintf(s, sizeof s, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-  return s;
-}
 
 std::unique_ptr<Tokenizer> cli_tokenizer(const std::string& tokenizer_flag, const std::string& model_dir, int bos_hint, const std::string& ways_out) {
   if (!tokenizer_flag.empty()) return load_tokenizer(tokenizer_flag, bos_hint);

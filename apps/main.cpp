@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-json", log_json, "write progress, results and errors as JSON lines to this file (batch jobs)");
   app.add_option("--threads", threads, "OpenMP threads (default: all cores)");
 
-  std::vector<Command> commands = {add_quantize(app), add_schemes(app), add_formats(app), add_eval(app), add_generate(app), add_synth(app), add_inspect(app), add_report(app), add_dist_worker(app)};
+  std::vector<Command> commands = {add_quantize(app), add_schemes(app), add_formats(app), add_eval(app), add_generate(app), add_synth(app), add_inspect(app), add_report(app), add_compare(app), add_dist_worker(app)};
   for (Command& c : add_bench(app)) commands.push_back(std::move(c));
 
   try {

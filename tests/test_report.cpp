@@ -1,11 +1,14 @@
 // report.html and the JSON-lines log: content checked against a hand-written report, the page
 // rendered by a real headless browser (Debian's chromium) and screenshotted, and the log of a real
-// run parsed line by line.
+// run parsed line by line. `ptqkit compare`: hand-written runs against their arithmetic in fp64,
+// real runs against their own report.json and evaluation files.
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/fsutil.h"
+#include "report/compare.h"
 #include "report/report_html.h"
 #include "testing.h"
 
@@ -143,4 +146,134 @@ TEST_CASE("log-json: one JSON object per line: start, progress to 100%, done, re
   CHECK(e["event"] == "error");
   CHECK(e["exit_code"] == 8);
   CHECK(e["file"] == d / "q");
+}
+
+// ---- ptqkit compare ----
+namespace {
+// A run folder holding the hand report (each module's loss scaled by `scale`, calibration seed
+// `seed`) and a model.safetensors of `bytes` bytes.
+std::string hand_run(const ptqtest::TempDir& d, const std::string& name, double scale, int seed, size_t bytes) {
+  const std::string dir = d / name;
+  std::filesystem::create_directories(dir);
+  json r = hand_report();
+  for (json& m : r["modules"]) m["loss"] = m["loss"].get<double>() * scale;
+  r["model"]["path"] = d / "source";
+  r["calibration"]["seed"] = seed;
+  r["recipe"]["output"] = dir;
+  ptq::write_file_atomic(dir + "/report.json", r.dump());
+  ptq::write_file_atomic(dir + "/model.safetensors", std::string(bytes, 'x'));
+  return dir;
+}
+// An evaluation of `model` as `ptqkit eval --json` writes it, with a KL reference of the source.
+std::string hand_eval(const ptqtest::TempDir& d, const std::string& name, const std::string& model, double ppl, const std::string& sha = "abc") {
+  json e = {{"model", model}, {"perplexity", ppl}, {"data_sha256", sha}, {"seq_len", 32}, {"windows", 2}, {"scored_tokens", 62},
+            {"kl", {{"mean", 0.01 * ppl}, {"top1_agreement", 0.9}, {"reference_perplexity", 4.0}}}, {"reference", d / "source"}};
+  ptq::write_file_atomic(d / name, e.dump());
+  return d / name;
+}
+}  // namespace
+
+TEST_CASE("compare: runs side by side from their report.json and evaluations, the modules against the first run, bad inputs refused naming the file and field") {
+  ptqtest::TempDir d;
+  std::filesystem::create_directories(d / "source");
+  ptq::write_file_atomic(d / "source/model.safetensors", std::string(4000, 'f'));
+  const std::string a = hand_run(d, "a", 1.0, 1, 1000), b = hand_run(d, "b", 2.0, 1, 1500), c = hand_run(d, "c", 1.0, 7, 1000);
+  const json cmp = ptq::compare_runs({{a, b + "/report.json"}, {hand_eval(d, "ea.json", a, 5.0), hand_eval(d, "eb.json", b + "/", 6.0)}});
+  const json& ra = cmp["runs"][0];
+  const json& rb = cmp["runs"][1];
+  CHECK(ra["label"] == "a");
+  CHECK(rb["label"] == "b");
+  CHECK(ra["method"] == "gptq");
+  CHECK(ra["bits"] == "4");
+  CHECK(ra["group_size"] == "128");
+  // the hand report's losses 0.5, 0.5, 1.5, 1.5 over RTN's 1, 1, 2, 2
+  CHECK(ra["loss_total"].get<double>() == Approx(4.0).epsilon(1e-15));
+  CHECK(ra["rtn_loss_total"].get<double>() == Approx(6.0).epsilon(1e-15));
+  CHECK(ra["loss_vs_rtn_geomean"].get<double>() == Approx(std::sqrt(0.5 * 0.75)).epsilon(1e-14));
+  CHECK(rb["loss_total"].get<double>() == Approx(8.0).epsilon(1e-15));
+  CHECK(rb["loss_vs_rtn_geomean"].get<double>() == Approx(std::sqrt(1.0 * 1.5)).epsilon(1e-14));
+  CHECK(ra["outputs"][0]["bytes"] == 1000);
+  CHECK(rb["outputs"][0]["bytes"] == 1500);
+  CHECK(ra["seconds"] == 4.0);
+  CHECK(ra["eval"]["perplexity"] == 5.0);
+  CHECK(rb["eval"]["perplexity"] == 6.0);   // matched through "b/": one spelling of a path
+  // the float row: the source's weight bytes, its perplexity from the runs' KL reference
+  CHECK(cmp["float"]["bytes"] == 4000);
+  CHECK(cmp["float"]["perplexity"] == 4.0);
+  REQUIRE(cmp["modules"].size() == 4);
+  for (const json& m : cmp["modules"]) {
+    CHECK(m["vs_first"][0] == 1.0);
+    CHECK(m["vs_first"][1] == 2.0);
+  }
+  const std::string text = ptq::compare_text(cmp, 2, false);
+  INFO(text);
+  CHECK(text.find("float (source)") != std::string::npos);
+  CHECK(text.find("+25.00%") != std::string::npos);   // 5.0 against the float 4.0
+  CHECK(text.find("+50.00%") != std::string::npos);
+  CHECK(text.find("the 2 of 4 modules where the runs' output errors differ most (x: against a)") != std::string::npos);
+  CHECK(text.find("(2x)") != std::string::npos);
+  const std::string md = ptq::compare_text(cmp, -1, true);
+  CHECK(count(md, "| model.layers.") == 4);
+  CHECK(count(md, "|---|---:|") == 2);
+
+  // another calibration seed: said, not refused; a source evaluation makes the float row
+  const json cmp2 = ptq::compare_runs({{a, c}, {hand_eval(d, "es.json", d / "source", 3.9)}});
+  CHECK(cmp2["float"]["perplexity"] == 3.9);
+  CHECK(cmp2["notes"].dump().find("c was calibrated on other windows than a (calibration.seed differs): its output errors are measured on other inputs") !=
+        std::string::npos);
+
+  // refused: not a report, an evaluation of no run, evaluations on other tokens, two of one run
+  ptq::write_file_atomic(d / "not.json", R"({"perplexity": 3})");
+  CHECK_THROWS_WITH(ptq::compare_runs({{d / "not.json"}, {}}), Catch::Contains("not.json: modules: missing: not a ptqkit report.json"));
+  CHECK_THROWS_WITH(ptq::compare_runs({{a}, {hand_eval(d, "ex.json", d / "elsewhere", 5.0)}}), Catch::Contains("ex.json: model: '") && Catch::Contains("is none of the compared runs' folders"));
+  CHECK_THROWS_WITH(ptq::compare_runs({{a, b}, {d / "ea.json", hand_eval(d, "eo.json", b, 6.0, "other")}}),
+                    Catch::Contains("eo.json: data_sha256: scored on other tokens than"));
+  CHECK_THROWS_WITH(ptq::compare_runs({{a}, {d / "ea.json", d / "ea.json"}}), Catch::Contains("a second evaluation of"));
+  CHECK_THROWS_WITH(ptq::compare_runs({{d / "missing"}, {}}), Catch::Contains("missing: no such folder or file"));
+  std::filesystem::create_directories(d / "empty");
+  CHECK_THROWS_WITH(ptq::compare_runs({{d / "empty"}, {}}), Catch::Contains("empty/report.json: cannot open"));
+  // a run lacking a module the others list: said
+  json lacking = json::parse(ptq::read_text_file(c + "/report.json"));
+  lacking["modules"].erase(0);
+  ptq::write_file_atomic(c + "/report.json", lacking.dump());
+  CHECK(ptq::compare_runs({{a, c}, {}})["notes"].dump().find("c did not quantize 1 of the 4 modules the runs list") != std::string::npos);
+}
+
+TEST_CASE("compare: ptqkit compare of two real runs and their evaluations prints their table and writes its JSON") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets(), model = A + "/models/stories260k", text = A + "/text/tinystories/eval.txt";
+  for (const char* m : {"gptq", "rtn"}) {
+    auto q = run_ptqkit("-q quantize --model " + model + " --scheme W4A16 --dataset " + A + "/text/tinystories/calib.txt --set calibration.samples=8 --set calibration.seq_len=128"
+                        " --set quantization.method=" + m + " -o " + d / m);
+    INFO(q.out);
+    REQUIRE(q.code == 0);
+    REQUIRE(run_ptqkit("-q eval --model " + d / m + " --data " + text + " --max-windows 2 --reference " + model + " --json " + d / m + ".json").code == 0);
+  }
+  auto r = run_ptqkit("compare " + d / "gptq" + " " + d / "rtn" + " --eval " + d / "gptq.json" + " " + d / "rtn.json" + " --json " + d / "c.json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("float (source)") != std::string::npos);
+  CHECK(r.out.find("compressed-tensors") != std::string::npos);
+  const json c = json::parse(ptq::read_text_file(d / "c.json"));
+  for (size_t i = 0; i < 2; ++i) {   // the sums and ratios of each report's modules, and each evaluation's numbers
+    const json rep = json::parse(ptq::read_text_file(d / (i ? "rtn" : "gptq") + "/report.json"));
+    const json ev = json::parse(ptq::read_text_file(d / (i ? "rtn" : "gptq") + ".json"));
+    double loss = 0, log_ratio = 0;
+    for (const json& m : rep["modules"]) {
+      loss += m["loss"].get<double>();
+      log_ratio += std::log(m["loss"].get<double>() / m["rtn_loss"].get<double>());
+    }
+    CHECK(c["runs"][i]["loss_total"].get<double>() == Approx(loss).epsilon(1e-12));
+    CHECK(c["runs"][i]["loss_vs_rtn_geomean"].get<double>() == Approx(std::exp(log_ratio / double(rep["modules"].size()))).epsilon(1e-12));
+    CHECK(c["runs"][i]["eval"]["perplexity"] == ev["perplexity"]);
+    CHECK(c["runs"][i]["eval"]["kl_mean"] == ev["kl"]["mean"]);
+  }
+  CHECK(c["runs"][0]["loss_total"].get<double>() < c["runs"][1]["loss_total"].get<double>());   // GPTQ beats RTN on the same inputs
+  CHECK(c["runs"][1]["loss_vs_rtn_geomean"].get<double>() == Approx(1.0).epsilon(1e-12));
+  CHECK(c["notes"].size() == 1);   // the tokens scored (both runs keep the same downs, 172 wide, in float)
+  // an unknown run folder: exit 3 (I/O), naming it
+  const auto missing = run_ptqkit("compare " + d / "nothing");
+  CHECK(missing.code == 3);
+  CHECK(missing.out.find("nothing: no such folder or file") != std::string::npos);
 }

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +115,15 @@ void write_file_atomic(const std::string& path, std::string_view data) {
     fail(Errc::io, path, "", "rename failed: " + e);
   }
   fsync_dir(path);
+}
+
+std::string human_bytes(double b) {
+  char s[32];
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) { b /= 1024; ++i; }
+  std::snprintf(s, sizeof s, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+  return s;
 }
 
 std::string sha256_bytes(std::string_view data) {

@@ -25,6 +25,7 @@ std::string read_text_file(const std::string& path);          // whole file; Err
 // Writes to "<path>.tmp-<pid>", fsyncs, renames over `path`.
 void write_file_atomic(const std::string& path, std::string_view data);
 std::string sha256_file(const std::string& path);             // lowercase hex
+std::string human_bytes(double bytes);                        // "462 B", "1.50 MiB" (powers of 1024)
 std::string sha256_bytes(std::string_view data);
 
 // A read-only private mapping of a whole file.
