@@ -154,8 +154,9 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   P.W = W0;
   MatF& W = P.W;
 
-  // 1. dead columns: their H_ii becomes 1 (below, in P.H)
-  std::vector<char> dead(size_t(cols), 0);
+  // 1. dead columns: their H_ii becomes 1 (damped_permuted_hessian)
+  std::vector<char>& dead = P.dead;
+  dead.assign(size_t(cols), 0);
   for (int64_t i = 0; i < cols; ++i)
     if (H0(i, i) == 0) { dead[size_t(i)] = 1; W.col(i).setZero(); ++S.dead_columns; }
   auto diag = [&](int64_t i) { return dead[size_t(i)] ? 1.0 : H0(i, i); };
@@ -173,25 +174,12 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   // 3. act-order permutation (stable: ties keep their natural order, so runs are deterministic)
   P.perm.resize(size_t(cols));
   std::iota(P.perm.begin(), P.perm.end(), 0);
-  // P.H: H0 permuted, made once (a cols^2 fp64 matrix: 1 GB for a 7B down projection), rows over the threads
   if (s.act_order) {
     std::stable_sort(P.perm.begin(), P.perm.end(), [&](int64_t a, int64_t b) { return diag(a) > diag(b); });
     MatF Wp(rows, cols);
     for (int64_t j = 0; j < cols; ++j) Wp.col(j) = W.col(P.perm[size_t(j)]);
     W.swap(Wp);
-    resize_fresh(P.H, cols, cols);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < cols; ++i) {
-      const double* h = &H0(P.perm[size_t(i)], 0);
-      for (int64_t j = 0; j < cols; ++j) P.H(i, j) = h[P.perm[size_t(j)]];
-    }
-  } else {
-    resize_fresh(P.H, cols, cols);
-    P.H = H0;
   }
-  MatD& H = P.H;
-  for (int64_t i = 0; i < cols; ++i)
-    if (dead[size_t(P.perm[size_t(i)])]) H(i, i) = 1;
   if (s.group_size <= 0) {   // one group per row: parameters from the whole (permuted) row
     P.row_params.resize(size_t(rows));
     for (int64_t r = 0; r < rows; ++r) {
@@ -204,27 +192,48 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   return P;
 }
 
+double permuted_mean_diag(const MatD& H, const GptqProblem& P) {
+  const int64_t n = H.rows();
+  auto d = [&](int64_t i) { const int64_t c = P.perm[size_t(i)]; return P.dead[size_t(c)] ? 1.0 : H(c, c); };
+  double sum = d(0);   // in order from the first, as Eigen's sum of a diagonal adds (the bytes of the permuted copy's mean)
+  for (int64_t i = 1; i < n; ++i) sum += d(i);
+  return sum / double(n);
+}
+
+void damped_permuted_hessian(const MatD& H, const GptqProblem& P, double lambda, MatD& Hd) {
+  const int64_t n = H.rows();
+  resize_fresh(Hd, n, n);
+  const std::vector<int64_t>& perm = P.perm;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {   // rows over the threads; H is symmetric, so row p_i's entries are column p_i's
+    const double* h = &H(perm[size_t(i)], 0);
+    double* out = &Hd(i, 0);
+    for (int64_t j = 0; j < n; ++j) out[j] = h[perm[size_t(j)]];
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (P.dead[size_t(perm[size_t(i)])]) Hd(i, i) = 1;
+    Hd(i, i) += lambda;
+  }
+}
+
 QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats* st) {
   const auto t_start = std::chrono::steady_clock::now();
   SolveStats local;
   SolveStats& S = st ? *st : local;
   GptqProblem P = gptq_prepare(W0, H0, s, S);
   MatF& W = P.W;
-  const MatD& H = P.H;
   QuantizedLinear& q = P.q;
   const std::vector<int64_t>& perm = P.perm;
   const int64_t rows = q.rows, cols = q.cols, gs = P.gs;
   const int maxq = s.maxq();
 
   // 4-5. damping, retried with 10x more until the factorization succeeds
-  const double mean_diag = H.diagonal().mean();
+  const double mean_diag = permuted_mean_diag(H0, P);
   double damp = s.damp_percent;
   MatF U;
   for (;;) {
     MatD Hd;
-    resize_fresh(Hd, cols, cols);
-    Hd = H;
-    Hd.diagonal().array() += damp * mean_diag;
+    damped_permuted_hessian(H0, P, damp * mean_diag, Hd);
     if (inverse_cholesky_upper_in_place(std::move(Hd), U)) break;   // U in fp32, as the loop uses it
     S.log.push_back("Cholesky failed with damp_percent " + std::to_string(damp) + "; retrying with " + std::to_string(damp * 10));
     ++S.retries;
@@ -280,7 +289,7 @@ QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s
       }
       const float d = U(col, col);
       const int64_t pc = perm[size_t(col)];
-      const bool live = H0(pc, pc) != 0;
+      const bool live = !P.dead[size_t(pc)];
 #pragma omp parallel for schedule(static) if (rows * (count - i) > 65536)
       for (int64_t r = 0; r < rows; ++r) {
         const float w = W1(r, i);

@@ -34,14 +34,19 @@ QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, 
 // per-channel grids; then, after the loop, codes and g_idx back in the natural column order.
 struct GptqProblem {
   MatF W;                               // dead columns zeroed, columns permuted
-  MatD H;                               // the same permutation, not yet damped
   std::vector<int64_t> perm;            // permuted position -> natural column
+  std::vector<char> dead;               // per natural column: H_jj == 0 (its H_jj is taken as 1)
   int64_t gs = 0;                       // group size in columns (cols for per channel)
   std::vector<GridParams> static_params;  // [groups, rows], static groups only
   std::vector<GridParams> row_params;     // [rows], per channel only
   QuantizedLinear q;                    // shape, spec and storage, filled by the loop
 };
 GptqProblem gptq_prepare(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats& stats);
+// mean(diag) of H in the problem's order (dead columns as 1), summed in that order; and
+// Hd = P H P^T + lambda I with the dead diagonals 1 + lambda, gathered straight from the caller's H
+// (no permuted copy of a cols^2 matrix is kept: the 7B down projection's is 1 GB).
+double permuted_mean_diag(const MatD& H, const GptqProblem& P);
+void damped_permuted_hessian(const MatD& H, const GptqProblem& P, double lambda, MatD& Hd);
 
 // U, upper triangular with H^-1 = U^T U (GPTQ's factor), from a blocked Cholesky of the reversed
 // H and L^-1 by column blocks, on the CPU's threads (the same bytes on any thread count); H is read
