@@ -195,7 +195,7 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
 double permuted_mean_diag(const MatD& H, const GptqProblem& P) {
   const int64_t n = H.rows();
   auto d = [&](int64_t i) { const int64_t c = P.perm[size_t(i)]; return P.dead[size_t(c)] ? 1.0 : H(c, c); };
-  double sum = d(0);   // in order from the first, as Eigen's sum of a diagonal adds (the bytes of the permuted copy's mean)
+  double sum = d(0);   // one by one from the first, the order of Eigen's diagonal().sum(): the bits the permuted copy's mean had
   for (int64_t i = 1; i < n; ++i) sum += d(i);
   return sum / double(n);
 }
@@ -205,7 +205,7 @@ void damped_permuted_hessian(const MatD& H, const GptqProblem& P, double lambda,
   resize_fresh(Hd, n, n);
   const std::vector<int64_t>& perm = P.perm;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {   // rows over the threads; H is symmetric, so row p_i's entries are column p_i's
+  for (int64_t i = 0; i < n; ++i) {   // (P H P^T)(i, j) = H(p_i, p_j), rows over the threads
     const double* h = &H(perm[size_t(i)], 0);
     double* out = &Hd(i, 0);
     for (int64_t j = 0; j < n; ++j) out[j] = h[perm[size_t(j)]];
