@@ -108,9 +108,9 @@ json one_run(const std::string& arg) {
         const int64_t b = weight_bytes(folder / dir, names);
         outputs.push_back({{"format", json_field<std::string>(o, "format", "", Errc::format, file, "outputs.format")}, {"bytes", b >= 0 ? json(b) : json(nullptr)}});
       }
-    r["outputs"] = outputs.empty() ? json::array() : outputs;
-    if (outputs.empty())
-      for (const json& f : formats) r["outputs"].push_back({{"format", f}, {"bytes", nullptr}});
+    if (outputs.empty())   // (a report without its outputs: the recipe's formats, sizes unknown)
+      for (const json& f : formats) outputs.push_back({{"format", f}, {"bytes", nullptr}});
+    r["outputs"] = outputs;
     r["seconds"] = rep.contains("total_seconds") && rep["total_seconds"].is_number() ? rep["total_seconds"] : json(nullptr);
     r["device"] = json_field<std::string>(rep, "device", "", Errc::format, file, "device");
     r["calibration"] = section(rep, "calibration");
