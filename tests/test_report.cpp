@@ -216,6 +216,9 @@ TEST_CASE("compare: runs side by side from their report.json and evaluations, th
   CHECK(count(md, "| model.layers.") == 4);
   CHECK(count(md, "|---|---:|") == 2);
 
+  // a report under another name is labelled by it
+  std::filesystem::copy_file(a + "/report.json", d / "saved.json");
+  CHECK(ptq::compare_runs({{a, d / "saved.json"}, {}})["runs"][1]["label"] == "saved");
   // another calibration seed: said, not refused; a source evaluation makes the float row
   const json cmp2 = ptq::compare_runs({{a, c}, {hand_eval(d, "es.json", d / "source", 3.9)}});
   CHECK(cmp2["float"]["perplexity"] == 3.9);

@@ -182,10 +182,11 @@ json compare_runs(const CompareInputs& in) {
   if (in.runs.empty()) fail(Errc::usage, "", "runs", "give at least one run folder or report.json");
   json runs = json::array(), notes = json::array();
   for (const std::string& a : in.runs) runs.push_back(one_run(a));
-  // Labels: the folders' names, made unique.
+  // Labels: the folders' names (a report under another name than report.json: its own), made unique.
   std::map<std::string, int> seen;
   for (json& r : runs) {
-    std::string label = fs::path(r["folder"].get<std::string>()).filename().string();
+    const fs::path report = r["report"].get<std::string>();
+    std::string label = report.filename() == "report.json" ? fs::path(r["folder"].get<std::string>()).filename().string() : report.stem().string();
     if (label.empty()) label = r["report"];
     if (seen[label]++) label += "#" + std::to_string(seen[label]);
     r["label"] = label;
@@ -300,6 +301,8 @@ std::string seconds(const json& v) {
   else std::snprintf(s, sizeof s, "%d h %02d min", int(t) / 3600, int(t) % 3600 / 60);
   return s;
 }
+// "cuda: NVIDIA H200" of "cuda: NVIDIA H200, sm_90, 132 SMs, 139.8 GiB" (the JSON keeps it whole).
+std::string short_device(const std::string& d) { return d.substr(0, d.find(", ")); }
 // Rows of cells as aligned columns (first column left, the rest right), or a markdown table.
 std::string table(const std::vector<std::vector<std::string>>& rows, bool markdown) {
   std::vector<size_t> w;
@@ -364,7 +367,7 @@ std::string compare_text(const json& c, int modules, bool markdown) {
       const json& e = r["eval"];
       const auto [p, d] = ppl_cells(e.is_object() ? e["perplexity"] : json(), ref_name == r["label"]);
       rows.push_back({r["label"], r["method"], r["bits"], r["group_size"], r["act_order"].get<bool>() ? "yes" : "no", sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size,
-                      seconds(r["seconds"]) + (r["device"] == "" ? "" : " (" + r["device"].get<std::string>() + ")"), num(r["loss_total"]), num(r["loss_vs_rtn_geomean"], "%.3f"), p, d,
+                      seconds(r["seconds"]) + (r["device"] == "" ? "" : " (" + short_device(r["device"]) + ")"), num(r["loss_total"]), num(r["loss_vs_rtn_geomean"], "%.3f"), p, d,
                       e.is_object() ? num(e["kl_mean"]) : "-", e.is_object() ? num(e["top1_agreement"], "%.3f") : "-"});
     }
     o << table(rows, markdown);
