@@ -3,6 +3,7 @@
 // nothing that looks like a finished output.
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/fsutil.h"
 #include "testing.h"
@@ -35,19 +36,34 @@ ptqtest::RunResult sh(const std::string& cmd) {
 }
 }  // namespace
 
-TEST_CASE("faults: a full disk (a 256 KiB tmpfs) is an io error, the output folder is left empty") {
+TEST_CASE("faults: a full disk (a small tmpfs) is an io error, before calibration where the least the run writes cannot fit, at the write where it can, and the output folder is left empty") {
   Setup s;
   // A private mount namespace with a small tmpfs: real ENOSPC, without touching the machine's disks.
   if (sh("unshare -m true").code != 0) PTQ_SKIP("unshare -m is not permitted here (needs root or user namespaces)");
   const std::string mnt = s.d / "full";
   fs::create_directory(mnt);
-  auto r = sh("unshare -m sh -c 'mount -t tmpfs -o size=256k none " + mnt + " && " + s.quantize(mnt + "/out") +
+  auto in_tmpfs = [&](int64_t bytes) {
+    return sh("unshare -m sh -c 'mount -t tmpfs -o size=" + std::to_string(bytes) + " none " + mnt + " && " + s.quantize(mnt + "/out") +
               "; echo \"exit=$?\"; echo \"left=[$(ls -A " + mnt + ")]\"'");
+  };
+  // 256 KiB: less than the least the run writes, refused by the check before calibration
+  auto r = in_tmpfs(256 * 1024);
+  INFO(r.out);
+  CHECK(contains(r.out, "exit=3"));
+  CHECK(contains(r.out, mnt + "/out.partial: needs at least "));
+  CHECK(contains(r.out, "its file system has 256.00 KiB free"));
+  CHECK(contains(r.out, "left=[]"));               // no output, no staging folder, no lock
+  // The run's own lower bound (its report on a roomy disk) and 2% more: the check passes, and the
+  // scales, headers and small files' pages it leaves out fill the disk at a write
+  REQUIRE(run_ptqkit(std::string("-q quantize ") + s.d / "r.yaml" + " --model " + s.d / "m" + " --output " + s.d / "roomy").code == 0);
+  const nlohmann::json need = nlohmann::json::parse(ptq::read_text_file(s.d / "roomy/report.json"))["disk_min_bytes"];
+  const int64_t bound = need["store"].get<int64_t>() + need["exports"].get<int64_t>();
+  r = in_tmpfs((bound + bound / 50 + 4095) / 4096 * 4096);
   INFO(r.out);
   CHECK(contains(r.out, "exit=3"));
   CHECK(contains(r.out, "No space left on device"));
   CHECK(contains(r.out, mnt + "/out.partial/"));   // names the file it could not write
-  CHECK(contains(r.out, "left=[]"));               // no output, no staging folder, no lock
+  CHECK(contains(r.out, "left=[]"));
 }
 
 TEST_CASE("faults: a file size limit (EFBIG) mid-export is an io error, nothing is left") {

@@ -339,3 +339,36 @@ TEST_CASE("pipeline: --load-stats reproduces SmoothQuant factors and static acti
   CHECK(read_text_file(d / "b/config.json") == read_text_file(d / "a/config.json"));   // static input scales
   CHECK(a["smoothquant"] == b["smoothquant"]);
 }
+
+TEST_CASE("pipeline: the least a run writes is checked against the free space before calibration, and the bound is below what it writes") {
+  // the check itself: refused naming the folder and both sizes, or passed
+  CHECK_THROWS_WITH(check_room("out.partial", "the layer store and the exports", int64_t(3) << 30, int64_t(1) << 30),
+                    Catch::Contains("out.partial: needs at least 3.00 GiB for the layer store and the exports; its file system has 1.00 GiB free"));
+  CHECK_NOTHROW(check_room("out.partial", "the exports", 100, 1000));
+  CHECK_NOTHROW(check_room("out.partial", "the exports", 100, 120));   // (a warning: little to spare)
+  // free_space: the nearest existing folder's file system
+  ptqtest::TempDir d;
+  const FreeSpace here = free_space(d.path.string()), below = free_space(d / "not/yet/made");
+  CHECK(here.bytes > 0);
+  CHECK(below.fs_id == here.fs_id);
+  // a real run: the report's lower bounds against the bytes it wrote (every format, --save-stats)
+  const std::string m = synth_tiny(d);
+  Recipe r = tiny_recipe(m, d / "q");
+  r.formats = {"fake", "gptq_v2", "compressed-tensors"};
+  QuantizeOptions o;
+  o.save_stats = d / "stats";
+  const json rep = run_quantize(r, o);
+  auto bytes_of = [](const std::string& dir) {
+    int64_t n = 0;
+    for (auto& e : fs::recursive_directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") n += int64_t(e.file_size());
+    return n;
+  };
+  const json& need = rep["disk_min_bytes"];
+  INFO(need.dump() << " against " << bytes_of(d / "q") << " and " << bytes_of(d / "stats"));
+  CHECK(need["exports"].get<int64_t>() <= bytes_of(d / "q"));
+  CHECK(need["exports"].get<int64_t>() >= bytes_of(d / "q") * 8 / 10);
+  CHECK(need["stats"].get<int64_t>() <= bytes_of(d / "stats"));   // the fp64 Hessians, less their files' headers
+  CHECK(need["stats"].get<int64_t>() >= bytes_of(d / "stats") * 95 / 100);
+  CHECK(need["store"].get<int64_t>() > 0);
+}

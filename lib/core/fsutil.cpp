@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -124,6 +125,15 @@ std::string human_bytes(double b) {
   while (b >= 1024 && i < 4) { b /= 1024; ++i; }
   std::snprintf(s, sizeof s, i ? "%.2f %s" : "%.0f %s", b, u[i]);
   return s;
+}
+
+FreeSpace free_space(const std::string& path) {
+  std::filesystem::path p = std::filesystem::absolute(path);
+  std::error_code ec;
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p.parent_path() != p) p = p.parent_path();
+  struct statvfs v {};
+  if (::statvfs(p.c_str(), &v) != 0) fail(Errc::io, p.string(), "", std::string("cannot read the file system's free space: ") + std::strerror(errno));
+  return {int64_t(v.f_bavail) * int64_t(v.f_frsize), uint64_t(v.f_fsid)};
 }
 
 std::string sha256_bytes(std::string_view data) {

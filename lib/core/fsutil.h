@@ -26,6 +26,13 @@ std::string read_text_file(const std::string& path);          // whole file; Err
 void write_file_atomic(const std::string& path, std::string_view data);
 std::string sha256_file(const std::string& path);             // lowercase hex
 std::string human_bytes(double bytes);                        // "462 B", "1.50 MiB" (powers of 1024)
+// The bytes an unprivileged writer may still put on the file system that holds `path` (its nearest
+// existing ancestor where it does not exist yet: statvfs's f_bavail), and that file system's id.
+struct FreeSpace {
+  int64_t bytes = 0;
+  uint64_t fs_id = 0;
+};
+FreeSpace free_space(const std::string& path);
 std::string sha256_bytes(std::string_view data);
 
 // A read-only private mapping of a whole file.

@@ -93,6 +93,7 @@ struct Run {
   json modules = json::array(), layers = json::array(), smoothing = json::array();
   double prefetch_seconds = 0, save_seconds = 0;
   std::string forward_description;
+  json disk;   // disk_need's lower bounds, in report.json
   const LlamaConfig& c() const { return model->config(); }
   QuantSpec spec_of(const std::string& module) const {
     if (auto it = gguf_specs.find(module); it != gguf_specs.end()) return it->second;
@@ -268,6 +269,44 @@ void load_model(Run& R) {
                ": transformers reads it, vLLM's GPTQ kernels refuse such a layer");
           break;
         }
+}
+
+// ---------------------------------------------------------------- disk space
+
+// The least the run writes, in bytes: codes at their bits and float tensors at 16 bits (or the
+// source's width where smaller), without scales, metadata or headers. The layer store
+// (OUT.partial/.layers, held until the export has read it), each export format (fake: every
+// Linear in the source dtype), and --save-stats' Hessians (fp64, in x in a group of Linears that
+// share an input, per layer). A resumed run has already written part of its store and statistics:
+// they are not counted.
+struct DiskNeed {
+  int64_t store = 0, exports = 0, stats = 0;
+};
+DiskNeed disk_need(const Run& R, bool saving_stats, bool resuming) {
+  const LlamaConfig& c = R.c();
+  const int64_t src = int64_t(dtype_size(c.dtype)), flt = std::min<int64_t>(src, 2);
+  int64_t packed = 0, kept = 0, dense = 0, hessians = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerSchedule ls = layer_schedule(c, l, R.r.moe_calibrate_all_experts);
+    for (const LinearGroup& g : ls.groups) {
+      const int64_t in = linear_shape(c, g.linears.front()).in;
+      hessians += in * in * 8;
+      for (LinearId p : g.linears) {
+        const std::string m = linear_name(c, l, p);
+        const LinearShape sh = linear_shape(c, p);
+        const int64_t n = sh.out * sh.in;
+        dense += n * src;
+        if (R.r.ignored(m)) kept += n * flt;
+        else packed += (n * R.spec_of(m).bits + 7) / 8;
+      }
+    }
+  }
+  const int64_t embeddings = int64_t(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2);
+  DiskNeed d;
+  if (!R.nf4 && !resuming) d.store = packed;   // (NF4 is written from the source at export)
+  for (const std::string& f : R.r.formats) d.exports += f == "fake" ? dense + embeddings * src : packed + kept + embeddings * flt;
+  if (saving_stats && !resuming) d.stats = hessians;
+  return d;
 }
 
 // The calibration windows (none for NF4: it is data-free) and their embeddings.
@@ -723,6 +762,16 @@ void quantize_layers(Run& R, const QuantStore& store, bool writes) {
 
 // ---------------------------------------------------------------- the report
 
+}  // namespace
+
+void check_room(const std::string& dir, const std::string& what, int64_t need, int64_t free) {
+  const std::string sizes = "needs at least " + human_bytes(double(need)) + " for " + what + "; its file system has " + human_bytes(double(free)) + " free";
+  if (need > free) fail(Errc::io, dir, "", sizes + " (free some, or write elsewhere)");
+  if (need + need / 2 > free) warn(dir + ": " + sizes + ": it may not fit (scales, metadata and headers come on top)");
+}
+
+namespace {
+
 json make_report(const Run& R, const json& outputs, double total) {
   const LlamaConfig& c = R.c();
   json report = {{"ptqkit_version", "0.1.0"},
@@ -743,6 +792,7 @@ json make_report(const Run& R, const json& outputs, double total) {
                  {"total_seconds", total},
                  {"peak_rss_mb", peak_rss_mb()},
                  {"outputs", outputs}};
+  if (!R.disk.is_null()) report["disk_min_bytes"] = R.disk;
   if (R.dev.cuda_built) report["peak_gpu_mb"] = R.dev.peak_gpu_mb();
   if (!R.gguf_fallback.empty()) report["gguf_float_fallback"] = R.gguf_fallback;
   if (!R.ct_fallback.empty()) report["compressed_tensors_float_fallback"] = R.ct_fallback;
@@ -793,6 +843,23 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   OutputDir out(R.r.output, opt.force, opt.resume, /*keep_on_failure=*/opt.resume);   // never destroy what --resume was asked to continue
   // setup
   load_model(R);
+  {   // room for what the run writes, before any calibration (a full disk would end it at the export)
+    const DiskNeed need = disk_need(R, !opt.save_stats.empty(), opt.resume);
+    const FreeSpace at_out = free_space(out.path());
+    int64_t here = need.store + need.exports;
+    std::string what = "the layer store and the exports";
+    if (need.stats > 0) {
+      const FreeSpace at_stats = free_space(opt.save_stats);
+      if (at_stats.fs_id == at_out.fs_id) {
+        here += need.stats;
+        what += " and --save-stats' Hessians";
+      } else {
+        check_room(opt.save_stats, "--save-stats' Hessians", need.stats, at_stats.bytes);
+      }
+    }
+    check_room(out.path(), what, here, at_out.bytes);
+    R.disk = {{"store", need.store}, {"exports", need.exports}, {"stats", need.stats}};
+  }
   calibrate(R);
   open_statistics(R);
   resume_point(R, out);

@@ -52,4 +52,10 @@ nlohmann::json run_quantize(const Recipe& recipe, const QuantizeOptions& opt);
 
 double peak_rss_mb();
 
+// Refuses (Errc::io, naming `dir`) a run that must write at least `need` bytes (`what`: which
+// outputs) where the file system holding `dir` has `free` left; warns where it fits with less than
+// half of `need` again to spare (the bound leaves out scales, metadata and headers). run_quantize
+// calls it before calibrating, with a lower bound of the layer store, the exports and --save-stats.
+void check_room(const std::string& dir, const std::string& what, int64_t need, int64_t free);
+
 }  // namespace ptq
