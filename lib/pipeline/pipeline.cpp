@@ -289,21 +289,16 @@ DiskNeed disk_need(const Run& R, bool saving_stats, bool resuming) {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerSchedule ls = layer_schedule(c, l, R.r.moe_calibrate_all_experts);
     for (const LinearGroup& g : ls.groups) {
-      bool solved = false;   // (a group whose Linears are all kept in float has no Hessian to save)
+      const int64_t in = linear_shape(c, g.linears.front()).in;
+      hessians += in * in * 8;
       for (LinearId p : g.linears) {
         const std::string m = linear_name(c, l, p);
         const LinearShape sh = linear_shape(c, p);
         const int64_t n = sh.out * sh.in;
         dense += n * src;
-        if (R.r.ignored(m)) {
-          kept += n * flt;
-        } else {
-          packed += (n * R.spec_of(m).bits + 7) / 8;
-          solved = true;
-        }
+        if (R.r.ignored(m)) kept += n * flt;
+        else packed += (n * R.spec_of(m).bits + 7) / 8;
       }
-      const int64_t in = linear_shape(c, g.linears.front()).in;
-      if (solved) hessians += in * in * 8;
     }
   }
   const int64_t embeddings = int64_t(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2);
