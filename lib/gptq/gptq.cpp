@@ -146,6 +146,11 @@ bool inverse_cholesky_upper_in_place(MatD&& H, Eigen::Matrix<Scalar, Eigen::Dyna
 
 bool inverse_cholesky_upper(const MatD& H, MatD& U) { return inverse_cholesky_upper_in_place(MatD(H), U); }
 
+namespace {
+// H_cc, or 1 for a dead column (H_cc == 0): the diagonal the solve orders and damps by.
+double live_diag(const MatD& H, const std::vector<char>& dead, int64_t c) { return dead[size_t(c)] ? 1.0 : H(c, c); }
+}  // namespace
+
 GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats& S) {
   const int64_t rows = W0.rows(), cols = W0.cols();
   if (H0.rows() != cols || H0.cols() != cols) fail(Errc::numeric, "", "H", "Hessian size does not match the weight's columns");
@@ -159,7 +164,6 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   dead.assign(size_t(cols), 0);
   for (int64_t i = 0; i < cols; ++i)
     if (H0(i, i) == 0) { dead[size_t(i)] = 1; W.col(i).setZero(); ++S.dead_columns; }
-  auto diag = [&](int64_t i) { return dead[size_t(i)] ? 1.0 : H0(i, i); };
 
   const int64_t gs = s.group_size > 0 ? s.group_size : cols;
   P.gs = gs;
@@ -175,7 +179,7 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   P.perm.resize(size_t(cols));
   std::iota(P.perm.begin(), P.perm.end(), 0);
   if (s.act_order) {
-    std::stable_sort(P.perm.begin(), P.perm.end(), [&](int64_t a, int64_t b) { return diag(a) > diag(b); });
+    std::stable_sort(P.perm.begin(), P.perm.end(), [&](int64_t a, int64_t b) { return live_diag(H0, dead, a) > live_diag(H0, dead, b); });
     MatF Wp(rows, cols);
     for (int64_t j = 0; j < cols; ++j) Wp.col(j) = W.col(P.perm[size_t(j)]);
     W.swap(Wp);
@@ -194,9 +198,8 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
 
 double permuted_mean_diag(const MatD& H, const GptqProblem& P) {
   const int64_t n = H.rows();
-  auto d = [&](int64_t i) { const int64_t c = P.perm[size_t(i)]; return P.dead[size_t(c)] ? 1.0 : H(c, c); };
-  double sum = d(0);   // one by one from the first, the order of Eigen's diagonal().sum(): the bits the permuted copy's mean had
-  for (int64_t i = 1; i < n; ++i) sum += d(i);
+  double sum = live_diag(H, P.dead, P.perm[0]);   // one by one from the first, the order of Eigen's diagonal().sum(): the bits the permuted copy's mean had
+  for (int64_t i = 1; i < n; ++i) sum += live_diag(H, P.dead, P.perm[size_t(i)]);
   return sum / double(n);
 }
 

@@ -772,6 +772,26 @@ void check_room(const std::string& dir, const std::string& what, int64_t need, i
 
 namespace {
 
+// The least the run writes (disk_need) against the free space of the output's file system, and of
+// --save-stats' (summed where it is the same one); the bounds go into the report.
+void check_disk_space(Run& R, const std::string& staging) {
+  const DiskNeed need = disk_need(R, !R.opt.save_stats.empty(), R.opt.resume);
+  const FreeSpace at_out = free_space(staging);
+  int64_t here = need.store + need.exports;
+  std::string what = "the layer store and the exports";
+  if (need.stats > 0) {
+    const FreeSpace at_stats = free_space(R.opt.save_stats);
+    if (at_stats.fs_id == at_out.fs_id) {
+      here += need.stats;
+      what += " and --save-stats' Hessians";
+    } else {
+      check_room(R.opt.save_stats, "--save-stats' Hessians", need.stats, at_stats.bytes);
+    }
+  }
+  check_room(staging, what, here, at_out.bytes);
+  R.disk = {{"store", need.store}, {"exports", need.exports}, {"stats", need.stats}};
+}
+
 json make_report(const Run& R, const json& outputs, double total) {
   const LlamaConfig& c = R.c();
   json report = {{"ptqkit_version", "0.1.0"},
@@ -843,23 +863,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   OutputDir out(R.r.output, opt.force, opt.resume, /*keep_on_failure=*/opt.resume);   // never destroy what --resume was asked to continue
   // setup
   load_model(R);
-  {   // room for what the run writes, before any calibration (a full disk would end it at the export)
-    const DiskNeed need = disk_need(R, !opt.save_stats.empty(), opt.resume);
-    const FreeSpace at_out = free_space(out.path());
-    int64_t here = need.store + need.exports;
-    std::string what = "the layer store and the exports";
-    if (need.stats > 0) {
-      const FreeSpace at_stats = free_space(opt.save_stats);
-      if (at_stats.fs_id == at_out.fs_id) {
-        here += need.stats;
-        what += " and --save-stats' Hessians";
-      } else {
-        check_room(opt.save_stats, "--save-stats' Hessians", need.stats, at_stats.bytes);
-      }
-    }
-    check_room(out.path(), what, here, at_out.bytes);
-    R.disk = {{"store", need.store}, {"exports", need.exports}, {"stats", need.stats}};
-  }
+  check_disk_space(R, out.path());   // before any calibration: a full disk would end the run at its export
   calibrate(R);
   open_statistics(R);
   resume_point(R, out);

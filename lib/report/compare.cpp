@@ -304,22 +304,23 @@ std::string seconds(const json& v) {
 // "cuda: NVIDIA H200" of "cuda: NVIDIA H200, sm_90, 132 SMs, 139.8 GiB" (the JSON keeps it whole).
 std::string short_device(const std::string& d) { return d.substr(0, d.find(", ")); }
 // Rows of cells as aligned columns (first column left, the rest right), or a markdown table.
+size_t width(const std::string& cell) {   // UTF-8 characters, not bytes
+  size_t n = 0;
+  for (unsigned char ch : cell) n += (ch & 0xC0) != 0x80;
+  return n;
+}
 std::string table(const std::vector<std::vector<std::string>>& rows, bool markdown) {
   std::vector<size_t> w;
   for (const auto& r : rows)
     for (size_t c = 0; c < r.size(); ++c) {
       if (w.size() <= c) w.push_back(0);
-      size_t len = 0;
-      for (unsigned char ch : r[c]) len += (ch & 0xC0) != 0x80;   // UTF-8 characters, not bytes
-      w[c] = std::max(w[c], len);
+      w[c] = std::max(w[c], width(r[c]));
     }
   std::ostringstream o;
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     for (size_t c = 0; c < r.size(); ++c) {
-      size_t len = 0;
-      for (unsigned char ch : r[c]) len += (ch & 0xC0) != 0x80;
-      const std::string pad(w[c] - len, ' ');
+      const std::string pad(w[c] - width(r[c]), ' ');
       if (markdown) o << "| " << r[c] << " ";
       else o << (c ? "  " : "") << (c ? pad + r[c] : r[c] + (c + 1 < r.size() ? pad : ""));
     }
