@@ -19,7 +19,7 @@ Command add_compare(CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* sub = app.add_subcommand("compare", "quantization runs side by side: recipe, size, time, output error against RTN, perplexity and KL, and the modules that differ most");
   sub->add_option("runs", a->in.runs, "quantize output folders (or their report.json)")->required();
-  sub->add_option("--eval", a->in.evals, "`ptqkit eval --json` results of these runs (matched by their model folder) and of the source model (the float row)");
+  sub->add_option("--eval", a->in.evals, "`ptqkit eval --json` results of these runs (matched by their model folder) and of the source model (the float row), on one text or several (a row per text and model)");
   sub->add_option("--modules", a->modules, "how many modules to list, those where the runs differ most (-1: all, 0: none)")->capture_default_str();
   sub->add_flag("--markdown", a->markdown, "GitHub markdown tables");
   sub->add_option("--json", a->json_out, "write the comparison as JSON here");

@@ -29,8 +29,10 @@ echo "$scheme (first line) against the float model (vs reference) on $data:"
 echo "quantized model: $out (report: $out/report.html; recipe: $out/recipe.yaml; evaluation: $out/eval.json)"
 # The same scheme by round-to-nearest, beside it (NF4 is round-to-nearest already).
 if [ "$scheme" != NF4 ]; then
-  # (its warnings are the first run's: kept in a log, shown if it fails)
-  "$bin" -q quantize --model "$model" --scheme "$scheme" --dataset "$calib" --set quantization.method=rtn -o "$out-RTN" --force >/dev/null 2>"$out-RTN.log" ||
+  # (its warnings are the first run's: kept in a log, shown if it fails; act-order orders GPTQ's
+  # columns, which round-to-nearest has none of, so its checkpoint's config does not claim it)
+  "$bin" -q quantize --model "$model" --scheme "$scheme" --dataset "$calib" --set quantization.method=rtn --set quantization.act_order=false \
+    -o "$out-RTN" --force >/dev/null 2>"$out-RTN.log" ||
     { cat "$out-RTN.log" >&2; exit 1; }
   "$bin" -q eval --model "$out-RTN" --reference "$model" --data "$data" --json "$out-RTN/eval.json" >/dev/null
   echo

@@ -165,8 +165,9 @@ std::string hand_run(const ptqtest::TempDir& d, const std::string& name, double 
   return dir;
 }
 // An evaluation of `model` as `ptqkit eval --json` writes it, with a KL reference of the source.
-std::string hand_eval(const ptqtest::TempDir& d, const std::string& name, const std::string& model, double ppl, const std::string& sha = "abc") {
-  json e = {{"model", model}, {"perplexity", ppl}, {"data_sha256", sha}, {"seq_len", 32}, {"windows", 2}, {"scored_tokens", 62},
+// Its text is text-SHA.txt, scored in `windows` windows of 32.
+std::string hand_eval(const ptqtest::TempDir& d, const std::string& name, const std::string& model, double ppl, const std::string& sha = "abc", int windows = 2) {
+  json e = {{"model", model}, {"perplexity", ppl}, {"data", d / ("text-" + sha + ".txt")}, {"data_sha256", sha}, {"seq_len", 32}, {"windows", windows}, {"scored_tokens", 31 * windows},
             {"kl", {{"mean", 0.01 * ppl}, {"top1_agreement", 0.9}, {"reference_perplexity", 4.0}}}, {"reference", d / "source"}};
   ptq::write_file_atomic(d / name, e.dump());
   return d / name;
@@ -225,13 +226,30 @@ TEST_CASE("compare: runs side by side from their report.json and evaluations, th
   CHECK(cmp2["notes"].dump().find("c was calibrated on other windows than a (calibration.seed differs): its output errors are measured on other inputs") !=
         std::string::npos);
 
-  // refused: not a report, an evaluation of no run, evaluations on other tokens, two of one run
+  // evaluations on another text: a second dataset, its perplexities against its own float model's
+  const json cmp3 = ptq::compare_runs({{a, b}, {d / "ea.json", d / "eb.json", hand_eval(d, "ea2.json", a, 12.0, "wiki"), hand_eval(d, "es2.json", d / "source", 10.0, "wiki")}});
+  REQUIRE(cmp3["datasets"].size() == 2);
+  CHECK(cmp3["datasets"][0]["label"] == "text-abc.txt");
+  CHECK(cmp3["datasets"][1]["label"] == "text-wiki.txt");
+  CHECK(cmp3["runs"][0]["eval"]["perplexity"] == 5.0);   // the first text's, as with one
+  CHECK(cmp3["runs"][0]["evals"][1]["perplexity"] == 12.0);
+  CHECK(cmp3["runs"][1]["evals"][1].is_null());
+  CHECK(cmp3["float"]["perplexity"] == 4.0);             // the first text's: the runs' KL reference
+  CHECK(cmp3["float"]["perplexities"][1]["perplexity"] == 10.0);
+  const std::string text3 = ptq::compare_text(cmp3, 0, false);
+  INFO(text3);
+  CHECK(text3.find("perplexity on each evaluated text") != std::string::npos);
+  CHECK(text3.find("+20.00%") != std::string::npos);   // a's 12.0 against the float 10.0 on text-wiki.txt
+  CHECK(text3.find("+25.00%") != std::string::npos);   // and 5.0 against 4.0 on text-abc.txt
+  CHECK(text3.find("perplexities on text-wiki.txt: 62 scored tokens") != std::string::npos);
+
+  // refused: not a report, an evaluation of no run, a text scored on other tokens, two of one run
   ptq::write_file_atomic(d / "not.json", R"({"perplexity": 3})");
   CHECK_THROWS_WITH(ptq::compare_runs({{d / "not.json"}, {}}), Catch::Contains("not.json: modules: missing: not a ptqkit report.json"));
   CHECK_THROWS_WITH(ptq::compare_runs({{a}, {hand_eval(d, "ex.json", d / "elsewhere", 5.0)}}), Catch::Contains("ex.json: model: '") && Catch::Contains("is none of the compared runs' folders"));
-  CHECK_THROWS_WITH(ptq::compare_runs({{a, b}, {d / "ea.json", hand_eval(d, "eo.json", b, 6.0, "other")}}),
-                    Catch::Contains("eo.json: data_sha256: scored on other tokens than"));
-  CHECK_THROWS_WITH(ptq::compare_runs({{a}, {d / "ea.json", d / "ea.json"}}), Catch::Contains("a second evaluation of"));
+  CHECK_THROWS_WITH(ptq::compare_runs({{a, b}, {d / "ea.json", hand_eval(d, "eo.json", b, 6.0, "abc", 3)}}),
+                    Catch::Contains("eo.json: windows: the same text scored on other tokens than") && Catch::Contains("(3 against 2)"));
+  CHECK_THROWS_WITH(ptq::compare_runs({{a}, {d / "ea.json", d / "ea.json"}}), Catch::Contains("ea.json: model: a second evaluation of"));
   CHECK_THROWS_WITH(ptq::compare_runs({{d / "missing"}, {}}), Catch::Contains("missing: no such folder or file"));
   std::filesystem::create_directories(d / "empty");
   CHECK_THROWS_WITH(ptq::compare_runs({{d / "empty"}, {}}), Catch::Contains("empty/report.json: cannot open"));

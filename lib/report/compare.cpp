@@ -163,11 +163,14 @@ json one_eval(const std::string& file) {
     r["top1_agreement"] = kl.contains("top1_agreement") ? kl["top1_agreement"] : json(nullptr);
     r["reference"] = e.contains("reference") ? e["reference"] : json(nullptr);
     r["reference_perplexity"] = kl.contains("reference_perplexity") ? kl["reference_perplexity"] : json(nullptr);
-    r["tokens"] = {{"data_sha256", e.value("data_sha256", "")}, {"seq_len", e.value("seq_len", int64_t(0))}, {"windows", e.value("windows", int64_t(0))},
+    r["tokens"] = {{"data", e.value("data", "")}, {"data_sha256", e.value("data_sha256", "")}, {"seq_len", e.value("seq_len", int64_t(0))}, {"windows", e.value("windows", int64_t(0))},
                    {"scored_tokens", e.value("scored_tokens", int64_t(0))}, {"protocol", e.value("protocol", "gptq")}};
     return r;
   });
 }
+
+// What decides the tokens an evaluation scored (its text by content, not by path).
+constexpr const char* kTokenKeys[] = {"data_sha256", "seq_len", "windows", "scored_tokens", "protocol"};
 
 // The calibration fields that decide the inputs a run's losses were measured on.
 std::string calibration_difference(const json& a, const json& b) {
@@ -203,55 +206,86 @@ json compare_runs(const CompareInputs& in) {
       notes.push_back(r["label"].get<std::string>() + " was calibrated on other windows than " + first["label"].get<std::string>() + " (calibration." + d +
                       " differs): its output errors are measured on other inputs");
   }
-  // Evaluations: each of a run's folder or of the source model, all on the first one's tokens.
+  // Evaluations: each of a run's folder or of the source model. Those scored on the same tokens
+  // (text, window length, windows, protocol) make one dataset; a text scored two ways is refused.
   const std::string source = same_path(first["model"].get<std::string>());
   const bool one_source = std::all_of(runs.begin(), runs.end(), [&](const json& r) { return same_path(r["model"].get<std::string>()) == source; });
-  json float_eval = nullptr;
-  json tokens = nullptr;
-  std::string tokens_file;
+  struct Dataset {
+    json tokens;
+    std::string file;                  // its first evaluation
+    std::vector<json> run_evals;       // per run, or null
+    json float_eval = nullptr;
+  };
+  std::vector<Dataset> sets;
   for (const std::string& f : in.evals) {
     json e = one_eval(f);
-    if (tokens.is_null()) {
-      tokens = e["tokens"];
-      tokens_file = f;
-    } else {
-      for (const char* k : {"data_sha256", "seq_len", "windows", "scored_tokens", "protocol"})
-        if (e["tokens"][k] != tokens[k])
-          fail(Errc::input, f, k, "scored on other tokens than " + tokens_file + " (" + e["tokens"][k].dump() + " against " + tokens[k].dump() +
-                                      "): perplexities compare only on the same tokens");
+    Dataset* ds = nullptr;
+    for (Dataset& s : sets)
+      if (std::all_of(std::begin(kTokenKeys), std::end(kTokenKeys), [&](const char* k) { return s.tokens[k] == e["tokens"][k]; })) ds = &s;
+    if (!ds) {
+      for (const Dataset& s : sets)
+        if (s.tokens["data_sha256"] == e["tokens"]["data_sha256"])
+          for (const char* k : {"seq_len", "windows", "scored_tokens", "protocol"})
+            if (e["tokens"][k] != s.tokens[k])
+              fail(Errc::input, f, k, "the same text scored on other tokens than " + s.file + " (" + e["tokens"][k].dump() + " against " + s.tokens[k].dump() +
+                                          "): perplexities compare only on the same tokens");
+      sets.push_back({e["tokens"], f, std::vector<json>(runs.size(), nullptr)});
+      ds = &sets.back();
     }
     const std::string m = same_path(e["model"].get<std::string>());
     json* target = nullptr;
-    for (json& r : runs)
-      if (r["folder"] == m) target = &r;
-    if (!target && one_source && m == source) target = &float_eval;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (runs[i]["folder"] == m) target = &ds->run_evals[i];
+    if (!target && one_source && m == source) target = &ds->float_eval;
     if (!target) fail(Errc::input, f, "model", "'" + e["model"].get<std::string>() + "' is none of the compared runs' folders, nor their source model");
-    if (target == &float_eval ? !float_eval.is_null() : target->contains("eval"))
-      fail(Errc::input, f, "model", "a second evaluation of '" + e["model"].get<std::string>() + "'");
+    if (!target->is_null()) fail(Errc::input, f, "model", "a second evaluation of '" + e["model"].get<std::string>() + "' on the tokens of " + ds->file);
     e.erase("tokens");
-    if (target == &float_eval) float_eval = e;
-    else (*target)["eval"] = e;
+    *target = e;
   }
+  // The datasets' labels: their texts' file names, made unique.
+  json datasets = json::array();
+  std::map<std::string, int> seen_text;
+  for (const Dataset& s : sets) {
+    std::string label = fs::path(s.tokens["data"].get<std::string>()).filename().string();
+    if (label.empty()) label = "text";
+    if (seen_text[label]++) label += "#" + std::to_string(seen_text[label]);
+    json d = s.tokens;
+    d["label"] = label;
+    datasets.push_back(d);
+  }
+  // Per dataset, the source model's perplexity: its own evaluation, else a KL reference of it.
   json flt = nullptr;
   if (one_source) {
-    flt = {{"model", first["model"]}, {"dtype", first["model_dtype"]}, {"eval", float_eval}, {"perplexity", nullptr}, {"perplexity_from", nullptr}};
+    flt = {{"model", first["model"]}, {"dtype", first["model_dtype"]}, {"evals", json::array()}, {"perplexities", json::array()}};
     const int64_t b = weight_bytes(source, files_in(source));
     flt["bytes"] = b >= 0 ? json(b) : json(nullptr);
-    if (!float_eval.is_null()) {
-      flt["perplexity"] = float_eval["perplexity"];
-      flt["perplexity_from"] = float_eval["file"];
-    } else {   // a KL reference of the source model scored the same tokens
-      for (const json& r : runs)
-        if (r.contains("eval") && r["eval"]["reference"].is_string() && same_path(r["eval"]["reference"].get<std::string>()) == source &&
-            r["eval"]["reference_perplexity"].is_number()) {
-          flt["perplexity"] = r["eval"]["reference_perplexity"];
-          flt["perplexity_from"] = r["eval"]["file"].get<std::string>() + " (its KL reference)";
-          break;
-        }
+    for (const Dataset& s : sets) {
+      json ppl = nullptr, from = nullptr;
+      if (!s.float_eval.is_null()) {
+        ppl = s.float_eval["perplexity"];
+        from = s.float_eval["file"];
+      } else {
+        for (const json& e : s.run_evals)
+          if (e.is_object() && e["reference"].is_string() && same_path(e["reference"].get<std::string>()) == source && e["reference_perplexity"].is_number()) {
+            ppl = e["reference_perplexity"];
+            from = e["file"].get<std::string>() + " (its KL reference)";
+            break;
+          }
+      }
+      flt["evals"].push_back(s.float_eval);
+      flt["perplexities"].push_back({{"perplexity", ppl}, {"from", from}});
     }
+    // the first dataset's, as one run's evaluation is
+    flt["eval"] = sets.empty() ? json(nullptr) : sets[0].float_eval;
+    flt["perplexity"] = sets.empty() ? json(nullptr) : flt["perplexities"][0]["perplexity"];
+    flt["perplexity_from"] = sets.empty() ? json(nullptr) : flt["perplexities"][0]["from"];
   }
-  for (json& r : runs)
-    if (!r.contains("eval")) r["eval"] = nullptr;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    json evals = json::array();
+    for (const Dataset& s : sets) evals.push_back(s.run_evals[i]);
+    runs[i]["eval"] = sets.empty() ? json(nullptr) : evals[0];
+    runs[i]["evals"] = evals;
+  }
   // Per module: every run's error, against the first run's; in the order the modules first appear.
   std::vector<std::string> order;
   std::vector<std::map<std::string, json>> loss_of(runs.size());
@@ -279,10 +313,11 @@ json compare_runs(const CompareInputs& in) {
                       " modules the runs list (it kept them in float)");
     runs[i].erase("module_losses");
   }
-  if (!in.evals.empty() && !tokens.is_null())
-    notes.push_back("perplexities on " + std::to_string(tokens["scored_tokens"].get<int64_t>()) + " scored tokens (" + std::to_string(tokens["windows"].get<int64_t>()) +
-                    " windows of " + std::to_string(tokens["seq_len"].get<int64_t>()) + ", protocol " + tokens["protocol"].get<std::string>() + ")");
-  return {{"runs", runs}, {"float", flt}, {"notes", notes}, {"modules", modules}};
+  for (const json& t : datasets)
+    notes.push_back("perplexities on " + (datasets.size() > 1 ? t["label"].get<std::string>() + ": " : std::string()) + std::to_string(t["scored_tokens"].get<int64_t>()) +
+                    " scored tokens (" + std::to_string(t["windows"].get<int64_t>()) + " windows of " + std::to_string(t["seq_len"].get<int64_t>()) + ", protocol " +
+                    t["protocol"].get<std::string>() + ")");
+  return {{"runs", runs}, {"float", flt}, {"datasets", datasets}, {"notes", notes}, {"modules", modules}};
 }
 
 namespace {
@@ -339,23 +374,60 @@ std::string compare_text(const json& c, int modules, bool markdown) {
     std::ostringstream o;
     const json& runs = c["runs"];
     const json& flt = c["float"];
-    const double ref_ppl = flt.is_object() && flt["perplexity"].is_number() ? flt["perplexity"].get<double>()
-                           : runs[0]["eval"].is_object()                     ? runs[0]["eval"]["perplexity"].get<double>()
-                                                                             : NAN;
-    const std::string ref_name = flt.is_object() && flt["perplexity"].is_number() ? "float" : runs[0]["label"].get<std::string>();
-    std::vector<std::vector<std::string>> rows = {
-        {"run", "method", "bits", "group", "act-order", "SmoothQuant", "format", "size", "time", "Σ output error", "vs RTN", "perplexity", "vs " + ref_name, "KL", "top-1"}};
-    auto ppl_cells = [&](const json& ppl, bool is_ref) -> std::pair<std::string, std::string> {
-      if (!ppl.is_number()) return {"-", "-"};
-      char d[32];
-      std::snprintf(d, sizeof d, "%+.2f%%", 100 * (ppl.get<double>() / ref_ppl - 1));
-      return {num(ppl, "%.4f"), is_ref || !std::isfinite(ref_ppl) ? "" : d};
+    const size_t sets = c.contains("datasets") && c["datasets"].is_array() ? c["datasets"].size() : 0;
+    // Dataset d's evaluation of run i (-1: the float model), its perplexity, and what a perplexity
+    // there is measured against: the float model's, else the first run's.
+    auto eval_of = [&](int i, size_t d) -> json {
+      const json& r = i < 0 ? flt : runs[size_t(i)];
+      return r.is_object() && r.contains("evals") && d < r["evals"].size() ? r["evals"][d] : json(nullptr);
+    };
+    auto float_ppl = [&](size_t d) -> json {
+      return flt.is_object() && flt.contains("perplexities") && d < flt["perplexities"].size() ? flt["perplexities"][d]["perplexity"] : json(nullptr);
+    };
+    auto ppl_of = [&](int i, size_t d) -> json {
+      if (i < 0) return float_ppl(d);
+      const json e = eval_of(i, d);
+      return e.is_object() ? e["perplexity"] : json(nullptr);
+    };
+    auto ref_of = [&](size_t d) -> std::pair<double, std::string> {   // (NaN, "") where nothing is
+      if (float_ppl(d).is_number()) return {float_ppl(d).get<double>(), "float"};
+      if (ppl_of(0, d).is_number()) return {ppl_of(0, d).get<double>(), runs[0]["label"].get<std::string>()};
+      return {NAN, ""};
+    };
+    // Perplexity, its change against the reference, mean KL and top-1 of run i on dataset d.
+    auto eval_cells = [&](int i, size_t d) -> std::vector<std::string> {
+      const json ppl = ppl_of(i, d), e = i < 0 ? json(nullptr) : eval_of(i, d);
+      const auto [ref, ref_name] = ref_of(d);
+      const bool is_ref = ref_name == (i < 0 ? std::string("float") : runs[size_t(i)]["label"].get<std::string>());
+      std::string delta = ppl.is_number() ? "" : "-";
+      if (ppl.is_number() && !is_ref && std::isfinite(ref)) {
+        char t[32];
+        std::snprintf(t, sizeof t, "%+.2f%%", 100 * (ppl.get<double>() / ref - 1));
+        delta = t;
+      }
+      return {ppl.is_number() ? num(ppl, "%.4f") : "-", delta, e.is_object() ? num(e["kl_mean"]) : "-", e.is_object() ? num(e["top1_agreement"], "%.3f") : "-"};
+    };
+    // One evaluated text: its perplexities in the runs' table; several: a table of their own.
+    const bool inline_eval = sets <= 1;
+    std::vector<std::string> head = {"run", "method", "bits", "group", "act-order", "SmoothQuant", "format", "size", "time", "Σ output error", "vs RTN"};
+    if (inline_eval) {
+      const std::string ref_name = sets ? ref_of(0).second : "";
+      head.insert(head.end(), {"perplexity", "vs " + (ref_name.empty() ? std::string("float") : ref_name), "KL", "top-1"});
+    }
+    std::vector<std::vector<std::string>> rows = {head};
+    auto add_eval = [&](std::vector<std::string>& row, int i) {
+      if (!inline_eval) return;
+      const std::vector<std::string> e = sets ? eval_cells(i, 0) : std::vector<std::string>{"-", "-", "-", "-"};
+      row.insert(row.end(), e.begin(), e.end());
     };
     if (flt.is_object()) {
-      const auto [p, d] = ppl_cells(flt["perplexity"], ref_name == "float");
-      rows.push_back({"float (source)", "-", flt["dtype"] == "" ? "-" : flt["dtype"].get<std::string>(), "-", "-", "-", "-", flt["bytes"].is_number() ? human_bytes(flt["bytes"].get<double>()) : "-", "-", "-", "-", p, d, "-", "-"});
+      std::vector<std::string> row = {"float (source)", "-", flt["dtype"] == "" ? "-" : flt["dtype"].get<std::string>(), "-", "-", "-", "-",
+                                      flt["bytes"].is_number() ? human_bytes(flt["bytes"].get<double>()) : "-", "-", "-", "-"};
+      add_eval(row, -1);
+      rows.push_back(row);
     }
-    for (const json& r : runs) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const json& r = runs[i];
       std::string fmt, size;
       for (const json& f : r["outputs"]) {
         std::string name = f["format"];
@@ -365,17 +437,38 @@ std::string compare_text(const json& c, int modules, bool markdown) {
       }
       std::string sq = r["smoothquant_alpha"].is_null() ? "-" : r["smoothquant_alpha"].is_string() ? "α " + r["smoothquant_alpha"].get<std::string>() : "α " + num(r["smoothquant_alpha"], "%g");
       if (r["activations"].is_string()) sq += ", " + r["activations"].get<std::string>();
-      const json& e = r["eval"];
-      const auto [p, d] = ppl_cells(e.is_object() ? e["perplexity"] : json(), ref_name == r["label"]);
-      rows.push_back({r["label"], r["method"], r["bits"], r["group_size"], r["act_order"].get<bool>() ? "yes" : "no", sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size,
-                      seconds(r["seconds"]) + (r["device"] == "" ? "" : " (" + short_device(r["device"]) + ")"), num(r["loss_total"]), num(r["loss_vs_rtn_geomean"], "%.3f"), p, d,
-                      e.is_object() ? num(e["kl_mean"]) : "-", e.is_object() ? num(e["top1_agreement"], "%.3f") : "-"});
+      // act-order orders GPTQ's columns; round-to-nearest and NF4 have no order to change
+      const std::string act_order = r["method"] != "gptq" ? "-" : r["act_order"].get<bool>() ? "yes" : "no";
+      std::vector<std::string> row = {r["label"], r["method"], r["bits"], r["group_size"], act_order, sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size,
+                                      seconds(r["seconds"]) + (r["device"] == "" ? "" : " (" + short_device(r["device"]) + ")"), num(r["loss_total"]), num(r["loss_vs_rtn_geomean"], "%.3f")};
+      add_eval(row, int(i));
+      rows.push_back(row);
     }
     o << table(rows, markdown);
     o << "\nΣ output error: the sum over the run's modules of tr(ΔW H ΔWᵀ)/2 on its calibration inputs; vs RTN: the geometric mean of each module's error over "
          "round-to-nearest's on the same inputs.\n";
+    if (!inline_eval) {
+      // A row per text and model, the texts in the order given, their models as in the table above.
+      std::vector<std::vector<std::string>> erows = {{"text", "run", "perplexity", "vs float", "KL", "top-1"}};
+      for (size_t d = 0; d < sets; ++d) {
+        const std::string ref_name = ref_of(d).second;
+        for (int i = flt.is_object() ? -1 : 0; i < int(runs.size()); ++i) {
+          std::vector<std::string> row = {c["datasets"][d]["label"], i < 0 ? "float (source)" : runs[size_t(i)]["label"].get<std::string>()};
+          const std::vector<std::string> e = eval_cells(i, d);
+          row.insert(row.end(), e.begin(), e.end());
+          if (ref_name != "float" && row[3] != "" && row[3] != "-") row[3] += " (vs " + ref_name + ")";
+          erows.push_back(row);
+        }
+      }
+      o << "\nperplexity on each evaluated text (against the float model's there, else the first run's; KL and top-1 against each evaluation's reference):\n\n"
+        << table(erows, markdown);
+    }
     for (const json& n : c["notes"]) o << "- " << n.get<std::string>() << "\n";
-    if (flt.is_object() && flt["perplexity_from"].is_string()) o << "- the float perplexity is from " << flt["perplexity_from"].get<std::string>() << "\n";
+    if (flt.is_object())
+      for (size_t d = 0; d < sets; ++d)
+        if (flt["perplexities"][d]["from"].is_string())
+          o << "- the float perplexity" << (sets > 1 ? " on " + c["datasets"][d]["label"].get<std::string>() : std::string()) << " is from "
+            << flt["perplexities"][d]["from"].get<std::string>() << "\n";
     // The modules where the runs differ most: the largest |log(loss / first's)| (one run: the largest losses).
     const json& mods = c["modules"];
     if (modules != 0 && !mods.empty()) {
