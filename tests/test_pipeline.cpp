@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
+#include "core/progress.h"
 #include "core/safetensors.h"
 #include "model/synth.h"
 #include "model/tokenizer.h"
@@ -344,10 +345,19 @@ TEST_CASE("pipeline: the least a run writes is checked against the free space be
   // the check itself: refused naming the folder and both sizes, or passed
   CHECK_THROWS_WITH(check_room("out.partial", "the layer store and the exports", int64_t(3) << 30, int64_t(1) << 30),
                     Catch::Contains("out.partial: needs at least 3.00 GiB for the layer store and the exports; its file system has 1.00 GiB free"));
-  CHECK_NOTHROW(check_room("out.partial", "the exports", 100, 1000));
-  CHECK_NOTHROW(check_room("out.partial", "the exports", 100, 120));   // (a warning: little to spare)
-  // free_space: the nearest existing folder's file system
   ptqtest::TempDir d;
+  // passed; with less than half the need again to spare, passed with a warning (in the event log too)
+  open_json_log(d / "events.jsonl");
+  CHECK_NOTHROW(check_room("out.partial", "the exports", 100, 1000));
+  CHECK(read_text_file(d / "events.jsonl").find("warning") == std::string::npos);
+  CHECK_NOTHROW(check_room("out.partial", "the exports", 100, 149));
+  const std::string events = read_text_file(d / "events.jsonl");
+  CHECK(events.find(R"("event":"warning")") != std::string::npos);
+  CHECK(events.find("out.partial: needs at least 100 B for the exports; its file system has 149 B free: it may not fit") != std::string::npos);
+  CHECK_NOTHROW(check_room("out.partial", "the exports", 100, 150));   // half again to spare: no warning
+  CHECK(read_text_file(d / "events.jsonl") == events);
+  open_json_log("");
+  // free_space: the nearest existing folder's file system
   const FreeSpace here = free_space(d.path.string()), below = free_space(d / "not/yet/made");
   CHECK(here.bytes > 0);
   CHECK(below.fs_id == here.fs_id);

@@ -25,6 +25,8 @@ void Progress::set_quiet(bool q) { g_quiet = q; }
 void open_json_log(const std::string& path) {
   std::lock_guard<std::mutex> lk(g_log_mu);
   if (g_log) std::fclose(g_log);
+  g_log = nullptr;
+  if (path.empty()) return;
   g_log = std::fopen(path.c_str(), "w");
   if (!g_log) fail(Errc::io, path, "--log-json", "cannot create the log file");
 }

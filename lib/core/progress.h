@@ -28,7 +28,8 @@ class Progress {
   bool shown_, finished_{false};
 };
 
-// Opens (truncates) the JSON-lines log; Errc::io naming the file if it cannot.
+// Opens (truncates) the JSON-lines log, closing the one before; Errc::io naming the file if it
+// cannot. An empty path only closes it.
 void open_json_log(const std::string& path);
 // Appends {"ts":..., "event": event, ...fields} to the log, if one is open (thread-safe).
 void log_event(const std::string& event, nlohmann::json fields = nlohmann::json::object());
