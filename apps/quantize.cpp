@@ -7,6 +7,7 @@
 
 #include "command.h"
 #include "core/error.h"
+#include "core/fsutil.h"
 #include "core/progress.h"
 #include "pipeline/distributed.h"
 #include "pipeline/pipeline.h"
@@ -18,7 +19,7 @@ namespace {
 struct QuantizeArgs {
   std::string recipe, scheme, dataset, format, model, output, save_stats, load_stats;
   std::vector<std::string> sets;
-  bool force = false, resume = false;
+  bool force = false, resume = false, dry_run = false;
   int gpus = -1;   // -1: the recipe's
 };
 struct WorkerArgs {
@@ -26,6 +27,44 @@ struct WorkerArgs {
   int rank = 0, size = 0;
   bool host_hessians = false;
 };
+
+// `--dry-run`: the plan run_quantize checked, for a person (the JSON goes to --log-json).
+int print_plan(const nlohmann::json& p) {
+  const nlohmann::json& m = p["model"];
+  std::printf("plan: quantize %s (%s, %d layers, hidden %d, %s) into %s\n", m["path"].get<std::string>().c_str(), m["model_type"].get<std::string>().c_str(),
+              m["layers"].get<int>(), m["hidden_size"].get<int>(), m["dtype"].get<std::string>().c_str(), p["output"].get<std::string>().c_str());
+  std::printf("  device: %s\n", p["device"].get<std::string>().c_str());
+  const nlohmann::json& cal = p["calibration"];
+  if (!cal.contains("samples")) std::printf("  calibration: none (data-free)\n");
+  else if (cal["dataset"] == "random")
+    std::printf("  calibration: %d x %d RANDOM tokens (seed %llu), not text: give --dataset FILE to tune the quantization to real input\n",
+                cal["samples"].get<int>(), cal["seq_len"].get<int>(), (unsigned long long)cal["seed"].get<uint64_t>());
+  else
+    std::printf("  calibration: %d x %d tokens from %s (seed %llu)\n", cal["samples"].get<int>(), cal["seq_len"].get<int>(), cal["dataset"].get<std::string>().c_str(),
+                (unsigned long long)cal["seed"].get<uint64_t>());
+  if (const nlohmann::json& q = p["recipe"]["quantization"]; q.contains("activations") && q["activations"].is_object()) {
+    const nlohmann::json& act = q["activations"];
+    std::printf("  activations: int%d, %s per %s\n", act.value("bits", 8), act.value("dynamic", true) ? "dynamic" : "static",
+                act.value("strategy", std::string("token")).c_str());
+  }
+  if (p.contains("smoothquant"))
+    std::printf("  SmoothQuant: alpha %s\n", p["smoothquant"]["alpha"].is_string() ? "auto (searched per layer)" : p["smoothquant"]["alpha"].dump().c_str());
+  std::printf("  %lld Linears:\n", (long long)p["linears"].get<int64_t>());
+  for (const auto& g : p["quantized"])
+    std::printf("    %5lld  %s (e.g. %s)\n", (long long)g["modules"].get<int64_t>(), g["quantization"].get<std::string>().c_str(), g["example"].get<std::string>().c_str());
+  if (!p["kept_in_float"].empty())
+    std::printf("    %5zu  kept in %s (e.g. %s)\n", p["kept_in_float"].size(), m["dtype"].get<std::string>().c_str(), p["kept_in_float"][0].get<std::string>().c_str());
+  std::string formats;
+  for (const auto& f : p["formats"]) formats += (formats.empty() ? "" : ", ") + f.get<std::string>();
+  std::printf("  formats: %s\n", formats.c_str());
+  const nlohmann::json& d = p["disk_min_bytes"];
+  std::printf("  disk: at least %s (layer store %s, exports %s", human_bytes(d["store"].get<double>() + d["exports"].get<double>() + d["stats"].get<double>()).c_str(),
+              human_bytes(d["store"].get<double>()).c_str(), human_bytes(d["exports"].get<double>()).c_str());
+  if (d["stats"].get<int64_t>() > 0) std::printf(", --save-stats %s", human_bytes(d["stats"].get<double>()).c_str());
+  std::printf("); %s free where the output goes\n", human_bytes(p["free_bytes"].get<double>()).c_str());
+  std::printf("  every check before calibration passed; nothing was written (--dry-run)\n");
+  return 0;
+}
 
 int run(const QuantizeArgs& a) {
   std::vector<std::string> sets = a.sets;
@@ -58,7 +97,12 @@ int run(const QuantizeArgs& a) {
   o.resume = a.resume;
   o.save_stats = a.save_stats;
   o.load_stats = a.load_stats;
+  o.dry_run = a.dry_run;
   nlohmann::json rep = run_quantize(r, o);
+  if (a.dry_run) {
+    log_event("result", {{"command", "quantize"}, {"plan", rep}});
+    return print_plan(rep);
+  }
   log_event("result", {{"command", "quantize"}, {"output", r.output}, {"total_seconds", rep["total_seconds"]},
                        {"phases_seconds", rep["phases_seconds"]}, {"modules", rep["modules"].size()}, {"outputs", rep["outputs"]},
                        {"report", r.output + "/report.json"}});
@@ -116,6 +160,9 @@ Command add_quantize(CLI::App& app) {
   sub->add_option("--load-stats", a->load_stats,
                   "quantize from statistics saved with --save-stats (same model and calibration) without running the model");
   sub->add_flag("--resume", a->resume, "continue an interrupted run of the same recipe from its last finished layer");
+  sub->add_flag("--dry-run", a->dry_run,
+                "check everything a run checks before it calibrates (recipe, model, formats, output folder, disk, calibration text) and print the plan; "
+                "writes nothing (saved statistics are not checked)");
   sub->add_option("--gpus", a->gpus,
                   "calibrate data-parallel over N GPUs of this machine, one process each, through NCCL (recipe `gpus`; 0: one GPU without NCCL)")
       ->check(CLI::Range(0, 64));

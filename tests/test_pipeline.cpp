@@ -341,6 +341,50 @@ TEST_CASE("pipeline: --load-stats reproduces SmoothQuant factors and static acti
   CHECK(a["smoothquant"] == b["smoothquant"]);
 }
 
+TEST_CASE("pipeline: --dry-run makes a run's checks and plan, writes nothing, and plans what the run then does") {
+  ptqtest::TempDir d;
+  const std::string m = synth_tiny(d);
+  Recipe r = tiny_recipe(m, d / "runs/q");
+  r.formats = {"fake"};
+  r.ignore = {"lm_head", "model.embed_tokens", "model.layers.0.mlp.down_proj"};
+  r.overrides = {{"*.v_proj", YAML::Load("{bits: 8}")}};
+  QuantizeOptions o;
+  o.dry_run = true;
+  const json plan = run_quantize(r, o);
+  CHECK(!fs::exists(d / "runs"));   // not even the output's parent
+  CHECK(plan["dry_run"] == true);
+  const LlamaModel model(m);
+  const int64_t linears = int64_t(model.config().num_hidden_layers) * 7;
+  CHECK(plan["linears"] == linears);
+  REQUIRE(plan["quantized"].size() == 2);
+  CHECK(plan["quantized"][0]["quantization"] == "gptq 4-bit, groups of 32, symmetric, act-order");
+  CHECK(plan["quantized"][1]["quantization"] == "gptq 8-bit, groups of 32, symmetric, act-order");
+  CHECK(plan["quantized"][1]["modules"] == model.config().num_hidden_layers);
+  CHECK(plan["kept_in_float"] == json::array({"model.layers.0.mlp.down_proj"}));
+  CHECK(plan["quantized"][0]["modules"].get<int64_t>() + plan["quantized"][1]["modules"].get<int64_t>() + 1 == linears);
+  // the run itself: the windows, the modules and the disk bounds it planned
+  o.dry_run = false;
+  const json rep = run_quantize(r, o);
+  CHECK(plan["calibration"] == rep["calibration"]);
+  CHECK(plan["disk_min_bytes"] == rep["disk_min_bytes"]);
+  CHECK(int64_t(rep["modules"].size()) == linears - 1);
+  for (const json& mod : rep["modules"]) CHECK(mod["bits"] == (mod["name"].get<std::string>().find("v_proj") != std::string::npos ? 8 : 4));
+  // refused as the run is: an output that exists; a format that cannot hold the recipe
+  o.dry_run = true;
+  CHECK_THROWS_WITH(run_quantize(r, o), Catch::Contains("output exists; pass --force"));
+  r.output = d / "other";
+  r.formats = {"gptq_v2"};
+  CHECK_THROWS_WITH(run_quantize(r, o), Catch::Contains("v_proj: gptq_v2: one quantization setting for the whole model is written"));
+  CHECK(!fs::exists(d / "other"));
+  // the command: exit 0, the plan on stdout, no folder
+  const auto cli = ptqtest::run_ptqkit("quantize --model " + m + " --scheme W4A16 --dataset random -o " + d / "cli" + " --dry-run");
+  INFO(cli.out);
+  CHECK(cli.code == 0);
+  CHECK(cli.out.find("nothing was written (--dry-run)") != std::string::npos);
+  CHECK(cli.out.find("gptq 4-bit, groups of 128, symmetric, act-order (static groups)") != std::string::npos);
+  CHECK(!fs::exists(d / "cli"));
+}
+
 TEST_CASE("pipeline: the least a run writes is checked against the free space before calibration, and the bound is below what it writes") {
   // the check itself: refused naming the folder and both sizes, or passed
   CHECK_THROWS_WITH(check_room("out.partial", "the layer store and the exports", int64_t(3) << 30, int64_t(1) << 30),

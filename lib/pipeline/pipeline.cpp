@@ -310,7 +310,7 @@ DiskNeed disk_need(const Run& R, bool saving_stats, bool resuming) {
 }
 
 // The calibration windows (none for NF4: it is data-free) and their embeddings.
-void calibrate(Run& R) {
+void calibrate(Run& R, bool embed = true) {
   PhaseTimer t(R.t.phase["calibration"]);
   Recipe& r = R.r;
   const LlamaConfig& c = R.c();
@@ -328,7 +328,7 @@ void calibrate(Run& R) {
     }
   }
   R.cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
-  if (R.opt.load_stats.empty()) R.X = R.model->embed(R.cd.tokens);
+  if (embed && R.opt.load_stats.empty()) R.X = R.model->embed(R.cd.tokens);
 }
 
 // Saved statistics: keyed by the model's files, the calibration windows and the collection settings.
@@ -792,6 +792,73 @@ void check_disk_space(Run& R, const std::string& staging) {
   R.disk = {{"store", need.store}, {"exports", need.exports}, {"stats", need.stats}};
 }
 
+// ---------------------------------------------------------------- --dry-run
+
+// A module's quantization in words: "gptq 4-bit, groups of 128, symmetric, act-order (static
+// groups)"; GGUF's block type where the run writes GGUF.
+std::string spec_words(const Run& R, const QuantSpec& s) {
+  if (s.method == "nf4")
+    return "nf4, blocks of " + std::to_string(R.r.nf4_blocksize) + (R.r.nf4_double_quant ? ", double-quantized absmax" : "");
+  std::string w = s.method + " " + std::to_string(s.bits) + "-bit, " + (s.group_size > 0 ? "groups of " + std::to_string(s.group_size) : "per channel") + ", " +
+                  (s.sym ? "symmetric" : "asymmetric");
+  if (s.method == "gptq" && s.act_order) w += s.static_groups ? ", act-order (static groups)" : ", act-order";
+  if (s.mse) w += ", MSE clipping";
+  if (std::find(R.r.formats.begin(), R.r.formats.end(), "gguf") != R.r.formats.end()) {
+    GgmlType t;
+    if (gguf_type_of(s, &t)) w += " (GGUF " + std::string(ggml_type_name(t)) + ")";
+  }
+  return w;
+}
+
+// Everything a run checks before it calibrates (the recipe against the model and its formats, the
+// output folder, the disk, the calibration text and its windows), and what it would do; nothing is
+// written and no layer runs.
+json plan_run(Run& R) {
+  std::error_code ec;
+  if (!R.opt.force && !R.opt.resume && std::filesystem::exists(R.r.output, ec))
+    fail(Errc::exists, R.r.output, "", "output exists; pass --force to replace it");
+  load_model(R);
+  const std::string staging = OutputDir::staging_of(R.r.output);
+  check_disk_space(R, staging);
+  calibrate(R, /*embed=*/false);
+  const LlamaConfig& c = R.c();
+  // The Linears by what they get, in the order first met; those kept in the source dtype.
+  std::vector<std::pair<std::string, json>> groups;
+  json kept = json::array();
+  int64_t linears = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (LinearId p : layer_schedule(c, l).linears()) {
+      const std::string m = linear_name(c, l, p);
+      ++linears;
+      if (R.r.ignored(m)) {
+        kept.push_back(m);
+        continue;
+      }
+      const std::string w = spec_words(R, R.spec_of(m));
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == w; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {w, {{"quantization", w}, {"modules", 0}, {"example", m}}});
+      it->second["modules"] = it->second["modules"].get<int64_t>() + 1;
+    }
+  json quantized = json::array();
+  for (auto& [w, g] : groups) quantized.push_back(g);
+  json plan = {{"dry_run", true},
+               {"model", {{"path", R.r.model}, {"model_type", c.model_type}, {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
+                          {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
+               {"output", R.r.output},
+               {"device", R.dev.description},
+               {"calibration", R.nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : R.cd.describe(R.r.calibration)},
+               {"linears", linears},
+               {"quantized", quantized},
+               {"kept_in_float", kept},
+               {"formats", R.r.formats},
+               {"disk_min_bytes", R.disk},
+               {"free_bytes", free_space(staging).bytes},
+               {"recipe", yaml_to_json(R.r.to_yaml())}};
+  if (R.r.smooth.enabled) plan["smoothquant"] = {{"alpha", R.r.smooth.auto_alpha ? json("auto") : json(R.r.smooth.alpha)}, {"pairs", R.r.smooth.pairs}};
+  if (!R.gguf_type_fallback.empty()) plan["gguf_type_fallback"] = R.gguf_type_fallback;
+  return plan;
+}
+
 json make_report(const Run& R, const json& outputs, double total) {
   const LlamaConfig& c = R.c();
   json report = {{"ptqkit_version", "0.1.0"},
@@ -840,6 +907,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
       fail(Errc::exists, staging, "--resume",
            "holds " + std::to_string(done) + " finished layer(s) of a run that did not complete (interrupted, or still running): pass --resume to continue it, or --force to start over");
   }
+  if (opt.dry_run) return plan_run(R);
   // --load-stats runs no calibration forward: nothing to spread over GPUs, so one GPU solves.
   if (R.r.gpus > 1 && !opt.dist && !opt.load_stats.empty())
     std::fprintf(stderr, "ptqkit: --load-stats runs no calibration forward: the solves run on one GPU (gpus: %d is not used)\n", R.r.gpus);

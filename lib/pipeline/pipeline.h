@@ -43,6 +43,9 @@ struct QuantizeOptions {
   // Tests: fail (Errc::usage, naming stop_after_layer) once layer k is saved, leaving the output folder as an
   // interrupted run leaves it for --resume (with resume set: a fresh run keeps nothing on failure).
   int stop_after_layer = -1;
+  // Check and plan only (`quantize --dry-run`): every check a run makes before it calibrates, then
+  // the plan as JSON ({"dry_run": true, ...}) instead of the report; nothing is written.
+  bool dry_run = false;
 };
 
 // Runs the recipe and writes its output folder (model files, recipe.yaml, report.json)
