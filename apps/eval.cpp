@@ -2,7 +2,9 @@
 // a text, on the CPU (the reference path) or the GPU; the regression gate of CI jobs.
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "command.h"
 #include "core/error.h"
@@ -23,7 +25,8 @@ using nlohmann::json;
 namespace {
 
 struct EvalArgs {
-  std::string model, data, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu", protocol = "gptq", save_logits, kl_base;
+  std::vector<std::string> data;   // one text, or several evaluated with one load of the models
+  std::string model, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu", protocol = "gptq", save_logits, kl_base;
   int save_logits_k = 32;
   int seq_len = 0;
   int64_t max_windows = -1, batch_tokens = 16384;
@@ -82,6 +85,17 @@ std::string gate_reason(const EvalArgs& a, const json& run) {
 
 
 int run_eval(const EvalArgs& a) {
+  if (a.data.empty()) fail(Errc::usage, "", "--data", "give the text to evaluate");
+  const bool several = a.data.size() > 1;
+  if (several)   // each of these is one text's: a baseline, a gate, a logits file
+    for (const auto& [given, flag] : std::vector<std::pair<bool, const char*>>{{!a.baseline.empty(), "--baseline"},
+                                                                              {!a.write_baseline.empty(), "--write-baseline"},
+                                                                              {a.max_ppl_delta >= 0, "--max-ppl-delta"},
+                                                                              {a.max_kl >= 0, "--max-kl"},
+                                                                              {a.min_top1 >= 0, "--min-top1"},
+                                                                              {!a.save_logits.empty(), "--save-logits"},
+                                                                              {!a.kl_base.empty(), "--kl-base"}})
+      if (given) fail(Errc::usage, "", flag, "takes one --data text (the gate, baselines and saved logits are one text's): run one eval for each");
   std::unique_ptr<LlamaModel> mp = open_model(a.model);
   if (a.w8a8_path != "int" && a.w8a8_path != "fake") fail(Errc::usage, "", "--w8a8-path", "must be int or fake");
   mp->set_integer_path(a.w8a8_path == "int");
@@ -89,7 +103,6 @@ int run_eval(const EvalArgs& a) {
   std::unique_ptr<LlamaModel> ref;
   if (!a.reference.empty()) ref = open_model(a.reference);
   auto tok = cli_tokenizer(a.tokenizer, model.dir(), model.config().bos_token_id, "give one with --tokenizer FILE");
-  const std::vector<int32_t> ids = encode_corpus(*tok, a.data);
   EvalOptions o;
   o.seq_len = a.seq_len > 0 ? a.seq_len : model.config().max_position_embeddings;
   o.max_windows = a.max_windows;
@@ -107,56 +120,70 @@ int run_eval(const EvalArgs& a) {
     base = TopLogits::load(a.kl_base);
     o.kl_base = &base;
   }
-  EvalResult r;
-  std::string device = "cpu";
-  double prefill_seconds = 0;
+  // The models on their device once; then each text through them.
   if (a.device != "cpu" && a.device != "cuda") fail(Errc::usage, "", "--device", "must be cpu or cuda");
-  if (a.device == "cuda") {
+  std::string device = "cpu";
+  std::function<EvalResult(const std::vector<int32_t>&)> evaluate_ids = [&](const std::vector<int32_t>& ids) { return evaluate(model, ids, o, ref.get()); };
+  std::function<double()> prefill_seconds = [] { return 0.0; };
 #ifdef PTQKIT_HAVE_CUDA
-    cuda::GpuLogits gpu(model, a.model);
-    std::unique_ptr<cuda::GpuLogits> gref;
+  std::unique_ptr<cuda::GpuLogits> gpu, gref;
+  if (a.device == "cuda") {
+    gpu = std::make_unique<cuda::GpuLogits>(model, a.model);
     if (ref) gref = std::make_unique<cuda::GpuLogits>(*ref, a.reference);
-    const LogitsFn fn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu(t, S, T); };
-    const LogitsFn rfn = [&gref](const std::vector<int32_t>& t, int S, int T) { return (*gref)(t, S, T); };
-    const NllFn nfn = [&gpu](const std::vector<int32_t>& t, int S, int T) { return gpu.nll(t, S, T); };   // no reference: the NLL on the GPU
-    r = evaluate(fn, model.config().max_position_embeddings, ids, o, ref ? &rfn : nullptr, &nfn);
-    device = gpu.describe();
-    prefill_seconds = gpu.forward_seconds();
+    evaluate_ids = [&](const std::vector<int32_t>& ids) {
+      const LogitsFn fn = [&](const std::vector<int32_t>& t, int S, int T) { return (*gpu)(t, S, T); };
+      const LogitsFn rfn = [&](const std::vector<int32_t>& t, int S, int T) { return (*gref)(t, S, T); };
+      const NllFn nfn = [&](const std::vector<int32_t>& t, int S, int T) { return gpu->nll(t, S, T); };   // no reference: the NLL on the GPU
+      return evaluate(fn, model.config().max_position_embeddings, ids, o, ref ? &rfn : nullptr, &nfn);
+    };
+    device = gpu->describe();
+    prefill_seconds = [&] { return gpu->forward_seconds(); };
+  }
 #else
-    fail(Errc::usage, "", "--device", "this build has no CUDA (nvcc was not found when it was built)");
+  if (a.device == "cuda") fail(Errc::usage, "", "--device", "this build has no CUDA (nvcc was not found when it was built)");
 #endif
-  } else {
-    r = evaluate(model, ids, o, ref.get());
+  json all = json::array();
+  for (const std::string& data : a.data) {
+    if (several) std::printf("%s:\n", data.c_str());
+    const std::vector<int32_t> ids = encode_corpus(*tok, data);
+    const double prefill_before = prefill_seconds();
+    const EvalResult r = evaluate_ids(ids);
+    const double prefill = prefill_seconds() - prefill_before;
+    if (o.save_top) {
+      top.save(a.save_logits);
+      std::printf("saved the top %d logits of %lld positions to %s (--kl-base reads them)\n", top.k, (long long)top.target_logp.size(), a.save_logits.c_str());
+    }
+    print_eval(r);
+    json j = r.to_json();
+    if (o.kl_base) j["kl_base"] = {{"file", a.kl_base}, {"k", base.k}, {"note", "KL over the reference's top k tokens and the rest as one bucket: a lower bound of the full KL"}};
+    j["device"] = device;
+    j["perplexity_std_error"] = r.perplexity_std_error;
+    if (prefill > 0) {
+      const double t = double(r.windows) * r.seq_len;
+      std::printf("GPU forward (prefill with logits): %.3f s, %.0f tok/s; %s\n", prefill, t / prefill, device.c_str());
+      j["prefill_seconds"] = prefill;
+      j["prefill_tokens_per_second"] = t / prefill;
+    }
+    j["model"] = a.model;
+    j["model_format"] = model_format(a.model);
+    j["data"] = data;
+    j["data_sha256"] = sha256_file(data);
+    if (ref) j["reference"] = a.reference;
+    all.push_back(j);
   }
-  if (o.save_top) {
-    top.save(a.save_logits);
-    std::printf("saved the top %d logits of %lld positions to %s (--kl-base reads them)\n", top.k, (long long)top.target_logp.size(), a.save_logits.c_str());
-  }
-  print_eval(r);
-  json j = r.to_json();
-  if (o.kl_base) j["kl_base"] = {{"file", a.kl_base}, {"k", base.k}, {"note", "KL over the reference's top k tokens and the rest as one bucket: a lower bound of the full KL"}};
-  j["device"] = device;
-  j["perplexity_std_error"] = r.perplexity_std_error;
-  if (prefill_seconds > 0) {
-    const double tok = double(r.windows) * r.seq_len;
-    std::printf("GPU forward (prefill with logits): %.3f s, %.0f tok/s; %s\n", prefill_seconds, tok / prefill_seconds, device.c_str());
-    j["prefill_seconds"] = prefill_seconds;
-    j["prefill_tokens_per_second"] = tok / prefill_seconds;
-  }
-  j["model"] = a.model;
-  j["model_format"] = model_format(a.model);
-  j["data"] = a.data;
-  j["data_sha256"] = sha256_file(a.data);
-  if (ref) j["reference"] = a.reference;
-  if (!a.json_out.empty()) write_file_atomic(a.json_out, j.dump(2) + "\n");
+  // One text: its result as it always was; several: {"evals": [one per text, in order]} (compare reads both).
+  const json out = several ? json{{"evals", all}} : all[0];
+  if (!a.json_out.empty()) write_file_atomic(a.json_out, out.dump(2) + "\n");
+  log_event("result", {{"command", "eval"}, {"result", out}});
+  if (several) return 0;
+  const json& j = all[0];
   if (!a.write_baseline.empty()) {
-    json b = {{"perplexity", r.perplexity}, {"mean_nll", r.mean_nll}, {"scored_tokens", r.scored_tokens}, {"windows", r.windows},
-              {"seq_len", r.seq_len}, {"data", a.data}, {"data_sha256", j["data_sha256"]}, {"model", a.model}};
-    if (r.protocol != "gptq") b["protocol"] = r.protocol;
-    if (r.kl) b["kl"] = j["kl"];
+    json b = {{"perplexity", j["perplexity"]}, {"mean_nll", j["mean_nll"]}, {"scored_tokens", j["scored_tokens"]}, {"windows", j["windows"]},
+              {"seq_len", j["seq_len"]}, {"data", j["data"]}, {"data_sha256", j["data_sha256"]}, {"model", a.model}};
+    if (j.value("protocol", std::string("gptq")) != "gptq") b["protocol"] = j["protocol"];
+    if (j.contains("kl")) b["kl"] = j["kl"];
     write_file_atomic(a.write_baseline, b.dump(2) + "\n");
   }
-  log_event("result", {{"command", "eval"}, {"result", j}});
   const std::string why = gate_reason(a, j);
   if (!why.empty()) {
     std::fprintf(stderr, "ptqkit: gate failed: %s\n", why.c_str());
@@ -176,7 +203,7 @@ Command add_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* ev = app.add_subcommand("eval", "perplexity (and KL divergence against a reference) on a text or .jsonl file");
   ev->add_option("--model", a->model, "model folder (HF layout)")->required();
-  ev->add_option("--data", a->data, "text file, or .jsonl with a \"text\" field")->required();
+  ev->add_option("--data", a->data, "text file, or .jsonl with a \"text\" field; several (--data A --data B, or --data A B) are evaluated with one load of the models, a result each")->required();
   ev->add_option("--seq-len", a->seq_len, "window length L (default: max_position_embeddings)");
   ev->add_option("--max-windows", a->max_windows, "evaluate at most K windows");
   ev->add_option("--protocol", a->protocol,

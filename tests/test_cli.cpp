@@ -1,5 +1,6 @@
 // The CLI end to end: synth -> inspect -> eval, and bad input giving a clear message, the right
 // exit code and no damage.
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -182,4 +183,45 @@ TEST_CASE("cli: eval --save-logits then --kl-base gives --reference's KL statist
   CHECK(other.out.find("--kl-base: the saved logits are of other windows") != std::string::npos);
   auto again = run_ptqkit("eval --model " + f + common + d / "x.json" + " --save-logits " + d / "k8.top");
   CHECK(again.code == 8);
+}
+
+TEST_CASE("cli: eval of several texts gives each the result of its own eval, in one {\"evals\"} file that compare reads") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets(), f = A + "/models/stories260k";
+  const std::vector<std::string> texts = {A + "/text/tinystories/eval.txt", A + "/text/ptb/ptb.test.txt"};
+  auto q = run_ptqkit("-q quantize --model " + f + " --scheme W4A16 --dataset " + A + "/text/tinystories/calib.txt --set calibration.samples=4 --set calibration.seq_len=64 -o " + d / "q");
+  REQUIRE(q.code == 0);
+  const std::string common = " --model " + d / "q" + " --reference " + f + " --seq-len 128 --max-windows 6";
+  auto both = run_ptqkit("eval" + common + " --data " + texts[0] + " " + texts[1] + " --json " + d / "both.json");
+  INFO(both.out);
+  REQUIRE(both.code == 0);
+  const json evals = json::parse(ptq::read_text_file(d / "both.json"))["evals"];
+  REQUIRE(evals.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {   // the same numbers as the text's own eval (a model loaded once changes nothing)
+    REQUIRE(run_ptqkit("-q eval" + common + " --data " + texts[i] + " --json " + d / ("one" + std::to_string(i) + ".json")).code == 0);
+    const json one = json::parse(ptq::read_text_file(d / ("one" + std::to_string(i) + ".json")));
+    CHECK(evals[i]["data"] == texts[i]);
+    CHECK(evals[i]["data_sha256"] == one["data_sha256"]);
+    for (const char* k : {"perplexity", "mean_nll", "scored_tokens", "windows"}) CHECK(evals[i][k] == one[k]);
+    CHECK(evals[i]["kl"]["mean"] == one["kl"]["mean"]);
+    CHECK(evals[i]["kl"]["reference_perplexity"] == one["kl"]["reference_perplexity"]);
+  }
+  CHECK(evals[0]["perplexity"] != evals[1]["perplexity"]);
+  // compare: one dataset a text, the float perplexities from the KL references
+  auto c = run_ptqkit("compare " + d / "q" + " --eval " + d / "both.json" + " --json " + d / "c.json");
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  const json cmp = json::parse(ptq::read_text_file(d / "c.json"));
+  REQUIRE(cmp["datasets"].size() == 2);
+  CHECK(cmp["datasets"][1]["label"] == "ptb.test.txt");
+  CHECK(cmp["runs"][0]["evals"][1]["perplexity"] == evals[1]["perplexity"]);
+  CHECK(cmp["float"]["perplexities"][1]["perplexity"] == evals[1]["kl"]["reference_perplexity"]);
+  // what is one text's (a gate, a baseline, saved logits) is refused with several
+  for (const std::string& flag : std::vector<std::string>{"--write-baseline " + d / "b.json", "--max-kl 1", "--save-logits " + d / "s.top"}) {
+    auto r = run_ptqkit("eval" + common + " --data " + texts[0] + " " + texts[1] + " " + flag);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("takes one --data text") != std::string::npos);
+  }
+  CHECK(!std::filesystem::exists(d / "b.json"));
 }

@@ -250,6 +250,10 @@ TEST_CASE("compare: runs side by side from their report.json and evaluations, th
   CHECK_THROWS_WITH(ptq::compare_runs({{a, b}, {d / "ea.json", hand_eval(d, "eo.json", b, 6.0, "abc", 3)}}),
                     Catch::Contains("eo.json: windows: the same text scored on other tokens than") && Catch::Contains("(3 against 2)"));
   CHECK_THROWS_WITH(ptq::compare_runs({{a}, {d / "ea.json", d / "ea.json"}}), Catch::Contains("ea.json: model: a second evaluation of"));
+  ptq::write_file_atomic(d / "none.json", R"({"evals": []})");
+  CHECK_THROWS_WITH(ptq::compare_runs({{a}, {d / "none.json"}}), Catch::Contains("none.json: evals: must be a non-empty list"));
+  ptq::write_file_atomic(d / "half.json", json{{"evals", {json::parse(ptq::read_text_file(d / "ea.json")), {{"model", a}}}}}.dump());
+  CHECK_THROWS_WITH(ptq::compare_runs({{a}, {d / "half.json"}}), Catch::Contains("half.json: evals[1].perplexity: missing"));
   CHECK_THROWS_WITH(ptq::compare_runs({{d / "missing"}, {}}), Catch::Contains("missing: no such folder or file"));
   std::filesystem::create_directories(d / "empty");
   CHECK_THROWS_WITH(ptq::compare_runs({{d / "empty"}, {}}), Catch::Contains("empty/report.json: cannot open"));

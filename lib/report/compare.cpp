@@ -147,16 +147,16 @@ json one_run(const std::string& arg) {
   });
 }
 
-// An evaluation's numbers, and the tokens they were scored on.
-json one_eval(const std::string& file) {
-  const json e = read_json(file);
-  if (!e.is_object() || !e.contains("perplexity")) fail(Errc::format, file, "perplexity", "missing: not the JSON of `ptqkit eval --json`");
+// An evaluation's numbers, and the tokens they were scored on. `at`: where in the file it is ("" for
+// a file of one evaluation, "evals[i]." in one of several texts), for the errors' field names.
+json eval_numbers(const json& e, const std::string& file, const std::string& at) {
+  if (!e.is_object() || !e.contains("perplexity")) fail(Errc::format, file, at + "perplexity", "missing: not the JSON of `ptqkit eval --json`");
   return json_errors_named(Errc::format, file, "", [&] {
     json r;
     r["file"] = file;
-    r["model"] = json_field<std::string>(e, "model", "", Errc::format, file, "model");
-    if (r["model"] == "") fail(Errc::format, file, "model", "missing");
-    r["perplexity"] = json_field<double>(e, "perplexity", NAN, Errc::format, file, "perplexity");
+    r["model"] = json_field<std::string>(e, "model", "", Errc::format, file, at + "model");
+    if (r["model"] == "") fail(Errc::format, file, at + "model", "missing");
+    r["perplexity"] = json_field<double>(e, "perplexity", NAN, Errc::format, file, at + "perplexity");
     r["perplexity_std_error"] = e.contains("perplexity_std_error") ? e["perplexity_std_error"] : json(nullptr);
     const json& kl = section(e, "kl");
     r["kl_mean"] = kl.contains("mean") ? kl["mean"] : json(nullptr);
@@ -167,6 +167,15 @@ json one_eval(const std::string& file) {
                    {"scored_tokens", e.value("scored_tokens", int64_t(0))}, {"protocol", e.value("protocol", "gptq")}};
     return r;
   });
+}
+// The evaluations of a file: one, or those of `ptqkit eval --data A --data B ...` ({"evals": [...]}).
+std::vector<json> evals_in(const std::string& file) {
+  const json e = read_json(file);
+  if (!e.is_object() || !e.contains("evals")) return {eval_numbers(e, file, "")};
+  if (!e["evals"].is_array() || e["evals"].empty()) fail(Errc::format, file, "evals", "must be a non-empty list of evaluations");
+  std::vector<json> out;
+  for (size_t i = 0; i < e["evals"].size(); ++i) out.push_back(eval_numbers(e["evals"][i], file, "evals[" + std::to_string(i) + "]."));
+  return out;
 }
 
 // What decides the tokens an evaluation scored (its text by content, not by path).
@@ -217,8 +226,11 @@ json compare_runs(const CompareInputs& in) {
     json float_eval = nullptr;
   };
   std::vector<Dataset> sets;
-  for (const std::string& f : in.evals) {
-    json e = one_eval(f);
+  std::vector<json> evals;
+  for (const std::string& f : in.evals)
+    for (json& e : evals_in(f)) evals.push_back(std::move(e));
+  for (json& e : evals) {
+    const std::string f = e["file"];
     Dataset* ds = nullptr;
     for (Dataset& s : sets)
       if (std::all_of(std::begin(kTokenKeys), std::end(kTokenKeys), [&](const char* k) { return s.tokens[k] == e["tokens"][k]; })) ds = &s;
