@@ -473,7 +473,7 @@ std::string compare_text(const json& c, int modules, bool markdown) {
         }
       }
       o << "\nperplexity on each evaluated text (against the float model's there, else the first run's; KL and top-1 against each evaluation's reference):\n\n"
-        << table(erows, markdown);
+        << table(erows, markdown) << "\n";
     }
     for (const json& n : c["notes"]) o << "- " << n.get<std::string>() << "\n";
     if (flt.is_object())
