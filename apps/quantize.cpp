@@ -33,7 +33,8 @@ int print_plan(const nlohmann::json& p) {
   const nlohmann::json& m = p["model"];
   std::printf("plan: quantize %s (%s, %d layers, hidden %d, %s) into %s\n", m["path"].get<std::string>().c_str(), m["model_type"].get<std::string>().c_str(),
               m["layers"].get<int>(), m["hidden_size"].get<int>(), m["dtype"].get<std::string>().c_str(), p["output"].get<std::string>().c_str());
-  std::printf("  device: %s\n", p["device"].get<std::string>().c_str());
+  std::printf("  device: %s%s\n", p["device"].get<std::string>().c_str(),
+              p["gpus"].get<int>() > 1 ? (", data-parallel over " + std::to_string(p["gpus"].get<int>()) + " GPUs (NCCL)").c_str() : "");
   const nlohmann::json& cal = p["calibration"];
   if (!cal.contains("samples")) std::printf("  calibration: none (data-free)\n");
   else if (cal["dataset"] == "random")
@@ -78,7 +79,7 @@ int run(const QuantizeArgs& a) {
     if (a.output.empty()) fail(Errc::usage, "--scheme", "--output", "the output folder is needed (-o OUT)");
     const Scheme& s = find_scheme(a.scheme);
     YAML::Node root = scheme_recipe(s, a.model, a.output, a.dataset, a.format);
-    for (auto& x : a.sets) apply_set(root, x);
+    for (auto& x : sets) apply_set(root, x);   // --set, and --gpus (--model and --output as the scheme already has them)
     r = parse_recipe(root, "--scheme " + s.name);
   } else {
     if (a.recipe.empty()) fail(Errc::usage, "quantize", "", "give a recipe (configs/*.yaml) or --model DIR --scheme NAME (`ptqkit schemes`)");

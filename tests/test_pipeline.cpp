@@ -375,6 +375,10 @@ TEST_CASE("pipeline: --dry-run makes a run's checks and plan, writes nothing, an
   r.output = d / "other";
   r.formats = {"gptq_v2"};
   CHECK_THROWS_WITH(run_quantize(r, o), Catch::Contains("v_proj: gptq_v2: one quantization setting for the whole model is written"));
+  r.formats = {"fake"};
+  r.gpus = 2;   // what --gpus needs, before any process would start
+  r.device = "cpu";
+  CHECK_THROWS_WITH(run_quantize(r, o), Catch::Contains("gpus: --gpus 2: device: cpu runs no GPU") || Catch::Contains("device: --gpus 2: device: cpu runs no GPU"));
   CHECK(!fs::exists(d / "other"));
   // the command: exit 0, the plan on stdout, no folder
   const auto cli = ptqtest::run_ptqkit("quantize --model " + m + " --scheme W4A16 --dataset random -o " + d / "cli" + " --dry-run");
@@ -383,6 +387,11 @@ TEST_CASE("pipeline: --dry-run makes a run's checks and plan, writes nothing, an
   CHECK(cli.out.find("nothing was written (--dry-run)") != std::string::npos);
   CHECK(cli.out.find("gptq 4-bit, groups of 128, symmetric, act-order (static groups)") != std::string::npos);
   CHECK(!fs::exists(d / "cli"));
+  // --gpus with a scheme is the scheme's recipe with gpus set (it was dropped before), checked as a run checks it
+  const auto gpus = ptqtest::run_ptqkit("quantize --model " + m + " --scheme W4A16 --dataset random -o " + d / "cli" + " --gpus 64 --dry-run");
+  INFO(gpus.out);
+  CHECK(gpus.code == 2);
+  CHECK(gpus.out.find("--gpus 64: ") != std::string::npos);
 }
 
 TEST_CASE("pipeline: the least a run writes is checked against the free space before calibration, and the bound is below what it writes") {

@@ -162,7 +162,7 @@ int from_rank0(const cuda::Comm& comm, int v) {
 
 }  // namespace
 
-nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
+void check_gpus(const Recipe& r) {
   const int n = r.gpus;
   auto refuse = [&](const std::string& field, const std::string& why) { fail(Errc::usage, r.source, field, "--gpus " + std::to_string(n) + ": " + why); };
   if (r.device == "cpu") refuse("device", "device: cpu runs no GPU");
@@ -175,6 +175,11 @@ nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
   if (!cuda::nccl_built()) refuse("gpus", "this build has no NCCL: rebuild with -DPTQKIT_NCCL=ON where nccl.h and libnccl are installed");
   const std::vector<std::string> gpus = visible_gpus();
   if (int(gpus.size()) < n) refuse("gpus", std::to_string(gpus.size()) + " GPU(s) visible (" + cuda::describe() + ")");
+}
+
+nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt) {
+  const int n = r.gpus;
+  check_gpus(r);
   // The effective recipe for the workers, in a private folder removed at the end.
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("ptqkit-gpus-" + std::to_string(::getpid()));

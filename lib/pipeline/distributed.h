@@ -49,6 +49,10 @@
 namespace ptq {
 
 nlohmann::json run_quantize_gpus(const Recipe& r, const QuantizeOptions& opt);
+// What `--gpus N` needs before any process starts (a GPU device, N visible GPUs, NCCL in the build,
+// at least N windows, settings every rank can share): refused naming the field. run_quantize_gpus
+// and `quantize --dry-run` call it.
+void check_gpus(const Recipe& r);
 // Rank `rank` of `size` (`ptqkit dist-worker`): the recipe rank 0 wrote and the clique id it made.
 // host_hessians: rank 0 saves statistics (DistRank::host_hessians).
 void run_quantize_worker(const std::string& recipe_file, int rank, int size, const std::string& id, bool host_hessians);

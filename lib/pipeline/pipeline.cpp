@@ -817,6 +817,7 @@ json plan_run(Run& R) {
   std::error_code ec;
   if (!R.opt.force && !R.opt.resume && std::filesystem::exists(R.r.output, ec))
     fail(Errc::exists, R.r.output, "", "output exists; pass --force to replace it");
+  if (R.r.gpus > 0 && R.opt.load_stats.empty()) check_gpus(R.r);
   load_model(R);
   const std::string staging = OutputDir::staging_of(R.r.output);
   check_disk_space(R, staging);
@@ -846,6 +847,7 @@ json plan_run(Run& R) {
                           {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
                {"output", R.r.output},
                {"device", R.dev.description},
+               {"gpus", R.r.gpus},
                {"calibration", R.nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : R.cd.describe(R.r.calibration)},
                {"linears", linears},
                {"quantized", quantized},
