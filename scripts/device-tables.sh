@@ -5,7 +5,9 @@
 #           llama3-8b (~17 s each);
 #   PART=2  `bench kernels` (the A16 kernels at M = 1..4096, the W8A8 GEMM and decode product), then
 #           `bench decode` for the three presets at batch 1, 8, 32 and past 32 sequences (64, 128)
-#           for the two Llama presets.
+#           for the two Llama presets;
+#   PART=3  `bench gptq` (one layer, and the whole pipeline on synthetic 4-layer checkpoints) and
+#           `bench smoothquant` for the presets of the GPTQ and SmoothQuant tables.
 # Each command is held to its own time limit, so one that hangs still leaves the others' logs.
 # Logs and --json tables into $OUT (or runs/device).
 set -uo pipefail
@@ -38,6 +40,11 @@ case "${PART:-1}" in
     decode phi3-mini 1,8,32
     decode llama2-7b 64,128
     decode llama3-8b 64,128
+    ;;
+  3)
+    for p in llama2-7b llama3-8b llama2-70b; do run "gptq-layer-$p" 150 $P bench gptq --preset "$p"; done
+    for p in llama2-7b llama3-8b qwen3-8b; do run "gptq-pipeline-$p" 200 $P bench gptq --preset "$p" --layers 4; done
+    for p in llama2-7b llama3-8b; do run "smoothquant-$p" 120 $P bench smoothquant --preset "$p"; done
     ;;
 esac
 date -u +"%F %T UTC"
