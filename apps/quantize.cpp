@@ -162,8 +162,8 @@ Command add_quantize(CLI::App& app) {
                   "quantize from statistics saved with --save-stats (same model and calibration) without running the model");
   sub->add_flag("--resume", a->resume, "continue an interrupted run of the same recipe from its last finished layer");
   sub->add_flag("--dry-run", a->dry_run,
-                "check everything a run checks before it calibrates (recipe, model, formats, output folder, disk, calibration text) and print the plan; "
-                "writes nothing (saved statistics are not checked)");
+                "check everything a run checks before it calibrates (recipe, model, formats, output folder, --gpus, disk, calibration text, --load-stats' key) and print the plan; "
+                "writes nothing");
   sub->add_option("--gpus", a->gpus,
                   "calibrate data-parallel over N GPUs of this machine, one process each, through NCCL (recipe `gpus`; 0: one GPU without NCCL)")
       ->check(CLI::Range(0, 64));

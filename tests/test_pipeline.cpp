@@ -369,8 +369,22 @@ TEST_CASE("pipeline: --dry-run makes a run's checks and plan, writes nothing, an
   CHECK(plan["disk_min_bytes"] == rep["disk_min_bytes"]);
   CHECK(int64_t(rep["modules"].size()) == linears - 1);
   for (const json& mod : rep["modules"]) CHECK(mod["bits"] == (mod["name"].get<std::string>().find("v_proj") != std::string::npos ? 8 : 4));
-  // refused as the run is: an output that exists; a format that cannot hold the recipe
+  // --load-stats: the saved statistics' key checked, as the run checks it
+  QuantizeOptions saving;
+  saving.save_stats = d / "stats";
+  r.output = d / "saving";
+  run_quantize(r, saving);
+  r.output = d / "runs/q";
   o.dry_run = true;
+  o.load_stats = d / "stats";
+  Recipe again = r;
+  again.output = d / "from-stats";
+  CHECK(run_quantize(again, o)["dry_run"] == true);
+  again.calibration.seed = 2;
+  CHECK_THROWS_WITH(run_quantize(again, o), Catch::Contains("key.calibration") && Catch::Contains("other calibration data"));
+  CHECK(!fs::exists(d / "from-stats"));
+  o.load_stats.clear();
+  // refused as the run is: an output that exists; a format that cannot hold the recipe
   CHECK_THROWS_WITH(run_quantize(r, o), Catch::Contains("output exists; pass --force"));
   r.output = d / "other";
   r.formats = {"gptq_v2"};

@@ -811,8 +811,8 @@ std::string spec_words(const Run& R, const QuantSpec& s) {
 }
 
 // Everything a run checks before it calibrates (the recipe against the model and its formats, the
-// output folder, the disk, the calibration text and its windows), and what it would do; nothing is
-// written and no layer runs.
+// output folder, --gpus, the disk, the calibration text and its windows, --load-stats' key), and
+// what it would do; nothing is written and no layer runs.
 json plan_run(Run& R) {
   std::error_code ec;
   if (!R.opt.force && !R.opt.resume && std::filesystem::exists(R.r.output, ec))
@@ -822,6 +822,9 @@ json plan_run(Run& R) {
   const std::string staging = OutputDir::staging_of(R.r.output);
   check_disk_space(R, staging);
   calibrate(R, /*embed=*/false);
+  // --load-stats: the statistics' key against this model (its files hashed) and windows; read only.
+  // (--save-stats' folder is made by the run; with --load-stats too, open_statistics refuses first.)
+  if (!R.opt.load_stats.empty()) open_statistics(R);
   const LlamaConfig& c = R.c();
   // The Linears by what they get, in the order first met; those kept in the source dtype.
   std::vector<std::pair<std::string, json>> groups;
