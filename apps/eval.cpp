@@ -13,6 +13,7 @@
 #include "eval/data.h"
 #include "eval/perplexity.h"
 #ifdef PTQKIT_HAVE_CUDA
+#include "cuda/runtime.h"
 #include "eval/perplexity_cuda.h"
 #endif
 #include "formats/open.h"
@@ -27,6 +28,7 @@ namespace {
 struct EvalArgs {
   std::vector<std::string> data;   // one text, or several evaluated with one load of the models
   std::string model, json_out, reference, tokenizer, w8a8_path = "int", device = "cpu", protocol = "gptq", save_logits, kl_base;
+  bool device_given = false;   // --device on the command line (else the CPU, said where a GPU is present)
   int save_logits_k = 32;
   int seq_len = 0;
   int64_t max_windows = -1, batch_tokens = 16384;
@@ -139,6 +141,9 @@ int run_eval(const EvalArgs& a) {
     device = gpu->describe();
     prefill_seconds = [&] { return gpu->forward_seconds(); };
   }
+  if (a.device == "cpu" && !a.device_given && cuda::available())   // a 7B model's text takes hours on the CPU, seconds there
+    std::fprintf(stderr, "ptqkit: note: evaluating on the CPU (the reference path); this machine has a GPU (%s): --device cuda evaluates there\n",
+                 cuda::describe().c_str());
 #else
   if (a.device == "cuda") fail(Errc::usage, "", "--device", "this build has no CUDA (nvcc was not found when it was built)");
 #endif
@@ -224,10 +229,13 @@ Command add_eval(CLI::App& app) {
   ev->add_option("--max-kl", a->max_kl, "fail when the mean KL divergence against --reference exceeds this");
   ev->add_option("--min-top1", a->min_top1, "fail when the top-1 agreement with --reference is below this (0..1)");
   ev->add_option("--write-baseline", a->write_baseline, "record this run as a baseline");
-  ev->add_option("--device", a->device, "cpu (the reference path) or cuda (float, gptq (2..8 bits), compressed-tensors and bitsandbytes-nf4 checkpoints through the W4A16/W8A16/NF4/W8A8 kernels; GGUF's blocks, Q4_0 to Q6_K, on the W4A16/W8A16 kernels)")->default_val("cpu");
+  CLI::Option* device = ev->add_option("--device", a->device, "cpu (the reference path) or cuda (float, gptq (2..8 bits), compressed-tensors and bitsandbytes-nf4 checkpoints through the W4A16/W8A16/NF4/W8A8 kernels; GGUF's blocks, Q4_0 to Q6_K, on the W4A16/W8A16 kernels)")->default_val("cpu");
   ev->add_option("--w8a8-path", a->w8a8_path, "W8A8 models: int (int8 GEMM, int32 accumulation) or fake (float)")->default_val("int");
 
-  return {ev, [a] { return run_eval(*a); }};
+  return {ev, [a, device] {
+            a->device_given = device->count() > 0;
+            return run_eval(*a);
+          }};
 }
 
 }  // namespace ptq
