@@ -79,7 +79,8 @@ int run(const QuantizeArgs& a) {
     if (a.output.empty()) fail(Errc::usage, "--scheme", "--output", "the output folder is needed (-o OUT)");
     const Scheme& s = find_scheme(a.scheme);
     YAML::Node root = scheme_recipe(s, a.model, a.output, a.dataset, a.format);
-    for (auto& x : sets) apply_set(root, x);   // --set, and --gpus (--model and --output as the scheme already has them)
+    for (auto& x : a.sets) apply_set(root, x);
+    if (a.gpus >= 0) apply_set(root, "gpus=" + std::to_string(a.gpus));   // (the scheme has --model and --output already)
     r = parse_recipe(root, "--scheme " + s.name);
   } else {
     if (a.recipe.empty()) fail(Errc::usage, "quantize", "", "give a recipe (configs/*.yaml) or --model DIR --scheme NAME (`ptqkit schemes`)");
