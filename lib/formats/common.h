@@ -11,6 +11,7 @@
 #include "core/safetensors.h"
 #include "gptq/qstore.h"
 #include "model/llama.h"
+#include "model/tokenizer.h"
 
 namespace ptq {
 
@@ -24,6 +25,7 @@ struct ExportJob {
   bool nf4_double_quant = false;
   DType nf4_compute_dtype = DType::F16;
   std::vector<std::string> nf4_modules;  // the Linears to store as NF4
+  const VocabInfo* vocab = nullptr;      // the model's vocabulary where the caller has it (GGUF); else read from the model folder
 };
 
 // What will be written for each Linear of the decoder layers.

@@ -174,19 +174,20 @@ BlockParams block_params(const QuantizedLinear& q, GgmlType t, int64_t r, int64_
 }
 }  // namespace
 
-VocabInfo gguf_vocab(const std::string& model_dir, const LlamaConfig& c) {
+std::unique_ptr<Tokenizer> gguf_tokenizer(const std::string& model_dir, const LlamaConfig& c) {
   try {
-    return load_tokenizer(model_dir, c.bos_token_id)->vocab_info();
+    return load_tokenizer(model_dir, c.bos_token_id);
   } catch (const Error& e) {
     fail(e.code, e.file, e.field, e.message + " (a GGUF file embeds the model's vocabulary: add the tokenizer files, or export another format)");
   }
 }
+VocabInfo gguf_vocab(const std::string& model_dir, const LlamaConfig& c) { return gguf_tokenizer(model_dir, c)->vocab_info(); }
 
 std::vector<std::string> export_gguf(const ExportJob& job) {
   const LlamaConfig& c = job.model->config();
   const std::string out = job.out_dir + "/model.gguf", arch = gguf_arch(c);
   check_format("gguf", c, {});
-  const VocabInfo voc = gguf_vocab(job.model->dir(), c);
+  const VocabInfo voc = job.vocab ? *job.vocab : gguf_vocab(job.model->dir(), c);
   // llama.cpp rotates llama's q/k rows as interleaved pairs (its converter permutes them); the
   // other families rotate halves, as Hugging Face stores them.
   const bool permute_qk = arch == "llama";

@@ -43,9 +43,11 @@ std::string apply_gguf_type(const std::string& name, QuantSpec& s);
 // model one the writer covers.
 void check_gguf_module(const ModulePlan& m);
 void check_gguf_model(const LlamaConfig& c);
-// The vocabulary the file embeds, from the model folder's tokenizer: the writer's, and the
-// pipeline's check before calibration (a folder without tokenizer files is refused there, naming
-// the folder, not after the solve).
+// The vocabulary the file embeds, from the model folder's tokenizer: the writer's (where the
+// ExportJob brings none), and the pipeline's check before calibration (a folder without tokenizer
+// files is refused there, naming the folder, not after the solve). gguf_tokenizer is that load,
+// which the pipeline keeps for its calibration text.
+std::unique_ptr<Tokenizer> gguf_tokenizer(const std::string& model_dir, const LlamaConfig& c);
 VocabInfo gguf_vocab(const std::string& model_dir, const LlamaConfig& c);
 std::vector<std::string> export_gguf(const ExportJob& job);
 

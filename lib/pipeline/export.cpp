@@ -33,10 +33,11 @@ std::vector<std::string> export_fake_dir(const Recipe& r, const ExportJob& job, 
 }  // namespace
 
 json export_formats(const Recipe& r, const LlamaModel& model, const QuantStore& store, const std::string& out_dir,
-                    const std::vector<std::string>& known, json& modules) {
+                    const std::vector<std::string>& known, json& modules, const VocabInfo* vocab) {
   const bool nf4 = r.quant.method == "nf4";
   ExportJob job;
   job.model = &model;
+  job.vocab = vocab;
   job.store = &store;
   job.max_shard_bytes = size_t(r.max_shard_mb) << 20;
   job.true_sequential = r.true_sequential;

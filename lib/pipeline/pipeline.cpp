@@ -84,6 +84,8 @@ struct Run {
   std::map<std::string, QuantSpec> gguf_specs;   // each Linear's spec on its GGUF block type's grid
   DType scale_dtype = DType::F16;
   bool nf4 = false, w8a8 = false;
+  std::unique_ptr<Tokenizer> tok;   // the model's tokenizer, loaded once where a text calibration or GGUF needs it
+  VocabInfo vocab;                  // GGUF's vocabulary, from it (empty where no GGUF is written)
   CalibData cd;
   MatF X;                           // the embeddings, until the backend takes them
   std::unique_ptr<StatsWriter> stats_out;
@@ -259,7 +261,10 @@ void load_model(Run& R) {
       plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
     }
   for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
-  if (gguf) gguf_vocab(r.model, c);   // the file embeds the vocabulary: a folder without a tokenizer is refused now, not after the solve
+  if (gguf) {   // the file embeds the vocabulary: a folder without a tokenizer is refused now, not after the solve
+    R.tok = gguf_tokenizer(r.model, c);
+    R.vocab = R.tok->vocab_info();
+  }
   // vLLM's GPTQ layers refuse an input width the group size does not divide: said once
   for (auto& fmt : r.formats)
     if (fmt == "gptq" || fmt == "gptq_v2")
@@ -318,16 +323,17 @@ void calibrate(Run& R, bool embed = true) {
     r.calibration = {"none", 0, 0, 0};
     return;
   }
-  std::unique_ptr<Tokenizer> tok;
+  const Tokenizer* tok = nullptr;
   if (r.calibration.dataset != "random") {
     try {
-      tok = load_tokenizer(r.model, c.bos_token_id);
+      if (!R.tok) R.tok = load_tokenizer(r.model, c.bos_token_id);   // (GGUF's check may have loaded it)
     } catch (const Error& e) {   // a text dataset needs the model's tokenizer: say what else works
       if (e.code != Errc::io) throw;
       fail(e.code, e.file, e.field, e.message + " (the calibration text needs the model's tokenizer: add its tokenizer files, or calibrate with `--dataset random`)");
     }
+    tok = R.tok.get();
   }
-  R.cd = load_calibration(r.calibration, tok.get(), c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
+  R.cd = load_calibration(r.calibration, tok, c.vocab_size, tok ? tok->bos_id : c.bos_token_id);
   if (embed && R.opt.load_stats.empty()) R.X = R.model->embed(R.cd.tokens);
 }
 
@@ -947,7 +953,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   json outputs;
   {
     PhaseTimer t(R.t.phase["export"]);
-    outputs = export_formats(R.r, *R.model, store, out.path(), R.known, R.modules);
+    outputs = export_formats(R.r, *R.model, store, out.path(), R.known, R.modules, R.vocab.tokens.empty() ? nullptr : &R.vocab);
     std::filesystem::remove_all(out.path() + "/.layers");
     std::filesystem::remove(out.file(".resume.json"));
     if (R.stats_out) R.stats_out->commit(R.c().num_hidden_layers);
