@@ -185,12 +185,17 @@ std::string OutputDir::staging_of(std::string final_path) {
   return final_path + ".partial";
 }
 
+void OutputDir::refuse_existing(std::string final_path, bool force) {
+  while (final_path.size() > 1 && final_path.back() == '/') final_path.pop_back();
+  std::error_code ec;
+  if (fs::exists(final_path, ec) && !force) fail(Errc::exists, final_path, "", "output exists; pass --force to replace it");
+}
+
 OutputDir::OutputDir(std::string final_path, bool force, bool resume, bool keep_on_failure)
     : final_(std::move(final_path)), force_(force), keep_(keep_on_failure) {
   while (final_.size() > 1 && final_.back() == '/') final_.pop_back();
+  refuse_existing(final_, force_);
   std::error_code ec;
-  if (fs::exists(final_, ec) && !force_)
-    fail(Errc::exists, final_, "", "output exists; pass --force to replace it");
   staging_ = staging_of(final_);
   // The parent folders are made as `mkdir -p` would (an output under a new runs/ folder).
   if (const fs::path parent = fs::path(final_).parent_path(); !parent.empty()) {

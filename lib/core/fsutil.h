@@ -66,6 +66,8 @@ class OutputDir {
   OutputDir& operator=(const OutputDir&) = delete;
   const std::string& path() const { return staging_; }         // write here
   static std::string staging_of(std::string final_path);         // path() of an OutputDir(final_path)
+  // The constructor's first check, alone (`quantize --dry-run`): an existing output without --force.
+  static void refuse_existing(std::string final_path, bool force);
   const std::string& final_path() const { return final_; }
   std::string file(const std::string& name) const { return staging_ + "/" + name; }
   void commit();

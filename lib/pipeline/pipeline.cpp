@@ -86,6 +86,7 @@ struct Run {
   bool nf4 = false, w8a8 = false;
   std::unique_ptr<Tokenizer> tok;   // the model's tokenizer, loaded once where a text calibration or GGUF needs it
   VocabInfo vocab;                  // GGUF's vocabulary, from it (empty where no GGUF is written)
+  std::vector<ModulePlan> plan;     // every decoder Linear: its shape, spec and whether it is quantized (the formats' checks)
   CalibData cd;
   MatF X;                           // the embeddings, until the backend takes them
   std::unique_ptr<StatsWriter> stats_out;
@@ -253,7 +254,7 @@ void load_model(Run& R) {
            " (in its ignore list, report.json's compressed_tensors_float_fallback and the effective recipe's quantization.ignore)");
   }
   // Every format must be able to hold what the recipe asks for: refuse before calibrating.
-  std::vector<ModulePlan> plan;
+  std::vector<ModulePlan>& plan = R.plan;
   for (int l = 0; l < c.num_hidden_layers; ++l)
     for (LinearId p : layer_schedule(c, l).linears()) {
       const std::string m = linear_name(c, l, p);
@@ -779,8 +780,9 @@ void check_room(const std::string& dir, const std::string& what, int64_t need, i
 namespace {
 
 // The least the run writes (disk_need) against the free space of the output's file system, and of
-// --save-stats' (summed where it is the same one); the bounds go into the report.
-void check_disk_space(Run& R, const std::string& staging) {
+// --save-stats' (summed where it is the same one); the bounds go into the report. Returns the
+// output's free bytes.
+int64_t check_disk_space(Run& R, const std::string& staging) {
   const DiskNeed need = disk_need(R, !R.opt.save_stats.empty(), R.opt.resume);
   const FreeSpace at_out = free_space(staging);
   int64_t here = need.store + need.exports;
@@ -796,6 +798,7 @@ void check_disk_space(Run& R, const std::string& staging) {
   }
   check_room(staging, what, here, at_out.bytes);
   R.disk = {{"store", need.store}, {"exports", need.exports}, {"stats", need.stats}};
+  return at_out.bytes;
 }
 
 // ---------------------------------------------------------------- --dry-run
@@ -820,35 +823,29 @@ std::string spec_words(const Run& R, const QuantSpec& s) {
 // output folder, --gpus, the disk, the calibration text and its windows, --load-stats' key), and
 // what it would do; nothing is written and no layer runs.
 json plan_run(Run& R) {
-  std::error_code ec;
-  if (!R.opt.force && !R.opt.resume && std::filesystem::exists(R.r.output, ec))
-    fail(Errc::exists, R.r.output, "", "output exists; pass --force to replace it");
+  OutputDir::refuse_existing(R.r.output, R.opt.force);   // (with --resume too, as the run's OutputDir refuses it)
   if (R.r.gpus > 0 && R.opt.load_stats.empty()) check_gpus(R.r);
   load_model(R);
-  const std::string staging = OutputDir::staging_of(R.r.output);
-  check_disk_space(R, staging);
+  const int64_t free = check_disk_space(R, OutputDir::staging_of(R.r.output));
   calibrate(R, /*embed=*/false);
   // --load-stats: the statistics' key against this model (its files hashed) and windows; read only.
   // (--save-stats' folder is made by the run; with --load-stats too, open_statistics refuses first.)
   if (!R.opt.load_stats.empty()) open_statistics(R);
   const LlamaConfig& c = R.c();
-  // The Linears by what they get, in the order first met; those kept in the source dtype.
+  // The Linears by what they get, in the order first met (load_model's plan, which the formats
+  // checked); those kept in the source dtype.
   std::vector<std::pair<std::string, json>> groups;
   json kept = json::array();
-  int64_t linears = 0;
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (LinearId p : layer_schedule(c, l).linears()) {
-      const std::string m = linear_name(c, l, p);
-      ++linears;
-      if (R.r.ignored(m)) {
-        kept.push_back(m);
-        continue;
-      }
-      const std::string w = spec_words(R, R.spec_of(m));
-      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == w; });
-      if (it == groups.end()) it = groups.insert(groups.end(), {w, {{"quantization", w}, {"modules", 0}, {"example", m}}});
-      it->second["modules"] = it->second["modules"].get<int64_t>() + 1;
+  for (const ModulePlan& m : R.plan) {
+    if (!m.quantized) {
+      kept.push_back(m.name);
+      continue;
     }
+    const std::string w = spec_words(R, m.spec);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == w; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {w, {{"quantization", w}, {"modules", 0}, {"example", m.name}}});
+    it->second["modules"] = it->second["modules"].get<int64_t>() + 1;
+  }
   json quantized = json::array();
   for (auto& [w, g] : groups) quantized.push_back(g);
   json plan = {{"dry_run", true},
@@ -858,12 +855,12 @@ json plan_run(Run& R) {
                {"device", R.dev.description},
                {"gpus", R.r.gpus},
                {"calibration", R.nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : R.cd.describe(R.r.calibration)},
-               {"linears", linears},
+               {"linears", int64_t(R.plan.size())},
                {"quantized", quantized},
                {"kept_in_float", kept},
                {"formats", R.r.formats},
                {"disk_min_bytes", R.disk},
-               {"free_bytes", free_space(staging).bytes},
+               {"free_bytes", free},
                {"recipe", yaml_to_json(R.r.to_yaml())}};
   if (R.r.smooth.enabled) plan["smoothquant"] = {{"alpha", R.r.smooth.auto_alpha ? json("auto") : json(R.r.smooth.alpha)}, {"pairs", R.r.smooth.pairs}};
   if (!R.gguf_type_fallback.empty()) plan["gguf_type_fallback"] = R.gguf_type_fallback;

@@ -178,6 +178,12 @@ std::vector<json> evals_in(const std::string& file) {
   return out;
 }
 
+// `label`, or `label#n` for its n-th use (the first keeps its name).
+std::string unique_label(std::map<std::string, int>& seen, const std::string& label) {
+  const int n = ++seen[label];
+  return n == 1 ? label : label + "#" + std::to_string(n);
+}
+
 // What decides the tokens an evaluation scored (its text by content, not by path).
 constexpr const char* kTokenKeys[] = {"data_sha256", "seq_len", "windows", "scored_tokens", "protocol"};
 
@@ -200,8 +206,7 @@ json compare_runs(const CompareInputs& in) {
     const fs::path report = r["report"].get<std::string>();
     std::string label = report.filename() == "report.json" ? fs::path(r["folder"].get<std::string>()).filename().string() : report.stem().string();
     if (label.empty()) label = r["report"];
-    if (seen[label]++) label += "#" + std::to_string(seen[label]);
-    r["label"] = label;
+    r["label"] = unique_label(seen, label);
   }
   const json& first = runs[0];
   for (size_t i = 1; i < runs.size(); ++i) {
@@ -260,9 +265,8 @@ json compare_runs(const CompareInputs& in) {
   for (const Dataset& s : sets) {
     std::string label = fs::path(s.tokens["data"].get<std::string>()).filename().string();
     if (label.empty()) label = "text";
-    if (seen_text[label]++) label += "#" + std::to_string(seen_text[label]);
     json d = s.tokens;
-    d["label"] = label;
+    d["label"] = unique_label(seen_text, label);
     datasets.push_back(d);
   }
   // Per dataset, the source model's perplexity: its own evaluation, else a KL reference of it.
