@@ -10,8 +10,8 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
-#include "eval/data.h"
 #include "eval/perplexity.h"
+#include "model/corpus.h"
 #ifdef PTQKIT_HAVE_CUDA
 #include "cuda/runtime.h"
 #include "eval/perplexity_cuda.h"

@@ -22,9 +22,9 @@
 
 #include "core/fsutil.h"
 #include "core/safetensors.h"
-#include "eval/data.h"
+#include "model/corpus.h"
 #include "formats/gguf.h"
-#include "gptq/qstore.h"
+#include "quant/qstore.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "golden.h"

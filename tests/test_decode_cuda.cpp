@@ -11,7 +11,7 @@
 #include "core/safetensors.h"
 #include "eval/decode_cuda.h"
 #include "eval/perplexity.h"
-#include "eval/data.h"
+#include "model/corpus.h"
 #include "eval/perplexity_cuda.h"
 #include "formats/open.h"
 #include "kernels/a16_path.h"

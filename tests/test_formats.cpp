@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/rng.h"
-#include "eval/data.h"
+#include "model/corpus.h"
 #include "eval/perplexity.h"
 #include "formats/gguf.h"
 #include "formats/open.h"

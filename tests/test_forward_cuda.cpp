@@ -21,7 +21,7 @@
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
 #include "cuda/runtime.h"
-#include "eval/data.h"
+#include "model/corpus.h"
 #include "eval/perplexity.h"
 #include "eval/nll_cuda.h"
 #include "eval/perplexity_cuda.h"

@@ -14,7 +14,7 @@
 #include "core/rng.h"
 #include "core/safetensors.h"
 #include "gptq/gptq.h"
-#include "gptq/qstore.h"
+#include "quant/qstore.h"
 #include "testing.h"
 #include "testing_gptq.h"
 
@@ -456,7 +456,7 @@ TEST_CASE("layer store: codes are written bit-packed (P.qcodes), each row the do
   }
 }
 
-// llama.cpp's grids (gptq/quantizer.h's GridForm), on hand-computed values: Q4_1's f16 min and
+// llama.cpp's grids (quant/quantizer.h's GridForm), on hand-computed values: Q4_1's f16 min and
 // scale, which need not include 0; the K-quants' sub-blocks rounded to integer multiples of the
 // super-block's f16 d (and dmin); Q6_K's signed scale that puts the largest magnitude on code 0.
 TEST_CASE("llama.cpp's grids: Q4_1's f16 min, the K-quants' super-blocks, Q6_K's signed scale") {

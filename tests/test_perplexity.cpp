@@ -3,8 +3,8 @@
 
 #include "core/error.h"
 #include "core/fsutil.h"
-#include "eval/data.h"
 #include "eval/perplexity.h"
+#include "model/corpus.h"
 #include "testing.h"
 
 using namespace ptq;

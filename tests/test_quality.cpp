@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "core/fsutil.h"
-#include "eval/data.h"
 #include "eval/perplexity.h"
+#include "model/corpus.h"
 #include "pipeline/pipeline.h"
 #include "testing.h"
 

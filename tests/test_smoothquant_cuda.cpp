@@ -11,7 +11,7 @@
 #include "core/checkpoint.h"
 #include "core/safetensors.h"
 #include "core/rng.h"
-#include "eval/data.h"
+#include "model/corpus.h"
 #include "eval/perplexity.h"
 #include "formats/open.h"
 #include "model/forward_cuda.h"

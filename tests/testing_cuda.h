@@ -3,9 +3,9 @@
 // for a layer, the evaluation text and windows for perplexity comparisons.
 #pragma once
 #include "core/rng.h"
-#include "eval/data.h"
 #include "eval/perplexity.h"
 #include "gptq/gptq_cuda.h"
+#include "model/corpus.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
 #include "pipeline/pipeline.h"

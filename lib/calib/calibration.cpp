@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/rng.h"
-#include "eval/data.h"
+#include "model/corpus.h"
 
 namespace ptq {
 

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/safetensors.h"
-#include "eval/data.h"
+#include "model/corpus.h"
 
 namespace ptq {
 

@@ -9,9 +9,9 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "gptq/qstore.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "quant/qstore.h"
 
 namespace ptq {
 

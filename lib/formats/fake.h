@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "gptq/qstore.h"
+#include "quant/qstore.h"
 
 namespace ptq {
 

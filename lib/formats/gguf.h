@@ -8,7 +8,7 @@
 // aligned to 32. All little-endian; strings are u64 length + bytes.
 //
 // GPTQ's symmetric 4-bit (8-bit) grid with groups of 32 along the input is Q4_0's (Q8_0's):
-// x = d * (q - 8) (x = d * q8). The other types have grids of their own (gptq/quantizer.h's
+// x = d * (q - 8) (x = d * q8). The other types have grids of their own (quant/quantizer.h's
 // GridForm: f16 mins, K-quant super-blocks), which the solve uses as the block stores them.
 // Either way the file is written code for code, scale for scale: a GGUF with GPTQ-optimized
 // weights, which llama.cpp's own tools cannot make.

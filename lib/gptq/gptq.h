@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gptq/hessian.h"
-#include "gptq/quantizer.h"
+#include "quant/quantizer.h"
 
 namespace ptq {
 

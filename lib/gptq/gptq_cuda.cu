@@ -69,7 +69,7 @@ __device__ float round_scale(float x, int dt) {
   if (dt == 2) return __bfloat162float(__float2bfloat16_rn(x));
   return x;
 }
-__device__ Grid minmax_grid(float xmin, float xmax, int maxq, bool sym, int dt) {   // = lib/gptq/quantizer.cpp minmax
+__device__ Grid minmax_grid(float xmin, float xmax, int maxq, bool sym, int dt) {   // = lib/quant/quantizer.cpp minmax
   xmin = fminf(xmin, 0.0f);
   xmax = fmaxf(xmax, 0.0f);
   if (sym) {

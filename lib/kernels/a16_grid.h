@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "gptq/quantizer.h"
+#include "quant/quantizer.h"
 
 namespace ptq {
 

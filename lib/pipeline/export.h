@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "gptq/qstore.h"
 #include "model/llama.h"
 #include "pipeline/recipe.h"
+#include "quant/qstore.h"
 
 namespace ptq {
 

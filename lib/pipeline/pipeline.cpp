@@ -24,12 +24,12 @@
 #include "core/progress.h"
 #include "formats/gguf.h"
 #include "formats/packed.h"
-#include "gptq/qstore.h"
 #include "model/schedule.h"
 #include "pipeline/backend.h"
 #include "pipeline/distributed.h"
 #include "pipeline/export.h"
 #include "pipeline/stats.h"
+#include "quant/qstore.h"
 #include "report/report_html.h"
 #include "smoothquant/smoothquant.h"
 

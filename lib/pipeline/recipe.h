@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "calib/calibration.h"
-#include "gptq/quantizer.h"
+#include "quant/quantizer.h"
 
 namespace ptq {
 

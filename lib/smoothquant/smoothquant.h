@@ -4,8 +4,8 @@
 #pragma once
 #include <vector>
 
-#include "gptq/quantizer.h"
 #include "model/llama.h"
+#include "quant/quantizer.h"
 
 namespace ptq {
 

@@ -1,4 +1,4 @@
-#include "gptq/quantizer.h"
+#include "quant/quantizer.h"
 
 #include <cmath>
 

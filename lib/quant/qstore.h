@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "gptq/quantizer.h"
+#include "quant/quantizer.h"
 
 namespace ptq {
 

@@ -1,4 +1,4 @@
-#include "gptq/qstore.h"
+#include "quant/qstore.h"
 
 #include <cstring>
 #include <filesystem>

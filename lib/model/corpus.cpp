@@ -1,4 +1,4 @@
-#include "eval/data.h"
+#include "model/corpus.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-// data.h — text to token streams, per ../shared/assets/README.md: the whole file as one string,
+// corpus.h — text to token streams, per ../shared/assets/README.md: the whole file as one string,
 // encoded, with one BOS in front. `.jsonl` files: the `text` fields joined by "\n\n".
 #pragma once
 #include <string>
