@@ -14,6 +14,8 @@
 #include "formats/gguf.h"
 #include "formats/open.h"
 #include "model/config.h"
+#include "model/llama.h"
+#include "model/schedule.h"
 #include "model/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -39,20 +41,136 @@ struct InspectArgs {
   bool json = false, tensors = false;
 };
 
+std::string field_text(const json& o, const char* k) {
+  if (!o.is_object() || !o.contains(k) || o[k].is_null()) return "";
+  return o[k].is_string() ? o[k].get<std::string>() : o[k].dump();
+}
+
+std::string group_text(const std::string& group_size) {
+  return group_size.empty() || group_size == "-1" || group_size == "0" ? "one scale per output channel" : "groups of " + group_size;
+}
+
+// config.json's quantization_config as one line a reader takes in at a glance (--json keeps the
+// whole object): the method, the bits, how scales are shared, symmetry, act-order, activations.
+std::string describe_quantization(const json& q) {
+  const std::string m = field_text(q, "quant_method");
+  auto yes = [&](const json& o, const char* k) { return field_text(o, k) == "true"; };
+  if (m == "gptq") {
+    std::string s = "GPTQ (" + (field_text(q, "checkpoint_format").empty() ? std::string("gptq") : field_text(q, "checkpoint_format")) + "): " +
+                    field_text(q, "bits") + "-bit weights, " + group_text(field_text(q, "group_size")) + ", " +
+                    (yes(q, "sym") ? "symmetric" : "asymmetric") + ", act-order " + (yes(q, "desc_act") ? "yes" : "no");
+    if (yes(q, "lm_head")) s += ", lm_head quantized";
+    return s;
+  }
+  if (m == "compressed-tensors") {
+    std::string s = "compressed-tensors (" + field_text(q, "format") + ")";
+    if (q.contains("config_groups") && q["config_groups"].is_object())
+      for (const auto& [name, g] : q["config_groups"].items()) {
+        const json& w = g.contains("weights") ? g["weights"] : json();
+        if (w.is_object()) {
+          const std::string strategy = field_text(w, "strategy");
+          s += ": " + field_text(w, "num_bits") + "-bit " + field_text(w, "type") + " weights, " +
+               (strategy == "group" ? group_text(field_text(w, "group_size")) : strategy == "channel" ? "one scale per output channel" : "one scale per " + strategy) +
+               ", " + (yes(w, "symmetric") ? "symmetric" : "asymmetric");
+          const std::string act_order = field_text(w, "actorder");
+          if (!act_order.empty()) s += ", act-order " + act_order;
+        }
+        const json& a = g.contains("input_activations") ? g["input_activations"] : json();
+        if (a.is_object())
+          s += "; " + field_text(a, "num_bits") + "-bit activations per " + field_text(a, "strategy") + ", " + (yes(a, "dynamic") ? "dynamic" : "static") + " scales";
+        else
+          s += "; 16-bit activations";
+      }
+    if (q.contains("ignore") && q["ignore"].is_array() && !q["ignore"].empty()) {
+      s += "; kept in float: ";
+      for (size_t i = 0; i < q["ignore"].size(); ++i) s += (i ? ", " : "") + (q["ignore"][i].is_string() ? q["ignore"][i].get<std::string>() : q["ignore"][i].dump());
+    }
+    return s;
+  }
+  if (m == "bitsandbytes") {
+    if (yes(q, "load_in_8bit")) return "bitsandbytes LLM.int8(): 8-bit weights";
+    return "bitsandbytes " + field_text(q, "bnb_4bit_quant_type") + ": 4-bit weights, blocks of 64, absmax " +
+           (yes(q, "bnb_4bit_use_double_quant") ? "double-quantized (8-bit)" : "in fp32") + ", compute dtype " + field_text(q, "bnb_4bit_compute_dtype");
+  }
+  return (m.empty() ? std::string("unknown method") : m) + " (--json gives the whole quantization_config)";
+}
+
+// What the Linears' weights cost on disk: every tensor under a Linear's name (P.qweight, P.scales,
+// P.weight_packed, P.weight.absmax, ... ; not P.bias) is its storage, against out x in weights of
+// the layer schedule's shape; the rest (embeddings, norms, biases, lm_head) is counted as stored.
+struct WeightBits {
+  int64_t linear_weights = 0, other_params = 0;
+  size_t linear_bytes = 0, other_bytes = 0;
+  json to_json() const {
+    return {{"parameters", linear_weights + other_params}, {"linear_weights", linear_weights}, {"linear_bytes", linear_bytes},
+            {"linear_bits_per_weight", linear_weights ? 8.0 * double(linear_bytes) / double(linear_weights) : 0.0},
+            {"other_parameters", other_params}, {"other_bytes", other_bytes}};
+  }
+};
+
+WeightBits weight_bits(const LlamaConfig& c, const json& tensors) {
+  std::map<std::string, int64_t> linear_size;   // "model.layers.3.mlp.down_proj." -> out x in
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (LinearId id : layer_schedule(c, l).linears()) {
+      const LinearShape sh = linear_shape(c, id);
+      linear_size[linear_name(c, l, id) + "."] += sh.out * sh.in;
+    }
+  WeightBits b;
+  std::map<std::string, int64_t> present;
+  for (const json& t : tensors) {
+    const std::string n = t["name"];
+    const size_t bytes = t["bytes"];
+    std::string owner;
+    for (size_t dot = n.find('.'); dot != std::string::npos && owner.empty(); dot = n.find('.', dot + 1))
+      if (linear_size.count(n.substr(0, dot + 1)) && n.substr(dot + 1) != "bias") owner = n.substr(0, dot + 1);
+    if (owner.empty()) {
+      b.other_params += numel(t["shape"].get<Shape>());
+      b.other_bytes += bytes;
+    } else {
+      b.linear_bytes += bytes;
+      present[owner] = linear_size[owner];
+    }
+  }
+  for (const auto& [name, n] : present) b.linear_weights += n;
+  return b;
+}
+
+// llama.cpp's name of general.file_type (llama.h's llama_ftype; 4-6 and the unlisted were removed
+// or are not types a file of today carries).
+std::string ftype_name(int64_t t) {
+  static const std::map<int64_t, const char*> names = {
+      {0, "all F32"}, {1, "F16"},        {2, "Q4_0"},     {3, "Q4_1"},    {7, "Q8_0"},     {8, "Q5_0"},     {9, "Q5_1"},     {10, "Q2_K"},
+      {11, "Q3_K_S"}, {12, "Q3_K_M"},    {13, "Q3_K_L"},  {14, "Q4_K_S"}, {15, "Q4_K_M"},  {16, "Q5_K_S"},  {17, "Q5_K_M"},  {18, "Q6_K"},
+      {19, "IQ2_XXS"}, {20, "IQ2_XS"},   {21, "Q2_K_S"},  {22, "IQ3_XS"}, {23, "IQ3_XXS"}, {24, "IQ1_S"},   {25, "IQ4_NL"},  {26, "IQ3_S"},
+      {27, "IQ3_M"},  {28, "IQ2_S"},     {29, "IQ2_M"},   {30, "IQ4_XS"}, {31, "IQ1_M"},   {32, "BF16"}};
+  auto it = names.find(t);
+  return it == names.end() ? "unknown" : it->second;
+}
+
 int inspect_gguf(const InspectArgs& a, const std::string& path) {
   GgufFile f(path);
-  std::map<std::string, std::pair<int64_t, size_t>> by_type;
+  struct TypeSum {
+    int64_t tensors = 0, values = 0;
+    size_t bytes = 0;
+  };
+  std::map<std::string, TypeSum> by_type;
   json tensors = json::array();
   size_t total = 0;
+  int64_t values = 0;
   for (auto& t : f.tensors()) {
+    int64_t n = 1;
+    for (auto d : t.ne) n *= int64_t(d);
     auto& e = by_type[ggml_type_name(t.type)];
-    e.first++;
-    e.second += t.nbytes;
+    e.tensors++;
+    e.values += n;
+    e.bytes += t.nbytes;
     total += t.nbytes;
+    values += n;
     tensors.push_back({{"name", t.name}, {"type", ggml_type_name(t.type)}, {"ne", t.ne}, {"bytes", t.nbytes}});
   }
   if (a.json) {
-    std::cout << json({{"path", path}, {"format", "gguf"}, {"metadata", f.metadata()}, {"tensors", tensors}}).dump(2) << "\n";
+    std::cout << json({{"path", path}, {"format", "gguf"}, {"metadata", f.metadata()}, {"parameters", values}, {"total_bytes", total},
+                       {"bits_per_weight", values ? 8.0 * double(total) / double(values) : 0.0}, {"tensors", tensors}}).dump(2) << "\n";
     return 0;
   }
   const json& m = f.metadata();
@@ -65,8 +183,14 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
   if (k("expert_count")) std::printf(", %lld experts (%lld per token)", k("expert_count"), k("expert_used_count"));
   std::printf("\n");
   std::printf("  tokenizer     %s\n", json_field<std::string>(m, "tokenizer.ggml.model", "none", Errc::format, path).c_str());
+  // bits per weight as llama.cpp's loader prints it (BPW): the tensors' bytes over their values
+  std::printf("  parameters    %.3f M, %.2f bits per weight\n", double(values) / 1e6, values ? 8.0 * double(total) / double(values) : 0.0);
   std::printf("  tensors       %zu, %s\n", f.tensors().size(), human_bytes(double(total)).c_str());
-  for (auto& [d, e] : by_type) std::printf("    %-8s %6lld tensors  %s\n", d.c_str(), (long long)e.first, human_bytes(double(e.second)).c_str());
+  for (auto& [d, e] : by_type)
+    std::printf("    %-8s %6lld tensors  %-12s %6.2f bits per weight\n", d.c_str(), (long long)e.tensors, human_bytes(double(e.bytes)).c_str(),
+                e.values ? 8.0 * double(e.bytes) / double(e.values) : 0.0);
+  if (m.contains("general.file_type"))
+    std::printf("  quantization  llama.cpp file type %s (general.file_type %lld)\n", ftype_name(n("general.file_type")).c_str(), n("general.file_type"));
   if (a.tensors)
     for (auto& t : tensors) std::printf("    %-32s %-5s %s\n", t["name"].get<std::string>().c_str(), t["type"].get<std::string>().c_str(), t["ne"].dump().c_str());
   return 0;
@@ -100,8 +224,14 @@ int run_inspect(const InspectArgs& a) {
                            {"kv_heads", c.num_key_value_heads}, {"head_dim", c.head_dim}, {"vocab_size", c.vocab_size},
                            {"max_position_embeddings", c.max_position_embeddings}, {"rope_theta", c.rope_theta},
                            {"rope_scaling", c.rope_scaling ? "llama3" : "none"}, {"tie_word_embeddings", c.tie_word_embeddings},
-                           {"torch_dtype", dtype_name(c.dtype)}, {"parameters", params}};
-    if (c.raw.contains("quantization_config")) out["quantization_config"] = c.raw["quantization_config"];
+                           {"torch_dtype", dtype_name(c.dtype)}, {"stored_values", params}};
+    out["weights"] = weight_bits(c, tensors).to_json();
+    if (c.raw.contains("quantization_config")) {
+      out["quantization_config"] = c.raw["quantization_config"];
+      out["quantization"] = describe_quantization(c.raw["quantization_config"]);
+    } else if (c.raw.contains("ptqkit_w8a8")) {
+      out["quantization"] = "fake W8A8 (ptqkit_w8a8): float weights on the int8 grid, 8-bit activations at the recorded scales";
+    }
     out["format"] = model_format(a.path);
     try {
       out["tokenizer"] = load_tokenizer(a.path, c.bos_token_id)->kind();
@@ -125,13 +255,16 @@ int run_inspect(const InspectArgs& a) {
                 ar["rope_scaling"].get<std::string>().c_str(), ar["tie_word_embeddings"].get<bool>() ? "yes" : "no",
                 ar["torch_dtype"].get<std::string>().c_str());
     std::printf("  format        %s\n", out["format"].get<std::string>().c_str());
-    std::printf("  stored values %.3f M\n", double(ar["parameters"].get<int64_t>()) / 1e6);
+    const json& w = out["weights"];
+    std::printf("  parameters    %.3f M: the Linears' %.3f M weights at %.2f bits each, the rest %.3f M at %.2f bits\n",
+                double(w["parameters"].get<int64_t>()) / 1e6, double(w["linear_weights"].get<int64_t>()) / 1e6,
+                w["linear_bits_per_weight"].get<double>(), double(w["other_parameters"].get<int64_t>()) / 1e6,
+                w["other_parameters"].get<int64_t>() ? 8.0 * double(w["other_bytes"].get<size_t>()) / double(w["other_parameters"].get<int64_t>()) : 0.0);
     std::printf("  tokenizer     %s\n", out["tokenizer"].get<std::string>().c_str());
   }
   std::printf("  tensors       %zu, %s\n", tensors.size(), human_bytes(double(ck.total_bytes())).c_str());
   for (auto& [d, e] : by_dtype) std::printf("    %-8s %6lld tensors  %s\n", d.c_str(), (long long)e.first, human_bytes(double(e.second)).c_str());
-  if (out.contains("quantization_config")) std::printf("  quantization  %s\n", out["quantization_config"].dump().c_str());
-  else std::printf("  quantization  none\n");
+  std::printf("  quantization  %s\n", out.contains("quantization") ? out["quantization"].get<std::string>().c_str() : "none");
   if (a.tensors)
     for (auto& t : tensors)
       std::printf("    %-56s %-5s %-16s %s\n", t["name"].get<std::string>().c_str(), t["dtype"].get<std::string>().c_str(),

@@ -225,3 +225,56 @@ TEST_CASE("cli: eval of several texts gives each the result of its own eval, in 
   }
   CHECK(!std::filesystem::exists(d / "b.json"));
 }
+
+// inspect's sizes against the layouts' own arithmetic: AutoGPTQ's 4-bit g128 tensors of each
+// Linear (qweight in/8 x out int32, qzeros and fp16 scales per group, g_idx in int32), the float
+// source's parameter count, and GGUF Q8_0's published 34 bytes a block of 32 (8.5 bits a weight).
+TEST_CASE("cli: inspect gives the Linears' bits per weight from the files' bytes, and the quantization in words") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string m = ptqtest::assets() + "/models/distilled-13m";
+  const std::string quick = " --dataset random --set calibration.samples=4 --set calibration.seq_len=64 --set quantization.method=rtn";
+  REQUIRE(run_ptqkit("-q quantize --model " + m + " --scheme W4A16 --format gptq" + quick + " -o " + d / "gptq").code == 0);
+  REQUIRE(run_ptqkit("-q quantize --model " + m + " --scheme Q8_0" + quick + " -o " + d / "q8").code == 0);
+
+  auto inspect_json = [&](const std::string& path) {
+    const auto r = run_ptqkit("inspect --json " + path);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    return json::parse(r.out.substr(r.out.find('{')));
+  };
+  const json src = inspect_json(m);
+  int64_t float_params = 0;   // the float checkpoint's parameters: its tensors' values
+  for (const json& t : src["tensors"]) {
+    int64_t n = 1;
+    for (const auto& e : t["shape"]) n *= e.get<int64_t>();
+    float_params += n;
+  }
+  CHECK(src["weights"]["parameters"] == float_params);
+  CHECK(src["weights"]["linear_bits_per_weight"].get<double>() == 16.0);
+
+  // distilled-13m: hidden 384, 6 heads and 2 KV heads of 64, ffn 1024, 8 layers
+  const std::vector<std::pair<int64_t, int64_t>> linears = {{384, 384}, {128, 384}, {128, 384}, {384, 384}, {1024, 384}, {1024, 384}, {384, 1024}};
+  int64_t weights = 0, bytes = 0;
+  for (auto [out, in] : linears) {
+    const int64_t groups = (in + 127) / 128;
+    weights += 8 * out * in;
+    bytes += 8 * (in / 8 * out * 4 + groups * (out / 8) * 4 + groups * out * 2 + in * 4);
+  }
+  const json q = inspect_json(d / "gptq");
+  CHECK(q["weights"]["parameters"] == float_params);
+  CHECK(q["weights"]["linear_weights"] == weights);
+  CHECK(q["weights"]["linear_bytes"] == bytes);
+  CHECK(q["quantization"] == "GPTQ (gptq): 4-bit weights, groups of 128, symmetric, act-order yes");
+  char line[64];
+  std::snprintf(line, sizeof line, "weights at %.2f bits each", 8.0 * double(bytes) / double(weights));   // 4.22
+  CHECK(run_ptqkit("inspect " + d / "gptq").out.find(line) != std::string::npos);
+
+  const json g = inspect_json(d / "q8/model.gguf");
+  CHECK(g["parameters"] == float_params);
+  const auto gt = run_ptqkit("inspect " + d / "q8/model.gguf");
+  INFO(gt.out);
+  CHECK(gt.out.find("Q8_0") != std::string::npos);
+  CHECK(gt.out.find("8.50 bits per weight") != std::string::npos);
+  CHECK(gt.out.find("llama.cpp file type Q8_0 (general.file_type 7)") != std::string::npos);
+}
