@@ -14,8 +14,6 @@
 #include "formats/gguf.h"
 #include "formats/open.h"
 #include "model/config.h"
-#include "model/llama.h"
-#include "model/schedule.h"
 #include "model/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -95,45 +93,6 @@ std::string describe_quantization(const json& q) {
   return (m.empty() ? std::string("unknown method") : m) + " (--json gives the whole quantization_config)";
 }
 
-// What the Linears' weights cost on disk: every tensor under a Linear's name (P.qweight, P.scales,
-// P.weight_packed, P.weight.absmax, ... ; not P.bias) is its storage, against out x in weights of
-// the layer schedule's shape; the rest (embeddings, norms, biases, lm_head) is counted as stored.
-struct WeightBits {
-  int64_t linear_weights = 0, other_params = 0;
-  size_t linear_bytes = 0, other_bytes = 0;
-  json to_json() const {
-    return {{"parameters", linear_weights + other_params}, {"linear_weights", linear_weights}, {"linear_bytes", linear_bytes},
-            {"linear_bits_per_weight", linear_weights ? 8.0 * double(linear_bytes) / double(linear_weights) : 0.0},
-            {"other_parameters", other_params}, {"other_bytes", other_bytes}};
-  }
-};
-
-WeightBits weight_bits(const LlamaConfig& c, const json& tensors) {
-  std::map<std::string, int64_t> linear_size;   // "model.layers.3.mlp.down_proj." -> out x in
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    for (LinearId id : layer_schedule(c, l).linears()) {
-      const LinearShape sh = linear_shape(c, id);
-      linear_size[linear_name(c, l, id) + "."] += sh.out * sh.in;
-    }
-  WeightBits b;
-  std::map<std::string, int64_t> present;
-  for (const json& t : tensors) {
-    const std::string n = t["name"];
-    const size_t bytes = t["bytes"];
-    std::string owner;
-    for (size_t dot = n.find('.'); dot != std::string::npos && owner.empty(); dot = n.find('.', dot + 1))
-      if (linear_size.count(n.substr(0, dot + 1)) && n.substr(dot + 1) != "bias") owner = n.substr(0, dot + 1);
-    if (owner.empty()) {
-      b.other_params += numel(t["shape"].get<Shape>());
-      b.other_bytes += bytes;
-    } else {
-      b.linear_bytes += bytes;
-      present[owner] = linear_size[owner];
-    }
-  }
-  for (const auto& [name, n] : present) b.linear_weights += n;
-  return b;
-}
 
 // llama.cpp's name of general.file_type (llama.h's llama_ftype; 4-6 and the unlisted were removed
 // or are not types a file of today carries).
@@ -170,7 +129,8 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
   }
   if (a.json) {
     std::cout << json({{"path", path}, {"format", "gguf"}, {"metadata", f.metadata()}, {"parameters", values}, {"total_bytes", total},
-                       {"bits_per_weight", values ? 8.0 * double(total) / double(values) : 0.0}, {"tensors", tensors}}).dump(2) << "\n";
+                       {"bits_per_weight", values ? 8.0 * double(total) / double(values) : 0.0}, {"weights", weight_bits(path).to_json()},
+                       {"tensors", tensors}}).dump(2) << "\n";
     return 0;
   }
   const json& m = f.metadata();
@@ -184,7 +144,9 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
   std::printf("\n");
   std::printf("  tokenizer     %s\n", json_field<std::string>(m, "tokenizer.ggml.model", "none", Errc::format, path).c_str());
   // bits per weight as llama.cpp's loader prints it (BPW): the tensors' bytes over their values
-  std::printf("  parameters    %.3f M, %.2f bits per weight\n", double(values) / 1e6, values ? 8.0 * double(total) / double(values) : 0.0);
+  const WeightBits w = weight_bits(path);
+  std::printf("  parameters    %.3f M, %.2f bits per weight; the Linears' %.3f M weights at %.2f bits each\n", double(values) / 1e6,
+              values ? 8.0 * double(total) / double(values) : 0.0, double(w.linear_weights) / 1e6, w.linear_bits());
   std::printf("  tensors       %zu, %s\n", f.tensors().size(), human_bytes(double(total)).c_str());
   for (auto& [d, e] : by_type)
     std::printf("    %-8s %6lld tensors  %-12s %6.2f bits per weight\n", d.c_str(), (long long)e.tensors, human_bytes(double(e.bytes)).c_str(),
@@ -225,7 +187,7 @@ int run_inspect(const InspectArgs& a) {
                            {"max_position_embeddings", c.max_position_embeddings}, {"rope_theta", c.rope_theta},
                            {"rope_scaling", c.rope_scaling ? "llama3" : "none"}, {"tie_word_embeddings", c.tie_word_embeddings},
                            {"torch_dtype", dtype_name(c.dtype)}, {"stored_values", params}};
-    out["weights"] = weight_bits(c, tensors).to_json();
+    out["weights"] = weight_bits(a.path).to_json();
     if (c.raw.contains("quantization_config")) {
       out["quantization_config"] = c.raw["quantization_config"];
       out["quantization"] = describe_quantization(c.raw["quantization_config"]);

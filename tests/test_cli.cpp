@@ -226,10 +226,10 @@ TEST_CASE("cli: eval of several texts gives each the result of its own eval, in 
   CHECK(!std::filesystem::exists(d / "b.json"));
 }
 
-// inspect's sizes against the layouts' own arithmetic: AutoGPTQ's 4-bit g128 tensors of each
+// inspect's and compare's sizes against the layouts' own arithmetic: AutoGPTQ's 4-bit g128 tensors of each
 // Linear (qweight in/8 x out int32, qzeros and fp16 scales per group, g_idx in int32), the float
 // source's parameter count, and GGUF Q8_0's published 34 bytes a block of 32 (8.5 bits a weight).
-TEST_CASE("cli: inspect gives the Linears' bits per weight from the files' bytes, and the quantization in words") {
+TEST_CASE("cli: inspect and compare give the Linears' bits per weight from the files' bytes, inspect the quantization in words") {
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string m = ptqtest::assets() + "/models/distilled-13m";
@@ -277,4 +277,17 @@ TEST_CASE("cli: inspect gives the Linears' bits per weight from the files' bytes
   CHECK(gt.out.find("Q8_0") != std::string::npos);
   CHECK(gt.out.find("8.50 bits per weight") != std::string::npos);
   CHECK(gt.out.find("llama.cpp file type Q8_0 (general.file_type 7)") != std::string::npos);
+  CHECK(g["weights"]["linear_weights"] == weights);   // every Linear a Q8_0 matrix: 34 bytes a block of 32
+  CHECK(g["weights"]["linear_bits_per_weight"].get<double>() == 8.5);
+
+  // compare: the same bits per weight beside each run's size, the float source's 16
+  const auto c = run_ptqkit("compare " + d / "gptq" + " " + d / "q8" + " --json " + d / "c.json");
+  INFO(c.out);
+  REQUIRE(c.code == 0);
+  CHECK(c.out.find("bits/w") != std::string::npos);
+  const json cj = json::parse(ptq::read_text_file(d / "c.json"));
+  CHECK(cj["float"]["bits_per_weight"].get<double>() == 16.0);
+  CHECK(cj["runs"][0]["outputs"][0]["bits_per_weight"].get<double>() == Approx(8.0 * double(bytes) / double(weights)).epsilon(1e-12));
+  CHECK(cj["runs"][1]["outputs"][0]["format"] == "gguf");
+  CHECK(cj["runs"][1]["outputs"][0]["bits_per_weight"].get<double>() == 8.5);
 }

@@ -3,11 +3,13 @@
 #include <filesystem>
 #include <map>
 
+#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/json_field.h"
 #include "formats/gguf.h"
 #include "formats/packed.h"
+#include "model/schedule.h"
 
 namespace fs = std::filesystem;
 
@@ -88,6 +90,51 @@ std::unique_ptr<LlamaModel> open_model(const std::string& path) {
     if (c.raw.contains("ptqkit_w8a8")) return std::make_unique<LlamaModel>(path, c, std::make_unique<FakeW8A8Source>(path, c.raw["ptqkit_w8a8"]));
   }
   return std::make_unique<LlamaModel>(path);
+}
+
+nlohmann::json WeightBits::to_json() const {
+  return {{"parameters", linear_weights + other_params}, {"linear_weights", linear_weights}, {"linear_bytes", linear_bytes},
+          {"linear_bits_per_weight", linear_bits()}, {"other_parameters", other_params}, {"other_bytes", other_bytes}};
+}
+
+WeightBits weight_bits(const std::string& path) {
+  WeightBits b;
+  const std::string g = gguf_path(path);
+  if (!g.empty()) {
+    GgufFile f(g);
+    for (const auto& t : f.tensors()) {
+      int64_t n = 1;
+      for (int64_t d : t.ne) n *= d;
+      const bool linear = t.name.rfind("blk.", 0) == 0 && t.ne.size() >= 2 && t.name.find("ffn_gate_inp") == std::string::npos;
+      (linear ? b.linear_weights : b.other_params) += n;
+      (linear ? b.linear_bytes : b.other_bytes) += int64_t(t.nbytes);
+    }
+    return b;
+  }
+  const LlamaConfig c = load_config(path);
+  std::map<std::string, int64_t> linear_size;   // "model.layers.3.mlp.down_proj." -> out x in
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    for (LinearId id : layer_schedule(c, l).linears()) {
+      const LinearShape sh = linear_shape(c, id);
+      linear_size[linear_name(c, l, id) + "."] += sh.out * sh.in;
+    }
+  const Checkpoint ck(path);
+  std::map<std::string, int64_t> present;
+  for (const std::string& n : ck.names()) {
+    const TensorView t = ck.get(n);
+    std::string owner;
+    for (size_t dot = n.find('.'); dot != std::string::npos && owner.empty(); dot = n.find('.', dot + 1))
+      if (linear_size.count(n.substr(0, dot + 1)) && n.substr(dot + 1) != "bias") owner = n.substr(0, dot + 1);
+    if (owner.empty()) {
+      b.other_params += numel(t.shape);
+      b.other_bytes += int64_t(t.nbytes);
+    } else {
+      b.linear_bytes += int64_t(t.nbytes);
+      present[owner] = linear_size[owner];
+    }
+  }
+  for (const auto& [name, n] : present) b.linear_weights += n;
+  return b;
 }
 
 }  // namespace ptq

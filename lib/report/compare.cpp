@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/json_field.h"
+#include "formats/open.h"
 
 namespace ptq {
 
@@ -41,6 +42,17 @@ std::string same_path(const std::string& p) {
 const json& section(const json& j, const char* key) {
   static const json empty = json::object();
   return j.is_object() && j.contains(key) && j[key].is_object() ? j[key] : empty;
+}
+
+// The Linears' bits per weight of a model folder (formats/open.h: weight_bits), or null where the
+// folder is not one ptqkit reads (a report whose outputs were moved away).
+json linear_bits(const fs::path& dir) {
+  try {
+    const WeightBits b = weight_bits(dir.string());
+    return b.linear_weights ? json(b.linear_bits()) : json(nullptr);
+  } catch (const Error&) {
+    return nullptr;
+  }
 }
 
 // The bytes of a folder's weight files (safetensors, GGUF, PyTorch .bin), or -1 if there is none.
@@ -106,10 +118,11 @@ json one_run(const std::string& arg) {
         if (o.contains("files") && o["files"].is_array())
           for (const json& n : o["files"]) names.push_back(n.get<std::string>());
         const int64_t b = weight_bytes(folder / dir, names);
-        outputs.push_back({{"format", json_field<std::string>(o, "format", "", Errc::format, file, "outputs.format")}, {"bytes", b >= 0 ? json(b) : json(nullptr)}});
+        outputs.push_back({{"format", json_field<std::string>(o, "format", "", Errc::format, file, "outputs.format")}, {"bytes", b >= 0 ? json(b) : json(nullptr)},
+                           {"bits_per_weight", b >= 0 ? linear_bits(folder / dir) : json(nullptr)}});
       }
     if (outputs.empty())   // (a report without its outputs: the recipe's formats, sizes unknown)
-      for (const json& f : formats) outputs.push_back({{"format", f}, {"bytes", nullptr}});
+      for (const json& f : formats) outputs.push_back({{"format", f}, {"bytes", nullptr}, {"bits_per_weight", nullptr}});
     r["outputs"] = outputs;
     r["seconds"] = rep.contains("total_seconds") && rep["total_seconds"].is_number() ? rep["total_seconds"] : json(nullptr);
     r["device"] = json_field<std::string>(rep, "device", "", Errc::format, file, "device");
@@ -275,6 +288,7 @@ json compare_runs(const CompareInputs& in) {
     flt = {{"model", first["model"]}, {"dtype", first["model_dtype"]}, {"evals", json::array()}, {"perplexities", json::array()}};
     const int64_t b = weight_bytes(source, files_in(source));
     flt["bytes"] = b >= 0 ? json(b) : json(nullptr);
+    flt["bits_per_weight"] = b >= 0 ? linear_bits(source) : json(nullptr);
     for (const Dataset& s : sets) {
       json ppl = nullptr, from = nullptr;
       if (!s.float_eval.is_null()) {
@@ -425,7 +439,7 @@ std::string compare_text(const json& c, int modules, bool markdown) {
     };
     // One evaluated text: its perplexities in the runs' table; several: a table of their own.
     const bool inline_eval = sets <= 1;
-    std::vector<std::string> head = {"run", "method", "bits", "group", "act-order", "SmoothQuant", "format", "size", "time", "Σ output error", "vs RTN"};
+    std::vector<std::string> head = {"run", "method", "bits", "group", "act-order", "SmoothQuant", "format", "size", "bits/w", "time", "Σ output error", "vs RTN"};
     if (inline_eval) {
       const std::string ref_name = sets ? ref_of(0).second : "";
       head.insert(head.end(), {"perplexity", "vs " + (ref_name.empty() ? std::string("float") : ref_name), "KL", "top-1"});
@@ -438,30 +452,32 @@ std::string compare_text(const json& c, int modules, bool markdown) {
     };
     if (flt.is_object()) {
       std::vector<std::string> row = {"float (source)", "-", flt["dtype"] == "" ? "-" : flt["dtype"].get<std::string>(), "-", "-", "-", "-",
-                                      flt["bytes"].is_number() ? human_bytes(flt["bytes"].get<double>()) : "-", "-", "-", "-"};
+                                      flt["bytes"].is_number() ? human_bytes(flt["bytes"].get<double>()) : "-", num(flt["bits_per_weight"], "%.2f"), "-", "-", "-"};
       add_eval(row, -1);
       rows.push_back(row);
     }
     for (size_t i = 0; i < runs.size(); ++i) {
       const json& r = runs[i];
-      std::string fmt, size;
+      std::string fmt, size, bits;
       for (const json& f : r["outputs"]) {
         std::string name = f["format"];
         if (name == "gguf" && r["gguf_type"].is_string()) name += " " + r["gguf_type"].get<std::string>();
         fmt += (fmt.empty() ? "" : ", ") + name;
         size += (size.empty() ? "" : ", ") + (f["bytes"].is_number() ? human_bytes(f["bytes"].get<double>()) : std::string("-"));
+        bits += (bits.empty() ? "" : ", ") + (f.contains("bits_per_weight") ? num(f["bits_per_weight"], "%.2f") : std::string("-"));
       }
       std::string sq = r["smoothquant_alpha"].is_null() ? "-" : r["smoothquant_alpha"].is_string() ? "α " + r["smoothquant_alpha"].get<std::string>() : "α " + num(r["smoothquant_alpha"], "%g");
       if (r["activations"].is_string()) sq += ", " + r["activations"].get<std::string>();
       // act-order orders GPTQ's columns; round-to-nearest and NF4 have no order to change
       const std::string act_order = r["method"] != "gptq" ? "-" : r["act_order"].get<bool>() ? "yes" : "no";
-      std::vector<std::string> row = {r["label"], r["method"], r["bits"], r["group_size"], act_order, sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size,
+      std::vector<std::string> row = {r["label"], r["method"], r["bits"], r["group_size"], act_order, sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size, bits.empty() ? "-" : bits,
                                       seconds(r["seconds"]) + (r["device"] == "" ? "" : " (" + short_device(r["device"]) + ")"), num(r["loss_total"]), num(r["loss_vs_rtn_geomean"], "%.3f")};
       add_eval(row, int(i));
       rows.push_back(row);
     }
     o << table(rows, markdown);
-    o << "\nΣ output error: the sum over the run's modules of tr(ΔW H ΔWᵀ)/2 on its calibration inputs; vs RTN: the geometric mean of each module's error over "
+    o << "\nbits/w: what the Linears' files cost a weight (codes, scales, zeros and indices over out x in; the rest of the model aside). "
+         "Σ output error: the sum over the run's modules of tr(ΔW H ΔWᵀ)/2 on its calibration inputs; vs RTN: the geometric mean of each module's error over "
          "round-to-nearest's on the same inputs.\n";
     if (!inline_eval) {
       // A row per text and model, the texts in the order given, their models as in the table above.
