@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
+#include "formats/open.h"
 #include "pipeline/distributed.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schemes.h"
@@ -120,7 +121,15 @@ int run(const QuantizeArgs& a) {
   std::printf("quantized %zu modules of %s into %s\n", n, r.model.c_str(), r.output.c_str());
   for (auto& o : rep["outputs"]) {   // dir: relative to the output folder ("." for a single format)
     const std::string dir = o["dir"].get<std::string>() == "." ? r.output : r.output + "/" + o["dir"].get<std::string>();
-    std::printf("  wrote %s in %s\n", o["format"].get<std::string>().c_str(), dir.c_str());
+    std::string size;   // the tensors' bytes and what the Linears cost a weight (as `inspect` gives them)
+    try {
+      const WeightBits b = weight_bits(dir);
+      char s[96];
+      std::snprintf(s, sizeof s, ": %s, the Linears at %.2f bits a weight", human_bytes(double(b.linear_bytes + b.other_bytes)).c_str(), b.linear_bits());
+      if (b.linear_weights) size = s;
+    } catch (const Error&) {
+    }
+    std::printf("  wrote %s in %s%s\n", o["format"].get<std::string>().c_str(), dir.c_str(), size.c_str());
   }
   if (n && ratio > 0) std::printf("  output error vs RTN: mean ratio %.3f, worst %.3f (%s)\n", ratio / double(n), worst, worst_name.c_str());
   if (rep["calibration"].contains("samples") && r.calibration.dataset == "random")
