@@ -93,7 +93,6 @@ std::string describe_quantization(const json& q) {
   return (m.empty() ? std::string("unknown method") : m) + " (--json gives the whole quantization_config)";
 }
 
-
 // llama.cpp's name of general.file_type (llama.h's llama_ftype; 4-6 and the unlisted were removed
 // or are not types a file of today carries).
 std::string ftype_name(int64_t t) {

@@ -127,7 +127,7 @@ int run(const QuantizeArgs& a) {
       char s[96];
       std::snprintf(s, sizeof s, ": %s, the Linears at %.2f bits a weight", human_bytes(double(b.linear_bytes + b.other_bytes)).c_str(), b.linear_bits());
       if (b.linear_weights) size = s;
-    } catch (const Error&) {
+    } catch (const std::exception&) {   // (the run is done: a folder this cannot read only loses the figures)
     }
     std::printf("  wrote %s in %s%s\n", o["format"].get<std::string>().c_str(), dir.c_str(), size.c_str());
   }

@@ -50,7 +50,7 @@ json linear_bits(const fs::path& dir) {
   try {
     const WeightBits b = weight_bits(dir.string());
     return b.linear_weights ? json(b.linear_bits()) : json(nullptr);
-  } catch (const Error&) {
+  } catch (const std::exception&) {   // (ptq::Error and anything a damaged file throws)
     return nullptr;
   }
 }
