@@ -9,7 +9,6 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
-#include "formats/open.h"
 #include "pipeline/distributed.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/schemes.h"
@@ -121,15 +120,8 @@ int run(const QuantizeArgs& a) {
   std::printf("quantized %zu modules of %s into %s\n", n, r.model.c_str(), r.output.c_str());
   for (auto& o : rep["outputs"]) {   // dir: relative to the output folder ("." for a single format)
     const std::string dir = o["dir"].get<std::string>() == "." ? r.output : r.output + "/" + o["dir"].get<std::string>();
-    std::string size;   // the tensors' bytes and what the Linears cost a weight (as `inspect` gives them)
-    try {
-      const WeightBits b = weight_bits(dir);
-      char s[96];
-      std::snprintf(s, sizeof s, ": %s, the Linears at %.2f bits a weight", human_bytes(double(b.linear_bytes + b.other_bytes)).c_str(), b.linear_bits());
-      if (b.linear_weights) size = s;
-    } catch (const std::exception&) {   // (the run is done: a folder this cannot read only loses the figures)
-    }
-    std::printf("  wrote %s in %s%s\n", o["format"].get<std::string>().c_str(), dir.c_str(), size.c_str());
+    std::printf("  wrote %s in %s: %s, the Linears at %.2f bits a weight\n", o["format"].get<std::string>().c_str(), dir.c_str(),
+                human_bytes(o["tensor_bytes"].get<double>()).c_str(), o["linear_bits_per_weight"].get<double>());
   }
   if (n && ratio > 0) std::printf("  output error vs RTN: mean ratio %.3f, worst %.3f (%s)\n", ratio / double(n), worst, worst_name.c_str());
   if (rep["calibration"].contains("samples") && r.calibration.dataset == "random")

@@ -226,10 +226,10 @@ TEST_CASE("cli: eval of several texts gives each the result of its own eval, in 
   CHECK(!std::filesystem::exists(d / "b.json"));
 }
 
-// inspect's and compare's sizes against the layouts' own arithmetic: AutoGPTQ's 4-bit g128 tensors of each
+// inspect's, compare's and report.json's sizes against the layouts' own arithmetic: AutoGPTQ's 4-bit g128 tensors of each
 // Linear (qweight in/8 x out int32, qzeros and fp16 scales per group, g_idx in int32), the float
 // source's parameter count, and GGUF Q8_0's published 34 bytes a block of 32 (8.5 bits a weight).
-TEST_CASE("cli: inspect and compare give the Linears' bits per weight from the files' bytes, inspect the quantization in words") {
+TEST_CASE("cli: inspect, compare and report.json give the Linears' bits per weight from the files' bytes, inspect the quantization in words") {
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
   const std::string m = ptqtest::assets() + "/models/distilled-13m";
@@ -266,6 +266,10 @@ TEST_CASE("cli: inspect and compare give the Linears' bits per weight from the f
   CHECK(q["weights"]["linear_weights"] == weights);
   CHECK(q["weights"]["linear_bytes"] == bytes);
   CHECK(q["quantization"] == "GPTQ (gptq): 4-bit weights, groups of 128, symmetric, act-order yes");
+  // report.json says the same of each output: the tensors' bytes (the Linears' and the f16 rest's)
+  const json out0 = json::parse(ptq::read_text_file(d / "gptq/report.json"))["outputs"][0];
+  CHECK(out0["tensor_bytes"] == bytes + 2 * (float_params - weights));
+  CHECK(out0["linear_bits_per_weight"].get<double>() == Approx(8.0 * double(bytes) / double(weights)).epsilon(1e-12));
   char line[64];
   std::snprintf(line, sizeof line, "weights at %.2f bits each", 8.0 * double(bytes) / double(weights));   // 4.22
   CHECK(run_ptqkit("inspect " + d / "gptq").out.find(line) != std::string::npos);

@@ -5,6 +5,7 @@
 #include "core/fsutil.h"
 #include "formats/fake.h"
 #include "formats/gguf.h"
+#include "formats/open.h"
 #include "formats/packed.h"
 
 namespace ptq {
@@ -58,7 +59,10 @@ json export_formats(const Recipe& r, const LlamaModel& model, const QuantStore& 
     else if (f == "compressed-tensors") files = r.act_mode != ActQuant::none ? export_ct_int8(job) : export_compressed_tensors(job);
     else if (f == "nf4") files = export_nf4(job);
     else if (f == "gguf") files = export_gguf(job);
-    outputs.push_back({{"format", f}, {"dir", r.formats.size() == 1 ? "." : f}, {"files", files}});
+    // what the format's tensors take, and the Linears' share of it a weight (formats/open.h)
+    const WeightBits b = weight_bits(job.out_dir);
+    outputs.push_back({{"format", f}, {"dir", r.formats.size() == 1 ? "." : f}, {"files", files}, {"tensor_bytes", b.linear_bytes + b.other_bytes},
+                       {"linear_bits_per_weight", b.linear_bits()}});
   }
   return outputs;
 }

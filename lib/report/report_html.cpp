@@ -222,7 +222,10 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
   for (auto& o : rep.value("outputs", json::array())) {
     std::string files;
     for (auto& f : o.value("files", json::array())) files += f.get<std::string>() + " ";
-    row("output " + str(o, "format"), str(o, "dir") + "/: " + files);
+    std::string size;
+    if (o.contains("tensor_bytes") && o["tensor_bytes"].is_number())
+      size = " (" + num(o["tensor_bytes"].get<double>() / 1048576.0, "%.2f") + " MiB, the Linears at " + num(o.value("linear_bits_per_weight", 0.0), "%.2f") + " bits a weight)";
+    row("output " + str(o, "format"), str(o, "dir") + "/: " + files + size);
   }
   h += "</dl></section>\n";
 
