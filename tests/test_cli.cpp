@@ -226,9 +226,10 @@ TEST_CASE("cli: eval of several texts gives each the result of its own eval, in 
   CHECK(!std::filesystem::exists(d / "b.json"));
 }
 
-// inspect's, compare's and report.json's sizes against the layouts' own arithmetic: AutoGPTQ's 4-bit g128 tensors of each
-// Linear (qweight in/8 x out int32, qzeros and fp16 scales per group, g_idx in int32), the float
-// source's parameter count, and GGUF Q8_0's published 34 bytes a block of 32 (8.5 bits a weight).
+// inspect's, compare's and report.json's sizes against the layouts' own arithmetic: AutoGPTQ's
+// 4-bit g128 tensors of each Linear (qweight in/8 x out int32, qzeros and fp16 scales per group,
+// g_idx in int32), the float source's parameter count, and GGUF Q8_0's published 34 bytes a block
+// of 32 (8.5 bits a weight).
 TEST_CASE("cli: inspect, compare and report.json give the Linears' bits per weight from the files' bytes, inspect the quantization in words") {
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
