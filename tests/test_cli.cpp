@@ -62,6 +62,17 @@ TEST_CASE("cli: errors name the file and field and exit non-zero with the kind's
   CHECK(r.out.find("no tokenizer.model, tokenizer.json") != std::string::npos);
   CHECK(r.out.find("give one with --tokenizer") != std::string::npos);   // and the way out
 
+  // a folder of a run's formats (one subfolder each) given as the model: the error names them
+  std::filesystem::create_directories(d / "run");
+  std::filesystem::copy(d / "m", d / "run/gptq", std::filesystem::copy_options::recursive);
+  std::filesystem::copy(d / "m", d / "run/fake", std::filesystem::copy_options::recursive);
+  for (const std::string& cmd : {"eval --model " + d / "run" + " --data " + d / "t.txt", "inspect " + d / "run"}) {
+    r = run_ptqkit(cmd);
+    INFO(r.out);
+    CHECK(r.code == 3);
+    CHECK(r.out.find("its subfolders fake/, gptq/ hold models (a run's formats): give one of them") != std::string::npos);
+  }
+
   ptq::write_file_atomic(d / "m/config.json", "{\"model_type\": \"llama\", ");
   r = run_ptqkit("inspect " + d / "m");
   CHECK(r.code == 4);

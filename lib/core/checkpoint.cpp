@@ -1,5 +1,6 @@
 #include "core/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,17 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace ptq {
+
+std::string model_subfolders_hint(const std::string& dir) {
+  std::vector<std::string> models;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory(ec) && fs::exists(e.path() / "config.json", ec)) models.push_back(e.path().filename().string() + "/");
+  std::sort(models.begin(), models.end());
+  std::string hint;
+  for (const std::string& m : models) hint += (hint.empty() ? "; its subfolders " : ", ") + m;
+  return hint.empty() ? hint : hint + " hold models (a run's formats): give one of them";
+}
 
 std::unique_ptr<TensorFile> open_tensor_file(const std::string& path) {
   if (looks_like_pytorch_bin(path)) return std::make_unique<PytorchBinFile>(path);
@@ -62,7 +74,8 @@ Checkpoint::Checkpoint(const std::string& path) {
     }
     if (indexed) return;
     if (files_.empty())
-      fail(Errc::io, path, "", "no model.safetensors, model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json in this folder");
+      fail(Errc::io, path, "", "no model.safetensors, model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json in this folder" +
+                                   model_subfolders_hint(path));
   } else {
     fail(Errc::io, path, "", "no such file or folder");
   }

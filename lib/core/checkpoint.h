@@ -28,6 +28,10 @@ class TensorFile {
 // Opens one tensor file by its contents: a torch.save checkpoint, else safetensors.
 std::unique_ptr<TensorFile> open_tensor_file(const std::string& path);
 
+// Where `dir` holds no model but its subfolders do (a run of several formats writes each in its
+// own: gptq/, fake/, ...): "; its subfolders fake/, gptq/ hold models (...)", else "". For errors.
+std::string model_subfolders_hint(const std::string& dir);
+
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& path);

@@ -1,7 +1,9 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <filesystem>
 
+#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/json_field.h"
@@ -171,6 +173,10 @@ LlamaConfig parse_config(const json& j, const std::string& file) {
 
 LlamaConfig load_config(const std::string& model_dir) {
   const std::string file = model_dir + "/config.json";
+  if (std::filesystem::is_directory(model_dir) && !std::filesystem::exists(file)) {
+    const std::string hint = model_subfolders_hint(model_dir);
+    if (!hint.empty()) fail(Errc::io, file, "", "no such file" + hint);
+  }
   json j;
   try {
     j = json::parse(read_text_file(file));
