@@ -93,20 +93,9 @@ std::string describe_quantization(const json& q) {
   return (m.empty() ? std::string("unknown method") : m) + " (--json gives the whole quantization_config)";
 }
 
-// llama.cpp's name of general.file_type (llama.h's llama_ftype; 4-6 and the unlisted were removed
-// or are not types a file of today carries).
-std::string ftype_name(int64_t t) {
-  static const std::map<int64_t, const char*> names = {
-      {0, "all F32"}, {1, "F16"},        {2, "Q4_0"},     {3, "Q4_1"},    {7, "Q8_0"},     {8, "Q5_0"},     {9, "Q5_1"},     {10, "Q2_K"},
-      {11, "Q3_K_S"}, {12, "Q3_K_M"},    {13, "Q3_K_L"},  {14, "Q4_K_S"}, {15, "Q4_K_M"},  {16, "Q5_K_S"},  {17, "Q5_K_M"},  {18, "Q6_K"},
-      {19, "IQ2_XXS"}, {20, "IQ2_XS"},   {21, "Q2_K_S"},  {22, "IQ3_XS"}, {23, "IQ3_XXS"}, {24, "IQ1_S"},   {25, "IQ4_NL"},  {26, "IQ3_S"},
-      {27, "IQ3_M"},  {28, "IQ2_S"},     {29, "IQ2_M"},   {30, "IQ4_XS"}, {31, "IQ1_M"},   {32, "BF16"}};
-  auto it = names.find(t);
-  return it == names.end() ? "unknown" : it->second;
-}
-
 int inspect_gguf(const InspectArgs& a, const std::string& path) {
   GgufFile f(path);
+  const WeightBits w = weight_bits(f);
   struct TypeSum {
     int64_t tensors = 0, values = 0;
     size_t bytes = 0;
@@ -128,7 +117,7 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
   }
   if (a.json) {
     std::cout << json({{"path", path}, {"format", "gguf"}, {"metadata", f.metadata()}, {"parameters", values}, {"total_bytes", total},
-                       {"bits_per_weight", values ? 8.0 * double(total) / double(values) : 0.0}, {"weights", weight_bits(path).to_json()},
+                       {"bits_per_weight", values ? 8.0 * double(total) / double(values) : 0.0}, {"weights", w.to_json()},
                        {"tensors", tensors}}).dump(2) << "\n";
     return 0;
   }
@@ -143,7 +132,6 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
   std::printf("\n");
   std::printf("  tokenizer     %s\n", json_field<std::string>(m, "tokenizer.ggml.model", "none", Errc::format, path).c_str());
   // bits per weight as llama.cpp's loader prints it (BPW): the tensors' bytes over their values
-  const WeightBits w = weight_bits(path);
   std::printf("  parameters    %.3f M, %.2f bits per weight; the Linears' %.3f M weights at %.2f bits each\n", double(values) / 1e6,
               values ? 8.0 * double(total) / double(values) : 0.0, double(w.linear_weights) / 1e6, w.linear_bits());
   std::printf("  tensors       %zu, %s\n", f.tensors().size(), human_bytes(double(total)).c_str());
@@ -151,7 +139,7 @@ int inspect_gguf(const InspectArgs& a, const std::string& path) {
     std::printf("    %-8s %6lld tensors  %-12s %6.2f bits per weight\n", d.c_str(), (long long)e.tensors, human_bytes(double(e.bytes)).c_str(),
                 e.values ? 8.0 * double(e.bytes) / double(e.values) : 0.0);
   if (m.contains("general.file_type"))
-    std::printf("  quantization  llama.cpp file type %s (general.file_type %lld)\n", ftype_name(n("general.file_type")).c_str(), n("general.file_type"));
+    std::printf("  quantization  llama.cpp file type %s (general.file_type %lld)\n", llama_ftype_name(n("general.file_type")).c_str(), n("general.file_type"));
   if (a.tensors)
     for (auto& t : tensors) std::printf("    %-32s %-5s %s\n", t["name"].get<std::string>().c_str(), t["type"].get<std::string>().c_str(), t["ne"].dump().c_str());
   return 0;
@@ -186,7 +174,7 @@ int run_inspect(const InspectArgs& a) {
                            {"max_position_embeddings", c.max_position_embeddings}, {"rope_theta", c.rope_theta},
                            {"rope_scaling", c.rope_scaling ? "llama3" : "none"}, {"tie_word_embeddings", c.tie_word_embeddings},
                            {"torch_dtype", dtype_name(c.dtype)}, {"stored_values", params}};
-    out["weights"] = weight_bits(a.path).to_json();
+    out["weights"] = weight_bits(c, ck).to_json();
     if (c.raw.contains("quantization_config")) {
       out["quantization_config"] = c.raw["quantization_config"];
       out["quantization"] = describe_quantization(c.raw["quantization_config"]);

@@ -107,6 +107,16 @@ std::string hf_to_gguf_name(const std::string& n) {
   return "";
 }
 
+std::string llama_ftype_name(int64_t t) {
+  static const std::map<int64_t, const char*> names = {
+      {0, "all F32"}, {1, "F16"},        {2, "Q4_0"},     {3, "Q4_1"},    {7, "Q8_0"},     {8, "Q5_0"},     {9, "Q5_1"},     {10, "Q2_K"},
+      {11, "Q3_K_S"}, {12, "Q3_K_M"},    {13, "Q3_K_L"},  {14, "Q4_K_S"}, {15, "Q4_K_M"},  {16, "Q5_K_S"},  {17, "Q5_K_M"},  {18, "Q6_K"},
+      {19, "IQ2_XXS"}, {20, "IQ2_XS"},   {21, "Q2_K_S"},  {22, "IQ3_XS"}, {23, "IQ3_XXS"}, {24, "IQ1_S"},   {25, "IQ4_NL"},  {26, "IQ3_S"},
+      {27, "IQ3_M"},  {28, "IQ2_S"},     {29, "IQ2_M"},   {30, "IQ4_XS"}, {31, "IQ1_M"},   {32, "BF16"}};
+  auto it = names.find(t);
+  return it == names.end() ? "unknown" : it->second;
+}
+
 namespace {
 // llama.cpp's general.file_type (llama_ftype) for the tensors' types: that of the most common
 // block type, a K type with Q6_K beside it read as the _M mix.

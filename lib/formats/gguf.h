@@ -86,6 +86,9 @@ std::string hf_to_gguf_name(const std::string& hf);
 // llama.cpp's architecture for a config: llama (llama, mistral, mixtral: experts), qwen2, qwen3,
 // qwen3moe, phi3.
 std::string gguf_arch(const LlamaConfig& c);
+// llama.cpp's name of a general.file_type (llama.h's llama_ftype: "Q4_K_M" for 15; 4-6 were
+// removed), "unknown" for a number it does not give; the writer sets the number (gguf.cpp: file_type).
+std::string llama_ftype_name(int64_t t);
 
 // llama.cpp's row permutation of q/k: HF row h*hd + j*(hd/2) + i -> GGUF row h*hd + 2*i + j.
 int64_t gguf_permuted_row(int64_t hf_row, int head_dim);

@@ -98,27 +98,31 @@ nlohmann::json WeightBits::to_json() const {
 }
 
 WeightBits weight_bits(const std::string& path) {
-  WeightBits b;
   const std::string g = gguf_path(path);
-  if (!g.empty()) {
-    GgufFile f(g);
-    for (const auto& t : f.tensors()) {
-      int64_t n = 1;
-      for (int64_t d : t.ne) n *= d;
-      const bool linear = t.name.rfind("blk.", 0) == 0 && t.ne.size() >= 2 && t.name.find("ffn_gate_inp") == std::string::npos;
-      (linear ? b.linear_weights : b.other_params) += n;
-      (linear ? b.linear_bytes : b.other_bytes) += int64_t(t.nbytes);
-    }
-    return b;
+  if (!g.empty()) return weight_bits(GgufFile(g));
+  return weight_bits(load_config(path), Checkpoint(path));
+}
+
+WeightBits weight_bits(const GgufFile& f) {
+  WeightBits b;
+  for (const auto& t : f.tensors()) {
+    int64_t n = 1;
+    for (int64_t d : t.ne) n *= d;
+    const bool linear = t.name.rfind("blk.", 0) == 0 && t.ne.size() >= 2 && t.name.find("ffn_gate_inp") == std::string::npos;
+    (linear ? b.linear_weights : b.other_params) += n;
+    (linear ? b.linear_bytes : b.other_bytes) += int64_t(t.nbytes);
   }
-  const LlamaConfig c = load_config(path);
+  return b;
+}
+
+WeightBits weight_bits(const LlamaConfig& c, const Checkpoint& ck) {
+  WeightBits b;
   std::map<std::string, int64_t> linear_size;   // "model.layers.3.mlp.down_proj." -> out x in
   for (int l = 0; l < c.num_hidden_layers; ++l)
     for (LinearId id : layer_schedule(c, l).linears()) {
       const LinearShape sh = linear_shape(c, id);
       linear_size[linear_name(c, l, id) + "."] += sh.out * sh.in;
     }
-  const Checkpoint ck(path);
   std::map<std::string, int64_t> present;
   for (const std::string& n : ck.names()) {
     const TensorView t = ck.get(n);

@@ -30,5 +30,10 @@ struct WeightBits {
   nlohmann::json to_json() const;
 };
 WeightBits weight_bits(const std::string& path);
+// The same of what a caller has open already (inspect: one parse of the file's header).
+class GgufFile;
+class Checkpoint;
+WeightBits weight_bits(const GgufFile& f);
+WeightBits weight_bits(const LlamaConfig& c, const Checkpoint& ck);
 
 }  // namespace ptq
