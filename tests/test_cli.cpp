@@ -33,6 +33,32 @@ TEST_CASE("cli: synth, inspect, eval with JSON output") {
   CHECK(j["kl"]["top1_agreement"] == 1.0);
 }
 
+// A CUDA build links cudart only: cuBLAS and cuSOLVER (whose libcublasLt spends about 0.3 s of
+// CPU starting up) are opened at their first call (lib/cuda/libs.cpp). The dynamic loader's own
+// log (LD_DEBUG=files: every object it opens, linked or dlopen'd) of CPU runs lists neither.
+TEST_CASE("cli: a command that does not use the GPU's BLAS does not load cuBLAS or cuSOLVER (the dynamic loader's log)") {
+  ptqtest::TempDir d;
+  auto r = run_ptqkit("synth --preset tiny --seed 1 --output " + d / "m");
+  REQUIRE(r.code == 0);
+  r = ptqtest::run_command("LD_DEBUG=files " + ptqtest::ptqkit_bin() + " schemes");
+  REQUIRE(r.code == 0);
+  if (r.out.find("file=libcudart") == std::string::npos) PTQ_SKIP("this ptqkit is built without CUDA");
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "Once upon a time there was a quantized model. ";
+  ptq::write_file_atomic(d / "t.txt", text);
+  for (const std::string& args : std::vector<std::string>{"schemes", "inspect " + d / "m",
+                                 "-q quantize --model " + d / "m" + " --scheme W4A16 --dataset random --set device=cpu --set calibration.samples=2 -o " + d / "q",
+                                 "eval --model " + d / "q" + " --data " + d / "t.txt" + " --seq-len 64 --device cpu"}) {
+    INFO(args);
+    r = ptqtest::run_command("LD_DEBUG=files " + ptqtest::ptqkit_bin() + " " + args);
+    INFO(r.out.substr(0, 4000));
+    REQUIRE(r.code == 0);
+    CHECK(r.out.find("file=libcudart") != std::string::npos);
+    CHECK(r.out.find("libcublas") == std::string::npos);
+    CHECK(r.out.find("libcusolver") == std::string::npos);
+  }
+}
+
 TEST_CASE("cli: errors name the file and field and exit non-zero with the kind's code") {
   ptqtest::TempDir d;
   REQUIRE(run_ptqkit("synth --output " + d / "m").code == 0);

@@ -23,6 +23,8 @@
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
 #include "cuda/runtime.h"
+#include <cublas_api.h>
+#include <cusolverDn.h>
 #include "model/corpus.h"
 #include "eval/perplexity.h"
 #include "eval/nll_cuda.h"
@@ -1201,6 +1203,25 @@ TEST_CASE("sweep lists: the A16 kernels' cells parse as written, a malformed one
   CHECK(cuda::a16_sweep_cells(var).empty());
   ::unsetenv(var);
   CHECK(cuda::a16_sweep_cells(var).empty());
+}
+
+// cuBLAS and cuSOLVER are opened at their first call (cuda/libs.cpp), not when a process starts;
+// the CLI's case "cli: a command that does not use the GPU's BLAS ..." checks the "not before"
+// through the dynamic loader's log, and every GPU case calls them through cuda/libs.cpp. Here: the
+// toolkit's libraries open by soname without a GPU (CI), and a library that cannot be opened is an
+// io error naming it and what it is.
+TEST_CASE("cuda libraries: the toolkit's cuBLAS and cuSOLVER open by soname, a missing one is an error naming it") {
+  CHECK(cuda::open_library("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "cuBLAS") != nullptr);
+  CHECK(cuda::open_library("libcusolver.so." + std::to_string(CUSOLVER_VER_MAJOR), "cuSOLVER") != nullptr);
+  try {
+    (void)cuda::open_library("libptqkit-absent.so.7", "cuBLAS");
+    FAIL("opened a library that does not exist");
+  } catch (const Error& e) {
+    CHECK(e.code == Errc::io);
+    CHECK(e.file == "libptqkit-absent.so.7");
+    CHECK(std::string(e.what()).find("cuBLAS cannot be loaded") != std::string::npos);
+    CHECK(std::string(e.what()).find("LD_LIBRARY_PATH") != std::string::npos);
+  }
 }
 
 // The Hopper kernel (kernels/a16_wgmma.cu): every split it can be given (1, 3 or 16 K slices)
