@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/build_info.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
@@ -40,6 +41,9 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_option("--log-json", log_json, "write progress, results and errors as JSON lines to this file (batch jobs)");
   app.add_option("--threads", threads, "OpenMP threads (default: all cores)");
+  std::string version = describe_build();
+  version.pop_back();   // (CLI11 ends the line)
+  app.set_version_flag("--version", version, "the version, the git commit, the compiler and instruction set, GPU support");
 
   std::vector<Command> commands = {add_quantize(app), add_schemes(app), add_formats(app), add_eval(app), add_generate(app), add_synth(app), add_inspect(app), add_report(app), add_compare(app), add_dist_worker(app)};
   for (Command& c : add_bench(app)) commands.push_back(std::move(c));
@@ -54,7 +58,7 @@ int main(int argc, char** argv) {
   try {
     if (!log_json.empty()) {
       open_json_log(log_json);
-      log_event("command", {{"argv", std::vector<std::string>(argv, argv + argc)}, {"version", "0.1.0"}});
+      log_event("command", {{"argv", std::vector<std::string>(argv, argv + argc)}, {"build", build_json()}});
     }
     for (Command& c : commands)
       if (c.app->parsed()) return c.run();

@@ -17,7 +17,8 @@
 #   nf4     NF4 (data-free), exported as nf4 and fake
 #   w8a8    SmoothQuant (alpha auto) + GPTQ W8A8, exported as compressed-tensors and fake
 # Hashed raw: every model file. Normalized first: recipe.yaml (the model, output and dataset
-# paths dropped) and report.json (timings, memory, paths and the device dropped: jq).
+# paths dropped) and report.json (timings, memory, paths, the device and the build (its git commit)
+# dropped: jq).
 # Floating-point results depend on the instruction set the build was compiled for (-march), so
 # FILE records the host's ISA line; a check on another ISA is skipped with a message.
 set -euo pipefail
@@ -56,7 +57,7 @@ out=$work/hashes
   find . -type f ! -name hashes | LC_ALL=C sort | while read -r f; do
     case "$f" in
       */recipe.yaml) h=$(grep -v -E '^(model|output):|^  dataset:' "$f" | sha256sum) ;;
-      */report.json) h=$(jq -S 'del(.device, .forward, .layers, .phases_seconds, .solve_phases_seconds, .upload_phases_seconds,
+      */report.json) h=$(jq -S 'del(.build, .device, .forward, .layers, .phases_seconds, .solve_phases_seconds, .upload_phases_seconds,
                                  .background_seconds, .total_seconds, .peak_rss_mb, .peak_gpu_mb, .statistics,
                                  .recipe.model, .recipe.output, .recipe.calibration.dataset, .model.path, .calibration.dataset)
                                  | .modules |= map(del(.seconds))' "$f" | sha256sum) ;;

@@ -2,6 +2,8 @@
 // exit code and no damage.
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/fsutil.h"
@@ -31,6 +33,63 @@ TEST_CASE("cli: synth, inspect, eval with JSON output") {
   CHECK(j["windows"] == (9201 / 128));
   CHECK(j["kl"]["mean"].get<double>() == Approx(0.0).margin(1e-12));   // a model against itself
   CHECK(j["kl"]["top1_agreement"] == 1.0);
+}
+
+// `ptqkit --version` against what it can be checked by: the version in CMakeLists.txt's project(),
+// the source tree's HEAD by git itself, and this CPU's flags in /proc/cpuinfo (the binary runs
+// here, so every extension it was compiled for is one this CPU has; for -march=native, every one
+// of the listed extensions this CPU has is one it was compiled for). report.json and the
+// --log-json command line record the same build.
+TEST_CASE("cli: --version gives the project's version, the source's git commit and an instruction set this CPU has, and report.json records it") {
+  ptqtest::TempDir d;
+  const std::string src = PTQKIT_SOURCE_DIR;
+  auto r = run_ptqkit("--version");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::string cmake = ptq::read_text_file(src + "/CMakeLists.txt");
+  const size_t at = cmake.find("project(ptqkit VERSION ");
+  REQUIRE(at != std::string::npos);
+  const std::string version = cmake.substr(at + 23, cmake.find(' ', at + 23) - at - 23);
+  CHECK(r.out.rfind("ptqkit " + version + " (git ", 0) == 0);
+  const auto head = ptqtest::run_command("git -C '" + src + "' rev-parse --short=12 HEAD");
+  if (head.code == 0) CHECK(r.out.find("(git " + head.out.substr(0, 12)) != std::string::npos);
+  // the extensions, between "(x86-64" and ")" on the build line
+  const size_t b = r.out.find("(x86-64");
+  REQUIRE(b != std::string::npos);
+  std::istringstream isa(r.out.substr(b + 7, r.out.find(')', b) - b - 7));
+  std::set<std::string> built;
+  for (std::string f; isa >> f;) built.insert(f);
+  std::set<std::string> cpu;
+  std::istringstream info(ptq::read_text_file("/proc/cpuinfo"));
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream fl(line.substr(line.find(':') + 1));
+      for (std::string f; fl >> f;) cpu.insert(f);
+      break;
+    }
+  for (const std::string& f : built) {
+    INFO(f);
+    CHECK(cpu.count(f) == 1);
+  }
+  if (r.out.find("-march=native") != std::string::npos)
+    for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}) {
+      INFO(f);
+      CHECK(built.count(f) == cpu.count(f));
+    }
+  // report.json and the JSON log carry the same build
+  REQUIRE(run_ptqkit("synth --preset tiny --seed 1 --output " + d / "m").code == 0);
+  r = run_ptqkit("-q --log-json " + d / "log.jsonl" + " quantize --model " + d / "m" +
+                 " --scheme W8A16 --dataset random --set calibration.samples=2 --set device=cpu -o " + d / "q");
+  REQUIRE(r.code == 0);
+  const json rep = json::parse(ptq::read_text_file(d / "q/report.json"));
+  const json cmd = json::parse(ptq::read_text_file(d / "log.jsonl").substr(0, ptq::read_text_file(d / "log.jsonl").find('\n')));
+  const std::string first = run_ptqkit("--version").out;
+  for (const json* j : {&rep["build"], &cmd["build"]}) {
+    CHECK((*j)["version"] == version);
+    CHECK(first.find("(git " + (*j)["commit"].get<std::string>() + ")") != std::string::npos);
+    CHECK(first.find("(" + (*j)["isa"].get<std::string>() + ")") != std::string::npos);
+  }
+  CHECK(rep["ptqkit_version"] == version);
 }
 
 // A CUDA build links cudart only: cuBLAS and cuSOLVER (whose libcublasLt spends about 0.3 s of

@@ -80,6 +80,11 @@ TEST_CASE("report.html: summary, one plot per view, escaped names, nothing fetch
   CHECK(h.find("<img") == std::string::npos);
   CHECK(count(h, "http") == count(h, "xmlns=\"http://www.w3.org/2000/svg\""));
   CHECK(h.find("&quot;offsets&quot;") == std::string::npos);   // the calibration offsets are left out of the page
+  // the build that wrote it, where the report has one (escaped like every string), and none before
+  CHECK(h.find("ptqkit 0.1.0 &middot;") != std::string::npos);
+  json with_build = hand_report();
+  with_build["build"] = {{"commit", "0123456789ab-dirty"}, {"isa", "x86-64 <avx2>"}};
+  CHECK(ptq::report_html(with_build).find("ptqkit 0.1.0 (git 0123456789ab-dirty, x86-64 &lt;avx2&gt;) &middot;") != std::string::npos);
 }
 
 TEST_CASE("report.html: a real run's report renders in headless chromium (screenshot)") {

@@ -18,6 +18,7 @@
 #include <future>
 
 #include "calib/calibration.h"
+#include "core/build_info.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -869,7 +870,8 @@ json plan_run(Run& R) {
 
 json make_report(const Run& R, const json& outputs, double total) {
   const LlamaConfig& c = R.c();
-  json report = {{"ptqkit_version", "0.1.0"},
+  json report = {{"ptqkit_version", build_info().version},
+                 {"build", build_json()},
                  {"recipe", yaml_to_json(R.r.to_yaml())},
                  {"device", R.dev.description},
                  {"forward", R.forward_description},

@@ -38,6 +38,13 @@ std::string str(const json& j, const char* key, const std::string& dflt = "") {
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
+// " (git 7045926abcde, x86-64 avx2 ...)": the build that wrote the report (reports before it: "")
+std::string build_line(const json& rep) {
+  if (!rep.contains("build") || !rep["build"].is_object()) return "";
+  const json& b = rep["build"];
+  return " (git " + esc(str(b, "commit", "?")) + ", " + esc(str(b, "isa", "?")) + ")";
+}
+
 struct Series {
   std::string name, color;
   bool dashed = false, bars = false;
@@ -180,7 +187,7 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
 </style></head><body>
 )";
   h += "<h1>ptqkit quantization report</h1>\n<div class=\"s\">" + esc(str(model, "path")) + " &rarr; " + esc(str(recipe, "output")) +
-       " &middot; ptqkit " + esc(str(rep, "ptqkit_version")) + " &middot; " + esc(str(rep, "device", "cpu")) + "</div>\n";
+       " &middot; ptqkit " + esc(str(rep, "ptqkit_version")) + build_line(rep) + " &middot; " + esc(str(rep, "device", "cpu")) + "</div>\n";
   // Cards: what a user looks for first
   auto card = [&](const std::string& k, const std::string& v, const std::string& s, const std::string& cls = "") {
     h += "<div class=\"card\"><div class=\"k\">" + esc(k) + "</div><div class=\"v " + cls + "\">" + esc(v) + "</div><div class=\"s\">" + esc(s) + "</div></div>\n";
