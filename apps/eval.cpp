@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/build_info.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
@@ -49,6 +50,20 @@ void print_eval(const EvalResult& r) {
 }
 
 
+// "; the baseline was written by ptqkit 0.1.0 (git …, isa), this run by … (git …, isa)" where the
+// baseline records a build (--write-baseline since the build was recorded) other than this one: a
+// regression's first question is whether the code or its compilation changed.
+std::string builds_differ(const json& base) {
+  if (!base.contains("build") || !base["build"].is_object()) return "";
+  const json& b = base["build"];
+  const json mine = build_json();
+  auto describe = [](const json& x) {
+    return x.value("version", std::string("?")) + " (git " + x.value("commit", std::string("?")) + ", " + x.value("isa", std::string("?")) + ")";
+  };
+  if (b.value("commit", "") == mine["commit"] && b.value("isa", "") == mine["isa"]) return "";
+  return "; the baseline was written by ptqkit " + describe(b) + ", this run by ptqkit " + describe(mine);
+}
+
 // The regression gate: the run's numbers against a baseline written by --write-baseline.
 // Returns the reason a threshold was crossed, or "" when none was.
 std::string gate_reason(const EvalArgs& a, const json& run) {
@@ -79,7 +94,7 @@ std::string gate_reason(const EvalArgs& a, const json& run) {
     if (delta > a.max_ppl_delta) {
       std::snprintf(m, sizeof m, "perplexity %.6f exceeds baseline %.6f by %.6g%s > --max-ppl-delta %.6g%s", p, b, a.relative ? 100 * delta : delta,
                     a.relative ? "%" : "", a.relative ? 100 * a.max_ppl_delta : a.max_ppl_delta, a.relative ? "%" : "");
-      return m;
+      return m + builds_differ(base);
     }
   }
   return "";
@@ -174,6 +189,7 @@ int run_eval(const EvalArgs& a) {
     j["data"] = data;
     j["data_sha256"] = sha256_file(data);
     if (ref) j["reference"] = a.reference;
+    j["build"] = build_json();
     all.push_back(j);
   }
   // One text: its result as it always was; several: {"evals": [one per text, in order]} (compare reads both).
@@ -184,7 +200,8 @@ int run_eval(const EvalArgs& a) {
   const json& j = all[0];
   if (!a.write_baseline.empty()) {
     json b = {{"perplexity", j["perplexity"]}, {"mean_nll", j["mean_nll"]}, {"scored_tokens", j["scored_tokens"]}, {"windows", j["windows"]},
-              {"seq_len", j["seq_len"]}, {"data", j["data"]}, {"data_sha256", j["data_sha256"]}, {"model", a.model}};
+              {"seq_len", j["seq_len"]}, {"data", j["data"]}, {"data_sha256", j["data_sha256"]}, {"model", a.model},
+              {"build", j["build"]}};
     if (j.value("protocol", std::string("gptq")) != "gptq") b["protocol"] = j["protocol"];
     if (j.contains("kl")) b["kl"] = j["kl"];
     write_file_atomic(a.write_baseline, b.dump(2) + "\n");

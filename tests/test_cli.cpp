@@ -195,6 +195,17 @@ TEST_CASE("cli: the regression gate passes a run at its baseline and fails a reg
   CHECK(r.code == 10);
   CHECK(r.out.find("gate failed: perplexity") != std::string::npos);
   CHECK(r.out.find("> --max-ppl-delta 5%") != std::string::npos);
+  CHECK(r.out.find("the baseline was written by") == std::string::npos);   // by this very build
+  // the baseline records the build that wrote it (`ptqkit --version`'s commit); a failure against
+  // one from another build says which two builds differ
+  const std::string version = run_ptqkit("--version").out;
+  CHECK(version.find("(git " + b["build"]["commit"].get<std::string>() + ")") != std::string::npos);
+  b["build"]["commit"] = "000000000000";
+  ptq::write_file_atomic(d / "older.json", b.dump());
+  r = run_ptqkit(evalm + d / "m" + " --baseline " + d / "older.json" + " --max-ppl-delta 0.05 --relative");
+  CHECK(r.code == 10);
+  CHECK(r.out.find("; the baseline was written by ptqkit " + b["build"]["version"].get<std::string>() + " (git 000000000000, " +
+                   b["build"]["isa"].get<std::string>() + "), this run by ptqkit") != std::string::npos);
   r = run_ptqkit(evalm + d / "m" + " --reference " + d / "other" + " --max-kl 0.000001");
   CHECK(r.code == 10);
   CHECK(r.out.find("mean KL divergence") != std::string::npos);
