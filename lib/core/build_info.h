@@ -17,7 +17,7 @@ struct BuildInfo {
   std::string compiler;     // e.g. "GCC 12.2.0"
   std::string march;        // the -march the build asked for ("native", "x86-64-v3") or "default"
   std::string isa;          // what the compiler targeted, from its predefined macros: "x86-64 avx2 fma ..."
-  std::string cuda;         // "13.0, sm_90" or "no"
+  std::string cuda;         // the toolkit and GPU architectures, "13.0.88, sm_90", or "no"
   bool nccl = false;        // `quantize --gpus N` available
 };
 
