@@ -231,6 +231,20 @@ TEST_CASE("compare: runs side by side from their report.json and evaluations, th
   CHECK(cmp2["notes"].dump().find("c was calibrated on other windows than a (calibration.seed differs): its output errors are measured on other inputs") !=
         std::string::npos);
 
+  // another build (report.json's "build"): said; runs of one build, or reports without one, are not
+  for (const auto& [dir, commit] : {std::pair<std::string, std::string>{a, "0123456789ab"}, {c, "ba9876543210"}}) {
+    json rep = json::parse(ptq::read_text_file(dir + "/report.json"));
+    rep["build"] = {{"version", "0.1.0"}, {"commit", commit}, {"isa", "x86-64 avx2"}};
+    ptq::write_file_atomic(dir + "/report.json", rep.dump());
+  }
+  const json cmp4 = ptq::compare_runs({{a, c, b}, {}});
+  CHECK(cmp4["runs"][0]["build"]["commit"] == "0123456789ab");
+  CHECK(cmp4["runs"][2]["build"].is_null());
+  CHECK(cmp4["notes"].dump().find("c was written by another build than a (git ba9876543210, x86-64 avx2 against git 0123456789ab, x86-64 avx2): the code differs as well as the recipe") !=
+        std::string::npos);
+  CHECK(cmp4["notes"].dump().find("b was written by another build") == std::string::npos);
+  CHECK(ptq::compare_runs({{a, a}, {}})["notes"].dump().find("another build") == std::string::npos);
+
   // evaluations on another text: a second dataset, its perplexities against its own float model's
   const json cmp3 = ptq::compare_runs({{a, b}, {d / "ea.json", d / "eb.json", hand_eval(d, "ea2.json", a, 12.0, "wiki"), hand_eval(d, "es2.json", d / "source", 10.0, "wiki")}});
   REQUIRE(cmp3["datasets"].size() == 2);

@@ -126,6 +126,7 @@ json one_run(const std::string& arg) {
     r["outputs"] = outputs;
     r["seconds"] = rep.contains("total_seconds") && rep["total_seconds"].is_number() ? rep["total_seconds"] : json(nullptr);
     r["device"] = json_field<std::string>(rep, "device", "", Errc::format, file, "device");
+    r["build"] = rep.contains("build") && rep["build"].is_object() ? rep["build"] : json(nullptr);   // (reports before it: null)
     r["calibration"] = section(rep, "calibration");
     // The modules: their errors, and the bits and groups they were given.
     std::set<int> bits, groups;
@@ -233,6 +234,16 @@ json compare_runs(const CompareInputs& in) {
       notes.push_back(r["label"].get<std::string>() + " was calibrated on other windows than " + first["label"].get<std::string>() + " (calibration." + d +
                       " differs): its output errors are measured on other inputs");
   }
+  // Runs from other builds (commit or instruction set, where both reports record one): the code
+  // differs as well as the recipe.
+  auto build_of = [](const json& r) {
+    const json& b = r["build"];
+    return "git " + b.value("commit", std::string("?")) + ", " + b.value("isa", std::string("?"));
+  };
+  for (size_t i = 1; i < runs.size(); ++i)
+    if (first["build"].is_object() && runs[i]["build"].is_object() && build_of(runs[i]) != build_of(first))
+      notes.push_back(runs[i]["label"].get<std::string>() + " was written by another build than " + first["label"].get<std::string>() + " (" + build_of(runs[i]) +
+                      " against " + build_of(first) + "): the code differs as well as the recipe");
   // Evaluations: each of a run's folder or of the source model. Those scored on the same tokens
   // (text, window length, windows, protocol) make one dataset; a text scored two ways is refused.
   const std::string source = same_path(first["model"].get<std::string>());
