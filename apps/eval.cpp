@@ -57,10 +57,8 @@ std::string builds_differ(const json& base) {
   if (!base.contains("build") || !base["build"].is_object()) return "";
   const json& b = base["build"];
   const json mine = build_json();
-  auto describe = [](const json& x) {
-    return x.value("version", std::string("?")) + " (git " + x.value("commit", std::string("?")) + ", " + x.value("isa", std::string("?")) + ")";
-  };
-  if (b.value("commit", "") == mine["commit"] && b.value("isa", "") == mine["isa"]) return "";
+  if (build_label(b) == build_label(mine)) return "";
+  auto describe = [](const json& x) { return x.value("version", std::string("?")) + " (" + build_label(x) + ")"; };
   return "; the baseline was written by ptqkit " + describe(b) + ", this run by ptqkit " + describe(mine);
 }
 

@@ -83,4 +83,9 @@ nlohmann::json build_json() {
           {"march", b.march},     {"isa", b.isa},         {"cuda", b.cuda},             {"nccl", b.nccl}};
 }
 
+std::string build_label(const nlohmann::json& build) {
+  auto field = [&](const char* k) { return build.contains(k) && build[k].is_string() ? build[k].get<std::string>() : std::string("?"); };
+  return "git " + field("commit") + ", " + field("isa");
+}
+
 }  // namespace ptq

@@ -25,5 +25,8 @@ const BuildInfo& build_info();
 // "ptqkit 0.1.0 (git 7045926abcde)" and the lines after it (`ptqkit --version`).
 std::string describe_build();
 nlohmann::json build_json();   // every field, for report.json's "build"
+// "git 7045926abcde, x86-64 avx2 fma f16c" of a recorded build (build_json's form): what tells
+// two builds' outputs apart ("?" where a field is missing).
+std::string build_label(const nlohmann::json& build);
 
 }  // namespace ptq

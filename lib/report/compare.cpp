@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/build_info.h"
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/json_field.h"
@@ -236,14 +237,10 @@ json compare_runs(const CompareInputs& in) {
   }
   // Runs from other builds (commit or instruction set, where both reports record one): the code
   // differs as well as the recipe.
-  auto build_of = [](const json& r) {
-    const json& b = r["build"];
-    return "git " + b.value("commit", std::string("?")) + ", " + b.value("isa", std::string("?"));
-  };
   for (size_t i = 1; i < runs.size(); ++i)
-    if (first["build"].is_object() && runs[i]["build"].is_object() && build_of(runs[i]) != build_of(first))
-      notes.push_back(runs[i]["label"].get<std::string>() + " was written by another build than " + first["label"].get<std::string>() + " (" + build_of(runs[i]) +
-                      " against " + build_of(first) + "): the code differs as well as the recipe");
+    if (first["build"].is_object() && runs[i]["build"].is_object() && build_label(runs[i]["build"]) != build_label(first["build"]))
+      notes.push_back(runs[i]["label"].get<std::string>() + " was written by another build than " + first["label"].get<std::string>() + " (" +
+                      build_label(runs[i]["build"]) + " against " + build_label(first["build"]) + "): the code differs as well as the recipe");
   // Evaluations: each of a run's folder or of the source model. Those scored on the same tokens
   // (text, window length, windows, protocol) make one dataset; a text scored two ways is refused.
   const std::string source = same_path(first["model"].get<std::string>());
