@@ -41,9 +41,7 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_option("--log-json", log_json, "write progress, results and errors as JSON lines to this file (batch jobs)");
   app.add_option("--threads", threads, "OpenMP threads (default: all cores)");
-  std::string version = describe_build();
-  version.pop_back();   // (CLI11 ends the line)
-  app.set_version_flag("--version", version, "the version, the git commit, the compiler and instruction set, GPU support");
+  app.set_version_flag("--version", describe_build(), "the version, the git commit, the compiler and instruction set, GPU support");
 
   std::vector<Command> commands = {add_quantize(app), add_schemes(app), add_formats(app), add_eval(app), add_generate(app), add_synth(app), add_inspect(app), add_report(app), add_compare(app), add_dist_worker(app)};
   for (Command& c : add_bench(app)) commands.push_back(std::move(c));

@@ -46,6 +46,7 @@ TEST_CASE("cli: --version gives the project's version, the source's git commit a
   auto r = run_ptqkit("--version");
   INFO(r.out);
   REQUIRE(r.code == 0);
+  const std::string printed = r.out;
   const std::string cmake = ptq::read_text_file(src + "/CMakeLists.txt");
   const size_t at = cmake.find("project(ptqkit VERSION ");
   REQUIRE(at != std::string::npos);
@@ -82,12 +83,12 @@ TEST_CASE("cli: --version gives the project's version, the source's git commit a
                  " --scheme W8A16 --dataset random --set calibration.samples=2 --set device=cpu -o " + d / "q");
   REQUIRE(r.code == 0);
   const json rep = json::parse(ptq::read_text_file(d / "q/report.json"));
-  const json cmd = json::parse(ptq::read_text_file(d / "log.jsonl").substr(0, ptq::read_text_file(d / "log.jsonl").find('\n')));
-  const std::string first = run_ptqkit("--version").out;
+  const std::string log = ptq::read_text_file(d / "log.jsonl");
+  const json cmd = json::parse(log.substr(0, log.find('\n')));   // the command line, first
   for (const json* j : {&rep["build"], &cmd["build"]}) {
     CHECK((*j)["version"] == version);
-    CHECK(first.find("(git " + (*j)["commit"].get<std::string>() + ")") != std::string::npos);
-    CHECK(first.find("(" + (*j)["isa"].get<std::string>() + ")") != std::string::npos);
+    CHECK(printed.find("(git " + (*j)["commit"].get<std::string>() + ")") != std::string::npos);
+    CHECK(printed.find("(" + (*j)["isa"].get<std::string>() + ")") != std::string::npos);
   }
   CHECK(rep["ptqkit_version"] == version);
 }

@@ -74,7 +74,7 @@ std::string describe_build() {
   const BuildInfo& b = build_info();
   return "ptqkit " + b.version + " (git " + b.commit + ")\n" +
          "build: " + b.build_type + ", " + b.compiler + ", -march=" + b.march + " (" + b.isa + ")\n" +
-         "CUDA: " + b.cuda + (b.cuda == "no" ? "" : std::string("; NCCL: ") + (b.nccl ? "yes" : "no")) + "\n";
+         "CUDA: " + b.cuda + (b.cuda == "no" ? "" : std::string("; NCCL: ") + (b.nccl ? "yes" : "no"));
 }
 
 nlohmann::json build_json() {

@@ -22,7 +22,8 @@ struct BuildInfo {
 };
 
 const BuildInfo& build_info();
-// "ptqkit 0.1.0 (git 7045926abcde)" and the lines after it (`ptqkit --version`).
+// "ptqkit 0.1.0 (git 7045926abcde)" and the lines after it, the last without its newline
+// (`ptqkit --version`: CLI11 ends it).
 std::string describe_build();
 nlohmann::json build_json();   // every field, for report.json's "build"
 // "git 7045926abcde, x86-64 avx2 fma f16c" of a recorded build (build_json's form): what tells
