@@ -94,9 +94,10 @@ TEST_CASE("cli: --version gives the project's version, the source's git commit a
 }
 
 // A CUDA build links cudart only: cuBLAS and cuSOLVER (whose libcublasLt spends about 0.3 s of
-// CPU starting up) are opened at their first call (lib/cuda/libs.cpp). The dynamic loader's own
-// log (LD_DEBUG=files: every object it opens, linked or dlopen'd) of CPU runs lists neither.
-TEST_CASE("cli: a command that does not use the GPU's BLAS does not load cuBLAS or cuSOLVER (the dynamic loader's log)") {
+// CPU starting up) and NCCL are opened at their first call (lib/cuda/libs.cpp). The dynamic
+// loader's own log (LD_DEBUG=files: every object it opens, linked or dlopen'd) of CPU runs lists
+// none of them.
+TEST_CASE("cli: a command that does not use the GPU's BLAS does not load cuBLAS, cuSOLVER or NCCL (the dynamic loader's log)") {
   ptqtest::TempDir d;
   auto r = run_ptqkit("synth --preset tiny --seed 1 --output " + d / "m");
   REQUIRE(r.code == 0);
@@ -116,6 +117,7 @@ TEST_CASE("cli: a command that does not use the GPU's BLAS does not load cuBLAS 
     CHECK(r.out.find("file=libcudart") != std::string::npos);
     CHECK(r.out.find("libcublas") == std::string::npos);
     CHECK(r.out.find("libcusolver") == std::string::npos);
+    CHECK(r.out.find("libnccl") == std::string::npos);   // opened by --gpus alone, in a build that has it
   }
 }
 

@@ -1211,15 +1211,16 @@ TEST_CASE("sweep lists: the A16 kernels' cells parse as written, a malformed one
 // toolkit's libraries open by soname without a GPU (CI), and a library that cannot be opened is an
 // io error naming it and what it is.
 TEST_CASE("cuda libraries: the toolkit's cuBLAS and cuSOLVER open by soname, a missing one is an error naming it") {
-  CHECK(cuda::open_library("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "cuBLAS") != nullptr);
-  CHECK(cuda::open_library("libcusolver.so." + std::to_string(CUSOLVER_VER_MAJOR), "cuSOLVER") != nullptr);
+  CHECK(cuda::open_library("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "cuBLAS", "/nonexistent", "-") != nullptr);
+  CHECK(cuda::open_library("libcusolver.so." + std::to_string(CUSOLVER_VER_MAJOR), "cuSOLVER", "/nonexistent", "-") != nullptr);
   try {
-    (void)cuda::open_library("libptqkit-absent.so.7", "cuBLAS");
+    (void)cuda::open_library("libptqkit-absent.so.7", "cuBLAS", "/nonexistent", "put its folder on LD_LIBRARY_PATH");
     FAIL("opened a library that does not exist");
   } catch (const Error& e) {
     CHECK(e.code == Errc::io);
     CHECK(e.file == "libptqkit-absent.so.7");
     CHECK(std::string(e.what()).find("cuBLAS cannot be loaded") != std::string::npos);
+    CHECK(std::string(e.what()).find("/nonexistent/libptqkit-absent.so.7") != std::string::npos);   // dlopen's own message for the folder
     CHECK(std::string(e.what()).find("LD_LIBRARY_PATH") != std::string::npos);
   }
 }

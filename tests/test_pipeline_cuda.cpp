@@ -448,6 +448,30 @@ TEST_CASE("gpu: quantize --gpus 1 (NCCL, one rank) writes the bytes of the one-G
   check_saved_statistics(r, 1, d);
 }
 
+// NCCL is opened at --gpus' first use (cuda/libs.cpp), not linked: the dynamic loader's log
+// (glibc's LD_DEBUG=files: every object a process opens, linked or dlopen'd) of a one-GPU quantize
+// names cuBLAS but not libnccl, and the same run with --gpus 1 (one rank, through NCCL) names it.
+TEST_CASE("gpu: quantize loads NCCL only with --gpus (the dynamic loader's log)") {
+  PTQ_REQUIRE_GPU();
+  if (!cuda::nccl_built()) PTQ_SKIP("this build has no NCCL");
+  if (!std::filesystem::exists(ptqtest::ptqkit_bin())) PTQ_SKIP("the ptqkit CLI is not at " + ptqtest::ptqkit_bin() + " (set PTQKIT_BIN)");
+  ptqtest::TempDir d;
+  auto r = ptqtest::run_command(ptqtest::ptqkit_bin() + " synth --preset tiny --seed 1 --output " + d / "m");
+  REQUIRE(r.code == 0);
+  const std::string quantize = "LD_DEBUG=files " + ptqtest::ptqkit_bin() + " -q quantize --model " + d / "m" +
+                               " --scheme W4A16 --dataset random --set device=cuda --set calibration.samples=4 --set calibration.seq_len=64";
+  r = ptqtest::run_command(quantize + " -o " + d / "one");
+  INFO(r.out.substr(0, 4000));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("file=libcublas.so") != std::string::npos);   // the GPU path ran
+  CHECK(r.out.find("libnccl") == std::string::npos);
+  r = ptqtest::run_command(quantize + " --gpus 1 -o " + d / "nccl");
+  INFO(r.out.substr(0, 4000));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("file=libnccl.so.2") != std::string::npos);
+  CHECK(ptq::read_text_file(d / "one/model.safetensors") == ptq::read_text_file(d / "nccl/model.safetensors"));
+}
+
 // Two ranks (worker processes running the ptqkit CLI, PTQKIT_DIST_EXE): the run ends (on
 // 2026-11-28 it hung in NCCL's teardown: rank 0 waited for a worker that waited for rank 0) and
 // writes the one-GPU run's bytes, twice. Exact, not approximate: with 32 windows of 512 tokens each

@@ -1,7 +1,8 @@
 // comm.h — the communicator between the processes of `quantize --gpus N`: one process per GPU,
 // NCCL between them (pipeline/workers.h starts the processes; docs/architecture.md says why one
 // process a GPU). A build without NCCL (-DPTQKIT_NCCL=OFF, or none found) has the class, and
-// every constructor call refuses (Errc::usage) naming the option.
+// every constructor call refuses (Errc::usage) naming the option. A build with it opens libnccl
+// at its first call (cuda/libs.cpp: nccl_version(), which check_gpus calls, or the first Comm).
 //
 // Every collective runs in place on the legacy default stream (where the forward and the Hessian
 // GEMMs run) and returns once it is complete. NCCL's reductions are deterministic for a fixed

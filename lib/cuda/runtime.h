@@ -27,10 +27,10 @@ bool pdl_enabled();
 void check(int err, const char* what, const char* file, int line);          // cudaError_t
 void check_cublas(int st, const char* what, const char* file, int line);    // cublasStatus_t
 void check_cusolver(int st, const char* what, const char* file, int line);  // cusolverStatus_t
-// cuBLAS and cuSOLVER are opened at their first call, not at process start (cuda/libs.cpp). This
-// opens a shared library by soname, then in the CUDA Toolkit folder the build was configured with;
-// one that cannot be opened is a ptq::Error (io) naming it and `what`.
-void* open_library(const std::string& soname, const std::string& what);
+// cuBLAS, cuSOLVER and NCCL are opened at their first call, not at process start (cuda/libs.cpp).
+// This opens a shared library by soname, then in `dir` (where the build found it); one that cannot
+// be opened is a ptq::Error (io) naming it and `what`, and saying what to do (`remedy`).
+void* open_library(const std::string& soname, const std::string& what, const std::string& dir, const std::string& remedy);
 #define PTQ_CUDA(call) ::ptq::cuda::check(int(call), #call, __FILE__, __LINE__)
 #define PTQ_CUBLAS(call) ::ptq::cuda::check_cublas(int(call), #call, __FILE__, __LINE__)
 #define PTQ_CUSOLVER(call) ::ptq::cuda::check_cusolver(int(call), #call, __FILE__, __LINE__)

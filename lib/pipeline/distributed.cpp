@@ -173,6 +173,7 @@ void check_gpus(const Recipe& r) {
   if (!r.moe_calibrate_all_experts) refuse("moe.calibrate_all_experts", "false routes each rank's tokens apart; its RTN fallbacks would differ per rank");
   if (r.calibration.samples < n) refuse("calibration.samples", std::to_string(r.calibration.samples) + " windows for " + std::to_string(n) + " GPUs");
   if (!cuda::nccl_built()) refuse("gpus", "this build has no NCCL: rebuild with -DPTQKIT_NCCL=ON where nccl.h and libnccl are installed");
+  (void)cuda::nccl_version();   // opens libnccl (cuda/libs.cpp): one that is missing is refused here, naming it, before any worker starts
   const std::vector<std::string> gpus = visible_gpus();
   if (int(gpus.size()) < n) refuse("gpus", std::to_string(gpus.size()) + " GPU(s) visible (" + cuda::describe() + ")");
 }
