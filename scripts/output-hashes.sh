@@ -20,16 +20,17 @@
 # paths dropped) and report.json (timings, memory, paths, the device and the build (its git commit)
 # dropped: jq).
 # Floating-point results depend on the instruction set the build was compiled for (-march), so
-# FILE records the host's ISA line; a check on another ISA is skipped with a message.
+# FILE records the binary's ISA line (its --version: the compiler's own macros, with cpuinfo's
+# names); a check by a binary built for another ISA is skipped with a message.
 set -euo pipefail
 bin=$(realpath "$1"); mode=$2; file=$(realpath -m "$3")
 cd "$(dirname "$0")/.."
 A=${PTQKIT_ASSETS:-../shared/assets}
 [ -f "$A/golden/golden.json" ] || { echo "PTQKIT_SKIP: shared assets not found at $A"; exit 0; }
 command -v jq >/dev/null || { echo "PTQKIT_SKIP: jq missing (scripts/setup.sh installs it)"; exit 0; }
-isa="isa: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_bf16|avx512vnni|avx2|fma|f16c' /proc/cpuinfo | sort -u | tr '\n' ' ' | sed 's/ $//')"
+isa="isa: $("$bin" --version | sed -n 's/^build: .*(\(.*\))$/\1/p')"
 if [ "$mode" = check ] && ! grep -qxF "$isa" "$file"; then
-  echo "PTQKIT_SKIP: $file was recorded on another instruction set ($(grep '^isa:' "$file")); this host: $isa"; exit 0
+  echo "PTQKIT_SKIP: $file was recorded by a build for another instruction set ($(grep '^isa:' "$file")); this build: $isa"; exit 0
 fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 calib="$A/text/tinystories/calib.txt"
