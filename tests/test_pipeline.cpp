@@ -9,6 +9,7 @@
 #include "model/synth.h"
 #include "model/tokenizer.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/stats.h"
 #include "testing.h"
 
 using namespace ptq;
@@ -318,6 +319,40 @@ TEST_CASE("pipeline: --load-stats re-quantizes from saved statistics without the
   QuantizeOptions so;
   so.save_stats = d / "stats";
   CHECK_THROWS_AS(run_quantize(tiny_recipe(m, d / "w"), so), Error);   // exists, no --force
+}
+
+// The statistics key names the model by the SHA-256 of config.json and of each weight file the
+// loader reads (pipeline/stats.h: model_digest). Reference: coreutils' sha256sum over the same
+// "name:hex" lines. A PyTorch .bin checkpoint's shards are in it (before 2026-12-04 only
+// *.safetensors were, so two .bin models of one config shared a key), and a safetensors folder's
+// digest is the one earlier runs recorded.
+TEST_CASE("pipeline: the statistics key's model digest covers the weight files the loader reads, .bin shards too") {
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  auto sha256sum = [](const std::string& path) {
+    const auto r = ptqtest::run_command("sha256sum '" + path + "'");
+    REQUIRE(r.code == 0);
+    return r.out.substr(0, 64);
+  };
+  auto reference = [&](const std::string& dir, const std::vector<std::string>& files) {
+    std::string lines;
+    for (auto& f : files) lines += f + ":" + sha256sum(dir + "/" + f) + "\n";
+    write_file_atomic(d / "lines", lines);
+    return sha256sum(d / "lines");
+  };
+  const std::string bin = ptqtest::assets() + "/models/llama2xs-bin";
+  const std::vector<std::string> bin_files = {"config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"};
+  CHECK(model_digest(bin) == reference(bin, bin_files));
+  const std::string st = ptqtest::assets() + "/models/llama2xs";
+  CHECK(model_digest(st) == reference(st, {"config.json", "model.safetensors"}));
+  // One byte of the second shard changed (inside the zip's stored data): another model.
+  fs::copy(bin, d / "tuned");
+  for (auto& e : fs::directory_iterator(d / "tuned")) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+  std::string bytes = read_text_file(d / "tuned" + "/" + bin_files[2]);
+  bytes[bytes.size() / 2] ^= 1;
+  write_file_atomic(d / "tuned" + "/" + bin_files[2], bytes);
+  CHECK(model_digest(d / "tuned") == reference(d / "tuned", bin_files));
+  CHECK(model_digest(d / "tuned") != model_digest(bin));
 }
 
 TEST_CASE("pipeline: --load-stats reproduces SmoothQuant factors and static activation scales") {

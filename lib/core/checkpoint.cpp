@@ -106,6 +106,12 @@ void Checkpoint::release(const std::string& name) const {
   if (it != where_.end()) it->second->release(it->second->get(name));
 }
 
+std::vector<std::string> Checkpoint::files() const {
+  std::vector<std::string> r;
+  for (auto& f : files_) r.push_back(f->path());
+  return r;
+}
+
 size_t Checkpoint::total_bytes() const {
   size_t s = 0;
   for (auto& [n, f] : where_) s += f->get(n).nbytes;

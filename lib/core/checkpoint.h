@@ -42,6 +42,7 @@ class Checkpoint {
   std::vector<std::string> names() const;                 // sorted
   void release(const std::string& name) const;            // drop its pages from the resident set
   size_t total_bytes() const;
+  std::vector<std::string> files() const;                 // the paths of the files it reads, each once
  private:
   void open_index(const std::string& index);
   std::string dir_;

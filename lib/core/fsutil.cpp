@@ -142,15 +142,19 @@ std::string sha256_bytes(std::string_view data) {
   return c.final();
 }
 
-std::string sha256_file(const std::string& path) {
+std::string sha256_file(const std::string& path, const std::function<void(size_t)>& read) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(Errc::io, path, "", "cannot open for reading: " + errno_str());
   EvpCtx c;
   std::vector<char> buf(1 << 20);
+  size_t n = 0;
   while (f) {
     f.read(buf.data(), std::streamsize(buf.size()));
     c.update(buf.data(), size_t(f.gcount()));
+    n += size_t(f.gcount());
+    if (read) read(n);
   }
+  if (f.bad()) fail(Errc::io, path, "", "read failed after " + std::to_string(n) + " bytes: " + errno_str());
   return c.final();
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -24,7 +25,8 @@ void advise_huge_pages(void* p, size_t n);
 std::string read_text_file(const std::string& path);          // whole file; Errc::io naming it
 // Writes to "<path>.tmp-<pid>", fsyncs, renames over `path`.
 void write_file_atomic(const std::string& path, std::string_view data);
-std::string sha256_file(const std::string& path);             // lowercase hex
+// Lowercase hex; `read`, where given, is told the bytes read so far after each MiB (progress).
+std::string sha256_file(const std::string& path, const std::function<void(size_t)>& read = {});
 std::string human_bytes(double bytes);                        // "462 B", "1.50 MiB" (powers of 1024)
 // The bytes an unprivileged writer may still put on the file system that holds `path` (its nearest
 // existing ancestor where it does not exist yet: statvfs's f_bavail), and that file system's id.

@@ -346,7 +346,6 @@ void open_statistics(Run& R) {
   if (R.nf4) fail(Errc::usage, R.r.source, "quantization.method", "nf4 is data-free: there are no statistics to save or load");
   if (!opt.save_stats.empty() && !opt.load_stats.empty()) fail(Errc::usage, "", "--save-stats", "cannot be combined with --load-stats");
   PhaseTimer t(R.t.phase["calibration"]);
-  std::fprintf(stderr, "ptqkit: hashing the model files for the statistics key\n");
   const json key = stats_key(model_digest(R.r.model), R.cd.describe(R.r.calibration), R.r);
   if (!opt.save_stats.empty()) {
     R.stats_out = std::make_unique<StatsWriter>(opt.save_stats, opt.force, opt.resume, key);

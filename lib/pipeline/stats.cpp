@@ -3,8 +3,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/checkpoint.h"
 #include "core/error.h"
 #include "core/json_field.h"
+#include "core/progress.h"
 
 namespace ptq {
 
@@ -34,12 +36,24 @@ std::string first_difference(const json& a, const json& b, const std::string& pa
 }  // namespace
 
 std::string model_digest(const std::string& dir) {
-  std::vector<std::string> files{"config.json"};
-  for (auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
-  std::sort(files.begin() + 1, files.end());
+  // config.json, then the weight files the loader reads (core/checkpoint.h: the safetensors
+  // shards, or failing them the PyTorch .bin shards), by name. Until 2026-12-04 this took every
+  // *.safetensors of the folder and nothing else, so two .bin checkpoints of one config (a model
+  // and its fine-tune) shared a key; a safetensors folder's key is what it was.
+  std::vector<std::string> files;
+  for (const std::string& p : Checkpoint(dir).files()) files.push_back(fs::path(p).filename().string());
+  std::sort(files.begin(), files.end());
+  files.insert(files.begin(), "config.json");
+  double total = 0;
+  for (auto& f : files) total += double(fs::file_size(dir + "/" + f)) / 1e6;
+  Progress bar("hashing the model files (the statistics key)", total, "MB");
   std::string all;
-  for (auto& f : files) all += f + ":" + sha256_file(dir + "/" + f) + "\n";
+  double done = 0;
+  for (auto& f : files) {
+    all += f + ":" + sha256_file(dir + "/" + f, [&](size_t n) { bar.update(done + double(n) / 1e6, f); }) + "\n";
+    done += double(fs::file_size(dir + "/" + f)) / 1e6;
+  }
+  bar.finish();
   return sha256_bytes(all);
 }
 
