@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <vector>
 
 #include "core/error.h"
 #include "core/fsutil.h"
@@ -54,9 +55,22 @@ double damped_output_error(double err2, double live_dw2, double lambda) {
 std::pair<double, double> host_output_errors(const MatF& W, const MatF& Wq, const MatF* Wr, const MatD& H, bool gptq, const SolveStats& st) {
   double loss = std::nan("");
   if (gptq && !std::isnan(st.err2)) {
+    // ‖ΔW‖² over the live columns (H_jj != 0) in fp64: each column's sum down its rows in row
+    // order (the order of a column's squaredNorm, so the same bits as before), then the columns
+    // in order. Rows outer, so that the row-major matrices are read as they lie: 0.014 s for
+    // 4096 x 11008 on the 2-core host, against 0.44 s column by column.
+    std::vector<double> col(size_t(W.cols()), 0.0);
+    for (Eigen::Index i = 0; i < W.rows(); ++i) {
+      const float* w = W.row(i).data();
+      const float* q = Wq.row(i).data();
+      for (Eigen::Index j = 0; j < W.cols(); ++j) {
+        const double d = double(w[j] - q[j]);
+        col[size_t(j)] += d * d;
+      }
+    }
     double live_dw2 = 0;
     for (Eigen::Index j = 0; j < W.cols(); ++j)
-      if (H(j, j) != 0) live_dw2 += (W.col(j) - Wq.col(j)).template cast<double>().squaredNorm();
+      if (H(j, j) != 0) live_dw2 += col[size_t(j)];
     loss = damped_output_error(st.err2, live_dw2, st.lambda);
   }
   if (std::isnan(loss)) loss = gptq ? output_error_gram<double>(W, Wq, H) : output_error_gram<float>(W, Wq, H);
