@@ -177,6 +177,18 @@ void check_resume(const std::string& preset, const std::string& calibration, siz
   auto r = ptqtest::run_ptqkit("-q quantize " + d / "r.yaml" + " --output " + d / "out --resume --set quantization.bits=3");
   CHECK(r.code == 2);
   CHECK(r.out.find("the interrupted run used another recipe") != std::string::npos);
+  // Nor another model under the same path: the same config (synth's, another seed), other weights.
+  o.seed = 5;
+  synth_model(o, d / "other");
+  REQUIRE(read_text_file(d / "other/config.json") == read_text_file(d / "m/config.json"));
+  fs::rename(d / "m", d / "m-kept");
+  fs::rename(d / "other", d / "m");
+  r = ptqtest::run_ptqkit("-q quantize " + d / "r.yaml" + " --output " + d / "out --resume");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("the interrupted run used another model weights") != std::string::npos);
+  fs::remove_all(d / "m");
+  fs::rename(d / "m-kept", d / "m");
+  REQUIRE(fs::exists(first));
   r = ptqtest::run_ptqkit("quantize " + d / "r.yaml" + " --output " + d / "out --resume");
   INFO(r.out);
   REQUIRE(r.code == 0);

@@ -357,20 +357,32 @@ void open_statistics(Run& R) {
 }
 
 // What a resumed run must share with the interrupted one: the effective recipe (less the output
-// folder), the model's config and the calibration windows. Sets the first layer to quantize.
+// folder), the model's config, its weight files (model_sample: each one's size and the ends of its
+// bytes, not a whole hash) and the calibration windows. Sets the first layer to quantize.
 void resume_point(Run& R, const OutputDir& out) {
   Recipe fr = R.r;
   fr.output.clear();
   const json fingerprint = {{"recipe", yaml_to_json(fr.to_yaml())}, {"config_sha256", sha256_file(R.r.model + "/config.json")},
-                            {"calibration", R.nf4 ? json() : R.cd.describe(R.r.calibration)}};
+                            {"weights", model_sample(R.r.model)}, {"calibration", R.nf4 ? json() : R.cd.describe(R.r.calibration)}};
   const std::string fp_file = out.file(".resume.json");
   if (!(R.opt.resume && std::filesystem::exists(fp_file))) {
     std::filesystem::remove_all(out.path() + "/.layers");
     write_file_atomic(fp_file, fingerprint.dump() + "\n");
     return;
   }
-  if (json::parse(read_text_file(fp_file)) != fingerprint)
-    fail(Errc::usage, out.path(), "--resume", "the interrupted run used another recipe, model or calibration; pass --force instead of --resume to start over");
+  const json before = json::parse(read_text_file(fp_file));
+  if (before != fingerprint) {
+    std::string what = "recipe, model or calibration";   // a fingerprint of another layout (an older ptqkit's)
+    if (before.is_object())
+      for (const auto& [key, name] : {std::pair{"recipe", "recipe"}, {"config_sha256", "model config (config.json)"},
+                                      {"weights", "model weights (the same config, other weight files)"}, {"calibration", "calibration"}})
+        if (before.contains(key) && before[key] != fingerprint[key]) {
+          what = name;
+          break;
+        }
+    fail(Errc::usage, out.path(), "--resume", std::string("the interrupted run used another ") + what +
+                                                  "; pass --force instead of --resume to start over");
+  }
   QuantStore done(out.path() + "/.layers");
   const int n = R.c().num_hidden_layers;
   R.resume_from = done.finished_layers(n);

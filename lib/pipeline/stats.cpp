@@ -57,6 +57,23 @@ std::string model_digest(const std::string& dir) {
   return sha256_bytes(all);
 }
 
+json model_sample(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const std::string& p : Checkpoint(dir).files()) files.push_back(fs::path(p).filename().string());
+  std::sort(files.begin(), files.end());
+  json out = json::array();
+  constexpr size_t kEnd = size_t(1) << 20;
+  for (const std::string& f : files) {
+    const MappedFile m(dir + "/" + f);
+    const auto* b = reinterpret_cast<const char*>(m.data());
+    const size_t n = m.size(), head = std::min(n, kEnd), tail = std::min(n - head, kEnd);
+    std::string ends;
+    if (n > 0) ends.assign(b, head).append(b + n - tail, tail);
+    out.push_back({{"file", f}, {"bytes", n}, {"ends_sha256", sha256_bytes(ends)}});
+  }
+  return out;
+}
+
 json stats_key(const std::string& digest, const json& calibration, const Recipe& r) {
   const json q = yaml_to_json(r.to_yaml())["quantization"];
   json shape = {{"true_sequential", r.true_sequential}};

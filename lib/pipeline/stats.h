@@ -30,8 +30,13 @@
 
 namespace ptq {
 
-// SHA-256 over config.json and every *.safetensors file of the model folder, in name order.
+// SHA-256 over config.json and each weight file the loader reads (core/checkpoint.h: the
+// safetensors shards, or failing them the PyTorch .bin shards), in name order; a progress bar.
 std::string model_digest(const std::string& model_dir);
+// The weight files again, cheaply, for --resume's fingerprint: each one's name, size and the
+// SHA-256 of its first and last MiB (2 MiB a file read, whatever the model's size). Another
+// checkpoint of the same config (a fine-tune) differs there; a byte changed in between does not.
+nlohmann::json model_sample(const std::string& model_dir);
 nlohmann::json stats_key(const std::string& model_digest, const nlohmann::json& calibration, const Recipe& r);
 
 struct LayerStats {
