@@ -15,8 +15,27 @@
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/progress.h"
+#ifdef PTQKIT_HAVE_CUDA
+#include "cuda/comm.h"
+#endif
 
 namespace {
+// --version: the build (core/build_info.h), and where the build has NCCL whether this machine's
+// libnccl opens (cuda/libs.cpp opens it for --gpus alone; --version asks, 0.03 s here).
+std::string version_text() {
+  std::string s = ptq::describe_build();
+#ifdef PTQKIT_HAVE_CUDA
+  if (ptq::cuda::nccl_built()) {
+    try {
+      s += " (libnccl " + ptq::cuda::nccl_version() + " opens here)";
+    } catch (const ptq::Error&) {
+      s += " (but libnccl cannot be opened here: quantize --gpus is refused)";
+    }
+  }
+#endif
+  return s;
+}
+
 // SIGINT / SIGTERM: say what happened and what is left, then exit non-zero at once. Output folders
 // are only ever complete under their final name; an interrupted quantization leaves OUT.partial,
 // which `ptqkit quantize ... --resume` continues.
@@ -41,7 +60,7 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", quiet, "no progress output");
   app.add_option("--log-json", log_json, "write progress, results and errors as JSON lines to this file (batch jobs)");
   app.add_option("--threads", threads, "OpenMP threads (default: all cores)");
-  app.set_version_flag("--version", describe_build(), "the version, the git commit, the compiler and instruction set, GPU support");
+  app.set_version_flag("--version", version_text, "the version, the git commit, the compiler and instruction set, GPU support");
 
   std::vector<Command> commands = {add_quantize(app), add_schemes(app), add_formats(app), add_eval(app), add_generate(app), add_synth(app), add_inspect(app), add_report(app), add_compare(app), add_dist_worker(app)};
   for (Command& c : add_bench(app)) commands.push_back(std::move(c));

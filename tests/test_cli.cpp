@@ -1,5 +1,7 @@
 // The CLI end to end: synth -> inspect -> eval, and bad input giving a clear message, the right
 // exit code and no damage.
+#include <dlfcn.h>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -91,6 +93,19 @@ TEST_CASE("cli: --version gives the project's version, the source's git commit a
     CHECK(printed.find("(" + (*j)["isa"].get<std::string>() + ")") != std::string::npos);
   }
   CHECK(rep["ptqkit_version"] == version);
+  // Where the build has NCCL, --version says whether this machine's libnccl opens, and which
+  // version it is, as the dynamic loader and the library itself answer here (NCCL's version code
+  // is major * 10000 + minor * 100 + patch).
+  if (printed.find("NCCL: yes") != std::string::npos) {
+    if (void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL)) {
+      int v = 0;
+      reinterpret_cast<int (*)(int*)>(dlsym(h, "ncclGetVersion"))(&v);
+      CHECK(printed.find("(libnccl " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
+                         " opens here)") != std::string::npos);
+    } else {
+      CHECK((printed.find(" opens here)") != std::string::npos || printed.find("libnccl cannot be opened here") != std::string::npos));
+    }
+  }
 }
 
 // A CUDA build links cudart only: cuBLAS and cuSOLVER (whose libcublasLt spends about 0.3 s of
