@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 
 #include "core/checkpoint.h"
 #include "core/error.h"
@@ -33,34 +34,37 @@ std::string first_difference(const json& a, const json& b, const std::string& pa
   }
   return a == b ? "" : path;
 }
-}  // namespace
-
-std::string model_digest(const std::string& dir) {
-  // config.json, then the weight files the loader reads (core/checkpoint.h: the safetensors
-  // shards, or failing them the PyTorch .bin shards), by name. Until 2026-12-04 this took every
-  // *.safetensors of the folder and nothing else, so two .bin checkpoints of one config (a model
-  // and its fine-tune) shared a key; a safetensors folder's key is what it was.
+// The weight files the loader reads (core/checkpoint.h: the safetensors shards, or failing them
+// the PyTorch .bin shards), by name.
+std::vector<std::string> weight_files(const std::string& dir) {
   std::vector<std::string> files;
   for (const std::string& p : Checkpoint(dir).files()) files.push_back(fs::path(p).filename().string());
   std::sort(files.begin(), files.end());
+  return files;
+}
+}  // namespace
+
+std::string model_digest(const std::string& dir) {
+  // config.json, then the weight files. Until 2026-12-04 this took every *.safetensors of the
+  // folder and nothing else, so two .bin checkpoints of one config (a model and its fine-tune)
+  // shared a key; a safetensors folder's key is what it was.
+  std::vector<std::string> files = weight_files(dir);
   files.insert(files.begin(), "config.json");
-  double total = 0;
-  for (auto& f : files) total += double(fs::file_size(dir + "/" + f)) / 1e6;
-  Progress bar("hashing the model files (the statistics key)", total, "MB");
+  std::vector<double> mb;
+  for (auto& f : files) mb.push_back(double(fs::file_size(dir + "/" + f)) / 1e6);
+  Progress bar("hashing the model files (the statistics key)", std::accumulate(mb.begin(), mb.end(), 0.0), "MB");
   std::string all;
   double done = 0;
-  for (auto& f : files) {
-    all += f + ":" + sha256_file(dir + "/" + f, [&](size_t n) { bar.update(done + double(n) / 1e6, f); }) + "\n";
-    done += double(fs::file_size(dir + "/" + f)) / 1e6;
+  for (size_t i = 0; i < files.size(); ++i) {
+    all += files[i] + ":" + sha256_file(dir + "/" + files[i], [&](size_t n) { bar.update(done + double(n) / 1e6, files[i]); }) + "\n";
+    done += mb[i];
   }
   bar.finish();
   return sha256_bytes(all);
 }
 
 json model_sample(const std::string& dir) {
-  std::vector<std::string> files;
-  for (const std::string& p : Checkpoint(dir).files()) files.push_back(fs::path(p).filename().string());
-  std::sort(files.begin(), files.end());
+  const std::vector<std::string> files = weight_files(dir);
   json out = json::array();
   constexpr size_t kEnd = size_t(1) << 20;
   for (const std::string& f : files) {
