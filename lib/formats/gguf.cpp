@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/bits.h"
 #include "core/error.h"
 #include "core/json_field.h"
+#include "core/parallel.h"
 #include "core/progress.h"
 #include "formats/fake.h"
 #include "model/llama.h"
@@ -343,33 +345,38 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
           const int64_t h = gg_row / hd, w = gg_row % hd, i = w / 2, j = w % 2;
           return h * hd + j * (hd / 2) + i;
         };
+        // Each GGUF row is formed apart, on the threads, into its place in `data` (the bytes do not
+        // depend on the thread count; an error names the first row a serial loop would meet).
+        const size_t at = data.size(), row_bytes = size_t(type_size(t.type, t.cols));
+        data.resize(at + size_t(t.rows) * row_bytes);
+        char* dst = data.data() + at;
         if (ggml_block_elems(t.type) > 1) {
           const QuantizedLinear& q = *job.store->get(hf.substr(0, hf.size() - 7));
           const int be = ggml_block_elems(t.type), bb = ggml_block_bytes(t.type);
-          std::vector<uint8_t> code(static_cast<size_t>(be));
-          char blk[256];
-          for (int64_t gr = 0; gr < t.rows; ++gr) {
+          const int64_t nw = packed_words(q.cols, q.spec.bits);
+          parallel_for(t.rows, [&](int64_t gr) {
+            thread_local std::vector<uint8_t> code;   // the row's codes, one byte each
+            code.resize(size_t(t.cols));
             const int64_t r = row_of(gr);
-            for (int64_t b = 0; b < t.cols / be; ++b) {
-              for (int j = 0; j < be; ++j) code[size_t(j)] = uint8_t(q.code(r, b * be + j));
-              encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data(), blk);
-              data.append(blk, size_t(bb));
-            }
-          }
+            unpack_stream(q.packed.data() + r * nw, t.cols, q.spec.bits, code.data());
+            for (int64_t b = 0; b < t.cols / be; ++b)
+              encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data() + b * be, dst + size_t(gr) * row_bytes + size_t(b * bb));
+          });
         } else {
-          std::vector<float> w(static_cast<size_t>(t.rows * t.cols));
-          job.model->weights().read_f32(hf, w.data());
-          for (int64_t gr = 0; gr < t.rows; ++gr) {
-            const float* x = &w[size_t(row_of(gr) * t.cols)];
-            if (t.type == GgmlType::F32) {
-              data.append(reinterpret_cast<const char*>(x), size_t(t.cols) * 4);
-            } else {
-              for (int64_t k = 0; k < t.cols; ++k) {
-                const uint16_t v = t.type == GgmlType::BF16 ? f32_to_bf16_bits(x[k]) : f32_to_f16_bits(x[k]);
-                data.append(reinterpret_cast<const char*>(&v), 2);
-              }
-            }
+          // A float tensor stored as the GGUF type (f16 or bf16 into the same, f32 into F32) is
+          // copied row by row; any other is converted through f32, as the type's rounding.
+          const TensorView v = src.get(hf);
+          const DType as = t.type == GgmlType::F32 ? DType::F32 : t.type == GgmlType::BF16 ? DType::BF16 : DType::F16;
+          std::vector<float> w;
+          if (v.dtype != as) {
+            w.resize(size_t(t.rows * t.cols));
+            job.model->weights().read_f32(hf, w.data());
           }
+          parallel_for(t.rows, [&](int64_t gr) {
+            const int64_t r = row_of(gr);
+            if (w.empty()) std::memcpy(dst + size_t(gr) * row_bytes, v.data + size_t(r) * row_bytes, row_bytes);
+            else convert_from_f32(as, &w[size_t(r * t.cols)], dst + size_t(gr) * row_bytes, size_t(t.cols));
+          });
         }
       }
       while (data.size() % kAlign) data += '\0';
