@@ -19,6 +19,8 @@
 #include "kernels/f16_gemv.h"
 #include "kernels/a16_grid.h"
 #include "kernels/reference.h"
+#include "kernels/relayout.h"
+#include "kernels/relayout_cuda.h"
 #include "kernels/nf4.h"
 #include "kernels/w4a16.h"
 #include "kernels/w8a8.h"
@@ -100,6 +102,81 @@ Nf4Tensor random_nf4(int64_t N, int64_t K, uint64_t seed) {
   return nf4_quantize(W.data(), int64_t(W.size()), 64, true);
 }
 }  // namespace
+
+// The loaders lay the codes out on the device (kernels/relayout.cu): its words must be those of the
+// host path, relayout_rows (itself checked code by code against relayout_codes in test_relayout),
+// bit for bit: 1..8-bit streams (3-bit codes straddle words) with each row's words together or
+// interleaved by column (GPTQ's qweight), in one part or in parts that meet inside a tile of 16
+// rows, with and without a column permutation, NF4's bytes, and ragged N and K (rows past N and
+// columns past K zero).
+TEST_CASE("gpu: codes laid out on the device equal relayout_rows' words (1- to 8-bit streams by row and by column, parts, act-order permutations, NF4 bytes)") {
+  PTQ_REQUIRE_GPU();
+  Rng r(11);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 200}, {48, 64}, {5, 1000}, {300, 130}}) {
+    std::vector<int> perm(static_cast<size_t>(K));
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t i = K - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(r.uniform() * double(i + 1)) % size_t(i + 1)]);
+    cuda::DeviceBuffer<int> dperm(perm.size(), "perm");
+    cuda::copy_to_device(dperm.get(), perm.data(), perm.size() * 4);
+    // The row counts of the parts: whole, and cut where tiles are shared (N = 37: 10 + 27).
+    std::vector<std::vector<int64_t>> cuts = {{N}};
+    if (N > 10) cuts.push_back({10, N - 10});
+    if (N >= 48) cuts.push_back({16, 7, N - 23});
+    auto device_words = [&](const std::vector<cuda::StoredRows>& parts, cuda::StoredCodes kind, int bits, FragmentCodes fc, const int* dp) {
+      cuda::DeviceBuffer<uint32_t> dw(fragment_words(N, K, fc), "words");
+      cuda::fill_bytes(dw.get(), 0xA5, dw.size() * 4);   // garbage: every word must be written
+      cuda::upload_relayout(parts, kind, bits, N, K, dp, fc, dw.get());
+      std::vector<uint32_t> got(dw.size());
+      cuda::copy_to_host(got.data(), dw.get(), got.size() * 4);
+      return got;
+    };
+    for (int bits = 1; bits <= 8; ++bits)
+      for (bool permuted : {false, true}) {
+        const FragmentCodes fc = bits <= 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8;
+        std::vector<uint8_t> codes(size_t(N * K));
+        for (auto& c : codes) c = uint8_t(int(r.uniform() * (1 << bits)) & ((1 << bits) - 1));
+        const std::vector<uint32_t> want = relayout_rows(N, K, fc, [&](int64_t i, uint8_t* row) {
+          for (int64_t k = 0; k < K; ++k) row[k] = codes[size_t(i * K + (permuted ? perm[size_t(k)] : k))];
+        });
+        const int64_t nw = packed_words(K, bits);
+        for (const auto& cut : cuts)
+          for (bool by_column : {false, true}) {
+            INFO("N " << N << ", K " << K << ", " << bits << " bits" << (permuted ? ", permuted" : "") << ", " << cut.size() << " parts"
+                      << (by_column ? ", by column" : ""));
+            std::vector<std::vector<uint32_t>> stored;
+            std::vector<cuda::StoredRows> parts;
+            int64_t r0 = 0;
+            for (int64_t rows : cut) {
+              std::vector<uint32_t> w(size_t(rows * nw));
+              pack_rows(codes.data() + r0 * K, rows, K, bits, w.data());
+              if (by_column) {   // GPTQ's qweight: word j of row i at j * rows + i
+                std::vector<uint32_t> t(w.size());
+                for (int64_t i = 0; i < rows; ++i)
+                  for (int64_t j = 0; j < nw; ++j) t[size_t(j * rows + i)] = w[size_t(i * nw + j)];
+                w = t;
+              }
+              stored.push_back(std::move(w));
+              parts.push_back({stored.back().data(), rows, by_column});
+              r0 += rows;
+            }
+            REQUIRE(device_words(parts, cuda::StoredCodes::stream, bits, fc, permuted ? dperm.get() : nullptr) == want);
+          }
+      }
+    if (K % 2 == 0) {
+      INFO("NF4, N " << N << ", K " << K);
+      std::vector<uint8_t> codes(size_t(N * K)), bytes(size_t(N * K / 2));
+      for (auto& c : codes) c = uint8_t(int(r.uniform() * 16) & 15);
+      for (size_t j = 0; j < bytes.size(); ++j) bytes[j] = uint8_t(codes[2 * j] << 4 | codes[2 * j + 1]);   // bitsandbytes: the first in the high nibble
+      const std::vector<uint32_t> want = relayout_rows(N, K, FragmentCodes::nf4, [&](int64_t i, uint8_t* row) { std::copy_n(codes.data() + i * K, K, row); });
+      for (const auto& cut : cuts) {
+        std::vector<cuda::StoredRows> parts;
+        int64_t r0 = 0;
+        for (int64_t rows : cut) parts.push_back({bytes.data() + r0 * K / 2, rows}), r0 += rows;
+        REQUIRE(device_words(parts, cuda::StoredCodes::nf4_bytes, 4, FragmentCodes::nf4, nullptr) == want);
+      }
+    }
+  }
+}
 
 TEST_CASE("gpu: W4A16 and W8A16 kernels equal the reference GPTQ GEMM (sym/asym, g128/per-channel, act-order, odd M and shapes)") {
   PTQ_REQUIRE_GPU();

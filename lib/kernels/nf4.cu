@@ -35,6 +35,7 @@
 #include "cuda/runtime.h"
 #include "kernels/a16_dispatch.cuh"
 #include "kernels/relayout.h"
+#include "kernels/relayout_cuda.h"
 
 namespace ptq::cuda {
 
@@ -80,10 +81,6 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   const int64_t n = out * in, blocks = in / B;
   if (int64_t(t.packed.size()) != n / 2) fail(Errc::usage, "", "packed", "holds " + std::to_string(t.packed.size()) + " bytes, expected " + std::to_string(n / 2));
   const int64_t tiles = (out + 15) / 16;
-  const std::vector<uint32_t> W = relayout_rows(out, in, FragmentCodes::nf4, [&](int64_t r, uint8_t* row) {
-    const uint8_t* p = t.packed.data() + size_t(r * in / 2);   // in is even: rows start on a byte
-    for (int64_t j = 0; j < in / 2; ++j) row[2 * j] = uint8_t(p[j] >> 4), row[2 * j + 1] = uint8_t(p[j] & 15u);   // the first element in the high nibble
-  });
   std::vector<float> am(static_cast<size_t>(tiles * 16 * blocks), 0.0f);
 #pragma omp parallel for schedule(static) if (out * blocks > (int64_t(1) << 16))
   for (int64_t r = 0; r < out; ++r)
@@ -103,10 +100,13 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
     m.lo[c / 4] |= uint32_t(h & 255u) << (8 * (c % 4));
     m.hi[c / 4] |= uint32_t(h >> 8) << (8 * (c % 4));
   }
-  m.codes = DeviceBuffer<uint32_t>(W.size(), "NF4 codes");
   m.absmax = DeviceBuffer<float>(am.size(), "NF4 absmax");
-  copy_to_device(m.codes.get(), W.data(), W.size() * 4);
   copy_to_device(m.absmax.get(), am.data(), am.size() * 4);
+  // The codes go up as stored (bitsandbytes' bytes, the first element in the high nibble; in is
+  // even, so rows start on a byte) and are laid out in fragment order on the device
+  // (kernels/relayout.cu; relayout_rows is its host reference).
+  m.codes = DeviceBuffer<uint32_t>(fragment_words(out, in, FragmentCodes::nf4), "NF4 codes");
+  upload_relayout({{t.packed.data(), out}}, StoredCodes::nf4_bytes, 4, out, in, nullptr, FragmentCodes::nf4, m.codes.get());
   return L;
 }
 

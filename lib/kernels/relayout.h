@@ -31,7 +31,7 @@ struct FragmentSlot {
   int64_t lane_u4;   // index of (tile, k-step, lane) = ((t * KS + s) * 32 + lane)
   int f, e, hi;
 };
-inline FragmentSlot fragment_slot(int64_t r, int64_t k, int64_t KS) {
+constexpr FragmentSlot fragment_slot(int64_t r, int64_t k, int64_t KS) {
   const int64_t t = r / 16, s = k / 64;
   const int rr = int(r % 16), kk = int(k % 64);
   const int g = rr % 8, c = kk / 16;
@@ -43,7 +43,7 @@ struct FragmentBits {
   size_t word;
   int shift;
 };
-inline FragmentBits fragment_bits(int64_t r, int64_t k, int64_t KS, FragmentCodes codes) {
+constexpr FragmentBits fragment_bits(int64_t r, int64_t k, int64_t KS, FragmentCodes codes) {
   const FragmentSlot fs = fragment_slot(r, k, KS);
   switch (codes) {
     case FragmentCodes::gptq4: return {size_t(fs.lane_u4 * 4 + fs.f), (fs.e % 2 ? 16 : 0) + 4 * (fs.hi + 2 * (fs.e / 2))};
@@ -55,7 +55,7 @@ inline FragmentBits fragment_bits(int64_t r, int64_t k, int64_t KS, FragmentCode
   }
   return {size_t(fs.lane_u4 * 4 + fs.f), 4 * ((fs.e / 2) * 4 + fs.hi * 2 + fs.e % 2)};
 }
-inline int fragment_code_bits(FragmentCodes codes) { return codes == FragmentCodes::gptq8 ? 8 : 4; }
+constexpr int fragment_code_bits(FragmentCodes codes) { return codes == FragmentCodes::gptq8 ? 8 : 4; }
 
 // uint32 words of an N x K matrix in fragment order (whole tiles and k-steps).
 inline size_t fragment_words(int64_t N, int64_t K, FragmentCodes codes) {

@@ -46,6 +46,7 @@
 #include "kernels/a16_dispatch.cuh"
 #include "kernels/a16_grid.h"
 #include "kernels/relayout.h"
+#include "kernels/relayout_cuda.h"
 #include "kernels/w4a16.h"
 
 namespace ptq::cuda {
@@ -121,6 +122,12 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_gptq(const GptqPacked& pk, bool v
 }
 
 std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& q) {
+  if (q.packed.size() != size_t(q.rows * packed_words(q.cols, q.spec.bits)))
+    fail(Errc::usage, q.name, "codes", std::to_string(q.packed.size()) + " words for " + std::to_string(q.rows) + " rows of " + std::to_string(packed_words(q.cols, q.spec.bits)));
+  return from_quantized(q, {{q.packed.data(), q.rows}});
+}
+
+std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& q, const std::vector<StoredRows>& codes) {
   A16Refusal why;
   if (!a16_takes(q, &why)) fail(Errc::usage, q.name, why.field, why.reason);
   // Narrower codes sit in the 4-bit kernel's nibbles (1..4 bits) or the 8-bit kernel's bytes (5..8),
@@ -134,18 +141,9 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& 
   std::vector<int> perm(static_cast<size_t>(K));
   std::iota(perm.begin(), perm.end(), 0);
   std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
-  // Fragment order (kernels/relayout.h), columns in the sorted order.
   const int64_t tiles = (N + 15) / 16;
   bool identity = true;
   for (int64_t k = 0; k < K; ++k) identity = identity && perm[size_t(k)] == int(k);
-  const int64_t nw = packed_words(K, code_bits);
-  const std::vector<uint32_t> W = relayout_rows(N, K, bits == 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8, [&](int64_t r, uint8_t* row) {
-    if (identity) return unpack_stream(q.packed.data() + r * nw, K, code_bits, row);
-    thread_local std::vector<uint8_t> stored;   // the row in the checkpoint's column order
-    stored.resize(size_t(K));
-    unpack_stream(q.packed.data() + r * nw, K, code_bits, stored.data());
-    for (int64_t k = 0; k < K; ++k) row[k] = stored[size_t(perm[size_t(k)])];
-  });
   // Per (row, group): {1024 + z, s}, or {m, s} for a grid with mins (GptqFormat); rows past N: zero weights.
   std::vector<__half2> zs(static_cast<size_t>(tiles * 16 * G), __halves2half2(__float2half_rn(min ? 0.0f : 1024.0f), __float2half_rn(0.0f)));
 #pragma omp parallel for schedule(static) if (N * G > (int64_t(1) << 16))
@@ -158,12 +156,15 @@ std::unique_ptr<W4A16Linear> W4A16Linear::from_quantized(const QuantizedLinear& 
   std::unique_ptr<W4A16Linear> L(new W4A16Linear);
   Impl& m = *L->p_;
   m.N = N; m.K = K; m.groups = G; m.gs = gs; m.bits = bits; m.code_bits = code_bits; m.min = min; m.identity = identity;
-  m.W = DeviceBuffer<uint32_t>(W.size(), "W4A16 codes");
   m.zs = DeviceBuffer<__half2>(zs.size(), "W4A16 zeros and scales");
   m.perm = DeviceBuffer<int>(size_t(K), "W4A16 column permutation");
-  PTQ_CUDA(cudaMemcpy(m.W.get(), W.data(), W.size() * 4, cudaMemcpyHostToDevice));
   PTQ_CUDA(cudaMemcpy(m.zs.get(), zs.data(), zs.size() * 4, cudaMemcpyHostToDevice));
   PTQ_CUDA(cudaMemcpy(m.perm.get(), perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+  // The codes go up as stored and are laid out in fragment order on the device, columns in the
+  // sorted order (kernels/relayout.cu; relayout_rows is its host reference).
+  const FragmentCodes fc = bits == 4 ? FragmentCodes::gptq4 : FragmentCodes::gptq8;
+  m.W = DeviceBuffer<uint32_t>(fragment_words(N, K, fc), "W4A16 codes");
+  upload_relayout(codes, StoredCodes::stream, code_bits, N, K, identity ? nullptr : m.perm.get(), fc, m.W.get());
   return L;
 }
 

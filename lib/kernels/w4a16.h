@@ -4,9 +4,11 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "formats/packed.h"
 #include "kernels/a16_path.h"
+#include "kernels/relayout_cuda.h"
 
 namespace ptq::cuda {
 
@@ -24,6 +26,11 @@ class W4A16Linear {
   // points), and also grids with mins (w = s q + m: GGUF's Q4_1, Q5_1, Q4_K and Q5_K, in groups of
   // 16 columns or more), which run the kernels with s and m in f16 and s q + m by one f16 FMA.
   static std::unique_ptr<W4A16Linear> from_quantized(const QuantizedLinear& q);
+  // The same, its codes given apart as stored (q.packed is not read): parts of q's rows in order,
+  // each as QuantizedLinear::packed holds them or as GPTQ's qweight (StoredRows::by_column). They
+  // go to the device as they are and are laid out there (kernels/relayout.cu): a loader's stacked
+  // Linear (q, k, v) part by part, a GPTQ checkpoint's codes straight from the mapped file.
+  static std::unique_ptr<W4A16Linear> from_quantized(const QuantizedLinear& q, const std::vector<StoredRows>& codes);
   ~W4A16Linear();
   // y [M, out] (f16, device) = x [M, in] (f16, device) · Wᵀ. Tensor cores, weights dequantized in
   // registers: mma.sync with x through L1 up to 32 rows; on sm_90 wgmma for 33..128 rows (and
