@@ -69,9 +69,10 @@ struct GpuLogits::Impl {
   VecF final_norm;
   mutable double seconds = 0;
   // Where the load's time goes (PTQKIT_LOAD_PROFILE=1 prints it): the Linears' tensors read and
-  // decoded to the quantizer's form, stacked (q, k, v; gate, up), laid out for the kernels and
-  // uploaded (16-bit tensors stored as computed: read and uploaded in one copy); the rest is norms,
-  // biases, the lm_head, and W8A8 weights' upload.
+  // decoded to the quantizer's form, stacked (q, k, v; gate, up: the grids, and NF4's codes),
+  // uploaded and laid out for the kernels (the codes on the device: kernels/relayout.cu; 16-bit
+  // tensors stored as computed: read and uploaded in one copy); the rest is norms, biases, the
+  // lm_head, and W8A8 weights' upload.
   std::array<double, 3> load_s{};
   enum LoadStage { read_stage, stack_stage, layout_stage };
   template <class F>
@@ -143,6 +144,20 @@ struct Sources {
     gguf_quantized(*gguf, module + ".weight", head_dim, &q);
     return q;
   }
+  // The same with its codes apart, as they go to the device (*codes): GPTQ's qweight where the
+  // mapped checkpoint holds it; otherwise (compressed-tensors, GGUF) the codes read, moved into *owned.
+  QuantizedLinear read_grid_apart(const std::string& module, std::vector<uint32_t>* owned, StoredRows* codes) const {
+    if (gptq && gptq->maps_qweight()) {
+      const uint8_t* qweight = nullptr;
+      QuantizedLinear q = gptq->read_grids(module, &qweight);
+      *codes = {qweight, q.rows, /*by_column=*/true};
+      return q;
+    }
+    QuantizedLinear q = read_grid(module);
+    *owned = std::move(q.packed);
+    *codes = {owned->data(), q.rows};
+    return q;
+  }
 };
 struct Part {
   std::string name;          // the module, "model.layers.3.self_attn.q_proj"
@@ -172,8 +187,13 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     // before any is read, so none is decoded twice.
     for (const Part& p : parts)
       if (s.grid_type(p.name) != s.grid_type(parts[0].name)) return {};
+    // The grids are read and stacked on the host; the codes go to the device part by part as
+    // stored (from_quantized), never stacked or transposed here.
     std::vector<QuantizedLinear> qs;
-    for (const Part& p : parts) qs.push_back(m.timed(GpuLogits::Impl::read_stage, [&] { return s.read_grid(p.name); }));
+    std::vector<std::vector<uint32_t>> owned(parts.size());
+    std::vector<StoredRows> codes(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i)
+      qs.push_back(m.timed(GpuLogits::Impl::read_stage, [&] { return s.read_grid_apart(parts[i].name, &owned[i], &codes[i]); }));
     QuantizedLinear g;
     if (!m.timed(GpuLogits::Impl::stack_stage, [&] { return concat_rows(qs, &g); })) return {};
     if (g.rows != out || g.cols != in)
@@ -183,7 +203,7 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     // dequantized to f16; describe() says why.
     A16Refusal why;
     if (a16_takes(g, &why)) {
-      m.w4.push_back(m.timed(GpuLogits::Impl::layout_stage, [&] { return W4A16Linear::from_quantized(g); }));
+      m.w4.push_back(m.timed(GpuLogits::Impl::layout_stage, [&] { return W4A16Linear::from_quantized(g, codes); }));
       m.packed_modules += parts.size();
       if (m.w4.back()->has_min()) m.min_modules += parts.size();
       const W4A16Linear* q = m.w4.back().get();

@@ -1,6 +1,7 @@
 #include "formats/gptq.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "core/bits.h"
@@ -22,7 +23,7 @@ GptqDims gptq_dims(const Checkpoint& ck, const std::string& m) {
 
 // The reader of `ptqkit eval` and of the GPU kernels alike (a short qweight once read past its
 // end: found by fuzzing).
-GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits) {
+GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits, bool mapped) {
   GptqPacked p;
   const std::string file = ck.file_of(m + ".qweight");
   if (bits != 2 && bits != 3 && bits != 4 && bits != 8) fail(Errc::format, file, "quantization_config.bits", "must be 2, 3, 4 or 8, got " + std::to_string(bits));
@@ -35,11 +36,20 @@ GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits
   if (p.rows % mult || p.cols % mult || p.groups < 1)
     fail(Errc::format, file, m + ".qweight", std::to_string(bits) + "-bit codes pack into int32 along both dimensions: [" + std::to_string(p.rows) + ", " +
                                                std::to_string(p.cols) + "] needs multiples of " + std::to_string(mult) + " and at least one group");
-  p.qweight = read_raw<int32_t>(ck, m + ".qweight", DType::I32);
+  int64_t qweight_words;
+  if (mapped) {
+    const TensorView t = ck.get(m + ".qweight");
+    if (t.dtype != DType::I32) fail(Errc::format, file, m + ".qweight", "dtype " + std::string(dtype_name(t.dtype)) + ", expected I32");
+    p.qweight_mapped = t.data;
+    qweight_words = int64_t(t.nbytes / 4);
+  } else {
+    p.qweight = read_raw<int32_t>(ck, m + ".qweight", DType::I32);
+    qweight_words = int64_t(p.qweight.size());
+  }
   p.qzeros = read_raw<int32_t>(ck, m + ".qzeros", DType::I32);
   p.scales = read_floats(ck, m + ".scales");
   p.g_idx = read_raw<int32_t>(ck, m + ".g_idx", DType::I32);
-  if (int64_t(p.qweight.size()) != p.cols * bits / 32 * p.rows || int64_t(p.qzeros.size()) != p.groups * (p.rows * bits / 32) ||
+  if (qweight_words != p.cols * bits / 32 * p.rows || int64_t(p.qzeros.size()) != p.groups * (p.rows * bits / 32) ||
       int64_t(p.scales.size()) != p.groups * p.rows)
     fail(Errc::format, file, m + ".qweight", "size does not match scales [" + std::to_string(p.groups) + ", " + std::to_string(p.rows) + "] and g_idx [" +
                                                std::to_string(p.cols) + "]");
@@ -86,14 +96,22 @@ GptqPacked pack_gptq(const QuantizedLinear& q, bool v2) {
   return p;
 }
 
-QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym) {
+QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym, bool codes) {
   QuantizedLinear q = unpacked_shape(p.bits, sym, p.rows, p.cols, p.groups);
   const int64_t nw = p.cols * p.bits / 32, zw = p.rows * p.bits / 32;   // read_gptq_packed: whole words
-  // The transpose of pack_gptq: column r of qweight is row r's words.
-  q.packed.resize(size_t(p.rows * nw));
+  // The transpose of pack_gptq: column r of qweight is row r's words. 16 rows a task: each step
+  // reads 16 consecutive words of a qweight row (one 64-byte line) and gives one to each row.
+  const uint8_t* qw = p.qweight_mapped ? p.qweight_mapped : reinterpret_cast<const uint8_t*>(p.qweight.data());
+  q.packed.resize(codes ? size_t(p.rows * nw) : 0);
 #pragma omp parallel for schedule(static) if (p.rows * nw > (int64_t(1) << 18))
-  for (int64_t r = 0; r < p.rows; ++r)
-    for (int64_t w = 0; w < nw; ++w) q.packed[size_t(r * nw + w)] = uint32_t(p.qweight[size_t(w * p.rows + r)]);
+  for (int64_t r0 = 0; r0 < (codes ? p.rows : 0); r0 += 16) {
+    const int64_t n = std::min<int64_t>(16, p.rows - r0);
+    uint32_t run[16];
+    for (int64_t w = 0; w < nw; ++w) {
+      std::memcpy(run, qw + size_t(w * p.rows + r0) * 4, size_t(n) * 4);   // the mapped file need not align its words
+      for (int64_t i = 0; i < n; ++i) q.packed[size_t((r0 + i) * nw + w)] = run[i];
+    }
+  }
   const uint32_t mask = (1u << p.bits) - 1;
   q.zeros.resize(size_t(p.groups * p.rows));
   for (int64_t g = 0; g < p.groups; ++g)
@@ -175,10 +193,17 @@ GptqReader::GptqReader(const std::string& dir) {
 bool GptqReader::has(const std::string& m) const { return ck_->has(m + (ct_ ? ".weight_packed" : ".qweight")); }
 
 QuantizedLinear GptqReader::read(const std::string& m) const {
-  if (!ct_) return unpack_gptq(read_gptq_packed(*ck_, m, bits_), v2_, /*sym=*/false);   // zeros as stored
+  if (!ct_) return unpack_gptq(read_gptq_packed(*ck_, m, bits_, /*mapped=*/true), v2_, /*sym=*/false);   // zeros as stored
   QuantizedLinear q = unpack_ct(read_ct_packed(*ck_, m, ct_weight_shape(*ck_, m), bits_, group_, sym_), sym_);
   q.name = m;
   return q;
+}
+
+QuantizedLinear GptqReader::read_grids(const std::string& m, const uint8_t** qweight) const {
+  if (ct_) fail(Errc::usage, ck_->file_of(m + ".weight_packed"), m, "compressed-tensors codes are read with the grids (read)");
+  const GptqPacked p = read_gptq_packed(*ck_, m, bits_, /*mapped=*/true);
+  *qweight = p.qweight_mapped;
+  return unpack_gptq(p, v2_, /*sym=*/false, /*codes=*/false);
 }
 
 

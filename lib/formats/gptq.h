@@ -16,16 +16,23 @@
 
 namespace ptq {
 
-struct GptqPacked { std::vector<int32_t> qweight, qzeros, g_idx; std::vector<float> scales; int64_t rows, cols, groups; int bits; };
+struct GptqPacked {
+  std::vector<int32_t> qweight, qzeros, g_idx;
+  std::vector<float> scales;
+  int64_t rows, cols, groups;
+  int bits;
+  const uint8_t* qweight_mapped = nullptr;   // read_gptq_packed(..., mapped): qweight's words where the checkpoint maps them (any alignment); qweight empty
+};
 // From the store's packed rows (QuantizedLinear::packed) by transposing words; from one-byte codes
 // by packing each row first.
 GptqPacked pack_gptq(const QuantizedLinear& q, bool v2);
-QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym);
+QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym, bool codes = true);   // codes false: packed left empty
 void check_gptq_module(const ModulePlan& m, bool v2);
 std::vector<std::string> export_gptq(const ExportJob& job, bool v2);
 // Module m of a checkpoint, every size checked against scales [groups, out] and g_idx [in]
-// before anything is unpacked.
-GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits);
+// before anything is unpacked. mapped: qweight is not copied but read where the checkpoint maps it
+// (qweight_mapped, valid while ck lives), so unpack_gptq reads the file's words once.
+GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits, bool mapped = false);
 struct GptqDims {
   int64_t groups, rows, cols;
 };
@@ -40,6 +47,12 @@ class GptqReader {
   bool v2() const { return v2_; }
   bool has(const std::string& module) const;     // false where the module is stored in float
   QuantizedLinear read(const std::string& module) const;   // every size checked before anything is unpacked
+  // gptq and gptq_v2 (not compressed-tensors, whose codes read() gives): the module with its grids
+  // but not its codes (packed empty), and *qweight where the checkpoint maps GPTQ's qweight
+  // [cols * bits / 32, rows] (row r's stream down column r; any alignment; valid while this reader
+  // lives). The GPU loaders' path: the codes go to the device as stored and are laid out there.
+  bool maps_qweight() const { return !ct_; }
+  QuantizedLinear read_grids(const std::string& module, const uint8_t** qweight) const;
  private:
   std::unique_ptr<Checkpoint> ck_;
   bool v2_ = false, ct_ = false, sym_ = true;
