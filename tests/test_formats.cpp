@@ -162,6 +162,15 @@ TEST_CASE("q/k/v stacked into one Linear: the stacked quantized and NF4 Linears 
     nf4_dequantize(ts[i], n[i], part.data());
     CHECK(std::equal(part.begin(), part.end(), whole.begin() + std::ptrdiff_t(at)));
   }
+  // Codes held apart (the GPU loader's parts): the same absmax, no codes.
+  std::vector<Nf4Tensor> apart = ts;
+  for (auto& t : apart) t.packed.clear();
+  const Nf4Tensor sa = concat_nf4_rows(apart, n);
+  CHECK(sa.packed.empty());
+  CHECK(sa.absmax == st.absmax);
+  apart[1] = ts[1];   // some codes apart and some not: a part's size is checked as before
+  apart[1].packed.pop_back();
+  CHECK_THROWS_AS(concat_nf4_rows(apart, n), Error);
   ts[2] = nf4_quantize(&W[0], 32 * 64, 128, false);
   CHECK_THROWS_AS(concat_nf4_rows(ts, n), Error);
 }

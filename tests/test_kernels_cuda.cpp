@@ -369,6 +369,13 @@ TEST_CASE("gpu: the NF4 kernel equals the reference NF4 GEMM (blocks 64 and 128,
   }
   Nf4Tensor odd = nf4_quantize(std::vector<float>(64 * 96, 0.5f).data(), 64 * 96, 64, false);
   CHECK_THROWS_AS(cuda::Nf4Linear::from_nf4(odd, 64, 96), Error);   // in_features 96: not a multiple of the block
+  // Fewer absmax values than blocks (a malformed checkpoint) are refused, not read past their end.
+  Nf4Tensor few = nf4_quantize(std::vector<float>(64 * 128, 0.5f).data(), 64 * 128, 64, false);
+  few.absmax.pop_back();
+  CHECK_THROWS_AS(cuda::Nf4Linear::from_nf4(few, 64, 128), Error);
+  Nf4Tensor few_nested = nf4_quantize(std::vector<float>(64 * 128, 0.5f).data(), 64 * 128, 64, true);
+  few_nested.absmax_q.pop_back();
+  CHECK_THROWS_AS(cuda::Nf4Linear::from_nf4(few_nested, 64, 128), Error);
 }
 
 namespace {

@@ -257,17 +257,22 @@ LinearFn load_linear(GpuLogits::Impl& m, const Sources& s, const std::vector<Par
     kind = Stored::dense;   // an activation spec over float weights: the 16-bit GEMM
   }
   if (kind == Stored::nf4) {
+    // The absmax values are read and stacked on the host; the codes go to the device part by part
+    // from where the checkpoint maps them (from_nf4).
     std::vector<Nf4Tensor> ts;
     std::vector<int64_t> n;
+    std::vector<StoredRows> codes;
     for (const Part& p : parts) {
       Shape sh;
-      ts.push_back(m.timed(GpuLogits::Impl::read_stage, [&] { return read_nf4(*s.nf4, p.name + ".weight", &sh); }));
+      const uint8_t* mapped = nullptr;
+      ts.push_back(m.timed(GpuLogits::Impl::read_stage, [&] { return read_nf4(*s.nf4, p.name + ".weight", &sh, &mapped); }));
+      codes.push_back({mapped, p.out});
       if (sh != Shape{p.out, in}) fail(Errc::format, s.nf4->file_of(p.name + ".weight"), p.name + ".weight", "NF4 quant_state shape does not match the config");
       if (ts.back().blocksize != ts[0].blocksize) return {};
       n.push_back(p.out * in);
     }
     const Nf4Tensor t = parts.size() == 1 ? std::move(ts[0]) : m.timed(GpuLogits::Impl::stack_stage, [&] { return concat_nf4_rows(ts, n); });
-    m.nf4.push_back(m.timed(GpuLogits::Impl::layout_stage, [&] { return Nf4Linear::from_nf4(t, out, in); }));
+    m.nf4.push_back(m.timed(GpuLogits::Impl::layout_stage, [&] { return Nf4Linear::from_nf4(t, out, in, codes); }));
     m.packed_modules += parts.size();
     const Nf4Linear* q = m.nf4.back().get();
     return [q](const void* x, int64_t rows, float* y, float beta) { q->gemm_f32(x, rows, y, beta); };

@@ -129,9 +129,10 @@ Nf4Tensor concat_nf4_rows(const std::vector<Nf4Tensor>& parts, const std::vector
   if (parts.empty() || parts.size() != n.size()) fail(Errc::usage, "", "concat_nf4_rows", "one element count per part");
   Nf4Tensor t;
   t.blocksize = parts[0].blocksize;
+  const bool apart = std::all_of(parts.begin(), parts.end(), [](const Nf4Tensor& p) { return p.packed.empty(); });
   for (size_t i = 0; i < parts.size(); ++i) {
     const Nf4Tensor& p = parts[i];
-    if (p.blocksize != t.blocksize || n[i] % 2 || n[i] % p.blocksize || int64_t(p.packed.size()) != n[i] / 2)
+    if (p.blocksize != t.blocksize || n[i] % 2 || n[i] % p.blocksize || (int64_t(p.packed.size()) != n[i] / 2 && !apart))
       fail(Errc::usage, "", "concat_nf4_rows", "parts need one block size and whole blocks of an even number of codes");
     t.packed.insert(t.packed.end(), p.packed.begin(), p.packed.end());
     for (int64_t b = 0; b < n[i] / p.blocksize; ++b) t.absmax.push_back(nf4_block_absmax(p, b));
@@ -235,13 +236,22 @@ json nf4_quant_state(const Checkpoint& ck, const std::string& n) {
   }
 }
 
-Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape) {
+Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape, const uint8_t** codes) {
   const json st = nf4_quant_state(ck, n);
   try {
     Nf4Tensor t;
     t.blocksize = st.at("blocksize").get<int>();
     if (shape) *shape = st.at("shape").get<Shape>();
-    t.packed = read_raw<uint8_t>(ck, n, DType::U8);
+    if (codes) {
+      const Shape sh = st.at("shape").get<Shape>();
+      const TensorView v = ck.get(n);
+      if (v.dtype != DType::U8) fail(Errc::format, ck.file_of(n), n, "dtype " + std::string(dtype_name(v.dtype)) + ", expected U8");
+      if (int64_t(v.nbytes) != (numel(sh) + 1) / 2)
+        fail(Errc::format, ck.file_of(n), n, std::to_string(v.nbytes) + " bytes of codes for a quant_state shape of " + std::to_string(numel(sh)) + " elements");
+      *codes = v.data;
+    } else {
+      t.packed = read_raw<uint8_t>(ck, n, DType::U8);
+    }
     t.nested = st.contains("nested_blocksize");
     if (t.nested) {
       t.absmax_q = read_raw<uint8_t>(ck, n + ".absmax", DType::U8);

@@ -34,7 +34,8 @@ void nf4_dequantize(const Nf4Tensor& t, int64_t n, float* out);
 float nf4_block_absmax(const Nf4Tensor& t, int64_t block);   // fp32, double quantization resolved
 // Tensors of whole rows stacked in order (q, k, v -> one Linear): codes concatenated, absmax
 // resolved to fp32 (not nested). Every part needs the same block size and an even count of
-// codes in whole blocks (n_i: part i's elements); Errc::usage otherwise.
+// codes in whole blocks (n_i: part i's elements); Errc::usage otherwise. Parts whose codes are
+// all held apart (packed empty: read_nf4's `codes`) give the absmax alone.
 Nf4Tensor concat_nf4_rows(const std::vector<Nf4Tensor>& parts, const std::vector<int64_t>& n);
 std::vector<float> bnb_dynamic_map();           // bitsandbytes' signed 8-bit dynamic map (256 values, sorted)
 
@@ -44,7 +45,9 @@ std::vector<std::string> export_nf4(const ExportJob& job);
 std::function<bool(const std::string&, MatF*)> nf4_dequantized(const ExportJob& job);
 // The NF4 tensors of weight `name` of a bitsandbytes checkpoint as stored (its quant_state JSON
 // parsed; a malformed one is Errc::format naming it); *shape, if given, gets W's [out, in].
-Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& name, Shape* shape);
+// codes: the codes are not copied into packed (left empty) but *codes points where the checkpoint
+// maps them, their size checked against the shape (valid while ck lives).
+Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& name, Shape* shape, const uint8_t** codes = nullptr);
 // Its quant_state JSON (blocksize, shape, nested_*).
 nlohmann::json nf4_quant_state(const Checkpoint& ck, const std::string& name);
 

@@ -75,11 +75,19 @@ std::unique_ptr<Nf4Linear> Nf4Linear::clone() const {
 }
 
 std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, int64_t in) {
+  if (int64_t(t.packed.size()) != out * in / 2) fail(Errc::usage, "", "packed", "holds " + std::to_string(t.packed.size()) + " bytes, expected " + std::to_string(out * in / 2));
+  return from_nf4(t, out, in, {{t.packed.data(), out}});
+}
+
+std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, int64_t in, const std::vector<StoredRows>& codes) {
   const int B = t.blocksize;
   if (B != 32 && B != 64 && B != 128 && B != 256) fail(Errc::usage, "", "blocksize", "the NF4 kernel takes blocks of 32, 64, 128 or 256, got " + std::to_string(B));
   if (in % 16 || in % B) fail(Errc::usage, "", "in_features", "must be a multiple of 16 and of the block size, got " + std::to_string(in));
-  const int64_t n = out * in, blocks = in / B;
-  if (int64_t(t.packed.size()) != n / 2) fail(Errc::usage, "", "packed", "holds " + std::to_string(t.packed.size()) + " bytes, expected " + std::to_string(n / 2));
+  const int64_t blocks = in / B;
+  const size_t need = size_t(out * blocks);   // absmax values, one a block
+  if ((t.nested ? t.absmax_q.size() : t.absmax.size()) < need || (t.nested && (t.nested_map.size() < 256 || t.nested_blocksize < 1 ||
+                                                                                 t.nested_absmax.size() < (need + size_t(t.nested_blocksize) - 1) / size_t(t.nested_blocksize))))
+    fail(Errc::usage, "", "absmax", "holds fewer values than the " + std::to_string(need) + " blocks of " + std::to_string(out) + " x " + std::to_string(in));
   const int64_t tiles = (out + 15) / 16;
   std::vector<float> am(static_cast<size_t>(tiles * 16 * blocks), 0.0f);
 #pragma omp parallel for schedule(static) if (out * blocks > (int64_t(1) << 16))
@@ -106,7 +114,7 @@ std::unique_ptr<Nf4Linear> Nf4Linear::from_nf4(const Nf4Tensor& t, int64_t out, 
   // even, so rows start on a byte) and are laid out in fragment order on the device
   // (kernels/relayout.cu; relayout_rows is its host reference).
   m.codes = DeviceBuffer<uint32_t>(fragment_words(out, in, FragmentCodes::nf4), "NF4 codes");
-  upload_relayout({{t.packed.data(), out}}, StoredCodes::nf4_bytes, 4, out, in, nullptr, FragmentCodes::nf4, m.codes.get());
+  upload_relayout(codes, StoredCodes::nf4_bytes, 4, out, in, nullptr, FragmentCodes::nf4, m.codes.get());
   return L;
 }
 

@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "formats/nf4.h"
 #include "kernels/a16_path.h"
+#include "kernels/relayout_cuda.h"
 
 namespace ptq::cuda {
 
@@ -15,6 +17,10 @@ class Nf4Linear {
   // block, nested or not). Refuses (Errc::usage) in_features not a multiple of the block size or
   // of 32, and block sizes other than 32, 64, 128 or 256.
   static std::unique_ptr<Nf4Linear> from_nf4(const Nf4Tensor& t, int64_t out, int64_t in);
+  // The same, its codes given apart as stored (t.packed is not read): bitsandbytes' bytes of parts
+  // of W's rows in order (a loader's stacked q, k, v, each part where the checkpoint maps it),
+  // which go to the device as they are and are laid out there (kernels/relayout.cu).
+  static std::unique_ptr<Nf4Linear> from_nf4(const Nf4Tensor& t, int64_t out, int64_t in, const std::vector<StoredRows>& codes);
   ~Nf4Linear();
   // y [M, out] f16 = x [M, in] f16 · Wᵀ (device). The paths of W4A16Linear (kernels/a16_path.h):
   // tensor cores up to 128 rows on sm_90 (256 on large layers; wgmma from 17 rows there), 64 elsewhere; dequantize to f16 +
