@@ -23,7 +23,7 @@ GptqDims gptq_dims(const Checkpoint& ck, const std::string& m) {
 
 // The reader of `ptqkit eval` and of the GPU kernels alike (a short qweight once read past its
 // end: found by fuzzing).
-GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits, bool mapped) {
+GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits) {
   GptqPacked p;
   const std::string file = ck.file_of(m + ".qweight");
   if (bits != 2 && bits != 3 && bits != 4 && bits != 8) fail(Errc::format, file, "quantization_config.bits", "must be 2, 3, 4 or 8, got " + std::to_string(bits));
@@ -36,16 +36,10 @@ GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits
   if (p.rows % mult || p.cols % mult || p.groups < 1)
     fail(Errc::format, file, m + ".qweight", std::to_string(bits) + "-bit codes pack into int32 along both dimensions: [" + std::to_string(p.rows) + ", " +
                                                std::to_string(p.cols) + "] needs multiples of " + std::to_string(mult) + " and at least one group");
-  int64_t qweight_words;
-  if (mapped) {
-    const TensorView t = ck.get(m + ".qweight");
-    if (t.dtype != DType::I32) fail(Errc::format, file, m + ".qweight", "dtype " + std::string(dtype_name(t.dtype)) + ", expected I32");
-    p.qweight_mapped = t.data;
-    qweight_words = int64_t(t.nbytes / 4);
-  } else {
-    p.qweight = read_raw<int32_t>(ck, m + ".qweight", DType::I32);
-    qweight_words = int64_t(p.qweight.size());
-  }
+  const TensorView qw = ck.get(m + ".qweight");   // read where the checkpoint maps it, not copied
+  if (qw.dtype != DType::I32) fail(Errc::format, file, m + ".qweight", "dtype " + std::string(dtype_name(qw.dtype)) + ", expected I32");
+  p.qweight_mapped = qw.data;
+  const int64_t qweight_words = int64_t(qw.nbytes / 4);
   p.qzeros = read_raw<int32_t>(ck, m + ".qzeros", DType::I32);
   p.scales = read_floats(ck, m + ".scales");
   p.g_idx = read_raw<int32_t>(ck, m + ".g_idx", DType::I32);
@@ -193,7 +187,7 @@ GptqReader::GptqReader(const std::string& dir) {
 bool GptqReader::has(const std::string& m) const { return ck_->has(m + (ct_ ? ".weight_packed" : ".qweight")); }
 
 QuantizedLinear GptqReader::read(const std::string& m) const {
-  if (!ct_) return unpack_gptq(read_gptq_packed(*ck_, m, bits_, /*mapped=*/true), v2_, /*sym=*/false);   // zeros as stored
+  if (!ct_) return unpack_gptq(read_gptq_packed(*ck_, m, bits_), v2_, /*sym=*/false);   // zeros as stored
   QuantizedLinear q = unpack_ct(read_ct_packed(*ck_, m, ct_weight_shape(*ck_, m), bits_, group_, sym_), sym_);
   q.name = m;
   return q;
@@ -201,7 +195,7 @@ QuantizedLinear GptqReader::read(const std::string& m) const {
 
 QuantizedLinear GptqReader::read_grids(const std::string& m, const uint8_t** qweight) const {
   if (ct_) fail(Errc::usage, ck_->file_of(m + ".weight_packed"), m, "compressed-tensors codes are read with the grids (read)");
-  const GptqPacked p = read_gptq_packed(*ck_, m, bits_, /*mapped=*/true);
+  const GptqPacked p = read_gptq_packed(*ck_, m, bits_);
   *qweight = p.qweight_mapped;
   return unpack_gptq(p, v2_, /*sym=*/false, /*codes=*/false);
 }

@@ -21,7 +21,7 @@ struct GptqPacked {
   std::vector<float> scales;
   int64_t rows, cols, groups;
   int bits;
-  const uint8_t* qweight_mapped = nullptr;   // read_gptq_packed(..., mapped): qweight's words where the checkpoint maps them (any alignment); qweight empty
+  const uint8_t* qweight_mapped = nullptr;   // read_gptq_packed: qweight's words where the checkpoint maps them (any alignment); qweight empty
 };
 // From the store's packed rows (QuantizedLinear::packed) by transposing words; from one-byte codes
 // by packing each row first.
@@ -30,9 +30,9 @@ QuantizedLinear unpack_gptq(const GptqPacked& p, bool v2, bool sym, bool codes =
 void check_gptq_module(const ModulePlan& m, bool v2);
 std::vector<std::string> export_gptq(const ExportJob& job, bool v2);
 // Module m of a checkpoint, every size checked against scales [groups, out] and g_idx [in]
-// before anything is unpacked. mapped: qweight is not copied but read where the checkpoint maps it
+// before anything is unpacked. qweight is not copied but read where the checkpoint maps it
 // (qweight_mapped, valid while ck lives), so unpack_gptq reads the file's words once.
-GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits, bool mapped = false);
+GptqPacked read_gptq_packed(const Checkpoint& ck, const std::string& m, int bits);
 struct GptqDims {
   int64_t groups, rows, cols;
 };

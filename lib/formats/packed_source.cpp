@@ -111,7 +111,7 @@ class PackedSource final : public WeightSource {
     }
     QuantizedLinear q;
     if (k == Gptq) {
-      q = unpack_gptq(read_gptq_packed(ck_, m, bits_, /*mapped=*/true), v2_, sym_);
+      q = unpack_gptq(read_gptq_packed(ck_, m, bits_), v2_, sym_);
     } else {
       q = unpack_ct(read_ct_packed(ck_, m, s, bits_, group_, sym_), sym_);
     }
