@@ -175,6 +175,63 @@ TEST_CASE("q/k/v stacked into one Linear: the stacked quantized and NF4 Linears 
   CHECK_THROWS_AS(concat_nf4_rows(ts, n), Error);
 }
 
+// A bitsandbytes checkpoint holds ceil(n / blocksize) absmax values for n elements (nested: as
+// many 8-bit codes, ceil(blocks / 256) nested values, a 256-value map). Written by hand with one
+// tensor short at a time, each is refused naming that tensor, before a reader indexes past it.
+TEST_CASE("NF4: a weight whose codes, absmax, nested absmax or map hold fewer values than its quant_state's shape is refused naming the tensor") {
+  ptqtest::TempDir d;
+  const std::string w = "model.layers.0.mlp.down_proj.weight";
+  std::vector<float> x(size_t(4 * 96));   // 384 elements: 6 blocks of 64
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
+  for (bool nested : {false, true}) {
+    const Nf4Tensor t = nf4_quantize(x.data(), int64_t(x.size()), 64, nested);
+    for (const std::string& shortened : {std::string(), w, w + ".absmax", w + ".nested_absmax", w + ".nested_quant_map"}) {
+      if (!nested && (shortened == w + ".nested_absmax" || shortened == w + ".nested_quant_map")) continue;
+      auto part = [&](const std::string& name, DType dt, auto v) {
+        if (name == shortened) v.pop_back();
+        return NamedTensor{name, tensor_of_raw(dt, {int64_t(v.size())}, v)};
+      };
+      json st = {{"quant_type", "nf4"}, {"blocksize", 64}, {"dtype", "float32"}, {"shape", {4, 96}}};
+      std::vector<NamedTensor> ts = {part(w, DType::U8, t.packed)};
+      if (nested) {
+        st["nested_blocksize"] = 256;
+        st["nested_offset"] = t.offset;
+        ts.push_back(part(w + ".absmax", DType::U8, t.absmax_q));
+        ts.push_back(part(w + ".nested_absmax", DType::F32, t.nested_absmax));
+        ts.push_back(part(w + ".nested_quant_map", DType::F32, t.nested_map));
+      } else {
+        ts.push_back(part(w + ".absmax", DType::F32, t.absmax));
+      }
+      const std::string js = st.dump();
+      ts.push_back({w + ".quant_state.bitsandbytes__nf4", tensor_of_raw(DType::U8, {int64_t(js.size())}, std::vector<uint8_t>(js.begin(), js.end()))});
+      std::filesystem::remove_all(d / "m");
+      std::filesystem::create_directories(d / "m");
+      write_safetensors(d / "m/model.safetensors", ts, {{"format", "pt"}});
+      Checkpoint ck(d / "m");
+      INFO((nested ? "nested, " : "plain, ") << "short: " << (shortened.empty() ? "none" : shortened));
+      if (shortened.empty()) {
+        const Nf4Tensor r = read_nf4(ck, w, nullptr);
+        std::vector<float> a(x.size()), b(x.size());
+        nf4_dequantize(r, int64_t(x.size()), a.data());
+        nf4_dequantize(t, int64_t(x.size()), b.data());
+        CHECK(a == b);
+        continue;
+      }
+      try {
+        read_nf4(ck, w, nullptr);
+        FAIL("a short tensor was read");
+      } catch (const Error& e) {
+        CHECK(e.code == Errc::format);
+        CHECK(e.field == shortened);
+        CHECK(e.file.find("model.safetensors") != std::string::npos);
+      }
+      if (shortened == w) continue;   // the codes: the GPU loader maps them and checks their bytes itself
+      const uint8_t* codes = nullptr;
+      CHECK_THROWS_AS(read_nf4(ck, w, nullptr, &codes), Error);
+    }
+  }
+}
+
 TEST_CASE("NF4: nearest code by midpoints, first element in the high nibble, double quantization") {
   CHECK(nf4_index(1.0f) == 15);
   CHECK(nf4_index(-1.0f) == 0);

@@ -236,6 +236,35 @@ json nf4_quant_state(const Checkpoint& ck, const std::string& n) {
   }
 }
 
+namespace {
+// The sizes a bitsandbytes NF4 weight of `count` elements holds: ceil(count / blocksize) absmax
+// values (nested: that many 8-bit codes, ceil(blocks / nested_blocksize) nested absmax values and a
+// 256-value map), (count + 1) / 2 bytes of codes. Every reader indexes them by these counts, so a
+// file that holds fewer is refused here, naming the tensor (Errc::format).
+void check_nf4_sizes(const Checkpoint& ck, const std::string& n, const Nf4Tensor& t, int64_t count, bool codes_apart) {
+  const std::string qs = n + ".quant_state.bitsandbytes__nf4";
+  if (t.blocksize <= 0) fail(Errc::format, ck.file_of(qs), qs, "blocksize " + std::to_string(t.blocksize) + " is not positive");
+  if (count < 0) fail(Errc::format, ck.file_of(qs), qs, "negative shape");
+  const int64_t blocks = (count + t.blocksize - 1) / t.blocksize;
+  auto expect = [&](const std::string& name, size_t have, int64_t want, const std::string& what) {
+    if (int64_t(have) != want)
+      fail(Errc::format, ck.file_of(name), name,
+           std::to_string(have) + " values, expected " + std::to_string(want) + " (" + what + " of the quant_state's " + std::to_string(count) + " elements)");
+  };
+  if (!codes_apart) expect(n, t.packed.size(), (count + 1) / 2, "two codes a byte");
+  const std::string per_block = "one a block of " + std::to_string(t.blocksize);
+  if (!t.nested) {
+    expect(n + ".absmax", t.absmax.size(), blocks, per_block);
+    return;
+  }
+  if (t.nested_blocksize <= 0) fail(Errc::format, ck.file_of(qs), qs, "nested_blocksize " + std::to_string(t.nested_blocksize) + " is not positive");
+  expect(n + ".absmax", t.absmax_q.size(), blocks, per_block);
+  expect(n + ".nested_absmax", t.nested_absmax.size(), (blocks + t.nested_blocksize - 1) / t.nested_blocksize,
+         "one a nested block of " + std::to_string(t.nested_blocksize) + " absmax values");
+  expect(n + ".nested_quant_map", t.nested_map.size(), 256, "the 8-bit map's 256 values");
+}
+}  // namespace
+
 Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape, const uint8_t** codes) {
   const json st = nf4_quant_state(ck, n);
   try {
@@ -262,6 +291,7 @@ Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape, con
     } else {
       t.absmax = read_floats(ck, n + ".absmax");
     }
+    check_nf4_sizes(ck, n, t, numel(st.at("shape").get<Shape>()), codes != nullptr);
     return t;
   } catch (const json::exception& e) {
     const std::string qs = n + ".quant_state.bitsandbytes__nf4";
