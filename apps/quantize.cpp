@@ -58,6 +58,14 @@ int print_plan(const nlohmann::json& p) {
   std::string formats;
   for (const auto& f : p["formats"]) formats += (formats.empty() ? "" : ", ") + f.get<std::string>();
   std::printf("  formats: %s\n", formats.c_str());
+  if (const nlohmann::json& e = p["recipe"]["export"]; e.contains("gguf_output_type")) {
+    auto type = [&](const char* k) { return e[k] == "float" ? m["dtype"].get<std::string>() : e[k].get<std::string>(); };
+    if (m.value("tie_word_embeddings", false))
+      std::printf("  gguf: token_embd.weight %s, the output too (tied embeddings; export.gguf_embedding_type)\n", type("gguf_embedding_type").c_str());
+    else
+      std::printf("  gguf: output.weight %s, token_embd.weight %s (export.gguf_output_type, gguf_embedding_type)\n", type("gguf_output_type").c_str(),
+                  type("gguf_embedding_type").c_str());
+  }
   const nlohmann::json& d = p["disk_min_bytes"];
   std::printf("  disk: at least %s (layer store %s, exports %s", human_bytes(d["store"].get<double>() + d["exports"].get<double>() + d["stats"].get<double>()).c_str(),
               human_bytes(d["store"].get<double>()).c_str(), human_bytes(d["exports"].get<double>()).c_str());

@@ -345,14 +345,15 @@ void check_family(const std::string& family) {
   // bf16 weights as stored (every Linear ignored): llama.cpp against transformers itself; GPTQ as
   // Q8_0, Q4_0, Q4_1 and llama.cpp's Q4_K_M mix (on these 64-wide Linears its fallbacks: Q5_0 and
   // Q8_0; phi3's fused qkv Q5_1): llama.cpp's logits of the GGUF against ptqkit's forward of the
-  // fake export of the same run (the same codes, dequantized and rounded to bf16). Every file is
-  // written first, then llama.cpp reads them all in one process.
+  // fake export of the same run (the same codes, dequantized and rounded to bf16; the GGUF's output
+  // and token embedding kept float, as the fake export keeps them). Every file is written first,
+  // then llama.cpp reads them all in one process.
   quantize(d, "float", d / "m", 64, kFloatLayers, "[gguf, fake]");
-  const std::string by_type = "  method: gptq\n  act_order: true\n";
-  const std::vector<std::tuple<std::string, std::string, std::string>> runs = {{"q8", gptq_g32(8), "[gguf, fake]"},
-                                                                               {"q4", gptq_g32(4), "[gguf, fake]"},
-                                                                               {"q4_1", by_type, "[gguf, fake]\n  gguf_type: Q4_1"},
-                                                                               {"q4_k_m", by_type, "[gguf, fake]\n  gguf_type: Q4_K_M"}};
+  const std::string by_type = "  method: gptq\n  act_order: true\n", both = "[gguf, fake]\n  gguf_output_type: float\n  gguf_embedding_type: float";
+  const std::vector<std::tuple<std::string, std::string, std::string>> runs = {{"q8", gptq_g32(8), both},
+                                                                               {"q4", gptq_g32(4), both},
+                                                                               {"q4_1", by_type, both + "\n  gguf_type: Q4_1"},
+                                                                               {"q4_k_m", by_type, both + "\n  gguf_type: Q4_K_M"}};
   std::vector<std::string> ggufs = {d / "float/gguf/model.gguf"};
   for (const auto& [out, quant, formats] : runs) {
     INFO(out);
@@ -513,9 +514,9 @@ struct QuantizeParams {
   int32_t nthread, ftype, output_tensor_type, token_embedding_type;
   char rest[240];
 };
-// llama.cpp's llama_model_quantize of `in` into `out` as llama_ftype `ftype`, output.weight and
-// token_embd kept F16 (ggml type 1), as ptqkit keeps lm_head and the embeddings.
-void llama_cpp_quantize(const std::string& in, const std::string& out, int ftype) {
+// llama.cpp's llama_model_quantize of `in` into `out` as llama_ftype `ftype`; output.weight and
+// token_embd as its defaults choose them, or kept F16 (ggml type 1) with `beside_f16`.
+void llama_cpp_quantize(const std::string& in, const std::string& out, int ftype, bool beside_f16) {
   void* lib = open_lib(client_lib("libllama.v0.5.0.so"));
   const auto defaults = reinterpret_cast<QuantizeParams (*)()>(dlsym(lib, "llama_model_quantize_default_params"));
   const auto quantize_model = reinterpret_cast<uint32_t (*)(const char*, const char*, const QuantizeParams*)>(dlsym(lib, "llama_model_quantize"));
@@ -524,8 +525,10 @@ void llama_cpp_quantize(const std::string& in, const std::string& out, int ftype
   QuantizeParams p = defaults();
   p.nthread = 2;
   p.ftype = ftype;
-  p.output_tensor_type = 1;
-  p.token_embedding_type = 1;
+  if (beside_f16) {
+    p.output_tensor_type = 1;
+    p.token_embedding_type = 1;
+  }
   REQUIRE(quantize_model(in.c_str(), out.c_str(), &p) == 0);
   dlclose(lib);
 }
@@ -534,6 +537,13 @@ std::map<std::string, int> gguf_types(const std::string& path) {
   std::map<std::string, int> n;
   ptq::GgufFile f(path);
   for (auto& t : f.tensors()) n[ptq::ggml_type_name(t.type)]++;
+  return n;
+}
+// Each tensor's type.
+std::map<std::string, std::string> gguf_tensor_types(const std::string& path) {
+  std::map<std::string, std::string> n;
+  ptq::GgufFile f(path);
+  for (auto& t : f.tensors()) n[t.name] = ptq::ggml_type_name(t.type);
   return n;
 }
 double eval_llama_protocol(const std::string& gguf, const std::string& text, int ctx, int windows, const std::string& json_out) {
@@ -577,7 +587,8 @@ void with_ffn_down_of(const std::string& gguf, const std::string& model, const s
 // llama.cpp's own Q4_K_M of distilled-13m (llama_model_quantize from ptqkit's f16 GGUF of it: its
 // round-to-nearest K-quant search, no importance matrix) against ptqkit's (GPTQ on the same block
 // types, 32 calibration windows, the other Linears left in float so that the calibration sees the
-// float model's inputs). The two files hold the same mix of types. Compared where K-quants apply:
+// float model's inputs). The two files hold the same type tensor for tensor, llama.cpp's output and
+// token embedding types included. Compared where K-quants apply:
 // the float model with its ffn_down taken from each file (Q4_K in four layers, Q6_K in four).
 TEST_CASE("client: on distilled-13m's ffn_down (the Linears K-quants hold) ptqkit's Q4_K_M blocks beat llama.cpp's own Q4_K_M") {
   PTQ_REQUIRE_CLIENT();
@@ -587,9 +598,12 @@ TEST_CASE("client: on distilled-13m's ffn_down (the Linears K-quants hold) ptqki
   std::filesystem::create_directories(d / "llama");   // the tokenizer and config beside llama.cpp's file, as beside ours
   for (auto& e : std::filesystem::directory_iterator(d / "float"))
     if (e.path().extension() != ".gguf") std::filesystem::copy(e.path(), d / "llama" / e.path().filename());
-  llama_cpp_quantize(d / "float/model.gguf", d / "llama/model.gguf", 15);   // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  llama_cpp_quantize(d / "float/model.gguf", d / "llama/model.gguf", 15, false);   // LLAMA_FTYPE_MOSTLY_Q4_K_M, its default output and embedding types
   quantize(d, "mix", model, 512, "  method: gptq\n  act_order: true\n", "gguf\n  gguf_type: Q4_K_M", 32);
-  CHECK(gguf_types(d / "mix/model.gguf") == gguf_types(d / "llama/model.gguf"));
+  CHECK(gguf_tensor_types(d / "mix/model.gguf") == gguf_tensor_types(d / "llama/model.gguf"));
+  // rows of 384 hold no K-quant block: output.weight Q8_0, token_embd.weight Q4_K's fallback Q5_0
+  CHECK(gguf_tensor_types(d / "mix/model.gguf")["output.weight"] == "Q8_0");
+  CHECK(gguf_tensor_types(d / "mix/model.gguf")["token_embd.weight"] == "Q5_0");
   for (auto& [t, n] : gguf_types(d / "mix/model.gguf")) std::cout << t << " " << n << "  ";
   std::cout << "(ptqkit's Q4_K_M and llama.cpp's alike)\n";
   quantize(d, "down", model, 512, "  method: gptq\n  act_order: true\n  ignore: [lm_head, model.embed_tokens, 're:.*self_attn.*', gate_proj, up_proj]\n",
@@ -629,7 +643,7 @@ TEST_CASE("client: the GGUF quality table on the whole evaluation text", "[.qual
       std::filesystem::create_directories(out);
       for (auto& e : std::filesystem::directory_iterator(dir + "/float"))
         if (e.path().extension() != ".gguf") std::filesystem::copy(e.path(), out + "/" + e.path().filename().string());
-      llama_cpp_quantize(dir + "/float/model.gguf", out + "/model.gguf", ftype);
+      llama_cpp_quantize(dir + "/float/model.gguf", out + "/model.gguf", ftype, true);
       std::cout << " | llama.cpp " << name << " " << ppl(out + "/model.gguf") << std::flush;
     }
     for (auto [name, quant] : {std::pair<const char*, const char*>{"Q4_1", "  method: gptq\n  act_order: true\n"},
@@ -638,7 +652,7 @@ TEST_CASE("client: the GGUF quality table on the whole evaluation text", "[.qual
                                {"Q4_K_M", "  method: gptq\n  act_order: true\n  mse: true\n"},
                                {"Q5_K_M", "  method: gptq\n  act_order: true\n"}}) {
       const std::string out = std::string(m.name) + "/ptqkit-" + name + (std::string(quant).find("mse") != std::string::npos ? "-mse" : "");
-      quantize(d, out, model, m.ctx, quant, std::string("gguf\n  gguf_type: ") + name, 128);
+      quantize(d, out, model, m.ctx, quant, std::string("gguf\n  gguf_output_type: float\n  gguf_embedding_type: float\n  gguf_type: ") + name, 128);
       std::cout << " | ptqkit " << out.substr(out.find('/') + 1) << " " << ppl(d / out + "/model.gguf") << std::flush;
     }
     std::cout << " |\n";

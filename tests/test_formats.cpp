@@ -530,6 +530,7 @@ TEST_CASE("llama2xs in every format: configs key by key, and each evaluates like
   r.output = d / "q";
   r.calibration = {a + "/text/tinystories/calib.txt", 64, 256, 0};
   r.formats = {"fake", "gptq", "gptq_v2", "compressed-tensors", "gguf"};
+  r.gguf_output_type = r.gguf_embedding_type = "float";   // the Linears alone differ from float, as in the fake export (the next case rounds these)
   run_quantize(r, {});
   Recipe n = r;
   n.quant.method = "nf4";
@@ -592,6 +593,7 @@ TEST_CASE("llama2xs in every format: configs key by key, and each evaluates like
   CHECK(gg.find("blk.0.attn_q.weight")->type == GgmlType::Q4_0);
   CHECK(gg.find("blk.0.attn_norm.weight")->type == GgmlType::F32);
   CHECK(gg.find("output.weight") == nullptr);   // tied embeddings
+  CHECK(ggml_block_elems(gg.find("token_embd.weight")->type) == 1);
 
   auto tok = load_tokenizer(r.model, 1);
   const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
@@ -607,6 +609,91 @@ TEST_CASE("llama2xs in every format: configs key by key, and each evaluates like
   }
   const double nf4_fake = ppl(d / "n/fake"), nf4 = ppl(d / "n/nf4");
   CHECK(std::abs(nf4 - nf4_fake) <= 1e-5 * nf4_fake);
+}
+
+// llama.cpp's quantizer (src/llama-quant.cpp: llama_tensor_get_type_impl, tensor_type_fallback)
+// gives output.weight Q6_K, or Q8_0 in a Q8_0 file and where the file type's blocks do not divide
+// the row; token_embd.weight the file's type; tied embeddings the output's; each falling back where
+// its blocks do not divide the row (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), F16 where none does.
+// The table is that source's outcome for each input, read off by hand.
+TEST_CASE("GGUF: output.weight and token_embd.weight take the types llama.cpp's quantizer gives them, rounded to nearest on their grid") {
+  struct Row {
+    GgmlType base;
+    int64_t cols;
+    const char *output, *embedding;   // "": stays float
+  };
+  for (const Row& w : {Row{GgmlType::Q4_K, 4096, "Q6_K", "Q4_K"}, Row{GgmlType::Q5_K, 4096, "Q6_K", "Q5_K"}, Row{GgmlType::Q6_K, 4096, "Q6_K", "Q6_K"},
+                       Row{GgmlType::Q4_0, 4096, "Q6_K", "Q4_0"}, Row{GgmlType::Q5_1, 3072, "Q6_K", "Q5_1"}, Row{GgmlType::Q8_0, 4096, "Q8_0", "Q8_0"},
+                       Row{GgmlType::Q4_K, 384, "Q8_0", "Q5_0"}, Row{GgmlType::Q5_K, 384, "Q8_0", "Q5_1"}, Row{GgmlType::Q6_K, 384, "Q8_0", "Q8_0"},
+                       Row{GgmlType::Q4_0, 64, "Q8_0", "Q4_0"}, Row{GgmlType::Q4_0, 48, "", ""}}) {
+    GgmlType t;
+    INFO(ggml_type_name(w.base) << ", rows of " << w.cols);
+    CHECK((gguf_output_type(w.base, w.cols, &t) ? std::string(ggml_type_name(t)) : std::string()) == w.output);
+    CHECK((gguf_embedding_type(w.base, w.cols, &t) ? std::string(ggml_type_name(t)) : std::string()) == w.embedding);
+  }
+
+  // llama2xs (tied embeddings, rows of 64) as Q4_0: its token_embd is the output, Q6_K's 256 do not
+  // divide its rows, so Q8_0. The run's recipe records the resolved types.
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  auto run = [&](const std::string& out, const std::string& beside) {
+    Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn}\nexport: {format: [gguf], gguf_type: Q4_0" + beside + "}\n"), "r.yaml");
+    r.model = a + "/models/llama2xs";
+    r.output = d / out;
+    r.device = "cpu";
+    r.calibration = {"random", 2, 32, 0};
+    return run_quantize(r, {});
+  };
+  const json rep = run("q", "");
+  CHECK(rep["recipe"]["export"]["gguf_output_type"] == "Q8_0");
+  CHECK(rep["recipe"]["export"]["gguf_embedding_type"] == "Q8_0");
+  const GgufFile g(d / "q/model.gguf");
+  const GgufFile::TensorInfo* e = g.find("token_embd.weight");
+  REQUIRE(e != nullptr);
+  REQUIRE(e->type == GgmlType::Q8_0);
+  CHECK(g.find("blk.0.attn_q.weight")->type == GgmlType::Q4_0);
+  CHECK(g.metadata()["general.file_type"] == 2);   // Q4_0: the Linears' type, whatever the embeddings take
+  // Each value within 0.6 of its block's step 2 max|x| / 255 (half a step, and the f16 rounding of
+  // d times codes up to 128), against the stored floats read in float64.
+  const LlamaModel m(a + "/models/llama2xs");
+  const Shape sh = m.weights().shape("model.embed_tokens.weight");
+  std::vector<float> x(size_t(numel(sh))), y(x.size());
+  m.weights().read_f32("model.embed_tokens.weight", x.data());
+  g.read_f32(*e, y.data());
+  size_t changed = 0;
+  for (size_t b = 0; b < x.size(); b += 32) {
+    double amax = 0;
+    for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::abs(double(x[i])));
+    const double step = 2 * amax / 255;
+    for (size_t i = b; i < b + 32; ++i) {
+      INFO("element " << i);
+      CHECK(std::abs(double(y[i]) - double(x[i])) <= 0.6 * step + 1e-12);
+      changed += y[i] != x[i];
+    }
+  }
+  CHECK(changed > x.size() / 2);
+  // float keeps the model's float type; ptqkit's evaluation of the two files within 0.5%.
+  run("f", ", gguf_output_type: float, gguf_embedding_type: float");
+  const GgufFile gf(d / "f/model.gguf");
+  CHECK(ggml_block_elems(gf.find("token_embd.weight")->type) == 1);
+  auto tok = load_tokenizer(a + "/models/llama2xs", 1);
+  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
+  EvalOptions o;
+  o.seq_len = 256;
+  o.max_windows = 40;
+  const double pq = evaluate(*open_model(d / "q"), ids, o).perplexity, pf = evaluate(*open_model(d / "f"), ids, o).perplexity;
+  INFO("Q8_0 embeddings " << pq << ", float " << pf);
+  CHECK(pq != pf);
+  CHECK(std::abs(pq - pf) <= 5e-3 * pf);
+  // A type whose blocks do not divide the rows is refused before calibration, naming the setting.
+  try {
+    run("x", ", gguf_output_type: Q4_K");
+    FAIL("Q4_K on rows of 64 was written");
+  } catch (const Error& err) {
+    CHECK(err.field == "export.gguf_output_type");
+    CHECK(err.message.find("hidden_size") != std::string::npos);
+  }
 }
 
 TEST_CASE("a malformed GGUF file is refused naming the field") {

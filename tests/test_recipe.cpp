@@ -106,6 +106,14 @@ TEST_CASE("recipe: export.gguf_type names llama.cpp's type (or mix) and sets the
   const Recipe o = parse_recipe(YAML::Load("quantization:\n  overrides:\n    down_proj: {gguf_type: Q6_K}\nexport:\n  format: gguf\n  gguf_type: Q4_K\n"), "r.yaml");
   CHECK(o.spec_for("model.layers.0.mlp.down_proj").form == GridForm::k_sym);
   CHECK(o.spec_for("model.layers.0.mlp.up_proj").form == GridForm::k_min);
+  // output.weight's and token_embd.weight's types: auto (the default), float or a block type
+  CHECK(k.gguf_output_type == "auto");
+  CHECK(k.gguf_embedding_type == "auto");
+  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_output_type: Q6_K\n  gguf_embedding_type: float\n").empty());
+  CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_output_type: F16\n") ==
+        "r.yaml: export.gguf_output_type: 'F16' is not auto, float or a block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+  CHECK(error_of(q4 + "export:\n  format: gptq\n  gguf_embedding_type: float\n") ==
+        "r.yaml: export.gguf_embedding_type: applies to the gguf format, which export.format does not list");
   CHECK(error_of("quantization:\n  overrides:\n    down_proj: {gguf_type: Q4_K_M}\nexport:\n  format: gguf\n").find(
             "quantization.overrides.down_proj.gguf_type: unknown GGUF type 'Q4_K_M'") != std::string::npos);
   CHECK(error_of("quantization:\n  overrides:\n    down_proj: {gguf_type: Q6_K}\nexport:\n  format: fake\n") ==

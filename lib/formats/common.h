@@ -4,11 +4,13 @@
 #pragma once
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "formats/ggml_blocks.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "quant/qstore.h"
@@ -26,6 +28,10 @@ struct ExportJob {
   DType nf4_compute_dtype = DType::F16;
   std::vector<std::string> nf4_modules;  // the Linears to store as NF4
   const VocabInfo* vocab = nullptr;      // the model's vocabulary where the caller has it (GGUF); else read from the model folder
+  // GGUF: the block types of output.weight and token_embd.weight, rounded to nearest on the type's
+  // grid (with the clipping search where gguf_mse); none: the model's float type
+  std::optional<GgmlType> gguf_output, gguf_embedding;
+  bool gguf_mse = false;
 };
 
 // What will be written for each Linear of the decoder layers.

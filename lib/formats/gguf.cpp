@@ -214,6 +214,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     std::vector<std::string> parts;
     int64_t rows = 0, cols = 0;   // of one part
     std::vector<float> values;    // a tensor the writer computes (rope_freqs), f32
+    bool rounded = false;         // output / token_embd in a block type: rounded to nearest here
   };
   std::vector<T> plan;
   std::map<std::string, size_t> at;   // GGUF name -> plan index
@@ -229,7 +230,12 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
     GgmlType type = vec || router ? GgmlType::F32 : ftype;
     QuantStore::Info info;
     const std::string m = n.substr(0, n.rfind('.'));
-    if (!vec && job.store && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 && job.store->info(m, &info)) {
+    const std::optional<GgmlType> beside = gg == "output.weight" ? job.gguf_output : gg == "token_embd.weight" ? job.gguf_embedding : std::nullopt;
+    if (beside) {
+      if (s.back() % ggml_block_elems(*beside))
+        fail(Errc::usage, src.file_of(n), n, std::string("gguf: ") + ggml_type_name(*beside) + " blocks do not divide its rows of " + std::to_string(s.back()));
+      type = *beside;
+    } else if (!vec && job.store && n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 && job.store->info(m, &info)) {
       check_format("gguf", c, {{m, info.rows, info.cols, info.spec, true}});
       gguf_type_of(info.spec, &type);
       n_quant[type]++;
@@ -242,7 +248,7 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
       t.ne[2] = int64_t(t.parts.size());
       continue;
     }
-    T t{gg, type, {}, {n}, vec ? 1 : s[0], s.back(), {}};
+    T t{gg, type, {}, {n}, vec ? 1 : s[0], s.back(), {}, beside.has_value()};
     t.ne = vec ? std::vector<int64_t>{s[0]} : std::vector<int64_t>{s.back(), s[0]};
     if (expert_of(n) >= 0) {
       if (expert_of(n) != 0) fail(Errc::usage, src.file_of(n), n, "gguf: the experts of " + gg + " must start at expert 0");
@@ -351,18 +357,40 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
         const size_t at = data.size(), row_bytes = size_t(type_size(t.type, t.cols));
         data.resize(at + size_t(t.rows) * row_bytes);
         char* dst = data.data() + at;
-        if (ggml_block_elems(t.type) > 1) {
-          const QuantizedLinear& q = *job.store->get(hf.substr(0, hf.size() - 7));
+        // GGUF rows [first, first + n) as blocks of q's rows q_row(i), i < n.
+        auto encode_rows = [&](const QuantizedLinear& q, int64_t first, int64_t n, auto&& q_row) {
           const int be = ggml_block_elems(t.type), bb = ggml_block_bytes(t.type);
           const int64_t nw = packed_words(q.cols, q.spec.bits);
-          parallel_for(t.rows, [&](int64_t gr) {
+          parallel_for(n, [&](int64_t i) {
             thread_local std::vector<uint8_t> code;   // the row's codes, one byte each
             code.resize(size_t(t.cols));
-            const int64_t r = row_of(gr);
+            const int64_t r = q_row(i);
             unpack_stream(q.packed.data() + r * nw, t.cols, q.spec.bits, code.data());
             for (int64_t b = 0; b < t.cols / be; ++b)
-              encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data() + b * be, dst + size_t(gr) * row_bytes + size_t(b * bb));
+              encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data() + b * be, dst + size_t(first + i) * row_bytes + size_t(b * bb));
           });
+        };
+        if (t.rounded) {
+          // output / token_embd: rounded to nearest on the type's grid (each row's groups apart,
+          // so chunk by chunk of rows gives the bytes of the whole at once)
+          QuantSpec spec;
+          spec.method = "rtn";
+          spec.mse = job.gguf_mse;
+          spec.scale_dtype = DType::F16;
+          apply_gguf_type(ggml_type_name(t.type), spec);
+          constexpr int64_t kChunk = 1024;
+          std::vector<int32_t> rows;
+          MatF W;
+          for (int64_t r0 = 0; r0 < t.rows; r0 += kChunk) {
+            const int64_t n = std::min(kChunk, t.rows - r0);
+            rows.resize(size_t(n));
+            for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = int32_t(r0 + i);
+            W.resize(n, t.cols);
+            job.model->weights().read_rows_f32(hf, rows, W.data());
+            encode_rows(rtn_quantize(W, spec), r0, n, [](int64_t i) { return i; });
+          }
+        } else if (ggml_block_elems(t.type) > 1) {
+          encode_rows(*job.store->get(hf.substr(0, hf.size() - 7)), 0, t.rows, row_of);
         } else {
           // A float tensor stored as the GGUF type (f16 or bf16 into the same, f32 into F32) is
           // copied row by row; any other is converted through f32, as the type's rounding.
@@ -653,6 +681,29 @@ bool gguf_quantized(const GgufFile& f, const std::string& n, int hd, QuantizedLi
   *out = std::move(q);
   return true;
 }
+
+GgmlType gguf_fallback_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return GgmlType::Q5_0;
+    case GgmlType::Q5_K: return GgmlType::Q5_1;
+    case GgmlType::Q6_K: return GgmlType::Q8_0;
+    default: return t;
+  }
+}
+
+namespace {
+bool fitted(GgmlType want, int64_t cols, GgmlType* t) {
+  if (cols % ggml_block_elems(want)) want = gguf_fallback_type(want);
+  if (cols % ggml_block_elems(want)) return false;
+  *t = want;
+  return true;
+}
+}  // namespace
+
+bool gguf_output_type(GgmlType base, int64_t cols, GgmlType* t) {
+  return fitted(base == GgmlType::Q8_0 || cols % ggml_block_elems(base) ? GgmlType::Q8_0 : GgmlType::Q6_K, cols, t);
+}
+bool gguf_embedding_type(GgmlType base, int64_t cols, GgmlType* t) { return fitted(base, cols, t); }
 
 bool gguf_type_of(const QuantSpec& s, GgmlType* t, std::string* why) {
   auto no = [&](const std::string& w) { if (why) *why = w; return false; };

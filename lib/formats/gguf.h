@@ -39,6 +39,19 @@ bool gguf_type_of(const QuantSpec& s, GgmlType* t, std::string* why = nullptr);
 // its static groups; the K types always have them). "" if name is a type; else why not.
 std::string apply_gguf_type(const std::string& name, QuantSpec& s);
 
+// llama.cpp's fallback for a K type on rows its 256 elements do not divide (its quantizer's
+// tensor_type_fallback): Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; the type itself for the others.
+GgmlType gguf_fallback_type(GgmlType t);
+// The types llama.cpp's quantizer (src/llama-quant.cpp) gives the two tensors beside the Linears
+// in a file of type `base` (the type of its mix: Q4_K for Q4_K_M), rows of `cols` elements:
+// - output.weight, and token_embd.weight where the embeddings are tied (it is the output then):
+//   Q6_K; Q8_0 where base is Q8_0 or base's blocks do not divide the row;
+// - token_embd.weight: base.
+// Either then falls back as gguf_fallback_type where its blocks do not divide the row; false where
+// no block does (the tensor stays in the model's float type, as llama.cpp's F16 fallback).
+bool gguf_output_type(GgmlType base, int64_t cols, GgmlType* t);
+bool gguf_embedding_type(GgmlType base, int64_t cols, GgmlType* t);
+
 // The plan checks (common.h's check_format): a module's spec must be a block type's grid, the
 // model one the writer covers.
 void check_gguf_module(const ModulePlan& m);

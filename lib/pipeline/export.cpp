@@ -44,6 +44,13 @@ json export_formats(const Recipe& r, const LlamaModel& model, const QuantStore& 
   job.true_sequential = r.true_sequential;
   job.nf4_blocksize = r.nf4_blocksize;
   job.nf4_double_quant = r.nf4_double_quant;
+  auto block_type = [](const std::string& v) -> std::optional<GgmlType> {   // (pipeline.cpp's plan_gguf_beside has resolved "auto")
+    GgmlType t;
+    return parse_ggml_type(v.c_str(), &t) ? std::optional<GgmlType>(t) : std::nullopt;
+  };
+  job.gguf_output = block_type(r.gguf_output_type);
+  job.gguf_embedding = block_type(r.gguf_embedding_type);
+  job.gguf_mse = r.quant.mse;
   for (auto& m : known)
     if (nf4 && layer_of(m) >= 0 && !r.ignored(m)) {
       job.nf4_modules.push_back(m);

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <optional>
 
 #include "calib/calibration.h"
 #include "core/build_info.h"
@@ -139,6 +140,40 @@ std::vector<std::string> keep_in_float(Run& R, const std::function<std::string(c
 // every third between).
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
+// GGUF: the types of output.weight and token_embd.weight (export.gguf_output_type /
+// gguf_embedding_type), "auto" resolved in the run's recipe as llama.cpp's quantizer chooses them
+// (formats/gguf.h) for the file's type: export.gguf_type's (a mix's K type), else the type the
+// quantization settings map to. Float where no Linear is quantized or no type holds the settings.
+// With tied embeddings token_embd is the output and takes its type. An explicit type must hold the
+// rows (hidden_size) in whole blocks.
+void plan_gguf_beside(Run& R, bool gguf_only) {
+  Recipe& r = R.r;
+  const int64_t cols = R.c().hidden_size;
+  std::optional<GgmlType> base;
+  GgmlType t;
+  if (!R.gguf_specs.empty()) {
+    std::string name = r.gguf_type;
+    if (name == "Q4_K_M" || name == "Q5_K_M") name.resize(4);
+    QuantSpec s = r.quant;
+    if (gguf_only && s.form == GridForm::integer_zero && !s.sym && s.group_size == 32 && (s.bits == 4 || s.bits == 5)) apply_gguf_type(s.bits == 4 ? "Q4_1" : "Q5_1", s);
+    if (name.empty() ? gguf_type_of(s, &t) : parse_ggml_type(name.c_str(), &t)) base = t;
+  }
+  auto resolve = [&](std::string& v, const char* field, bool output) {
+    if (v == "float") return;
+    if (v == "auto") {
+      v = base && (output ? gguf_output_type(*base, cols, &t) : gguf_embedding_type(*base, cols, &t)) ? ggml_type_name(t) : "float";
+      return;
+    }
+    if (!parse_ggml_type(v.c_str(), &t)) fail(Errc::usage, r.source, field, "unknown type '" + v + "'");
+    if (cols % ggml_block_elems(t))
+      fail(Errc::usage, r.source, field, v + "'s blocks of " + std::to_string(ggml_block_elems(t)) + " do not divide the model's rows of " + std::to_string(cols) +
+                                             " (hidden_size): auto, float or another type");
+  };
+  resolve(r.gguf_output_type, "export.gguf_output_type", true);
+  if (R.c().tie_word_embeddings && r.gguf_embedding_type == "auto") r.gguf_embedding_type = r.gguf_output_type;
+  resolve(r.gguf_embedding_type, "export.gguf_embedding_type", false);
+}
+
 // GGUF: each Linear's block type, as its spec on that type's grid (R.gguf_specs).
 // - export.gguf_type Q4_K_M / Q5_K_M: Q4_K / Q5_K, and Q6_K for v_proj and down_proj in the layers
 //   use_more_bits picks (llama.cpp's attn_v / ffn_down rule; phi3's fused qkv takes Q5_K / Q6_K).
@@ -171,7 +206,7 @@ void plan_gguf_types(Run& R, bool gguf_only) {
       if (groups_per_super(s.form) && in % 256) {
         GgmlType from;
         gguf_type_of(s, &from);
-        const char* to = from == GgmlType::Q4_K ? "Q5_0" : from == GgmlType::Q5_K ? "Q5_1" : "Q8_0";
+        const char* to = ggml_type_name(gguf_fallback_type(from));
         R.gguf_type_fallback.push_back({{"module", m}, {"in_features", in}, {"type", ggml_type_name(from)}, {"written_as", to}});
         apply_gguf_type(to, s);
         ++fell;
@@ -182,6 +217,7 @@ void plan_gguf_types(Run& R, bool gguf_only) {
   if (fell)
     warn("gguf: " + std::to_string(fell) + " Linears have an input width that is not a multiple of the K-quants' 256 (e.g. " + example +
          "); they are written as llama.cpp's quantizer writes them (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; report.json's gguf_type_fallback)");
+  plan_gguf_beside(R, gguf_only);
 }
 
 
@@ -308,10 +344,16 @@ DiskNeed disk_need(const Run& R, bool saving_stats, bool resuming) {
       }
     }
   }
-  const int64_t embeddings = int64_t(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2);
+  const int64_t table = int64_t(c.vocab_size) * c.hidden_size, embeddings = table * (c.tie_word_embeddings ? 1 : 2);
+  auto gguf_table = [&](const std::string& type) {   // a GGUF's output or token embedding (plan_gguf_beside's type)
+    QuantSpec s;
+    return apply_gguf_type(type, s).empty() ? (table * s.bits + 7) / 8 : table * flt;
+  };
+  const int64_t gguf_embeddings = gguf_table(R.r.gguf_embedding_type) + (c.tie_word_embeddings ? 0 : gguf_table(R.r.gguf_output_type));
   DiskNeed d;
   if (!R.nf4 && !resuming) d.store = packed;   // (NF4 is written from the source at export)
-  for (const std::string& f : R.r.formats) d.exports += f == "fake" ? dense + embeddings * src : packed + kept + embeddings * flt;
+  for (const std::string& f : R.r.formats)
+    d.exports += f == "fake" ? dense + embeddings * src : packed + kept + (f == "gguf" ? gguf_embeddings : embeddings * flt);
   if (saving_stats && !resuming) d.stats = hessians;
   return d;
 }
@@ -862,7 +904,7 @@ json plan_run(Run& R) {
   for (auto& [w, g] : groups) quantized.push_back(g);
   json plan = {{"dry_run", true},
                {"model", {{"path", R.r.model}, {"model_type", c.model_type}, {"layers", c.num_hidden_layers}, {"hidden_size", c.hidden_size},
-                          {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
+                          {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}, {"tie_word_embeddings", c.tie_word_embeddings}}},
                {"output", R.r.output},
                {"device", R.dev.description},
                {"gpus", R.r.gpus},

@@ -44,7 +44,8 @@ const Schema kQuantSchema = [] {
   return s;
 }();
 const Schema kExportSchema = {{"format", {Ty::StrOrList}}, {"max_shard_mb", {Ty::Int}}, {"nf4_blocksize", {Ty::Int}},
-                               {"nf4_double_quant", {Ty::Bool}}, {"gguf_type", {Ty::Str}}};
+                               {"nf4_double_quant", {Ty::Bool}}, {"gguf_type", {Ty::Str}},      {"gguf_output_type", {Ty::Str}},
+                               {"gguf_embedding_type", {Ty::Str}}};
 const Schema kMoeSchema = {{"calibrate_all_experts", {Ty::Bool}}};
 const Schema kRootSchema = {{"model", {Ty::Str}},
                             {"moe", {Ty::Map, &kMoeSchema}},
@@ -322,6 +323,8 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
     if (e["nf4_blocksize"]) r.nf4_blocksize = e["nf4_blocksize"].as<int>();
     if (e["nf4_double_quant"]) r.nf4_double_quant = e["nf4_double_quant"].as<bool>();
     if (e["gguf_type"]) r.gguf_type = e["gguf_type"].as<std::string>();
+    if (e["gguf_output_type"]) r.gguf_output_type = e["gguf_output_type"].as<std::string>();
+    if (e["gguf_embedding_type"]) r.gguf_embedding_type = e["gguf_embedding_type"].as<std::string>();
     if (r.max_shard_mb < 1) fail(Errc::usage, file, "export.max_shard_mb", "must be positive");
   }
   for (auto& f : r.formats)
@@ -345,6 +348,13 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
     if (std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end())
       fail(Errc::usage, file, "export.gguf_type", "applies to the gguf format, which export.format does not list");
     apply_gguf_type_checked(r.gguf_type, q, r.quant, file, "export.gguf_type", true);
+  }
+  for (auto [field, v] : {std::pair<const char*, const std::string*>{"export.gguf_output_type", &r.gguf_output_type}, {"export.gguf_embedding_type", &r.gguf_embedding_type}}) {
+    GgmlType t;
+    if (*v != "auto" && *v != "float" && !parse_ggml_type(v->c_str(), &t))
+      fail(Errc::usage, file, field, "'" + *v + "' is not auto, float or a block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+    if (*v != "auto" && std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end())
+      fail(Errc::usage, file, field, "applies to the gguf format, which export.format does not list");
   }
   for (auto& [p, n] : r.overrides)
     if (n["gguf_type"] && std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end())
@@ -407,6 +417,10 @@ YAML::Node Recipe::to_yaml() const {
   n["export"]["nf4_blocksize"] = nf4_blocksize;
   n["export"]["nf4_double_quant"] = nf4_double_quant;
   if (!gguf_type.empty()) n["export"]["gguf_type"] = gguf_type;
+  if (std::find(formats.begin(), formats.end(), "gguf") != formats.end()) {   // (other runs' recipes keep their bytes)
+    n["export"]["gguf_output_type"] = gguf_output_type;
+    n["export"]["gguf_embedding_type"] = gguf_embedding_type;
+  }
   return n;
 }
 

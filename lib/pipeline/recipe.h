@@ -39,6 +39,11 @@ struct Recipe {
   // export.gguf_type: a block type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) or llama.cpp's
   // mix Q4_K_M / Q5_K_M; "": the type the quantization settings map to
   std::string gguf_type;
+  // export.gguf_output_type / gguf_embedding_type: the types of output.weight and token_embd.weight
+  // in a GGUF file: auto (llama.cpp's quantizer's choice for the file's type, pipeline.cpp's
+  // plan_gguf_beside, which writes the resolved type into the run's recipe), float (the model's
+  // float type), or a block type (rounded to nearest on its grid)
+  std::string gguf_output_type = "auto", gguf_embedding_type = "auto";
   int nf4_blocksize = 64;
   bool nf4_double_quant = false;
   // SmoothQuant and W8A8 (int8 activations)
