@@ -547,7 +547,12 @@ void decode(const GgufFile::TensorInfo& t, int64_t first, int64_t n, float* out)
 void GgufFile::read_f32(const TensorInfo& t, float* out) const {
   int64_t n = 1;
   for (auto d : t.ne) n *= d;
-  decode(t, 0, n, out);
+  // by rows on the threads (a row holds whole blocks): a 7B model's Q6_K output alone is 131 M values
+  const int64_t cols = t.ne.empty() ? 1 : t.ne[0], rows = cols ? n / cols : 0, per = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols, 1));
+  parallel_for((rows + per - 1) / per, [&](int64_t i) {
+    const int64_t r0 = i * per, r1 = std::min(rows, r0 + per);
+    decode(t, r0 * cols, (r1 - r0) * cols, out + r0 * cols);
+  });
 }
 
 void GgufFile::read_rows_f32(const TensorInfo& t, const std::vector<int32_t>& rows, float* out) const {
