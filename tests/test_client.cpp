@@ -344,7 +344,7 @@ void check_family(const std::string& family) {
   const std::vector<float>& golden = g.logits;
   // bf16 weights as stored (every Linear ignored): llama.cpp against transformers itself; GPTQ as
   // Q8_0, Q4_0, Q4_1 and llama.cpp's Q4_K_M mix (on these 64-wide Linears its fallbacks: Q5_0 and
-  // Q8_0; phi3's fused qkv Q5_1): llama.cpp's logits of the GGUF against ptqkit's forward of the
+  // Q8_0; phi3's fused qkv, llama.cpp's attn_v, Q5_0 and Q8_0): llama.cpp's logits of the GGUF against ptqkit's forward of the
   // fake export of the same run (the same codes, dequantized and rounded to bf16; the GGUF's output
   // and token embedding kept float, as the fake export keeps them). Every file is written first,
   // then llama.cpp reads them all in one process.
@@ -619,6 +619,56 @@ TEST_CASE("client: on distilled-13m's ffn_down (the Linears K-quants hold) ptqki
   std::cout << "distilled-13m, ffn_down from each Q4_K_M file, " << (windows > 0 ? std::to_string(windows) : "all") << " windows of 512, llama-perplexity's protocol: float " << f
             << ", llama.cpp " << theirs << " (+" << 100 * (theirs / f - 1) << "%), ptqkit " << ours << " (+" << 100 * (ours / f - 1) << "%)\n";
   CHECK(ours < theirs);
+}
+
+// llama.cpp's quantizer picks each tensor's type of a mix by its role, layer, width, expert count
+// and model size (src/llama-quant.cpp). ptqkit's Q4_K_M and Q5_K_M (round to nearest, the types
+// its plan picks) against llama_model_quantize of ptqkit's float GGUF of the same model, with its
+// defaults, tensor for tensor: every shared family (tied and untied embeddings, GQA, phi3's fused
+// Linears, MoE), an 8-expert MoE (llama.cpp's rules for 8 experts) and an 80-layer GQA llama
+// (its 70B rule). Rows of 64 and 128 fall back from K types as llama.cpp's quantizer does. Q4_0
+// too (llama.cpp's Q4_0 file type: the output Q6_K, and its 8-expert rule). One difference is
+// allowed: a Linear no block holds (tiny-qwen3-moe's 48-wide expert downs) llama.cpp converts to
+// F16, ptqkit keeps in the model's float type (bf16 there: no range lost).
+TEST_CASE("client: ptqkit's Q4_K_M, Q5_K_M and Q4_0 hold llama.cpp's quantizer's type for every tensor: every family, 8 experts, 80 layers") {
+  PTQ_REQUIRE_CLIENT();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets();
+  std::vector<std::pair<std::string, std::string>> models;   // name, folder (with a tokenizer)
+  for (const char* f : {"qwen3", "mixtral", "qwen3-moe", "phi3"}) {
+    const std::string m = d / (std::string("tiny-") + f);
+    std::filesystem::create_directories(m);
+    for (const char* x : {"config.json", "generation_config.json", "model.safetensors"})
+      std::filesystem::create_symlink(A + "/models/tiny-" + f + "/" + x, m + "/" + x);
+    ptq::write_file_atomic(m + "/tokenizer.json", ptq::byte_level_tokenizer_json());
+    models.push_back({std::string("tiny-") + f, m});
+  }
+  models.push_back({"llama2xs", A + "/models/llama2xs"});
+  models.push_back({"distilled-13m", A + "/models/distilled-13m"});
+  for (auto [name, synth] : {std::pair<const char*, const char*>{"moe-8-experts", "--preset tiny-moe"}, {"llama-80-layers", "--preset tiny --layers 80"}}) {
+    const auto r = run_ptqkit(std::string("-q synth ") + synth + " --output " + d / name);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    models.push_back({name, d / name});
+  }
+  for (const auto& [name, model] : models) {
+    quantize(d, name + "-float", model, 32, kFloatLayers, "gguf", 2);
+    for (auto [mix, ftype] : {std::pair<const char*, int>{"Q4_K_M", 15}, {"Q5_K_M", 17}, {"Q4_0", 2}}) {
+      INFO(name << " " << mix);
+      const std::string theirs = d / (name + "-llama-" + mix + ".gguf"), ours = name + "-" + mix;
+      llama_cpp_quantize(d / (name + "-float/model.gguf"), theirs, ftype, false);
+      quantize(d, ours, model, 32, "  method: rtn\n", std::string("gguf\n  gguf_type: ") + mix, 2);
+      const auto a = gguf_tensor_types(d / (ours + "/model.gguf")), b = gguf_tensor_types(theirs);
+      std::string differ;
+      auto is_float = [](const std::string& ty) { return ty == "F16" || ty == "BF16" || ty == "F32"; };
+      for (const auto& [t, ty] : b)
+        if (!a.count(t) || (a.at(t) != ty && !(is_float(ty) && is_float(a.at(t)))))
+          differ += "  " + t + ": llama.cpp " + ty + ", ptqkit " + (a.count(t) ? a.at(t) : "none") + "\n";
+      INFO("tensors whose types differ:\n" << differ);
+      CHECK(a.size() == b.size());
+      CHECK(differ.empty());
+    }
+  }
 }
 
 // The GGUF quality table of docs/benchmarks.md, on the whole evaluation text under llama-

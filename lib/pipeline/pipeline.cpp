@@ -140,24 +140,33 @@ std::vector<std::string> keep_in_float(Run& R, const std::function<std::string(c
 // every third between).
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
+// A GGUF-only run solves asymmetric 4- or 5-bit groups of 32 on Q4_1's / Q5_1's grid.
+void gguf_only_grid(QuantSpec& s) {
+  if (s.form == GridForm::integer_zero && !s.sym && s.group_size == 32 && (s.bits == 4 || s.bits == 5)) apply_gguf_type(s.bits == 4 ? "Q4_1" : "Q5_1", s);
+}
+
+// The file's type, llama.cpp's "ftype" (the default type of its mix): export.gguf_type's (Q4_K for
+// Q4_K_M), else the type the quantization settings map to (none where no type holds them).
+std::optional<GgmlType> gguf_file_type(const Recipe& r, bool gguf_only) {
+  std::string name = r.gguf_type;
+  if (name == "Q4_K_M" || name == "Q5_K_M") name.resize(4);
+  QuantSpec s = r.quant;
+  if (gguf_only) gguf_only_grid(s);
+  GgmlType t;
+  if (name.empty() ? gguf_type_of(s, &t) : parse_ggml_type(name.c_str(), &t)) return t;
+  return std::nullopt;
+}
+
 // GGUF: the types of output.weight and token_embd.weight (export.gguf_output_type /
 // gguf_embedding_type), "auto" resolved in the run's recipe as llama.cpp's quantizer chooses them
-// (formats/gguf.h) for the file's type: export.gguf_type's (a mix's K type), else the type the
-// quantization settings map to. Float where no Linear is quantized or no type holds the settings.
-// With tied embeddings token_embd is the output and takes its type. An explicit type must hold the
-// rows (hidden_size) in whole blocks.
+// (formats/gguf.h) for the file's type. Float where no Linear is quantized or no type holds the
+// settings. With tied embeddings token_embd is the output and takes its type. An explicit type must
+// hold the rows (hidden_size) in whole blocks.
 void plan_gguf_beside(Run& R, bool gguf_only) {
   Recipe& r = R.r;
   const int64_t cols = R.c().hidden_size;
-  std::optional<GgmlType> base;
+  const std::optional<GgmlType> base = R.gguf_specs.empty() ? std::nullopt : gguf_file_type(r, gguf_only);
   GgmlType t;
-  if (!R.gguf_specs.empty()) {
-    std::string name = r.gguf_type;
-    if (name == "Q4_K_M" || name == "Q5_K_M") name.resize(4);
-    QuantSpec s = r.quant;
-    if (gguf_only && s.form == GridForm::integer_zero && !s.sym && s.group_size == 32 && (s.bits == 4 || s.bits == 5)) apply_gguf_type(s.bits == 4 ? "Q4_1" : "Q5_1", s);
-    if (name.empty() ? gguf_type_of(s, &t) : parse_ggml_type(name.c_str(), &t)) base = t;
-  }
   auto resolve = [&](std::string& v, const char* field, bool output) {
     if (v == "float") return;
     if (v == "auto") {
@@ -174,10 +183,16 @@ void plan_gguf_beside(Run& R, bool gguf_only) {
   resolve(r.gguf_embedding_type, "export.gguf_embedding_type", false);
 }
 
-// GGUF: each Linear's block type, as its spec on that type's grid (R.gguf_specs).
-// - export.gguf_type Q4_K_M / Q5_K_M: Q4_K / Q5_K, and Q6_K for v_proj and down_proj in the layers
-//   use_more_bits picks (llama.cpp's attn_v / ffn_down rule; phi3's fused qkv takes Q5_K / Q6_K).
-// - a GGUF-only run's asymmetric 4- or 5-bit groups of 32 are solved on Q4_1's / Q5_1's grid.
+// GGUF: each Linear's block type, as its spec on that type's grid (R.gguf_specs). A Linear of the
+// file's type takes the type llama.cpp's quantizer (src/llama-quant.cpp) gives its tensor; one an
+// override gives another type keeps it.
+// - every type: attn_k and attn_v (phi3's fused qkv is llama.cpp's attn_v too) of a model of 8
+//   experts Q8_0;
+// - the mixes Q4_K_M / Q5_K_M: Q4_K / Q5_K, and Q6_K for attn_v and ffn_down in the layers
+//   use_more_bits picks; Q5_K for the other attn_v of a 70B model (llama.cpp's LLM_TYPE_70B: 80
+//   layers of a llama with grouped KV heads, or of a qwen2) in Q4_K_M, and for attn_output of a
+//   model of 8 experts in Q4_K_M;
+// - a GGUF-only run's asymmetric 4- or 5-bit groups of 32 are solved on Q4_1's / Q5_1's grid;
 // - a K type on a Linear whose input width is not a multiple of 256 falls back as llama.cpp's
 //   quantizer does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0): a warning, report.json's
 //   gguf_type_fallback.
@@ -185,6 +200,10 @@ void plan_gguf_types(Run& R, bool gguf_only) {
   const Recipe& r = R.r;
   const LlamaConfig& c = R.c();
   const bool mix = r.gguf_type == "Q4_K_M" || r.gguf_type == "Q5_K_M";
+  const std::optional<GgmlType> file = gguf_file_type(r, gguf_only);
+  const bool eight = c.num_experts == 8;
+  const std::string arch = gguf_arch(c);
+  const bool b70 = c.num_hidden_layers == 80 && (arch == "qwen2" || (arch == "llama" && !eight && c.num_attention_heads != c.num_key_value_heads));
   int64_t fell = 0;
   std::string example;
   for (int l = 0; l < c.num_hidden_layers; ++l)
@@ -193,15 +212,17 @@ void plan_gguf_types(Run& R, bool gguf_only) {
       if (r.ignored(m)) continue;
       QuantSpec s = r.spec_for(m);
       s.scale_dtype = R.scale_dtype;
-      const bool base = s.form == GridForm::k_min;   // (an override's own type is kept)
-      if (mix && base) {
-        const bool qkv = p.proj == Proj::qkv;
-        const bool more = use_more_bits(l, c.num_hidden_layers) && (p.proj == Proj::v || p.proj == Proj::down);
-        if (more || (qkv && r.gguf_type == "Q5_K_M")) apply_gguf_type("Q6_K", s);
-        else if (qkv) apply_gguf_type("Q5_K", s);
+      if (gguf_only) gguf_only_grid(s);
+      GgmlType t;
+      if (file && gguf_type_of(s, &t) && t == *file) {
+        const bool v = p.proj == Proj::v || p.proj == Proj::qkv;
+        const char* to = nullptr;
+        if (mix && (v || p.proj == Proj::down) && use_more_bits(l, c.num_hidden_layers)) to = "Q6_K";
+        else if (mix && v && b70 && r.gguf_type == "Q4_K_M") to = "Q5_K";
+        else if (mix && p.proj == Proj::o && eight && r.gguf_type == "Q4_K_M") to = "Q5_K";
+        if (eight && (v || p.proj == Proj::k)) to = "Q8_0";
+        if (to) apply_gguf_type(to, s);
       }
-      if (gguf_only && s.form == GridForm::integer_zero && !s.sym && s.group_size == 32 && (s.bits == 4 || s.bits == 5))
-        apply_gguf_type(s.bits == 4 ? "Q4_1" : "Q5_1", s);
       const int64_t in = linear_shape(c, p).in;
       if (groups_per_super(s.form) && in % 256) {
         GgmlType from;
@@ -219,7 +240,6 @@ void plan_gguf_types(Run& R, bool gguf_only) {
          "); they are written as llama.cpp's quantizer writes them (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; report.json's gguf_type_fallback)");
   plan_gguf_beside(R, gguf_only);
 }
-
 
 // The model, its module names, and every check that can refuse the recipe before calibrating.
 void load_model(Run& R) {
