@@ -66,6 +66,22 @@ TEST_CASE("bitstreams: known words") {
   uint32_t v8[4] = {0x12, 0x34, 0x56, 0x78};
   pack_bits(v8, 4, 8, w);
   CHECK(w[0] == 0x78563412u);
+  // pack_stream, from one byte a code: the same words, the tail zero
+  const uint8_t b4[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  w[1] = 0xffffffffu;
+  pack_stream(b4, 9, 4, w);
+  CHECK(w[0] == 0x87654321u);
+  CHECK(w[1] == 0x00000009u);
+  uint8_t b3[32] = {};
+  b3[10] = 5;
+  b3[21] = 6;
+  pack_stream(b3, 32, 3, w);
+  CHECK(w[0] == 0x40000000u);
+  CHECK(w[1] == 0x00000001u);
+  CHECK(w[2] == 0x00000003u);
+  const uint8_t b8[4] = {0x12, 0x34, 0x56, 0x78};
+  pack_stream(b8, 4, 8, w);
+  CHECK(w[0] == 0x78563412u);
 }
 
 TEST_CASE("GPTQ packing of a hand matrix: qweight along the input, v1 qzeros 0x77777777") {

@@ -1,7 +1,6 @@
 #include "core/bits.h"
 
 #include <cstring>
-#include <vector>
 
 namespace ptq {
 
@@ -25,15 +24,23 @@ uint32_t unpack_bit(const uint32_t* w, int64_t k, int bits) {
 
 void pack_rows(const uint8_t* codes, int64_t rows, int64_t cols, int bits, uint32_t* words) {
   const int64_t nw = packed_words(cols, bits);
-#pragma omp parallel
-  {
-    std::vector<uint32_t> v(static_cast<size_t>(cols));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) v[size_t(c)] = codes[r * cols + c];
-      pack_bits(v.data(), cols, bits, words + r * nw);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) pack_stream(codes + r * cols, cols, bits, words + r * nw);
+}
+
+void pack_stream(const uint8_t* codes, int64_t n, int bits, uint32_t* w) {
+  uint64_t acc = 0;   // the stream's pending `have` bits, lowest first
+  int have = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    acc |= uint64_t(codes[k]) << have;
+    have += bits;
+    if (have >= 32) {
+      *w++ = uint32_t(acc);
+      acc >>= 32;
+      have -= 32;
     }
   }
+  if (have > 0) *w = uint32_t(acc);
 }
 
 void unpack_stream(const uint32_t* w, int64_t n, int bits, uint8_t* codes) {

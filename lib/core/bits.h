@@ -17,5 +17,7 @@ void pack_rows(const uint8_t* codes, int64_t rows, int64_t cols, int bits, uint3
 void unpack_rows(const uint32_t* words, int64_t rows, int64_t cols, int bits, uint8_t* codes);
 // One stream of n values (bits <= 8) into bytes, read in order (no per-value word arithmetic).
 void unpack_stream(const uint32_t* words, int64_t n, int bits, uint8_t* codes);
+// Its inverse: n bytes (each < 2^bits, bits <= 8) into packed_words(n, bits) words, the tail zero.
+void pack_stream(const uint8_t* codes, int64_t n, int bits, uint32_t* words);
 
 }  // namespace ptq

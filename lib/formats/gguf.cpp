@@ -666,9 +666,7 @@ bool gguf_quantized(const GgufFile& f, const std::string& n, int hd, QuantizedLi
 #pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 20))
   for (int64_t r = 0; r < rows; ++r) {
     thread_local std::vector<uint8_t> codes;
-    thread_local std::vector<uint32_t> values;
     codes.resize(size_t(cols));
-    values.resize(size_t(cols));
     const uint8_t* src = t->data + size_t(perm ? gguf_permuted_row(r, hd) : r) * size_t(blocks) * bb;
     BlockGrid grid[16];
     for (int64_t b = 0; b < blocks; ++b) {
@@ -680,8 +678,7 @@ bool gguf_quantized(const GgufFile& f, const std::string& n, int hd, QuantizedLi
         if (min) q.mins[k] = grid[j].min;
       }
     }
-    std::copy(codes.begin(), codes.end(), values.begin());
-    pack_bits(values.data(), cols, spec.bits, q.packed.data() + r * nw);
+    pack_stream(codes.data(), cols, spec.bits, q.packed.data() + r * nw);
   }
   *out = std::move(q);
   return true;
