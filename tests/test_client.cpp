@@ -626,11 +626,12 @@ TEST_CASE("client: on distilled-13m's ffn_down (the Linears K-quants hold) ptqki
 // its plan picks) against llama_model_quantize of ptqkit's float GGUF of the same model, with its
 // defaults, tensor for tensor: every shared family (tied and untied embeddings, GQA, phi3's fused
 // Linears, MoE), an 8-expert MoE (llama.cpp's rules for 8 experts) and an 80-layer GQA llama
-// (its 70B rule). Rows of 64 and 128 fall back from K types as llama.cpp's quantizer does. Q4_0
-// too (llama.cpp's Q4_0 file type: the output Q6_K, and its 8-expert rule). One difference is
+// (its 70B rule). Rows of 64 and 128 fall back from K types as llama.cpp's quantizer does. The
+// mixes Q4_K_M, Q5_K_M, Q4_K_S and Q5_K_S, and Q4_0 (llama.cpp's Q4_0 file type: the output Q6_K,
+// its 8-expert rule); general.file_type as llama.cpp writes it. One difference is
 // allowed: a Linear no block holds (tiny-qwen3-moe's 48-wide expert downs) llama.cpp converts to
 // F16, ptqkit keeps in the model's float type (bf16 there: no range lost).
-TEST_CASE("client: ptqkit's Q4_K_M, Q5_K_M and Q4_0 hold llama.cpp's quantizer's type for every tensor: every family, 8 experts, 80 layers") {
+TEST_CASE("client: ptqkit's K mixes and Q4_0 hold llama.cpp's quantizer's type for every tensor: every family, 8 experts, 80 layers") {
   PTQ_REQUIRE_CLIENT();
   ptqtest::TempDir d;
   const std::string A = ptqtest::assets();
@@ -653,7 +654,7 @@ TEST_CASE("client: ptqkit's Q4_K_M, Q5_K_M and Q4_0 hold llama.cpp's quantizer's
   }
   for (const auto& [name, model] : models) {
     quantize(d, name + "-float", model, 32, kFloatLayers, "gguf", 2);
-    for (auto [mix, ftype] : {std::pair<const char*, int>{"Q4_K_M", 15}, {"Q5_K_M", 17}, {"Q4_0", 2}}) {
+    for (auto [mix, ftype] : {std::pair<const char*, int>{"Q4_K_M", 15}, {"Q5_K_M", 17}, {"Q4_K_S", 14}, {"Q5_K_S", 16}, {"Q4_0", 2}}) {
       INFO(name << " " << mix);
       const std::string theirs = d / (name + "-llama-" + mix + ".gguf"), ours = name + "-" + mix;
       llama_cpp_quantize(d / (name + "-float/model.gguf"), theirs, ftype, false);
@@ -667,6 +668,7 @@ TEST_CASE("client: ptqkit's Q4_K_M, Q5_K_M and Q4_0 hold llama.cpp's quantizer's
       INFO("tensors whose types differ:\n" << differ);
       CHECK(a.size() == b.size());
       CHECK(differ.empty());
+      CHECK(ptq::GgufFile(d / (ours + "/model.gguf")).metadata()["general.file_type"] == ptq::GgufFile(theirs).metadata()["general.file_type"]);
     }
   }
 }

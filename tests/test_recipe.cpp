@@ -86,7 +86,7 @@ TEST_CASE("recipe: export.gguf_type names llama.cpp's type (or mix) and sets the
   CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q4_0\n").empty());
   CHECK(error_of("quantization:\n  bits: 8\n  group_size: 32\n  sym: true\nexport:\n  format: gguf\n  gguf_type: Q8_0\n").empty());
   CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q3_Z\n") ==
-        "r.yaml: export.gguf_type: unknown GGUF type 'Q3_Z' (llama.cpp's names: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the mixes Q4_K_M and Q5_K_M)");
+        "r.yaml: export.gguf_type: unknown GGUF type 'Q3_Z' (llama.cpp's names: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the mixes Q4_K_M, Q5_K_M, Q4_K_S and Q5_K_S)");
   CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q8_0\n") ==
         "r.yaml: export.gguf_type: Q8_0 holds bits 8; the recipe sets bits: 4 (leave it out: the type sets it)");
   CHECK(error_of(q4 + "export:\n  format: gguf\n  gguf_type: Q4_1\n") ==
@@ -98,6 +98,9 @@ TEST_CASE("recipe: export.gguf_type names llama.cpp's type (or mix) and sets the
   CHECK(!k.quant.sym);
   CHECK(k.quant.form == GridForm::k_min);
   CHECK(k.quant.static_groups);
+  const Recipe ks = parse_recipe(YAML::Load("export:\n  format: gguf\n  gguf_type: Q5_K_S\n"), "r.yaml");   // the _S mixes too
+  CHECK(ks.quant.bits == 5);
+  CHECK(ks.quant.form == GridForm::k_min);
   const Recipe six = parse_recipe(YAML::Load("export:\n  format: gguf\n  gguf_type: Q6_K\n"), "r.yaml");
   CHECK(six.quant.bits == 6);
   CHECK(six.quant.group_size == 16);

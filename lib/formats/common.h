@@ -32,6 +32,7 @@ struct ExportJob {
   // grid (with the clipping search where gguf_mse); none: the model's float type
   std::optional<GgmlType> gguf_output, gguf_embedding;
   bool gguf_mse = false;
+  std::string gguf_type;   // export.gguf_type ("" where not set): the file type general.file_type names
 };
 
 // What will be written for each Linear of the decoder layers.

@@ -277,7 +277,10 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
   const std::string a = arch + ".";
   count([&] { kv.kv_str("general.architecture", arch); });
   count([&] { kv.kv_str("general.name", std::filesystem::path(job.model->dir()).filename().string()); });
-  count([&] { kv.kv_u32("general.file_type", file_type(n_quant, ftype)); });
+  // the file type asked for (export.gguf_type), as llama.cpp's quantizer writes its ftype; else the
+  // one the Linears' types read as
+  const int asked = llama_ftype_of(job.gguf_type);
+  count([&] { kv.kv_u32("general.file_type", asked >= 0 && !n_quant.empty() ? uint32_t(asked) : file_type(n_quant, ftype)); });
   count([&] { kv.kv_u32("general.quantization_version", 2); });
   count([&] { kv.kv_u32("general.alignment", uint32_t(kAlign)); });
   count([&] { kv.kv_str("general.quantized_by", "ptqkit (GPTQ codes written as blocks)"); });
@@ -684,6 +687,13 @@ bool gguf_quantized(const GgufFile& f, const std::string& n, int hd, QuantizedLi
   return true;
 }
 
+int llama_ftype_of(const std::string& name) {
+  static const std::map<std::string, int> n = {{"Q4_0", 2}, {"Q4_1", 3}, {"Q8_0", 7}, {"Q5_0", 8}, {"Q5_1", 9}, {"Q4_K_S", 14},
+                                               {"Q4_K_M", 15}, {"Q5_K_S", 16}, {"Q5_K_M", 17}, {"Q6_K", 18}};
+  auto it = n.find(name);
+  return it == n.end() ? -1 : it->second;
+}
+
 GgmlType gguf_fallback_type(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_K: return GgmlType::Q5_0;
@@ -733,7 +743,7 @@ bool gguf_type_of(const QuantSpec& s, GgmlType* t, std::string* why) {
 std::string apply_gguf_type(const std::string& name, QuantSpec& s) {
   GgmlType t;
   if (!parse_ggml_type(name.c_str(), &t))
-    return "unknown GGUF type '" + name + "' (llama.cpp's names: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the mixes Q4_K_M and Q5_K_M)";
+    return "unknown GGUF type '" + name + "' (llama.cpp's names: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; the mixes Q4_K_M, Q5_K_M, Q4_K_S and Q5_K_S)";
   switch (t) {
     case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: s.form = GridForm::integer_zero; s.sym = true; break;
     case GgmlType::Q4_1: case GgmlType::Q5_1: s.form = GridForm::f16_min; s.sym = false; break;

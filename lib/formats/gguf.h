@@ -32,6 +32,12 @@
 
 namespace ptq {
 
+// llama.cpp's mixes of K types ptqkit writes: Q4_K_M, Q5_K_M, Q4_K_S, Q5_K_S (their base type is the
+// name's first four characters).
+inline bool is_gguf_mix(const std::string& name) { return name == "Q4_K_M" || name == "Q5_K_M" || name == "Q4_K_S" || name == "Q5_K_S"; }
+// llama.cpp's general.file_type (llama_ftype) for a type or mix it has one for (Q4_0 .. Q8_0, Q6_K,
+// the four mixes); -1 for the others (the plain Q4_K / Q5_K, which are no llama_ftype).
+int llama_ftype_of(const std::string& name);
 // The block type a module's spec is written as: the spec is that type's grid exactly (false, with
 // the reason in *why, when no type holds it).
 bool gguf_type_of(const QuantSpec& s, GgmlType* t, std::string* why = nullptr);

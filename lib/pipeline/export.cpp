@@ -51,6 +51,7 @@ json export_formats(const Recipe& r, const LlamaModel& model, const QuantStore& 
   job.gguf_output = block_type(r.gguf_output_type);
   job.gguf_embedding = block_type(r.gguf_embedding_type);
   job.gguf_mse = r.quant.mse;
+  job.gguf_type = r.gguf_type;
   for (auto& m : known)
     if (nf4 && layer_of(m) >= 0 && !r.ignored(m)) {
       job.nf4_modules.push_back(m);

@@ -149,7 +149,7 @@ void gguf_only_grid(QuantSpec& s) {
 // Q4_K_M), else the type the quantization settings map to (none where no type holds them).
 std::optional<GgmlType> gguf_file_type(const Recipe& r, bool gguf_only) {
   std::string name = r.gguf_type;
-  if (name == "Q4_K_M" || name == "Q5_K_M") name.resize(4);
+  if (is_gguf_mix(name)) name.resize(4);
   QuantSpec s = r.quant;
   if (gguf_only) gguf_only_grid(s);
   GgmlType t;
@@ -187,11 +187,11 @@ void plan_gguf_beside(Run& R, bool gguf_only) {
 // file's type takes the type llama.cpp's quantizer (src/llama-quant.cpp) gives its tensor; one an
 // override gives another type keeps it.
 // - every type: attn_k and attn_v (phi3's fused qkv is llama.cpp's attn_v too) of a model of 8
-//   experts Q8_0;
+//   experts Q8_0; a Q4_K attn_v of a 70B model (llama.cpp's LLM_TYPE_70B: 80 layers of a llama
+//   with grouped KV heads, or of a qwen2) Q5_K;
 // - the mixes Q4_K_M / Q5_K_M: Q4_K / Q5_K, and Q6_K for attn_v and ffn_down in the layers
-//   use_more_bits picks; Q5_K for the other attn_v of a 70B model (llama.cpp's LLM_TYPE_70B: 80
-//   layers of a llama with grouped KV heads, or of a qwen2) in Q4_K_M, and for attn_output of a
-//   model of 8 experts in Q4_K_M;
+//   use_more_bits picks; Q4_K_S: Q4_K, and Q5_K for the first 4 attn_v and the first eighth's
+//   ffn_down; Q5_K_S: Q5_K; attn_output of a model of 8 experts Q5_K in Q4_K_M and Q4_K_S;
 // - a GGUF-only run's asymmetric 4- or 5-bit groups of 32 are solved on Q4_1's / Q5_1's grid;
 // - a K type on a Linear whose input width is not a multiple of 256 falls back as llama.cpp's
 //   quantizer does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0): a warning, report.json's
@@ -199,7 +199,7 @@ void plan_gguf_beside(Run& R, bool gguf_only) {
 void plan_gguf_types(Run& R, bool gguf_only) {
   const Recipe& r = R.r;
   const LlamaConfig& c = R.c();
-  const bool mix = r.gguf_type == "Q4_K_M" || r.gguf_type == "Q5_K_M";
+  const bool mix_m = r.gguf_type == "Q4_K_M" || r.gguf_type == "Q5_K_M";
   const std::optional<GgmlType> file = gguf_file_type(r, gguf_only);
   const bool eight = c.num_experts == 8;
   const std::string arch = gguf_arch(c);
@@ -214,13 +214,23 @@ void plan_gguf_types(Run& R, bool gguf_only) {
       s.scale_dtype = R.scale_dtype;
       if (gguf_only) gguf_only_grid(s);
       GgmlType t;
-      if (file && gguf_type_of(s, &t) && t == *file) {
-        const bool v = p.proj == Proj::v || p.proj == Proj::qkv;
+      if (file && gguf_type_of(s, &t) && t == *file) {   // llama_tensor_get_type_impl's branches, in its order
+        const int n = c.num_hidden_layers;
+        const bool more = use_more_bits(l, n);
         const char* to = nullptr;
-        if (mix && (v || p.proj == Proj::down) && use_more_bits(l, c.num_hidden_layers)) to = "Q6_K";
-        else if (mix && v && b70 && r.gguf_type == "Q4_K_M") to = "Q5_K";
-        else if (mix && p.proj == Proj::o && eight && r.gguf_type == "Q4_K_M") to = "Q5_K";
-        if (eight && (v || p.proj == Proj::k)) to = "Q8_0";
+        if (p.proj == Proj::v || p.proj == Proj::qkv) {   // attn_v (phi3's fused qkv is its attn_v too)
+          if (mix_m && more) to = "Q6_K";
+          else if (r.gguf_type == "Q4_K_S" && l < 4) to = "Q5_K";
+          if (b70 && (to ? std::string(to) == "Q4_K" : *file == GgmlType::Q4_K)) to = "Q5_K";
+          if (eight) to = "Q8_0";
+        } else if (p.proj == Proj::k) {
+          if (eight) to = "Q8_0";
+        } else if (p.proj == Proj::down) {
+          if (mix_m && more) to = "Q6_K";
+          else if (r.gguf_type == "Q4_K_S" && l < n / 8) to = "Q5_K";
+        } else if (p.proj == Proj::o) {
+          if (eight && (r.gguf_type == "Q4_K_M" || r.gguf_type == "Q4_K_S")) to = "Q5_K";
+        }
         if (to) apply_gguf_type(to, s);
       }
       const int64_t in = linear_shape(c, p).in;

@@ -125,11 +125,11 @@ std::vector<std::string> str_list(const YAML::Node& n) {
   return r;
 }
 
-// A GGUF block type (or, where mix, the _M mixes' base type) as the spec's bits, group size,
+// A GGUF block type (or, where mix, the mixes' base type: Q4_K for Q4_K_M and Q4_K_S) as the spec's bits, group size,
 // symmetry and grid; `fields`' own bits / group_size / sym must agree with it.
 void apply_gguf_type_checked(const std::string& type, const YAML::Node& fields, QuantSpec& s, const std::string& file, const std::string& path,
                              bool mix) {
-  const std::string base = mix && type == "Q4_K_M" ? "Q4_K" : mix && type == "Q5_K_M" ? "Q5_K" : type;
+  const std::string base = mix && is_gguf_mix(type) ? type.substr(0, 4) : type;
   const QuantSpec asked = s;
   const std::string why = apply_gguf_type(base, s);
   if (!why.empty()) fail(Errc::usage, file, path, why + (mix ? "" : "; the mixes are export.gguf_type's"));

@@ -44,6 +44,8 @@ const std::vector<Scheme>& schemes() {
       gguf("Q6_K", "6-bit super-blocks of 256, 8-bit sub-block scales"),
       gguf("Q4_K_M", "mix: Q4_K, Q6_K for half of v_proj and down_proj"),
       gguf("Q5_K_M", "mix: Q5_K, Q6_K for half of v_proj and down_proj"),
+      gguf("Q4_K_S", "mix: Q4_K, Q5_K for the first 4 v_proj and the first eighth's down_proj"),
+      gguf("Q5_K_S", "mix: Q5_K (llama.cpp's Q5_K_S)"),
   };
   return s;
 }
