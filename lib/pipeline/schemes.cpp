@@ -45,7 +45,7 @@ const std::vector<Scheme>& schemes() {
       gguf("Q4_K_M", "mix: Q4_K, Q6_K for half of v_proj and down_proj"),
       gguf("Q5_K_M", "mix: Q5_K, Q6_K for half of v_proj and down_proj"),
       gguf("Q4_K_S", "mix: Q4_K, Q5_K for the first 4 v_proj and the first eighth's down_proj"),
-      gguf("Q5_K_S", "mix: Q5_K (llama.cpp's Q5_K_S)"),
+      gguf("Q5_K_S", "mix: Q5_K throughout (Q8_0 for k_proj and v_proj of 8-expert models, as in every type)"),
   };
   return s;
 }
