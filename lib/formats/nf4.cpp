@@ -237,11 +237,11 @@ json nf4_quant_state(const Checkpoint& ck, const std::string& n) {
 }
 
 namespace {
-// The sizes a bitsandbytes NF4 weight of `count` elements holds: ceil(count / blocksize) absmax
-// values (nested: that many 8-bit codes, ceil(blocks / nested_blocksize) nested absmax values and a
-// 256-value map), (count + 1) / 2 bytes of codes. Every reader indexes them by these counts, so a
-// file that holds fewer is refused here, naming the tensor (Errc::format).
-void check_nf4_sizes(const Checkpoint& ck, const std::string& n, const Nf4Tensor& t, int64_t count, bool codes_apart) {
+// The block metadata a bitsandbytes NF4 weight of `count` elements holds: ceil(count / blocksize)
+// absmax values (nested: that many 8-bit codes, ceil(blocks / nested_blocksize) nested absmax
+// values and a 256-value map). Every reader indexes them by these counts, so a file that holds
+// fewer is refused here, naming the tensor (Errc::format). (The codes' bytes: read_nf4.)
+void check_nf4_sizes(const Checkpoint& ck, const std::string& n, const Nf4Tensor& t, int64_t count) {
   const std::string qs = n + ".quant_state.bitsandbytes__nf4";
   if (t.blocksize <= 0) fail(Errc::format, ck.file_of(qs), qs, "blocksize " + std::to_string(t.blocksize) + " is not positive");
   if (count < 0) fail(Errc::format, ck.file_of(qs), qs, "negative shape");
@@ -251,7 +251,6 @@ void check_nf4_sizes(const Checkpoint& ck, const std::string& n, const Nf4Tensor
       fail(Errc::format, ck.file_of(name), name,
            std::to_string(have) + " values, expected " + std::to_string(want) + " (" + what + " of the quant_state's " + std::to_string(count) + " elements)");
   };
-  if (!codes_apart) expect(n, t.packed.size(), (count + 1) / 2, "two codes a byte");
   const std::string per_block = "one a block of " + std::to_string(t.blocksize);
   if (!t.nested) {
     expect(n + ".absmax", t.absmax.size(), blocks, per_block);
@@ -270,17 +269,15 @@ Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape, con
   try {
     Nf4Tensor t;
     t.blocksize = st.at("blocksize").get<int>();
+    const int64_t count = numel(st.at("shape").get<Shape>());
     if (shape) *shape = st.at("shape").get<Shape>();
-    if (codes) {
-      const Shape sh = st.at("shape").get<Shape>();
-      const TensorView v = ck.get(n);
-      if (v.dtype != DType::U8) fail(Errc::format, ck.file_of(n), n, "dtype " + std::string(dtype_name(v.dtype)) + ", expected U8");
-      if (int64_t(v.nbytes) != (numel(sh) + 1) / 2)
-        fail(Errc::format, ck.file_of(n), n, std::to_string(v.nbytes) + " bytes of codes for a quant_state shape of " + std::to_string(numel(sh)) + " elements");
-      *codes = v.data;
-    } else {
-      t.packed = read_raw<uint8_t>(ck, n, DType::U8);
-    }
+    // The codes, two a byte: checked once, then left where the checkpoint maps them or copied.
+    const TensorView v = ck.get(n);
+    if (v.dtype != DType::U8) fail(Errc::format, ck.file_of(n), n, "dtype " + std::string(dtype_name(v.dtype)) + ", expected U8");
+    if (int64_t(v.nbytes) != (count + 1) / 2)
+      fail(Errc::format, ck.file_of(n), n, std::to_string(v.nbytes) + " bytes of codes for a quant_state shape of " + std::to_string(count) + " elements");
+    if (codes) *codes = v.data;
+    else t.packed.assign(v.data, v.data + v.nbytes);
     t.nested = st.contains("nested_blocksize");
     if (t.nested) {
       t.absmax_q = read_raw<uint8_t>(ck, n + ".absmax", DType::U8);
@@ -291,7 +288,7 @@ Nf4Tensor read_nf4(const Checkpoint& ck, const std::string& n, Shape* shape, con
     } else {
       t.absmax = read_floats(ck, n + ".absmax");
     }
-    check_nf4_sizes(ck, n, t, numel(st.at("shape").get<Shape>()), codes != nullptr);
+    check_nf4_sizes(ck, n, t, count);
     return t;
   } catch (const json::exception& e) {
     const std::string qs = n + ".quant_state.bitsandbytes__nf4";
