@@ -396,11 +396,15 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
           encode_rows(*job.store->get(hf.substr(0, hf.size() - 7)), 0, t.rows, row_of);
         } else {
           // A float tensor stored as the GGUF type (f16 or bf16 into the same, f32 into F32) is
-          // copied row by row; any other is converted through f32, as the type's rounding.
+          // copied row by row; any other is converted through f32, as the type's rounding. A tensor
+          // the run replaced (a smoothed norm, a float Linear it feeds) is converted from the run's.
           const TensorView v = src.get(hf);
           const DType as = t.type == GgmlType::F32 ? DType::F32 : t.type == GgmlType::BF16 ? DType::BF16 : DType::F16;
           std::vector<float> w;
-          if (v.dtype != as) {
+          if (VecF o; job.store && job.store->float_override(hf, &o)) {
+            if (o.size() != t.rows * t.cols) fail(Errc::format, out, hf, "the run's replacement holds " + std::to_string(o.size()) + " values, not the tensor's");
+            w.assign(o.data(), o.data() + o.size());
+          } else if (v.dtype != as) {
             w.resize(size_t(t.rows * t.cols));
             job.model->weights().read_f32(hf, w.data());
           }

@@ -503,6 +503,16 @@ void record(Run& R, const std::string& name, const QuantSpec& spec, const Solved
   }
 }
 
+// A Linear of a smoothed group that the recipe keeps in float (quantization.ignore) reads the
+// smoothed norm's output too: its weights with the factors folded in (W·diag(s)) replace the
+// source's in every export, as the smoothed norm does (the quantized ones carry them in their codes).
+void keep_folded(const Run& R, int l, const LinearGroup& g, const LayerWeights& w, LayerResult& out) {
+  for (LinearId p : g.linears) {
+    const std::string name = linear_name(R.c(), l, p);
+    if (R.r.ignored(name)) out.smoothed.emplace_back(name + ".weight", Eigen::Map<const VecF>(w[p].W.data(), w[p].W.size()));
+  }
+}
+
 // SmoothQuant on one norm -> group pair: from the statistics of the group's unsmoothed input,
 // alpha and the factors, folded into the norm and the group's weights (the forward then computes
 // the input again, as the deployed and a resumed model compute it).
@@ -527,13 +537,14 @@ Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWe
     entry["w8a8_error_unsmoothed"] = a.error_unsmoothed;
     R.smoothing.push_back(entry);
     out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
+    keep_folded(R, l, g, w, out);
     if (R.stats_out) out.stats.smoothing[g.smooth_norm] = sf;
     return norm;
   };
 }
 
 // --load-stats: the saving run's smoothing factors, folded as it folded them.
-void smooth_saved(const LayerStats& saved, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
+void smooth_saved(const Run& R, const LayerStats& saved, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
   auto it = saved.smoothing.find(g.smooth_norm);
   if (it == saved.smoothing.end()) return;
   std::vector<MatF*> wm;
@@ -541,6 +552,7 @@ void smooth_saved(const LayerStats& saved, int l, const LinearGroup& g, LayerWei
   VecF& norm = norm_weights(w, g.smooth_norm);
   fold_smoothing(norm, wm, it->second);
   out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
+  keep_folded(R, l, g, w, out);
 }
 
 // W8A8: the group's Linears take int8 inputs from here on (static scale: calibrated absmax / 127).
@@ -595,7 +607,7 @@ CollectedGroup collect_group(Run& R, Backend& B, int l, const LinearGroup& g, La
   const LlamaConfig& c = R.c();
   CollectedGroup cg;
   cg.g = &g;
-  if (R.stats_in && !g.smooth_norm.empty()) smooth_saved(saved, l, g, w, out);
+  if (R.stats_in && !g.smooth_norm.empty()) smooth_saved(R, saved, l, g, w, out);
   const Smoother sm = B.forward->takes_smoother() && !g.smooth_norm.empty() ? smoother(R, B, l, g, w, out) : Smoother();
   cg.H = B.forward->collect(g, sm);
   if (R.stats_in || R.stats_out || (R.opt.dist && R.opt.dist->host_hessians)) {
@@ -728,8 +740,12 @@ void replay_layer(Run& R, Backend& B, const QuantStore& store, int l, LayerWeigh
     w[p].act = store.act_quant(name);
   }
   VecF v;
-  for (const LinearGroup& g : sched.groups)   // norms SmoothQuant folded factors into
-    if (!g.smooth_norm.empty() && store.float_override(layer_prefix(l) + g.smooth_norm + ".weight", &v)) norm_weights(w, g.smooth_norm) = v;
+  for (const LinearGroup& g : sched.groups) {   // norms SmoothQuant folded factors into, and the float Linears they feed
+    if (g.smooth_norm.empty() || !store.float_override(layer_prefix(l) + g.smooth_norm + ".weight", &v)) continue;
+    norm_weights(w, g.smooth_norm) = v;
+    for (LinearId p : g.linears)
+      if (store.float_override(linear_name(R.c(), l, p) + ".weight", &v)) w[p].W = Eigen::Map<const MatF>(v.data(), w[p].W.rows(), w[p].W.cols());
+  }
   json rep = json::parse(store.layer_report(l));
   for (auto& m : rep["modules"]) R.modules.push_back(m);
   for (auto& e : rep["smoothquant"]) R.smoothing.push_back(e);
