@@ -48,6 +48,9 @@ int print_plan(const nlohmann::json& p) {
     std::printf("  activations: int%d, %s per %s\n", act.value("bits", 8), act.value("dynamic", true) ? "dynamic" : "static",
                 act.value("strategy", std::string("token")).c_str());
   }
+  if (p.contains("awq"))
+    std::printf("  AWQ: scales searched per layer over %d ratios (%s) on %s\n", p["awq"]["grid"].get<int>(),
+                p["awq"]["duo_scaling"].get<bool>() ? "activations and weights" : "activations", p["awq"]["pairs"].dump().c_str());
   if (p.contains("smoothquant"))
     std::printf("  SmoothQuant: alpha %s\n", p["smoothquant"]["alpha"].is_string() ? "auto (searched per layer)" : p["smoothquant"]["alpha"].dump().c_str());
   std::printf("  %lld Linears:\n", (long long)p["linears"].get<int64_t>());
@@ -143,7 +146,7 @@ int run(const QuantizeArgs& a) {
   std::printf("  time %s total:", format_seconds(rep["total_seconds"]).c_str());
   {   // the phases in the pipeline's order (report.json keeps them by name), any others after
     const nlohmann::json& ph = rep["phases_seconds"];
-    const std::vector<std::string> order = {"load", "calibration", "forward", "smoothquant", "hessian", "upload", "solve", "loss", "save", "export"};
+    const std::vector<std::string> order = {"load", "calibration", "forward", "smoothquant", "awq", "hessian", "upload", "solve", "loss", "save", "export"};
     for (const std::string& k : order)
       if (ph.contains(k)) std::printf(" %s %.1fs", k.c_str(), ph[k].get<double>());
     for (auto& [k, v] : ph.items())

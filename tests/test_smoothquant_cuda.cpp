@@ -3,6 +3,7 @@
 // GPU forward's stage statistics, recomputed norm and int8 inputs (dense and MoE layers against the
 // fp32 CPU layer), and whole W8A8 runs with device cuda against device cpu (hybrid path: the same
 // bytes; GPU forward: the same quality).
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,8 @@
 #include "model/tokenizer.h"
 #include "model/weights.h"
 #include "pipeline/pipeline.h"
+#include "smoothquant/awq.h"
+#include "smoothquant/awq_cuda.h"
 #include "smoothquant/smoothquant.h"
 #include "smoothquant/smoothquant_cuda.h"
 #include "golden.h"
@@ -156,6 +159,56 @@ TEST_CASE("gpu: SmoothQuant W8A8 runs with device cuda: the hybrid path writes d
         }
       CHECK(files > 0);
     }
+  }
+}
+
+TEST_CASE("gpu: AWQ's search error on the GPU equals the host's (1e-5 relative), the same every call, over several chunks of rows") {
+  PTQ_REQUIRE_GPU();
+  Rng rng(3);
+  for (auto [M, K, N] : {std::array<int64_t, 3>{4096, 1024, 20000}, {37, 96, 5}, {1, 256, 8192}}) {
+    MatF X(M, K), dW(N, K);
+    for (Eigen::Index i = 0; i < X.size(); ++i) X.data()[i] = float(rng.normal()) * (i % K == 7 ? 20.0f : 1.0f);
+    for (Eigen::Index i = 0; i < dW.size(); ++i) dW.data()[i] = 1e-3f * float(rng.normal());
+    const double host = output_sq_error(X, dW), gpu = cuda::output_sq_error(X, dW);
+    INFO(M << " x " << K << ", " << N << " rows: host " << host << ", gpu " << gpu);
+    CHECK(std::abs(gpu / host - 1) <= 1e-5);
+    CHECK(cuda::output_sq_error(X, dW) == gpu);
+  }
+}
+
+TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ratios, the GPU forward reaches its perplexity") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  const auto [model, ids, o] = ptqtest::distilled_eval();
+  Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, bits: 3, group_size: 128, sym: false, awq: {grid: 20}}\n"), "r.yaml");
+  r.model = model;
+  r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+  r.device = "cpu";
+  r.output = d / "cpu";
+  const json rc = run_quantize(r, {});
+  const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
+  for (bool gpu_forward : {false, true}) {
+    r.device = "cuda";
+    r.gpu_forward = gpu_forward;
+    r.output = d / (gpu_forward ? "gpu" : "hybrid");
+    const json rg = run_quantize(r, {});
+    const std::string fwd = rg["forward"].get<std::string>();
+    CHECK(fwd.find("AWQ's search's output errors on the GPU") != std::string::npos);
+    REQUIRE(rc["awq"].size() == rg["awq"].size());
+    std::string ratios;
+    for (size_t i = 0; i < rc["awq"].size(); ++i) {
+      const json &c = rc["awq"][i], &g = rg["awq"][i];
+      ratios += " " + c["ratio"].dump() + "/" + g["ratio"].dump();
+      if (!gpu_forward) {   // the same fp32 rows: the same errors to the GEMMs' rounding
+        CHECK(g["ratio"] == c["ratio"]);
+        CHECK(std::abs(g["error"].get<double>() / c["error"].get<double>() - 1) <= 1e-5);
+      }
+    }
+    const double ppl = evaluate(*open_model(r.output), ids, o).perplexity;
+    std::cout << "AWQ + RTN 3-bit, forward " << fwd << "\n    ratios cpu/gpu:" << ratios << "; perplexity " << ppl << " against the CPU run's " << ppl_cpu << "\n";
+    CHECK(std::abs(ppl / ppl_cpu - 1) <= (gpu_forward ? 5e-3 : 1e-4));
   }
 }
 

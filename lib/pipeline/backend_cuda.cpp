@@ -21,6 +21,7 @@
 #include "gptq/hessian_cuda.h"
 #include "model/forward_cuda.h"
 #include "pipeline/backend.h"
+#include "smoothquant/awq_cuda.h"
 #include "smoothquant/smoothquant_cuda.h"
 
 namespace ptq {
@@ -551,6 +552,10 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
       b.alpha_errors = cuda::smoothed_errors;
       b.forward_description += "; SmoothQuant's statistics from the 16-bit activations, its alpha search on the GPU (int8 GEMM)";
     }
+    if (r.awq.enabled) {
+      b.awq_error = cuda::output_sq_error;
+      b.forward_description += "; AWQ's statistics from the 16-bit activations, its search's output errors on the GPU (fp32 SGEMM)";
+    }
     if (pass.comm) {
       b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " GPUs (NCCL " + cuda::nccl_version() +
                                ", one process each, fp64 Hessian all-reduce)";
@@ -561,7 +566,7 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
   // Hessians on the GPU: the forward still runs on the CPU in fp32, so the GPU accumulates the same
   // fp32 activations (SGEMM, fp64 sums) rather than rounding them to 16 bits for the tensor cores.
   // Its SmoothQuant and W8A8 statistics are this rank's rows only: refused over several ranks.
-  if (pass.comm && pass.comm->size() > 1 && (r.smooth.enabled || r.act_mode != ActQuant::none))
+  if (pass.comm && pass.comm->size() > 1 && (r.smooth.enabled || r.awq.enabled || r.act_mode != ActQuant::none))
     fail(Errc::usage, r.source, "gpus", "--gpus " + std::to_string(pass.comm->size()) +
                                             ": SmoothQuant and W8A8 statistics are combined across GPUs only by the GPU forward, and this run's forward is on the CPU (" +
                                             why + ")");
@@ -574,6 +579,10 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
   if (r.smooth.enabled) {   // the alpha search's W8A8 products on the GPU too (int8 GEMM, exact int32 sums)
     b.alpha_errors = cuda::smoothed_errors;
     b.forward_description += "; SmoothQuant's alpha search on the GPU (int8 GEMM)";
+  }
+  if (r.awq.enabled) {
+    b.awq_error = cuda::output_sq_error;
+    b.forward_description += "; AWQ's search's output errors on the GPU (fp32 SGEMM)";
   }
   if (pass.comm) {
     b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " processes (NCCL " + cuda::nccl_version() + ")";

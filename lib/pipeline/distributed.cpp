@@ -168,8 +168,8 @@ void check_gpus(const Recipe& r) {
   if (r.device == "cpu") refuse("device", "device: cpu runs no GPU");
   if (!cuda::available()) refuse("device", "needs GPUs, but " + cuda::describe());
   if (r.quant.method == "nf4") refuse("quantization.method", "NF4 is data-free: there is no calibration to spread");
-  if ((r.smooth.enabled || r.act_mode != ActQuant::none) && !r.gpu_forward && n > 1)
-    refuse("gpu_forward", "SmoothQuant and W8A8 statistics are combined across GPUs only by the GPU forward (gpu_forward: true)");
+  if ((r.smooth.enabled || r.awq.enabled || r.act_mode != ActQuant::none) && !r.gpu_forward && n > 1)
+    refuse("gpu_forward", "SmoothQuant's, AWQ's and W8A8's statistics are combined across GPUs only by the GPU forward (gpu_forward: true)");
   if (!r.moe_calibrate_all_experts) refuse("moe.calibrate_all_experts", "false routes each rank's tokens apart; its RTN fallbacks would differ per rank");
   if (r.calibration.samples < n) refuse("calibration.samples", std::to_string(r.calibration.samples) + " windows for " + std::to_string(n) + " GPUs");
   if (!cuda::nccl_built()) refuse("gpus", "this build has no NCCL: rebuild with -DPTQKIT_NCCL=ON where nccl.h and libnccl are installed");

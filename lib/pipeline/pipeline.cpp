@@ -513,11 +513,48 @@ void keep_folded(const Run& R, int l, const LinearGroup& g, const LayerWeights& 
   }
 }
 
+// AWQ on one norm -> group pair (smoothquant/awq.h): the ratio whose scales give the group's
+// quantized Linears the least output error on (at most kSmoothRows of) its unscaled input rows,
+// or none; the scales folded as SmoothQuant's are. Linears kept in float take the fold, not the search.
+Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
+  const Recipe& r = R.r;
+  if (std::find(r.awq.pairs.begin(), r.awq.pairs.end(), g.smooth_norm) == r.awq.pairs.end()) return {};
+  return [&R, &r, errors = B.awq_error, l, &g, &w, &out](const VecF& absmax, const MatF& rows) -> const VecF& {
+    PhaseTimer t(R.t.phase["awq"]);
+    VecF& norm = norm_weights(w, g.smooth_norm);
+    std::vector<const MatF*> ws;
+    std::vector<QuantSpec> specs;
+    std::vector<MatF*> wm;
+    for (LinearId p : g.linears) {
+      const std::string name = linear_name(R.c(), l, p);
+      wm.push_back(&w[p].W);
+      if (R.r.ignored(name)) continue;
+      ws.push_back(&w[p].W);
+      specs.push_back(R.spec_of(name));
+    }
+    if (ws.empty()) return norm;
+    const MatF x = rows.rows() > kSmoothRows ? subsample_rows(rows, kSmoothRows) : MatF();
+    const AwqSearch a = search_awq(x.size() ? x : rows, ws, specs, r.awq.grid, r.awq.duo_scaling, errors);
+    json entry = {{"layer", l}, {"pair", g.smooth_norm}, {"outlier_ratio_before", outlier_ratio(absmax)}, {"error", a.error},
+                  {"error_unscaled", a.error_unscaled}, {"ratio", a.ratio >= 0 ? json(a.ratio) : json(nullptr)}};
+    if (a.ratio >= 0) {
+      fold_smoothing(norm, wm, a.scales);
+      entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(a.scales));
+      out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
+      keep_folded(R, l, g, w, out);
+      if (R.stats_out) out.stats.smoothing[g.smooth_norm] = a.scales;
+    }
+    R.smoothing.push_back(entry);
+    return norm;
+  };
+}
+
 // SmoothQuant on one norm -> group pair: from the statistics of the group's unsmoothed input,
 // alpha and the factors, folded into the norm and the group's weights (the forward then computes
 // the input again, as the deployed and a resumed model compute it).
 Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
   const Recipe& r = R.r;
+  if (r.awq.enabled) return awq_smoother(R, B, l, g, w, out);
   if (!r.smooth.enabled || std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), g.smooth_norm) == r.smooth.pairs.end()) return {};
   return [&R, &r, errors = B.alpha_errors, l, &g, &w, &out](const VecF& absmax, const MatF& x) -> const VecF& {
     json entry = {{"layer", l}, {"pair", g.smooth_norm}, {"outlier_ratio_before", outlier_ratio(absmax)}};
@@ -962,6 +999,7 @@ json plan_run(Run& R) {
                {"disk_min_bytes", R.disk},
                {"free_bytes", free},
                {"recipe", yaml_to_json(R.r.to_yaml())}};
+  if (R.r.awq.enabled) plan["awq"] = {{"grid", R.r.awq.grid}, {"duo_scaling", R.r.awq.duo_scaling}, {"pairs", R.r.awq.pairs}};
   if (R.r.smooth.enabled) plan["smoothquant"] = {{"alpha", R.r.smooth.auto_alpha ? json("auto") : json(R.r.smooth.alpha)}, {"pairs", R.r.smooth.pairs}};
   if (!R.gguf_type_fallback.empty()) plan["gguf_type_fallback"] = R.gguf_type_fallback;
   return plan;
@@ -978,7 +1016,7 @@ json make_report(const Run& R, const json& outputs, double total) {
                             {"intermediate_size", c.intermediate_size}, {"dtype", dtype_name(c.dtype)}}},
                  {"calibration", R.nf4 ? json{{"dataset", "none (NF4 is data-free)"}} : R.cd.describe(R.r.calibration)},
                  {"modules", R.modules},
-                 {"smoothquant", R.smoothing},
+                 {R.r.awq.enabled ? "awq" : "smoothquant", R.smoothing},
                  {"statistics", R.stats_info},
                  {"layers", R.layers},
                  {"phases_seconds", R.t.phase},

@@ -33,10 +33,12 @@ const Schema kOverrideSchema = [] {
 }();
 const Schema kCalibSchema = {{"dataset", {Ty::Str}}, {"samples", {Ty::Int}}, {"seq_len", {Ty::Int}}, {"seed", {Ty::Int}}};
 const Schema kSmoothSchema = {{"alpha", {Ty::Str}}, {"pairs", {Ty::StrOrList}}};
+const Schema kAwqSchema = {{"grid", {Ty::Int}}, {"duo_scaling", {Ty::Bool}}, {"pairs", {Ty::StrOrList}}};
 const Schema kActSchema = {{"bits", {Ty::Int}}, {"strategy", {Ty::Str}}, {"dynamic", {Ty::Bool}}};
 const Schema kQuantSchema = [] {
   Schema s = kModuleSchema;
   s["smoothquant"] = {Ty::Map, &kSmoothSchema};
+  s["awq"] = {Ty::Map, &kAwqSchema};
   s["activations"] = {Ty::Map, &kActSchema};
   s["true_sequential"] = {Ty::Bool};
   s["ignore"] = {Ty::StrOrList};
@@ -287,6 +289,18 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
         if (p != "input_layernorm" && p != "post_attention_layernorm")
           fail(Errc::usage, file, "quantization.smoothquant.pairs", "unknown pair '" + p + "' (input_layernorm -> q/k/v, post_attention_layernorm -> gate/up)");
     }
+    if (auto aw = q["awq"]; aw && !aw.IsNull()) {
+      r.awq.enabled = true;
+      if (aw["grid"]) r.awq.grid = aw["grid"].as<int>();
+      if (r.awq.grid < 1 || r.awq.grid > 1000) fail(Errc::usage, file, "quantization.awq.grid", "must be 1 to 1000 ratios, got " + std::to_string(r.awq.grid));
+      if (aw["duo_scaling"]) r.awq.duo_scaling = aw["duo_scaling"].as<bool>();
+      if (aw["pairs"]) r.awq.pairs = str_list(aw["pairs"]);
+      for (auto& p : r.awq.pairs)
+        if (p != "input_layernorm" && p != "post_attention_layernorm")
+          fail(Errc::usage, file, "quantization.awq.pairs", "unknown pair '" + p + "' (input_layernorm -> q/k/v, post_attention_layernorm -> gate/up)");
+      if (r.smooth.enabled) fail(Errc::usage, file, "quantization.awq", "AWQ and SmoothQuant both fold scales into the norms: choose one");
+      if (!r.true_sequential) fail(Errc::usage, file, "quantization.true_sequential", "AWQ runs with true_sequential: true");
+    }
     if (auto a = q["activations"]; a && !a.IsNull()) {
       if (a["bits"] && a["bits"].as<int>() != 8) fail(Errc::usage, file, "quantization.activations.bits", "only int8 activations (8)");
       const std::string st = a["strategy"] ? a["strategy"].as<std::string>() : "token";
@@ -295,6 +309,8 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
       else if (st == "tensor" && !dyn) r.act_mode = ActQuant::per_tensor;
       else fail(Errc::usage, file, "quantization.activations", "supported: {strategy: token, dynamic: true} or {strategy: tensor, dynamic: false}");
     }
+    if (r.awq.enabled && r.act_mode != ActQuant::none)
+      fail(Errc::usage, file, "quantization.awq", "AWQ is for weight-only quantization; W8A8 takes SmoothQuant's factors");
     if (r.act_mode != ActQuant::none) {
       QuantSpec any = r.quant;
       if (any.bits != 8 || any.group_size != -1 || !any.sym || any.method == "nf4")
@@ -338,6 +354,7 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
     if (f == "nf4" && !nf4) fail(Errc::usage, file, "export.format", "nf4 is data-free: it needs quantization.method: nf4");
     if (nf4 && f != "nf4" && f != "fake") fail(Errc::usage, file, "export.format", "quantization.method nf4 exports as nf4 (or fake), not " + f);
   }
+  if (nf4 && r.awq.enabled) fail(Errc::usage, file, "quantization.awq", "NF4 is data-free; AWQ's scales come from calibration (method rtn or gptq)");
   for (auto& [p, n] : r.overrides)
     if (n["method"] && (n["method"].as<std::string>() == "nf4") != nf4)
       fail(Errc::usage, file, "quantization.overrides." + p + ".method", "nf4 applies to the whole model or not at all");
@@ -402,6 +419,11 @@ YAML::Node Recipe::to_yaml() const {
   q["true_sequential"] = true_sequential;
   for (auto& i : ignore) q["ignore"].push_back(i);
   for (auto& [p, node] : overrides) q["overrides"][p] = node;
+  if (awq.enabled) {
+    q["awq"]["grid"] = awq.grid;
+    q["awq"]["duo_scaling"] = awq.duo_scaling;
+    for (auto& p : awq.pairs) q["awq"]["pairs"].push_back(p);
+  }
   if (smooth.enabled) {
     if (smooth.auto_alpha) q["smoothquant"]["alpha"] = "auto";
     else q["smoothquant"]["alpha"] = smooth.alpha;

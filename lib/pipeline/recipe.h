@@ -54,6 +54,14 @@ struct Recipe {
     std::vector<std::string> pairs = {"input_layernorm", "post_attention_layernorm"};
   } smooth;
   ActQuant::Mode act_mode = ActQuant::none;   // quantization.activations (implied per_token by smoothquant)
+  // AWQ's activation-aware scales (smoothquant/awq.h) for weight-only quantization: searched per
+  // norm -> group pair over `grid` ratios, folded into the norm before RTN or GPTQ.
+  struct Awq {
+    bool enabled = false;
+    int grid = 20;
+    bool duo_scaling = true;   // s = x̄^r / w̄^(1-r) (AutoAWQ's and llm-compressor's default); false: x̄^r
+    std::vector<std::string> pairs = {"input_layernorm", "post_attention_layernorm"};
+  } awq;
 
   QuantSpec spec_for(const std::string& module) const;   // quant with matching overrides applied in order
   bool ignored(const std::string& module) const;

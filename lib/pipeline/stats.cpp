@@ -82,6 +82,7 @@ json stats_key(const std::string& digest, const json& calibration, const Recipe&
   const json q = yaml_to_json(r.to_yaml())["quantization"];
   json shape = {{"true_sequential", r.true_sequential}};
   for (const char* k : {"smoothquant", "activations"}) shape[k] = q.contains(k) ? q[k] : json();
+  if (q.contains("awq")) shape["awq"] = q["awq"];   // (absent without AWQ, as below)
   if (!r.moe_calibrate_all_experts) shape["moe_calibrate_all_experts"] = false;   // (absent when true: keys of earlier runs stay valid)
   json cal = calibration;
   if (cal.contains("sha256")) cal.erase("dataset");   // the file's digest, not where it lies, identifies it

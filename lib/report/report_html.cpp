@@ -201,6 +201,7 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
     scheme_s += "; int8 activations per " + str(quant["activations"], "strategy", "token") +
                 (quant["activations"].value("dynamic", true) ? ", dynamic" : ", static");
   if (quant.contains("smoothquant")) scheme_s += "; SmoothQuant alpha " + str(quant["smoothquant"], "alpha", "0.5");
+  if (quant.contains("awq")) scheme_s += "; AWQ scales (" + str(quant["awq"], "grid", "20") + " ratios)";
   card("scheme", scheme, scheme_s);
   std::string formats;
   for (auto& o : rep.value("outputs", json::array())) formats += (formats.empty() ? "" : ", ") + str(o, "format");
@@ -270,7 +271,7 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
   Series t{"seconds", kPalette[2], false, true};
   for (auto& l : rep.value("layers", json::array())) t.pts.emplace_back(l.value("layer", 0), l.value("seconds", 0.0));
   h += svg_chart("Time per layer (resumed layers: 0)", "layer", "seconds", {t}, false, "plot-time");
-  const json& sm = rep.value("smoothquant", json::array());
+  const json& sm = rep.contains("awq") ? rep["awq"] : rep.value("smoothquant", json::array());
   if (!sm.empty()) {
     std::map<std::string, std::pair<Series, Series>> by_pair;
     int k = 0;

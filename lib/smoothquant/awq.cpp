@@ -1,0 +1,109 @@
+#include "smoothquant/awq.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ptq {
+
+VecF mean_abs_columns(const MatF& X) {
+  const Eigen::Index n = X.cols();
+  Eigen::VectorXd sum = Eigen::VectorXd::Zero(n);
+#pragma omp parallel
+  {
+    Eigen::VectorXd part = Eigen::VectorXd::Zero(n);
+#pragma omp for schedule(static) nowait
+    for (Eigen::Index r = 0; r < X.rows(); ++r)
+      for (Eigen::Index j = 0; j < n; ++j) part[j] += std::abs(double(X(r, j)));
+#pragma omp critical
+    sum += part;   // (fp64 sums of at most a few thousand rows: the order moves the last bits only)
+  }
+  return (sum / double(std::max<Eigen::Index>(X.rows(), 1))).cast<float>();
+}
+
+VecF awq_weight_mean(const std::vector<const MatF*>& ws, const std::vector<int>& group_sizes) {
+  const Eigen::Index n = ws.empty() ? 0 : ws[0]->cols();
+  Eigen::VectorXd sum = Eigen::VectorXd::Zero(n);
+  int64_t rows = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const MatF& W = *ws[i];
+    const Eigen::Index g = group_sizes[i] > 0 ? group_sizes[i] : n;
+    for (Eigen::Index r = 0; r < W.rows(); ++r)
+      for (Eigen::Index c0 = 0; c0 < n; c0 += g) {
+        const Eigen::Index len = std::min(g, n - c0);
+        const double m = double(W.row(r).segment(c0, len).cwiseAbs().maxCoeff()) + 1e-6;
+        for (Eigen::Index j = c0; j < c0 + len; ++j) sum[j] += std::abs(double(W(r, j))) / m;
+      }
+    rows += W.rows();
+  }
+  return (sum / double(std::max<int64_t>(rows, 1))).cast<float>();
+}
+
+VecF awq_scales(const VecF& x_mean, const VecF& w_mean, double ratio) {
+  std::vector<double> s(size_t(x_mean.size()));
+  for (Eigen::Index j = 0; j < x_mean.size(); ++j) {
+    double v = std::pow(double(x_mean[j]), ratio);
+    if (w_mean.size()) v /= std::pow(double(w_mean[j]), 1.0 - ratio) + 1e-4;
+    s[size_t(j)] = std::max(v, 1e-4);
+  }
+  const auto [lo, hi] = std::minmax_element(s.begin(), s.end());
+  const double norm = std::sqrt(*lo * *hi);
+  VecF out(x_mean.size());
+  for (Eigen::Index j = 0; j < out.size(); ++j) {
+    const double v = s[size_t(j)] / norm;
+    out[j] = std::isfinite(v) ? float(v) : 1.0f;
+  }
+  return out;
+}
+
+double output_sq_error(const MatF& X, const MatF& dW) {
+  constexpr Eigen::Index kChunk = 512;   // rows of dW a GEMM: X · dW_cᵀ stays [rows, 512]
+  double sum = 0;
+  for (Eigen::Index r0 = 0; r0 < dW.rows(); r0 += kChunk) {
+    const Eigen::Index n = std::min(kChunk, dW.rows() - r0);
+    const MatF Y = X * dW.middleRows(r0, n).transpose();
+    sum += Y.cast<double>().squaredNorm();
+  }
+  return sum / double(std::max<Eigen::Index>(X.rows(), 1));
+}
+
+MatF awq_delta(const MatF& W, const QuantSpec& spec, const VecF& s) {
+  if (s.size() == 0) return rtn_quantize(W, spec).dequantize() - W;
+  MatF Ws = W * s.asDiagonal();
+  MatF D = rtn_quantize(Ws, spec).dequantize();
+  const VecF inv = s.cwiseInverse();
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index r = 0; r < D.rows(); ++r) D.row(r) = D.row(r).cwiseProduct(inv.transpose()) - W.row(r);
+  return D;
+}
+
+AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int grid, bool duo,
+                     OutputSqError err) {
+  int64_t rows = 0;
+  for (const MatF* W : ws) rows += W->rows();
+  auto error_at = [&](const VecF& s) {
+    MatF dW(rows, X.cols());
+    int64_t r0 = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      dW.middleRows(r0, ws[i]->rows()) = awq_delta(*ws[i], specs[i], s);
+      r0 += ws[i]->rows();
+    }
+    return err(X, dW);
+  };
+  AwqSearch best;
+  best.error = best.error_unscaled = error_at(VecF());
+  best.scales = VecF::Ones(X.cols());
+  const VecF x_mean = mean_abs_columns(X);
+  std::vector<int> gs;
+  for (const QuantSpec& s : specs) gs.push_back(s.group_size);
+  const VecF w_mean = duo ? awq_weight_mean(ws, gs) : VecF();
+  for (int k = 0; k < grid; ++k) {
+    const double ratio = double(k) / grid;
+    VecF s = awq_scales(x_mean, w_mean, ratio);
+    const double e = error_at(s);
+    if (e < best.error) best = {ratio, e, best.error_unscaled, std::move(s)};
+  }
+  return best;
+}
+
+}  // namespace ptq

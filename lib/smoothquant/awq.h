@@ -1,0 +1,53 @@
+// awq.h — activation-aware weight scaling (AWQ: Lin et al., 2023, as AutoAWQ and llm-compressor
+// search it) for weight-only quantization. For the Linears fed by one norm, per input channel j:
+//
+//   s_j(r) = x̄_j^r / (w̄_j^(1-r) + 1e-4)      (duo scaling; x̄_j^r alone without it), clamped at 1e-4,
+//   s      = s / sqrt(max(s) · min(s))
+//
+// x̄_j = mean |x_j| over the calibration rows, w̄_j = mean over the rows of |W_ij| / max |W| of its
+// group (the Linears stacked). The ratio r runs over 0, 1/n, ..., (n-1)/n; each is scored by the
+// quantized Linears' output error on the calibration rows,
+//
+//   e(s) = Σ_i ‖X (Q(W_i · diag(s)) · diag(s)⁻¹ − W_i)ᵀ‖² / rows      (Q: each Linear's own grid, RTN),
+//
+// and the best (or none: s = 1, where no ratio beats the unscaled error) is folded into the norm
+// (norm /= s) and the weights (W *= s), which leaves the float model's output unchanged; the
+// quantizer (RTN or GPTQ) then quantizes W · diag(s), with the Hessian of the scaled input.
+// AutoAWQ scores a ratio by the whole attention block's or MLP's output; ptqkit scores the
+// Linears' outputs (the quantity GPTQ minimizes too) and keeps s = 1 where it is better.
+#pragma once
+#include <vector>
+
+#include "model/llama.h"
+#include "quant/quantizer.h"
+
+namespace ptq {
+
+// x̄: mean |x_j| over the rows of X, in fp64 sums.
+VecF mean_abs_columns(const MatF& X);
+// w̄: each Linear's |W_ij| over its group's max |W| (groups of group_size along a row, the whole
+// row for -1; a zero group reads 0), averaged over the rows of every Linear (fp64 sums).
+VecF awq_weight_mean(const std::vector<const MatF*>& ws, const std::vector<int>& group_sizes);
+// The scales of ratio r (w_mean empty: x̄^r alone), normalized by sqrt(max · min).
+VecF awq_scales(const VecF& x_mean, const VecF& w_mean, double ratio);
+
+// ‖X dWᵀ‖²_F / rows: fp32 products (Eigen's GEMM, rows of dW in chunks), squares summed in fp64.
+// The reference of cuda::output_sq_error (awq_cuda.h).
+double output_sq_error(const MatF& X, const MatF& dW);
+using OutputSqError = double (*)(const MatF& X, const MatF& dW);
+
+// dW for one Linear at scales s (empty: unscaled): Q(W · diag(s)) · diag(s)⁻¹ − W, Q the spec's
+// round-to-nearest grid.
+MatF awq_delta(const MatF& W, const QuantSpec& spec, const VecF& s);
+
+struct AwqSearch {
+  double ratio = -1;        // the chosen ratio; -1: none beat the unscaled Linears (s = 1)
+  double error = 0;         // its output error
+  double error_unscaled = 0;
+  VecF scales;              // the chosen scales (all 1 when ratio is -1)
+};
+// The search over `grid` ratios on X (the unscaled input rows), the Linears `ws` with their specs.
+AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int grid, bool duo,
+                     OutputSqError err = output_sq_error);
+
+}  // namespace ptq
