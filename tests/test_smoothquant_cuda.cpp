@@ -195,7 +195,6 @@ TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ra
     r.output = d / (gpu_forward ? "gpu" : "hybrid");
     const json rg = run_quantize(r, {});
     const std::string fwd = rg["forward"].get<std::string>();
-    CHECK(fwd.find("AWQ's search's output errors on the GPU") != std::string::npos);
     REQUIRE(rc["awq"].size() == rg["awq"].size());
     std::string ratios;
     for (size_t i = 0; i < rc["awq"].size(); ++i) {

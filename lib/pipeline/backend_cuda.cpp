@@ -21,7 +21,6 @@
 #include "gptq/hessian_cuda.h"
 #include "model/forward_cuda.h"
 #include "pipeline/backend.h"
-#include "smoothquant/awq_cuda.h"
 #include "smoothquant/smoothquant_cuda.h"
 
 namespace ptq {
@@ -552,10 +551,9 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
       b.alpha_errors = cuda::smoothed_errors;
       b.forward_description += "; SmoothQuant's statistics from the 16-bit activations, its alpha search on the GPU (int8 GEMM)";
     }
-    if (r.awq.enabled) {
-      b.awq_error = cuda::output_sq_error;
-      b.forward_description += "; AWQ's statistics from the 16-bit activations, its search's output errors on the GPU (fp32 SGEMM)";
-    }
+    // AWQ's search errors stay on the host (output_sq_error) until cuda::output_sq_error has run on
+    // a GPU against it (tests/test_smoothquant_cuda.cpp; docs/lab/2026-12-04-awq.md).
+    if (r.awq.enabled) b.forward_description += "; AWQ's statistics from the 16-bit activations, its search's output errors on the host (fp32)";
     if (pass.comm) {
       b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " GPUs (NCCL " + cuda::nccl_version() +
                                ", one process each, fp64 Hessian all-reduce)";
@@ -580,10 +578,7 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
     b.alpha_errors = cuda::smoothed_errors;
     b.forward_description += "; SmoothQuant's alpha search on the GPU (int8 GEMM)";
   }
-  if (r.awq.enabled) {
-    b.awq_error = cuda::output_sq_error;
-    b.forward_description += "; AWQ's search's output errors on the GPU (fp32 SGEMM)";
-  }
+
   if (pass.comm) {
     b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " processes (NCCL " + cuda::nccl_version() + ")";
     if (pass.comm->size() > 1) b.ranks_agree = [comm = pass.comm](uint64_t d) { return comm->same(d); };
