@@ -4,6 +4,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "core/fsutil.h"
 #include "core/checkpoint.h"
@@ -122,6 +124,13 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
   };
   run_quantize(recipe("rtn", ""), {});
   const json rep = run_quantize(recipe("awq", ", awq: {grid: 20}"), {});
+  {   // the same bytes on one thread
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    run_quantize(recipe("awq1", ", awq: {grid: 20}"), {});
+    omp_set_num_threads(threads);
+    CHECK(sha256_file(d / "awq1/model.safetensors") == sha256_file(d / "awq/model.safetensors"));
+  }
   // and as llama.cpp's Q4_K_M (its grids searched, the norms in the GGUF), with the fake export beside
   run_quantize(recipe("gguf", ", awq: {grid: 20}", "{format: [gguf, fake], gguf_type: Q4_K_M, gguf_output_type: float, gguf_embedding_type: float}"), {});
   const int layers = json::parse(read_text_file(a + "/models/llama2xs/config.json"))["num_hidden_layers"];

@@ -100,6 +100,7 @@ json one_run(const std::string& arg) {
     r["model"] = json_field<std::string>(section(rep, "model"), "path", "", Errc::format, file, "model.path");
     r["model_dtype"] = json_field<std::string>(section(rep, "model"), "dtype", "", Errc::format, file, "model.dtype");
     r["method"] = json_field<std::string>(q, "method", "", Errc::format, file, "recipe.quantization.method");
+    r["awq"] = q.contains("awq");   // AWQ's scales before the method
     // SmoothQuant's alpha as the recipe gave it (a number, or "auto": each layer's is in report.json)
     r["smoothquant_alpha"] = q.contains("smoothquant") && section(q, "smoothquant").contains("alpha") ? q["smoothquant"]["alpha"] : json(nullptr);
     const json& act = section(q, "activations");
@@ -478,7 +479,8 @@ std::string compare_text(const json& c, int modules, bool markdown) {
       if (r["activations"].is_string()) sq += ", " + r["activations"].get<std::string>();
       // act-order orders GPTQ's columns; round-to-nearest and NF4 have no order to change
       const std::string act_order = r["method"] != "gptq" ? "-" : r["act_order"].get<bool>() ? "yes" : "no";
-      std::vector<std::string> row = {r["label"], r["method"], r["bits"], r["group_size"], act_order, sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size, bits.empty() ? "-" : bits,
+      const std::string method = (r.value("awq", false) ? "AWQ + " : "") + r["method"].get<std::string>();
+      std::vector<std::string> row = {r["label"], method, r["bits"], r["group_size"], act_order, sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size, bits.empty() ? "-" : bits,
                                       seconds(r["seconds"]) + (r["device"] == "" ? "" : " (" + short_device(r["device"]) + ")"), num(r["loss_total"]), num(r["loss_vs_rtn_geomean"], "%.3f")};
       add_eval(row, int(i));
       rows.push_back(row);

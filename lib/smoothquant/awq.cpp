@@ -7,18 +7,20 @@
 namespace ptq {
 
 VecF mean_abs_columns(const MatF& X) {
+  // Blocks of columns on threads, each column's rows summed in row order: the same bytes on any
+  // number of threads.
+  constexpr Eigen::Index kBlock = 64;
   const Eigen::Index n = X.cols();
-  Eigen::VectorXd sum = Eigen::VectorXd::Zero(n);
-#pragma omp parallel
-  {
-    Eigen::VectorXd part = Eigen::VectorXd::Zero(n);
-#pragma omp for schedule(static) nowait
+  VecF out(n);
+#pragma omp parallel for schedule(static)
+  for (Eigen::Index c0 = 0; c0 < n; c0 += kBlock) {
+    const Eigen::Index len = std::min(kBlock, n - c0);
+    Eigen::VectorXd sum = Eigen::VectorXd::Zero(len);
     for (Eigen::Index r = 0; r < X.rows(); ++r)
-      for (Eigen::Index j = 0; j < n; ++j) part[j] += std::abs(double(X(r, j)));
-#pragma omp critical
-    sum += part;   // (fp64 sums of at most a few thousand rows: the order moves the last bits only)
+      for (Eigen::Index j = 0; j < len; ++j) sum[j] += std::abs(double(X(r, c0 + j)));
+    for (Eigen::Index j = 0; j < len; ++j) out[c0 + j] = float(sum[j] / double(std::max<Eigen::Index>(X.rows(), 1)));
   }
-  return (sum / double(std::max<Eigen::Index>(X.rows(), 1))).cast<float>();
+  return out;
 }
 
 VecF awq_weight_mean(const std::vector<const MatF*>& ws, const std::vector<int>& group_sizes) {
