@@ -124,7 +124,16 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
   };
   run_quantize(recipe("rtn", ""), {});
   const json rep = run_quantize(recipe("awq", ", awq: {grid: 20}"), {});
-  {   // the same bytes on one thread
+  {   // the same bytes from its saved statistics (the scales folded as saved), and on one thread
+    QuantizeOptions save, load;
+    save.save_stats = d / "stats";
+    run_quantize(recipe("awq-s", ", awq: {grid: 20}"), save);
+    load.load_stats = d / "stats";
+    run_quantize(recipe("awq-l", ", awq: {grid: 20}"), load);
+    CHECK(sha256_file(d / "awq-l/model.safetensors") == sha256_file(d / "awq/model.safetensors"));
+    CHECK_THROWS_WITH(run_quantize(recipe("rtn-l", ""), load), Catch::Contains("key.collection.awq"));
+  }
+  {
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
     run_quantize(recipe("awq1", ", awq: {grid: 20}"), {});
