@@ -17,6 +17,7 @@
 #include "pipeline/pipeline.h"
 #include "smoothquant/awq.h"
 #include "testing.h"
+#include "testing_recipe.h"
 
 using namespace ptq;
 using nlohmann::json;
@@ -193,14 +194,7 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
 }
 
 TEST_CASE("AWQ recipes refuse what AWQ is not") {
-  auto err = [](const std::string& y) {
-    try {
-      parse_recipe(YAML::Load(y), "r.yaml");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  const auto err = ptqtest::recipe_error;
   CHECK(err("quantization: {method: rtn, awq: {}}\n") == "");
   CHECK(err("quantization: {method: rtn, bits: 8, group_size: -1, awq: {}, smoothquant: {}}\n").find("quantization.awq: AWQ and SmoothQuant") != std::string::npos);
   CHECK(err("quantization: {method: rtn, bits: 8, group_size: -1, awq: {}, activations: {strategy: token}}\n").find("weight-only") != std::string::npos);

@@ -5,17 +5,11 @@
 #include "pipeline/recipe.h"
 #include "pipeline/schemes.h"
 #include "testing.h"
+#include "testing_recipe.h"
 
 using namespace ptq;
 
-static std::string error_of(const std::string& yaml) {
-  try {
-    parse_recipe(YAML::Load(yaml), "r.yaml");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+static std::string error_of(const std::string& yaml) { return ptqtest::recipe_error(yaml); }
 
 TEST_CASE("recipe: unknown keys and wrong types name their path") {
   CHECK(error_of("quantization:\n  group_sise: 32\n") == "r.yaml: quantization.group_sise: unknown key; did you mean group_size?");

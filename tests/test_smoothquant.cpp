@@ -16,6 +16,7 @@
 #include "smoothquant/smoothquant.h"
 #include "golden.h"
 #include "testing.h"
+#include "testing_recipe.h"
 
 using namespace ptq;
 using nlohmann::json;
@@ -252,14 +253,7 @@ TEST_CASE("SmoothQuant with a Linear of a smoothed group kept float: every expor
 }
 
 TEST_CASE("W8A8 recipes refuse what W8A8 is not") {
-  auto err = [](const std::string& y) {
-    try {
-      parse_recipe(YAML::Load(y), "r.yaml");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  const auto err = ptqtest::recipe_error;
   CHECK(err("quantization: {bits: 4, smoothquant: {alpha: 0.5}}").find("needs int8 symmetric per-channel weights") != std::string::npos);
   CHECK(err("quantization: {bits: 8, group_size: -1, smoothquant: {alpha: 1.5}}").find("smoothquant.alpha: must be a number in [0, 1] or auto") !=
         std::string::npos);
