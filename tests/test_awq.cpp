@@ -134,6 +134,16 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
     CHECK(sha256_file(d / "awq-l/model.safetensors") == sha256_file(d / "awq/model.safetensors"));
     CHECK_THROWS_WITH(run_quantize(recipe("rtn-l", ""), load), Catch::Contains("key.collection.awq"));
   }
+  {   // stopped after layer 1 and resumed: the replayed layers' scaled norms, the same bytes
+    Recipe again = recipe("awq-r", ", awq: {grid: 20}");
+    QuantizeOptions stop, resume;
+    stop.resume = resume.resume = true;
+    stop.stop_after_layer = 1;
+    CHECK_THROWS_WITH(run_quantize(again, stop), Catch::Contains("stopped after layer 1"));
+    const json rr = run_quantize(again, resume);
+    CHECK(rr["awq"] == rep["awq"]);
+    CHECK(sha256_file(d / "awq-r/model.safetensors") == sha256_file(d / "awq/model.safetensors"));
+  }
   {
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
