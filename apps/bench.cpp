@@ -23,8 +23,10 @@
 #include "cuda/runtime.h"
 #include "gptq/gptq_cuda.h"
 #include "kernels/bench_kernels.h"
+#include "smoothquant/awq_cuda.h"
 #include "smoothquant/smoothquant_cuda.h"
 #endif
+#include "smoothquant/awq.h"
 #include "smoothquant/smoothquant.h"
 #include "bench.h"
 
@@ -41,6 +43,11 @@ struct BenchSmoothArgs {
   std::string preset = "llama2-7b";
   int64_t rows = 4096;   // the search's activation rows (the pipeline's max_rows)
   bool host = false;     // also time the host's reference search
+};
+struct BenchAwqArgs {
+  std::string preset = "llama2-7b";
+  int64_t rows = 4096;   // the search's activation rows (the pipeline's kSmoothRows)
+  int grid = 20;
 };
 struct BenchKernelsArgs {
   int runs = 100;
@@ -135,6 +142,58 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
 #endif
 }
 
+// AWQ's search (smoothquant/awq.h: the unscaled Linears and `grid` ratios, RTN 4-bit groups of 128,
+// asymmetric) for one decoder layer of a preset's shapes, both of its pairs (q, k, v; gate, up):
+// random weights (sd 0.02) and activations (sd 1, every 64th channel x 30), its output errors on
+// the host (the reference) and, where a GPU is present, by cuda::output_sq_error, whose every error
+// is compared with the host's.
+int run_bench_awq(const BenchAwqArgs& a) {
+  const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
+  Rng rng(7);
+  auto random = [&rng](int64_t r, int64_t k, double sd) {
+    MatF m(r, k);
+    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
+    return m;
+  };
+  const int64_t d = c.hidden_size;
+  MatF X = random(a.rows, d, 1.0);
+  for (int64_t j = 0; j < d; j += 64) X.col(j) *= 30.0f;
+  const MatF q = random(c.q_dim(), d, 0.02), k = random(c.kv_dim(), d, 0.02), v = random(c.kv_dim(), d, 0.02);
+  const MatF g = random(c.intermediate_size, d, 0.02), u = random(c.intermediate_size, d, 0.02);
+  const std::vector<std::vector<const MatF*>> groups{{&q, &k, &v}, {&g, &u}};
+  QuantSpec spec;
+  spec.method = "rtn";
+  spec.sym = false;
+  std::printf("bench awq: %s layer (hidden %lld, ffn %lld), %lld activation rows, %d ratios and the unscaled Linears a pair, RTN 4-bit g128 asymmetric\n",
+              a.preset.c_str(), (long long)d, (long long)c.intermediate_size, (long long)a.rows, a.grid);
+  std::vector<std::vector<double>> errors(2);   // per error function, every evaluation in order
+  auto time_search = [&](OutputSqError err, const char* label, std::vector<double>& seen) {
+    const OutputSqError logged = [&seen, err](const MatF& x, const MatF& dW) { const double e = err(x, dW); seen.push_back(e); return e; };
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string picks;
+    for (auto& grp : groups) {
+      const AwqSearch s = search_awq(X, grp, std::vector<QuantSpec>(grp.size(), spec), a.grid, true, logged);
+      picks += " " + (s.ratio < 0 ? std::string("none") : std::to_string(s.ratio).substr(0, 4));
+    }
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (ratios:%s)\n", label, t, t * c.num_hidden_layers, c.num_hidden_layers, picks.c_str());
+  };
+  time_search(output_sq_error, "host (fp32 Eigen)", errors[0]);
+#ifdef PTQKIT_HAVE_CUDA
+  if (cuda::available()) {
+    (void)cuda::output_sq_error(X.topRows(1), q.topRows(1));   // cuBLAS's set-up, outside the time
+    time_search(cuda::output_sq_error, "GPU (cuBLAS SGEMM)", errors[1]);
+    double worst = 0;
+    for (size_t i = 0; i < errors[0].size() && i < errors[1].size(); ++i) worst = std::max(worst, std::abs(errors[1][i] / errors[0][i] - 1));
+    std::printf("  the GPU's errors against the host's: %zu of %zu compared, at most %.2e relative\n", std::min(errors[0].size(), errors[1].size()),
+                errors[0].size(), worst);
+    return 0;
+  }
+#endif
+  std::printf("  (no GPU here: the host's search only)\n");
+  return 0;
+}
+
 int run_bench_kernels(const BenchKernelsArgs& a) {
 #ifndef PTQKIT_HAVE_CUDA
   fail(Errc::usage, "", "bench kernels", "this build has no CUDA");
@@ -187,6 +246,11 @@ std::vector<Command> add_bench(CLI::App& app) {
   bs->add_option("--preset", sa->preset, "llama2-7b | llama3-8b | ... (synth presets)")->capture_default_str();
   bs->add_option("--rows", sa->rows, "activation rows of the search")->check(CLI::Range(int64_t(1), int64_t(65536)))->capture_default_str();
   bs->add_flag("--host", sa->host, "also time the host's fp32 reference search (slow on 7B shapes)");
+  auto aa = std::make_shared<BenchAwqArgs>();
+  CLI::App* ba = bench->add_subcommand("awq", "AWQ's search for one decoder layer of a preset's shapes: its errors on the host and, with a GPU, on the GPU (compared)");
+  ba->add_option("--preset", aa->preset, "llama2-7b | llama3-8b | ... (synth presets)")->capture_default_str();
+  ba->add_option("--rows", aa->rows, "activation rows of the search")->check(CLI::Range(int64_t(1), int64_t(65536)))->capture_default_str();
+  ba->add_option("--grid", aa->grid, "ratios searched")->check(CLI::Range(1, 1000))->capture_default_str();
   CLI::App* bk = bench->add_subcommand("kernels", "W4A16, W8A16, NF4 (against cuBLAS f16) and W8A8 (against cuBLAS bf16 and int8) GPU kernels: llama shapes, M = 1..4096, cold L2");
   bk->add_option("--runs", ka->runs, "runs per measurement (median)")->default_val(100);
   bk->add_option("--kernels", ka->kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');
@@ -205,6 +269,7 @@ std::vector<Command> add_bench(CLI::App& app) {
   bg->add_option("--batch", ga->batch, "one layer: solve an MoE layer's expert downs in batches, as the pipeline does (false: one by one)")->default_val(true);
   return {{be, [ea] { return run_bench_eval(*ea); }}, {bg, [ga] { return run_bench_gptq(*ga); }}, {bk, [ka] { return run_bench_kernels(*ka); }},
           {bs, [sa] { return run_bench_smoothquant(*sa); }},
+          {ba, [aa] { return run_bench_awq(*aa); }},
           {bd, [da] { return run_bench_decode(*da); }}};
 }
 

@@ -16,6 +16,7 @@
 // AutoAWQ scores a ratio by the whole attention block's or MLP's output; ptqkit scores the
 // Linears' outputs (the quantity GPTQ minimizes too) and keeps s = 1 where it is better.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "model/llama.h"
@@ -34,7 +35,7 @@ VecF awq_scales(const VecF& x_mean, const VecF& w_mean, double ratio);
 // ‖X dWᵀ‖²_F / rows: fp32 products (Eigen's GEMM, rows of dW in chunks), squares summed in fp64.
 // The reference of cuda::output_sq_error (awq_cuda.h).
 double output_sq_error(const MatF& X, const MatF& dW);
-using OutputSqError = double (*)(const MatF& X, const MatF& dW);
+using OutputSqError = std::function<double(const MatF& X, const MatF& dW)>;
 
 // dW for one Linear at scales s (empty: unscaled): Q(W · diag(s)) · diag(s)⁻¹ − W, Q the spec's
 // round-to-nearest grid.
