@@ -291,6 +291,19 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
     for (auto& [p, ba] : by_pair) { ss.push_back(ba.first); if (!ba.second.pts.empty()) ss.push_back(ba.second); }
     h += svg_chart("Activation outlier ratio, before and after smoothing", "layer", "max / median channel absmax", ss, false, "plot-outliers");
   }
+  if (rep.contains("awq") && !rep["awq"].empty()) {   // each pair's rounded output error with its scales over without (1: none chosen)
+    std::map<std::string, Series> by_pair;
+    for (auto& e : rep["awq"]) {
+      const std::string p = str(e, "pair");
+      Series& s = by_pair[p];
+      if (s.name.empty()) s = {p == "input_layernorm" ? "q/k/v" : p == "post_attention_layernorm" ? "gate/up" : p, kPalette[by_pair.size() % 8]};
+      const double u = e.value("error_unscaled", 0.0);
+      s.pts.emplace_back(e.value("layer", 0), u > 0 ? e.value("error", 0.0) / u : 1.0);
+    }
+    std::vector<Series> ss;
+    for (auto& [p, s] : by_pair) ss.push_back(s);
+    h += svg_chart("AWQ: output error, scaled over unscaled", "layer", "error ratio", ss, false, "plot-awq");
+  }
   h += "</div>\n";
 
   // Module table, worst ratios marked
