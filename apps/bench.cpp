@@ -95,6 +95,27 @@ int run_bench_eval(const BenchEvalArgs& a) {
   return 0;
 }
 
+// One decoder layer's norm-fed Linears for the search benchmarks: random weights (sd 0.02) and
+// `rows` activation rows (sd 1, every 64th channel x 30: the outliers SmoothQuant and AWQ are for),
+// drawn in this order from seed 7.
+struct BenchLayer {
+  MatF X, q, k, v, g, u;
+  BenchLayer(const LlamaConfig& c, int64_t rows) {
+    Rng rng(7);
+    auto random = [&rng](int64_t r, int64_t k, double sd) {
+      MatF m(r, k);
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
+      return m;
+    };
+    const int64_t d = c.hidden_size;
+    X = random(rows, d, 1.0);
+    for (int64_t j = 0; j < d; j += 64) X.col(j) *= 30.0f;
+    q = random(c.q_dim(), d, 0.02), k = random(c.kv_dim(), d, 0.02), v = random(c.kv_dim(), d, 0.02);
+    g = random(c.intermediate_size, d, 0.02), u = random(c.intermediate_size, d, 0.02);
+  }
+  std::vector<std::vector<const MatF*>> groups() const { return {{&q, &k, &v}, {&g, &u}}; }
+};
+
 // SmoothQuant's alpha search (alpha_grid(): no smoothing and alpha = 0, 0.05, ..., 1) for one
 // decoder layer of a preset's shapes, both of its smoothed groups (input_layernorm -> q, k, v;
 // post_attention_layernorm -> gate, up): random weights (sd 0.02) and activations (sd 1, every 64th
@@ -105,20 +126,12 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
 #else
   if (!cuda::available()) fail(Errc::usage, "", "bench smoothquant", "needs a GPU: " + cuda::describe());
   const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
-  Rng rng(7);
-  auto random = [&rng](int64_t r, int64_t k, double sd) {
-    MatF m(r, k);
-    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
-    return m;
-  };
+  const BenchLayer L(c, a.rows);
+  const MatF& X = L.X;
   const int64_t d = c.hidden_size;
-  MatF X = random(a.rows, d, 1.0);
-  for (int64_t j = 0; j < d; j += 64) X.col(j) *= 30.0f;
   VecF am;
   update_channel_absmax(X, am);
-  const MatF q = random(c.q_dim(), d, 0.02), k = random(c.kv_dim(), d, 0.02), v = random(c.kv_dim(), d, 0.02);
-  const MatF g = random(c.intermediate_size, d, 0.02), u = random(c.intermediate_size, d, 0.02);
-  const std::vector<std::vector<const MatF*>> groups{{&q, &k, &v}, {&g, &u}};
+  const std::vector<std::vector<const MatF*>> groups = L.groups();
   const ActQuant act{ActQuant::per_token, 0};
   const size_t evals = alpha_grid().size();
   std::printf("bench smoothquant: %s layer (hidden %lld, ffn %lld), %lld activation rows, %zu evaluations a group, on %s\n", a.preset.c_str(),
@@ -149,18 +162,10 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
 // is compared with the host's.
 int run_bench_awq(const BenchAwqArgs& a) {
   const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
-  Rng rng(7);
-  auto random = [&rng](int64_t r, int64_t k, double sd) {
-    MatF m(r, k);
-    for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
-    return m;
-  };
+  const BenchLayer L(c, a.rows);
+  const MatF& X = L.X;
   const int64_t d = c.hidden_size;
-  MatF X = random(a.rows, d, 1.0);
-  for (int64_t j = 0; j < d; j += 64) X.col(j) *= 30.0f;
-  const MatF q = random(c.q_dim(), d, 0.02), k = random(c.kv_dim(), d, 0.02), v = random(c.kv_dim(), d, 0.02);
-  const MatF g = random(c.intermediate_size, d, 0.02), u = random(c.intermediate_size, d, 0.02);
-  const std::vector<std::vector<const MatF*>> groups{{&q, &k, &v}, {&g, &u}};
+  const std::vector<std::vector<const MatF*>> groups = L.groups();
   QuantSpec spec;
   spec.method = "rtn";
   spec.sym = false;
@@ -181,7 +186,7 @@ int run_bench_awq(const BenchAwqArgs& a) {
   time_search(output_sq_error, "host (fp32 Eigen)", errors[0]);
 #ifdef PTQKIT_HAVE_CUDA
   if (cuda::available()) {
-    (void)cuda::output_sq_error(X.topRows(1), q.topRows(1));   // cuBLAS's set-up, outside the time
+    (void)cuda::output_sq_error(X.topRows(1), L.q.topRows(1));   // cuBLAS's set-up, outside the time
     time_search(cuda::output_sq_error, "GPU (cuBLAS SGEMM)", errors[1]);
     double worst = 0;
     for (size_t i = 0; i < errors[0].size() && i < errors[1].size(); ++i) worst = std::max(worst, std::abs(errors[1][i] / errors[0][i] - 1));
