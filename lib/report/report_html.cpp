@@ -196,7 +196,7 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
   std::string scheme = str(quant, "method", "?");
   if (quant.contains("bits")) scheme += " " + str(quant, "bits") + "-bit";
   if (quant.contains("group_size")) scheme += quant["group_size"].get<int>() > 0 ? " g" + str(quant, "group_size") : " per-channel";
-  std::string scheme_s = std::string(quant.value("sym", true) ? "symmetric" : "asymmetric") + (quant.value("act_order", false) ? ", act-order" : "");
+  std::string scheme_s = std::string(quant.value("sym", true) ? "symmetric" : "asymmetric") + (quant.value("act_order", false) && str(quant, "method", "gptq") == "gptq" ? ", act-order" : "");   // (RTN has no column order)
   if (quant.contains("activations") && quant["activations"].is_object())
     scheme_s += "; int8 activations per " + str(quant["activations"], "strategy", "token") +
                 (quant["activations"].value("dynamic", true) ? ", dynamic" : ", static");
