@@ -82,7 +82,7 @@ std::vector<std::string> write_model(const ExportJob& job, const std::map<std::s
   auto produce = [&](const TensorSpec& s) {
     if (is_packed.count(s.name)) return produce_packed(s);
     VecF v;
-    if (job.store && job.store->float_override(s.name, &v)) return tensor_from_f32(v.data(), s.shape, s.dtype);   // smoothed norms
+    if (job.store && job.store->float_override(s.name, &v)) return tensor_from_f32(v.data(), s.shape, s.dtype);   // smoothed norms, the float Linears they feed
     return copy_of(src, s.name);
   };
   std::vector<std::string> files = write_checkpoint_tensors(job.out_dir, specs, produce, job.max_shard_bytes);

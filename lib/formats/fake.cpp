@@ -24,7 +24,7 @@ std::vector<std::string> ordered_tensor_names(const Checkpoint& ck) {
 DequantizedLookup dequantized_from(const QuantStore& store) {
   return [&store](const std::string& module, MatF* W) {
     VecF v;
-    if (store.float_override(module + ".weight", &v)) {   // a smoothed norm
+    if (store.float_override(module + ".weight", &v)) {   // a smoothed norm, or a float Linear it feeds (factors folded in)
       *W = Eigen::Map<MatF>(v.data(), v.size(), 1);
       return true;
     }

@@ -19,7 +19,8 @@ namespace ptq {
 class QuantStore {
  public:
   explicit QuantStore(std::string dir) : dir_(std::move(dir)) {}
-  // `floats`: tensors that replace the source's (smoothed norm weights); `acts`: W8A8 input spec
+  // `floats`: tensors that replace the source's (smoothed norm weights, and the float Linears of a
+  // smoothed group with its factors folded in), by full name, flattened; `acts`: W8A8 input spec
   // per module.
   void save_layer(int layer, const std::vector<QuantizedLinear>& modules, const std::vector<std::pair<std::string, VecF>>& floats = {},
                   const std::vector<std::pair<std::string, ActQuant>>& acts = {}, const std::string& report = "") const;

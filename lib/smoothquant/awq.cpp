@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+
+#include "smoothquant/smoothquant.h"
 
 namespace ptq {
 
@@ -71,7 +72,8 @@ double output_sq_error(const MatF& X, const MatF& dW) {
 
 MatF awq_delta(const MatF& W, const QuantSpec& spec, const VecF& s) {
   if (s.size() == 0) return rtn_quantize(W, spec).dequantize() - W;
-  MatF Ws = W * s.asDiagonal();
+  MatF Ws = W;
+  scale_columns(Ws, s);
   MatF D = rtn_quantize(Ws, spec).dequantize();
   const VecF inv = s.cwiseInverse();
 #pragma omp parallel for schedule(static)

@@ -52,14 +52,10 @@ VecF smoothing_factors_from(const VecF& act_absmax, const VecF& wmax, double alp
   return s;
 }
 
-namespace {
-// W[:, j] *= s_j, in place, rows on threads: each element one fp32 product, so the bytes of Eigen's
-// W * s.asDiagonal() (which runs on one thread: 0.2 s for a 7B layer's gate, up) on any number.
 void scale_columns(MatF& W, const VecF& s) {
 #pragma omp parallel for schedule(static)
   for (Eigen::Index r = 0; r < W.rows(); ++r) W.row(r) = W.row(r).cwiseProduct(s.transpose());
 }
-}  // namespace
 
 void fold_smoothing(VecF& norm, const std::vector<MatF*>& weights, const VecF& s) {
   norm = norm.cwiseQuotient(s);
