@@ -26,6 +26,7 @@
 #include "smoothquant/awq_cuda.h"
 #include "smoothquant/smoothquant_cuda.h"
 #endif
+#include "gptq/clip.h"
 #include "smoothquant/awq.h"
 #include "smoothquant/smoothquant.h"
 #include "bench.h"
@@ -159,7 +160,8 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
 // asymmetric) for one decoder layer of a preset's shapes, both of its pairs (q, k, v; gate, up):
 // random weights (sd 0.02) and activations (sd 1, every 64th channel x 30), its output errors on
 // the host (the reference) and, where a GPU is present, by cuda::output_sq_error, whose every error
-// is compared with the host's.
+// is compared with the host's; then AWQ's clipping search (gptq/clip.h) on the layer's v, o, gate, up
+// and down, each with the Hessian of random rows of its input's width.
 int run_bench_awq(const BenchAwqArgs& a) {
   const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
   const BenchLayer L(c, a.rows);
@@ -184,6 +186,30 @@ int run_bench_awq(const BenchAwqArgs& a) {
     std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (ratios:%s)\n", label, t, t * c.num_hidden_layers, c.num_hidden_layers, picks.c_str());
   };
   time_search(output_sq_error, "host (fp32 Eigen)", errors[0]);
+  {  // AWQ's clipping search (gptq/clip.h) on the Linears it covers: v, o, gate, up, down, each with its input's Hessian
+    Rng rng(8);
+    auto random = [&rng](int64_t r, int64_t k, double sd) {
+      MatF m(r, k);
+      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
+      return m;
+    };
+    auto hessian = [](const MatF& x) { return MatD((x.transpose() * x).cast<double>() * (2.0 / double(x.rows()))); };
+    const MatF o = random(d, c.q_dim(), 0.02), down = random(d, c.intermediate_size, 0.02);
+    const MatD Hd = hessian(X), Ho = hessian(random(a.rows, c.q_dim(), 1.0)), Hf = hessian(random(a.rows, c.intermediate_size, 1.0));
+    const std::vector<std::pair<const MatF*, const MatD*>> linears = {{&L.v, &Hd}, {&o, &Ho}, {&L.g, &Hd}, {&L.u, &Hd}, {&down, &Hf}};
+    QuantSpec cs = spec;
+    cs.output_clip = true;
+    int64_t searched = 0, clipped = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto [W, H] : linears) {
+      const ClipSearch r = output_clip_limits(*W, *H, cs);
+      searched += r.groups;
+      clipped += r.clipped;
+    }
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (v, o, gate, up, down: %.1f%% of %lld groups clipped)\n", "clipping search (host)", t,
+                t * c.num_hidden_layers, c.num_hidden_layers, 100.0 * double(clipped) / double(std::max<int64_t>(searched, 1)), (long long)searched);
+  }
 #ifdef PTQKIT_HAVE_CUDA
   if (cuda::available()) {
     (void)cuda::output_sq_error(X.topRows(1), L.q.topRows(1));   // cuBLAS's set-up, outside the time

@@ -13,6 +13,8 @@
 #include "eval/perplexity.h"
 #include "formats/gguf.h"
 #include "formats/open.h"
+#include "gptq/clip.h"
+#include "gptq/gptq.h"
 #include "model/corpus.h"
 #include "pipeline/pipeline.h"
 #include "smoothquant/awq.h"
@@ -109,6 +111,104 @@ TEST_CASE("AWQ: every ratio's scales and output error equal a float64 computatio
   CHECK(s0.maxCoeff() == 1.0f);
 }
 
+namespace {
+// AutoAWQ's auto_clip step for one group, in fp32 as PyTorch runs it on fp32 weights: the grid of
+// w clamped to [-m, m] (fake_quantize's; symmetric: the range's larger end both ways, zero
+// (maxq + 1) / 2), and the codes of w itself, saturating at the grid's ends, dequantized as
+// scale · (q - zero). (AutoAWQ rounds the clamped w: where both ends are clamped, -min / scale is
+// maxq / 2 to the float's last bit, and a zero rounded down leaves the clamped top one code short of
+// the end, which a weight beyond it then takes too; the unclamped weight takes the end.)
+std::vector<double> clamped_grid_quantize(const std::vector<float>& w, float m, int bits, bool sym) {
+  const float maxq = float((1 << bits) - 1);
+  std::vector<double> q(w.size());
+  float lo = 0, hi = 0;
+  for (float x : w) lo = std::min(lo, std::clamp(x, -m, m)), hi = std::max(hi, std::clamp(x, -m, m));
+  if (sym) hi = std::max(-lo, hi), lo = -hi;
+  const float scale = (hi - lo) / maxq, zero = sym ? (maxq + 1) / 2 : std::clamp(std::nearbyint(-lo / scale), 0.0f, maxq);
+  for (size_t j = 0; j < w.size(); ++j) q[j] = double(scale * (std::clamp(std::nearbyint(w[j] / scale) + zero, 0.0f, maxq) - zero));
+  return q;
+}
+}  // namespace
+
+TEST_CASE("AWQ's clipping search: each group's limit is a float64 computation of AutoAWQ's auto_clip over every calibration token") {
+  const int n = 256, rows = 48, cols = 320, g = 128;   // three groups a row, the last of 64 columns
+  Rng rng(11);
+  MatF X(n, cols), W(rows, cols);
+  for (int j = 0; j < cols; ++j) {
+    const float loud = j % 29 == 3 ? 10.0f : 1.0f;
+    for (int t = 0; t < n; ++t) X(t, j) = loud * rng.normal();
+  }
+  for (Eigen::Index i = 0; i < W.size(); ++i) W.data()[i] = 0.02f * rng.normal() * (i % 97 == 0 ? 6.0f : 1.0f);   // a few outliers
+  const Md Xd = X.cast<double>();
+  const MatD H = (Xd.transpose() * Xd) * (2.0 / n);
+  for (bool sym : {false, true})
+    for (int bits : {3, 4}) {
+      INFO("bits " << bits << (sym ? " symmetric" : " asymmetric"));
+      QuantSpec s;
+      s.method = "rtn";
+      s.bits = bits;
+      s.group_size = g;
+      s.sym = sym;
+      s.scale_dtype = DType::F32;
+      s.output_clip = true;
+      const ClipSearch c = output_clip_limits(W, H, s);
+      REQUIRE(c.groups == rows * 3);
+      const MatF Wq = rtn_quantize(W, s, &c.limits).dequantize();
+      int64_t clipped = 0, near_ties = 0;
+      double err_clipped = 0, err_none = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int gi = 0; gi < 3; ++gi) {
+          const int c0 = gi * g, w_n = std::min(g, cols - c0);
+          std::vector<float> w(size_t(w_n), 0.0f);
+          float amax = 0;
+          for (int j = 0; j < w_n; ++j) w[size_t(j)] = W(r, c0 + j), amax = std::max(amax, std::abs(W(r, c0 + j)));
+          // the cost of each step: the group's output error over the tokens, sum_t (sum_c x_tc e_c)^2
+          std::vector<double> cost(kClipSteps);
+          for (int k = 0; k < kClipSteps; ++k) {
+            const float m = k == 0 ? INFINITY : float(1.0 - k / 20.0) * amax;
+            const std::vector<double> q = clamped_grid_quantize(w, m, bits, sym);
+            Eigen::VectorXd e(w_n);
+            for (int j = 0; j < w_n; ++j) e[j] = q[size_t(j)] - double(w[size_t(j)]);
+            cost[size_t(k)] = (Xd.middleCols(c0, w_n) * e).squaredNorm();
+          }
+          const int k_ref = int(std::min_element(cost.begin(), cost.end()) - cost.begin());   // the first least: ties keep the wider range
+          const float lim = c.limits[size_t(gi * rows + r)];
+          int k_got = lim == INFINITY ? 0 : -1;
+          for (int k = 1; k < kClipSteps && k_got < 0; ++k)
+            if (clip_limit(k, amax) == lim) k_got = k;
+          INFO("row " << r << " group " << gi);
+          REQUIRE(k_got >= 0);
+          if (k_got != k_ref) {   // only where two steps cost the same to fp32's precision
+            ++near_ties;
+            CHECK(cost[size_t(k_got)] <= cost[size_t(k_ref)] * (1 + 1e-5));
+          }
+          clipped += k_got > 0;
+          // and the quantized group is that step's: the same output error
+          Eigen::VectorXd e(w_n);
+          for (int j = 0; j < w_n; ++j) e[j] = double(Wq(r, c0 + j)) - double(w[size_t(j)]);
+          CHECK(std::abs((Xd.middleCols(c0, w_n) * e).squaredNorm() - cost[size_t(k_got)]) <= 1e-4 * cost[size_t(k_got)]);
+          err_clipped += cost[size_t(k_got)], err_none += cost[0];
+        }
+      CHECK(clipped == c.clipped);
+      CHECK(clipped > 0);
+      CHECK(near_ties <= 2);
+      CHECK(err_clipped < err_none);
+      // GPTQ with static groups solves on the same grids
+      QuantSpec sg = s;
+      sg.method = "gptq";
+      sg.static_groups = sg.act_order = true;
+      const QuantizedLinear qg = gptq_quantize(W, H, sg, nullptr, &c.limits), qr = rtn_quantize(W, s, &c.limits);
+      CHECK(qg.scales == qr.scales);
+      CHECK(qg.zeros == qr.zeros);
+    }
+  // no limit anywhere: the unclamped grids, bit for bit
+  QuantSpec s;
+  s.method = "rtn";
+  const std::vector<float> none(size_t(3 * rows), INFINITY);
+  CHECK(rtn_quantize(W, s, &none).packed == rtn_quantize(W, s).packed);
+  CHECK(rtn_quantize(W, s, &none).scales == rtn_quantize(W, s).scales);
+}
+
 TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folded, the norms GGUF and the fake export write") {
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
@@ -124,7 +224,11 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
     return r;
   };
   run_quantize(recipe("rtn", ""), {});
-  const json rep = run_quantize(recipe("awq", ", awq: {grid: 20}"), {});
+  const json rep = run_quantize(recipe("awq", ", awq: {grid: 20}"), {});   // with AWQ's clipping (on for RTN)
+  run_quantize(recipe("awq-noclip", ", awq: {grid: 20, clip: false}"), {});
+  // an override that makes one Linear per-channel: refused before calibrating, naming it
+  CHECK_THROWS_WITH(run_quantize(recipe("bad", ", awq: {clip: true}, overrides: {down_proj: {group_size: -1}}"), {}),
+                    Catch::Contains("quantization.awq.clip: model.layers.0.mlp.down_proj: the clipping search takes groups"));
   {   // the same bytes from its saved statistics (the scales folded as saved), and on one thread
     QuantizeOptions save, load;
     save.save_stats = d / "stats";
@@ -162,17 +266,34 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
   }
   CHECK(scaled > 0);
   CHECK(rep["recipe"]["quantization"]["awq"]["grid"] == 20);
+  CHECK(rep["recipe"]["quantization"]["awq"]["clip"] == true);
+  // clipped: every quantized Linear but q and k
+  int with_clip = 0;
+  for (auto& m : rep["modules"]) {
+    const std::string name = m["name"];
+    const bool qk = name.ends_with(".q_proj") || name.ends_with(".k_proj");
+    INFO(name);
+    CHECK(m.contains("clipped_groups") == !qk);
+    if (m.contains("clipped_groups")) {
+      CHECK(m["clipped_groups"].get<double>() >= 0.0);
+      CHECK(m["clipped_groups"].get<double>() <= 1.0);
+      with_clip += m["clipped_groups"].get<double>() > 0;
+    }
+  }
+  CHECK(with_clip > 0);
 
   auto tok = load_tokenizer(a + "/models/llama2xs", 1);
   const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
   EvalOptions o;
   o.seq_len = 256;
   const double p_float = evaluate(*open_model(a + "/models/llama2xs"), ids, o).perplexity;
-  const double p_rtn = evaluate(*open_model(d / "rtn"), ids, o).perplexity, p_awq = evaluate(*open_model(d / "awq"), ids, o).perplexity;
+  const double p_rtn = evaluate(*open_model(d / "rtn"), ids, o).perplexity, p_awq = evaluate(*open_model(d / "awq"), ids, o).perplexity,
+               p_noclip = evaluate(*open_model(d / "awq-noclip"), ids, o).perplexity;
   const double p_gguf = evaluate(*open_model(d / "gguf/gguf"), ids, o).perplexity, p_gguf_fake = evaluate(*open_model(d / "gguf/fake"), ids, o).perplexity;
-  std::cout << "llama2xs 4-bit g128 RTN: perplexity float " << p_float << ", RTN " << p_rtn << ", AWQ + RTN " << p_awq << "; AWQ + Q4_K_M GGUF "
-            << p_gguf << " (its fake export " << p_gguf_fake << ")\n";
-  CHECK(p_rtn - p_awq >= 0.15 * (p_rtn - p_float));   // at least 15% of RTN's gap recovered (measured: 22%)
+  std::cout << "llama2xs 4-bit g128 RTN: perplexity float " << p_float << ", RTN " << p_rtn << ", AWQ + RTN " << p_awq << " (without clipping "
+            << p_noclip << "); AWQ + Q4_K_M GGUF " << p_gguf << " (its fake export " << p_gguf_fake << ")\n";
+  CHECK(p_rtn - p_noclip >= 0.15 * (p_rtn - p_float));   // the scales alone: at least 15% of RTN's gap recovered (measured: 22%)
+  CHECK(p_rtn - p_awq >= 0.3 * (p_rtn - p_float));      // with the clipping: 30% (measured: 40%)
   CHECK(std::abs(p_gguf - p_gguf_fake) <= 1e-4 * p_gguf_fake);
 
   // The norms the GGUF and the fake export hold are the run's scaled ones (f32 model: exactly).
@@ -213,4 +334,18 @@ TEST_CASE("AWQ recipes refuse what AWQ is not") {
   CHECK(err("quantization: {awq: {pairs: [o_proj]}}\n").find("quantization.awq.pairs: unknown pair 'o_proj'") != std::string::npos);
   CHECK(err("quantization: {awq: {ratio: 2}}\n").find("quantization.awq.ratio") != std::string::npos);
   CHECK(err("quantization: {true_sequential: false, awq: {}}\n").find("true_sequential") != std::string::npos);
+  // AWQ's clipping: fixed grids, groups, not beside MSE's search; resolved in the effective recipe
+  CHECK(err("quantization: {method: gptq, awq: {clip: true}}\n").find("quantization.awq.clip: clipped grids are fixed before the solve") != std::string::npos);
+  CHECK(err("quantization: {method: gptq, static_groups: true, awq: {clip: true}}\n") == "");
+  CHECK(err("quantization: {method: rtn, group_size: -1, awq: {clip: true}}\n").find("quantization.awq.clip: the clipping search takes groups") != std::string::npos);
+  CHECK(err("quantization: {method: rtn, mse: true, awq: {clip: true}}\n").find("quantization.mse runs its own") != std::string::npos);
+  auto clip_of = [](const std::string& y) { return parse_recipe(YAML::Load(y), "r.yaml").to_yaml()["quantization"]["awq"]["clip"].as<bool>(); };
+  CHECK(clip_of("quantization: {method: rtn, awq: {}}\n"));
+  CHECK(!clip_of("quantization: {method: rtn, group_size: -1, awq: {}}\n"));   // left out: on only where it fits
+  CHECK(!clip_of("quantization: {method: gptq, static_groups: true, awq: {}}\n"));   // and off for GPTQ unless asked
+  CHECK(clip_of("quantization: {method: gptq, static_groups: true, awq: {clip: true}}\n"));
+  const Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, awq: {}}\n"), "r.yaml");
+  CHECK(r.spec_for("model.layers.0.self_attn.v_proj").output_clip);
+  CHECK(!r.spec_for("model.layers.0.self_attn.q_proj").output_clip);
+  CHECK(!r.spec_for("model.layers.0.self_attn.qkv_proj").output_clip);
 }

@@ -165,7 +165,7 @@ namespace {
 double live_diag(const MatD& H, const std::vector<char>& dead, int64_t c) { return dead[size_t(c)] ? 1.0 : H(c, c); }
 }  // namespace
 
-GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats& S) {
+GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats& S, const std::vector<float>* limits) {
   const int64_t rows = W0.rows(), cols = W0.cols();
   if (H0.rows() != cols || H0.cols() != cols) fail(Errc::numeric, "", "H", "Hessian size does not match the weight's columns");
   if (!H0.allFinite()) fail(Errc::numeric, "", "H", "Hessian has NaN/Inf entries (inputs overflowed?)");
@@ -187,7 +187,9 @@ GptqProblem gptq_prepare(const MatF& W0, const MatD& H0, const QuantSpec& s, Sol
   // 2. static groups: parameters from the unpermuted weights (K forms: their super-blocks rounded)
   if (groups_per_super(s.form) && !(s.static_groups && s.group_size > 0))
     fail(Errc::usage, "", "quantization.static_groups", std::string(grid_form_name(s.form)) + " grids are static: their super-blocks are rounded before the solve");
-  if (s.static_groups && s.group_size > 0) P.static_params = static_grids(W, q);   // (q's scales in natural order: g_idx is c / group)
+  if (limits && !(s.static_groups && s.group_size > 0))
+    fail(Errc::usage, "", "quantization.static_groups", "clipped grids (quantization.awq.clip) are fixed before the solve: they need static groups");
+  if (s.static_groups && s.group_size > 0) P.static_params = static_grids(W, q, limits);   // (q's scales in natural order: g_idx is c / group)
 
   // 3. act-order permutation (stable: ties keep their natural order, so runs are deterministic)
   P.perm.resize(size_t(cols));
@@ -233,11 +235,11 @@ void damped_permuted_hessian(const MatD& H, const GptqProblem& P, double lambda,
   }
 }
 
-QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats* st) {
+QuantizedLinear gptq_quantize(const MatF& W0, const MatD& H0, const QuantSpec& s, SolveStats* st, const std::vector<float>* limits) {
   const auto t_start = std::chrono::steady_clock::now();
   SolveStats local;
   SolveStats& S = st ? *st : local;
-  GptqProblem P = gptq_prepare(W0, H0, s, S);
+  GptqProblem P = gptq_prepare(W0, H0, s, S, limits);
   MatF& W = P.W;
   QuantizedLinear& q = P.q;
   const std::vector<int64_t>& perm = P.perm;

@@ -25,9 +25,13 @@ struct SolveStats {
   // (damped_output_error).
   double err2 = std::numeric_limits<double>::quiet_NaN();
   double lambda = 0;
+  // AWQ's clipping search (gptq/clip.h) where the spec asks for it: (row, group)s searched, clamped.
+  int64_t clip_groups = 0, clipped_groups = 0;
 };
 
-QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* stats = nullptr);
+// `limits`: static_grids' clamps of the groups (AWQ's clipping, gptq/clip.h), static groups only.
+QuantizedLinear gptq_quantize(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats* stats = nullptr,
+                              const std::vector<float>* limits = nullptr);
 
 // The steps around the factorization and the column loop, shared by the CPU and CUDA solvers:
 // dead columns, static-group parameters, the act-order permutation (steps 1-3), and the
@@ -41,7 +45,7 @@ struct GptqProblem {
   std::vector<GridParams> row_params;     // [rows], per channel only
   QuantizedLinear q;                    // shape, spec and storage, filled by the loop
 };
-GptqProblem gptq_prepare(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats& stats);
+GptqProblem gptq_prepare(const MatF& W, const MatD& H, const QuantSpec& s, SolveStats& stats, const std::vector<float>* limits = nullptr);
 // mean(diag) of H in the problem's order (dead columns as 1), summed in that order; and
 // Hd = P H P^T + lambda I with the dead diagonals 1 + lambda, gathered straight from the caller's H
 // (no permuted copy of a cols^2 matrix is kept: the 7B down projection's is 1 GB).

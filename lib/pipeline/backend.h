@@ -181,6 +181,9 @@ std::unique_ptr<LayerForward> saved_statistics_forward(const CalibrationPass& pa
 std::unique_ptr<GroupSolver> cpu_solver();
 // One Linear solved on the host from the finalized H (GPTQ or RTN), with the report's losses.
 SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTimes& t);
+// Its codes: GPTQ's or RTN's, and in GPTQ runs RTN's too (*rtn, the report's baseline), both on
+// the grids AWQ's clipping search fixes where spec.output_clip (gptq/clip.h; counted in st).
+QuantizedLinear quantize_on_host(const MatF& W, const MatD& H, const QuantSpec& spec, SolveStats& st, QuantizedLinear* rtn);
 // The end of a Linear solved on its own: the report's losses of GPTQ's weights and (GPTQ runs)
 // RTN's, by `losses(W, Wq, Wr or null)`, then W replaced by the dequantized weights.
 using LossFn = std::function<std::pair<double, double>(const MatF& W, const MatF& Wq, const MatF* Wr)>;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "gptq/clip.h"
 #include "pipeline/backend.h"
 #include "pipeline/stats.h"
 
@@ -246,6 +247,18 @@ SolvedLinear finish_apart(const LinearJob& job, QuantizedLinear q, const Quantiz
   return s;
 }
 
+QuantizedLinear quantize_on_host(const MatF& W, const MatD& H, const QuantSpec& spec, SolveStats& st, QuantizedLinear* rtn) {
+  ClipSearch clip;
+  if (spec.output_clip) {
+    clip = output_clip_limits(W, H, spec);
+    st.clip_groups = clip.groups;
+    st.clipped_groups = clip.clipped;
+  }
+  const std::vector<float>* limits = spec.output_clip ? &clip.limits : nullptr;
+  if (rtn) *rtn = rtn_quantize(W, spec, limits);
+  return spec.method == "gptq" ? gptq_quantize(W, H, spec, &st, limits) : rtn_quantize(W, spec, limits);
+}
+
 SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTimes& t) {
   const QuantSpec& spec = job.spec;
   const bool gptq = spec.method == "gptq";
@@ -253,8 +266,7 @@ SolvedLinear solve_on_host(const LinearJob& job, MatF& W, const MatD& H, PhaseTi
   QuantizedLinear q, rtn;
   {
     PhaseTimer tt(t.phase["solve"]);
-    q = gptq ? gptq_quantize(W, H, spec, &st) : rtn_quantize(W, spec);
-    if (gptq) rtn = rtn_quantize(W, spec);
+    q = quantize_on_host(W, H, spec, st, gptq ? &rtn : nullptr);
   }
   return finish_apart(job, std::move(q), rtn, st, W, [&](const MatF& W0, const MatF& Wq, const MatF* Wr) {
     return host_output_errors(W0, Wq, Wr, H, gptq, st);

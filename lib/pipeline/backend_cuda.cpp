@@ -202,7 +202,9 @@ class CudaSolver final : public GroupSolver {
   DType model_dtype_;
   const cuda::Comm* comm_;
 
-  static bool resident_ok(const LinearJob& j) { return j.spec.method == "gptq" && cuda::gptq_supported(j.spec, nullptr); }
+  // (AWQ's clipping search runs on the host: its grids are fixed there, before the solve)
+  static bool on_gpu(const QuantSpec& s) { return s.method == "gptq" && !s.output_clip && cuda::gptq_supported(s, nullptr); }
+  static bool resident_ok(const LinearJob& j) { return on_gpu(j.spec); }
 
   // The Linears that share the Hessian and a spec the fused kernel serves, as one stacked solve.
   void solve_resident(std::vector<LinearJob>& todo, LayerWeights& w, HessianRef dev, PhaseTimes& t, std::vector<SolvedLinear>& out) {
@@ -456,12 +458,12 @@ class CudaSolver final : public GroupSolver {
   SolvedLinear solve_apart(const LinearJob& j, MatF& W, HessianRef dev, HostH&& host_H, PhaseTimes& t) {
     const QuantSpec& spec = j.spec;
     const bool gptq = spec.method == "gptq";
-    if (!dev.sum && !(gptq && cuda::gptq_supported(spec, nullptr))) return solve_on_host(j, W, host_H(), t);
+    if (!dev.sum && !on_gpu(spec)) return solve_on_host(j, W, host_H(), t);
     SolveStats st;
     QuantizedLinear q, rtn;
     {
       PhaseTimer a(t.phase["solve"]);
-      if (gptq && cuda::gptq_supported(spec, nullptr)) {   // the host H, uploaded (already scaled)
+      if (on_gpu(spec)) {   // the host H, uploaded (already scaled)
         const MatD& H = host_H();
         cuda::DeviceBuffer<double> dH(size_t(H.size()), "Hessian");
         cuda::copy_to_device(dH.get(), H.data(), size_t(H.size()) * 8);
@@ -469,10 +471,12 @@ class CudaSolver final : public GroupSolver {
         rows.rows = W.rows();
         rows.host = &W;
         q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &st).parts[0]);
+        rtn = rtn_quantize(W, spec);
+      } else if (gptq || spec.output_clip) {
+        q = quantize_on_host(W, host_H(), spec, st, gptq ? &rtn : nullptr);
       } else {
-        q = gptq ? gptq_quantize(W, host_H(), spec, &st) : rtn_quantize(W, spec);
+        q = rtn_quantize(W, spec);
       }
-      if (gptq) rtn = rtn_quantize(W, spec);
     }
     return finish_apart(j, std::move(q), rtn, st, W, [&](const MatF& W0, const MatF& Wq, const MatF* Wr) {
       if (dev.sum) return cuda::output_errors(W0, Wq, Wr, dev);   // fp64 on the device (cuBLAS DGEMM), as output_error on the CPU

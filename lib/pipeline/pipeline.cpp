@@ -327,6 +327,8 @@ void load_model(Run& R) {
       const std::string m = linear_name(c, l, p);
       const LinearShape sh = linear_shape(c, p);
       plan.push_back({m, sh.out, sh.in, R.spec_of(m), !r.ignored(m)});
+      if (const std::string why = plan.back().spec.output_clip ? output_clip_refusal(plan.back().spec) : ""; !why.empty() && plan.back().quantized)
+        fail(Errc::usage, r.source, "quantization.awq.clip", m + ": " + why + " (its override sets it; or set awq.clip: false)");
     }
   for (auto& fmt : r.formats) check_format(fmt, c, plan, r.nf4_blocksize);
   if (gguf) {   // the file embeds the vocabulary: a folder without a tokenizer is refused now, not after the solve
@@ -495,6 +497,7 @@ void record(Run& R, const std::string& name, const QuantSpec& spec, const Solved
                        {"damp_retries", st.retries}, {"dead_columns", st.dead_columns}, {"loss", s.loss}, {"rtn_loss", s.rtn_loss},
                        {"loss_ratio_vs_rtn", s.rtn_loss > 0 ? s.loss / s.rtn_loss : 1.0}, {"seconds", s.seconds}});
   if (spec.form != GridForm::integer_zero) R.modules.back()["grid"] = grid_form_name(spec.form);   // (absent: GPTQ's)
+  if (st.clip_groups > 0) R.modules.back()["clipped_groups"] = double(st.clipped_groups) / double(st.clip_groups);   // AWQ's clipping (gptq/clip.h)
   if (ex.expert >= 0) {
     json& m = R.modules.back();
     m["expert"] = ex.expert;
@@ -949,6 +952,7 @@ std::string spec_words(const Run& R, const QuantSpec& s) {
                   (s.sym ? "symmetric" : "asymmetric");
   if (s.method == "gptq" && s.act_order) w += s.static_groups ? ", act-order (static groups)" : ", act-order";
   if (s.mse) w += ", MSE clipping";
+  if (s.output_clip) w += ", AWQ clipping";
   if (std::find(R.r.formats.begin(), R.r.formats.end(), "gguf") != R.r.formats.end()) {
     GgmlType t;
     if (gguf_type_of(s, &t)) w += " (GGUF " + std::string(ggml_type_name(t)) + ")";
@@ -999,7 +1003,8 @@ json plan_run(Run& R) {
                {"disk_min_bytes", R.disk},
                {"free_bytes", free},
                {"recipe", yaml_to_json(R.r.to_yaml())}};
-  if (R.r.awq.enabled) plan["awq"] = {{"grid", R.r.awq.grid}, {"duo_scaling", R.r.awq.duo_scaling}, {"pairs", R.r.awq.pairs}};
+  if (R.r.awq.enabled)
+    plan["awq"] = {{"grid", R.r.awq.grid}, {"duo_scaling", R.r.awq.duo_scaling}, {"pairs", R.r.awq.pairs}, {"clip", R.r.awq.clip}};
   if (R.r.smooth.enabled) plan["smoothquant"] = {{"alpha", R.r.smooth.auto_alpha ? json("auto") : json(R.r.smooth.alpha)}, {"pairs", R.r.smooth.pairs}};
   if (!R.gguf_type_fallback.empty()) plan["gguf_type_fallback"] = R.gguf_type_fallback;
   return plan;

@@ -33,7 +33,7 @@ const Schema kOverrideSchema = [] {
 }();
 const Schema kCalibSchema = {{"dataset", {Ty::Str}}, {"samples", {Ty::Int}}, {"seq_len", {Ty::Int}}, {"seed", {Ty::Int}}};
 const Schema kSmoothSchema = {{"alpha", {Ty::Str}}, {"pairs", {Ty::StrOrList}}};
-const Schema kAwqSchema = {{"grid", {Ty::Int}}, {"duo_scaling", {Ty::Bool}}, {"pairs", {Ty::StrOrList}}};
+const Schema kAwqSchema = {{"grid", {Ty::Int}}, {"duo_scaling", {Ty::Bool}}, {"pairs", {Ty::StrOrList}}, {"clip", {Ty::Bool}}};
 const Schema kActSchema = {{"bits", {Ty::Int}}, {"strategy", {Ty::Str}}, {"dynamic", {Ty::Bool}}};
 const Schema kQuantSchema = [] {
   Schema s = kModuleSchema;
@@ -199,6 +199,7 @@ QuantSpec Recipe::spec_for(const std::string& module) const {
   QuantSpec s = quant;
   for (auto& [pat, node] : overrides)
     if (pattern_matches(pat, module)) apply_module_fields(node, s, source, "quantization.overrides." + pat);
+  s.output_clip = awq.enabled && awq.clip && s.method != "nf4" && !reads_into_scores(module);
   return s;
 }
 
@@ -376,6 +377,19 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
   for (auto& [p, n] : r.overrides)
     if (n["gguf_type"] && std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end())
       fail(Errc::usage, file, "quantization.overrides." + p + ".gguf_type", "applies to the gguf format, which export.format does not list");
+  // AWQ's clipping: asked for, it must fit the grids (the pipeline refuses a module whose override
+  // makes it not fit); left out, it is on for RTN (AutoAWQ's setting) and off for GPTQ, where it
+  // measured worse at 4 bits (docs/lab/2026-12-05-awq-clip.md)
+  if (r.awq.enabled) {
+    const std::string why = output_clip_refusal(r.quant);
+    const YAML::Node aw = q ? q["awq"] : YAML::Node();
+    if (aw && aw["clip"]) {
+      r.awq.clip = aw["clip"].as<bool>();
+      if (r.awq.clip && !why.empty()) fail(Errc::usage, file, "quantization.awq.clip", why + " (or set awq.clip: false)");
+    } else {
+      r.awq.clip = why.empty() && r.quant.method == "rtn";
+    }
+  }
   return r;
 }
 
@@ -422,6 +436,7 @@ YAML::Node Recipe::to_yaml() const {
   if (awq.enabled) {
     q["awq"]["grid"] = awq.grid;
     q["awq"]["duo_scaling"] = awq.duo_scaling;
+    q["awq"]["clip"] = awq.clip;
     for (auto& p : awq.pairs) q["awq"]["pairs"].push_back(p);
   }
   if (smooth.enabled) {

@@ -61,6 +61,9 @@ struct Recipe {
     int grid = 20;
     bool duo_scaling = true;   // s = x̄^r / w̄^(1-r) (AutoAWQ's and llm-compressor's default); false: x̄^r
     std::vector<std::string> pairs = {"input_layernorm", "post_attention_layernorm"};
+    // AutoAWQ's clipping search (gptq/clip.h) on every quantized Linear but q/k (RTN, or GPTQ with
+    // static groups); unset in the file: on for RTN, off for GPTQ; written out resolved
+    bool clip = true;
   } awq;
 
   QuantSpec spec_for(const std::string& module) const;   // quant with matching overrides applied in order

@@ -19,6 +19,7 @@ json spec_json(const QuantSpec& s) {
             {"static_groups", s.static_groups}, {"damp_percent", s.damp_percent}, {"block_size", s.block_size}, {"mse", s.mse},
             {"scale_dtype", dtype_name(s.scale_dtype)}};
   if (s.form != GridForm::integer_zero) j["grid"] = grid_form_name(s.form);   // (absent: GPTQ's, as earlier versions wrote)
+  if (s.output_clip) j["output_clip"] = true;                                 // (absent: none, as earlier versions wrote)
   return j;
 }
 // at(): a missing key throws (operator[] on a const json would be undefined).
@@ -34,6 +35,7 @@ QuantSpec spec_from(const json& j) {
   s.block_size = j.at("block_size");
   s.mse = j.at("mse");
   parse_dtype(j.at("scale_dtype").get<std::string>(), &s.scale_dtype);
+  s.output_clip = j.value("output_clip", false);
   if (j.contains("grid") && !parse_grid_form(j.at("grid").get<std::string>(), &s.form)) s.bits = -1;   // (refused by spec_of)
   return s;
 }

@@ -23,6 +23,23 @@ bool parse_grid_form(const std::string& s, GridForm* f) {
   return false;
 }
 
+const char* output_clip_refusal(const QuantSpec& s) {
+  if (s.method != "gptq" && s.method != "rtn") return "the clipping search is for rtn or gptq";
+  if (s.group_size <= 0) return "the clipping search takes groups (group_size > 0), not per-channel grids";
+  if (s.method == "gptq" && !s.static_groups)
+    return "clipped grids are fixed before the solve, and GPTQ's move with it unless static_groups: true";
+  if (s.mse) return "quantization.mse runs its own clipping search: choose one";
+  return "";
+}
+
+bool reads_into_scores(const std::string& m) {
+  for (const char* end : {".q_proj", ".k_proj", ".qkv_proj"}) {
+    const std::string e = end;
+    if (m.size() >= e.size() && m.compare(m.size() - e.size(), e.size(), e) == 0) return true;
+  }
+  return false;
+}
+
 namespace {
 GridParams minmax(float xmin, float xmax, const QuantSpec& s) {
   const int maxq = s.maxq();
@@ -54,11 +71,15 @@ GridParams minmax(float xmin, float xmax, const QuantSpec& s) {
 }
 }  // namespace
 
-GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s) {
+GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s, float limit) {
   float xmin = n > 0 ? x[0] : 0.0f, xmax = xmin;   // (GPTQ's grids then take in 0; Q4_1's need not)
   for (int64_t i = 0; i < n; ++i) {
     xmin = std::min(xmin, x[i * stride]);
     xmax = std::max(xmax, x[i * stride]);
+  }
+  if (limit < std::numeric_limits<float>::infinity()) {   // the min and max of the clamped values
+    xmin = std::min(std::max(xmin, -limit), limit);
+    xmax = std::min(std::max(xmax, -limit), limit);
   }
   GridParams best = minmax(xmin, xmax, s);
   if (!s.mse || best.scale == 0.0f) return best;
@@ -216,14 +237,16 @@ QuantizedLinear QuantizedLinear::empty(int64_t rows, int64_t cols, const QuantSp
   return q;
 }
 
-std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q) {
+std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q, const std::vector<float>* limits) {
   const QuantSpec& s = q.spec;
   const int64_t rows = q.rows, cols = q.cols, gs = s.group_size > 0 ? s.group_size : cols;
   std::vector<GridParams> p(size_t(q.groups * rows));
 #pragma omp parallel for schedule(static) if (rows * cols > 65536)
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<GridParams> row(static_cast<size_t>(q.groups));
-    for (int64_t g = 0; g < q.groups; ++g) row[size_t(g)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s);
+    for (int64_t g = 0; g < q.groups; ++g)
+      row[size_t(g)] = find_grid(&W(r, g * gs), std::min(gs, cols - g * gs), 1, s,
+                                 limits ? (*limits)[size_t(g * rows + r)] : std::numeric_limits<float>::infinity());
     if (const int n = groups_per_super(s.form))
       for (int64_t b = 0; b < q.groups / n; ++b) {
         const auto [d, dmin] = round_super_block(&row[size_t(b * n)], s);
@@ -242,11 +265,11 @@ std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q) {
   return p;
 }
 
-QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s) {
+QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s, const std::vector<float>* limits) {
   QuantizedLinear q = QuantizedLinear::empty(W.rows(), W.cols(), s);
   const int64_t gs = s.group_size > 0 ? s.group_size : q.cols;
   std::vector<uint8_t> codes(size_t(q.rows * q.cols));
-  const std::vector<GridParams> p = static_grids(W, q);   // the grids as the solve takes them (super-blocks rounded)
+  const std::vector<GridParams> p = static_grids(W, q, limits);   // the grids as the solve takes them (super-blocks rounded)
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < q.rows; ++r)
     for (int64_t c = 0; c < q.cols; ++c) codes[size_t(r * q.cols + c)] = uint8_t(quantize_code(W(r, c), p[size_t(c / gs * q.rows + r)], s.maxq()));

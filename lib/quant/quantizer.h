@@ -2,6 +2,7 @@
 // representation of quantized weights that every export format is written from.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,15 +38,27 @@ struct QuantSpec {
   double damp_percent = 0.01;    // of mean(diag(H))
   int block_size = 128;
   bool mse = false;              // search a clipping factor per row/group (norm 2.4, grid 100, max shrink 0.8)
+  // AWQ's clipping search (gptq/clip.h): each group's range clamped where that lowers its output
+  // error under the Hessian. A flag for the solvers, which run the search and pass its limits to
+  // static_grids; static grids only (RTN, or GPTQ with static_groups), groups only, not with mse.
+  bool output_clip = false;
   DType scale_dtype = DType::F16;  // scales are rounded to this before use, so GPTQ compensates their rounding
   GridForm form = GridForm::integer_zero;   // the others need static grids (group parameters known before the solve)
   int maxq() const { return (1 << bits) - 1; }
   bool operator==(const QuantSpec& o) const {
     return method == o.method && bits == o.bits && group_size == o.group_size && sym == o.sym && act_order == o.act_order &&
            static_groups == o.static_groups && damp_percent == o.damp_percent && block_size == o.block_size && mse == o.mse &&
-           scale_dtype == o.scale_dtype && form == o.form;
+           output_clip == o.output_clip && scale_dtype == o.scale_dtype && form == o.form;
   }
 };
+
+// Why spec s cannot take AWQ's clipping search ("" where it can): it needs groups, grids fixed
+// before the solve (RTN, or GPTQ with static_groups) and no MSE search of its own.
+const char* output_clip_refusal(const QuantSpec& s);
+// AWQ leaves the Linears whose outputs hold attention's queries or keys unclipped, as AutoAWQ does
+// (their errors meet in q·kᵀ, which the group's output error does not see): q_proj, k_proj and a
+// fused qkv_proj.
+bool reads_into_scores(const std::string& module);
 
 // Grid parameters of one row of one group: w ~ scale * (q - zero), or scale * q + min where the
 // form has a min; q in [0, maxq]. A K form's scale may be 0 (a sub-block scale rounded to 0: every
@@ -59,8 +72,9 @@ struct GridParams {
 
 // The group's grid for n values x: min-max (with the optional MSE clipping search), its scale (and
 // min) rounded as the form stores them. K forms: the float grid of one sub-block, before
-// round_super_block.
-GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s);
+// round_super_block. `limit`: the grid of the values clamped to [-limit, limit] (AWQ's clipping;
+// infinity: none); codes of values past it saturate at the grid's ends.
+GridParams find_grid(const float* x, int64_t n, int64_t stride, const QuantSpec& s, float limit = std::numeric_limits<float>::infinity());
 // K forms: rounds the grids of one row's super-block (groups_per_super of them) to the block's
 // representation; returns the super-block's d and dmin (0 for k_sym), f16 values.
 std::pair<float, float> round_super_block(GridParams* g, const QuantSpec& s);
@@ -108,10 +122,11 @@ bool concat_rows(const std::vector<QuantizedLinear>& parts, QuantizedLinear* out
 
 // The grids of W's groups in natural column order [groups, rows] (one group per row without
 // group_size; super-blocks rounded), also written into q's scales, zeros, mins and super-block
-// parameters (q: QuantizedLinear::empty).
-std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q);
+// parameters (q: QuantizedLinear::empty). `limits` [groups, rows]: each group's clamp (find_grid's
+// limit; gptq/clip.h), null: none.
+std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q, const std::vector<float>* limits = nullptr);
 
 // Round-to-nearest with the same grids (the baseline), groups in natural column order.
-QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s);
+QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s, const std::vector<float>* limits = nullptr);
 
 }  // namespace ptq

@@ -201,7 +201,8 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
     scheme_s += "; int8 activations per " + str(quant["activations"], "strategy", "token") +
                 (quant["activations"].value("dynamic", true) ? ", dynamic" : ", static");
   if (quant.contains("smoothquant")) scheme_s += "; SmoothQuant alpha " + str(quant["smoothquant"], "alpha", "0.5");
-  if (quant.contains("awq")) scheme_s += "; AWQ scales (" + str(quant["awq"], "grid", "20") + " ratios)";
+  if (quant.contains("awq"))
+    scheme_s += "; AWQ scales (" + str(quant["awq"], "grid", "20") + " ratios" + (quant["awq"].value("clip", false) ? ", groups clipped)" : ")");
   card("scheme", scheme, scheme_s);
   std::string formats;
   for (auto& o : rep.value("outputs", json::array())) formats += (formats.empty() ? "" : ", ") + str(o, "format");
@@ -312,7 +313,9 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
   for (auto& m : mods) {
     const double r = m.value("loss_ratio_vs_rtn", 1.0);
     h += std::string("<tr") + (r > 1.0 + 1e-9 || m.value("damp_retries", 0) > 0 ? " class=\"bad\"" : "") + "><td>" + esc(m.value("name", "")) +
-         "</td><td>" + esc(str(m, "method")) + "</td><td>" + esc(str(m, "bits", "-")) + "</td><td>" + esc(str(m, "group_size", "-")) + "</td><td>" +
+         "</td><td>" + esc(str(m, "method")) +
+         (m.contains("clipped_groups") ? ", " + num(100 * m["clipped_groups"].get<double>(), "%.0f") + "% of groups clipped" : "") +   // AWQ's clipping
+         "</td><td>" + esc(str(m, "bits", "-")) + "</td><td>" + esc(str(m, "group_size", "-")) + "</td><td>" +
          (m.contains("loss") ? num(m["loss"].get<double>()) : "-") + "</td><td>" + (m.contains("rtn_loss") ? num(m["rtn_loss"].get<double>()) : "-") +
          "</td><td>" + (m.contains("loss_ratio_vs_rtn") ? num(r, "%.3f") : "-") + "</td><td>" + num(100 * m.value("damp_percent", 0.0), "%.3g") +
          "</td><td>" + std::to_string(m.value("damp_retries", 0)) + "</td><td>" + num(m.value("seconds", 0.0), "%.3f") + "</td></tr>\n";
