@@ -532,6 +532,22 @@ void llama_cpp_quantize(const std::string& in, const std::string& out, int ftype
   REQUIRE(quantize_model(in.c_str(), out.c_str(), &p) == 0);
   dlclose(lib);
 }
+// llama_model_quantize of `in` into `out` as llama_ftype `ftype`, output.weight and token_embd as
+// ggml types `output` and `embedding`.
+void llama_cpp_quantize_tables(const std::string& in, const std::string& out, int ftype, int output, int embedding) {
+  void* lib = open_lib(client_lib("libllama.v0.5.0.so"));
+  const auto defaults = reinterpret_cast<QuantizeParams (*)()>(dlsym(lib, "llama_model_quantize_default_params"));
+  const auto quantize_model = reinterpret_cast<uint32_t (*)(const char*, const char*, const QuantizeParams*)>(dlsym(lib, "llama_model_quantize"));
+  REQUIRE(defaults != nullptr);
+  REQUIRE(quantize_model != nullptr);
+  QuantizeParams p = defaults();
+  p.nthread = 2;
+  p.ftype = ftype;
+  p.output_tensor_type = output;
+  p.token_embedding_type = embedding;
+  REQUIRE(quantize_model(in.c_str(), out.c_str(), &p) == 0);
+  dlclose(lib);
+}
 // The tensors of each block type in a GGUF file.
 std::map<std::string, int> gguf_types(const std::string& path) {
   std::map<std::string, int> n;
@@ -619,6 +635,52 @@ TEST_CASE("client: on distilled-13m's ffn_down (the Linears K-quants hold) ptqki
   std::cout << "distilled-13m, ffn_down from each Q4_K_M file, " << (windows > 0 ? std::to_string(windows) : "all") << " windows of 512, llama-perplexity's protocol: float " << f
             << ", llama.cpp " << theirs << " (+" << 100 * (theirs / f - 1) << "%), ptqkit " << ours << " (+" << 100 * (ours / f - 1) << "%)\n";
   CHECK(ours < theirs);
+}
+
+// The two tensors a GGUF run rounds without a Hessian, output.weight and token_embd.weight, are
+// llama.cpp's quantizer's own blocks (formats/ggml_quantize.cpp): ptqkit's GGUF with both in type T
+// against llama_model_quantize of ptqkit's float GGUF with both set to T, byte for byte, in every
+// block type ptqkit writes: the 32-element types on distilled-13m (f16, 384 wide, real weights),
+// the K types (and two others) on a synthetic checkpoint 512 wide.
+TEST_CASE("client: ptqkit's output.weight and token_embd.weight are llama.cpp's quantizer's blocks, byte for byte, in every block type") {
+  PTQ_REQUIRE_CLIENT();
+  ptqtest::TempDir d;
+  const std::string A = ptqtest::assets();
+  {
+    const auto r = run_ptqkit("-q synth --preset small --layers 1 --output " + d / "small");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+  }
+  const std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> cases = {
+      {"distilled-13m", A + "/models/distilled-13m", {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}},
+      {"small", d / "small", {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_1"}}};
+  for (const auto& [name, model, types] : cases) {
+    quantize(d, name + "-float", model, 32, kFloatLayers, "gguf", 2);
+    for (const std::string& T : types) {
+      INFO(name << " " << T);
+      ptq::GgmlType t;
+      REQUIRE(ptq::parse_ggml_type(T.c_str(), &t));
+      const std::string ours = name + "-" + T, theirs = d / (name + "-llama-" + T + ".gguf");
+      quantize(d, ours, model, 32, kFloatLayers, "gguf\n  gguf_output_type: " + T + "\n  gguf_embedding_type: " + T, 2);
+      llama_cpp_quantize_tables(d / (name + "-float/model.gguf"), theirs, 7, int(t), int(t));   // LLAMA_FTYPE_MOSTLY_Q8_0 for the rest
+      const ptq::GgufFile a(d / (ours + "/model.gguf")), b(theirs);
+      for (const char* tensor : {"output.weight", "token_embd.weight"}) {
+        INFO(tensor);
+        const auto* x = a.find(tensor);
+        const auto* y = b.find(tensor);
+        REQUIRE(x != nullptr);
+        REQUIRE(y != nullptr);
+        REQUIRE(x->type == t);
+        REQUIRE(y->type == t);
+        REQUIRE(x->nbytes == y->nbytes);
+        const size_t bb = size_t(ptq::ggml_block_bytes(t));
+        size_t differ = 0;
+        for (size_t o = 0; o < x->nbytes; o += bb) differ += std::memcmp(x->data + o, y->data + o, bb) != 0;
+        INFO(differ << " of " << x->nbytes / bb << " blocks differ");
+        CHECK(differ == 0);
+      }
+    }
+  }
 }
 
 // llama.cpp's quantizer picks each tensor's type of a mix by its role, layer, width, expert count

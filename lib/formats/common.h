@@ -28,8 +28,9 @@ struct ExportJob {
   DType nf4_compute_dtype = DType::F16;
   std::vector<std::string> nf4_modules;  // the Linears to store as NF4
   const VocabInfo* vocab = nullptr;      // the model's vocabulary where the caller has it (GGUF); else read from the model folder
-  // GGUF: the block types of output.weight and token_embd.weight, rounded to nearest on the type's
-  // grid (with the clipping search where gguf_mse); none: the model's float type
+  // GGUF: the block types of output.weight and token_embd.weight, quantized as llama.cpp's quantizer
+  // does (ggml_blocks.h's quantize_row_ggml), or where gguf_mse rounded to nearest on ptqkit's grid
+  // with its clipping search; none: the model's float type
   std::optional<GgmlType> gguf_output, gguf_embedding;
   bool gguf_mse = false;
   std::string gguf_type;   // export.gguf_type ("" where not set): the file type general.file_type names

@@ -317,29 +317,4 @@ void decode_block(GgmlType t, const void* block, uint8_t* q, BlockGrid* g) {
   }
 }
 
-BlockQ4_0 quantize_block_q4_0(const float* x) {
-  float amax = 0, max = 0;
-  for (int j = 0; j < kQK; ++j)
-    if (std::abs(x[j]) > amax) { amax = std::abs(x[j]); max = x[j]; }
-  const float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
-  BlockQ4_0 b;
-  b.d = f32_to_f16_bits(d);
-  for (int j = 0; j < kQK / 2; ++j) {
-    const uint8_t x0 = uint8_t(std::min(15, int(int8_t(x[j] * id + 8.5f))));
-    const uint8_t x1 = uint8_t(std::min(15, int(int8_t(x[kQK / 2 + j] * id + 8.5f))));
-    b.qs[j] = uint8_t(x0 | (x1 << 4));
-  }
-  return b;
-}
-
-BlockQ8_0 quantize_block_q8_0(const float* x) {
-  float amax = 0;
-  for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::abs(x[j]));
-  const float d = amax / 127, id = d != 0 ? 1.0f / d : 0.0f;
-  BlockQ8_0 b;
-  b.d = f32_to_f16_bits(d);
-  for (int j = 0; j < kQK; ++j) b.qs[j] = int8_t(std::round(x[j] * id));   // roundf: half away from zero, as llama.cpp
-  return b;
-}
-
 }  // namespace ptq

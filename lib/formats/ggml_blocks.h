@@ -65,8 +65,11 @@ struct BlockGrid {
 int ggml_block_group(GgmlType t);   // 32; 16 for Q6_K
 void decode_block(GgmlType t, const void* block, uint8_t* q, BlockGrid* groups);
 
-// llama.cpp's reference round-to-nearest quantizers (quantize_row_q4_0_ref, quantize_row_q8_0_ref)
-// of one block: the baselines of tests/test_gguf.cpp.
+// llama.cpp's reference quantizers (quantize_row_*_ref, what llama_model_quantize writes without an
+// importance matrix; ggml_quantize.cpp): n values (whole blocks) of type t into out. The GGUF
+// writer's rounding of the tensors that have no Hessian (output.weight, token_embd.weight).
+void quantize_row_ggml(GgmlType t, const float* x, int64_t n, void* out);
+// One Q4_0 / Q8_0 block of them (also the baselines of tests/test_gguf.cpp).
 BlockQ4_0 quantize_block_q4_0(const float* x);
 BlockQ8_0 quantize_block_q8_0(const float* x);
 inline void dequantize_block_q4_0(const BlockQ4_0& b, float* y) { dequantize_row(GgmlType::Q4_0, &b, y, kQK); }

@@ -373,9 +373,23 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
               encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data() + b * be, dst + size_t(first + i) * row_bytes + size_t(b * bb));
           });
         };
-        if (t.rounded) {
-          // output / token_embd: rounded to nearest on the type's grid (each row's groups apart,
-          // so chunk by chunk of rows gives the bytes of the whole at once)
+        if (t.rounded && !job.gguf_mse) {
+          // output / token_embd (no Hessian): llama.cpp's own quantizer of the type, the bytes
+          // llama_model_quantize writes (ggml_quantize.cpp), a row at a time on the threads
+          constexpr int64_t kChunk = 1024;
+          std::vector<int32_t> rows;
+          MatF W;
+          for (int64_t r0 = 0; r0 < t.rows; r0 += kChunk) {
+            const int64_t n = std::min(kChunk, t.rows - r0);
+            rows.resize(size_t(n));
+            for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = int32_t(r0 + i);
+            W.resize(n, t.cols);
+            job.model->weights().read_rows_f32(hf, rows, W.data());
+            parallel_for(n, [&](int64_t i) { quantize_row_ggml(t.type, &W(i, 0), t.cols, dst + size_t(r0 + i) * row_bytes); });
+          }
+        } else if (t.rounded) {
+          // with gguf_mse: rounded to nearest on the type's grid with the MSE clipping search
+          // (each row's groups apart, so chunk by chunk of rows gives the bytes of the whole at once)
           QuantSpec spec;
           spec.method = "rtn";
           spec.mse = job.gguf_mse;
