@@ -631,7 +631,7 @@ TEST_CASE("llama2xs in every format: configs key by key, and each evaluates like
 // the row; token_embd.weight the file's type; tied embeddings the output's; each falling back where
 // its blocks do not divide the row (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), F16 where none does.
 // The table is that source's outcome for each input, read off by hand.
-TEST_CASE("GGUF: output.weight and token_embd.weight take the types llama.cpp's quantizer gives them, rounded to nearest on their grid") {
+TEST_CASE("GGUF: output.weight and token_embd.weight take the types llama.cpp's quantizer gives them, and its rounding") {
   struct Row {
     GgmlType base;
     int64_t cols;
@@ -669,8 +669,9 @@ TEST_CASE("GGUF: output.weight and token_embd.weight take the types llama.cpp's 
   REQUIRE(e->type == GgmlType::Q8_0);
   CHECK(g.find("blk.0.attn_q.weight")->type == GgmlType::Q4_0);
   CHECK(g.metadata()["general.file_type"] == 2);   // Q4_0: the Linears' type, whatever the embeddings take
-  // Each value within 0.6 of its block's step 2 max|x| / 255 (half a step, and the f16 rounding of
-  // d times codes up to 128), against the stored floats read in float64.
+  // Each value within 0.6 of its block's step d = max|x| / 127 (llama.cpp's Q8_0: half a step, and
+  // the f16 rounding of d times codes up to 127), against the stored floats read in float64.
+  // (The blocks are llama.cpp's own, byte for byte: tests/test_client.cpp.)
   const LlamaModel m(a + "/models/llama2xs");
   const Shape sh = m.weights().shape("model.embed_tokens.weight");
   std::vector<float> x(size_t(numel(sh))), y(x.size());
@@ -680,7 +681,7 @@ TEST_CASE("GGUF: output.weight and token_embd.weight take the types llama.cpp's 
   for (size_t b = 0; b < x.size(); b += 32) {
     double amax = 0;
     for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::abs(double(x[i])));
-    const double step = 2 * amax / 255;
+    const double step = amax / 127;
     for (size_t i = b; i < b + 32; ++i) {
       INFO("element " << i);
       CHECK(std::abs(double(y[i]) - double(x[i])) <= 0.6 * step + 1e-12);
