@@ -48,10 +48,14 @@ int print_plan(const nlohmann::json& p) {
     std::printf("  activations: int%d, %s per %s\n", act.value("bits", 8), act.value("dynamic", true) ? "dynamic" : "static",
                 act.value("strategy", std::string("token")).c_str());
   }
-  if (p.contains("awq"))
-    std::printf("  AWQ: scales searched per layer over %d ratios (%s) on %s; %s\n", p["awq"]["grid"].get<int>(),
-                p["awq"]["duo_scaling"].get<bool>() ? "activations and weights" : "activations", p["awq"]["pairs"].dump().c_str(),
-                p["awq"]["clip"].get<bool>() ? "each group's range clipped where that lowers its output error (all but q/k)" : "no clipping");
+  if (p.contains("awq")) {
+    const char* clip = p["awq"]["clip"].get<bool>() ? "each group's range clipped where that lowers its output error (all but q/k)" : "no clipping";
+    if (p["awq"]["pairs"].empty())
+      std::printf("  AWQ: no scales (pairs: []); %s\n", clip);
+    else
+      std::printf("  AWQ: scales searched per layer over %d ratios (%s) on %s; %s\n", p["awq"]["grid"].get<int>(),
+                  p["awq"]["duo_scaling"].get<bool>() ? "activations and weights" : "activations", p["awq"]["pairs"].dump().c_str(), clip);
+  }
   if (p.contains("smoothquant"))
     std::printf("  SmoothQuant: alpha %s\n", p["smoothquant"]["alpha"].is_string() ? "auto (searched per layer)" : p["smoothquant"]["alpha"].dump().c_str());
   std::printf("  %lld Linears:\n", (long long)p["linears"].get<int64_t>());

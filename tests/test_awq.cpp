@@ -344,6 +344,11 @@ TEST_CASE("AWQ recipes refuse what AWQ is not") {
   CHECK(!clip_of("quantization: {method: rtn, group_size: -1, awq: {}}\n"));   // left out: on only where it fits
   CHECK(!clip_of("quantization: {method: gptq, static_groups: true, awq: {}}\n"));   // and off for GPTQ unless asked
   CHECK(clip_of("quantization: {method: gptq, static_groups: true, awq: {clip: true}}\n"));
+  // pairs: [] is the clipping alone; it reads back from the effective recipe as written
+  CHECK(err("quantization: {method: rtn, awq: {pairs: [], clip: false}}\n").find("quantization.awq: no pairs and no clipping") != std::string::npos);
+  const YAML::Node alone = parse_recipe(YAML::Load("quantization: {method: rtn, awq: {pairs: []}}\n"), "r.yaml").to_yaml();
+  CHECK(parse_recipe(YAML::Load(YAML::Dump(alone)), "r.yaml").awq.pairs.empty());
+  CHECK(parse_recipe(YAML::Load(YAML::Dump(alone)), "r.yaml").awq.clip);
   const Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, awq: {}}\n"), "r.yaml");
   CHECK(r.spec_for("model.layers.0.self_attn.v_proj").output_clip);
   CHECK(!r.spec_for("model.layers.0.self_attn.q_proj").output_clip);

@@ -389,6 +389,8 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
     } else {
       r.awq.clip = why.empty() && r.quant.method == "rtn";
     }
+    if (r.awq.pairs.empty() && !r.awq.clip)
+      fail(Errc::usage, file, "quantization.awq", "no pairs and no clipping: AWQ would do nothing (pairs: [] is the clipping search alone)");
   }
   return r;
 }
@@ -437,11 +439,13 @@ YAML::Node Recipe::to_yaml() const {
     q["awq"]["grid"] = awq.grid;
     q["awq"]["duo_scaling"] = awq.duo_scaling;
     q["awq"]["clip"] = awq.clip;
+    q["awq"]["pairs"] = YAML::Node(YAML::NodeType::Sequence);   // (empty: clipping alone, written so that it reads back so)
     for (auto& p : awq.pairs) q["awq"]["pairs"].push_back(p);
   }
   if (smooth.enabled) {
     if (smooth.auto_alpha) q["smoothquant"]["alpha"] = "auto";
     else q["smoothquant"]["alpha"] = smooth.alpha;
+    q["smoothquant"]["pairs"] = YAML::Node(YAML::NodeType::Sequence);
     for (auto& p : smooth.pairs) q["smoothquant"]["pairs"].push_back(p);
   }
   if (act_mode != ActQuant::none) {

@@ -100,7 +100,9 @@ json one_run(const std::string& arg) {
     r["model"] = json_field<std::string>(section(rep, "model"), "path", "", Errc::format, file, "model.path");
     r["model_dtype"] = json_field<std::string>(section(rep, "model"), "dtype", "", Errc::format, file, "model.dtype");
     r["method"] = json_field<std::string>(q, "method", "", Errc::format, file, "recipe.quantization.method");
-    r["awq"] = q.contains("awq");   // AWQ's scales before the method
+    // AWQ's scales before the method (pairs: [] none), and its clipping (recipes before 2026-12-05: none)
+    r["awq"] = q.contains("awq") && !(section(q, "awq").contains("pairs") && section(q, "awq")["pairs"].empty());
+    r["awq_clip"] = q.contains("awq") && section(q, "awq").value("clip", false);
     // SmoothQuant's alpha as the recipe gave it (a number, or "auto": each layer's is in report.json)
     r["smoothquant_alpha"] = q.contains("smoothquant") && section(q, "smoothquant").contains("alpha") ? q["smoothquant"]["alpha"] : json(nullptr);
     const json& act = section(q, "activations");
@@ -479,7 +481,7 @@ std::string compare_text(const json& c, int modules, bool markdown) {
       if (r["activations"].is_string()) sq += ", " + r["activations"].get<std::string>();
       // act-order orders GPTQ's columns; round-to-nearest and NF4 have no order to change
       const std::string act_order = r["method"] != "gptq" ? "-" : r["act_order"].get<bool>() ? "yes" : "no";
-      const std::string method = (r.value("awq", false) ? "AWQ + " : "") + r["method"].get<std::string>();
+      const std::string method = std::string(r.value("awq", false) ? "AWQ + " : "") + (r.value("awq_clip", false) ? "clip + " : "") + r["method"].get<std::string>();
       std::vector<std::string> row = {r["label"], method, r["bits"], r["group_size"], act_order, sq, fmt.empty() ? "-" : fmt, size.empty() ? "-" : size, bits.empty() ? "-" : bits,
                                       seconds(r["seconds"]) + (r["device"] == "" ? "" : " (" + short_device(r["device"]) + ")"), num(r["loss_total"]), num(r["loss_vs_rtn_geomean"], "%.3f")};
       add_eval(row, int(i));

@@ -201,8 +201,10 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
     scheme_s += "; int8 activations per " + str(quant["activations"], "strategy", "token") +
                 (quant["activations"].value("dynamic", true) ? ", dynamic" : ", static");
   if (quant.contains("smoothquant")) scheme_s += "; SmoothQuant alpha " + str(quant["smoothquant"], "alpha", "0.5");
-  if (quant.contains("awq"))
-    scheme_s += "; AWQ scales (" + str(quant["awq"], "grid", "20") + " ratios" + (quant["awq"].value("clip", false) ? ", groups clipped)" : ")");
+  if (quant.contains("awq")) {
+    const bool scales = !quant["awq"].contains("pairs") || !quant["awq"]["pairs"].empty(), clip = quant["awq"].value("clip", false);
+    scheme_s += scales ? "; AWQ scales (" + str(quant["awq"], "grid", "20") + " ratios" + (clip ? ", groups clipped)" : ")") : "; AWQ's clipping alone";
+  }
   card("scheme", scheme, scheme_s);
   std::string formats;
   for (auto& o : rep.value("outputs", json::array())) formats += (formats.empty() ? "" : ", ") + str(o, "format");
