@@ -174,8 +174,9 @@ int run_bench_awq(const BenchAwqArgs& a) {
   std::printf("bench awq: %s layer (hidden %lld, ffn %lld), %lld activation rows, %d ratios and the unscaled Linears a pair, RTN 4-bit g128 asymmetric\n",
               a.preset.c_str(), (long long)d, (long long)c.intermediate_size, (long long)a.rows, a.grid);
   std::vector<std::vector<double>> errors(2);   // per error function, every evaluation in order
-  auto time_search = [&](OutputSqError err, const char* label, std::vector<double>& seen) {
-    const OutputSqError logged = [&seen, err](const MatF& x, const MatF& dW) { const double e = err(x, dW); seen.push_back(e); return e; };
+  // err unset: the host's own choice (search_awq: the product X·dWᵀ, or the Gram form for tall X)
+  auto time_search = [&](OutputSqError err, const char* label, std::vector<double>* seen) {
+    const OutputSqError logged = err && seen ? OutputSqError([seen, err](const MatF& x, const MatF& dW) { const double e = err(x, dW); seen->push_back(e); return e; }) : err;
     const auto t0 = std::chrono::steady_clock::now();
     std::string picks;
     for (auto& grp : groups) {
@@ -185,7 +186,7 @@ int run_bench_awq(const BenchAwqArgs& a) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (ratios:%s)\n", label, t, t * c.num_hidden_layers, c.num_hidden_layers, picks.c_str());
   };
-  time_search(output_sq_error, "host (fp32 Eigen)", errors[0]);
+  time_search({}, 2 * a.rows > d ? "host (Gram form)" : "host (X·dWᵀ)", nullptr);
   {  // AWQ's clipping search (gptq/clip.h) on the Linears it covers: v, o, gate, up, down, each with its input's Hessian
     Rng rng(8);
     auto random = [&rng](int64_t r, int64_t k, double sd) {
@@ -213,7 +214,8 @@ int run_bench_awq(const BenchAwqArgs& a) {
 #ifdef PTQKIT_HAVE_CUDA
   if (cuda::available()) {
     (void)cuda::output_sq_error(X.topRows(1), L.q.topRows(1));   // cuBLAS's set-up, outside the time
-    time_search(cuda::output_sq_error, "GPU (cuBLAS SGEMM)", errors[1]);
+    time_search(output_sq_error, "host (X·dWᵀ, the GPU's form)", &errors[0]);
+    time_search(cuda::output_sq_error, "GPU (cuBLAS SGEMM)", &errors[1]);
     double worst = 0;
     for (size_t i = 0; i < errors[0].size() && i < errors[1].size(); ++i) worst = std::max(worst, std::abs(errors[1][i] / errors[0][i] - 1));
     std::printf("  the GPU's errors against the host's: %zu of %zu compared, at most %.2e relative\n", std::min(errors[0].size(), errors[1].size()),

@@ -99,7 +99,11 @@ TEST_CASE("AWQ: every ratio's scales and output error equal a float64 computatio
     CHECK(std::abs(output_sq_error(X, dW) - want) <= 1e-4 * want);
     if (want < best) best = want, best_ratio = ratio;
   }
-  const AwqSearch a = search_awq(X, ws, {spec, spec}, grid, true);
+  const AwqSearch a = search_awq(X, ws, {spec, spec}, grid, true);   // X is tall: the host's Gram form
+  const AwqSearch p = search_awq(X, ws, {spec, spec}, grid, true, output_sq_error);   // the product X·dWᵀ
+  CHECK(p.ratio == a.ratio);
+  CHECK(std::abs(p.error - a.error) <= 1e-5 * a.error);
+  CHECK(std::abs(p.error_unscaled - a.error_unscaled) <= 1e-5 * a.error_unscaled);
   CHECK(best_ratio > 0);   // the loud channels make some scaling worth it
   CHECK(a.ratio == best_ratio);
   CHECK(std::abs(a.error - best) <= 1e-4 * best);
@@ -129,6 +133,28 @@ std::vector<double> clamped_grid_quantize(const std::vector<float>& w, float m, 
   return q;
 }
 }  // namespace
+
+TEST_CASE("AWQ's ratios score rtn_fake_quantize: the floats of rtn_quantize's codes dequantized, bit for bit, on every grid form") {
+  Rng rng(5);
+  MatF W(40, 512);
+  for (Eigen::Index i = 0; i < W.size(); ++i) W.data()[i] = 0.02f * rng.normal() * (i % 61 == 0 ? 8.0f : 1.0f);
+  std::vector<QuantSpec> specs;
+  for (auto [bits, group, sym] : {std::tuple{4, 128, false}, {4, 32, true}, {3, -1, false}, {8, 128, true}, {2, 64, false}}) {
+    QuantSpec s;
+    s.method = "rtn", s.bits = bits, s.group_size = group, s.sym = sym;
+    specs.push_back(s);
+  }
+  for (const char* t : {"Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}) {
+    QuantSpec s;
+    s.method = "rtn";
+    REQUIRE(apply_gguf_type(t, s).empty());
+    specs.push_back(s);
+  }
+  for (const QuantSpec& s : specs) {
+    INFO(s.bits << "-bit, group " << s.group_size << ", " << grid_form_name(s.form) << (s.sym ? ", symmetric" : ""));
+    CHECK(rtn_fake_quantize(W, s) == rtn_quantize(W, s).dequantize());
+  }
+}
 
 TEST_CASE("AWQ's clipping search: each group's limit is a float64 computation of AutoAWQ's auto_clip over every calibration token") {
   const int n = 256, rows = 48, cols = 320, g = 128;   // three groups a row, the last of 64 columns

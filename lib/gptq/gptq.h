@@ -71,6 +71,9 @@ double output_error(const MatF& W, const MatF& Wq, const MatD& H);
 // speed again).
 template <class Scalar>
 double output_error_gram(const MatF& W, const MatF& Wq, const MatD& H);
+// The float form for a difference already formed: tr(dW H dWᵀ) / 2 (AWQ's search, whose ratios
+// share one H: smoothquant/awq.h).
+double delta_error_gram(const MatF& dW, const MatD& H);
 
 // GPTQ's output error from its column loop. With H_d = H + lambda I the damped Hessian it factors
 // (H_d^-1 = U^T U) and err_j = (w_j - q_j) / U_jj the errors it propagates, W - Q = err U, so

@@ -158,9 +158,9 @@ struct Backend {
   // SmoothQuant's alpha search: the W8A8 errors of each candidate alpha, on the host (the
   // reference) or on the GPU (cuda::smoothed_errors) where the run has one.
   AlphaErrors alpha_errors = smoothed_errors;
-  // AWQ's search: each candidate's output error, on the host (the reference; cuda::output_sq_error
-  // is its GPU twin, not yet wired: it has not run on a GPU).
-  OutputSqError awq_error = output_sq_error;
+  // AWQ's search: each candidate's output error; unset: the host's (search_awq picks the product
+  // or the Gram form; cuda::output_sq_error is its GPU twin, not yet wired: it has not run on a GPU).
+  OutputSqError awq_error;
   // --gpus N: whether every rank holds the same digest of a group's codes (solved there or received
   // from the rank that solved them; a difference would mean the ranks' models differ from here on).
   // Unset: one rank.

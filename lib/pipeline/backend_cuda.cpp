@@ -555,7 +555,7 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
       b.alpha_errors = cuda::smoothed_errors;
       b.forward_description += "; SmoothQuant's statistics from the 16-bit activations, its alpha search on the GPU (int8 GEMM)";
     }
-    // AWQ's search errors stay on the host (output_sq_error) until cuda::output_sq_error has run on
+    // AWQ's search errors stay on the host (search_awq's own) until cuda::output_sq_error has run on
     // a GPU against it (tests/test_smoothquant_cuda.cpp; docs/lab/2026-12-04-awq.md).
     if (r.awq.enabled) b.forward_description += "; AWQ's statistics from the 16-bit activations, its search's output errors on the host (fp32)";
     if (pass.comm) {

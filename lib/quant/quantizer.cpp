@@ -277,4 +277,18 @@ QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s, const std::vecto
   return q;
 }
 
+MatF rtn_fake_quantize(const MatF& W, const QuantSpec& s) {
+  QuantizedLinear q = QuantizedLinear::empty(W.rows(), W.cols(), s);
+  const int64_t gs = s.group_size > 0 ? s.group_size : q.cols;
+  const std::vector<GridParams> p = static_grids(W, q);
+  MatF D(q.rows, q.cols);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t c = 0; c < q.cols; ++c) {
+      const GridParams& g = p[size_t(c / gs * q.rows + r)];
+      D(r, c) = dequantize_code(quantize_code(W(r, c), g, s.maxq()), g);
+    }
+  return D;
+}
+
 }  // namespace ptq

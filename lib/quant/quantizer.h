@@ -128,5 +128,8 @@ std::vector<GridParams> static_grids(const MatF& W, QuantizedLinear& q, const st
 
 // Round-to-nearest with the same grids (the baseline), groups in natural column order.
 QuantizedLinear rtn_quantize(const MatF& W, const QuantSpec& s, const std::vector<float>* limits = nullptr);
+// rtn_quantize(W, s).dequantize() without forming the codes: the same floats (a test), for the
+// searches that only score the rounded weights (AWQ's ratios).
+MatF rtn_fake_quantize(const MatF& W, const QuantSpec& s);
 
 }  // namespace ptq

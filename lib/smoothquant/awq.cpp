@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gptq/gptq.h"
 #include "smoothquant/smoothquant.h"
 
 namespace ptq {
@@ -71,10 +72,10 @@ double output_sq_error(const MatF& X, const MatF& dW) {
 }
 
 MatF awq_delta(const MatF& W, const QuantSpec& spec, const VecF& s) {
-  if (s.size() == 0) return rtn_quantize(W, spec).dequantize() - W;
+  if (s.size() == 0) return rtn_fake_quantize(W, spec) - W;
   MatF Ws = W;
   scale_columns(Ws, s);
-  MatF D = rtn_quantize(Ws, spec).dequantize();
+  MatF D = rtn_fake_quantize(Ws, spec);
   const VecF inv = s.cwiseInverse();
 #pragma omp parallel for schedule(static)
   for (Eigen::Index r = 0; r < D.rows(); ++r) D.row(r) = D.row(r).cwiseProduct(inv.transpose()) - W.row(r);
@@ -85,6 +86,15 @@ AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const st
                      OutputSqError err) {
   int64_t rows = 0;
   for (const MatF* W : ws) rows += W->rows();
+  MatD H;   // the Gram form's, where the host scores and X is tall
+  if (!err && 2 * X.rows() > X.cols()) {
+    Hessian h(X.cols());
+    h.add(X);
+    H = h.take_finalized();
+    err = [&H](const MatF&, const MatF& dW) { return delta_error_gram(dW, H); };
+  } else if (!err) {
+    err = output_sq_error;
+  }
   auto error_at = [&](const VecF& s) {
     MatF dW(rows, X.cols());
     int64_t r0 = 0;

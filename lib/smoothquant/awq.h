@@ -48,7 +48,11 @@ struct AwqSearch {
   VecF scales;              // the chosen scales (all 1 when ratio is -1)
 };
 // The search over `grid` ratios on X (the unscaled input rows), the Linears `ws` with their specs.
+// `err` scores a ratio's stacked dW; unset, the host does: by output_sq_error where X has at most
+// half as many rows as columns, else by the Gram form tr(dW H dWᵀ)/2 with H = 2/rows · XᵀX formed
+// once (gptq.h's delta_error_gram: the symmetric product of dW, half of X·dWᵀ's multiplies when
+// rows = cols; fp32 in chunks of 1,024 rows, fp64 sums; the same value to ~1e-6).
 AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int grid, bool duo,
-                     OutputSqError err = output_sq_error);
+                     OutputSqError err = {});
 
 }  // namespace ptq
