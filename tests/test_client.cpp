@@ -515,25 +515,7 @@ struct QuantizeParams {
   char rest[240];
 };
 // llama.cpp's llama_model_quantize of `in` into `out` as llama_ftype `ftype`; output.weight and
-// token_embd as its defaults choose them, or kept F16 (ggml type 1) with `beside_f16`.
-void llama_cpp_quantize(const std::string& in, const std::string& out, int ftype, bool beside_f16) {
-  void* lib = open_lib(client_lib("libllama.v0.5.0.so"));
-  const auto defaults = reinterpret_cast<QuantizeParams (*)()>(dlsym(lib, "llama_model_quantize_default_params"));
-  const auto quantize_model = reinterpret_cast<uint32_t (*)(const char*, const char*, const QuantizeParams*)>(dlsym(lib, "llama_model_quantize"));
-  REQUIRE(defaults != nullptr);
-  REQUIRE(quantize_model != nullptr);
-  QuantizeParams p = defaults();
-  p.nthread = 2;
-  p.ftype = ftype;
-  if (beside_f16) {
-    p.output_tensor_type = 1;
-    p.token_embedding_type = 1;
-  }
-  REQUIRE(quantize_model(in.c_str(), out.c_str(), &p) == 0);
-  dlclose(lib);
-}
-// llama_model_quantize of `in` into `out` as llama_ftype `ftype`, output.weight and token_embd as
-// ggml types `output` and `embedding`.
+// token_embd as ggml types `output` and `embedding`, or (-1) as its defaults choose them.
 void llama_cpp_quantize_tables(const std::string& in, const std::string& out, int ftype, int output, int embedding) {
   void* lib = open_lib(client_lib("libllama.v0.5.0.so"));
   const auto defaults = reinterpret_cast<QuantizeParams (*)()>(dlsym(lib, "llama_model_quantize_default_params"));
@@ -543,10 +525,14 @@ void llama_cpp_quantize_tables(const std::string& in, const std::string& out, in
   QuantizeParams p = defaults();
   p.nthread = 2;
   p.ftype = ftype;
-  p.output_tensor_type = output;
-  p.token_embedding_type = embedding;
+  if (output >= 0) p.output_tensor_type = output;
+  if (embedding >= 0) p.token_embedding_type = embedding;
   REQUIRE(quantize_model(in.c_str(), out.c_str(), &p) == 0);
   dlclose(lib);
+}
+// The same with both as its defaults choose them, or kept F16 (ggml type 1) with `beside_f16`.
+void llama_cpp_quantize(const std::string& in, const std::string& out, int ftype, bool beside_f16) {
+  llama_cpp_quantize_tables(in, out, ftype, beside_f16 ? 1 : -1, beside_f16 ? 1 : -1);
 }
 // The tensors of each block type in a GGUF file.
 std::map<std::string, int> gguf_types(const std::string& path) {

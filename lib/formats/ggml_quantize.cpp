@@ -186,10 +186,17 @@ void k_block(const float* x, int nmax, float rmin, int nstep, uint8_t* scales12,
 
 void q4_0(const float* x, BlockQ4_0* b) { *b = quantize_block_q4_0(x); }
 
+// Q4_1 and Q5_1: the block's min as m, and d = (max - min) / maxq.
+float min_step(const float* x, int maxq, float* min) {
+  float max = x[0];
+  *min = x[0];
+  for (int j = 1; j < kQK; ++j) *min = std::min(*min, x[j]), max = std::max(max, x[j]);
+  return (max - *min) / float(maxq);
+}
+
 void q4_1(const float* x, BlockQ4_1* b) {
-  float min = x[0], max = x[0];
-  for (int j = 1; j < kQK; ++j) min = std::min(min, x[j]), max = std::max(max, x[j]);
-  const float d = (max - min) / 15, id = d != 0.0f ? 1.0f / d : 0.0f;
+  float min;
+  const float d = min_step(x, 15, &min), id = d != 0.0f ? 1.0f / d : 0.0f;
   b->d = f32_to_f16_bits(d);
   b->m = f32_to_f16_bits(min);
   for (int j = 0; j < kQK / 2; ++j) {
@@ -221,9 +228,8 @@ void q5_0(const float* x, BlockQ5_0* b) {
 }
 
 void q5_1(const float* x, BlockQ5_1* b) {
-  float min = x[0], max = x[0];
-  for (int j = 1; j < kQK; ++j) min = std::min(min, x[j]), max = std::max(max, x[j]);
-  const float d = (max - min) / 31, id = d != 0.0f ? 1.0f / d : 0.0f;
+  float min;
+  const float d = min_step(x, 31, &min), id = d != 0.0f ? 1.0f / d : 0.0f;
   b->d = f32_to_f16_bits(d);
   b->m = f32_to_f16_bits(min);
   uint8_t q[kQK];

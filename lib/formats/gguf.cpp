@@ -373,9 +373,9 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
               encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data() + b * be, dst + size_t(first + i) * row_bytes + size_t(b * bb));
           });
         };
-        if (t.rounded && !job.gguf_mse) {
-          // output / token_embd (no Hessian): llama.cpp's own quantizer of the type, the bytes
-          // llama_model_quantize writes (ggml_quantize.cpp), a row at a time on the threads
+        // output / token_embd (no Hessian), f32 chunk by chunk of rows: each row's blocks depend
+        // on that row alone, so the chunks give the bytes of the whole at once
+        auto by_row_chunks = [&](auto&& encode) {
           constexpr int64_t kChunk = 1024;
           std::vector<int32_t> rows;
           MatF W;
@@ -385,27 +385,22 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
             for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = int32_t(r0 + i);
             W.resize(n, t.cols);
             job.model->weights().read_rows_f32(hf, rows, W.data());
-            parallel_for(n, [&](int64_t i) { quantize_row_ggml(t.type, &W(i, 0), t.cols, dst + size_t(r0 + i) * row_bytes); });
+            encode(W, r0, n);
           }
+        };
+        if (t.rounded && !job.gguf_mse) {
+          // llama.cpp's own quantizer of the type: the bytes llama_model_quantize writes (ggml_quantize.cpp)
+          by_row_chunks([&](const MatF& W, int64_t r0, int64_t n) {
+            parallel_for(n, [&](int64_t i) { quantize_row_ggml(t.type, &W(i, 0), t.cols, dst + size_t(r0 + i) * row_bytes); });
+          });
         } else if (t.rounded) {
           // with gguf_mse: rounded to nearest on the type's grid with the MSE clipping search
-          // (each row's groups apart, so chunk by chunk of rows gives the bytes of the whole at once)
           QuantSpec spec;
           spec.method = "rtn";
           spec.mse = job.gguf_mse;
           spec.scale_dtype = DType::F16;
           apply_gguf_type(ggml_type_name(t.type), spec);
-          constexpr int64_t kChunk = 1024;
-          std::vector<int32_t> rows;
-          MatF W;
-          for (int64_t r0 = 0; r0 < t.rows; r0 += kChunk) {
-            const int64_t n = std::min(kChunk, t.rows - r0);
-            rows.resize(size_t(n));
-            for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = int32_t(r0 + i);
-            W.resize(n, t.cols);
-            job.model->weights().read_rows_f32(hf, rows, W.data());
-            encode_rows(rtn_quantize(W, spec), r0, n, [](int64_t i) { return i; });
-          }
+          by_row_chunks([&](const MatF& W, int64_t r0, int64_t n) { encode_rows(rtn_quantize(W, spec), r0, n, [](int64_t i) { return i; }); });
         } else if (ggml_block_elems(t.type) > 1) {
           encode_rows(*job.store->get(hf.substr(0, hf.size() - 7)), 0, t.rows, row_of);
         } else {
