@@ -159,7 +159,7 @@ struct Backend {
   // reference) or on the GPU (cuda::smoothed_errors) where the run has one.
   AlphaErrors alpha_errors = smoothed_errors;
   // AWQ's search: each candidate's output error; unset: the host's (search_awq picks the product
-  // or the Gram form; cuda::output_sq_error is its GPU twin, not yet wired: it has not run on a GPU).
+  // or the Gram form); cuda::output_sq_error, its GPU twin, where the forward runs on the GPU.
   OutputSqError awq_error;
   // --gpus N: whether every rank holds the same digest of a group's codes (solved there or received
   // from the rank that solved them; a difference would mean the ranks' models differ from here on).

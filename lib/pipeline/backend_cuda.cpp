@@ -21,6 +21,7 @@
 #include "gptq/hessian_cuda.h"
 #include "model/forward_cuda.h"
 #include "pipeline/backend.h"
+#include "smoothquant/awq_cuda.h"
 #include "smoothquant/smoothquant_cuda.h"
 
 namespace ptq {
@@ -555,9 +556,13 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
       b.alpha_errors = cuda::smoothed_errors;
       b.forward_description += "; SmoothQuant's statistics from the 16-bit activations, its alpha search on the GPU (int8 GEMM)";
     }
-    // AWQ's search errors stay on the host (search_awq's own) until cuda::output_sq_error has run on
-    // a GPU against it (tests/test_smoothquant_cuda.cpp; docs/lab/2026-12-04-awq.md).
-    if (r.awq.enabled) b.forward_description += "; AWQ's statistics from the 16-bit activations, its search's output errors on the host (fp32)";
+    // AWQ's search errors by cuBLAS SGEMM (cuda::output_sq_error: within 1e-9 of the host's product
+    // form on a llama2-7b layer, lab 2026-12-05-awq-clip). The hybrid path (CPU forward) keeps the host's,
+    // so that its run picks device cpu's ratios exactly (tests/test_smoothquant_cuda.cpp).
+    if (r.awq.enabled) {
+      b.awq_error = cuda::output_sq_error;
+      b.forward_description += "; AWQ's statistics from the 16-bit activations, its search's output errors on the GPU (cuBLAS SGEMM, fp64 sums)";
+    }
     if (pass.comm) {
       b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " GPUs (NCCL " + cuda::nccl_version() +
                                ", one process each, fp64 Hessian all-reduce)";
