@@ -96,6 +96,13 @@ int run_bench_eval(const BenchEvalArgs& a) {
   return 0;
 }
 
+// r x k normal values of standard deviation sd, drawn in order from rng.
+MatF random_matrix(Rng& rng, int64_t r, int64_t k, double sd) {
+  MatF m(r, k);
+  for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
+  return m;
+}
+
 // One decoder layer's norm-fed Linears for the search benchmarks: random weights (sd 0.02) and
 // `rows` activation rows (sd 1, every 64th channel x 30: the outliers SmoothQuant and AWQ are for),
 // drawn in this order from seed 7.
@@ -103,11 +110,7 @@ struct BenchLayer {
   MatF X, q, k, v, g, u;
   BenchLayer(const LlamaConfig& c, int64_t rows) {
     Rng rng(7);
-    auto random = [&rng](int64_t r, int64_t k, double sd) {
-      MatF m(r, k);
-      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
-      return m;
-    };
+    auto random = [&rng](int64_t r, int64_t k, double sd) { return random_matrix(rng, r, k, sd); };
     const int64_t d = c.hidden_size;
     X = random(rows, d, 1.0);
     for (int64_t j = 0; j < d; j += 64) X.col(j) *= 30.0f;
@@ -189,12 +192,12 @@ int run_bench_awq(const BenchAwqArgs& a) {
   time_search({}, 2 * a.rows > d ? "host (Gram form)" : "host (X·dWᵀ)", nullptr);
   {  // AWQ's clipping search (gptq/clip.h) on the Linears it covers: v, o, gate, up, down, each with its input's Hessian
     Rng rng(8);
-    auto random = [&rng](int64_t r, int64_t k, double sd) {
-      MatF m(r, k);
-      for (int64_t i = 0; i < m.size(); ++i) m.data()[i] = float(sd * rng.normal());
-      return m;
+    auto random = [&rng](int64_t r, int64_t k, double sd) { return random_matrix(rng, r, k, sd); };
+    auto hessian = [](const MatF& x) {   // 2/rows · xᵀx, as the pipeline's (gptq/hessian.h)
+      Hessian h(x.cols());
+      h.add(x);
+      return h.take_finalized();
     };
-    auto hessian = [](const MatF& x) { return MatD((x.transpose() * x).cast<double>() * (2.0 / double(x.rows()))); };
     const MatF o = random(d, c.q_dim(), 0.02), down = random(d, c.intermediate_size, 0.02);
     const MatD Hd = hessian(X), Ho = hessian(random(a.rows, c.q_dim(), 1.0)), Hf = hessian(random(a.rows, c.intermediate_size, 1.0));
     const std::vector<std::pair<const MatF*, const MatD*>> linears = {{&L.v, &Hd}, {&o, &Ho}, {&L.g, &Hd}, {&L.u, &Hd}, {&down, &Hf}};

@@ -56,7 +56,6 @@ int ggml_block_bytes(GgmlType t) {
   return 0;
 }
 
-namespace {
 // The 12 bytes of a K-quant's eight 6-bit scales and mins (llama.cpp's get_scale_min_k4 reads them).
 void pack_scales_k4(const int* sc, const int* mc, uint8_t* s) {
   std::memset(s, 0, 12);
@@ -81,6 +80,7 @@ void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
     *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
 }
+namespace {
 // Q5_0 / Q5_1: low nibbles as Q4's (element j and j + 16 share byte j), the fifth bits in a u32.
 void pack_q5(const uint8_t* q, uint8_t* qh, uint8_t* qs) {
   uint32_t h = 0;

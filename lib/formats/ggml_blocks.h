@@ -69,6 +69,10 @@ void decode_block(GgmlType t, const void* block, uint8_t* q, BlockGrid* groups);
 // importance matrix; ggml_quantize.cpp): n values (whole blocks) of type t into out. The GGUF
 // writer's rounding of the tensors that have no Hessian (output.weight, token_embd.weight).
 void quantize_row_ggml(GgmlType t, const float* x, int64_t n, void* out);
+// Q4_K / Q5_K: the 12 bytes of eight 6-bit scales sc and mins mc, and sub-block j's back
+// (llama.cpp's get_scale_min_k4).
+void pack_scales_k4(const int* sc, const int* mc, uint8_t* s);
+void scale_min_k4(int j, const uint8_t* s, int* sc, int* m);
 // One Q4_0 / Q8_0 block of them (also the baselines of tests/test_gguf.cpp).
 BlockQ4_0 quantize_block_q4_0(const float* x);
 BlockQ8_0 quantize_block_q8_0(const float* x);

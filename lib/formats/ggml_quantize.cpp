@@ -136,16 +136,6 @@ float qkx2_scale(int n, int nmax, const float* x, const float* w, uint8_t* L, fl
   return scale;
 }
 
-// Q4_K / Q5_K's 6-bit scales and mins of sub-block j (get_scale_min_k4).
-void k4_scale_min(int j, const uint8_t* s, uint8_t* sc, uint8_t* m) {
-  if (j < 4) {
-    *sc = s[j] & 63, *m = s[j + 4] & 63;
-  } else {
-    *sc = uint8_t((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
-    *m = uint8_t((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  }
-}
-
 // One Q4_K or Q5_K super-block: L the codes (0..nmax), the rest written into scales, d, dmin.
 void k_block(const float* x, int nmax, float rmin, int nstep, uint8_t* scales12, uint16_t* d_bits, uint16_t* dmin_bits, uint8_t* L) {
   float scales[8], mins[8], weights[32], max_scale = 0, max_min = 0;
@@ -159,24 +149,17 @@ void k_block(const float* x, int nmax, float rmin, int nstep, uint8_t* scales12,
     if (mins[j] > max_min) max_min = mins[j];
   }
   const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-  std::memset(scales12, 0, 12);
+  int ls[8], lm[8];
   for (int j = 0; j < 8; ++j) {
-    const uint8_t ls = std::min<uint8_t>(63, uint8_t(nearest(inv_scale * scales[j])));
-    const uint8_t lm = std::min<uint8_t>(63, uint8_t(nearest(inv_min * mins[j])));
-    if (j < 4) {
-      scales12[j] = ls;
-      scales12[j + 4] = lm;
-    } else {
-      scales12[j + 4] = uint8_t((ls & 0xF) | ((lm & 0xF) << 4));
-      scales12[j - 4] |= uint8_t((ls >> 4) << 6);
-      scales12[j] |= uint8_t((lm >> 4) << 6);
-    }
+    ls[j] = std::min<uint8_t>(63, uint8_t(nearest(inv_scale * scales[j])));
+    lm[j] = std::min<uint8_t>(63, uint8_t(nearest(inv_min * mins[j])));
   }
+  pack_scales_k4(ls, lm, scales12);
   *d_bits = f32_to_f16_bits(max_scale / 63.f);
   *dmin_bits = f32_to_f16_bits(max_min / 63.f);
   for (int j = 0; j < 8; ++j) {   // the codes again, on the rounded grid (a sub-block whose scale rounded to 0 keeps the search's)
-    uint8_t sc, m;
-    k4_scale_min(j, scales12, &sc, &m);
+    int sc, m;
+    scale_min_k4(j, scales12, &sc, &m);
     const float d = f16_bits_to_f32(*d_bits) * float(sc);
     if (d == 0.0f) continue;
     const float dm = f16_bits_to_f32(*dmin_bits) * float(m);

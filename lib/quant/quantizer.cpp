@@ -32,13 +32,7 @@ const char* output_clip_refusal(const QuantSpec& s) {
   return "";
 }
 
-bool reads_into_scores(const std::string& m) {
-  for (const char* end : {".q_proj", ".k_proj", ".qkv_proj"}) {
-    const std::string e = end;
-    if (m.size() >= e.size() && m.compare(m.size() - e.size(), e.size(), e) == 0) return true;
-  }
-  return false;
-}
+bool reads_into_scores(const std::string& m) { return m.ends_with(".q_proj") || m.ends_with(".k_proj") || m.ends_with(".qkv_proj"); }
 
 namespace {
 GridParams minmax(float xmin, float xmax, const QuantSpec& s) {

@@ -101,8 +101,9 @@ json one_run(const std::string& arg) {
     r["model_dtype"] = json_field<std::string>(section(rep, "model"), "dtype", "", Errc::format, file, "model.dtype");
     r["method"] = json_field<std::string>(q, "method", "", Errc::format, file, "recipe.quantization.method");
     // AWQ's scales before the method (pairs: [] none), and its clipping (recipes before 2026-12-05: none)
-    r["awq"] = q.contains("awq") && !(section(q, "awq").contains("pairs") && section(q, "awq")["pairs"].empty());
-    r["awq_clip"] = q.contains("awq") && section(q, "awq").value("clip", false);
+    const json& awq = section(q, "awq");
+    r["awq"] = q.contains("awq") && !(awq.contains("pairs") && awq["pairs"].empty());
+    r["awq_clip"] = awq.value("clip", false);
     // SmoothQuant's alpha as the recipe gave it (a number, or "auto": each layer's is in report.json)
     r["smoothquant_alpha"] = q.contains("smoothquant") && section(q, "smoothquant").contains("alpha") ? q["smoothquant"]["alpha"] : json(nullptr);
     const json& act = section(q, "activations");
