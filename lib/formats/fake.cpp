@@ -22,13 +22,14 @@ std::vector<std::string> ordered_tensor_names(const Checkpoint& ck) {
 }
 
 DequantizedLookup dequantized_from(const QuantStore& store) {
-  return [&store](const std::string& module, MatF* W) {
+  return [&store](const std::string& tensor, MatF* W) {
     VecF v;
-    if (store.float_override(module + ".weight", &v)) {   // a smoothed norm, or a float Linear it feeds (factors folded in)
+    if (store.float_override(tensor, &v)) {   // a smoothed norm, a float Linear it feeds, a bias (factors folded in)
       *W = Eigen::Map<MatF>(v.data(), v.size(), 1);
       return true;
     }
-    const QuantizedLinear* q = store.get(module);
+    if (!tensor.ends_with(".weight")) return false;
+    const QuantizedLinear* q = store.get(tensor.substr(0, tensor.size() - 7));
     if (q) *W = q->dequantize();
     return q != nullptr;
   };
@@ -41,11 +42,8 @@ std::vector<std::string> export_fake(const Checkpoint& src, const DequantizedLoo
     specs.push_back({n, t.dtype, t.shape});
   }
   auto produce = [&](const TensorSpec& s) {
-    const std::string suffix = ".weight";
     MatF W;
-    const bool quantized = s.name.size() > suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-                           lookup(s.name.substr(0, s.name.size() - suffix.size()), &W);
-    if (!quantized) {   // left in float: copied as it is
+    if (!lookup(s.name, &W)) {   // left in float: copied as it is
       TensorView t = src.get(s.name);
       Tensor out(t.dtype, t.shape);
       std::memcpy(out.bytes.data(), t.data, t.nbytes);

@@ -11,8 +11,10 @@
 
 namespace ptq {
 
-// The dequantized weight of a module, or false if it stays in float.
-using DequantizedLookup = std::function<bool(const std::string& module, MatF* W)>;
+// A tensor's values in the export (by its full name): a quantized Linear's dequantized weight
+// ("<module>.weight"), or a float tensor the run replaced (a smoothed norm, a float Linear or a
+// bias with scales folded in); false: copied as the source stores it.
+using DequantizedLookup = std::function<bool(const std::string& tensor, MatF* W)>;
 DequantizedLookup dequantized_from(const QuantStore& store);
 
 // Writes model*.safetensors into out_dir; returns the files written.

@@ -214,7 +214,9 @@ std::vector<std::string> export_nf4(const ExportJob& job) {
 }
 
 std::function<bool(const std::string&, MatF*)> nf4_dequantized(const ExportJob& job) {
-  return [&job](const std::string& m, MatF* W) {
+  return [&job](const std::string& tensor, MatF* W) {
+    if (!tensor.ends_with(".weight")) return false;
+    const std::string m = tensor.substr(0, tensor.size() - 7);
     if (std::find(job.nf4_modules.begin(), job.nf4_modules.end(), m) == job.nf4_modules.end()) return false;
     const Shape s = job.model->weights().shape(m + ".weight");
     MatF src(s[0], s[1]);
