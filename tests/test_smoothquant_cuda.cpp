@@ -182,12 +182,17 @@ TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ra
   ptqtest::TempDir d;
   const std::string a = ptqtest::assets();
   const auto [model, ids, o] = ptqtest::distilled_eval();
-  Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, bits: 3, group_size: 128, sym: false, awq: {grid: 20}}\n"), "r.yaml");
+  // every pair: the norms' (the forward's fold and renorm) and the Linears' (its samples of o's and
+  // down's inputs before v and up are quantized, and the folded weights uploaded again)
+  Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, bits: 3, group_size: 128, sym: false, awq: {grid: 20, pairs: "
+                                     "[input_layernorm, v_proj, post_attention_layernorm, up_proj]}}\n"),
+                          "r.yaml");
   r.model = model;
   r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
   r.device = "cpu";
   r.output = d / "cpu";
   const json rc = run_quantize(r, {});
+  REQUIRE(rc["awq"].size() == 4 * rc["layers"].size());
   const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
   for (bool gpu_forward : {false, true}) {
     r.device = "cuda";

@@ -1025,7 +1025,7 @@ void LayerForwardCuda::expert_act(int e, DeviceRowSink* h) {
     m.expert_swiglu(e, x, rows, m.at(m.moe_act, 0));
     m.sink_add(h, m.at(m.moe_act, 0), rows);
   });
-  m.pending.push_back(e);
+  if (std::find(m.pending.begin(), m.pending.end(), e) == m.pending.end()) m.pending.push_back(e);   // (AWQ samples it first)
 }
 
 void LayerForwardCuda::down_proj() {

@@ -50,6 +50,26 @@ LayerSchedule layer_schedule(const LlamaConfig& c, int layer, bool experts_share
   return s;
 }
 
+ScaleSource scale_source(const LlamaConfig& c, const LinearGroup& g) {
+  ScaleSource s;
+  if (g.input == Stage::attention) {
+    const int64_t hd = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
+    const int64_t row0 = c.fused ? c.q_dim() + int64_t(c.kv_dim()) : 0;   // qkv_proj's rows: q, k, v
+    s = {"v_proj", "v_proj", c.fused ? LinearId(Proj::qkv) : LinearId(Proj::v), {}};
+    s.row.resize(size_t(c.q_dim()));
+    for (int64_t j = 0; j < c.q_dim(); ++j) s.row[size_t(j)] = row0 + (j / hd / group) * hd + j % hd;
+  } else if (g.input == Stage::mlp_act || g.input == Stage::expert_act) {
+    const bool expert = g.input == Stage::expert_act;
+    const int64_t f = expert ? c.moe_intermediate_size : c.intermediate_size;
+    const int64_t row0 = c.fused ? f : 0;   // gate_up_proj's rows: gate, up
+    s = {"up_proj", expert ? "experts." + std::to_string(g.expert) + ".up_proj" : "up_proj",
+         c.fused ? LinearId(Proj::gate_up) : LinearId(Proj::up, expert ? g.expert : -1), {}};
+    s.row.resize(size_t(f));
+    for (int64_t j = 0; j < f; ++j) s.row[size_t(j)] = row0 + j;
+  }
+  return s;
+}
+
 LinearShape linear_shape(const LlamaConfig& c, LinearId id) {
   const int64_t d = c.hidden_size, f = id.expert >= 0 ? c.moe_intermediate_size : c.intermediate_size;
   switch (id.proj) {

@@ -60,6 +60,20 @@ struct LayerSchedule {
 // moe.calibrate_all_experts), so the experts' gate/up form one group.
 LayerSchedule layer_schedule(const LlamaConfig& c, int layer, bool experts_share_input = true);
 
+// AWQ's Linear-to-Linear pairs: the Linear whose output rows are group g's input channels, one
+// for one — v_proj before o_proj (the attention mixes positions, never channels), up_proj before
+// down_proj (silu(gate) · up is linear in up), each MoE expert's up before its down — and, for
+// each input column j of g, the row of it that feeds j: with grouped-query attention every query
+// head of a KV head reads the same v rows, so their columns share a row (and a scale). Phi-3's
+// are row ranges of qkv_proj and gate_up_proj. `pair` is empty for the norms' groups.
+struct ScaleSource {
+  std::string pair;           // "v_proj" or "up_proj" (the recipe's quantization.awq.pairs name)
+  std::string key;            // the factors' name in saved statistics: pair, or "experts.<e>.up_proj"
+  LinearId id;                // the Linear (fused: qkv or gate_up)
+  std::vector<int64_t> row;   // [g's input width]: the row of id that feeds column j
+};
+ScaleSource scale_source(const LlamaConfig& c, const LinearGroup& g);
+
 // Linear p's weight shape [out, in] under config c (written once: readers, synthetic models,
 // format checks and the GPU buffers take it from here).
 struct LinearShape {

@@ -72,6 +72,16 @@ class LayerForward {
   // MoE layers: the calibration rows the router sent to `expert` in the current layer (after the
   // norm2 stage), or -1 where the forward does not route (saved statistics).
   virtual int64_t routed_tokens(int expert) const { return -1; }
+  // AWQ's Linear-to-Linear pairs (model/schedule.h's ScaleSource): group g's input as the layer's
+  // weights now compute it — before the Linears that produce it are quantized — for statistics
+  // only (no Hessian): every row's column maxima and the evenly strided subset of at most
+  // kSmoothRows rows (with --gpus N, every rank's). The forward is left as it was: collect(g)
+  // computes the input again. Where sample_inputs() is false the pairs are not searched.
+  virtual bool sample_inputs() const { return false; }
+  virtual std::pair<VecF, MatF> sample(const LinearGroup& g) { return {}; }
+  // Linears whose float weights (and biases) the pipeline changed in w since begin_layer (AWQ's
+  // folds into a source Linear and its consumer): the forward reads them from here on.
+  virtual void reload(const std::vector<LinearId>& ids, const LayerWeights& w) {}
   virtual void end_layer() = 0;                    // the residual stream <- the layer's output
   virtual void replay_layer(LayerWeights& w) = 0;  // the same for a finished layer (resume)
   virtual bool takes_smoother() const { return false; }   // collect runs SmoothQuant's hook

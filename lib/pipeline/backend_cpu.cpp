@@ -84,6 +84,25 @@ class CpuForward final : public LayerForward {
     if (in_->rows()) H->add(*in_);   // an expert the router sent no row to (routed calibration) has an empty Hessian
     return H;
   }
+  bool sample_inputs() const override { return true; }
+  std::pair<VecF, MatF> sample(const LinearGroup& g) override {
+    PhaseTimer t(t_.phase["forward"]);
+    MatF in;
+    switch (g.input) {
+      case Stage::attention: attention_core(*w_, c_, rope_, xn_, S_, T_, in); break;
+      case Stage::mlp_act: mlp_act(*w_, xn_, in); break;
+      case Stage::expert_act: {
+        const auto& e = w_->experts[size_t(g.expert)];
+        swiglu(e[0], e[1], all_experts_ ? xn_ : xe_, in);
+        break;
+      }
+      default: fail(Errc::usage, "", "sample", std::string("no Linear produces the input of stage ") + stage_name(g.input));
+    }
+    VecF absmax;
+    update_channel_absmax(in, absmax);
+    if (in.rows() > kSmoothRows) in = subsample_rows(in, kSmoothRows);
+    return {std::move(absmax), std::move(in)};
+  }
   float group_input_absmax() const override {
     if (!in_) return -1.0f;
     return in_->size() ? in_->cwiseAbs().maxCoeff() : 0.0f;   // (an expert the router sent no row to)

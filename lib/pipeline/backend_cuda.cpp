@@ -83,6 +83,25 @@ class CudaForward final : public LayerForward {
   }
   float group_input_absmax() const override { return absmax_; }
   bool takes_smoother() const override { return true; }
+  bool sample_inputs() const override { return true; }
+  std::pair<VecF, MatF> sample(const LinearGroup& g) override {
+    const int64_t cols = linear_shape(c_, g.linears[0]).in;
+    const bool ranks = !firsts_.empty();
+    cuda::StageStats st(cols, fw_.dtype(), nullptr, ranks ? firsts_.back() : rows_, kSmoothRows, ranks ? firsts_[size_t(comm_->rank())] : 0);
+    timed_stage([&] { fw_.stage(g.input, g.expert, &st); });
+    if (ranks) st.across_ranks(*comm_, firsts_);
+    return {st.column_absmax(), st.sampled_rows()};
+  }
+  void reload(const std::vector<LinearId>& ids, const LayerWeights& w) override {
+    PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
+    for (LinearId p : ids) {
+      fw_.set_weight(p, w[p].W);
+      if (w[p].b.size()) {
+        if (p.expert >= 0) fail(Errc::usage, "", "reload", "MoE experts carry no bias");
+        fw_.set_bias(p.proj, w[p].b);
+      }
+    }
+  }
   // Across ranks: every rank's counts of the current layer summed once, at the first question.
   int64_t routed_tokens(int expert) const override {
     if (!comm_ || comm_->size() == 1) return fw_.routed_tokens(expert);

@@ -470,7 +470,13 @@ void resume_point(Run& R, const OutputDir& out) {
 // What one layer leaves behind: its layer-store file's contents and its statistics.
 struct LayerResult {
   std::vector<QuantizedLinear> qs;
-  std::vector<std::pair<std::string, VecF>> smoothed;   // norms with SmoothQuant factors folded in
+  std::vector<std::pair<std::string, VecF>> smoothed;   // tensors with smoothing factors folded in (replace)
+  // Tensor `name` replaced by v from here on (a later fold into the same tensor replaces it again).
+  void replace(const std::string& name, VecF v) {
+    for (auto& [n, x] : smoothed)
+      if (n == name) { x = std::move(v); return; }
+    smoothed.emplace_back(name, std::move(v));
+  }
   std::vector<std::pair<std::string, ActQuant>> acts;   // W8A8 input specs
   LayerStats stats;                                     // --save-stats
 };
@@ -512,7 +518,7 @@ void record(Run& R, const std::string& name, const QuantSpec& spec, const Solved
 void keep_folded(const Run& R, int l, const LinearGroup& g, const LayerWeights& w, LayerResult& out) {
   for (LinearId p : g.linears) {
     const std::string name = linear_name(R.c(), l, p);
-    if (R.r.ignored(name)) out.smoothed.emplace_back(name + ".weight", Eigen::Map<const VecF>(w[p].W.data(), w[p].W.size()));
+    if (R.r.ignored(name)) out.replace(name + ".weight", Eigen::Map<const VecF>(w[p].W.data(), w[p].W.size()));
   }
 }
 
@@ -543,7 +549,7 @@ Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, Lay
     if (a.ratio >= 0) {
       fold_smoothing(norm, wm, a.scales);
       entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(a.scales));
-      out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
+      out.replace(layer_prefix(l) + g.smooth_norm + ".weight", norm);
       keep_folded(R, l, g, w, out);
       if (R.stats_out) out.stats.smoothing[g.smooth_norm] = a.scales;
     }
@@ -576,11 +582,73 @@ Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWe
     entry["w8a8_error"] = a.error;
     entry["w8a8_error_unsmoothed"] = a.error_unsmoothed;
     R.smoothing.push_back(entry);
-    out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
+    out.replace(layer_prefix(l) + g.smooth_norm + ".weight", norm);
     keep_folded(R, l, g, w, out);
     if (R.stats_out) out.stats.smoothing[g.smooth_norm] = sf;
     return norm;
   };
+}
+
+// AWQ's Linear-to-Linear pair into group g (model/schedule.h's ScaleSource), before the source is
+// quantized: s into the consumers' columns (W · diag(s)), 1 / s into the source's rows and bias,
+// which leaves the float model's output unchanged. A float (ignored) consumer or source keeps its
+// folded weights, and a source's bias its folded values, as the smoothed norms are kept.
+void fold_into_source(const Run& R, int l, const LinearGroup& g, const ScaleSource& src, const VecF& s, LayerWeights& w, LayerResult& out) {
+  std::vector<MatF*> consumers;
+  for (LinearId p : g.linears) consumers.push_back(&w[p].W);
+  Linear& S = w[src.id];
+  fold_source(consumers, S, src.row, s);
+  keep_folded(R, l, g, w, out);
+  const std::string name = linear_name(R.c(), l, src.id);
+  if (R.r.ignored(name)) out.replace(name + ".weight", Eigen::Map<const VecF>(S.W.data(), S.W.size()));
+  if (S.b.size()) out.replace(name + ".bias", S.b);
+}
+
+// AWQ on a Linear-to-Linear pair: group g's input sampled from the forward with its source still in
+// float (AutoAWQ's order: every search on the float layer's inputs), the ratio searched over g's
+// quantized Linears with the source's tied columns, and the best (or none) folded.
+void awq_source_pair(Run& R, Backend& B, int l, const LinearGroup& g, const ScaleSource& src, LayerWeights& w, LayerResult& out) {
+  std::vector<const MatF*> ws;
+  std::vector<QuantSpec> specs;
+  for (LinearId p : g.linears) {
+    const std::string name = linear_name(R.c(), l, p);
+    if (R.r.ignored(name)) continue;
+    ws.push_back(&w[p].W);
+    specs.push_back(R.spec_of(name));
+  }
+  if (ws.empty()) return;
+  const auto [absmax, rows] = B.forward->sample(g);
+  PhaseTimer t(R.t.phase["awq"]);
+  const AwqSearch a = search_awq(rows, ws, specs, R.r.awq.grid, R.r.awq.duo_scaling, B.awq_error, src.row);
+  json entry = {{"layer", l}, {"pair", src.key}, {"outlier_ratio_before", outlier_ratio(absmax)}, {"error", a.error},
+                {"error_unscaled", a.error_unscaled}, {"ratio", a.ratio >= 0 ? json(a.ratio) : json(nullptr)}};
+  if (a.ratio >= 0) {
+    fold_into_source(R, l, g, src, a.scales, w, out);
+    entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(a.scales));
+    if (R.stats_out) out.stats.smoothing[src.key] = a.scales;
+    std::vector<LinearId> changed = g.linears;
+    changed.push_back(src.id);
+    B.forward->reload(changed, w);
+  }
+  R.smoothing.push_back(entry);
+}
+
+// The Linear-to-Linear pairs whose source is among the Linears of the group just collected (v_proj
+// in q, k, v; up_proj in gate, up), searched or (--load-stats) folded as the saving run folded them,
+// before that group is solved.
+void source_pairs(Run& R, Backend& B, int l, const LayerSchedule& sched, const LinearGroup& collected, LayerWeights& w, LayerStats& saved,
+                  LayerResult& out) {
+  if (!R.r.awq.enabled && !R.stats_in) return;
+  for (const LinearGroup& g : sched.groups) {
+    const ScaleSource src = scale_source(R.c(), g);
+    if (src.pair.empty() || std::find(collected.linears.begin(), collected.linears.end(), src.id) == collected.linears.end()) continue;
+    if (R.stats_in) {
+      if (auto it = saved.smoothing.find(src.key); it != saved.smoothing.end()) fold_into_source(R, l, g, src, it->second, w, out);
+      continue;
+    }
+    if (std::find(R.r.awq.pairs.begin(), R.r.awq.pairs.end(), src.pair) != R.r.awq.pairs.end() && B.forward->sample_inputs())
+      awq_source_pair(R, B, l, g, src, w, out);
+  }
 }
 
 // --load-stats: the saving run's smoothing factors, folded as it folded them.
@@ -591,7 +659,7 @@ void smooth_saved(const Run& R, const LayerStats& saved, int l, const LinearGrou
   for (LinearId p : g.linears) wm.push_back(&w[p].W);
   VecF& norm = norm_weights(w, g.smooth_norm);
   fold_smoothing(norm, wm, it->second);
-  out.smoothed.emplace_back(layer_prefix(l) + g.smooth_norm + ".weight", norm);
+  out.replace(layer_prefix(l) + g.smooth_norm + ".weight", norm);
   keep_folded(R, l, g, w, out);
 }
 
@@ -747,6 +815,7 @@ LayerResult quantize_layer(Run& R, Backend& B, int l, LayerWeights& w, LayerStat
       const std::string first = linear_name(c, l, g.linears[0]);
       bar.update(l + double(k) / double(sched.groups.size()), "layer " + std::to_string(l) + ": " + first.substr(first.rfind('.') + 1));
       run.push_back(collect_group(R, B, l, g, w, saved, out, routed));
+      source_pairs(R, B, l, sched, g, w, saved, out);
       if (gj - gi > 1) {   // accumulation is over: its scratch goes to the next group's
         PhaseTimer t(R.t.phase["hessian"]);
         run.back().H->device();
@@ -780,11 +849,12 @@ void replay_layer(Run& R, Backend& B, const QuantStore& store, int l, LayerWeigh
     w[p].act = store.act_quant(name);
   }
   VecF v;
-  for (const LinearGroup& g : sched.groups) {   // norms SmoothQuant folded factors into, and the float Linears they feed
-    if (g.smooth_norm.empty() || !store.float_override(layer_prefix(l) + g.smooth_norm + ".weight", &v)) continue;
-    norm_weights(w, g.smooth_norm) = v;
-    for (LinearId p : g.linears)
-      if (store.float_override(linear_name(R.c(), l, p) + ".weight", &v)) w[p].W = Eigen::Map<const MatF>(v.data(), w[p].W.rows(), w[p].W.cols());
+  for (const LinearGroup& g : sched.groups)   // norms SmoothQuant or AWQ folded factors into
+    if (!g.smooth_norm.empty() && store.float_override(layer_prefix(l) + g.smooth_norm + ".weight", &v)) norm_weights(w, g.smooth_norm) = v;
+  for (LinearId p : sched.linears()) {   // the float Linears with factors folded in, and the biases of AWQ's sources
+    const std::string name = linear_name(R.c(), l, p);
+    if (store.float_override(name + ".weight", &v)) w[p].W = Eigen::Map<const MatF>(v.data(), w[p].W.rows(), w[p].W.cols());
+    if (store.float_override(name + ".bias", &v)) w[p].b = v;
   }
   json rep = json::parse(store.layer_report(l));
   for (auto& m : rep["modules"]) R.modules.push_back(m);

@@ -297,8 +297,9 @@ static Recipe parse_recipe_checked(YAML::Node root, const std::string& file) {
       if (aw["duo_scaling"]) r.awq.duo_scaling = aw["duo_scaling"].as<bool>();
       if (aw["pairs"]) r.awq.pairs = str_list(aw["pairs"]);
       for (auto& p : r.awq.pairs)
-        if (p != "input_layernorm" && p != "post_attention_layernorm")
-          fail(Errc::usage, file, "quantization.awq.pairs", "unknown pair '" + p + "' (input_layernorm -> q/k/v, post_attention_layernorm -> gate/up)");
+        if (p != "input_layernorm" && p != "post_attention_layernorm" && p != "v_proj" && p != "up_proj")
+          fail(Errc::usage, file, "quantization.awq.pairs",
+               "unknown pair '" + p + "' (input_layernorm -> q/k/v, v_proj -> o_proj, post_attention_layernorm -> gate/up, up_proj -> down_proj)");
       if (r.smooth.enabled) fail(Errc::usage, file, "quantization.awq", "AWQ and SmoothQuant both fold scales into the norms: choose one");
       if (!r.true_sequential) fail(Errc::usage, file, "quantization.true_sequential", "AWQ runs with true_sequential: true");
     }

@@ -55,12 +55,13 @@ struct Recipe {
   } smooth;
   ActQuant::Mode act_mode = ActQuant::none;   // quantization.activations (implied per_token by smoothquant)
   // AWQ's activation-aware scales (smoothquant/awq.h) for weight-only quantization: searched per
-  // norm -> group pair over `grid` ratios, folded into the norm before RTN or GPTQ.
+  // pair over `grid` ratios, folded into what feeds the group (a norm, or the rows of v_proj /
+  // up_proj: model/schedule.h's ScaleSource) before RTN or GPTQ. The default is AutoAWQ's four.
   struct Awq {
     bool enabled = false;
     int grid = 20;
     bool duo_scaling = true;   // s = x̄^r / w̄^(1-r) (AutoAWQ's and llm-compressor's default); false: x̄^r
-    std::vector<std::string> pairs = {"input_layernorm", "post_attention_layernorm"};
+    std::vector<std::string> pairs = {"input_layernorm", "v_proj", "post_attention_layernorm", "up_proj"};
     // AutoAWQ's clipping search (gptq/clip.h) on every quantized Linear but q/k (RTN, or GPTQ with
     // static groups); unset in the file: on for RTN, off for GPTQ; written out resolved
     bool clip = true;

@@ -138,6 +138,18 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
 }
 
 // "model.layers.12.mlp.up_proj" -> "up_proj"
+// A smoothing pair's series: each MoE expert's up_proj -> down_proj pair in one.
+std::string pair_series(const std::string& pair) { return pair.starts_with("experts.") ? "experts.up_proj" : pair; }
+// Its label: by the input it smooths (inputs) or by the Linears it scales.
+std::string pair_label(const std::string& p, bool inputs) {
+  if (p == "input_layernorm") return inputs ? "attn in" : "q/k/v";
+  if (p == "post_attention_layernorm") return inputs ? "mlp in" : "gate/up";
+  if (p == "v_proj") return inputs ? "o in" : "o (v_proj)";
+  if (p == "up_proj") return inputs ? "down in" : "down (up_proj)";
+  if (p == "experts.up_proj") return inputs ? "experts' down in" : "experts' down (up_proj)";
+  return p;
+}
+
 std::string kind_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
 int layer_num(const std::string& module) {
   const auto p = module.find("layers.");
@@ -279,10 +291,10 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
     std::map<std::string, std::pair<Series, Series>> by_pair;
     int k = 0;
     for (auto& e : sm) {
-      const std::string p = str(e, "pair");
+      const std::string p = pair_series(str(e, "pair"));
       auto& [before, after] = by_pair[p];
       if (before.name.empty()) {
-        const std::string short_name = p == "input_layernorm" ? "attn in" : p == "post_attention_layernorm" ? "mlp in" : p;
+        const std::string short_name = pair_label(p, true);
         before = {short_name + " before", kPalette[(2 * k) % 8], true};
         after = {short_name + " after", kPalette[(2 * k) % 8]};
         ++k;
@@ -297,9 +309,9 @@ pre{background:#f6f6f6;padding:10px;overflow:auto;font-size:12px}
   if (rep.contains("awq") && !rep["awq"].empty()) {   // each pair's rounded output error with its scales over without (1: none chosen)
     std::map<std::string, Series> by_pair;
     for (auto& e : rep["awq"]) {
-      const std::string p = str(e, "pair");
+      const std::string p = pair_series(str(e, "pair"));
       Series& s = by_pair[p];
-      if (s.name.empty()) s = {p == "input_layernorm" ? "q/k/v" : p == "post_attention_layernorm" ? "gate/up" : p, kPalette[by_pair.size() % 8]};
+      if (s.name.empty()) s = {pair_label(p, false), kPalette[by_pair.size() % 8]};
       const double u = e.value("error_unscaled", 0.0);
       s.pts.emplace_back(e.value("layer", 0), u > 0 ? e.value("error", 0.0) / u : 1.0);
     }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
+#include "core/error.h"
 #include "gptq/gptq.h"
 #include "smoothquant/smoothquant.h"
 
@@ -82,8 +84,31 @@ MatF awq_delta(const MatF& W, const QuantSpec& spec, const VecF& s) {
   return D;
 }
 
+VecF tied_mean(const VecF& v, const std::vector<int64_t>& tie) {
+  std::map<int64_t, std::pair<double, int64_t>> sum;   // class -> (sum, count)
+  for (Eigen::Index j = 0; j < v.size(); ++j) {
+    auto& [s, n] = sum[tie[size_t(j)]];
+    s += double(v[j]);
+    ++n;
+  }
+  VecF out(v.size());
+  for (Eigen::Index j = 0; j < v.size(); ++j) {
+    const auto& [s, n] = sum[tie[size_t(j)]];
+    out[j] = float(s / double(n));
+  }
+  return out;
+}
+
+void fold_source(const std::vector<MatF*>& consumers, Linear& source, const std::vector<int64_t>& rows, const VecF& s) {
+  for (MatF* W : consumers) scale_columns(*W, s);
+  VecF inv = VecF::Ones(source.W.rows());
+  for (size_t j = 0; j < rows.size(); ++j) inv[rows[j]] = 1.0f / s[Eigen::Index(j)];
+  source.W = inv.asDiagonal() * source.W;
+  if (source.b.size()) source.b = source.b.cwiseProduct(inv);
+}
+
 AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int grid, bool duo,
-                     OutputSqError err) {
+                     OutputSqError err, const std::vector<int64_t>& tie) {
   int64_t rows = 0;
   for (const MatF* W : ws) rows += W->rows();
   MatD H;   // the Gram form's, where the host scores and X is tall
@@ -107,10 +132,15 @@ AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const st
   AwqSearch best;
   best.error = best.error_unscaled = error_at(VecF());
   best.scales = VecF::Ones(X.cols());
-  const VecF x_mean = mean_abs_columns(X);
+  VecF x_mean = mean_abs_columns(X);
   std::vector<int> gs;
   for (const QuantSpec& s : specs) gs.push_back(s.group_size);
-  const VecF w_mean = duo ? awq_weight_mean(ws, gs) : VecF();
+  VecF w_mean = duo ? awq_weight_mean(ws, gs) : VecF();
+  if (!tie.empty()) {
+    if (tie.size() != size_t(X.cols())) fail(Errc::usage, "", "search_awq", "tie classes for " + std::to_string(tie.size()) + " of " + std::to_string(X.cols()) + " columns");
+    x_mean = tied_mean(x_mean, tie);
+    if (duo) w_mean = tied_mean(w_mean, tie);
+  }
   for (int k = 0; k < grid; ++k) {
     const double ratio = double(k) / grid;
     VecF s = awq_scales(x_mean, w_mean, ratio);

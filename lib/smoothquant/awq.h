@@ -52,7 +52,16 @@ struct AwqSearch {
 // half as many rows as columns, else by the Gram form tr(dW H dWᵀ)/2 with H = 2/rows · XᵀX formed
 // once (gptq.h's delta_error_gram: the symmetric product of dW, half of X·dWᵀ's multiplies when
 // rows = cols; fp32 in chunks of 1,024 rows, fp64 sums; the same value to ~1e-6).
+// `tie` (empty: none): columns with equal values share one scale — x̄ and w̄ are averaged over
+// them first (fp64) — as the columns of o_proj that read one v row under grouped-query attention
+// must (model/schedule.h's ScaleSource).
 AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int grid, bool duo,
-                     OutputSqError err = {});
+                     OutputSqError err = {}, const std::vector<int64_t>& tie = {});
+// AWQ's Linear-to-Linear fold (v_proj -> o_proj, up_proj -> down_proj; model/schedule.h's
+// ScaleSource): each consumer W · diag(s), and the source's row r and bias entry r times 1 / s_j for
+// the columns j with rows[j] = r (tied columns share s_j) — the float model's output unchanged.
+void fold_source(const std::vector<MatF*>& consumers, Linear& source, const std::vector<int64_t>& rows, const VecF& s);
+// v averaged over the columns of each tie class, in place of each (fp64 sums).
+VecF tied_mean(const VecF& v, const std::vector<int64_t>& tie);
 
 }  // namespace ptq
