@@ -160,21 +160,36 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
 }
 
 // AWQ's search (smoothquant/awq.h: the unscaled Linears and `grid` ratios, RTN 4-bit groups of 128,
-// asymmetric) for one decoder layer of a preset's shapes, both of its pairs (q, k, v; gate, up):
-// random weights (sd 0.02) and activations (sd 1, every 64th channel x 30), its output errors on
-// the host (the reference) and, where a GPU is present, by cuda::output_sq_error, whose every error
-// is compared with the host's; then AWQ's clipping search (gptq/clip.h) on the layer's v, o, gate, up
-// and down, each with the Hessian of random rows of its input's width.
+// asymmetric) for one decoder layer of a preset's shapes, its four pairs (q, k, v; o, tied as the
+// schedule ties it; gate, up; down): random weights (sd 0.02) and activations of each input's width
+// (sd 1, every 64th channel x 30), its output errors on the host (the reference) and, where a GPU
+// is present, by cuda::output_sq_error, whose every error is compared with the host's; then AWQ's
+// clipping search (gptq/clip.h) on the layer's v, o, gate, up and down, each with its input's Hessian.
 int run_bench_awq(const BenchAwqArgs& a) {
   const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
   const BenchLayer L(c, a.rows);
   const MatF& X = L.X;
   const int64_t d = c.hidden_size;
-  const std::vector<std::vector<const MatF*>> groups = L.groups();
+  Rng rng(8);
+  auto random = [&rng](int64_t r, int64_t k, double sd) { return random_matrix(rng, r, k, sd); };
+  auto activations = [&](int64_t k) {
+    MatF x = random(a.rows, k, 1.0);
+    for (int64_t j = 0; j < k; j += 64) x.col(j) *= 30.0f;
+    return x;
+  };
+  const MatF o = random(d, c.q_dim(), 0.02), down = random(d, c.intermediate_size, 0.02);
+  const MatF Xo = activations(c.q_dim()), Xf = activations(c.intermediate_size);
+  const LayerSchedule sched = layer_schedule(c, 0);
+  struct Pair {
+    const MatF* X;
+    std::vector<const MatF*> ws;
+    std::vector<int64_t> tie;
+  };
+  const std::vector<Pair> pairs = {{&X, {&L.q, &L.k, &L.v}, {}}, {&Xo, {&o}, scale_source(c, sched.groups[1]).row}, {&X, {&L.g, &L.u}, {}}, {&Xf, {&down}, {}}};
   QuantSpec spec;
   spec.method = "rtn";
   spec.sym = false;
-  std::printf("bench awq: %s layer (hidden %lld, ffn %lld), %lld activation rows, %d ratios and the unscaled Linears a pair, RTN 4-bit g128 asymmetric\n",
+  std::printf("bench awq: %s layer (hidden %lld, ffn %lld), %lld activation rows, %d ratios and the unscaled Linears a pair (q/k/v, o, gate/up, down), RTN 4-bit g128 asymmetric\n",
               a.preset.c_str(), (long long)d, (long long)c.intermediate_size, (long long)a.rows, a.grid);
   std::vector<std::vector<double>> errors(2);   // per error function, every evaluation in order
   // err unset: the host's own choice (search_awq: the product X·dWᵀ, or the Gram form for tall X)
@@ -182,24 +197,21 @@ int run_bench_awq(const BenchAwqArgs& a) {
     const OutputSqError logged = err && seen ? OutputSqError([seen, err](const MatF& x, const MatF& dW) { const double e = err(x, dW); seen->push_back(e); return e; }) : err;
     const auto t0 = std::chrono::steady_clock::now();
     std::string picks;
-    for (auto& grp : groups) {
-      const AwqSearch s = search_awq(X, grp, std::vector<QuantSpec>(grp.size(), spec), a.grid, true, logged);
+    for (const Pair& p : pairs) {
+      const AwqSearch s = search_awq(*p.X, p.ws, std::vector<QuantSpec>(p.ws.size(), spec), a.grid, true, logged, p.tie);
       picks += " " + (s.ratio < 0 ? std::string("none") : std::to_string(s.ratio).substr(0, 4));
     }
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (ratios:%s)\n", label, t, t * c.num_hidden_layers, c.num_hidden_layers, picks.c_str());
   };
-  time_search({}, 2 * a.rows > d ? "host (Gram form)" : "host (X·dWᵀ)", nullptr);
+  time_search({}, 2 * a.rows > d ? "host (Gram form where tall)" : "host (X·dWᵀ)", nullptr);
   {  // AWQ's clipping search (gptq/clip.h) on the Linears it covers: v, o, gate, up, down, each with its input's Hessian
-    Rng rng(8);
-    auto random = [&rng](int64_t r, int64_t k, double sd) { return random_matrix(rng, r, k, sd); };
     auto hessian = [](const MatF& x) {   // 2/rows · xᵀx, as the pipeline's (gptq/hessian.h)
       Hessian h(x.cols());
       h.add(x);
       return h.take_finalized();
     };
-    const MatF o = random(d, c.q_dim(), 0.02), down = random(d, c.intermediate_size, 0.02);
-    const MatD Hd = hessian(X), Ho = hessian(random(a.rows, c.q_dim(), 1.0)), Hf = hessian(random(a.rows, c.intermediate_size, 1.0));
+    const MatD Hd = hessian(X), Ho = hessian(Xo), Hf = hessian(Xf);
     const std::vector<std::pair<const MatF*, const MatD*>> linears = {{&L.v, &Hd}, {&o, &Ho}, {&L.g, &Hd}, {&L.u, &Hd}, {&down, &Hf}};
     QuantSpec cs = spec;
     cs.output_clip = true;
