@@ -1,12 +1,15 @@
 // golden.h — the golden files of the shared assets (golden/golden-NAME.safetensors), written by HF
 // transformers: the input ids a model was fed and the fp32 logits it returned.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/safetensors.h"
 #include "core/tensor.h"
+#include "model/llama.h"
 #include "testing.h"
 
 namespace ptqtest {
@@ -28,6 +31,25 @@ inline Golden golden(const std::string& name) {
   r.S = v.shape.size() == 2 ? int(v.shape[0]) : 1;
   r.T = int(v.shape.back());
   return r;
+}
+
+// KL(the golden float logits ‖ model dir's logits on the golden ids), the mean over positions, in fp64.
+inline double golden_kl(const std::string& name, const std::string& dir) {
+  const Golden g = golden(name);
+  const int V = g.vocab();
+  const ptq::MatF got = ptq::LlamaModel(dir).forward(g.ids, g.S, g.T);
+  double sum = 0;
+  for (int i = 0; i < g.S * g.T; ++i) {
+    const float* p = &g.logits[size_t(i) * size_t(V)];
+    double mp = -1e300, mq = -1e300, zp = 0, zq = 0;
+    for (int v = 0; v < V; ++v) mp = std::max(mp, double(p[v])), mq = std::max(mq, double(got(i, v)));
+    for (int v = 0; v < V; ++v) zp += std::exp(p[v] - mp), zq += std::exp(got(i, v) - mq);
+    for (int v = 0; v < V; ++v) {
+      const double lp = p[v] - mp - std::log(zp), lq = got(i, v) - mq - std::log(zq);
+      sum += std::exp(lp) * (lp - lq);
+    }
+  }
+  return sum / (g.S * g.T);
 }
 
 }  // namespace ptqtest

@@ -216,6 +216,36 @@ TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ra
   }
 }
 
+TEST_CASE("gpu: AWQ on Mixtral and Qwen3-MoE with the GPU forward: the experts' norm refolded with the router, each expert's up into its down") {
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  for (const std::string m : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+    INFO(m);
+    auto run = [&](const std::string& device, bool awq) {
+      Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn, bits: 8, group_size: 32, sym: false") + (awq ? ", awq: {grid: 20}" : "") +
+                                         "}\nexport: {format: fake}\n"),
+                              "r.yaml");
+      r.model = ptqtest::assets() + "/models/" + m;
+      r.output = d / (m + "-" + device + (awq ? "-awq" : "-rtn"));
+      r.calibration = {"random", 16, 128, 0};
+      r.device = device;
+      r.gpu_forward = true;
+      const json rep = run_quantize(r, {});
+      return std::pair{rep, ptqtest::golden_kl(m, r.output)};
+    };
+    const auto [cpu, kl_cpu] = run("cpu", true);
+    const auto [gpu, kl_gpu] = run("cuda", true);
+    const double kl_rtn = run("cuda", false).second;
+    std::cout << m << " AWQ + RTN 8-bit: KL from float, device cpu " << kl_cpu << ", the GPU forward " << kl_gpu << " (RTN " << kl_rtn << ")\n    " << gpu["forward"] << "\n";
+    CHECK(gpu["forward"].get<std::string>().find("AWQ") != std::string::npos);
+    REQUIRE(gpu["awq"].size() == cpu["awq"].size());
+    for (size_t i = 0; i < cpu["awq"].size(); ++i) CHECK(gpu["awq"][i]["pair"] == cpu["awq"][i]["pair"]);
+    CHECK(kl_gpu <= 2 * kl_rtn);   // a norm refolded without its router's columns: 8-17x RTN's (test_awq)
+    CHECK(kl_gpu <= 2 * kl_cpu + 1e-4);
+  }
+}
+
 TEST_CASE("gpu: the GPU forward's stage statistics are exact, its norm recomputed after a fold, and its int8 inputs match the fp32 CPU reference") {
   PTQ_REQUIRE_GPU();
   ptqtest::TempDir d;

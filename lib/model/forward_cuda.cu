@@ -891,9 +891,18 @@ void LayerForwardCuda::load_layer(const LayerWeights& w, const void* converted) 
 void LayerForwardCuda::norm1(DeviceRowSink* h) { p_->norm_all(1, h); }
 
 void LayerForwardCuda::renorm(Stage s, DeviceRowSink* h) {
-  if (!(s == Stage::norm1 || (s == Stage::norm2 && !p_->moe)))
+  Impl& m = *p_;
+  if (s == Stage::expert_in && m.moe && m.all_experts) {   // the experts' shared input: norm2 and the routing again, every row to h
+    Impl::Scratch scratch(m);
+    const int64_t d = m.c.hidden_size;
+    m.by_chunks([&](int64_t r0, int64_t rows) { m.rmsnorm(m.norm2, m.x_rows(r0, rows, true), m.at(m.moe_xn, r0 * d), rows); });
+    m.route_all();
+    m.expert_rows(-1, true, [&](const void* x, int64_t rows, int64_t) { m.sink_add(h, x, rows); });
+    return;
+  }
+  if (!(s == Stage::norm1 || (s == Stage::norm2 && !m.moe)))
     fail(Errc::usage, "", "LayerForwardCuda::renorm", std::string("no norm to recompute at stage ") + stage_name(s));
-  p_->norm_all(s == Stage::norm1 ? 1 : 2, h);
+  m.norm_all(s == Stage::norm1 ? 1 : 2, h);
 }
 
 void LayerForwardCuda::set_act_quant(LinearId id, const ActQuant& a) {

@@ -78,6 +78,7 @@ class CpuForward final : public LayerForward {
       VecF absmax;
       update_channel_absmax(*in_, absmax);
       rmsnorm(X_, smooth(absmax, *in_), eps, *in_);
+      if (g.input == Stage::expert_in) routing_ = route(c_, w_->router, xn_);   // its router's columns took the factors too
     }
     std::unique_ptr<HessianSum> H = make_(in_->cols());
     PhaseTimer t(t_.phase["hessian"]);

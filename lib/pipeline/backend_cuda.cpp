@@ -70,6 +70,7 @@ class CudaForward final : public LayerForward {
       PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
       fw_.set_norms(w_->input_layernorm, w_->post_attention_layernorm);
       for (LinearId p : g.linears) fw_.set_weight(p, (*w_)[p].W);
+      if (g.input == Stage::expert_in) fw_.set_router(w_->router.W);   // (AWQ's fold into the experts' norm)
     }
     std::optional<cuda::StageStats> st;   // W8A8: the input's maximum on its way to the Hessian
     if (input_absmax_) st.emplace(cols, fw_.dtype(), H.get());

@@ -522,6 +522,19 @@ void keep_folded(const Run& R, int l, const LinearGroup& g, const LayerWeights& 
   }
 }
 
+// What a norm's factors fold into besides the norm: the group's Linears, and for the MoE experts'
+// shared input (Stage::expert_in) the router's columns, which keeps the routing as it was.
+std::vector<MatF*> norm_fold_targets(const LinearGroup& g, LayerWeights& w) {
+  std::vector<MatF*> wm;
+  for (LinearId p : g.linears) wm.push_back(&w[p].W);
+  if (g.input == Stage::expert_in) wm.push_back(&w.router.W);
+  return wm;
+}
+// A folded router is exported as folded (it stays float).
+void keep_router(const Run& R, int l, const LinearGroup& g, const LayerWeights& w, LayerResult& out) {
+  if (g.input == Stage::expert_in) out.replace(router_name(R.c(), l) + ".weight", Eigen::Map<const VecF>(w.router.W.data(), w.router.W.size()));
+}
+
 // AWQ on one norm -> group pair (smoothquant/awq.h): the ratio whose scales give the group's
 // quantized Linears the least output error on (at most kSmoothRows of) its unscaled input rows,
 // or none; the scales folded as SmoothQuant's are. Linears kept in float take the fold, not the search.
@@ -533,10 +546,9 @@ Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, Lay
     VecF& norm = norm_weights(w, g.smooth_norm);
     std::vector<const MatF*> ws;
     std::vector<QuantSpec> specs;
-    std::vector<MatF*> wm;
+    const std::vector<MatF*> wm = norm_fold_targets(g, w);
     for (LinearId p : g.linears) {
       const std::string name = linear_name(R.c(), l, p);
-      wm.push_back(&w[p].W);
       if (R.r.ignored(name)) continue;
       ws.push_back(&w[p].W);
       specs.push_back(R.spec_of(name));
@@ -551,6 +563,7 @@ Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, Lay
       entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(a.scales));
       out.replace(layer_prefix(l) + g.smooth_norm + ".weight", norm);
       keep_folded(R, l, g, w, out);
+      keep_router(R, l, g, w, out);
       if (R.stats_out) out.stats.smoothing[g.smooth_norm] = a.scales;
     }
     R.smoothing.push_back(entry);
@@ -564,7 +577,8 @@ Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, Lay
 Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
   const Recipe& r = R.r;
   if (r.awq.enabled) return awq_smoother(R, B, l, g, w, out);
-  if (!r.smooth.enabled || std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), g.smooth_norm) == r.smooth.pairs.end()) return {};
+  if (!r.smooth.enabled || g.input == Stage::expert_in || std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), g.smooth_norm) == r.smooth.pairs.end())
+    return {};
   return [&R, &r, errors = B.alpha_errors, l, &g, &w, &out](const VecF& absmax, const MatF& x) -> const VecF& {
     json entry = {{"layer", l}, {"pair", g.smooth_norm}, {"outlier_ratio_before", outlier_ratio(absmax)}};
     PhaseTimer t(R.t.phase["smoothquant"]);
@@ -655,12 +669,11 @@ void source_pairs(Run& R, Backend& B, int l, const LayerSchedule& sched, const L
 void smooth_saved(const Run& R, const LayerStats& saved, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
   auto it = saved.smoothing.find(g.smooth_norm);
   if (it == saved.smoothing.end()) return;
-  std::vector<MatF*> wm;
-  for (LinearId p : g.linears) wm.push_back(&w[p].W);
   VecF& norm = norm_weights(w, g.smooth_norm);
-  fold_smoothing(norm, wm, it->second);
+  fold_smoothing(norm, norm_fold_targets(g, w), it->second);
   out.replace(layer_prefix(l) + g.smooth_norm + ".weight", norm);
   keep_folded(R, l, g, w, out);
+  keep_router(R, l, g, w, out);
 }
 
 // W8A8: the group's Linears take int8 inputs from here on (static scale: calibrated absmax / 127).
@@ -851,6 +864,8 @@ void replay_layer(Run& R, Backend& B, const QuantStore& store, int l, LayerWeigh
   VecF v;
   for (const LinearGroup& g : sched.groups)   // norms SmoothQuant or AWQ folded factors into
     if (!g.smooth_norm.empty() && store.float_override(layer_prefix(l) + g.smooth_norm + ".weight", &v)) norm_weights(w, g.smooth_norm) = v;
+  if (!w.experts.empty() && store.float_override(router_name(R.c(), l) + ".weight", &v))   // AWQ's fold into the router
+    w.router.W = Eigen::Map<const MatF>(v.data(), w.router.W.rows(), w.router.W.cols());
   for (LinearId p : sched.linears()) {   // the float Linears with factors folded in, and the biases of AWQ's sources
     const std::string name = linear_name(R.c(), l, p);
     if (store.float_override(name + ".weight", &v)) w[p].W = Eigen::Map<const MatF>(v.data(), w[p].W.rows(), w[p].W.cols());
