@@ -50,6 +50,25 @@ Md fake_quantize(const Md& W, int bits, int g) {
 }
 }  // namespace
 
+namespace {
+// llama2xs's perplexity over the whole evaluation text in windows of 256 (the ids read once).
+double llama2xs_perplexity(const std::string& dir) {
+  static const std::vector<int32_t> ids =
+      encode_corpus(*load_tokenizer(ptqtest::assets() + "/models/llama2xs", 1), ptqtest::assets() + "/text/tinystories/eval.txt");
+  EvalOptions o;
+  o.seq_len = 256;
+  return evaluate(*open_model(dir), ids, o).perplexity;
+}
+// A recipe for llama2xs from YAML, calibrated on 64 windows of 256 of the calibration text.
+Recipe llama2xs_recipe(const std::string& yaml, const std::string& out) {
+  Recipe r = parse_recipe(YAML::Load(yaml), "r.yaml");
+  r.model = ptqtest::assets() + "/models/llama2xs";
+  r.output = out;
+  r.calibration = {ptqtest::assets() + "/text/tinystories/calib.txt", 64, 256, 0};
+  return r;
+}
+}  // namespace
+
 TEST_CASE("AWQ: every ratio's scales and output error equal a float64 computation of AutoAWQ's search") {
   // X with a few loud channels (AWQ's salient ones), two Linears over it, 4-bit groups of 16.
   const int rows = 96, K = 64, g = 16, bits = 4, grid = 20;
@@ -249,13 +268,9 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
     // (the norms' pairs only: the kept v_proj's check below is theirs; test "AWQ's v_proj -> o_proj..." has the others)
     std::string x = extra;
     if (const size_t at = x.find("awq: {"); at != std::string::npos) x.insert(at + 6, "pairs: [input_layernorm, post_attention_layernorm], ");
-    Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, " + grid + "ignore: [lm_head, model.embed_tokens, "
-                                       "model.layers.1.self_attn.v_proj]" + x + "}\nexport: " + exports + "\n"),
-                            "r.yaml");
-    r.model = a + "/models/llama2xs";
-    r.output = d / out;
-    r.calibration = {a + "/text/tinystories/calib.txt", 64, 256, 0};
-    return r;
+    return llama2xs_recipe("quantization: {method: rtn, " + grid + "ignore: [lm_head, model.embed_tokens, model.layers.1.self_attn.v_proj]" + x +
+                               "}\nexport: " + exports + "\n",
+                           d / out);
   };
   run_quantize(recipe("rtn", ""), {});
   const json rep = run_quantize(recipe("awq", ", awq: {grid: 20}"), {});   // with AWQ's clipping (on for RTN)
@@ -316,14 +331,9 @@ TEST_CASE("AWQ on llama2xs: RTN 4-bit g128 closer to float, a float Linear folde
   }
   CHECK(with_clip > 0);
 
-  auto tok = load_tokenizer(a + "/models/llama2xs", 1);
-  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
-  EvalOptions o;
-  o.seq_len = 256;
-  const double p_float = evaluate(*open_model(a + "/models/llama2xs"), ids, o).perplexity;
-  const double p_rtn = evaluate(*open_model(d / "rtn"), ids, o).perplexity, p_awq = evaluate(*open_model(d / "awq"), ids, o).perplexity,
-               p_noclip = evaluate(*open_model(d / "awq-noclip"), ids, o).perplexity;
-  const double p_gguf = evaluate(*open_model(d / "gguf/gguf"), ids, o).perplexity, p_gguf_fake = evaluate(*open_model(d / "gguf/fake"), ids, o).perplexity;
+  const double p_float = llama2xs_perplexity(a + "/models/llama2xs");
+  const double p_rtn = llama2xs_perplexity(d / "rtn"), p_awq = llama2xs_perplexity(d / "awq"), p_noclip = llama2xs_perplexity(d / "awq-noclip");
+  const double p_gguf = llama2xs_perplexity(d / "gguf/gguf"), p_gguf_fake = llama2xs_perplexity(d / "gguf/fake");
   std::cout << "llama2xs 4-bit g128 RTN: perplexity float " << p_float << ", RTN " << p_rtn << ", AWQ + RTN " << p_awq << " (without clipping "
             << p_noclip << "); AWQ + Q4_K_M GGUF " << p_gguf << " (its fake export " << p_gguf_fake << ")\n";
   CHECK(p_rtn - p_noclip >= 0.15 * (p_rtn - p_float));   // the scales alone: at least 15% of RTN's gap recovered (measured: 22%)
@@ -364,13 +374,9 @@ TEST_CASE("AWQ's v_proj -> o_proj and up_proj -> down_proj pairs on llama2xs: cl
   const std::string a = ptqtest::assets();
   const std::string all = "[input_layernorm, v_proj, post_attention_layernorm, up_proj]", norms = "[input_layernorm, post_attention_layernorm]";
   auto recipe = [&](const std::string& out, int bits, const std::string& pairs, const std::string& ignore = "") {
-    Recipe r = parse_recipe(YAML::Load("quantization: {method: rtn, bits: " + std::to_string(bits) + ", group_size: 128, sym: false, ignore: [lm_head, "
-                                       "model.embed_tokens" + ignore + "], awq: {grid: 20, pairs: " + pairs + "}}\nexport: {format: fake}\n"),
-                            "r.yaml");
-    r.model = a + "/models/llama2xs";
-    r.output = d / out;
-    r.calibration = {a + "/text/tinystories/calib.txt", 64, 256, 0};
-    return r;
+    return llama2xs_recipe("quantization: {method: rtn, bits: " + std::to_string(bits) + ", group_size: 128, sym: false, ignore: [lm_head, model.embed_tokens" +
+                               ignore + "], awq: {grid: 20, pairs: " + pairs + "}}\nexport: {format: fake}\n",
+                           d / out);
   };
   const json rep = run_quantize(recipe("all", 4, all), {});
   run_quantize(recipe("norms", 4, norms), {});
@@ -435,13 +441,8 @@ TEST_CASE("AWQ's v_proj -> o_proj and up_proj -> down_proj pairs on llama2xs: cl
       CHECK(moved > 0);
     }
   }
-  auto tok = load_tokenizer(a + "/models/llama2xs", 1);
-  const auto ids = encode_corpus(*tok, a + "/text/tinystories/eval.txt");
-  EvalOptions o;
-  o.seq_len = 256;
-  const double p_float = evaluate(*open_model(a + "/models/llama2xs"), ids, o).perplexity;
-  const double p_all = evaluate(*open_model(d / "all"), ids, o).perplexity, p_norms = evaluate(*open_model(d / "norms"), ids, o).perplexity;
-  const double p_all8 = evaluate(*open_model(d / "all8"), ids, o).perplexity;
+  const double p_float = llama2xs_perplexity(a + "/models/llama2xs");
+  const double p_all = llama2xs_perplexity(d / "all"), p_norms = llama2xs_perplexity(d / "norms"), p_all8 = llama2xs_perplexity(d / "all8");
   std::cout << "llama2xs AWQ + RTN 4-bit g128: perplexity float " << p_float << ", the norms' pairs " << p_norms << ", all four " << p_all
             << "; 8-bit with float sources " << p_all8 << "\n";
   CHECK(p_all < p_norms);   // measured 9.651 against 9.709 (float 8.941)
@@ -454,13 +455,8 @@ TEST_CASE("AWQ on the MoE families: the experts' norm folded into every expert a
   for (const std::string m : {"tiny-mixtral", "tiny-qwen3-moe"}) {
     INFO(m);
     auto recipe = [&](const std::string& out, bool awq) {
-      Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn, bits: 8, group_size: 32, sym: false") + (awq ? ", awq: {grid: 20}" : "") +
-                                         "}\nexport: {format: fake}\n"),
-                              "r.yaml");
-      r.model = ptqtest::assets() + "/models/" + m;
-      r.output = d / (m + out);
-      r.calibration = {"random", 16, 128, 0};
-      return r;
+      return ptqtest::fake_recipe(ptqtest::assets() + "/models/" + m, std::string("method: rtn, bits: 8, group_size: 32, sym: false") + (awq ? ", awq: {grid: 20}" : ""),
+                                  d / (m + out), 16, 128);
     };
     const json rep = run_quantize(recipe("-awq", true), {});
     run_quantize(recipe("-rtn", false), {});

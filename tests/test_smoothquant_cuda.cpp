@@ -28,6 +28,7 @@
 #include "golden.h"
 #include "testing.h"
 #include "testing_cuda.h"
+#include "testing_recipe.h"
 
 using namespace ptq;
 using nlohmann::json;
@@ -223,12 +224,8 @@ TEST_CASE("gpu: AWQ on Mixtral and Qwen3-MoE with the GPU forward: the experts' 
   for (const std::string m : {"tiny-mixtral", "tiny-qwen3-moe"}) {
     INFO(m);
     auto run = [&](const std::string& device, bool awq) {
-      Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn, bits: 8, group_size: 32, sym: false") + (awq ? ", awq: {grid: 20}" : "") +
-                                         "}\nexport: {format: fake}\n"),
-                              "r.yaml");
-      r.model = ptqtest::assets() + "/models/" + m;
-      r.output = d / (m + "-" + device + (awq ? "-awq" : "-rtn"));
-      r.calibration = {"random", 16, 128, 0};
+      Recipe r = ptqtest::fake_recipe(ptqtest::assets() + "/models/" + m, std::string("method: rtn, bits: 8, group_size: 32, sym: false") + (awq ? ", awq: {grid: 20}" : ""),
+                                      d / (m + "-" + device + (awq ? "-awq" : "-rtn")), 16, 128);
       r.device = device;
       r.gpu_forward = true;
       const json rep = run_quantize(r, {});

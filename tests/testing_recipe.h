@@ -1,5 +1,5 @@
 // testing_recipe.h — the message a recipe is refused with ("" where it parses), for the tests of
-// what recipes refuse.
+// what recipes refuse; and a small recipe to run.
 #pragma once
 #include <string>
 
@@ -15,6 +15,16 @@ inline std::string recipe_error(const std::string& yaml) {
     return e.what();
   }
   return "";
+}
+
+// A recipe of `quantization` (a YAML map's body) and a fake export for a shared model, random
+// calibration of `samples` windows of `seq_len`, written to `out`.
+inline ptq::Recipe fake_recipe(const std::string& model_dir, const std::string& quantization, const std::string& out, int samples, int seq_len) {
+  ptq::Recipe r = ptq::parse_recipe(YAML::Load("quantization: {" + quantization + "}\nexport: {format: fake}\n"), "r.yaml");
+  r.model = model_dir;
+  r.output = out;
+  r.calibration = {"random", samples, seq_len, 0};
+  return r;
 }
 
 }  // namespace ptqtest
