@@ -69,7 +69,7 @@ Recipe llama2xs_recipe(const std::string& yaml, const std::string& out) {
 }
 }  // namespace
 
-TEST_CASE("AWQ: every ratio's scales and output error equal a float64 computation of AutoAWQ's search") {
+TEST_CASE("AWQ: every ratio's scales and output error equal a float64 computation of AutoAWQ's search, with tied columns too") {
   // X with a few loud channels (AWQ's salient ones), two Linears over it, 4-bit groups of 16.
   const int rows = 96, K = 64, g = 16, bits = 4, grid = 20;
   Rng rng(7);
@@ -133,6 +133,27 @@ TEST_CASE("AWQ: every ratio's scales and output error equal a float64 computatio
   CHECK(std::abs(a.error - best) <= 1e-4 * best);
   CHECK(std::abs(a.error_unscaled - unscaled) <= 1e-4 * unscaled);
   CHECK(a.error < 0.9 * a.error_unscaled);
+  // Tied columns (tie[j] = j / 2, as two query heads read one v row): x̄ and w̄ averaged over each
+  // pair in fp64 before the scales, both columns of a pair one scale, the choice the best of those.
+  std::vector<int64_t> tie(K);
+  Eigen::VectorXd xt(K), wt(K);
+  for (int j = 0; j < K; ++j) {
+    tie[size_t(j)] = j / 2;
+    xt[j] = (x_mean[j & ~1] + x_mean[j | 1]) / 2, wt[j] = (w_mean[j & ~1] + w_mean[j | 1]) / 2;
+  }
+  double best_tied = unscaled, ratio_tied = -1;
+  for (int k = 0; k < grid; ++k) {
+    const double ratio = double(k) / grid;
+    Eigen::VectorXd s(K);
+    for (int j = 0; j < K; ++j) s[j] = std::max(std::pow(xt[j], ratio) / (std::pow(wt[j], 1 - ratio) + 1e-4), 1e-4);
+    s /= std::sqrt(s.maxCoeff() * s.minCoeff());
+    if (const double e = ref_error(s); e < best_tied) best_tied = e, ratio_tied = ratio;
+  }
+  const AwqSearch t = search_awq(X, ws, {spec, spec}, grid, true, {}, tie);
+  CHECK(ratio_tied > 0);
+  CHECK(t.ratio == ratio_tied);
+  CHECK(std::abs(t.error - best_tied) <= 1e-4 * best_tied);
+  for (int j = 0; j < K; j += 2) CHECK(t.scales[j] == t.scales[j + 1]);
   // x̄^r alone (duo_scaling false): ratio 0 is s = 1
   const VecF s0 = awq_scales(xm, VecF(), 0.0);
   CHECK(s0.minCoeff() == 1.0f);

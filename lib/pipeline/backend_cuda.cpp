@@ -63,10 +63,8 @@ class CudaForward final : public LayerForward {
     absmax_ = -1.0f;
     const bool ranks = !firsts_.empty();
     if (smooth) {
-      cuda::StageStats st(cols, fw_.dtype(), nullptr, ranks ? firsts_.back() : rows_, kSmoothRows, ranks ? firsts_[size_t(comm_->rank())] : 0);
-      timed_stage([&] { fw_.stage(g.input, g.expert, &st); });
-      if (ranks) st.across_ranks(*comm_, firsts_);
-      smooth(st.column_absmax(), st.sampled_rows());
+      const auto [absmax, rows] = sample(g);
+      smooth(absmax, rows);
       PhaseTimer a(t_.phase["upload"]), b(t_.upload["layer_weights"]);
       fw_.set_norms(w_->input_layernorm, w_->post_attention_layernorm);
       for (LinearId p : g.linears) fw_.set_weight(p, (*w_)[p].W);

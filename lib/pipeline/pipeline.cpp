@@ -535,6 +535,21 @@ void keep_router(const Run& R, int l, const LinearGroup& g, const LayerWeights& 
   if (g.input == Stage::expert_in) out.replace(router_name(R.c(), l) + ".weight", Eigen::Map<const VecF>(w.router.W.data(), w.router.W.size()));
 }
 
+// The group's Linears AWQ searches over (those it quantizes) and their specs.
+void awq_searched(const Run& R, int l, const LinearGroup& g, LayerWeights& w, std::vector<const MatF*>& ws, std::vector<QuantSpec>& specs) {
+  for (LinearId p : g.linears) {
+    const std::string name = linear_name(R.c(), l, p);
+    if (R.r.ignored(name)) continue;
+    ws.push_back(&w[p].W);
+    specs.push_back(R.spec_of(name));
+  }
+}
+// A search's entry in report.json's "awq" (outlier_ratio_after added where it folds).
+json awq_entry(int l, const std::string& pair, const VecF& absmax, const AwqSearch& a) {
+  return {{"layer", l}, {"pair", pair}, {"outlier_ratio_before", outlier_ratio(absmax)}, {"error", a.error},
+          {"error_unscaled", a.error_unscaled}, {"ratio", a.ratio >= 0 ? json(a.ratio) : json(nullptr)}};
+}
+
 // AWQ on one norm -> group pair (smoothquant/awq.h): the ratio whose scales give the group's
 // quantized Linears the least output error on (at most kSmoothRows of) its unscaled input rows,
 // or none; the scales folded as SmoothQuant's are. Linears kept in float take the fold, not the search.
@@ -546,20 +561,13 @@ Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, Lay
     VecF& norm = norm_weights(w, g.smooth_norm);
     std::vector<const MatF*> ws;
     std::vector<QuantSpec> specs;
-    const std::vector<MatF*> wm = norm_fold_targets(g, w);
-    for (LinearId p : g.linears) {
-      const std::string name = linear_name(R.c(), l, p);
-      if (R.r.ignored(name)) continue;
-      ws.push_back(&w[p].W);
-      specs.push_back(R.spec_of(name));
-    }
+    awq_searched(R, l, g, w, ws, specs);
     if (ws.empty()) return norm;
     const MatF x = rows.rows() > kSmoothRows ? subsample_rows(rows, kSmoothRows) : MatF();
     const AwqSearch a = search_awq(x.size() ? x : rows, ws, specs, r.awq.grid, r.awq.duo_scaling, errors);
-    json entry = {{"layer", l}, {"pair", g.smooth_norm}, {"outlier_ratio_before", outlier_ratio(absmax)}, {"error", a.error},
-                  {"error_unscaled", a.error_unscaled}, {"ratio", a.ratio >= 0 ? json(a.ratio) : json(nullptr)}};
+    json entry = awq_entry(l, g.smooth_norm, absmax, a);
     if (a.ratio >= 0) {
-      fold_smoothing(norm, wm, a.scales);
+      fold_smoothing(norm, norm_fold_targets(g, w), a.scales);
       entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(a.scales));
       out.replace(layer_prefix(l) + g.smooth_norm + ".weight", norm);
       keep_folded(R, l, g, w, out);
@@ -624,18 +632,12 @@ void fold_into_source(const Run& R, int l, const LinearGroup& g, const ScaleSour
 void awq_source_pair(Run& R, Backend& B, int l, const LinearGroup& g, const ScaleSource& src, LayerWeights& w, LayerResult& out) {
   std::vector<const MatF*> ws;
   std::vector<QuantSpec> specs;
-  for (LinearId p : g.linears) {
-    const std::string name = linear_name(R.c(), l, p);
-    if (R.r.ignored(name)) continue;
-    ws.push_back(&w[p].W);
-    specs.push_back(R.spec_of(name));
-  }
+  awq_searched(R, l, g, w, ws, specs);
   if (ws.empty()) return;
   const auto [absmax, rows] = B.forward->sample(g);
   PhaseTimer t(R.t.phase["awq"]);
   const AwqSearch a = search_awq(rows, ws, specs, R.r.awq.grid, R.r.awq.duo_scaling, B.awq_error, src.row);
-  json entry = {{"layer", l}, {"pair", src.key}, {"outlier_ratio_before", outlier_ratio(absmax)}, {"error", a.error},
-                {"error_unscaled", a.error_unscaled}, {"ratio", a.ratio >= 0 ? json(a.ratio) : json(nullptr)}};
+  json entry = awq_entry(l, src.key, absmax, a);
   if (a.ratio >= 0) {
     fold_into_source(R, l, g, src, a.scales, w, out);
     entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(a.scales));

@@ -137,7 +137,6 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
   return o + "</svg></figure>";
 }
 
-// "model.layers.12.mlp.up_proj" -> "up_proj"
 // A smoothing pair's series: each MoE expert's up_proj -> down_proj pair in one.
 std::string pair_series(const std::string& pair) { return pair.starts_with("experts.") ? "experts.up_proj" : pair; }
 // Its label: by the input it smooths (inputs) or by the Linears it scales.
@@ -150,6 +149,7 @@ std::string pair_label(const std::string& p, bool inputs) {
   return p;
 }
 
+// "model.layers.12.mlp.up_proj" -> "up_proj"
 std::string kind_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
 int layer_num(const std::string& module) {
   const auto p = module.find("layers.");
