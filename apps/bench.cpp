@@ -163,7 +163,8 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
 // asymmetric) for one decoder layer of a preset's shapes, its four pairs (q, k, v; o, tied as the
 // schedule ties it; gate, up; down): random weights (sd 0.02) and activations of each input's width
 // (sd 1, every 64th channel x 30), its output errors on the host (the reference) and, where a GPU
-// is present, by cuda::output_sq_error, whose every error is compared with the host's; then AWQ's
+// is present, by cuda::output_sq_error (dW from the host) and by cuda::awq_scorer (dW formed on the
+// GPU), whose every error is compared with the host's; then AWQ's
 // clipping search (gptq/clip.h) on the layer's v, o, gate, up and down, each with its input's Hessian.
 int run_bench_awq(const BenchAwqArgs& a) {
   const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
@@ -191,10 +192,14 @@ int run_bench_awq(const BenchAwqArgs& a) {
   spec.sym = false;
   std::printf("bench awq: %s layer (hidden %lld, ffn %lld), %lld activation rows, %d ratios and the unscaled Linears a pair (q/k/v, o, gate/up, down), RTN 4-bit g128 asymmetric\n",
               a.preset.c_str(), (long long)d, (long long)c.intermediate_size, (long long)a.rows, a.grid);
-  std::vector<std::vector<double>> errors(2);   // per error function, every evaluation in order
-  // err unset: the host's own choice (search_awq: the product X·dWᵀ, or the Gram form for tall X)
-  auto time_search = [&](OutputSqError err, const char* label, std::vector<double>* seen) {
-    const OutputSqError logged = err && seen ? OutputSqError([seen, err](const MatF& x, const MatF& dW) { const double e = err(x, dW); seen->push_back(e); return e; }) : err;
+  std::vector<std::vector<double>> errors(3);   // per scorer, every evaluation in order
+  // scorer unset: the host's own choice (search_awq: the product X·dWᵀ, or the Gram form for tall X)
+  auto time_search = [&](AwqScorer scorer, const char* label, std::vector<double>* seen) {
+    const AwqScorer logged = scorer && seen ? AwqScorer([seen, scorer](const MatF& x, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& sp) {
+      const AwqErrorAt at = scorer(x, ws, sp);
+      return AwqErrorAt([seen, at](const VecF& s) { const double e = at(s); seen->push_back(e); return e; });
+    })
+                                            : scorer;
     const auto t0 = std::chrono::steady_clock::now();
     std::string picks;
     for (const Pair& p : pairs) {
@@ -229,12 +234,15 @@ int run_bench_awq(const BenchAwqArgs& a) {
 #ifdef PTQKIT_HAVE_CUDA
   if (cuda::available()) {
     (void)cuda::output_sq_error(X.topRows(1), L.q.topRows(1));   // cuBLAS's set-up, outside the time
-    time_search(output_sq_error, "host (X·dWᵀ, the GPU's form)", &errors[0]);
-    time_search(cuda::output_sq_error, "GPU (cuBLAS SGEMM)", &errors[1]);
-    double worst = 0;
-    for (size_t i = 0; i < errors[0].size() && i < errors[1].size(); ++i) worst = std::max(worst, std::abs(errors[1][i] / errors[0][i] - 1));
-    std::printf("  the GPU's errors against the host's: %zu of %zu compared, at most %.2e relative\n", std::min(errors[0].size(), errors[1].size()),
-                errors[0].size(), worst);
+    time_search(product_scorer(output_sq_error), "host (X·dWᵀ, the GPU's form)", &errors[0]);
+    time_search(product_scorer(cuda::output_sq_error), "GPU SGEMM, dW from the host", &errors[1]);
+    time_search(cuda::awq_scorer(), "GPU (X, W and dW resident)", &errors[2]);
+    for (int k : {1, 2}) {
+      double worst = 0;
+      for (size_t i = 0; i < errors[0].size() && i < errors[size_t(k)].size(); ++i) worst = std::max(worst, std::abs(errors[size_t(k)][i] / errors[0][i] - 1));
+      std::printf("  %s errors against the host's: %zu of %zu compared, at most %.2e relative\n", k == 1 ? "the GPU SGEMM's" : "the resident search's",
+                  std::min(errors[0].size(), errors[size_t(k)].size()), errors[0].size(), worst);
+    }
     return 0;
   }
 #endif

@@ -124,7 +124,7 @@ TEST_CASE("AWQ: every ratio's scales and output error equal a float64 computatio
     if (want < best) best = want, best_ratio = ratio;
   }
   const AwqSearch a = search_awq(X, ws, {spec, spec}, grid, true);   // X is tall: the host's Gram form
-  const AwqSearch p = search_awq(X, ws, {spec, spec}, grid, true, output_sq_error);   // the product X·dWᵀ
+  const AwqSearch p = search_awq(X, ws, {spec, spec}, grid, true, product_scorer(output_sq_error));   // the product X·dWᵀ
   CHECK(p.ratio == a.ratio);
   CHECK(std::abs(p.error - a.error) <= 1e-5 * a.error);
   CHECK(std::abs(p.error_unscaled - a.error_unscaled) <= 1e-5 * a.error_unscaled);

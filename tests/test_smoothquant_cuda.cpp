@@ -177,6 +177,49 @@ TEST_CASE("gpu: AWQ's search error on the GPU equals the host's (1e-5 relative),
   }
 }
 
+TEST_CASE("gpu: AWQ's resident search (dW formed on the GPU) scores every candidate as the host's awq_delta and product do, and declines llama.cpp's grids") {
+  PTQ_REQUIRE_GPU();
+  Rng rng(5);
+  const int64_t K = 200;   // groups of 128 and 64 with a short last one
+  MatF X(300, K);
+  for (Eigen::Index i = 0; i < X.size(); ++i) X.data()[i] = float(rng.normal()) * (i % K == 3 ? 25.0f : 1.0f);
+  auto random = [&](int64_t rows) {
+    MatF W(rows, K);
+    for (Eigen::Index i = 0; i < W.size(); ++i) W.data()[i] = 0.02f * float(rng.normal());
+    return W;
+  };
+  // 9,000 rows: two of the scorer's chunks; every spec field the grid reads
+  const MatF A = random(9000), B = random(40), C = random(17);
+  QuantSpec a, b, c;
+  a.method = b.method = c.method = "rtn";
+  a.sym = false;
+  b.bits = 3, b.group_size = 64, b.scale_dtype = DType::BF16;
+  c.bits = 8, c.group_size = -1, c.sym = false, c.scale_dtype = DType::F32;
+  const std::vector<const MatF*> ws = {&A, &B, &C};
+  const std::vector<QuantSpec> specs = {a, b, c};
+  const AwqErrorAt gpu = cuda::awq_scorer()(X, ws, specs), host = product_scorer(output_sq_error)(X, ws, specs);
+  REQUIRE(gpu);
+  const VecF x_mean = mean_abs_columns(X), w_mean = awq_weight_mean(ws, {128, 64, -1});
+  for (double ratio : {-1.0, 0.0, 0.3, 0.75}) {
+    const VecF s = ratio < 0 ? VecF() : awq_scales(x_mean, w_mean, ratio);
+    const double g = gpu(s), h = host(s);
+    INFO("ratio " << ratio << ": host " << h << ", gpu " << g);
+    CHECK(std::abs(g / h - 1) <= 1e-5);
+    CHECK(gpu(s) == g);   // the same value every call
+  }
+  // The search picks the host's ratio.
+  const AwqSearch hs = search_awq(X, ws, specs, 10, true, product_scorer(output_sq_error)), gs = search_awq(X, ws, specs, 10, true, cuda::awq_scorer());
+  CHECK(gs.ratio == hs.ratio);
+  CHECK(std::abs(gs.error / hs.error - 1) <= 1e-5);
+  // llama.cpp's grids (and the MSE search) are the host's alone.
+  QuantSpec k = a;
+  k.form = GridForm::k_min;
+  CHECK_FALSE(cuda::awq_scorer()(X, {&A}, {k}));
+  QuantSpec m = a;
+  m.mse = true;
+  CHECK_FALSE(cuda::awq_scorer()(X, {&A}, {m}));
+}
+
 TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ratios (without clipping: all of them), the GPU forward reaches its perplexity") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
@@ -193,7 +236,8 @@ TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ra
     r.model = model;
     r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
     r.device = "cpu";
-    r.output = d / "cpu";
+    const std::string arm = clip ? "-clip" : "";   // each arm its own folders (a second run into one is refused)
+    r.output = d / ("cpu" + arm);
     const json rc = run_quantize(r, {});
     REQUIRE(rc["awq"].size() == 4 * rc["layers"].size());
     const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
@@ -201,7 +245,7 @@ TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ra
       if (gpu_forward && !clip) continue;
       r.device = "cuda";
       r.gpu_forward = gpu_forward;
-      r.output = d / (gpu_forward ? "gpu" : "hybrid");
+      r.output = d / ((gpu_forward ? "gpu" : "hybrid") + arm);
       const json rg = run_quantize(r, {});
       const std::string fwd = rg["forward"].get<std::string>();
       REQUIRE(rc["awq"].size() == rg["awq"].size());

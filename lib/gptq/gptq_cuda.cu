@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "gptq/gptq_cuda.h"
 #include "cuda/runtime.h"
+#include "quant/grid.cuh"
 
 namespace ptq::cuda {
 
@@ -55,117 +56,10 @@ GptqPhaseTimes g_times;
 double secs(std::chrono::steady_clock::time_point a) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count(); }
 int blocks_for(int64_t n, int t = 256) { return int((n + t - 1) / t); }
 
-int dtype_code(DType t) { return t == DType::F16 ? 1 : t == DType::BF16 ? 2 : 0; }
 }  // namespace
 
 // ---------------------------------------------------------------- the solve
 namespace {
-struct Grid {
-  float scale;
-  int zero;
-};
-__device__ float round_scale(float x, int dt) {
-  if (dt == 1) return __half2float(__float2half_rn(x));
-  if (dt == 2) return __bfloat162float(__float2bfloat16_rn(x));
-  return x;
-}
-__device__ Grid minmax_grid(float xmin, float xmax, int maxq, bool sym, int dt) {   // = lib/quant/quantizer.cpp minmax
-  xmin = fminf(xmin, 0.0f);
-  xmax = fmaxf(xmax, 0.0f);
-  if (sym) {
-    xmax = fmaxf(-xmin, xmax);
-    xmin = -xmax;
-  }
-  if (xmin == 0.0f && xmax == 0.0f) { xmin = -1.0f; xmax = 1.0f; }
-  float scale = round_scale((xmax - xmin) / float(maxq), dt);
-  if (!(scale > 0.0f)) scale = round_scale(5.9604644775390625e-08f, dt);
-  int zero = sym ? (maxq + 1) / 2 : int(rintf(-xmin / scale));
-  return {scale, min(max(zero, 0), maxq)};
-}
-__device__ __forceinline__ int quant(float x, Grid g, int maxq) {
-  const float q = rintf(x / g.scale) + float(g.zero);
-  return int(fminf(fmaxf(q, 0.0f), float(maxq)));
-}
-__device__ __forceinline__ float warp_min(float v) { for (int o = 16; o; o >>= 1) v = fminf(v, __shfl_xor_sync(~0u, v, o)); return v; }
-__device__ __forceinline__ float warp_max(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o)); return v; }
-__device__ __forceinline__ double warp_sum(double v) { for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o); return v; }
-
-// The reference's clipping search: shrink [lo, hi] by p = 1 - k/100, k < 80, keep the grid with the
-// least sum |q - x|^2.4 (err: the warp-wide sum for a grid).
-template <class Err>
-__device__ Grid clip_search(float lo, float hi, Grid best, int maxq, bool sym, int dt, Err err) {
-  double best_err = err(best);
-  for (int k = 1; k < 80; ++k) {
-    const float p = 1.0f - float(k) / 100.0f;
-    const Grid g = minmax_grid(p * lo, p * hi, maxq, sym, dt);
-    const double e = err(g);
-    if (e < best_err) { best_err = e; best = g; }
-  }
-  return best;
-}
-__device__ __forceinline__ double clip_error(float v, Grid g, int maxq) {
-  return pow(fabs(double(g.scale * float(quant(v, g, maxq) - g.zero)) - double(v)), 2.4);
-}
-
-// The grid of values v[0..n) spread over the warp (`have` says which of a lane's values count),
-// with the reference's clipping search when mse.
-template <int K>
-__device__ Grid warp_grid(const float (&v)[K], const bool (&have)[K], int maxq, bool sym, bool mse, int dt) {
-  float lo = 0.0f, hi = 0.0f;
-#pragma unroll
-  for (int k = 0; k < K; ++k)
-    if (have[k]) { lo = fminf(lo, v[k]); hi = fmaxf(hi, v[k]); }
-  lo = warp_min(lo);
-  hi = warp_max(hi);
-  const Grid best = minmax_grid(lo, hi, maxq, sym, dt);
-  if (!mse) return best;
-  return clip_search(lo, hi, best, maxq, sym, dt, [&](Grid g) {
-    double e = 0;
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (have[k]) e += clip_error(v[k], g, maxq);
-    return warp_sum(e);
-  });
-}
-
-// Static groups: the grid of each (group, row) from the unpermuted weights; a warp per pair.
-__global__ void static_grid_kernel(const float* W, int64_t rows, int64_t cols, int64_t gs, int64_t groups, int maxq, bool sym, bool mse, int dt,
-                                   float* scale, int* zero) {
-  const int64_t k = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;   // k = g * rows + r
-  const int lane = threadIdx.x % 32;
-  if (k >= groups * rows) return;
-  const int64_t g = k / rows, r = k % rows, c0 = g * gs, n = min(gs, cols - c0);
-  float v[4];
-  bool have[4];
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {   // groups of up to 128 columns
-    const int64_t j = t * 32 + lane;
-    have[t] = j < n;
-    v[t] = have[t] ? W[r * cols + c0 + j] : 0.0f;
-  }
-  const Grid gr = warp_grid(v, have, maxq, sym, mse, dt);
-  if (lane == 0) { scale[k] = gr.scale; zero[k] = gr.zero; }
-}
-
-// Per-row grids over a whole row (one group per row): a warp per row.
-__global__ void row_grid_kernel(const float* W, int64_t rows, int64_t cols, int maxq, bool sym, bool mse, int dt, float* scale, int* zero) {
-  const int64_t r = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;
-  // Strided over the row in chunks of 32 x 8 values, reduced into one grid: min/max first.
-  float lo = 0, hi = 0;
-  for (int64_t c = lane; c < cols; c += 32) { lo = fminf(lo, W[r * cols + c]); hi = fmaxf(hi, W[r * cols + c]); }
-  lo = warp_min(lo);
-  hi = warp_max(hi);
-  Grid best = minmax_grid(lo, hi, maxq, sym, dt);
-  if (mse)
-    best = clip_search(lo, hi, best, maxq, sym, dt, [&](Grid g) {
-      double e = 0;
-      for (int64_t c = lane; c < cols; c += 32) e += clip_error(W[r * cols + c], g, maxq);
-      return warp_sum(e);
-    });
-  if (lane == 0) { scale[r] = best.scale; zero[r] = best.zero; }
-}
 
 // A batch of E problems: problem e is rows [e * rows_per, (e + 1) * rows_per) of the stacked W,
 // its Hessian H[e], and its n entries of each per-column array (perm, g_idx, diag) at e * n.
@@ -461,7 +355,7 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
   auto& h = handles();
   const int64_t rows = E * rows_per;   // every problem's rows
   const int64_t gs = s.group_size > 0 ? s.group_size : n;
-  const int maxq = s.maxq(), dt = s.scale_dtype == DType::F16 ? 1 : s.scale_dtype == DType::BF16 ? 2 : 0;
+  const int maxq = s.maxq(), dt = dtype_code(s.scale_dtype);
   QuantizedLinear q = QuantizedLinear::empty(0, n, s);   // the grids of every row: [groups, rows]
   q.rows = rows;
   q.scales.assign(size_t(q.groups * rows), 0.0f);

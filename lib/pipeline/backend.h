@@ -169,8 +169,9 @@ struct Backend {
   // reference) or on the GPU (cuda::smoothed_errors) where the run has one.
   AlphaErrors alpha_errors = smoothed_errors;
   // AWQ's search: each candidate's output error; unset: the host's (search_awq picks the product
-  // or the Gram form); cuda::output_sq_error, its GPU twin, where the forward runs on the GPU.
-  OutputSqError awq_error;
+  // or the Gram form); cuda::awq_scorer (X, W and each candidate's dW on the GPU) where the forward
+  // runs there.
+  AwqScorer awq_scorer;
   // --gpus N: whether every rank holds the same digest of a group's codes (solved there or received
   // from the rank that solved them; a difference would mean the ranks' models differ from here on).
   // Unset: one rank.

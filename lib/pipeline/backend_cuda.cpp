@@ -574,12 +574,13 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
       b.alpha_errors = cuda::smoothed_errors;
       b.forward_description += "; SmoothQuant's statistics from the 16-bit activations, its alpha search on the GPU (int8 GEMM)";
     }
-    // AWQ's search errors by cuBLAS SGEMM (cuda::output_sq_error: within 1e-9 of the host's product
+    // AWQ's search on the GPU: X and W uploaded once a search, each candidate's RTN error dW formed
+    // there and scored by cuBLAS SGEMM (cuda::awq_scorer; its error within 1e-9 of the host's product
     // form on a llama2-7b layer, lab 2026-12-05-awq-clip). The hybrid path (CPU forward) keeps the host's,
     // so that its run picks device cpu's ratios exactly (tests/test_smoothquant_cuda.cpp).
     if (r.awq.enabled) {
-      b.awq_error = cuda::output_sq_error;
-      b.forward_description += "; AWQ's statistics from the 16-bit activations, its search's output errors on the GPU (cuBLAS SGEMM, fp64 sums)";
+      b.awq_scorer = cuda::awq_scorer();
+      b.forward_description += "; AWQ's statistics from the 16-bit activations, its search on the GPU (each candidate's RTN error and cuBLAS SGEMM, fp64 sums)";
     }
     if (pass.comm) {
       b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " GPUs (NCCL " + cuda::nccl_version() +

@@ -556,7 +556,7 @@ json awq_entry(int l, const std::string& pair, const VecF& absmax, const AwqSear
 Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
   const Recipe& r = R.r;
   if (std::find(r.awq.pairs.begin(), r.awq.pairs.end(), g.smooth_norm) == r.awq.pairs.end()) return {};
-  return [&R, &r, errors = B.awq_error, l, &g, &w, &out](const VecF& absmax, const MatF& rows) -> const VecF& {
+  return [&R, &r, errors = B.awq_scorer, l, &g, &w, &out](const VecF& absmax, const MatF& rows) -> const VecF& {
     PhaseTimer t(R.t.phase["awq"]);
     VecF& norm = norm_weights(w, g.smooth_norm);
     std::vector<const MatF*> ws;
@@ -636,7 +636,7 @@ void awq_source_pair(Run& R, Backend& B, int l, const LinearGroup& g, const Scal
   if (ws.empty()) return;
   const auto [absmax, rows] = B.forward->sample(g);
   PhaseTimer t(R.t.phase["awq"]);
-  const AwqSearch a = search_awq(rows, ws, specs, R.r.awq.grid, R.r.awq.duo_scaling, B.awq_error, src.row);
+  const AwqSearch a = search_awq(rows, ws, specs, R.r.awq.grid, R.r.awq.duo_scaling, B.awq_scorer, src.row);
   json entry = awq_entry(l, src.key, absmax, a);
   if (a.ratio >= 0) {
     fold_into_source(R, l, g, src, a.scales, w, out);

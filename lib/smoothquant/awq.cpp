@@ -107,28 +107,34 @@ void fold_source(const std::vector<MatF*>& consumers, Linear& source, const std:
   if (source.b.size()) source.b = source.b.cwiseProduct(inv);
 }
 
+AwqScorer product_scorer(OutputSqError err) {
+  return [err](const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs) -> AwqErrorAt {
+    int64_t rows = 0;
+    for (const MatF* W : ws) rows += W->rows();
+    return [&X, &ws, &specs, err, rows](const VecF& s) {
+      MatF dW(rows, X.cols());
+      int64_t r0 = 0;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        dW.middleRows(r0, ws[i]->rows()) = awq_delta(*ws[i], specs[i], s);
+        r0 += ws[i]->rows();
+      }
+      return err(X, dW);
+    };
+  };
+}
+
 AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int grid, bool duo,
-                     OutputSqError err, const std::vector<int64_t>& tie) {
-  int64_t rows = 0;
-  for (const MatF* W : ws) rows += W->rows();
+                     const AwqScorer& scorer, const std::vector<int64_t>& tie) {
+  AwqErrorAt error_at = scorer ? scorer(X, ws, specs) : AwqErrorAt();
   MatD H;   // the Gram form's, where the host scores and X is tall
-  if (!err && 2 * X.rows() > X.cols()) {
+  if (!error_at && 2 * X.rows() > X.cols()) {
     Hessian h(X.cols());
     h.add(X);
     H = h.take_finalized();
-    err = [&H](const MatF&, const MatF& dW) { return delta_error_gram(dW, H); };
-  } else if (!err) {
-    err = output_sq_error;
+    error_at = product_scorer([&H](const MatF&, const MatF& dW) { return delta_error_gram(dW, H); })(X, ws, specs);
+  } else if (!error_at) {
+    error_at = product_scorer(output_sq_error)(X, ws, specs);
   }
-  auto error_at = [&](const VecF& s) {
-    MatF dW(rows, X.cols());
-    int64_t r0 = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      dW.middleRows(r0, ws[i]->rows()) = awq_delta(*ws[i], specs[i], s);
-      r0 += ws[i]->rows();
-    }
-    return err(X, dW);
-  };
   AwqSearch best;
   best.error = best.error_unscaled = error_at(VecF());
   best.scales = VecF::Ones(X.cols());

@@ -41,6 +41,14 @@ using OutputSqError = std::function<double(const MatF& X, const MatF& dW)>;
 // round-to-nearest grid.
 MatF awq_delta(const MatF& W, const QuantSpec& spec, const VecF& s);
 
+// One search's scorer: e(s) of its Linears on its rows (s empty: unscaled, Q(W) − W).
+using AwqErrorAt = std::function<double(const VecF& s)>;
+// Makes the scorer of one search (X, the Linears, their specs), or an empty one where it cannot
+// (search_awq then scores on the host): cuda::awq_scorer keeps X and W on the GPU.
+using AwqScorer = std::function<AwqErrorAt(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs)>;
+// The host's dW (awq_delta, the Linears stacked) at each candidate, scored by err(X, dW).
+AwqScorer product_scorer(OutputSqError err);
+
 struct AwqSearch {
   double ratio = -1;        // the chosen ratio; -1: none beat the unscaled Linears (s = 1)
   double error = 0;         // its output error
@@ -48,15 +56,16 @@ struct AwqSearch {
   VecF scales;              // the chosen scales (all 1 when ratio is -1)
 };
 // The search over `grid` ratios on X (the unscaled input rows), the Linears `ws` with their specs.
-// `err` scores a ratio's stacked dW; unset, the host does: by output_sq_error where X has at most
-// half as many rows as columns, else by the Gram form tr(dW H dWᵀ)/2 with H = 2/rows · XᵀX formed
-// once (gptq.h's delta_error_gram: the symmetric product of dW, half of X·dWᵀ's multiplies when
-// rows = cols; fp32 in chunks of 1,024 rows, fp64 sums; the same value to ~1e-6).
+// `scorer` scores the ratios (product_scorer: a given error of the host's stacked dW); unset or
+// declining, the host does: by output_sq_error where X has at most half as many rows as columns,
+// else by the Gram form tr(dW H dWᵀ)/2 with H = 2/rows · XᵀX formed once (gptq.h's
+// delta_error_gram: the symmetric product of dW, half of X·dWᵀ's multiplies when rows = cols; fp32
+// in chunks of 1,024 rows, fp64 sums; the same value to ~1e-6).
 // `tie` (empty: none): columns with equal values share one scale — x̄ and w̄ are averaged over
 // them first (fp64) — as the columns of o_proj that read one v row under grouped-query attention
 // must (model/schedule.h's ScaleSource).
 AwqSearch search_awq(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int grid, bool duo,
-                     OutputSqError err = {}, const std::vector<int64_t>& tie = {});
+                     const AwqScorer& scorer = {}, const std::vector<int64_t>& tie = {});
 // AWQ's Linear-to-Linear fold (v_proj -> o_proj, up_proj -> down_proj; model/schedule.h's
 // ScaleSource): each consumer W · diag(s), and the source's row r and bias entry r times 1 / s_j for
 // the columns j with rows[j] = r (tied columns share s_j) — the float model's output unchanged.

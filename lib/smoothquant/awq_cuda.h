@@ -1,4 +1,5 @@
-// awq_cuda.h — AWQ's search error on the GPU. Same math as output_sq_error (awq.h), its reference.
+// awq_cuda.h — AWQ's search on the GPU. Same math as output_sq_error and awq_delta (awq.h), their
+// references.
 #pragma once
 #include "smoothquant/awq.h"
 
@@ -8,5 +9,12 @@ namespace ptq::cuda {
 // dW's rows, the squares summed in fp64 a row of X a block, then in a fixed order: the same value
 // every run; against the host's (Eigen's fp32 GEMM) to ~1e-6 relative.
 double output_sq_error(const MatF& X, const MatF& dW);
+
+// The whole search's scoring on the GPU: X and the Linears' fp32 weights uploaded once a search;
+// at each candidate s only s goes up, and dW = Q(W · diag(s)) · diag(s)⁻¹ − W is formed on the device
+// (quant/grid.cuh: the host's grid and codes to the bit; the last product and difference each
+// rounded as the host's are, no FMA) and scored as output_sq_error scores it. Declines (an empty
+// scorer: the host's) where a Linear's grid is not GPTQ's integer one or runs its MSE search.
+AwqScorer awq_scorer();
 
 }  // namespace ptq::cuda
