@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "model/attention_cuda.h"
 #include "model/forward_cuda.h"
+#include "gptq/clip_cuda.h"
 #include "gptq/gptq_cuda.h"
 #include "cuda/random.h"
 #include "kernels/act_quant.h"
@@ -237,6 +238,43 @@ TEST_CASE("gpu: codes packed on the device equal the host's bitstream packing (2
       // and the stream reads back: value k of row r at bits [k*bits, (k+1)*bits)
       CHECK(unpack_bit(dev.data() + (rows - 1) * nw, cols - 1, bits) == codes.back());
     }
+}
+
+TEST_CASE("gpu: AWQ's clipping search on the device's Hessian picks the host's limits but for near-ties, and RTN with them has the host's output error") {
+  PTQ_REQUIRE_GPU();
+  const Problem p = problem(300, 320, 3000, 12);   // groups of 128: two and a last of 64
+  cuda::DeviceBuffer<double> dH(size_t(p.H.size()), "test Hessian");
+  cuda::copy_to_device(dH.get(), p.H.data(), size_t(p.H.size()) * 8);
+  struct Case {
+    int bits, gs;
+    bool sym;
+    DType scale;
+  };
+  for (const Case& k : {Case{4, 128, false, DType::F16}, Case{3, 64, true, DType::BF16}, Case{8, 32, false, DType::F32}}) {
+    QuantSpec s;
+    s.method = "rtn";
+    s.bits = k.bits, s.group_size = k.gs, s.sym = k.sym, s.scale_dtype = k.scale, s.output_clip = true;
+    REQUIRE(cuda::clip_supported(s));
+    const ClipSearch host = output_clip_limits(p.W, p.H, s), gpu = cuda::output_clip_limits(p.W, HessianRef{dH.get(), 1.0}, s);
+    REQUIRE(gpu.limits.size() == host.limits.size());
+    size_t same = 0;
+    for (size_t i = 0; i < host.limits.size(); ++i) same += gpu.limits[i] == host.limits[i];
+    auto error = [&](const ClipSearch& c) {   // tr(E H Eᵀ) in fp64, E = Wq − W
+      const Eigen::MatrixXd E = (rtn_quantize(p.W, s, &c.limits).dequantize() - p.W).cast<double>();
+      return (E * Eigen::Map<const Eigen::MatrixXd>(p.H.data(), p.H.rows(), p.H.cols()) * E.transpose()).trace();
+    };
+    const double eh = error(host), eg = error(gpu);
+    INFO(k.bits << "-bit g" << k.gs << ": " << same << " of " << host.limits.size() << " limits equal, clipped host " << host.clipped << " gpu "
+                << gpu.clipped << "; output error host " << eh << " gpu " << eg);
+    CHECK(double(same) >= 0.99 * double(host.limits.size()));
+    CHECK(host.clipped > 0);
+    CHECK(std::abs(double(gpu.clipped - host.clipped)) <= 0.01 * double(host.clipped) + 1);
+    CHECK(std::abs(eg / eh - 1) <= 1e-4);
+    CHECK(cuda::output_clip_limits(p.W, HessianRef{dH.get(), 1.0}, s).limits == gpu.limits);   // the same every run
+  }
+  QuantSpec big;
+  big.group_size = 256;
+  CHECK_FALSE(cuda::clip_supported(big));
 }
 
 TEST_CASE("gpu: the TF32 output error equals the fp64 one within 1e-3 across row chunks and H blocks") {

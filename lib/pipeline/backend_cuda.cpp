@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "cuda/comm.h"
 #include "cuda/runtime.h"
+#include "gptq/clip_cuda.h"
 #include "gptq/gptq_cuda.h"
 #include "gptq/hessian_cuda.h"
 #include "model/forward_cuda.h"
@@ -491,6 +492,13 @@ class CudaSolver final : public GroupSolver {
         rows.host = &W;
         q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &st).parts[0]);
         rtn = rtn_quantize(W, spec);
+      } else if (!gptq && spec.output_clip && dev.sum && fw_ && cuda::clip_supported(spec)) {
+        // RTN with AWQ's clipping, the GPU forward's runs: the search on the device's H (no fp64
+        // copy of it to the host); the hybrid path keeps the host's search, as it keeps its AWQ errors
+        const ClipSearch clip = cuda::output_clip_limits(W, dev, spec);
+        st.clip_groups = clip.groups;
+        st.clipped_groups = clip.clipped;
+        q = rtn_quantize(W, spec, &clip.limits);
       } else if (gptq || spec.output_clip) {
         q = quantize_on_host(W, host_H(), spec, st, gptq ? &rtn : nullptr);
       } else {
