@@ -267,7 +267,7 @@ TEST_CASE("gpu: AWQ's clipping search on the device's Hessian picks the host's l
     INFO(k.bits << "-bit g" << k.gs << ": " << same << " of " << host.limits.size() << " limits equal, clipped host " << host.clipped << " gpu "
                 << gpu.clipped << "; output error host " << eh << " gpu " << eg);
     CHECK(double(same) >= 0.99 * double(host.limits.size()));
-    CHECK(host.clipped > 0);
+    if (k.bits < 8) CHECK(host.clipped > 0);   // (at 8 bits a clamp seldom pays)
     CHECK(std::abs(double(gpu.clipped - host.clipped)) <= 0.01 * double(host.clipped) + 1);
     CHECK(std::abs(eg / eh - 1) <= 1e-4);
     CHECK(cuda::output_clip_limits(p.W, HessianRef{dH.get(), 1.0}, s).limits == gpu.limits);   // the same every run
