@@ -46,7 +46,9 @@ using AwqErrorAt = std::function<double(const VecF& s)>;
 // Makes the scorer of one search (X, the Linears, their specs), or an empty one where it cannot
 // (search_awq then scores on the host): cuda::awq_scorer keeps X and W on the GPU.
 using AwqScorer = std::function<AwqErrorAt(const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs)>;
-// The host's dW (awq_delta, the Linears stacked) at each candidate, scored by err(X, dW).
+// The host's dW (awq_delta, the Linears stacked) at each candidate, scored by err(X, dW). The
+// AwqErrorAt it makes refers to X, ws and specs (no copies): they must outlive it, as search_awq's
+// arguments outlive its search.
 AwqScorer product_scorer(OutputSqError err);
 
 struct AwqSearch {
