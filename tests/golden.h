@@ -33,11 +33,9 @@ inline Golden golden(const std::string& name) {
   return r;
 }
 
-// KL(the golden float logits ‖ model dir's logits on the golden ids), the mean over positions, in fp64.
-inline double golden_kl(const std::string& name, const std::string& dir) {
-  const Golden g = golden(name);
+// KL(the golden float logits ‖ got, a model's logits on the golden ids), the mean over positions, in fp64.
+inline double golden_kl(const Golden& g, const ptq::MatF& got) {
   const int V = g.vocab();
-  const ptq::MatF got = ptq::LlamaModel(dir).forward(g.ids, g.S, g.T);
   double sum = 0;
   for (int i = 0; i < g.S * g.T; ++i) {
     const float* p = &g.logits[size_t(i) * size_t(V)];
@@ -50,6 +48,11 @@ inline double golden_kl(const std::string& name, const std::string& dir) {
     }
   }
   return sum / (g.S * g.T);
+}
+// The same for the model in dir (LlamaModel: float and fake-quantized exports).
+inline double golden_kl(const std::string& name, const std::string& dir) {
+  const Golden g = golden(name);
+  return golden_kl(g, ptq::LlamaModel(dir).forward(g.ids, g.S, g.T));
 }
 
 }  // namespace ptqtest

@@ -38,8 +38,8 @@ LayerSchedule layer_schedule(const LlamaConfig& c, int layer, bool experts_share
     return s;
   }
   if (experts_share_input) {
-    // (its norm feeds the router too: AWQ folds its scales into the router's columns as well;
-    // SmoothQuant leaves the experts unsmoothed)
+    // (its norm feeds the router too: AWQ's and SmoothQuant's factors fold into the router's
+    // columns as well)
     LinearGroup in{"experts.mlp", Stage::expert_in, {}, "post_attention_layernorm", -1};
     for (int e = 0; e < c.num_experts; ++e) in.linears.insert(in.linears.end(), {{Proj::gate, e}, {Proj::up, e}});
     s.groups.push_back(in);

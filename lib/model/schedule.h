@@ -25,9 +25,9 @@
 //       experts.e.mlp   expert_in   gate, up of e   xn2 on the rows routed to e
 //       experts.e.down  expert_act  down of e       silu(gate_e(xn2)) * up_e(xn2) on those rows
 //     Then X += the routed experts' outputs, weighted. The router stays float. experts.mlp's
-//     norm is post_attention_layernorm: AWQ folds its scales into every expert's gate, up and the
-//     router's columns (the routing unchanged); SmoothQuant does not smooth the experts. Routed
-//     calibration has no shared group, so no norm pair there.
+//     norm is post_attention_layernorm: AWQ and SmoothQuant fold their factors into every expert's
+//     gate, up and the router's columns (the routing unchanged). Routed calibration has no shared
+//     group, so no norm pair there.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -581,24 +581,24 @@ Smoother awq_smoother(Run& R, const Backend& B, int l, const LinearGroup& g, Lay
 
 // SmoothQuant on one norm -> group pair: from the statistics of the group's unsmoothed input,
 // alpha and the factors, folded into the norm and the group's weights (the forward then computes
-// the input again, as the deployed and a resumed model compute it).
+// the input again, as the deployed and a resumed model compute it). The MoE experts' shared input
+// (every expert's gate, up: one group) takes its factors from the experts' columns and folds them
+// into the router's columns too, which stays float and routes as before.
 Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWeights& w, LayerResult& out) {
   const Recipe& r = R.r;
   if (r.awq.enabled) return awq_smoother(R, B, l, g, w, out);
-  if (!r.smooth.enabled || g.input == Stage::expert_in || std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), g.smooth_norm) == r.smooth.pairs.end())
-    return {};
+  if (!r.smooth.enabled || std::find(r.smooth.pairs.begin(), r.smooth.pairs.end(), g.smooth_norm) == r.smooth.pairs.end()) return {};
   return [&R, &r, errors = B.alpha_errors, l, &g, &w, &out](const VecF& absmax, const MatF& x) -> const VecF& {
     json entry = {{"layer", l}, {"pair", g.smooth_norm}, {"outlier_ratio_before", outlier_ratio(absmax)}};
     PhaseTimer t(R.t.phase["smoothquant"]);
     std::vector<const MatF*> ws;
-    std::vector<MatF*> wm;
-    for (LinearId p : g.linears) { ws.push_back(&w[p].W); wm.push_back(&w[p].W); }
+    for (LinearId p : g.linears) ws.push_back(&w[p].W);
     const ActQuant act{r.act_mode, 0};
     AlphaSearch a = r.smooth.auto_alpha ? search_alpha(x, absmax, ws, act, kSmoothRows, errors)
                                         : evaluate_alpha(x, absmax, ws, act, r.smooth.alpha, kSmoothRows, errors);
     const VecF& sf = a.factors;
     VecF& norm = norm_weights(w, g.smooth_norm);
-    fold_smoothing(norm, wm, sf);
+    fold_smoothing(norm, norm_fold_targets(g, w), sf);
     entry["alpha"] = a.alpha;
     entry["outlier_ratio_after"] = outlier_ratio(absmax.cwiseQuotient(sf));
     entry["w8a8_error"] = a.error;
@@ -606,6 +606,7 @@ Smoother smoother(Run& R, const Backend& B, int l, const LinearGroup& g, LayerWe
     R.smoothing.push_back(entry);
     out.replace(layer_prefix(l) + g.smooth_norm + ".weight", norm);
     keep_folded(R, l, g, w, out);
+    keep_router(R, l, g, w, out);
     if (R.stats_out) out.stats.smoothing[g.smooth_norm] = sf;
     return norm;
   };
