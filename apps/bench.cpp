@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #ifdef PTQKIT_HAVE_CUDA
 #include "cuda/random.h"
 #include "cuda/runtime.h"
+#include "gptq/clip_cuda.h"
 #include "gptq/gptq_cuda.h"
 #include "kernels/bench_kernels.h"
 #include "smoothquant/awq_cuda.h"
@@ -49,6 +51,7 @@ struct BenchAwqArgs {
   std::string preset = "llama2-7b";
   int64_t rows = 4096;   // the search's activation rows (the pipeline's kSmoothRows)
   int grid = 20;
+  bool gpu_only = false;   // skip the host's arms (minutes on 7B shapes); the GPU arms compared with each other
 };
 struct BenchKernelsArgs {
   int runs = 100;
@@ -167,6 +170,11 @@ int run_bench_smoothquant(const BenchSmoothArgs& a) {
 // GPU), whose every error is compared with the host's; then AWQ's
 // clipping search (gptq/clip.h) on the layer's v, o, gate, up and down, each with its input's Hessian.
 int run_bench_awq(const BenchAwqArgs& a) {
+  bool gpu = false;
+#ifdef PTQKIT_HAVE_CUDA
+  gpu = cuda::available();
+#endif
+  if (a.gpu_only && !gpu) fail(Errc::usage, "", "bench awq --gpu-only", "needs a GPU");
   const LlamaConfig c = parse_config(synth_config_json(a.preset, -1, DType::F16), a.preset);
   const BenchLayer L(c, a.rows);
   const MatF& X = L.X;
@@ -209,39 +217,60 @@ int run_bench_awq(const BenchAwqArgs& a) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (ratios:%s)\n", label, t, t * c.num_hidden_layers, c.num_hidden_layers, picks.c_str());
   };
-  time_search({}, 2 * a.rows > d ? "host (Gram form where tall)" : "host (X·dWᵀ)", nullptr);
-  {  // AWQ's clipping search (gptq/clip.h) on the Linears it covers: v, o, gate, up, down, each with its input's Hessian
-    auto hessian = [](const MatF& x) {   // 2/rows · xᵀx, as the pipeline's (gptq/hessian.h)
-      Hessian h(x.cols());
-      h.add(x);
-      return h.take_finalized();
-    };
-    const MatD Hd = hessian(X), Ho = hessian(Xo), Hf = hessian(Xf);
-    const std::vector<std::pair<const MatF*, const MatD*>> linears = {{&L.v, &Hd}, {&o, &Ho}, {&L.g, &Hd}, {&L.u, &Hd}, {&down, &Hf}};
-    QuantSpec cs = spec;
-    cs.output_clip = true;
+  if (!a.gpu_only) time_search({}, 2 * a.rows > d ? "host (Gram form where tall)" : "host (X·dWᵀ)", nullptr);
+  // AWQ's clipping search (gptq/clip.h) on the Linears it covers: v, o, gate, up, down, each with its input's Hessian
+  auto hessian = [](const MatF& x) {   // 2/rows · xᵀx, as the pipeline's (gptq/hessian.h)
+    Hessian h(x.cols());
+    h.add(x);
+    return h.take_finalized();
+  };
+  const MatD Hd = hessian(X), Ho = hessian(Xo), Hf = hessian(Xf);
+  const std::vector<std::pair<const MatF*, const MatD*>> linears = {{&L.v, &Hd}, {&o, &Ho}, {&L.g, &Hd}, {&L.u, &Hd}, {&down, &Hf}};
+  QuantSpec cs = spec;
+  cs.output_clip = true;
+  // search(W, H) -> its limits, timed over the five Linears
+  auto time_clipping = [&](const char* label, const std::function<ClipSearch(const MatF&, const MatD&)>& search) {
     int64_t searched = 0, clipped = 0;
+    std::vector<float> limits;
     const auto t0 = std::chrono::steady_clock::now();
     for (auto [W, H] : linears) {
-      const ClipSearch r = output_clip_limits(*W, *H, cs);
+      const ClipSearch r = search(*W, *H);
       searched += r.groups;
       clipped += r.clipped;
+      limits.insert(limits.end(), r.limits.begin(), r.limits.end());
     }
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (v, o, gate, up, down: %.1f%% of %lld groups clipped)\n", "clipping search (host)", t,
+    std::printf("  %-26s %8.2f s a layer  %8.1f s for %d layers  (v, o, gate, up, down: %.1f%% of %lld groups clipped)\n", label, t,
                 t * c.num_hidden_layers, c.num_hidden_layers, 100.0 * double(clipped) / double(std::max<int64_t>(searched, 1)), (long long)searched);
-  }
+    return limits;
+  };
+  std::vector<float> host_limits;
+  if (!a.gpu_only) host_limits = time_clipping("clipping search (host)", [&](const MatF& W, const MatD& H) { return output_clip_limits(W, H, cs); });
 #ifdef PTQKIT_HAVE_CUDA
-  if (cuda::available()) {
+  if (gpu) {
     (void)cuda::output_sq_error(X.topRows(1), L.q.topRows(1));   // cuBLAS's set-up, outside the time
-    time_search(product_scorer(output_sq_error), "host (X·dWᵀ, the GPU's form)", &errors[0]);
+    // The device's search reads H = scale · sum from device memory (the pipeline's HessianCuda); the
+    // upload of each H is timed with it here.
+    const std::vector<float> dev_limits = time_clipping("clipping search (GPU)", [&](const MatF& W, const MatD& H) {
+      cuda::DeviceBuffer<double> dH(size_t(H.size()), "bench awq: Hessian");
+      cuda::copy_to_device(dH.get(), H.data(), size_t(H.size()) * 8);
+      return cuda::output_clip_limits(W, HessianRef{dH.get(), 1.0}, cs);
+    });
+    if (!host_limits.empty()) {
+      size_t equal = 0;
+      for (size_t i = 0; i < host_limits.size() && i < dev_limits.size(); ++i) equal += host_limits[i] == dev_limits[i];
+      std::printf("  the GPU's clipping limits equal to the host's: %zu of %zu\n", equal, host_limits.size());
+    }
+    if (!a.gpu_only) time_search(product_scorer(output_sq_error), "host (X·dWᵀ, the GPU's form)", &errors[0]);
     time_search(product_scorer(cuda::output_sq_error), "GPU SGEMM, dW from the host", &errors[1]);
     time_search(cuda::awq_scorer(), "GPU (X, W and dW resident)", &errors[2]);
-    for (int k : {1, 2}) {
+    // Each GPU arm against the host's product (without it, --gpu-only: the resident search against the SGEMM arm)
+    const size_t ref = a.gpu_only ? 1 : 0;
+    for (size_t k = ref + 1; k <= 2; ++k) {
       double worst = 0;
-      for (size_t i = 0; i < errors[0].size() && i < errors[size_t(k)].size(); ++i) worst = std::max(worst, std::abs(errors[size_t(k)][i] / errors[0][i] - 1));
-      std::printf("  %s errors against the host's: %zu of %zu compared, at most %.2e relative\n", k == 1 ? "the GPU SGEMM's" : "the resident search's",
-                  std::min(errors[0].size(), errors[size_t(k)].size()), errors[0].size(), worst);
+      for (size_t i = 0; i < errors[ref].size() && i < errors[k].size(); ++i) worst = std::max(worst, std::abs(errors[k][i] / errors[ref][i] - 1));
+      std::printf("  %s errors against the %s: %zu of %zu compared, at most %.2e relative\n", k == 1 ? "the GPU SGEMM's" : "the resident search's",
+                  ref == 0 ? "host's" : "GPU SGEMM arm's (dW from the host)", std::min(errors[ref].size(), errors[k].size()), errors[ref].size(), worst);
     }
     return 0;
   }
@@ -307,6 +336,7 @@ std::vector<Command> add_bench(CLI::App& app) {
   ba->add_option("--preset", aa->preset, "llama2-7b | llama3-8b | ... (synth presets)")->capture_default_str();
   ba->add_option("--rows", aa->rows, "activation rows of the search")->check(CLI::Range(int64_t(1), int64_t(65536)))->capture_default_str();
   ba->add_option("--grid", aa->grid, "ratios searched")->check(CLI::Range(1, 1000))->capture_default_str();
+  ba->add_flag("--gpu-only", aa->gpu_only, "the GPU's arms only (the host's take minutes on 7B shapes): the resident search compared with the SGEMM arm");
   CLI::App* bk = bench->add_subcommand("kernels", "W4A16, W8A16, NF4 (against cuBLAS f16) and W8A8 (against cuBLAS bf16 and int8) GPU kernels: llama shapes, M = 1..4096, cold L2");
   bk->add_option("--runs", ka->runs, "runs per measurement (median)")->default_val(100);
   bk->add_option("--kernels", ka->kernels, "which kernels")->check(CLI::IsMember({"w4a16", "w8a16", "nf4", "w8a8"}))->delimiter(',');

@@ -50,13 +50,12 @@ __global__ void clip_kernel(const float* W, int64_t rows, int64_t cols, int64_t 
     hi = warp_max(hi);
     double best = 0;
     int best_k = 0;
+    float best_m = INFINITY;
     for (int k = 0; k < kClipSteps; ++k) {
-      float xmin = lo, xmax = hi;
-      if (k > 0) {   // clip_limit(k, amax): the step's factor in fp64, rounded, times amax
-        const float m = __fmul_rn(float(1.0 - double(k) / kClipGrid), amax);
-        xmin = fminf(fmaxf(xmin, -m), m);
-        xmax = fminf(fmaxf(xmax, -m), m);
-      }
+      // clip_limit(k, amax): the step's factor in fp64, rounded, times amax (k = 0: amax itself,
+      // whose clamp leaves lo and hi as they are)
+      const float m = __fmul_rn(float(1.0 - double(k) / kClipGrid), amax);
+      const float xmin = fminf(fmaxf(lo, -m), m), xmax = fminf(fmaxf(hi, -m), m);
       const Grid gr = minmax_grid(xmin, xmax, maxq, sym, dt);
       float e[4];
 #pragma unroll
@@ -75,10 +74,10 @@ __global__ void clip_kernel(const float* W, int64_t rows, int64_t cols, int64_t 
 #pragma unroll
       for (int t = 0; t < 4; ++t) cost += double(eh[t]) * double(e[t]);
       cost = warp_sum(cost);
-      if (k == 0 || cost < best) { best = cost; best_k = k; }
+      if (k == 0 || cost < best) { best = cost; best_k = k; best_m = k > 0 ? m : INFINITY; }
     }
     if (lane == 0) {
-      limits[g * rows + r] = best_k > 0 ? __fmul_rn(float(1.0 - double(best_k) / kClipGrid), amax) : INFINITY;
+      limits[g * rows + r] = best_m;
       count += best_k > 0;
     }
   }
