@@ -277,6 +277,52 @@ TEST_CASE("gpu: AWQ's clipping search on the device's Hessian picks the host's l
   CHECK_FALSE(cuda::clip_supported(big));
 }
 
+TEST_CASE("gpu: GPTQ with AWQ's clipping limits: the GPU solve fixes the host's static grids from them, and its codes and loss are the host's") {
+  // The limits (here the host's search, as the hybrid path takes them) clamp each static group's
+  // range before the solve: the grids must equal gptq_quantize's with the same limits bit for bit
+  // (the same float operations), the codes and the output error as the unclipped GPU solve matches
+  // the CPU's (the first test's bounds); a resident solve with RTN kept has the host's clipped RTN.
+  PTQ_REQUIRE_GPU();
+  const Problem p = problem(256, 384, 3000, 13);
+  for (int bits : {3, 4}) {
+    QuantSpec s;
+    s.bits = bits, s.group_size = 128, s.sym = false, s.act_order = true, s.static_groups = true, s.output_clip = true;
+    REQUIRE(cuda::gptq_supported(s, nullptr));
+    const ClipSearch clip = output_clip_limits(p.W, p.H, s);
+    REQUIRE(clip.clipped > 0);
+    const QuantizedLinear cpu = gptq_quantize(p.W, p.H, s, nullptr, &clip.limits), gpu = ptqtest::gpu_gptq(p.W, p.H, s, nullptr, &clip.limits);
+    const QuantizedLinear unclipped = ptqtest::gpu_gptq(p.W, p.H, s);
+    CHECK(gpu.scales == cpu.scales);
+    CHECK(gpu.zeros == cpu.zeros);
+    CHECK(gpu.scales != unclipped.scales);   // the limits were applied
+    int64_t same = 0;
+    const std::vector<uint8_t> cc = cpu.unpacked_codes(), gc = gpu.unpacked_codes();
+    for (size_t i = 0; i < cc.size(); ++i) same += cc[i] == gc[i];
+    const double share = double(same) / double(cc.size());
+    const double lc = output_error(p.W, cpu.dequantize(), p.H), lg = output_error(p.W, gpu.dequantize(), p.H),
+                 lu = output_error(p.W, unclipped.dequantize(), p.H);
+    std::cout << bits << "-bit g128 act-order, " << clip.clipped << " of " << clip.groups << " groups clipped: identical codes " << 100 * share
+              << "%, loss GPU " << lg << " CPU " << lc << " (unclipped GPU " << lu << ")\n";
+    CHECK(share >= 0.99);
+    CHECK(std::abs(lg - lc) <= 0.01 * lc);
+    // the resident form's RTN baseline, clipped as the host's rtn_quantize clips it
+    cuda::DeviceBuffer<double> dH(size_t(p.H.size()), "test Hessian");
+    cuda::copy_to_device(dH.get(), p.H.data(), size_t(p.H.size()) * 8);
+    cuda::WeightRows rows;
+    rows.rows = p.W.rows();
+    rows.host = &p.W;
+    const cuda::ResidentSolve rs = cuda::gptq_solve_cuda({rows}, p.W.cols(), HessianRef{dH.get(), 1.0}, s, cuda::SolveKeep::weights_and_rtn, nullptr, &clip.limits);
+    MatF Wr(p.W.rows(), p.W.cols());
+    cuda::copy_to_host(Wr.data(), rs.Wr.get(), size_t(Wr.size()) * 4);
+    const MatF want = rtn_quantize(p.W, s, &clip.limits).dequantize();
+    CHECK((Wr - want).cwiseAbs().maxCoeff() <= 1e-6f * want.cwiseAbs().maxCoeff());
+  }
+  QuantSpec dynamic;
+  dynamic.group_size = 128;
+  const std::vector<float> none(size_t(3 * 256), INFINITY);
+  CHECK_THROWS_WITH(ptqtest::gpu_gptq(problem(256, 384, 500, 14).W, problem(256, 384, 500, 14).H, dynamic, nullptr, &none), Catch::Contains("static groups"));
+}
+
 TEST_CASE("gpu: the TF32 output error equals the fp64 one within 1e-3 across row chunks and H blocks") {
   PTQ_REQUIRE_GPU();
   const int64_t rows = 2100, cols = 2200;   // two row chunks and two H blocks of 2048

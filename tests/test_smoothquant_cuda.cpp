@@ -274,6 +274,46 @@ TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ra
   }
 }
 
+TEST_CASE("gpu: AWQ with GPTQ and clipping on device cuda: the GPU solve takes the searched limits (hybrid and GPU forward), near device cpu's perplexity") {
+  // GPTQ with AWQ's clipping used to solve on the host in a GPU run (its grids fixed by the limits
+  // before the solve); now the limits (the device's search with the GPU forward, the host's in the
+  // hybrid path) go to the GPU solve. Its codes differ from the CPU solve's as any GPU solve's do
+  // (the first GPTQ case of test_gptq_cuda), so the runs are held to the perplexity of the CPU run.
+  PTQ_REQUIRE_GPU();
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const std::string a = ptqtest::assets();
+  const auto [model, ids, o] = ptqtest::distilled_eval();
+  Recipe r = parse_recipe(YAML::Load("quantization: {method: gptq, bits: 3, group_size: 128, sym: false, static_groups: true, "
+                                     "awq: {grid: 20, clip: true, pairs: [input_layernorm, post_attention_layernorm]}}\n"),
+                          "r.yaml");
+  r.model = model;
+  r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
+  r.device = "cpu";
+  r.output = d / "cpu";
+  const json rc = run_quantize(r, {});
+  const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
+  for (bool gpu_forward : {false, true}) {
+    r.device = "cuda";
+    r.gpu_forward = gpu_forward;
+    r.output = d / (gpu_forward ? "gpu" : "hybrid");
+    const json rg = run_quantize(r, {});
+    REQUIRE(rg["modules"].size() == rc["modules"].size());
+    double clipped_cpu = 0, clipped_gpu = 0;
+    for (size_t i = 0; i < rc["modules"].size(); ++i) {
+      const json &c = rc["modules"][i], &g = rg["modules"][i];
+      CHECK(c.contains("clipped_groups") == g.contains("clipped_groups"));   // q/k are not clipped
+      clipped_cpu += c.value("clipped_groups", 0.0), clipped_gpu += g.value("clipped_groups", 0.0);
+    }
+    const double ppl = evaluate(*open_model(r.output), ids, o).perplexity;
+    std::cout << "AWQ + GPTQ 3-bit + clip, forward " << rg["forward"].get<std::string>() << ": perplexity " << ppl << " against the CPU run's " << ppl_cpu
+              << "; clipped groups (sum of shares) " << clipped_gpu << " against " << clipped_cpu << "\n";
+    CHECK(clipped_gpu > 0);
+    CHECK(std::abs(clipped_gpu / clipped_cpu - 1) <= 0.1);
+    CHECK(std::abs(ppl / ppl_cpu - 1) <= 5e-3);
+  }
+}
+
 TEST_CASE("gpu: AWQ on Mixtral and Qwen3-MoE with the GPU forward: the experts' norm refolded with the router, each expert's up into its down") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();

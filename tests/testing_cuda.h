@@ -17,13 +17,14 @@
 namespace ptqtest {
 
 // GPTQ on the GPU for W [rows, cols] and H (host, already scaled): codes and grids on the host.
-inline ptq::QuantizedLinear gpu_gptq(const ptq::MatF& W, const ptq::MatD& H, const ptq::QuantSpec& s, ptq::SolveStats* st = nullptr) {
+inline ptq::QuantizedLinear gpu_gptq(const ptq::MatF& W, const ptq::MatD& H, const ptq::QuantSpec& s, ptq::SolveStats* st = nullptr,
+                                     const std::vector<float>* limits = nullptr) {
   ptq::cuda::DeviceBuffer<double> dH(size_t(H.size()), "test Hessian");
   ptq::cuda::copy_to_device(dH.get(), H.data(), size_t(H.size()) * 8);
   ptq::cuda::WeightRows rows;
   rows.rows = W.rows();
   rows.host = &W;
-  return std::move(ptq::cuda::gptq_solve_cuda({rows}, W.cols(), ptq::HessianRef{dH.get(), 1.0}, s, ptq::cuda::SolveKeep::codes, st).parts[0]);
+  return std::move(ptq::cuda::gptq_solve_cuda({rows}, W.cols(), ptq::HessianRef{dH.get(), 1.0}, s, ptq::cuda::SolveKeep::codes, st, limits).parts[0]);
 }
 
 // S windows of T random tokens (from `seed`) through the model's embedding: a decoder layer's input.

@@ -346,7 +346,7 @@ void invert_batched(std::vector<double*>& A, std::vector<double*>& Inv, int64_t 
 // (natural column order); parts: the results by part_rows (each part within one problem).
 void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vector<HessianRef>& Hs, const QuantSpec& s,
            std::vector<SolveStats>& S, DeviceBuffer<float>* Wq_out, DeviceBuffer<float>* Wr_out, DampedLoss* dl,
-           const std::vector<int64_t>& part_rows, std::vector<QuantizedLinear>& parts) {
+           const std::vector<int64_t>& part_rows, std::vector<QuantizedLinear>& parts, const std::vector<float>* limits) {
   using clk = std::chrono::steady_clock;
   const auto t_start = clk::now();
   std::string why;
@@ -380,11 +380,18 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
       if (double& d = diag[size_t(e * n + c)]; d == 0) { d = 1.0 / Hs[size_t(e)].scale; ++S[size_t(e)].dead_columns; }
   // 2. static groups, from the unpermuted weights (dead columns zeroed, as on the device)
   const bool static_groups = s.static_groups && s.group_size > 0;
+  if (limits && !static_groups)
+    fail(Errc::usage, "", "quantization.static_groups", "clipped grids (quantization.awq.clip) are fixed before the solve: they need static groups");
+  if (limits && limits->size() != size_t(q.groups * rows)) fail(Errc::usage, "", "gptq_solve_cuda", "clipping limits: one a group and row");
+  DeviceBuffer<float> dLimits(limits ? limits->size() : 1, "clipping limits");
+  if (limits) copy_to_device(dLimits.get(), limits->data(), limits->size() * 4);
+  const float* lim = limits ? dLimits.get() : nullptr;
   DeviceBuffer<float> dStScale(static_groups ? size_t(q.groups * rows) : 1, "static scales");
   DeviceBuffer<int> dStZero(static_groups ? size_t(q.groups * rows) : 1, "static zeros");
   if (static_groups) {
     if (gs > kB) fail(Errc::usage, "", "quantization.group_size", "static groups on the GPU take at most 128 columns per group");
-    static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW.get(), rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, dStScale.get(), dStZero.get());
+    static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW.get(), rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, lim, dStScale.get(),
+                                                                       dStZero.get());
     PTQ_CUDA_LAUNCH("static_grid_kernel");
   }
   // 3. act-order: a stable sort of each problem's diagonal on the host, the gathers on the device
@@ -602,7 +609,7 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
     if (s.group_size <= 0)
       row_grid_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, rows, n, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
     else
-      static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW0, rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
+      static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW0, rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, lim, sc.get(), ze.get());
     PTQ_CUDA_LAUNCH("RTN grids");
     rtn_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dW0, rows, n, gs, sc.get(), ze.get(), maxq, dWr);
     PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
@@ -621,7 +628,7 @@ void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, u
 }
 
 ResidentSolve gptq_solve_cuda(const std::vector<SolveProblem>& problems, int64_t cols, const QuantSpec& s, SolveKeep keep,
-                              std::vector<SolveStats>* stats) {
+                              std::vector<SolveStats>* stats, const std::vector<float>* limits) {
   const int E = int(problems.size());
   std::vector<int64_t> part_rows;
   std::vector<HessianRef> Hs;
@@ -653,19 +660,19 @@ ResidentSolve gptq_solve_cuda(const std::vector<SolveProblem>& problems, int64_t
   std::vector<SolveStats>& S = stats ? *stats : local;
   S.assign(size_t(E), SolveStats());
   if (keep == SolveKeep::codes) {   // codes and grids to the host, nothing kept on the device
-    solve(out.W.get(), E, rows_per, cols, Hs, s, S, nullptr, nullptr, nullptr, part_rows, out.parts);
+    solve(out.W.get(), E, rows_per, cols, Hs, s, S, nullptr, nullptr, nullptr, part_rows, out.parts, limits);
     out.W = DeviceBuffer<float>();
     return out;
   }
   solve(out.W.get(), E, rows_per, cols, Hs, s, S, &out.Wq, keep == SolveKeep::weights_and_rtn ? &out.Wr : nullptr, &out.damped, part_rows,
-        out.parts);
+        out.parts, limits);
   return out;
 }
 
 ResidentSolve gptq_solve_cuda(const std::vector<WeightRows>& parts, int64_t cols, HessianRef H, const QuantSpec& s, SolveKeep keep,
-                              SolveStats* st) {
+                              SolveStats* st, const std::vector<float>* limits) {
   std::vector<SolveStats> S;
-  ResidentSolve out = gptq_solve_cuda({SolveProblem{parts, H}}, cols, s, keep, &S);
+  ResidentSolve out = gptq_solve_cuda({SolveProblem{parts, H}}, cols, s, keep, &S, limits);
   if (st) *st = std::move(S[0]);
   return out;
 }

@@ -54,9 +54,11 @@ struct ResidentSolve {
 };
 // The GPU solve: one GPTQ solve of the parts stacked by rows (q/k/v, or gate/up: the same Hessian
 // and spec give each row the same result as solving the parts apart — GPTQ treats rows
-// independently). H = H.scale * H.sum, read only.
+// independently). H = H.scale * H.sum, read only. limits [groups, rows of every part] (static
+// groups only; gptq_quantize's): AWQ's clipping limits, which fix the static grids (and the RTN
+// baseline's) before the solve.
 ResidentSolve gptq_solve_cuda(const std::vector<WeightRows>& parts, int64_t cols, HessianRef H, const QuantSpec& s, SolveKeep keep,
-                              SolveStats* stats = nullptr);
+                              SolveStats* stats = nullptr, const std::vector<float>* limits = nullptr);
 // A batch of such solves of the same spec, input width and rows (an MoE layer's expert downs, each
 // with its own Hessian): the problems' rows stacked in order in W, Wq, Wr and `parts`; each
 // problem factored apart (batched cuSOLVER/cuBLAS calls), the column loop's kernels run once for
@@ -71,7 +73,7 @@ struct SolveProblem {
   HessianRef H;
 };
 ResidentSolve gptq_solve_cuda(const std::vector<SolveProblem>& problems, int64_t cols, const QuantSpec& s, SolveKeep keep,
-                              std::vector<SolveStats>* stats = nullptr);
+                              std::vector<SolveStats>* stats = nullptr, const std::vector<float>* limits = nullptr);
 
 // words [rows, packed_words(n, bits)] = each row of codes [rows, n] packed as core/bits.h's
 // pack_rows does on the host (device pointers; asynchronous).

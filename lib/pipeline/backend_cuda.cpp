@@ -222,7 +222,7 @@ class CudaSolver final : public GroupSolver {
   DType model_dtype_;
   const cuda::Comm* comm_;
 
-  // (AWQ's clipping search runs on the host: its grids are fixed there, before the solve)
+  // (not with AWQ's clipping: its limits are searched first, and the solve takes them, in solve_apart)
   static bool on_gpu(const QuantSpec& s) { return s.method == "gptq" && !s.output_clip && cuda::gptq_supported(s, nullptr); }
   static bool resident_ok(const LinearJob& j) { return on_gpu(j.spec); }
 
@@ -492,13 +492,20 @@ class CudaSolver final : public GroupSolver {
         rows.host = &W;
         q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &st).parts[0]);
         rtn = rtn_quantize(W, spec);
-      } else if (!gptq && spec.output_clip && dev.sum && fw_ && cuda::clip_supported(spec)) {
-        // RTN with AWQ's clipping, the GPU forward's runs: the search on the device's H (no fp64
-        // copy of it to the host); the hybrid path keeps the host's search, as it keeps its AWQ errors
-        const ClipSearch clip = cuda::output_clip_limits(W, dev, spec);
+      } else if (spec.output_clip && dev.sum && (gptq ? cuda::gptq_supported(spec, nullptr) : fw_ && cuda::clip_supported(spec))) {
+        // AWQ's clipping: with the GPU forward the search on the device's H (no fp64 copy of it to
+        // the host); the hybrid path keeps the host's search, as it keeps its AWQ errors. Then RTN
+        // with the limits, or GPTQ on the GPU with the static grids they fix (RTN's baseline too).
+        const ClipSearch clip = fw_ && cuda::clip_supported(spec) ? cuda::output_clip_limits(W, dev, spec) : output_clip_limits(W, host_H(), spec);
+        if (gptq) {
+          cuda::WeightRows rows;
+          rows.rows = W.rows();
+          rows.host = &W;
+          q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), dev, spec, cuda::SolveKeep::codes, &st, &clip.limits).parts[0]);
+        }
+        (gptq ? rtn : q) = rtn_quantize(W, spec, &clip.limits);
         st.clip_groups = clip.groups;
         st.clipped_groups = clip.clipped;
-        q = rtn_quantize(W, spec, &clip.limits);
       } else if (gptq || spec.output_clip) {
         q = quantize_on_host(W, host_H(), spec, st, gptq ? &rtn : nullptr);
       } else {

@@ -64,15 +64,21 @@ __device__ __forceinline__ double clip_error(float v, Grid g, int maxq) {
 }
 
 // The grid of values v[0..n) spread over the warp (`have` says which of a lane's values count),
-// with the reference's clipping search when mse.
+// with the reference's clipping search when mse; `limit` (AWQ's clipping, find_grid's): the grid of
+// the values clamped to [-limit, limit] (+inf: none). (lo and hi start at 0, which the grid takes
+// in anyway, so clamping them is clamping the values' min and max, as find_grid does.)
 template <int K>
-__device__ Grid warp_grid(const float (&v)[K], const bool (&have)[K], int maxq, bool sym, bool mse, int dt) {
+__device__ Grid warp_grid(const float (&v)[K], const bool (&have)[K], int maxq, bool sym, bool mse, int dt, float limit = INFINITY) {
   float lo = 0.0f, hi = 0.0f;
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (have[k]) { lo = fminf(lo, v[k]); hi = fmaxf(hi, v[k]); }
   lo = warp_min(lo);
   hi = warp_max(hi);
+  if (limit < INFINITY) {
+    lo = fminf(fmaxf(lo, -limit), limit);
+    hi = fminf(fmaxf(hi, -limit), limit);
+  }
   const Grid best = minmax_grid(lo, hi, maxq, sym, dt);
   if (!mse) return best;
   return clip_search(lo, hi, best, maxq, sym, dt, [&](Grid g) {
@@ -85,8 +91,9 @@ __device__ Grid warp_grid(const float (&v)[K], const bool (&have)[K], int maxq, 
 }
 
 // Static groups: the grid of each (group, row) from the unpermuted weights; a warp per pair.
+// limits [groups * rows] (k = g * rows + r, null: none): AWQ's clipping limits (static_grids').
 __global__ void static_grid_kernel(const float* W, int64_t rows, int64_t cols, int64_t gs, int64_t groups, int maxq, bool sym, bool mse, int dt,
-                                   float* scale, int* zero) {
+                                   const float* limits, float* scale, int* zero) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;   // k = g * rows + r
   const int lane = threadIdx.x % 32;
   if (k >= groups * rows) return;
@@ -99,7 +106,7 @@ __global__ void static_grid_kernel(const float* W, int64_t rows, int64_t cols, i
     have[t] = j < n;
     v[t] = have[t] ? W[r * cols + c0 + j] : 0.0f;
   }
-  const Grid gr = warp_grid(v, have, maxq, sym, mse, dt);
+  const Grid gr = warp_grid(v, have, maxq, sym, mse, dt, limits ? limits[k] : INFINITY);
   if (lane == 0) { scale[k] = gr.scale; zero[k] = gr.zero; }
 }
 
