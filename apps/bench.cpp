@@ -200,7 +200,7 @@ int run_bench_awq(const BenchAwqArgs& a) {
   spec.sym = false;
   std::printf("bench awq: %s layer (hidden %lld, ffn %lld), %lld activation rows, %d ratios and the unscaled Linears a pair (q/k/v, o, gate/up, down), RTN 4-bit g128 asymmetric\n",
               a.preset.c_str(), (long long)d, (long long)c.intermediate_size, (long long)a.rows, a.grid);
-  std::vector<std::vector<double>> errors(3);   // per scorer, every evaluation in order
+  std::vector<std::vector<double>> errors(4);   // per scorer, every evaluation in order
   // scorer unset: the host's own choice (search_awq: the product X·dWᵀ, or the Gram form for tall X)
   auto time_search = [&](AwqScorer scorer, const char* label, std::vector<double>* seen) {
     const AwqScorer logged = scorer && seen ? AwqScorer([seen, scorer](const MatF& x, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& sp) {
@@ -264,12 +264,14 @@ int run_bench_awq(const BenchAwqArgs& a) {
     if (!a.gpu_only) time_search(product_scorer(output_sq_error), "host (X·dWᵀ, the GPU's form)", &errors[0]);
     time_search(product_scorer(cuda::output_sq_error), "GPU SGEMM, dW from the host", &errors[1]);
     time_search(cuda::awq_scorer(), "GPU (X, W and dW resident)", &errors[2]);
-    // Each GPU arm against the host's product (without it, --gpu-only: the resident search against the SGEMM arm)
+    time_search(cuda::awq_scorer(cuda::AwqProduct::bf16), "GPU resident, bf16 products", &errors[3]);
+    // Each GPU arm against the host's product (without it, --gpu-only: against the SGEMM arm)
     const size_t ref = a.gpu_only ? 1 : 0;
-    for (size_t k = ref + 1; k <= 2; ++k) {
+    const char* names[] = {"", "the GPU SGEMM's", "the resident search's", "the bf16 resident search's"};
+    for (size_t k = ref + 1; k <= 3; ++k) {
       double worst = 0;
       for (size_t i = 0; i < errors[ref].size() && i < errors[k].size(); ++i) worst = std::max(worst, std::abs(errors[k][i] / errors[ref][i] - 1));
-      std::printf("  %s errors against the %s: %zu of %zu compared, at most %.2e relative\n", k == 1 ? "the GPU SGEMM's" : "the resident search's",
+      std::printf("  %s errors against the %s: %zu of %zu compared, at most %.2e relative\n", names[k],
                   ref == 0 ? "host's" : "GPU SGEMM arm's (dW from the host)", std::min(errors[ref].size(), errors[k].size()), errors[ref].size(), worst);
     }
     return 0;

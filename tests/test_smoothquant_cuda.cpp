@@ -198,19 +198,29 @@ TEST_CASE("gpu: AWQ's resident search (dW formed on the GPU) scores every candid
   const std::vector<const MatF*> ws = {&A, &B, &C};
   const std::vector<QuantSpec> specs = {a, b, c};
   const AwqErrorAt gpu = cuda::awq_scorer()(X, ws, specs), host = product_scorer(output_sq_error)(X, ws, specs);
+  const AwqErrorAt gpu16 = cuda::awq_scorer(cuda::AwqProduct::bf16)(X, ws, specs);
   REQUIRE(gpu);
+  REQUIRE(gpu16);
   const VecF x_mean = mean_abs_columns(X), w_mean = awq_weight_mean(ws, {128, 64, -1});
   for (double ratio : {-1.0, 0.0, 0.3, 0.75}) {
     const VecF s = ratio < 0 ? VecF() : awq_scales(x_mean, w_mean, ratio);
-    const double g = gpu(s), h = host(s);
-    INFO("ratio " << ratio << ": host " << h << ", gpu " << g);
+    const double g = gpu(s), h = host(s), g16 = gpu16(s);
+    INFO("ratio " << ratio << ": host " << h << ", gpu " << g << ", gpu bf16 products " << g16);
     CHECK(std::abs(g / h - 1) <= 1e-5);
     CHECK(gpu(s) == g);   // the same value every call
+    // bf16 products: two roundings of 2^-9 a term, averaged over the sums (awq_cuda.cu): ~1e-6
+    CHECK(std::abs(g16 / h - 1) <= 1e-4);
+    CHECK(gpu16(s) == g16);
   }
   // The search picks the host's ratio.
   const AwqSearch hs = search_awq(X, ws, specs, 10, true, product_scorer(output_sq_error)), gs = search_awq(X, ws, specs, 10, true, cuda::awq_scorer());
   CHECK(gs.ratio == hs.ratio);
   CHECK(std::abs(gs.error / hs.error - 1) <= 1e-5);
+  const AwqSearch gs16 = search_awq(X, ws, specs, 10, true, cuda::awq_scorer(cuda::AwqProduct::bf16));
+  std::cout << "AWQ search ratio: host " << hs.ratio << ", resident " << gs.ratio << ", bf16 products " << gs16.ratio << "; errors " << hs.error << " / "
+            << gs.error << " / " << gs16.error << "\n";
+  CHECK(gs16.ratio == hs.ratio);
+  CHECK(std::abs(gs16.error / hs.error - 1) <= 1e-4);
   // llama.cpp's grids (and the MSE search) are the host's alone.
   QuantSpec k = a;
   k.form = GridForm::k_min;

@@ -8,7 +8,13 @@
 // Y_c = X · dW_cᵀ (cuBLAS SGEMM, CUBLAS_COMPUTE_32F_PEDANTIC: fp32 products, no TF32), part[c][m] =
 // Σ_n Y_c[m, n]² in fp64 (a block a row of X, a fixed tree). Returned: Σ_c Σ_m part / M summed on the
 // host in order. Memory: X, (the scorer) W, one chunk of dW and Y_c [M, kChunk] in fp32.
+// awq_scorer(AwqProduct::bf16): X and each chunk of dW rounded to bf16 (dW's last rounding, from the
+// same fp32 difference), Y_c = X · dW_cᵀ on the tensor cores with fp32 accumulation, the rest as
+// above. Each product then carries two roundings of at most 2^-9 relative; they are independent
+// across the K terms of a sum and the M·N sums, so ‖Y‖² moves by ~1e-6 relative (a bias of about
+// E[η²], the same for every candidate, and noise far below it).
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -49,8 +55,11 @@ __global__ void row_sq_kernel(const float* Y, int64_t N, double* part) {
 // group's RTN grid (quant/grid.cuh's minmax_grid over the scaled group, as find_grid): a warp per
 // (row, group), the group's scaled values formed again for its codes. inv_c = 1 / s_c as the host
 // rounds it; every product and the difference rounded on its own (the host's Eigen loops: no FMA).
+__device__ __forceinline__ void store(float* D, int64_t i, float v) { D[i] = v; }
+__device__ __forceinline__ void store(__nv_bfloat16* D, int64_t i, float v) { D[i] = __float2bfloat16_rn(v); }
+template <class T>
 __global__ void awq_delta_kernel(const float* W, int64_t rows, int64_t cols, int64_t gs, const float* s, const float* inv, int maxq, bool sym,
-                                 int dt, float* D) {
+                                 int dt, T* D) {
   const int64_t groups = (cols + gs - 1) / gs;
   const int64_t k = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;   // k = r * groups + g
   const int lane = threadIdx.x % 32;
@@ -66,18 +75,24 @@ __global__ void awq_delta_kernel(const float* W, int64_t rows, int64_t cols, int
   const Grid g = minmax_grid(warp_min(lo), warp_max(hi), maxq, sym, dt);
   for (int64_t j = lane; j < n; j += 32) {
     const float q = __fmul_rn(g.scale, float(quant(__fmul_rn(w[j], s[c0 + j]), g, maxq) - g.zero));
-    D[r * cols + c0 + j] = __fsub_rn(__fmul_rn(q, inv[c0 + j]), w[j]);
+    store(D, r * cols + c0 + j, __fsub_rn(__fmul_rn(q, inv[c0 + j]), w[j]));
   }
+}
+__global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
 // Σ_m ‖X_m · dW_cᵀ‖² of one chunk dW_c [n, K] on the device (Y [M, n] and part [M] its workspaces),
 // added to *sum in row order.
-void add_chunk_error(const float* X, int64_t M, int64_t K, const float* dWc, int64_t n, float* Y, double* part, std::vector<double>& rows,
-                     double* sum) {
+// X and dW_c fp32 (SGEMM, no TF32) or, with bf16, both bf16 (tensor cores, fp32 accumulation).
+void add_chunk_error(const void* X, int64_t M, int64_t K, const void* dWc, int64_t n, float* Y, double* part, std::vector<double>& rows,
+                     double* sum, bool bf16 = false) {
   const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   // Y [M, n] row-major is column-major Yᵀ = dW_c · Xᵀ.
-  PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(M), int(K), &one, dWc, CUDA_R_32F, int(K), X, CUDA_R_32F, int(K),
-                          &zero, Y, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  PTQ_CUBLAS(cublasGemmEx(blas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(M), int(K), &one, dWc, t, int(K), X, t, int(K), &zero, Y, CUDA_R_32F,
+                          int(n), bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
   row_sq_kernel<<<unsigned(M), kThreads, 0, static_cast<cudaStream_t>(current_stream())>>>(Y, n, part);
   PTQ_CUDA_LAUNCH("row_sq_kernel");
   rows.resize(size_t(M));
@@ -92,16 +107,25 @@ struct ResidentSearch {
     QuantSpec spec;
   };
   int64_t M, K, C;
+  bool bf16;
   std::vector<Part> parts;
-  DeviceBuffer<float> X, W, D, Y, s, inv;
+  DeviceBuffer<float> X, W, D, Y, s, inv;   // (bf16: X and D unused)
+  DeviceBuffer<__nv_bfloat16> X16, D16;     // (bf16 only)
   DeviceBuffer<double> part;
   std::vector<double> rows;
 
-  ResidentSearch(const MatF& Xh, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int64_t N, int64_t C_)
-      : M(Xh.rows()), K(Xh.cols()), C(C_), X(size_t(M * K), "AWQ search: activations"), W(size_t(N * K), "AWQ search: weights"),
-        D(size_t(C * K), "AWQ search: weight errors"), Y(size_t(M * C), "AWQ search: output errors"), s(size_t(K), "AWQ search: scales"),
+  ResidentSearch(const MatF& Xh, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs, int64_t N, int64_t C_, bool bf16_)
+      : M(Xh.rows()), K(Xh.cols()), C(C_), bf16(bf16_), X(size_t(M * K), "AWQ search: activations"), W(size_t(N * K), "AWQ search: weights"),
+        D(bf16 ? 1 : size_t(C * K), "AWQ search: weight errors"), Y(size_t(M * C), "AWQ search: output errors"), s(size_t(K), "AWQ search: scales"),
         inv(size_t(K), "AWQ search: scales"), part(size_t(M), "AWQ search: row sums") {
     copy_to_device(X.get(), Xh.data(), size_t(M * K) * 4);
+    if (bf16) {
+      X16 = DeviceBuffer<__nv_bfloat16>(size_t(M * K), "AWQ search: activations (bf16)");
+      D16 = DeviceBuffer<__nv_bfloat16>(size_t(C * K), "AWQ search: weight errors (bf16)");
+      to_bf16_kernel<<<unsigned((M * K + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(current_stream())>>>(X.get(), M * K, X16.get());
+      PTQ_CUDA_LAUNCH("to_bf16_kernel");
+      X = DeviceBuffer<float>();
+    }
     int64_t r0 = 0;
     for (size_t i = 0; i < ws.size(); ++i) {
       copy_to_device(W.get() + r0 * K, ws[i]->data(), size_t(ws[i]->size()) * 4);
@@ -120,10 +144,15 @@ struct ResidentSearch {
       for (int64_t c0 = 0; c0 < p.rows; c0 += C) {
         const int64_t n = std::min(C, p.rows - c0);
         const int64_t warps = n * ((K + gs - 1) / gs);
-        awq_delta_kernel<<<unsigned((warps * 32 + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(current_stream())>>>(
-            W.get() + (p.r0 + c0) * K, n, K, gs, s.get(), inv.get(), p.spec.maxq(), p.spec.sym, dtype_code(p.spec.scale_dtype), D.get());
+        const unsigned blocks = unsigned((warps * 32 + kThreads - 1) / kThreads);
+        const auto stream = static_cast<cudaStream_t>(current_stream());
+        const float* Wc = W.get() + (p.r0 + c0) * K;
+        const int maxq = p.spec.maxq(), dt = dtype_code(p.spec.scale_dtype);
+        if (bf16) awq_delta_kernel<<<blocks, kThreads, 0, stream>>>(Wc, n, K, gs, s.get(), inv.get(), maxq, p.spec.sym, dt, D16.get());
+        else awq_delta_kernel<<<blocks, kThreads, 0, stream>>>(Wc, n, K, gs, s.get(), inv.get(), maxq, p.spec.sym, dt, D.get());
         PTQ_CUDA_LAUNCH("awq_delta_kernel");
-        add_chunk_error(X.get(), M, K, D.get(), n, Y.get(), part.get(), rows, &sum);
+        if (bf16) add_chunk_error(X16.get(), M, K, D16.get(), n, Y.get(), part.get(), rows, &sum, true);
+        else add_chunk_error(X.get(), M, K, D.get(), n, Y.get(), part.get(), rows, &sum);
       }
     }
     return sum / double(M);
@@ -150,8 +179,8 @@ double output_sq_error(const MatF& X, const MatF& dW) {
   return sum / double(M);
 }
 
-AwqScorer awq_scorer() {
-  return [](const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs) -> AwqErrorAt {
+AwqScorer awq_scorer(AwqProduct product) {
+  return [product](const MatF& X, const std::vector<const MatF*>& ws, const std::vector<QuantSpec>& specs) -> AwqErrorAt {
     int64_t N = 0, most = 0;
     for (size_t i = 0; i < ws.size(); ++i) {
       const QuantSpec& s = specs[i];
@@ -160,7 +189,7 @@ AwqScorer awq_scorer() {
       most = std::max<int64_t>(most, ws[i]->rows());
     }
     if (X.rows() == 0 || N == 0) return {};
-    auto st = std::make_shared<ResidentSearch>(X, ws, specs, N, std::min(kChunk, most));
+    auto st = std::make_shared<ResidentSearch>(X, ws, specs, N, std::min(kChunk, most), product == AwqProduct::bf16);
     return [st](const VecF& s) { return st->error(s); };
   };
 }
