@@ -35,6 +35,26 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
+// distilled-13m quantized by `yaml` (a recipe) on 16 windows of 256 tokens of the calibration text,
+// on device cpu into `out` (replaced): the recipe (for the GPU arms to change), the run's report,
+// and its perplexity on e's windows.
+struct CpuRun {
+  Recipe r;
+  json report;
+  double ppl;
+};
+CpuRun distilled_cpu_run(const std::string& yaml, const std::string& out, const ptqtest::DistilledEval& e) {
+  CpuRun c{parse_recipe(YAML::Load(yaml), "r.yaml"), {}, 0};
+  c.r.model = e.model;
+  c.r.calibration = {ptqtest::assets() + "/text/tinystories/calib.txt", 16, 256, 0};
+  c.r.device = "cpu";
+  c.r.output = out;
+  std::filesystem::remove_all(out);
+  c.report = run_quantize(c.r, {});
+  c.ppl = evaluate(*open_model(out), e.ids, e.windows).perplexity;
+  return c;
+}
+
 // The GPU's errors against the host's: every alpha within `tol` relative, the GPU's pick as good
 // as the host's by the host's own measure, and the same errors on a second GPU call (bit for bit).
 void check_against_host(const MatF& X, const std::vector<const MatF*>& ws, const ActQuant& act, double tol) {
@@ -106,19 +126,12 @@ TEST_CASE("gpu: SmoothQuant W8A8 runs with device cuda: the hybrid path writes d
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
-  const auto [model, ids, o] = ptqtest::distilled_eval();
+  const ptqtest::DistilledEval e = ptqtest::distilled_eval();
+  const auto& [model, ids, o] = e;
   for (const char* acts : {"activations: {strategy: token, dynamic: true}", "activations: {strategy: tensor, dynamic: false}"}) {
-    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: auto}, ") + acts +
-                                       "}\nexport: {format: [compressed-tensors]}\n"),
-                            "r.yaml");
-    r.model = model;
-    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-    r.device = "cpu";
-    r.output = d / "cpu";
-    std::filesystem::remove_all(r.output);
-    const json rc = run_quantize(r, {});
-    const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
+    auto [r, rc, ppl_cpu] = distilled_cpu_run(std::string("quantization: {method: rtn, bits: 8, group_size: -1, smoothquant: {alpha: auto}, ") + acts +
+                                                  "}\nexport: {format: [compressed-tensors]}\n",
+                                              d / "cpu", e);
     for (bool gpu_forward : {false, true}) {
       r.device = "cuda";
       r.gpu_forward = gpu_forward;
@@ -234,23 +247,17 @@ TEST_CASE("gpu: AWQ runs with device cuda: the hybrid path picks device cpu's ra
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
-  const auto [model, ids, o] = ptqtest::distilled_eval();
+  const ptqtest::DistilledEval e = ptqtest::distilled_eval();
+  const auto& [model, ids, o] = e;
   for (bool clip : {false, true}) {
     INFO("clip " << clip);
     // every pair: the norms' (the forward's fold and renorm) and the Linears' (its samples of o's and
     // down's inputs before v and up are quantized, and the folded weights uploaded again)
-    Recipe r = parse_recipe(YAML::Load(std::string("quantization: {method: rtn, bits: 3, group_size: 128, sym: false, awq: {grid: 20, clip: ") +
-                                       (clip ? "true" : "false") + ", pairs: [input_layernorm, v_proj, post_attention_layernorm, up_proj]}}\n"),
-                            "r.yaml");
-    r.model = model;
-    r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-    r.device = "cpu";
     const std::string arm = clip ? "-clip" : "";   // each arm its own folders (a second run into one is refused)
-    r.output = d / ("cpu" + arm);
-    const json rc = run_quantize(r, {});
+    auto [r, rc, ppl_cpu] = distilled_cpu_run(std::string("quantization: {method: rtn, bits: 3, group_size: 128, sym: false, awq: {grid: 20, clip: ") +
+                                                  (clip ? "true" : "false") + ", pairs: [input_layernorm, v_proj, post_attention_layernorm, up_proj]}}\n",
+                                              d / ("cpu" + arm), e);
     REQUIRE(rc["awq"].size() == 4 * rc["layers"].size());
-    const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
     for (bool gpu_forward : {false, true}) {
       if (gpu_forward && !clip) continue;
       r.device = "cuda";
@@ -292,17 +299,11 @@ TEST_CASE("gpu: AWQ with GPTQ and clipping on device cuda: the GPU solve takes t
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
-  const std::string a = ptqtest::assets();
-  const auto [model, ids, o] = ptqtest::distilled_eval();
-  Recipe r = parse_recipe(YAML::Load("quantization: {method: gptq, bits: 3, group_size: 128, sym: false, static_groups: true, "
-                                     "awq: {grid: 20, clip: true, pairs: [input_layernorm, post_attention_layernorm]}}\n"),
-                          "r.yaml");
-  r.model = model;
-  r.calibration = {a + "/text/tinystories/calib.txt", 16, 256, 0};
-  r.device = "cpu";
-  r.output = d / "cpu";
-  const json rc = run_quantize(r, {});
-  const double ppl_cpu = evaluate(*open_model(r.output), ids, o).perplexity;
+  const ptqtest::DistilledEval e = ptqtest::distilled_eval();
+  const auto& [model, ids, o] = e;
+  auto [r, rc, ppl_cpu] = distilled_cpu_run("quantization: {method: gptq, bits: 3, group_size: 128, sym: false, static_groups: true, "
+                                            "awq: {grid: 20, clip: true, pairs: [input_layernorm, post_attention_layernorm]}}\n",
+                                            d / "cpu", e);
   for (bool gpu_forward : {false, true}) {
     r.device = "cuda";
     r.gpu_forward = gpu_forward;
