@@ -13,6 +13,7 @@
 #include <optional>
 #include <tuple>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "cuda/comm.h"
@@ -590,12 +591,15 @@ Backend make_cuda_backend(const Device&, const Recipe& r, const CalibrationPass&
       b.forward_description += "; SmoothQuant's statistics from the 16-bit activations, its alpha search on the GPU (int8 GEMM)";
     }
     // AWQ's search on the GPU: X and W uploaded once a search, each candidate's RTN error dW formed
-    // there and scored by cuBLAS SGEMM (cuda::awq_scorer; its error within 1e-9 of the host's product
-    // form on a llama2-7b layer, lab 2026-12-05-awq-clip). The hybrid path (CPU forward) keeps the host's,
-    // so that its run picks device cpu's ratios exactly (tests/test_smoothquant_cuda.cpp).
+    // there and X · dWᵀ scored with bf16 operands on the tensor cores (cuda::awq_scorer; fp32
+    // accumulation and fp64 sums; PTQKIT_AWQ_BF16=0: by cuBLAS SGEMM, within 1e-9 of the host's
+    // product form on a llama2-7b layer, lab 2026-12-05-awq-clip). The hybrid path (CPU forward)
+    // keeps the host's, so that its run picks device cpu's ratios exactly (tests/test_smoothquant_cuda.cpp).
     if (r.awq.enabled) {
-      b.awq_scorer = cuda::awq_scorer();
-      b.forward_description += "; AWQ's statistics from the 16-bit activations, its search on the GPU (each candidate's RTN error and cuBLAS SGEMM, fp64 sums)";
+      const bool bf16 = env_switch("PTQKIT_AWQ_BF16", true);
+      b.awq_scorer = cuda::awq_scorer(bf16 ? cuda::AwqProduct::bf16 : cuda::AwqProduct::fp32);
+      b.forward_description += std::string("; AWQ's statistics from the 16-bit activations, its search on the GPU (each candidate's RTN error, ") +
+                               (bf16 ? "X · dWᵀ in bf16 on the tensor cores" : "X · dWᵀ by cuBLAS SGEMM") + ", fp64 sums)";
     }
     if (pass.comm) {
       b.forward_description += "; data-parallel over " + std::to_string(pass.comm->size()) + " GPUs (NCCL " + cuda::nccl_version() +
