@@ -10,9 +10,10 @@
 // host in order. Memory: X, (the scorer) W, one chunk of dW and Y_c [M, kChunk] in fp32.
 // awq_scorer(AwqProduct::bf16): X and each chunk of dW rounded to bf16 (dW's last rounding, from the
 // same fp32 difference), Y_c = X · dW_cᵀ on the tensor cores with fp32 accumulation, the rest as
-// above. Each product then carries two roundings of at most 2^-9 relative; they are independent
-// across the K terms of a sum and the M·N sums, so ‖Y‖² moves by ~1e-6 relative (a bias of about
-// E[η²], the same for every candidate, and noise far below it).
+// above. Each product then carries two roundings of at most 2^-9 relative, and the tensor cores'
+// sums are not IEEE fp32's: measured (lab run 47, H200), the errors sit 1.5-1.8e-4 below the fp32
+// ones on the GPU test's outlier-laden rows (K = 200), within 5e-5 on a llama2-7b layer's (84 of 84
+// candidates), nearly the same offset for every candidate of a search: the same ratios there.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
