@@ -378,5 +378,15 @@ TEST_CASE("SmoothQuant on the MoE families: the experts' norm folded into every 
     const double kl_qkv = ptqtest::golden_kl(g, open_model(d / "qkv")->forward(g.ids, g.S, g.T));
     std::cout << m << " W8A8 KL from float: experts smoothed " << kl_sq << ", q/k/v only " << kl_qkv << "\n";
     CHECK(kl_sq <= 1.5 * kl_qkv);   // measured 3.10e-4 against 3.23e-4 (Mixtral), 3.28e-3 against 3.11e-3 (Qwen3-MoE); the router left unfolded (Qwen3-MoE): 7.9e-3
+    // A run stopped after layer 0 and resumed, and one folding the saved factors (--load-stats),
+    // write the uninterrupted run's bytes: the router's fold is replayed as it was written.
+    QuantizeOptions stop, resume, load;
+    stop.resume = resume.resume = true;
+    stop.stop_after_layer = 0;
+    CHECK_THROWS_WITH(run_quantize(recipe("sq-r", "smoothquant: {alpha: auto}"), stop), Catch::Contains("stopped after layer 0"));
+    CHECK(run_quantize(recipe("sq-r", "smoothquant: {alpha: auto}"), resume)["smoothquant"] == rep["smoothquant"]);
+    load.load_stats = d / "stats";
+    run_quantize(recipe("sq-l", "smoothquant: {alpha: auto}"), load);
+    for (const char* out : {"sq-r", "sq-l"}) CHECK(sha256_file(d / (std::string(out) + "/model.safetensors")) == sha256_file(d / "sq/model.safetensors"));
   }
 }
