@@ -17,7 +17,8 @@ double output_sq_error(const MatF& X, const MatF& dW);
 // scorer: the host's) where a Linear's grid is not GPTQ's integer one or runs its MSE search.
 // AwqProduct::bf16: X · dWᵀ with both rounded to bf16 on the tensor cores (fp32 accumulation):
 // the search 2x faster on a llama2-7b layer (H200, lab run 47: 1.13 -> 0.55 s), each error within
-// 5e-5 of the fp32 one there and 2e-4 on outlier-laden small ones (awq_cuda.cu), the same ratios.
+// 5e-5 of the fp32 one there and 2e-4 on outlier-laden small ones (the operands' rounding;
+// awq_cuda.cu), the same ratios.
 enum class AwqProduct { fp32, bf16 };
 AwqScorer awq_scorer(AwqProduct product = AwqProduct::fp32);
 
