@@ -284,6 +284,8 @@ TEST_CASE("gpu: GPTQ with AWQ's clipping limits: the GPU solve fixes the host's 
   // the CPU's (the first test's bounds); a resident solve with RTN kept has the host's clipped RTN.
   PTQ_REQUIRE_GPU();
   const Problem p = problem(256, 384, 3000, 13);
+  cuda::DeviceBuffer<double> dH(size_t(p.H.size()), "test Hessian");
+  cuda::copy_to_device(dH.get(), p.H.data(), size_t(p.H.size()) * 8);
   for (int bits : {3, 4}) {
     QuantSpec s;
     s.bits = bits, s.group_size = 128, s.sym = false, s.act_order = true, s.static_groups = true, s.output_clip = true;
@@ -306,8 +308,6 @@ TEST_CASE("gpu: GPTQ with AWQ's clipping limits: the GPU solve fixes the host's 
     CHECK(share >= 0.99);
     CHECK(std::abs(lg - lc) <= 0.01 * lc);
     // the resident form's RTN baseline, clipped as the host's rtn_quantize clips it
-    cuda::DeviceBuffer<double> dH(size_t(p.H.size()), "test Hessian");
-    cuda::copy_to_device(dH.get(), p.H.data(), size_t(p.H.size()) * 8);
     cuda::WeightRows rows;
     rows.rows = p.W.rows();
     rows.host = &p.W;
@@ -320,7 +320,7 @@ TEST_CASE("gpu: GPTQ with AWQ's clipping limits: the GPU solve fixes the host's 
   QuantSpec dynamic;
   dynamic.group_size = 128;
   const std::vector<float> none(size_t(3 * 256), INFINITY);
-  CHECK_THROWS_WITH(ptqtest::gpu_gptq(problem(256, 384, 500, 14).W, problem(256, 384, 500, 14).H, dynamic, nullptr, &none), Catch::Contains("static groups"));
+  CHECK_THROWS_WITH(ptqtest::gpu_gptq(p.W, p.H, dynamic, nullptr, &none), Catch::Contains("static groups"));
 }
 
 TEST_CASE("gpu: the TF32 output error equals the fp64 one within 1e-3 across row chunks and H blocks") {

@@ -482,28 +482,27 @@ class CudaSolver final : public GroupSolver {
     if (!dev.sum && !on_gpu(spec)) return solve_on_host(j, W, host_H(), t);
     SolveStats st;
     QuantizedLinear q, rtn;
+    // GPTQ on the GPU of W (from the host) against H; limits: AWQ's clipping's
+    auto gpu_gptq = [&](HessianRef H, const std::vector<float>* limits) {
+      cuda::WeightRows rows;
+      rows.rows = W.rows();
+      rows.host = &W;
+      return std::move(cuda::gptq_solve_cuda({rows}, W.cols(), H, spec, cuda::SolveKeep::codes, &st, limits).parts[0]);
+    };
     {
       PhaseTimer a(t.phase["solve"]);
       if (on_gpu(spec)) {   // the host H, uploaded (already scaled)
         const MatD& H = host_H();
         cuda::DeviceBuffer<double> dH(size_t(H.size()), "Hessian");
         cuda::copy_to_device(dH.get(), H.data(), size_t(H.size()) * 8);
-        cuda::WeightRows rows;
-        rows.rows = W.rows();
-        rows.host = &W;
-        q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), HessianRef{dH.get(), 1.0}, spec, cuda::SolveKeep::codes, &st).parts[0]);
+        q = gpu_gptq(HessianRef{dH.get(), 1.0}, nullptr);
         rtn = rtn_quantize(W, spec);
       } else if (spec.output_clip && dev.sum && (gptq ? cuda::gptq_supported(spec, nullptr) : fw_ && cuda::clip_supported(spec))) {
         // AWQ's clipping: with the GPU forward the search on the device's H (no fp64 copy of it to
         // the host); the hybrid path keeps the host's search, as it keeps its AWQ errors. Then RTN
         // with the limits, or GPTQ on the GPU with the static grids they fix (RTN's baseline too).
         const ClipSearch clip = fw_ && cuda::clip_supported(spec) ? cuda::output_clip_limits(W, dev, spec) : output_clip_limits(W, host_H(), spec);
-        if (gptq) {
-          cuda::WeightRows rows;
-          rows.rows = W.rows();
-          rows.host = &W;
-          q = std::move(cuda::gptq_solve_cuda({rows}, W.cols(), dev, spec, cuda::SolveKeep::codes, &st, &clip.limits).parts[0]);
-        }
+        if (gptq) q = gpu_gptq(dev, &clip.limits);
         (gptq ? rtn : q) = rtn_quantize(W, spec, &clip.limits);
         st.clip_groups = clip.groups;
         st.clipped_groups = clip.clipped;

@@ -153,8 +153,8 @@ struct ResidentSearch {
         if (bf16) awq_delta_kernel<<<blocks, kThreads, 0, stream>>>(Wc, n, K, gs, s.get(), inv.get(), maxq, p.spec.sym, dt, D16.get());
         else awq_delta_kernel<<<blocks, kThreads, 0, stream>>>(Wc, n, K, gs, s.get(), inv.get(), maxq, p.spec.sym, dt, D.get());
         PTQ_CUDA_LAUNCH("awq_delta_kernel");
-        if (bf16) add_chunk_error(X16.get(), M, K, D16.get(), n, Y.get(), part.get(), rows, &sum, true);
-        else add_chunk_error(X.get(), M, K, D.get(), n, Y.get(), part.get(), rows, &sum);
+        add_chunk_error(bf16 ? static_cast<const void*>(X16.get()) : X.get(), M, K, bf16 ? static_cast<const void*>(D16.get()) : D.get(), n, Y.get(),
+                        part.get(), rows, &sum, bf16);
       }
     }
     return sum / double(M);
