@@ -323,6 +323,64 @@ TEST_CASE("gpu: GPTQ with AWQ's clipping limits: the GPU solve fixes the host's 
   CHECK_THROWS_WITH(ptqtest::gpu_gptq(p.W, p.H, dynamic, nullptr, &none), Catch::Contains("static groups"));
 }
 
+TEST_CASE("gpu: RTN on the device is rtn_quantize to the bit (grids, packed codes, dequantized weights), with AWQ's clipping limits too") {
+  // The same float operations as the host's static_grids and quantize_code (quant/grid.cuh), so
+  // every scale, zero and code word must be the host's, and Wq its QuantizedLinear::dequantize.
+  PTQ_REQUIRE_GPU();
+  const Problem p = problem(300, 424, 2000, 17);   // 424 columns: a last group of 40 (g128), 8 (g32), 40 (g64)
+  cuda::DeviceBuffer<float> dW(size_t(p.W.size()), "test W");
+  cuda::copy_to_device(dW.get(), p.W.data(), size_t(p.W.size()) * 4);
+  struct Arm {
+    const char* name;
+    int bits, group_size;
+    bool sym, mse, clip;
+    DType scale_dtype;
+  };
+  for (const Arm& a : {Arm{"4-bit g128 asym (W4A16-AWQ's)", 4, 128, false, false, false, DType::F16},
+                       Arm{"4-bit g128 asym, AWQ's clipping", 4, 128, false, false, true, DType::F16},
+                       Arm{"3-bit g64 sym, bf16 scales, clipping", 3, 64, true, false, true, DType::BF16},
+                       Arm{"8-bit one group a row (SmoothQuant's)", 8, -1, true, false, false, DType::F16},
+                       Arm{"2-bit g32 asym, MSE grids, fp32 scales", 2, 32, false, true, false, DType::F32},
+                       Arm{"5-bit one group a row, MSE grids", 5, -1, false, true, false, DType::F16}}) {
+    INFO(a.name);
+    QuantSpec s;
+    s.method = "rtn";
+    s.bits = a.bits, s.group_size = a.group_size, s.sym = a.sym, s.mse = a.mse, s.output_clip = a.clip, s.scale_dtype = a.scale_dtype;
+    REQUIRE(cuda::rtn_supported(s));
+    ClipSearch clip;
+    if (a.clip) {
+      clip = output_clip_limits(p.W, p.H, s);
+      REQUIRE(clip.clipped > 0);
+    }
+    const std::vector<float>* limits = a.clip ? &clip.limits : nullptr;
+    const QuantizedLinear cpu = rtn_quantize(p.W, s, limits);
+    const cuda::ResidentRtn gpu = cuda::rtn_quantize_cuda(dW.get(), p.W.rows(), p.W.cols(), s, limits);
+    CHECK(gpu.q.scales == cpu.scales);
+    CHECK(gpu.q.zeros == cpu.zeros);
+    CHECK(gpu.q.g_idx == cpu.g_idx);
+    CHECK(gpu.q.packed == cpu.packed);
+    MatF Wq(p.W.rows(), p.W.cols());
+    cuda::copy_to_host(Wq.data(), gpu.Wq.get(), size_t(Wq.size()) * 4);
+    CHECK(Wq == cpu.dequantize());
+    if (a.clip) CHECK(cpu.scales != rtn_quantize(p.W, s).scales);   // the limits were applied
+  }
+  QuantSpec k4;
+  k4.method = "rtn";
+  k4.form = GridForm::k_min;
+  k4.group_size = 32;
+  std::string why;
+  CHECK_FALSE(cuda::rtn_supported(k4, &why));
+  CHECK(why.find("CPU") != std::string::npos);
+  QuantSpec wide;
+  wide.group_size = 256;
+  CHECK_FALSE(cuda::rtn_supported(wide));
+  QuantSpec row_clip;
+  row_clip.group_size = -1;
+  row_clip.output_clip = true;
+  CHECK_FALSE(cuda::rtn_supported(row_clip));
+  CHECK_THROWS_WITH(cuda::rtn_quantize_cuda(dW.get(), p.W.rows(), p.W.cols(), wide), Catch::Contains("at most 128 columns"));
+}
+
 TEST_CASE("gpu: the TF32 output error equals the fp64 one within 1e-3 across row chunks and H blocks") {
   PTQ_REQUIRE_GPU();
   const int64_t rows = 2100, cols = 2200;   // two row chunks and two H blocks of 2048

@@ -90,21 +90,26 @@ bool clip_supported(const QuantSpec& s) {
 }
 
 ClipSearch output_clip_limits(const MatF& W, HessianRef H, const QuantSpec& s) {
+  DeviceBuffer<float> dW(size_t(W.size()), "clipping search: weights");
+  copy_to_device(dW.get(), W.data(), size_t(W.size()) * 4);
+  return output_clip_limits(dW.get(), W.rows(), W.cols(), H, s);
+}
+
+ClipSearch output_clip_limits(const float* W, int64_t rows, int64_t cols, HessianRef H, const QuantSpec& s) {
   if (!clip_supported(s)) fail(Errc::usage, "", "quantization.awq.clip", "the GPU's clipping search takes integer grids in groups of at most 128 columns");
-  const int64_t rows = W.rows(), cols = W.cols(), gs = s.group_size, groups = (cols + gs - 1) / gs;
+  const int64_t gs = s.group_size, groups = (cols + gs - 1) / gs;
   ClipSearch out;
   out.groups = groups * rows;
   out.limits.assign(size_t(groups * rows), std::numeric_limits<float>::infinity());
   if (rows == 0 || cols == 0) return out;
-  DeviceBuffer<float> dW(size_t(rows * cols), "clipping search: weights"), dL(size_t(groups * rows), "clipping search: limits");
+  DeviceBuffer<float> dL(size_t(groups * rows), "clipping search: limits");
   DeviceBuffer<int> dC(1, "clipping search: count");
-  copy_to_device(dW.get(), W.data(), size_t(W.size()) * 4);
   const int zero = 0;
   copy_to_device(dC.get(), &zero, 4);
   const size_t smem = size_t(gs * gs) * 4;
   PTQ_CUDA(cudaFuncSetAttribute(clip_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned(groups), unsigned((rows + kRowsPerCta - 1) / kRowsPerCta));
-  clip_kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(current_stream())>>>(dW.get(), rows, cols, gs, H.sum, H.scale, s.maxq(), s.sym,
+  clip_kernel<<<grid, kWarps * 32, smem, static_cast<cudaStream_t>(current_stream())>>>(W, rows, cols, gs, H.sum, H.scale, s.maxq(), s.sym,
                                                                                          dtype_code(s.scale_dtype), dL.get(), dC.get());
   PTQ_CUDA_LAUNCH("clip_kernel");
   copy_to_host(out.limits.data(), dL.get(), out.limits.size() * 4);

@@ -13,5 +13,7 @@ bool clip_supported(const QuantSpec& s);
 // fp64 in another order than the host's, so a choice can differ from the host's only where two
 // candidates' costs tie to that rounding.
 ClipSearch output_clip_limits(const MatF& W, HessianRef H, const QuantSpec& s);
+// The same for W [rows, cols] fp32 already on the device.
+ClipSearch output_clip_limits(const float* W, int64_t rows, int64_t cols, HessianRef H, const QuantSpec& s);
 
 }  // namespace ptq::cuda

@@ -147,14 +147,29 @@ __global__ void unpermute_dequantize_kernel(const uint8_t* codes, const int* per
   codes_nat[r * n + j] = q;
   if (Wq) Wq[r * n + j] = scale[g * rows + r] * float(int(q) - zero[g * rows + r]);
 }
-// Round-to-nearest with the given grids (groups of gs natural columns): the report's baseline.
+// Round-to-nearest with the given grids (groups of gs natural columns): the weights the codes stand
+// for (the report's baseline, or RTN's result) and, where asked, the codes (one byte each).
 __global__ void rtn_dequantize_kernel(const float* W, int64_t rows, int64_t n, int64_t gs, const float* scale, const int* zero, int maxq,
-                                      float* Wr) {
+                                      float* Wr, uint8_t* codes = nullptr) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= rows * n) return;
   const int64_t r = k / n, g = (k % n) / gs;
   const Grid gr{scale[g * rows + r], zero[g * rows + r]};
-  Wr[k] = gr.scale * float(quant(W[k], gr, maxq) - gr.zero);
+  const int q = quant(W[k], gr, maxq);
+  Wr[k] = gr.scale * float(q - gr.zero);
+  if (codes) codes[k] = uint8_t(q);
+}
+// RTN's grids of W [rows, n] (natural column order; scale, zero [groups, rows]): static_grids' on
+// the host (lib/quant), one group a row where group_size <= 0; lim [groups, rows] or null (AWQ's
+// clipping: groups only).
+void rtn_grids(const float* W, int64_t rows, int64_t n, const QuantSpec& s, const float* lim, float* scale, int* zero) {
+  const int64_t gs = s.group_size > 0 ? s.group_size : n, groups = (n + gs - 1) / gs;
+  const int maxq = s.maxq(), dt = dtype_code(s.scale_dtype);
+  if (s.group_size <= 0)
+    row_grid_kernel<<<blocks_for(rows * 32, 256), 256>>>(W, rows, n, maxq, s.sym, s.mse, dt, scale, zero);
+  else
+    static_grid_kernel<<<blocks_for(groups * rows * 32, 256), 256>>>(W, rows, n, gs, groups, maxq, s.sym, s.mse, dt, lim, scale, zero);
+  PTQ_CUDA_LAUNCH("RTN grids");
 }
 __global__ void widen_to_f32_kernel(const void* x, int dtype, int64_t n, float* y) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -606,11 +621,7 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
     float* dWr = Wr_out->get();
     DeviceBuffer<float> sc(size_t(q.groups * rows), "RTN scales");
     DeviceBuffer<int> ze(size_t(q.groups * rows), "RTN zeros");
-    if (s.group_size <= 0)
-      row_grid_kernel<<<blocks_for(rows * 32, 256), 256>>>(dW0, rows, n, maxq, s.sym, s.mse, dt, sc.get(), ze.get());
-    else
-      static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW0, rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, lim, sc.get(), ze.get());
-    PTQ_CUDA_LAUNCH("RTN grids");
+    rtn_grids(dW0, rows, n, s, lim, sc.get(), ze.get());
     rtn_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dW0, rows, n, gs, sc.get(), ze.get(), maxq, dWr);
     PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
   }
@@ -625,6 +636,41 @@ void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, u
   const int64_t nw = packed_words(n, bits);
   pack_rows_kernel<<<blocks_for(rows * nw), 256>>>(codes, rows, n, bits, nw, words);
   PTQ_CUDA_LAUNCH("pack_rows_kernel");
+}
+
+bool rtn_supported(const QuantSpec& s, std::string* why) {
+  if (s.form != GridForm::integer_zero) { if (why) *why = std::string("the ") + grid_form_name(s.form) + " grids of llama.cpp's blocks are rounded on the CPU"; return false; }
+  if (s.bits < 2 || s.bits > 8) { if (why) *why = "bits must be 2..8"; return false; }
+  if (s.group_size > kB) { if (why) *why = "groups on the GPU take at most 128 columns"; return false; }
+  if (s.group_size <= 0 && s.output_clip) { if (why) *why = "AWQ's clipping limits are per group"; return false; }
+  return true;
+}
+
+ResidentRtn rtn_quantize_cuda(const float* W, int64_t rows, int64_t cols, const QuantSpec& s, const std::vector<float>* limits) {
+  std::string why;
+  if (!rtn_supported(s, &why)) fail(Errc::usage, "", "quantization", "RTN on the GPU does not serve this spec: " + why);
+  ResidentRtn out;
+  out.q = QuantizedLinear::empty(rows, cols, s);
+  QuantizedLinear& q = out.q;
+  if (limits && (s.group_size <= 0 || limits->size() != size_t(q.groups * rows)))
+    fail(Errc::usage, "", "rtn_quantize_cuda", "clipping limits: one a group and row");
+  if (rows == 0 || cols == 0) return out;
+  DeviceBuffer<float> dLim(limits ? limits->size() : 1, "clipping limits"), sc(size_t(q.groups * rows), "RTN scales");
+  DeviceBuffer<int> ze(size_t(q.groups * rows), "RTN zeros");
+  if (limits) copy_to_device(dLim.get(), limits->data(), limits->size() * 4);
+  rtn_grids(W, rows, cols, s, limits ? dLim.get() : nullptr, sc.get(), ze.get());
+  out.Wq = DeviceBuffer<float>(size_t(rows * cols), "RTN dequantized weights");
+  DeviceBuffer<uint8_t> codes(size_t(rows * cols), "RTN codes");
+  rtn_dequantize_kernel<<<blocks_for(rows * cols), 256>>>(W, rows, cols, s.group_size > 0 ? s.group_size : cols, sc.get(), ze.get(), s.maxq(),
+                                                          out.Wq.get(), codes.get());
+  PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
+  const int64_t nw = packed_words(cols, s.bits);
+  DeviceBuffer<uint32_t> words(size_t(rows * nw), "packed codes");
+  pack_rows_device(codes.get(), rows, cols, s.bits, words.get());
+  copy_to_host(q.scales.data(), sc.get(), q.scales.size() * 4);
+  copy_to_host(q.zeros.data(), ze.get(), q.zeros.size() * 4);
+  copy_to_host_staged(q.packed.data(), words.get(), q.packed.size() * 4);
+  return out;
 }
 
 ResidentSolve gptq_solve_cuda(const std::vector<SolveProblem>& problems, int64_t cols, const QuantSpec& s, SolveKeep keep,

@@ -79,6 +79,18 @@ ResidentSolve gptq_solve_cuda(const std::vector<SolveProblem>& problems, int64_t
 // pack_rows does on the host (device pointers; asynchronous).
 void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, uint32_t* words);
 
+// Round-to-nearest on the GPU: rtn_quantize (lib/quant) to the bit (the same grids, quant/grid.cuh,
+// and codes) of W [rows, cols] fp32 on the device; limits [groups, rows] (AWQ's clipping) or null.
+// The codes are packed on the device; Wq (their weights, dequantized, [rows, cols] fp32) stays
+// there for what follows (the output error, the next stage's forward). rtn_supported: GPTQ's
+// integer grid, bits 2..8, groups of at most 128 columns or one a row (no clipping then).
+bool rtn_supported(const QuantSpec& s, std::string* why = nullptr);
+struct ResidentRtn {
+  QuantizedLinear q;
+  DeviceBuffer<float> Wq;
+};
+ResidentRtn rtn_quantize_cuda(const float* W, int64_t rows, int64_t cols, const QuantSpec& s, const std::vector<float>* limits = nullptr);
+
 // Timings of the last gptq_solve_cuda call's phases, for benchmarks (seconds).
 // pack: the codes bit-packed on the device and downloaded (kept solves); download: the rest of
 // the results (natural order, grids, Wq, RTN).

@@ -8,6 +8,7 @@
 // stores. Otherwise the CPU forward runs (fp32) and the GPU accumulates its Hessians and solves.
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -474,12 +475,55 @@ class CudaSolver final : public GroupSolver {
     return out;
   }
 
+  // RTN (AWQ's schemes) on the device: W uploaded once for the clipping search (the device's with
+  // the GPU forward; the hybrid path keeps the host's, as it keeps its AWQ errors), the grids and
+  // codes (rtn_quantize's to the bit), the output error and, with the GPU forward, the next stage's
+  // weights; the host receives the codes and grids. Before, the codes were the host's and W and Wq
+  // crossed PCIe three times more (the search, the loss, the forward's upload).
+  template <class HostH>
+  SolvedLinear solve_rtn_resident(const LinearJob& j, MatF& W, HessianRef dev, HostH&& host_H, PhaseTimes& t) {
+    const QuantSpec& spec = j.spec;
+    const int64_t rows = W.rows(), cols = W.cols();
+    SolvedLinear s;
+    s.id = j.id;
+    s.rows = rows;
+    s.cols = cols;
+    cuda::DeviceBuffer<float> dW(size_t(W.size()), "RTN weights");
+    cuda::ResidentRtn r;
+    {
+      PhaseTimer a(t.phase["solve"]);
+      const auto t0 = std::chrono::steady_clock::now();
+      cuda::copy_to_device_staged(dW.get(), W.data(), size_t(W.size()) * 4);
+      ClipSearch clip;
+      if (spec.output_clip) {
+        clip = fw_ && cuda::clip_supported(spec) ? cuda::output_clip_limits(dW.get(), rows, cols, dev, spec) : output_clip_limits(W, host_H(), spec);
+        s.stats.clip_groups = clip.groups;
+        s.stats.clipped_groups = clip.clipped;
+      }
+      r = cuda::rtn_quantize_cuda(dW.get(), rows, cols, spec, spec.output_clip ? &clip.limits : nullptr);
+      s.stats.seconds = s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    {
+      PhaseTimer a(t.phase["loss"]);
+      std::tie(s.loss, s.rtn_loss) = cuda::output_errors(dW.get(), r.Wq.get(), nullptr, rows, cols, dev);   // fp64, as output_error on the CPU
+    }
+    s.q = std::move(r.q);
+    if (fw_) {
+      fw_->set_weight_device(j.id, r.Wq.get());   // the next stage reads the quantized weights
+      W = MatF();
+    } else {
+      W = s.q.dequantize();   // the host forward's
+    }
+    return s;
+  }
+
   // One Linear on its own: RTN, specs the fused kernel refuses, or a host Hessian (statistics).
   template <class HostH>
   SolvedLinear solve_apart(const LinearJob& j, MatF& W, HessianRef dev, HostH&& host_H, PhaseTimes& t) {
     const QuantSpec& spec = j.spec;
     const bool gptq = spec.method == "gptq";
     if (!dev.sum && !on_gpu(spec)) return solve_on_host(j, W, host_H(), t);
+    if (!gptq && dev.sum && cuda::rtn_supported(spec)) return solve_rtn_resident(j, W, dev, host_H, t);
     SolveStats st;
     QuantizedLinear q, rtn;
     // GPTQ on the GPU of W (from the host) against H; limits: AWQ's clipping's
