@@ -55,7 +55,7 @@ __global__ void clip_kernel(const float* W, int64_t rows, int64_t cols, int64_t 
       // clip_limit(k, amax): the step's factor in fp64, rounded, times amax (k = 0: amax itself,
       // whose clamp leaves lo and hi as they are)
       const float m = __fmul_rn(float(1.0 - double(k) / kClipGrid), amax);
-      const float xmin = fminf(fmaxf(lo, -m), m), xmax = fminf(fmaxf(hi, -m), m);
+      const float xmin = clamp_to_limit(lo, m), xmax = clamp_to_limit(hi, m);
       const Grid gr = minmax_grid(xmin, xmax, maxq, sym, dt);
       float e[4];
 #pragma unroll

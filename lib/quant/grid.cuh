@@ -38,6 +38,8 @@ __device__ Grid minmax_grid(float xmin, float xmax, int maxq, bool sym, int dt) 
   int zero = sym ? (maxq + 1) / 2 : int(rintf(-xmin / scale));
   return {scale, min(max(zero, 0), maxq)};
 }
+// x clamped to [-m, m]: find_grid's limit (AWQ's clipping) applied to a range's ends.
+__device__ __forceinline__ float clamp_to_limit(float x, float m) { return fminf(fmaxf(x, -m), m); }
 __device__ __forceinline__ int quant(float x, Grid g, int maxq) {
   const float q = rintf(x / g.scale) + float(g.zero);
   return int(fminf(fmaxf(q, 0.0f), float(maxq)));
@@ -76,8 +78,8 @@ __device__ Grid warp_grid(const float (&v)[K], const bool (&have)[K], int maxq, 
   lo = warp_min(lo);
   hi = warp_max(hi);
   if (limit < INFINITY) {
-    lo = fminf(fmaxf(lo, -limit), limit);
-    hi = fminf(fmaxf(hi, -limit), limit);
+    lo = clamp_to_limit(lo, limit);
+    hi = clamp_to_limit(hi, limit);
   }
   const Grid best = minmax_grid(lo, hi, maxq, sym, dt);
   if (!mse) return best;
