@@ -478,8 +478,8 @@ class CudaSolver final : public GroupSolver {
   // RTN (AWQ's schemes) on the device: W uploaded once for the clipping search (the device's with
   // the GPU forward; the hybrid path keeps the host's, as it keeps its AWQ errors), the grids and
   // codes (rtn_quantize's to the bit), the output error and, with the GPU forward, the next stage's
-  // weights; the host receives the codes and grids. Before, the codes were the host's and W and Wq
-  // crossed PCIe three times more (the search, the loss, the forward's upload).
+  // weights; the host receives the codes and grids. (Before, the host rounded, and W or Wq crossed
+  // PCIe four times: the search, the loss's two, the forward's upload; lab run 49.)
   template <class HostH>
   SolvedLinear solve_rtn_resident(const LinearJob& j, MatF& W, HessianRef dev, HostH&& host_H, PhaseTimes& t) {
     const QuantSpec& spec = j.spec;
@@ -541,13 +541,13 @@ class CudaSolver final : public GroupSolver {
         cuda::copy_to_device(dH.get(), H.data(), size_t(H.size()) * 8);
         q = gpu_gptq(HessianRef{dH.get(), 1.0}, nullptr);
         rtn = rtn_quantize(W, spec);
-      } else if (spec.output_clip && dev.sum && (gptq ? cuda::gptq_supported(spec, nullptr) : fw_ && cuda::clip_supported(spec))) {
+      } else if (gptq && spec.output_clip && dev.sum && cuda::gptq_supported(spec, nullptr)) {
         // AWQ's clipping: with the GPU forward the search on the device's H (no fp64 copy of it to
-        // the host); the hybrid path keeps the host's search, as it keeps its AWQ errors. Then RTN
-        // with the limits, or GPTQ on the GPU with the static grids they fix (RTN's baseline too).
+        // the host); the hybrid path keeps the host's search, as it keeps its AWQ errors. Then
+        // GPTQ on the GPU with the static grids the limits fix (RTN's baseline too).
         const ClipSearch clip = fw_ && cuda::clip_supported(spec) ? cuda::output_clip_limits(W, dev, spec) : output_clip_limits(W, host_H(), spec);
-        if (gptq) q = gpu_gptq(dev, &clip.limits);
-        (gptq ? rtn : q) = rtn_quantize(W, spec, &clip.limits);
+        q = gpu_gptq(dev, &clip.limits);
+        rtn = rtn_quantize(W, spec, &clip.limits);
         st.clip_groups = clip.groups;
         st.clipped_groups = clip.clipped;
       } else if (gptq || spec.output_clip) {
