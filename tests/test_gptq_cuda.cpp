@@ -23,6 +23,7 @@
 #include "eval/perplexity.h"
 #include "eval/nll_cuda.h"
 #include "eval/perplexity_cuda.h"
+#include "formats/gguf.h"
 #include "formats/open.h"
 #include "model/synth.h"
 #include "pipeline/pipeline.h"
@@ -90,6 +91,66 @@ TEST_CASE("gpu: the GPTQ solve reproduces the CPU solve (codes, loss) across spe
   QuantSpec odd;
   odd.group_size = 48;
   CHECK_FALSE(cuda::gptq_supported(odd, nullptr));
+}
+
+TEST_CASE("gpu: GPTQ on llama.cpp's grids (Q4_1, Q5_1, Q4_K, Q5_K, Q6_K): the host's static grids, the CPU solve's codes and loss, Wq and RTN") {
+  // Their grids are formed on the host (static_grids: each super-block's groups rounded together)
+  // from the weights the solve reads, so they must be gptq_quantize's to the bit; the column loop is
+  // the CPU's in fp32 (the first case's bounds); Wq and RTN's Wr are the host's dequantization of the
+  // codes and rtn_quantize's. A dead column makes RTN's grids (the weights as given) differ from the
+  // solve's (that column zeroed).
+  PTQ_REQUIRE_GPU();
+  Problem p = problem(160, 512, 4096, 23);   // 512 columns: two K super-blocks of 256
+  p.H.row(9).setZero();
+  p.H.col(9).setZero();
+  cuda::DeviceBuffer<double> dH(size_t(p.H.size()), "test Hessian");
+  cuda::copy_to_device(dH.get(), p.H.data(), size_t(p.H.size()) * 8);
+  for (const char* type : {"Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}) {
+    INFO(type);
+    QuantSpec s;
+    s.act_order = true;
+    s.static_groups = true;
+    REQUIRE(apply_gguf_type(type, s).empty());
+    std::string why;
+    REQUIRE(cuda::gptq_supported(s, &why));
+    SolveStats st;
+    const QuantizedLinear cpu = gptq_quantize(p.W, p.H, s), gpu = ptqtest::gpu_gptq(p.W, p.H, s, &st);
+    CHECK(st.dead_columns == 1);
+    CHECK(gpu.scales == cpu.scales);
+    CHECK(gpu.zeros == cpu.zeros);
+    CHECK(gpu.mins == cpu.mins);
+    CHECK(gpu.super_d == cpu.super_d);
+    CHECK(gpu.super_dmin == cpu.super_dmin);
+    CHECK(gpu.g_idx == cpu.g_idx);
+    int64_t same = 0;
+    const std::vector<uint8_t> cc = cpu.unpacked_codes(), gc = gpu.unpacked_codes();
+    for (size_t i = 0; i < cc.size(); ++i) same += cc[i] == gc[i];
+    const double share = double(same) / double(cc.size());
+    const double lc = output_error(p.W, cpu.dequantize(), p.H), lg = output_error(p.W, gpu.dequantize(), p.H),
+                 lr = output_error(p.W, rtn_quantize(p.W, s).dequantize(), p.H);
+    std::cout << type << ": identical codes " << 100 * share << "%, loss GPU " << lg << " CPU " << lc << " (RTN " << lr << ")\n";
+    CHECK(share >= 0.99);
+    CHECK(std::abs(lg - lc) <= 0.01 * lc);
+    CHECK(lg < lr);
+    // the resident form: Wq the codes' weights, RTN's from the weights as given
+    cuda::WeightRows rows;
+    rows.rows = p.W.rows();
+    rows.host = &p.W;
+    const cuda::ResidentSolve rs = cuda::gptq_solve_cuda({rows}, p.W.cols(), HessianRef{dH.get(), 1.0}, s, cuda::SolveKeep::weights_and_rtn);
+    MatF Wq(p.W.rows(), p.W.cols()), Wr(p.W.rows(), p.W.cols());
+    cuda::copy_to_host(Wq.data(), rs.Wq.get(), size_t(Wq.size()) * 4);
+    cuda::copy_to_host(Wr.data(), rs.Wr.get(), size_t(Wr.size()) * 4);
+    const MatF want_q = rs.parts[0].dequantize(), want_r = rtn_quantize(p.W, s).dequantize();
+    CHECK((Wq - want_q).cwiseAbs().maxCoeff() <= 1e-6f * want_q.cwiseAbs().maxCoeff());
+    CHECK((Wr - want_r).cwiseAbs().maxCoeff() <= 1e-6f * want_r.cwiseAbs().maxCoeff());
+  }
+  QuantSpec dynamic;   // Q4_1's grid without static groups: formed during the solve, on the CPU only
+  dynamic.form = GridForm::f16_min;
+  dynamic.group_size = 32;
+  dynamic.sym = false;
+  std::string why;
+  CHECK_FALSE(cuda::gptq_supported(dynamic, &why));
+  CHECK(why.find("static groups") != std::string::npos);
 }
 
 TEST_CASE("gpu: one resident solve of stacked q/k/v equals the CPU solve of each, with Wq, RTN and the loss on the device") {

@@ -10,9 +10,12 @@
 //     lane l holding columns l, l+32, l+64, l+96 of the block in registers, the block's U
 //     (128 x 128 fp32, 64 KiB) in shared memory; then one SGEMM W[:, i2:] -= Err1 U[i1:i2, i2:].
 //     Accepts: groups that start at block boundaries (group_size | 128), static groups, one group
-//     per row; bits 2..8; GPTQ's integer-zero grid (not llama.cpp's f16-min and K-quant grids).
-//     Anything else is refused by gptq_supported and solved on the CPU.
-// Size (~660 lines): one algorithm, the solve's numbered steps and the kernel each step launches,
+//     per row; bits 2..8; GPTQ's integer-zero grid, and llama.cpp's f16-min and K-quant grids with
+//     static groups (formed on the host by static_grids, whose super-block rounding is serial per
+//     row; the loop then quantizes with quant_form). Anything else is refused by gptq_supported and
+//     solved on the CPU.
+//   rtn_quantize_cuda: RTN (rtn_quantize) of W on the device, its grids by grid.cuh's kernels.
+// Size (~740 lines): one algorithm, the solve's numbered steps and the kernel each step launches,
 // kept together so that each step reads beside its kernel (the Hessians and the losses, which
 // stand alone, are hessian_cuda.cu and loss_cuda.cu).
 #include <cublas_v2.h>
@@ -137,26 +140,36 @@ __global__ void u_rows_kernel(const double* const* Linvs, int64_t n, int64_t i1,
 }
 
 // Codes back to the natural column order, and the weights they stand for:
-// codes_nat[r, perm[c]] = codes[r, c]; Wq[r, j] = scale[g(j), r] * (code - zero[g(j), r]), g = g_idx (natural).
+// codes_nat[r, perm[c]] = codes[r, c]; Wq[r, j] = scale[g(j), r] * (code - zero[g(j), r]), g = g_idx (natural);
+// form: llama.cpp's grids (the host's), with their mins where given (dequant_form).
 __global__ void unpermute_dequantize_kernel(const uint8_t* codes, const int* perm, const int* g_idx, const float* scale, const int* zero,
-                                            int64_t rows, int64_t n, int64_t rows_per, uint8_t* codes_nat, float* Wq) {
+                                            const float* mins, bool form, int64_t rows, int64_t n, int64_t rows_per, uint8_t* codes_nat, float* Wq) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= rows * n) return;
   const int64_t r = k / n, e = r / rows_per, j = perm[e * n + k % n], g = g_idx[e * n + j];
   const uint8_t q = codes[k];
   codes_nat[r * n + j] = q;
-  if (Wq) Wq[r * n + j] = scale[g * rows + r] * float(int(q) - zero[g * rows + r]);
+  if (!Wq) return;
+  if (form) Wq[r * n + j] = dequant_form(q, {scale[g * rows + r], zero[g * rows + r], mins ? mins[g * rows + r] : 0.0f}, mins != nullptr);
+  else Wq[r * n + j] = scale[g * rows + r] * float(int(q) - zero[g * rows + r]);
 }
 // Round-to-nearest with the given grids (groups of gs natural columns): the weights the codes stand
 // for (the report's baseline, or RTN's result) and, where asked, the codes (one byte each).
-__global__ void rtn_dequantize_kernel(const float* W, int64_t rows, int64_t n, int64_t gs, const float* scale, const int* zero, int maxq,
-                                      float* Wr, uint8_t* codes = nullptr) {
+// form, mins: as unpermute_dequantize_kernel's.
+__global__ void rtn_dequantize_kernel(const float* W, int64_t rows, int64_t n, int64_t gs, const float* scale, const int* zero, const float* mins,
+                                      bool form, int maxq, float* Wr, uint8_t* codes = nullptr) {
   const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (k >= rows * n) return;
   const int64_t r = k / n, g = (k % n) / gs;
-  const Grid gr{scale[g * rows + r], zero[g * rows + r]};
-  const int q = quant(W[k], gr, maxq);
-  Wr[k] = gr.scale * float(q - gr.zero);
+  const Grid gr{scale[g * rows + r], zero[g * rows + r], mins ? mins[g * rows + r] : 0.0f};
+  int q;
+  if (form) {
+    q = quant_form(W[k], gr, maxq, mins != nullptr);
+    Wr[k] = dequant_form(q, gr, mins != nullptr);
+  } else {
+    q = quant(W[k], gr, maxq);
+    Wr[k] = gr.scale * float(q - gr.zero);
+  }
   if (codes) codes[k] = uint8_t(q);
 }
 // RTN's grids of W [rows, n] (natural column order; scale, zero [groups, rows]): static_grids' on
@@ -171,6 +184,21 @@ void rtn_grids(const float* W, int64_t rows, int64_t n, const QuantSpec& s, cons
     static_grid_kernel<<<blocks_for(groups * rows * 32, 256), 256>>>(W, rows, n, gs, groups, maxq, s.sym, s.mse, dt, lim, scale, zero);
   PTQ_CUDA_LAUNCH("RTN grids");
 }
+// llama.cpp's grids (GridForm other than integer_zero) of W [rows, n] (device, fp32), formed on the
+// host by static_grids (each super-block's groups rounded together, as the CPU solve forms them):
+// W downloaded, g = the grids ([groups, rows]: scales, zeros, mins, super-block parameters), and
+// its scales, zeros and (forms with a min) mins uploaded.
+void host_form_grids(const float* W, int64_t rows, int64_t n, const QuantSpec& s, const std::vector<float>* limits, QuantizedLinear& g, float* scale,
+                     int* zero, float* min) {
+  MatF Wh(rows, n);
+  copy_to_host_staged(Wh.data(), W, size_t(rows * n) * 4);
+  g = QuantizedLinear::empty(rows, n, s);
+  g.packed = {};
+  static_grids(Wh, g, limits);
+  copy_to_device(scale, g.scales.data(), g.scales.size() * 4);
+  copy_to_device(zero, g.zeros.data(), g.zeros.size() * 4);
+  if (min) copy_to_device(min, g.mins.data(), g.mins.size() * 4);
+}
 __global__ void widen_to_f32_kernel(const void* x, int dtype, int64_t n, float* y) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n) return;
@@ -178,13 +206,15 @@ __global__ void widen_to_f32_kernel(const void* x, int dtype, int64_t n, float* 
          : dtype == 2 ? __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]) : static_cast<const float*>(x)[i];
 }
 
-// The column loop of one block. mode 0: per-row grids; 1: static groups; 2: a grid per group,
-// computed from the block's current values when the group starts. Grid (rows_per / kWarps, E): the
+// The column loop of one block. mode 0: per-row grids; 1: static groups (form: llama.cpp's grids,
+// st_min their mins or null); 2: a grid per group, computed from the block's current values when
+// the group starts. Grid (rows_per / kWarps, E): the
 // CTAs of problem e = blockIdx.y read its U block (u_rows_kernel) and its columns' groups.
 __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __restrict__ W, const float* __restrict__ U, int64_t rows,
                                                                   int64_t rows_per, int64_t n, int64_t i1, int count, int mode, int gs, int maxq, bool sym,
                                                                   bool mse, int dt, const float* row_scale, const int* row_zero,
-                                                                  const float* st_scale, const int* st_zero, const int* gidx_perm,
+                                                                  const float* st_scale, const int* st_zero, const float* st_min, bool form,
+                                                                  const int* gidx_perm,
                                                                   float* grp_scale, int* grp_zero, uint8_t* codes, float* err_out,
                                                                   double* err2) {
   extern __shared__ float Us[];   // [count][kB]
@@ -220,11 +250,18 @@ __global__ void __launch_bounds__(kWarps * 32) gptq_block_kernel(const float* __
         if (lane == 0) { grp_scale[(col / gs) * rows + r] = g.scale; grp_zero[(col / gs) * rows + r] = g.zero; }
       } else if (mode == 1) {
         const int gi = gidx_perm[col];
-        g = {st_scale[int64_t(gi) * rows + r], st_zero[int64_t(gi) * rows + r]};
+        g = {st_scale[int64_t(gi) * rows + r], st_zero[int64_t(gi) * rows + r], st_min ? st_min[int64_t(gi) * rows + r] : 0.0f};
       }
       const float w = __shfl_sync(~0u, reg[s], l);
-      const int q = quant(w, g, maxq);
-      const float err = (w - g.scale * float(q - g.zero)) / Us[i * kB + i];
+      int q;
+      float err;
+      if (form) {   // llama.cpp's grids (static, the host's)
+        q = quant_form(w, g, maxq, st_min != nullptr);
+        err = (w - dequant_form(q, g, st_min != nullptr)) / Us[i * kB + i];
+      } else {
+        q = quant(w, g, maxq);
+        err = (w - g.scale * float(q - g.zero)) / Us[i * kB + i];
+      }
       if (lane == l) {
         codes[r * n + col] = uint8_t(q);
         err_out[r * kB + i] = err;
@@ -257,7 +294,10 @@ __global__ void live_sq_error_kernel(const float* W, const float* Wq, const doub
 }  // namespace
 
 bool gptq_supported(const QuantSpec& s, std::string* why) {
-  if (s.form != GridForm::integer_zero) { if (why) *why = std::string("the ") + grid_form_name(s.form) + " grids of llama.cpp's blocks are solved on the CPU"; return false; }
+  if (s.form != GridForm::integer_zero && !(s.static_groups && s.group_size > 0)) {
+    if (why) *why = std::string("the ") + grid_form_name(s.form) + " grids of llama.cpp's blocks solve on the GPU with static groups only (on the CPU otherwise)";
+    return false;
+  }
   if (s.bits < 2 || s.bits > 8) { if (why) *why = "bits must be 2..8"; return false; }
   if (s.group_size > kB && s.static_groups) {
     if (why) *why = "static groups on the GPU take at most 128 columns";
@@ -401,9 +441,14 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
   DeviceBuffer<float> dLimits(limits ? limits->size() : 1, "clipping limits");
   if (limits) copy_to_device(dLimits.get(), limits->data(), limits->size() * 4);
   const float* lim = limits ? dLimits.get() : nullptr;
+  // llama.cpp's grids (form): the host's static_grids of the same weights, uploaded
+  const bool form = s.form != GridForm::integer_zero, with_min = has_min(s.form);
   DeviceBuffer<float> dStScale(static_groups ? size_t(q.groups * rows) : 1, "static scales");
   DeviceBuffer<int> dStZero(static_groups ? size_t(q.groups * rows) : 1, "static zeros");
-  if (static_groups) {
+  DeviceBuffer<float> dStMin(with_min ? size_t(q.groups * rows) : 1, "static mins");
+  if (form) {
+    host_form_grids(dW.get(), rows, n, s, limits, q, dStScale.get(), dStZero.get(), with_min ? dStMin.get() : nullptr);
+  } else if (static_groups) {
     if (gs > kB) fail(Errc::usage, "", "quantization.group_size", "static groups on the GPU take at most 128 columns per group");
     static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW.get(), rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, lim, dStScale.get(),
                                                                        dStZero.get());
@@ -537,7 +582,7 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
     PTQ_CUDA_LAUNCH("u_rows_kernel");
     gptq_block_kernel<<<dim3(unsigned((rows_per + kWarps - 1) / kWarps), unsigned(E)), kWarps * 32, smem>>>(
         dWp.get(), dUb.get(), rows, rows_per, n, i1, count, mode, int(gs), maxq, s.sym, s.mse, dt, dRowScale.get(), dRowZero.get(),
-        dStScale.get(), dStZero.get(), dGidx.get(), dGrpScale.get(), dGrpZero.get(), dCodes.get(), dErr.get(), dErr2.get());
+        dStScale.get(), dStZero.get(), with_min ? dStMin.get() : nullptr, form, dGidx.get(), dGrpScale.get(), dGrpZero.get(), dCodes.get(), dErr.get(), dErr2.get());
     PTQ_CUDA_LAUNCH("gptq_block_kernel");
     const int64_t i2 = i1 + count;
     if (i2 >= n) continue;
@@ -571,8 +616,8 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
     *Wq_out = DeviceBuffer<float>(size_t(rows * n), "GPTQ dequantized weights");
     dWq = Wq_out->get();
   }
-  unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero, rows, n, rows_per,
-                                                             dCodesNat.get(), dWq);
+  unpermute_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dCodes.get(), dPerm.get(), dGidxNat.get(), dScale, dZero,
+                                                             with_min ? dStMin.get() : nullptr, form, rows, n, rows_per, dCodesNat.get(), dWq);
   PTQ_CUDA_LAUNCH("unpermute_dequantize_kernel");
   if (dl && dWq) {   // the damped loss per row, and what the damping added (see DampedLoss)
     DeviceBuffer<double> dE2(size_t(rows), "sum of e^2 per row");
@@ -602,12 +647,16 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
     QuantizedLinear pq = QuantizedLinear::empty(0, n, s);
     pq.rows = pr;
     pq.g_idx.assign(g_idx.begin() + e * n, g_idx.begin() + (e + 1) * n);
-    pq.scales.clear();
-    pq.zeros.clear();
-    for (int64_t g = 0; g < q.groups; ++g) {
-      pq.scales.insert(pq.scales.end(), q.scales.begin() + g * rows + r0, q.scales.begin() + g * rows + r0 + pr);
-      pq.zeros.insert(pq.zeros.end(), q.zeros.begin() + g * rows + r0, q.zeros.begin() + g * rows + r0 + pr);
-    }
+    auto part_rows_of = [&](const auto& v) {   // rows [r0, r0 + pr) of a grid vector [k, rows]
+      std::decay_t<decltype(v)> out;
+      for (int64_t k = 0; k < int64_t(v.size()) / rows; ++k) out.insert(out.end(), v.begin() + k * rows + r0, v.begin() + k * rows + r0 + pr);
+      return out;
+    };
+    pq.scales = part_rows_of(q.scales);
+    pq.zeros = part_rows_of(q.zeros);
+    pq.mins = part_rows_of(q.mins);
+    pq.super_d = part_rows_of(q.super_d);
+    pq.super_dmin = part_rows_of(q.super_dmin);
     pq.packed.resize(size_t(pr * nw));
     copy_to_host_staged(pq.packed.data(), dWords.get() + r0 * nw, size_t(pr * nw) * 4);
     parts.push_back(std::move(pq));
@@ -619,10 +668,21 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
   if (Wr_out) {
     *Wr_out = DeviceBuffer<float>(size_t(rows * n), "RTN dequantized weights");
     float* dWr = Wr_out->get();
-    DeviceBuffer<float> sc(size_t(q.groups * rows), "RTN scales");
+    DeviceBuffer<float> sc(size_t(q.groups * rows), "RTN scales"), mn(with_min ? size_t(q.groups * rows) : 1, "RTN mins");
     DeviceBuffer<int> ze(size_t(q.groups * rows), "RTN zeros");
-    rtn_grids(dW0, rows, n, s, lim, sc.get(), ze.get());
-    rtn_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dW0, rows, n, gs, sc.get(), ze.get(), maxq, dWr);
+    int64_t dead = 0;
+    for (const SolveStats& st : S) dead += st.dead_columns;
+    if (form && dead == 0) {   // the weights the static grids came from: the same grids
+      copy_device(sc.get(), dStScale.get(), size_t(q.groups * rows) * 4);
+      copy_device(ze.get(), dStZero.get(), size_t(q.groups * rows) * 4);
+      if (with_min) copy_device(mn.get(), dStMin.get(), size_t(q.groups * rows) * 4);
+    } else if (form) {
+      QuantizedLinear rg;
+      host_form_grids(dW0, rows, n, s, limits, rg, sc.get(), ze.get(), with_min ? mn.get() : nullptr);
+    } else {
+      rtn_grids(dW0, rows, n, s, lim, sc.get(), ze.get());
+    }
+    rtn_dequantize_kernel<<<blocks_for(rows * n), 256>>>(dW0, rows, n, gs, sc.get(), ze.get(), with_min ? mn.get() : nullptr, form, maxq, dWr);
     PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
   }
   g_times.download = secs(t_dl) - g_times.pack;
@@ -661,8 +721,8 @@ ResidentRtn rtn_quantize_cuda(const float* W, int64_t rows, int64_t cols, const 
   rtn_grids(W, rows, cols, s, limits ? dLim.get() : nullptr, sc.get(), ze.get());
   out.Wq = DeviceBuffer<float>(size_t(rows * cols), "RTN dequantized weights");
   DeviceBuffer<uint8_t> codes(size_t(rows * cols), "RTN codes");
-  rtn_dequantize_kernel<<<blocks_for(rows * cols), 256>>>(W, rows, cols, s.group_size > 0 ? s.group_size : cols, sc.get(), ze.get(), s.maxq(),
-                                                          out.Wq.get(), codes.get());
+  rtn_dequantize_kernel<<<blocks_for(rows * cols), 256>>>(W, rows, cols, s.group_size > 0 ? s.group_size : cols, sc.get(), ze.get(), nullptr, false,
+                                                          s.maxq(), out.Wq.get(), codes.get());
   PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
   const int64_t nw = packed_words(cols, s.bits);
   DeviceBuffer<uint32_t> words(size_t(rows * nw), "packed codes");

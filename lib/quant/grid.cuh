@@ -19,6 +19,7 @@ inline int dtype_code(DType t) { return t == DType::F16 ? 1 : t == DType::BF16 ?
 struct Grid {
   float scale;
   int zero;
+  float min = 0.0f;   // llama.cpp's grids with a min (Q4_1, Q5_1, Q4_K, Q5_K): w = scale q + min
 };
 __device__ float round_scale(float x, int dt) {
   if (dt == 1) return __half2float(__float2half_rn(x));
@@ -43,6 +44,18 @@ __device__ __forceinline__ float clamp_to_limit(float x, float m) { return fminf
 __device__ __forceinline__ int quant(float x, Grid g, int maxq) {
   const float q = rintf(x / g.scale) + float(g.zero);
   return int(fminf(fmaxf(q, 0.0f), float(maxq)));
+}
+// quantize_code's and dequantize_code's twins for a grid of any form (the host's GridParams, from
+// static_grids: llama.cpp's grids are formed there): with_min, (x - min) / scale rounded; a zero
+// scale (a K form's sub-block whose scale rounded to 0) gives the host's code, 0 or the zero point.
+// The operations are spelled out (no contraction) as the host evaluates them.
+__device__ __forceinline__ int quant_form(float x, Grid g, int maxq, bool with_min) {
+  if (g.scale == 0.0f) return with_min ? 0 : g.zero;
+  const float q = with_min ? rintf(__fdiv_rn(__fsub_rn(x, g.min), g.scale)) : __fadd_rn(rintf(__fdiv_rn(x, g.scale)), float(g.zero));
+  return int(fminf(fmaxf(q, 0.0f), float(maxq)));
+}
+__device__ __forceinline__ float dequant_form(int q, Grid g, bool with_min) {
+  return with_min ? __fadd_rn(__fmul_rn(g.scale, float(q)), g.min) : __fmul_rn(g.scale, float(q - g.zero));
 }
 __device__ __forceinline__ float warp_min(float v) { for (int o = 16; o; o >>= 1) v = fminf(v, __shfl_xor_sync(~0u, v, o)); return v; }
 __device__ __forceinline__ float warp_max(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o)); return v; }
