@@ -88,9 +88,6 @@ TEST_CASE("gpu: the GPTQ solve reproduces the CPU solve (codes, loss) across spe
     CHECK(std::abs(lg - lc) <= 0.01 * lc);
     CHECK(gpu.g_idx == cpu.g_idx);
   }
-  QuantSpec odd;
-  odd.group_size = 48;
-  CHECK_FALSE(cuda::gptq_supported(odd, nullptr));
 }
 
 TEST_CASE("gpu: GPTQ on llama.cpp's grids (Q4_1, Q5_1, Q4_K, Q5_K, Q6_K): the host's static grids, the CPU solve's codes and loss, Wq and RTN") {
@@ -144,13 +141,49 @@ TEST_CASE("gpu: GPTQ on llama.cpp's grids (Q4_1, Q5_1, Q4_K, Q5_K, Q6_K): the ho
     CHECK((Wq - want_q).cwiseAbs().maxCoeff() <= 1e-6f * want_q.cwiseAbs().maxCoeff());
     CHECK((Wr - want_r).cwiseAbs().maxCoeff() <= 1e-6f * want_r.cwiseAbs().maxCoeff());
   }
+}
+
+TEST_CASE("the GPU's spec checks: which grids the device solve and RTN take, the rest left to the host (no GPU needed)") {
+  // GPTQ: GPTQ's integer grid (groups dividing 128, static groups up to 128, one a row) and
+  // llama.cpp's grids with static groups; RTN: the integer grid in groups of up to 128 or one a row.
+  std::string why;
+  for (const char* type : {"Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}) {
+    INFO(type);
+    QuantSpec s;
+    s.act_order = true;   // every GGUF scheme's: act-order takes static groups
+    REQUIRE(apply_gguf_type(type, s).empty());
+    CHECK(cuda::gptq_supported(s, &why));
+    s.method = "rtn";
+    CHECK(cuda::rtn_supported(s) == (s.form == GridForm::integer_zero));
+  }
   QuantSpec dynamic;   // Q4_1's grid without static groups: formed during the solve, on the CPU only
   dynamic.form = GridForm::f16_min;
   dynamic.group_size = 32;
   dynamic.sym = false;
-  std::string why;
   CHECK_FALSE(cuda::gptq_supported(dynamic, &why));
   CHECK(why.find("static groups") != std::string::npos);
+  QuantSpec odd;
+  odd.group_size = 48;
+  CHECK_FALSE(cuda::gptq_supported(odd, nullptr));
+  odd.static_groups = true;
+  CHECK(cuda::gptq_supported(odd, nullptr));
+  QuantSpec k4;
+  k4.method = "rtn";
+  k4.form = GridForm::k_min;
+  k4.group_size = 32;
+  CHECK_FALSE(cuda::rtn_supported(k4, &why));
+  CHECK(why.find("CPU") != std::string::npos);
+  QuantSpec wide;
+  wide.method = "rtn";
+  wide.group_size = 256;
+  CHECK_FALSE(cuda::rtn_supported(wide));
+  CHECK_FALSE(cuda::gptq_supported(wide, nullptr));   // dynamic groups must divide the 128-column block
+  QuantSpec row;
+  row.method = "rtn";
+  row.group_size = -1;
+  CHECK(cuda::rtn_supported(row));
+  row.output_clip = true;   // AWQ's clipping limits are per group
+  CHECK_FALSE(cuda::rtn_supported(row));
 }
 
 TEST_CASE("gpu: one resident solve of stacked q/k/v equals the CPU solve of each, with Wq, RTN and the loss on the device") {
@@ -425,20 +458,8 @@ TEST_CASE("gpu: RTN on the device is rtn_quantize to the bit (grids, packed code
     CHECK(Wq == cpu.dequantize());
     if (a.clip) CHECK(cpu.scales != rtn_quantize(p.W, s).scales);   // the limits were applied
   }
-  QuantSpec k4;
-  k4.method = "rtn";
-  k4.form = GridForm::k_min;
-  k4.group_size = 32;
-  std::string why;
-  CHECK_FALSE(cuda::rtn_supported(k4, &why));
-  CHECK(why.find("CPU") != std::string::npos);
-  QuantSpec wide;
+  QuantSpec wide;   // (the spec checks alone: the next case, without a GPU)
   wide.group_size = 256;
-  CHECK_FALSE(cuda::rtn_supported(wide));
-  QuantSpec row_clip;
-  row_clip.group_size = -1;
-  row_clip.output_clip = true;
-  CHECK_FALSE(cuda::rtn_supported(row_clip));
   CHECK_THROWS_WITH(cuda::rtn_quantize_cuda(dW.get(), p.W.rows(), p.W.cols(), wide), Catch::Contains("at most 128 columns"));
 }
 
