@@ -181,7 +181,9 @@ TEST_CASE("gpu: GGUF Q4_K_M of distilled-13m with device cuda: llama.cpp's grids
   // the 384-wide Linears. Before 2026-12-05 the K-quants' solve ran on the host in a GPU run; now
   // their grids are formed on the host (static_grids) and the solve runs on the GPU, whose column
   // loop differs from the CPU's by rounding (the case above: GPTQ's cascade), so the runs are held
-  // to each module's loss (2%, the CPU forward feeding both) and the perplexity (0.2%).
+  // to each module's loss (2%, the CPU forward feeding both) and the perplexity (0.2%). (That these
+  // specs go to the GPU solve is the spec-check case's in test_gptq_cuda: the report does not say
+  // where a module was solved.)
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
@@ -211,8 +213,6 @@ TEST_CASE("gpu: GGUF Q4_K_M of distilled-13m with device cuda: llama.cpp's grids
   }
   CHECK(q4_k == 4);   // the mix: Q6_K on half of the down projections, Q4_K on the rest
   CHECK(q6_k == 4);
-  // the solve's phases: the GPU column loop ran for every module (no host solve in this run)
-  CHECK(rg["solve_phases_seconds"].contains("column_loop"));
   const double pc = evaluate(*open_model(d / "cpu"), ids, o).perplexity, pg = evaluate(*open_model(d / "gpu"), ids, o).perplexity;
   std::cout << "distilled-13m Q4_K_M: perplexity GPU " << pg << ", CPU " << pc << "; module losses within " << 100 * worst << "%\n";
   CHECK(std::abs(pg - pc) <= 0.002 * pc);
