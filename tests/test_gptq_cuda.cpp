@@ -154,7 +154,7 @@ TEST_CASE("the GPU's spec checks: which grids the device solve and RTN take, the
     REQUIRE(apply_gguf_type(type, s).empty());
     CHECK(cuda::gptq_supported(s, &why));
     s.method = "rtn";
-    CHECK(cuda::rtn_supported(s) == (s.form == GridForm::integer_zero));
+    CHECK(cuda::rtn_supported(s));
   }
   QuantSpec dynamic;   // Q4_1's grid without static groups: formed during the solve, on the CPU only
   dynamic.form = GridForm::f16_min;
@@ -167,12 +167,12 @@ TEST_CASE("the GPU's spec checks: which grids the device solve and RTN take, the
   CHECK_FALSE(cuda::gptq_supported(odd, nullptr));
   odd.static_groups = true;
   CHECK(cuda::gptq_supported(odd, nullptr));
-  QuantSpec k4;
+  QuantSpec k4;   // llama.cpp's grids with the MSE search: formed by the host, rounded on the device
   k4.method = "rtn";
   k4.form = GridForm::k_min;
   k4.group_size = 32;
-  CHECK_FALSE(cuda::rtn_supported(k4, &why));
-  CHECK(why.find("CPU") != std::string::npos);
+  k4.mse = true;
+  CHECK(cuda::rtn_supported(k4));
   QuantSpec wide;
   wide.method = "rtn";
   wide.group_size = 256;
@@ -461,6 +461,63 @@ TEST_CASE("gpu: RTN on the device is rtn_quantize to the bit (grids, packed code
   QuantSpec wide;   // (the spec checks alone: the next case, without a GPU)
   wide.group_size = 256;
   CHECK_THROWS_WITH(cuda::rtn_quantize_cuda(dW.get(), p.W.rows(), p.W.cols(), wide), Catch::Contains("at most 128 columns"));
+}
+
+TEST_CASE("gpu: llama.cpp's grids formed on the device are static_grids' to the bit (Q4_1 Q5_1 Q4_K Q5_K Q6_K with zeros' signs and ties and clipping)") {
+  // grid.cuh's form_grid_kernel and super_block_kernel against the host's find_grid and
+  // round_super_block, through RTN (the same grids the GPTQ solve takes): every scale, zero, min,
+  // super-block d and dmin, packed code word and dequantized weight. The weights hold the cases a
+  // reduction can get wrong: a row of zeros (every scale 0: quant_form's zero-scale code), a group
+  // whose least value is +0 before -0 and one with -0 before +0 (find_grid keeps the first: Q4_1
+  // stores the sign in its f16 min), a group of one value repeated, all-positive and all-negative
+  // groups, and a super-block with one dominant group (its others' scales round to few levels).
+  PTQ_REQUIRE_GPU();
+  Problem p = problem(96, 512, 2000, 29);   // 512 columns: two K super-blocks of 256
+  MatF& W = p.W;
+  W.row(3).setZero();
+  for (int c = 0; c < 32; ++c) W(5, c) = std::abs(W(5, c)) + 0.01f;
+  W(5, 4) = 0.0f, W(5, 9) = -0.0f;                                                  // +0 first (group 0 of row 5)
+  for (int c = 32; c < 64; ++c) W(5, c) = std::abs(W(5, c)) + 0.01f;
+  W(5, 40) = -0.0f, W(5, 41) = 0.0f;                                                // -0 first (group 1)
+  for (int c = 64; c < 96; ++c) W(6, c) = 0.25f;                                    // one value repeated
+  for (int c = 96; c < 128; ++c) W(6, c) = -std::abs(W(6, c)) - 0.01f;              // all negative
+  for (int c = 256; c < 288; ++c) W(7, c) *= 40.0f;                                 // one dominant group
+  cuda::DeviceBuffer<float> dW(size_t(W.size()), "test W");
+  cuda::copy_to_device(dW.get(), W.data(), size_t(W.size()) * 4);
+  for (const char* type : {"Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K"})
+    for (bool clip : {false, true}) {
+      INFO(type << (clip ? ", AWQ's clipping" : ""));
+      QuantSpec s;
+      s.method = "rtn";
+      s.static_groups = true;
+      REQUIRE(apply_gguf_type(type, s).empty());
+      s.output_clip = clip;
+      REQUIRE(cuda::rtn_supported(s));
+      ClipSearch cs;
+      if (clip) {
+        cs = output_clip_limits(W, p.H, s);
+        REQUIRE(cs.clipped > 0);
+      }
+      const std::vector<float>* limits = clip ? &cs.limits : nullptr;
+      const QuantizedLinear cpu = rtn_quantize(W, s, limits);
+      const cuda::ResidentRtn gpu = cuda::rtn_quantize_cuda(dW.get(), W.rows(), W.cols(), s, limits);
+      auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {   // == with zeros' signs
+        return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+      };
+      CHECK(same_bits(gpu.q.scales, cpu.scales));
+      CHECK(gpu.q.zeros == cpu.zeros);
+      CHECK(same_bits(gpu.q.mins, cpu.mins));
+      CHECK(same_bits(gpu.q.super_d, cpu.super_d));
+      CHECK(same_bits(gpu.q.super_dmin, cpu.super_dmin));
+      CHECK(gpu.q.packed == cpu.packed);
+      MatF Wq(W.rows(), W.cols());
+      cuda::copy_to_host(Wq.data(), gpu.Wq.get(), size_t(Wq.size()) * 4);
+      CHECK(Wq == cpu.dequantize());
+      if (s.form == GridForm::f16_min && !clip) {   // the zeros' signs reached the f16 mins
+        CHECK(!std::signbit(cpu.mins[size_t(0 * W.rows() + 5)]));
+        CHECK(std::signbit(cpu.mins[size_t(1 * W.rows() + 5)]));
+      }
+    }
 }
 
 TEST_CASE("gpu: the TF32 output error equals the fp64 one within 1e-3 across row chunks and H blocks") {

@@ -11,9 +11,10 @@
 //     (128 x 128 fp32, 64 KiB) in shared memory; then one SGEMM W[:, i2:] -= Err1 U[i1:i2, i2:].
 //     Accepts: groups that start at block boundaries (group_size | 128), static groups, one group
 //     per row; bits 2..8; GPTQ's integer-zero grid, and llama.cpp's f16-min and K-quant grids with
-//     static groups (formed on the host by static_grids, whose super-block rounding is serial per
-//     row; the loop then quantizes with quant_form). Anything else is refused by gptq_supported and
-//     solved on the CPU.
+//     static groups (static_grids' on the device: grid.cuh's form_grid_kernel, a warp a group and
+//     row, then super_block_kernel, a thread a super-block and row; with the MSE search the host's
+//     static_grids; the loop then quantizes with quant_form). Anything else is refused by
+//     gptq_supported and solved on the CPU.
 //   rtn_quantize_cuda: RTN (rtn_quantize) of W on the device, its grids by grid.cuh's kernels.
 // Size (~740 lines): one algorithm, the solve's numbered steps and the kernel each step launches,
 // kept together so that each step reads beside its kernel (the Hessians and the losses, which
@@ -184,20 +185,56 @@ void rtn_grids(const float* W, int64_t rows, int64_t n, const QuantSpec& s, cons
     static_grid_kernel<<<blocks_for(groups * rows * 32, 256), 256>>>(W, rows, n, gs, groups, maxq, s.sym, s.mse, dt, lim, scale, zero);
   PTQ_CUDA_LAUNCH("RTN grids");
 }
-// llama.cpp's grids (GridForm other than integer_zero) of W [rows, n] (device, fp32), formed on the
-// host by static_grids (each super-block's groups rounded together, as the CPU solve forms them):
-// W downloaded, g = the grids ([groups, rows]: scales, zeros, mins, super-block parameters), and
-// its scales, zeros and (forms with a min) mins uploaded.
+// llama.cpp's grids (GridForm other than integer_zero) of W [rows, n] (device, fp32), static_grids'
+// (lib/quant) on the device: each (group, row)'s grid, then each super-block's groups rounded
+// together. scale, zero, min [groups, rows]; super_d, super_dmin [groups / groups_per_super, rows]
+// (null where the form has none); lim: AWQ's clipping limits [groups, rows] or null. With the MSE
+// search (find_grid's, evaluated in fp64 with pow) the host forms them: host_form_grids.
+void form_grids(const float* W, int64_t rows, int64_t n, const QuantSpec& s, const float* lim, float* scale, int* zero, float* min, float* super_d,
+                float* super_dmin) {
+  const int64_t gs = s.group_size, groups = (n + gs - 1) / gs;
+  form_grid_kernel<<<blocks_for(groups * rows * 32, 256), 256>>>(W, rows, n, gs, groups, int(s.form), s.maxq(), lim, scale, zero, min);
+  PTQ_CUDA_LAUNCH("form_grid_kernel");
+  if (const int per = groups_per_super(s.form)) {
+    super_block_kernel<<<blocks_for(groups / per * rows), 256>>>(rows, groups / per, per, int(s.form), scale, min, super_d, super_dmin);
+    PTQ_CUDA_LAUNCH("super_block_kernel");
+  }
+}
+// The same by the host's static_grids, for grids with the MSE search: W downloaded, its grids
+// formed, and their scales, zeros and (forms with a min) mins uploaded; g's grids take them all.
 void host_form_grids(const float* W, int64_t rows, int64_t n, const QuantSpec& s, const std::vector<float>* limits, QuantizedLinear& g, float* scale,
                      int* zero, float* min) {
   MatF Wh(rows, n);
   copy_to_host_staged(Wh.data(), W, size_t(rows * n) * 4);
-  g = QuantizedLinear::empty(rows, n, s);
-  g.packed = {};
-  static_grids(Wh, g, limits);
-  copy_to_device(scale, g.scales.data(), g.scales.size() * 4);
-  copy_to_device(zero, g.zeros.data(), g.zeros.size() * 4);
-  if (min) copy_to_device(min, g.mins.data(), g.mins.size() * 4);
+  QuantizedLinear h = QuantizedLinear::empty(rows, n, s);
+  static_grids(Wh, h, limits);
+  copy_to_device(scale, h.scales.data(), h.scales.size() * 4);
+  copy_to_device(zero, h.zeros.data(), h.zeros.size() * 4);
+  if (min) copy_to_device(min, h.mins.data(), h.mins.size() * 4);
+  g.scales = std::move(h.scales);
+  g.zeros = std::move(h.zeros);
+  g.mins = std::move(h.mins);
+  g.super_d = std::move(h.super_d);
+  g.super_dmin = std::move(h.super_dmin);
+}
+// A form's grids of W into the solve's or RTN's buffers, and their mins and super-block parameters
+// into g's (rows x groups on the host; the scales and zeros are read from the device later).
+void form_grids_into(const float* W, int64_t rows, int64_t n, const QuantSpec& s, const std::vector<float>* limits, const float* lim,
+                     QuantizedLinear& g, float* scale, int* zero, float* min) {
+  if (s.mse) {
+    host_form_grids(W, rows, n, s, limits, g, scale, zero, min);
+    return;
+  }
+  const int64_t groups = (n + s.group_size - 1) / s.group_size, per = groups_per_super(s.form), supers = per ? groups / per : 0;
+  DeviceBuffer<float> d(size_t(std::max<int64_t>(supers * rows, 1)), "super-block d"), dmin(size_t(std::max<int64_t>(supers * rows, 1)), "super-block dmin");
+  const bool k_min = s.form == GridForm::k_min;
+  form_grids(W, rows, n, s, lim, scale, zero, min, d.get(), k_min ? dmin.get() : nullptr);
+  g.mins.resize(min ? size_t(groups * rows) : 0);
+  g.super_d.resize(size_t(supers * rows));
+  g.super_dmin.resize(k_min ? size_t(supers * rows) : 0);
+  if (min) copy_to_host(g.mins.data(), min, g.mins.size() * 4);
+  if (supers) copy_to_host(g.super_d.data(), d.get(), g.super_d.size() * 4);
+  if (k_min) copy_to_host(g.super_dmin.data(), dmin.get(), g.super_dmin.size() * 4);
 }
 __global__ void widen_to_f32_kernel(const void* x, int dtype, int64_t n, float* y) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -441,13 +478,13 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
   DeviceBuffer<float> dLimits(limits ? limits->size() : 1, "clipping limits");
   if (limits) copy_to_device(dLimits.get(), limits->data(), limits->size() * 4);
   const float* lim = limits ? dLimits.get() : nullptr;
-  // llama.cpp's grids (form): the host's static_grids of the same weights, uploaded
+  // llama.cpp's grids (form): static_grids' of the same weights, on the device
   const bool form = s.form != GridForm::integer_zero, with_min = has_min(s.form);
   DeviceBuffer<float> dStScale(static_groups ? size_t(q.groups * rows) : 1, "static scales");
   DeviceBuffer<int> dStZero(static_groups ? size_t(q.groups * rows) : 1, "static zeros");
   DeviceBuffer<float> dStMin(with_min ? size_t(q.groups * rows) : 1, "static mins");
   if (form) {
-    host_form_grids(dW.get(), rows, n, s, limits, q, dStScale.get(), dStZero.get(), with_min ? dStMin.get() : nullptr);
+    form_grids_into(dW.get(), rows, n, s, limits, lim, q, dStScale.get(), dStZero.get(), with_min ? dStMin.get() : nullptr);
   } else if (static_groups) {
     if (gs > kB) fail(Errc::usage, "", "quantization.group_size", "static groups on the GPU take at most 128 columns per group");
     static_grid_kernel<<<blocks_for(q.groups * rows * 32, 256), 256>>>(dW.get(), rows, n, gs, q.groups, maxq, s.sym, s.mse, dt, lim, dStScale.get(),
@@ -678,7 +715,7 @@ void solve(const float* dW0, int E, int64_t rows_per, int64_t n, const std::vect
       if (with_min) copy_device(mn.get(), dStMin.get(), size_t(q.groups * rows) * 4);
     } else if (form) {
       QuantizedLinear rg;
-      host_form_grids(dW0, rows, n, s, limits, rg, sc.get(), ze.get(), with_min ? mn.get() : nullptr);
+      form_grids_into(dW0, rows, n, s, limits, lim, rg, sc.get(), ze.get(), with_min ? mn.get() : nullptr);
     } else {
       rtn_grids(dW0, rows, n, s, lim, sc.get(), ze.get());
     }
@@ -699,7 +736,6 @@ void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, u
 }
 
 bool rtn_supported(const QuantSpec& s, std::string* why) {
-  if (s.form != GridForm::integer_zero) { if (why) *why = std::string("the ") + grid_form_name(s.form) + " grids of llama.cpp's blocks are rounded on the CPU"; return false; }
   if (s.bits < 2 || s.bits > 8) { if (why) *why = "bits must be 2..8"; return false; }
   if (s.group_size > kB) { if (why) *why = "groups on the GPU take at most 128 columns"; return false; }
   if (s.group_size <= 0 && s.output_clip) { if (why) *why = "AWQ's clipping limits are per group"; return false; }
@@ -715,14 +751,19 @@ ResidentRtn rtn_quantize_cuda(const float* W, int64_t rows, int64_t cols, const 
   if (limits && (s.group_size <= 0 || limits->size() != size_t(q.groups * rows)))
     fail(Errc::usage, "", "rtn_quantize_cuda", "clipping limits: one a group and row");
   if (rows == 0 || cols == 0) return out;
+  const bool form = s.form != GridForm::integer_zero, with_min = has_min(s.form);
   DeviceBuffer<float> dLim(limits ? limits->size() : 1, "clipping limits"), sc(size_t(q.groups * rows), "RTN scales");
+  DeviceBuffer<float> mn(with_min ? size_t(q.groups * rows) : 1, "RTN mins");
   DeviceBuffer<int> ze(size_t(q.groups * rows), "RTN zeros");
   if (limits) copy_to_device(dLim.get(), limits->data(), limits->size() * 4);
-  rtn_grids(W, rows, cols, s, limits ? dLim.get() : nullptr, sc.get(), ze.get());
+  if (form)   // llama.cpp's grids: the mins and super-block parameters go to q here
+    form_grids_into(W, rows, cols, s, limits, limits ? dLim.get() : nullptr, q, sc.get(), ze.get(), with_min ? mn.get() : nullptr);
+  else
+    rtn_grids(W, rows, cols, s, limits ? dLim.get() : nullptr, sc.get(), ze.get());
   out.Wq = DeviceBuffer<float>(size_t(rows * cols), "RTN dequantized weights");
   DeviceBuffer<uint8_t> codes(size_t(rows * cols), "RTN codes");
-  rtn_dequantize_kernel<<<blocks_for(rows * cols), 256>>>(W, rows, cols, s.group_size > 0 ? s.group_size : cols, sc.get(), ze.get(), nullptr, false,
-                                                          s.maxq(), out.Wq.get(), codes.get());
+  rtn_dequantize_kernel<<<blocks_for(rows * cols), 256>>>(W, rows, cols, s.group_size > 0 ? s.group_size : cols, sc.get(), ze.get(),
+                                                          with_min ? mn.get() : nullptr, form, s.maxq(), out.Wq.get(), codes.get());
   PTQ_CUDA_LAUNCH("rtn_dequantize_kernel");
   const int64_t nw = packed_words(cols, s.bits);
   DeviceBuffer<uint32_t> words(size_t(rows * nw), "packed codes");

@@ -82,8 +82,9 @@ void pack_rows_device(const uint8_t* codes, int64_t rows, int64_t n, int bits, u
 // Round-to-nearest on the GPU: rtn_quantize (lib/quant) to the bit (the same grids, quant/grid.cuh,
 // and codes) of W [rows, cols] fp32 on the device; limits [groups, rows] (AWQ's clipping) or null.
 // The codes are packed on the device; Wq (their weights, dequantized, [rows, cols] fp32) stays
-// there for what follows (the output error, the next stage's forward). rtn_supported: GPTQ's
-// integer grid, bits 2..8, groups of at most 128 columns or one a row (no clipping then).
+// there for what follows (the output error, the next stage's forward). rtn_supported: bits 2..8,
+// groups of at most 128 columns or one a row (no clipping then); GPTQ's integer grid or llama.cpp's
+// (their grids formed on the device, or by the host's static_grids with the MSE search).
 bool rtn_supported(const QuantSpec& s, std::string* why = nullptr);
 struct ResidentRtn {
   QuantizedLinear q;

@@ -1,7 +1,9 @@
-// grid.cuh — the device twin of lib/quant/quantizer.cpp's integer-zero grid (minmax, find_grid's
-// MSE clipping search, quantize_code): the same fp32 operations in the same order, so a grid and its
-// codes are the host's to the bit. Used by the GPTQ solve (gptq/gptq_cuda.cu) and AWQ's search
-// (smoothquant/awq_cuda.cu). Kernels: a warp per (group, row) or per row.
+// grid.cuh — the device twin of lib/quant/quantizer.cpp's grids: the integer-zero grid (minmax,
+// find_grid's MSE clipping search, quantize_code) and llama.cpp's (find_grid without the search,
+// round_super_block, quantize_code / dequantize_code of every GridForm): the same fp32 operations in
+// the same order, so a grid and its codes are the host's to the bit. Used by the GPTQ solve and RTN
+// (gptq/gptq_cuda.cu) and AWQ's search (smoothquant/awq_cuda.cu). Kernels: a warp per (group, row)
+// or per row; a thread per (super-block, row).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -143,6 +145,93 @@ __global__ void row_grid_kernel(const float* W, int64_t rows, int64_t cols, int 
       return warp_sum(e);
     });
   if (lane == 0) { scale[r] = best.scale; zero[r] = best.zero; }
+}
+
+// llama.cpp's grids (quantizer.cpp's minmax of a GridForm other than integer_zero, then
+// round_super_block), spelled as the host evaluates them: std::min / std::max as their comparisons
+// (the first of equal values kept, so a zero's sign is the host's), no contraction. form:
+// GridForm's value (1 f16_min, 2 k_min, 3 k_sym).
+__device__ __forceinline__ float host_min(float a, float b) { return b < a ? b : a; }   // std::min(a, b)
+__device__ __forceinline__ float host_max(float a, float b) { return a < b ? b : a; }   // std::max(a, b)
+__device__ Grid form_minmax(float xmin, float xmax, int form, int maxq) {
+  if (form == 1) {   // Q4_1, Q5_1: min and scale as f16
+    const float m = round_scale(xmin, 1);
+    return {round_scale(__fdiv_rn(host_max(__fsub_rn(xmax, m), 0.0f), float(maxq)), 1), 0, m};
+  }
+  if (form == 2) {   // a K sub-block with a min (min <= 0), rounded per super-block after
+    xmin = host_min(xmin, 0.0f);
+    return {__fdiv_rn(host_max(__fsub_rn(xmax, xmin), 0.0f), float(maxq)), 0, xmin};
+  }
+  const float m = -xmin >= xmax ? xmin : xmax;   // Q6_K: the value of largest magnitude on code 0
+  return {__fdiv_rn(-m, 32.0f), 32, 0.0f};
+}
+// The first minimum and maximum over the warp of (value, column) pairs: find_grid's sequential
+// std::min / std::max, whose result among equal values is the one of the lowest column.
+__device__ __forceinline__ void warp_first_min_max(float& lo, int& clo, float& hi, int& chi) {
+  for (int o = 16; o; o >>= 1) {
+    const float l2 = __shfl_xor_sync(~0u, lo, o), h2 = __shfl_xor_sync(~0u, hi, o);
+    const int cl2 = __shfl_xor_sync(~0u, clo, o), ch2 = __shfl_xor_sync(~0u, chi, o);
+    if (l2 < lo || (l2 == lo && cl2 < clo)) { lo = l2; clo = cl2; }
+    if (h2 > hi || (h2 == hi && ch2 < chi)) { hi = h2; chi = ch2; }
+  }
+}
+// Each (group, row)'s grid of a form from W [rows, cols] (groups of gs <= 128 columns, a warp a
+// pair, k = g * rows + r), before any super-block rounding: find_grid without the MSE search.
+// limits [groups * rows] or null: AWQ's clipping (the range's ends clamped to [-limit, limit]).
+__global__ void form_grid_kernel(const float* W, int64_t rows, int64_t cols, int64_t gs, int64_t groups, int form, int maxq, const float* limits,
+                                 float* scale, int* zero, float* mins) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (k >= groups * rows) return;
+  const int64_t g = k / rows, r = k % rows, c0 = g * gs, n = min(gs, cols - c0);
+  float lo = W[r * cols + c0], hi = lo;   // column 0 of the group: what every lane starts from
+  int clo = 0, chi = 0;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const int j = t * 32 + lane;
+    if (j >= n) break;
+    const float v = W[r * cols + c0 + j];
+    if (v < lo) { lo = v; clo = j; }
+    if (v > hi) { hi = v; chi = j; }
+  }
+  warp_first_min_max(lo, clo, hi, chi);
+  if (limits) {   // std::min(std::max(x, -limit), limit)
+    const float m = limits[k];
+    lo = host_min(host_max(lo, -m), m);
+    hi = host_min(host_max(hi, -m), m);
+  }
+  if (lane != 0) return;
+  const Grid gr = form_minmax(lo, hi, form, maxq);
+  scale[k] = gr.scale;
+  zero[k] = gr.zero;
+  if (mins) mins[k] = gr.min;
+}
+// round_super_block of every (super-block b, row r), a thread each: its n groups (g = b n + j) take
+// the nearest multiple of d (and dmin) of the largest over the levels, d and dmin as f16.
+// form 2 (k_min: 63 levels, scale and min) or 3 (k_sym: 127 signed levels, scale only).
+__global__ void super_block_kernel(int64_t rows, int64_t supers, int n, int form, float* scale, float* mins, float* super_d, float* super_dmin) {
+  const int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;   // k = b * rows + r
+  if (k >= supers * rows) return;
+  const int64_t b = k / rows, r = k % rows;
+  const float levels = form == 2 ? 63.0f : 127.0f;
+  float max_scale = 0.0f, max_m = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const int64_t i = (b * n + j) * rows + r;
+    max_scale = host_max(max_scale, fabsf(scale[i]));
+    if (form == 2) max_m = host_max(max_m, -mins[i]);
+  }
+  const float d = round_scale(__fdiv_rn(max_scale, levels), 1), dmin = form == 2 ? round_scale(__fdiv_rn(max_m, levels), 1) : 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const int64_t i = (b * n + j) * rows + r;
+    const float sc = d > 0.0f ? host_min(host_max(rintf(__fdiv_rn(scale[i], d)), -levels - 1.0f), levels) : 0.0f;
+    scale[i] = __fmul_rn(d, sc);
+    if (form == 2) {
+      const float mc = dmin > 0.0f ? host_min(host_max(rintf(__fdiv_rn(-mins[i], dmin)), 0.0f), levels) : 0.0f;
+      mins[i] = -__fmul_rn(dmin, mc);
+    }
+  }
+  super_d[k] = d;
+  if (super_dmin) super_dmin[k] = dmin;
 }
 
 }  // namespace
