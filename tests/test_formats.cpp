@@ -712,6 +712,49 @@ TEST_CASE("GGUF: output.weight and token_embd.weight take the types llama.cpp's 
   }
 }
 
+TEST_CASE("GGUF: output and embedding blocks formed ahead of the export are written as given, where their type is the file's") {
+  // A GPU run forms these two tensors on a thread beside its calibration (pipeline/export.h's
+  // gguf_tables_ahead) and hands them to the writer. distilled-13m (rows of 384, untied) with its
+  // Linears in float: the file with the tables handed over must be the one the writer forms
+  // itself, a table of another type must be formed again, a changed byte must reach the file (the
+  // writer took what it was given), and a table of the wrong size is refused.
+  PTQ_REQUIRE_ASSETS();
+  ptqtest::TempDir d;
+  const LlamaModel m(ptqtest::assets() + "/models/distilled-13m");
+  const auto [out, emb] = gguf_table_names(m.checkpoint());
+  REQUIRE(out == "lm_head.weight");
+  REQUIRE(emb == "model.embed_tokens.weight");
+  ExportJob job;
+  job.model = &m;
+  job.gguf_output = GgmlType::Q8_0;
+  job.gguf_embedding = GgmlType::Q5_0;
+  auto write = [&](const std::string& name, const std::map<std::string, GgufTable>* t) {
+    job.out_dir = d / name;
+    std::filesystem::create_directories(job.out_dir);
+    job.gguf_tables = t;
+    export_gguf(job);
+    return read_text_file(job.out_dir + "/model.gguf");
+  };
+  const std::string plain = write("plain", nullptr);
+  std::map<std::string, GgufTable> ahead{{out, {GgmlType::Q8_0, gguf_table_bytes(m, out, GgmlType::Q8_0)}},
+                                         {emb, {GgmlType::Q5_0, gguf_table_bytes(m, emb, GgmlType::Q5_0)}}};
+  CHECK(write("ahead", &ahead) == plain);
+  ahead[out].type = GgmlType::Q4_0;   // not the file's type for it: formed again
+  ahead[out].bytes.assign(ahead[out].bytes.size(), '\x55');
+  CHECK(write("other-type", &ahead) == plain);
+  ahead[emb].bytes[5] ^= 0x01;   // within the first block's codes
+  const std::string flipped = write("flipped", &ahead);
+  REQUIRE(flipped.size() == plain.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < plain.size(); ++i) diff += plain[i] != flipped[i];
+  CHECK(diff == 1);
+  const GgufFile g(d / "flipped/model.gguf"), gp(d / "plain/model.gguf");
+  CHECK(std::memcmp(g.find("token_embd.weight")->data, gp.find("token_embd.weight")->data, 5) == 0);
+  CHECK(g.find("token_embd.weight")->data[5] != gp.find("token_embd.weight")->data[5]);
+  ahead[emb].bytes.pop_back();
+  CHECK_THROWS_WITH(write("short", &ahead), Catch::Contains("do not fill the tensor"));
+}
+
 TEST_CASE("a malformed GGUF file is refused naming the field") {
   ptqtest::TempDir d;
   write_file_atomic(d / "x.gguf", "GGML");

@@ -16,6 +16,7 @@
 
 #include "cuda/comm.h"
 #include "cuda/random.h"
+#include "formats/gguf.h"
 #include "kernels/act_quant.h"
 #include "kernels/reference.h"
 #include "kernels/nf4.h"
@@ -183,7 +184,9 @@ TEST_CASE("gpu: GGUF Q4_K_M of distilled-13m with device cuda: llama.cpp's grids
   // loop differs from the CPU's by rounding (the case above: GPTQ's cascade), so the runs are held
   // to each module's loss (2%, the CPU forward feeding both) and the perplexity (0.2%). (That these
   // specs go to the GPU solve is the spec-check case's in test_gptq_cuda: the report does not say
-  // where a module was solved.)
+  // where a module was solved.) The output and embedding tables (Q8_0 and Q5_0: llama.cpp's
+  // fallbacks on rows of 384) take no calibration: the GPU run forms them on a thread beside it, and
+  // they must be the CPU run's bytes.
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   ptqtest::TempDir d;
@@ -213,6 +216,19 @@ TEST_CASE("gpu: GGUF Q4_K_M of distilled-13m with device cuda: llama.cpp's grids
   }
   CHECK(q4_k == 4);   // the mix: Q6_K on half of the down projections, Q4_K on the rest
   CHECK(q6_k == 4);
+  CHECK(rc["background_seconds"]["gguf_tables"] == 0.0);   // the CPU run forms them in its export
+  CHECK(rg["background_seconds"]["gguf_tables"] > 0.0);
+  const GgufFile fc(d / "cpu/model.gguf"), fg(d / "gpu/model.gguf");
+  for (const char* t : {"output.weight", "token_embd.weight"}) {
+    INFO(t);
+    const GgufFile::TensorInfo *a = fc.find(t), *b = fg.find(t);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(a->type == b->type);
+    CHECK(a->type != GgmlType::F16);
+    REQUIRE(a->nbytes == b->nbytes);
+    CHECK(std::memcmp(a->data, b->data, a->nbytes) == 0);
+  }
   const double pc = evaluate(*open_model(d / "cpu"), ids, o).perplexity, pg = evaluate(*open_model(d / "gpu"), ids, o).perplexity;
   std::cout << "distilled-13m Q4_K_M: perplexity GPU " << pg << ", CPU " << pc << "; module losses within " << 100 * worst << "%\n";
   CHECK(std::abs(pg - pc) <= 0.002 * pc);

@@ -17,6 +17,12 @@
 
 namespace ptq {
 
+// A tensor's GGUF blocks, formed ahead of the writer.
+struct GgufTable {
+  GgmlType type;
+  std::string bytes;
+};
+
 struct ExportJob {
   const LlamaModel* model = nullptr;     // the float source
   const QuantStore* store = nullptr;     // quantized modules (not needed for nf4)
@@ -34,6 +40,10 @@ struct ExportJob {
   std::optional<GgmlType> gguf_output, gguf_embedding;
   bool gguf_mse = false;
   std::string gguf_type;   // export.gguf_type ("" where not set): the file type general.file_type names
+  // GGUF: output.weight's and token_embd.weight's blocks already formed (formats/gguf.h's
+  // gguf_table_bytes, by a run beside its calibration), by Hugging Face name; the writer forms the
+  // others, and any whose type differs.
+  const std::map<std::string, GgufTable>* gguf_tables = nullptr;
 };
 
 // What will be written for each Linear of the decoder layers.

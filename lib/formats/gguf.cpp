@@ -196,6 +196,47 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const std::string& model_dir, const Ll
 }
 VocabInfo gguf_vocab(const std::string& model_dir, const LlamaConfig& c) { return gguf_tokenizer(model_dir, c)->vocab_info(); }
 
+namespace {
+// The rows of a float tensor with no Hessian (output, token_embd) as f32, chunk by chunk: each row's
+// blocks depend on that row alone, so the chunks give the bytes of the whole at once.
+template <class Encode>
+void by_row_chunks(const LlamaModel& model, const std::string& hf, int64_t rows, int64_t cols, Encode&& encode) {
+  constexpr int64_t kChunk = 1024;
+  std::vector<int32_t> idx;
+  MatF W;
+  for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
+    const int64_t n = std::min(kChunk, rows - r0);
+    idx.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = int32_t(r0 + i);
+    W.resize(n, cols);
+    model.weights().read_rows_f32(hf, idx, W.data());
+    encode(W, r0, n);
+  }
+}
+}  // namespace
+
+std::string gguf_table_bytes(const LlamaModel& model, const std::string& hf, GgmlType type) {
+  const Shape s = model.weights().shape(hf);
+  if (s.size() != 2 || s[1] % ggml_block_elems(type)) fail(Errc::usage, model.weights().file_of(hf), hf, std::string("gguf: not rows of whole ") + ggml_type_name(type) + " blocks");
+  const int64_t rows = s[0], cols = s[1];
+  const size_t row_bytes = size_t(type_size(type, cols));
+  std::string b(size_t(rows) * row_bytes, '\0');
+  by_row_chunks(model, hf, rows, cols, [&](const MatF& W, int64_t r0, int64_t n) {
+    parallel_for(n, [&](int64_t i) { quantize_row_ggml(type, &W(i, 0), cols, b.data() + size_t(r0 + i) * row_bytes); });
+  });
+  return b;
+}
+
+std::pair<std::string, std::string> gguf_table_names(const Checkpoint& ck) {
+  std::pair<std::string, std::string> n;
+  for (const std::string& hf : ordered_tensor_names(ck)) {
+    const std::string gg = hf_to_gguf_name(hf);
+    if (gg == "output.weight") n.first = hf;
+    if (gg == "token_embd.weight") n.second = hf;
+  }
+  return n;
+}
+
 std::vector<std::string> export_gguf(const ExportJob& job) {
   const LlamaConfig& c = job.model->config();
   const std::string out = job.out_dir + "/model.gguf", arch = gguf_arch(c);
@@ -373,26 +414,15 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
               encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data() + b * be, dst + size_t(first + i) * row_bytes + size_t(b * bb));
           });
         };
-        // output / token_embd (no Hessian), f32 chunk by chunk of rows: each row's blocks depend
-        // on that row alone, so the chunks give the bytes of the whole at once
-        auto by_row_chunks = [&](auto&& encode) {
-          constexpr int64_t kChunk = 1024;
-          std::vector<int32_t> rows;
-          MatF W;
-          for (int64_t r0 = 0; r0 < t.rows; r0 += kChunk) {
-            const int64_t n = std::min(kChunk, t.rows - r0);
-            rows.resize(size_t(n));
-            for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = int32_t(r0 + i);
-            W.resize(n, t.cols);
-            job.model->weights().read_rows_f32(hf, rows, W.data());
-            encode(W, r0, n);
-          }
-        };
         if (t.rounded && !job.gguf_mse) {
           // llama.cpp's own quantizer of the type: the bytes llama_model_quantize writes (ggml_quantize.cpp)
-          by_row_chunks([&](const MatF& W, int64_t r0, int64_t n) {
-            parallel_for(n, [&](int64_t i) { quantize_row_ggml(t.type, &W(i, 0), t.cols, dst + size_t(r0 + i) * row_bytes); });
-          });
+          const GgufTable* ready = nullptr;
+          if (job.gguf_tables)
+            if (auto it = job.gguf_tables->find(hf); it != job.gguf_tables->end() && it->second.type == t.type) ready = &it->second;
+          const std::string formed = ready ? std::string() : gguf_table_bytes(*job.model, hf, t.type);
+          const std::string& b = ready ? ready->bytes : formed;
+          if (b.size() != size_t(t.rows) * row_bytes) fail(Errc::usage, out, hf, "gguf: the blocks formed ahead do not fill the tensor");
+          std::memcpy(dst, b.data(), b.size());
         } else if (t.rounded) {
           // with gguf_mse: rounded to nearest on the type's grid with the MSE clipping search
           QuantSpec spec;
@@ -400,7 +430,8 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
           spec.mse = job.gguf_mse;
           spec.scale_dtype = DType::F16;
           apply_gguf_type(ggml_type_name(t.type), spec);
-          by_row_chunks([&](const MatF& W, int64_t r0, int64_t n) { encode_rows(rtn_quantize(W, spec), r0, n, [](int64_t i) { return i; }); });
+          by_row_chunks(*job.model, hf, t.rows, t.cols,
+                        [&](const MatF& W, int64_t r0, int64_t n) { encode_rows(rtn_quantize(W, spec), r0, n, [](int64_t i) { return i; }); });
         } else if (ggml_block_elems(t.type) > 1) {
           encode_rows(*job.store->get(hf.substr(0, hf.size() - 7)), 0, t.rows, row_of);
         } else {

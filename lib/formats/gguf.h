@@ -69,6 +69,14 @@ void check_gguf_model(const LlamaConfig& c);
 std::unique_ptr<Tokenizer> gguf_tokenizer(const std::string& model_dir, const LlamaConfig& c);
 VocabInfo gguf_vocab(const std::string& model_dir, const LlamaConfig& c);
 std::vector<std::string> export_gguf(const ExportJob& job);
+// The blocks of a tensor with no Hessian (output.weight, token_embd.weight: Hugging Face name hf)
+// in `type`, as llama.cpp's own quantizer writes them (quantize_row_ggml), rows on the OpenMP
+// threads: what export_gguf writes for them without quantization.mse. They depend on the float
+// model alone, so a run forms them beside its calibration (ExportJob::gguf_tables).
+std::string gguf_table_bytes(const LlamaModel& model, const std::string& hf, GgmlType type);
+// The Hugging Face names of the tensors GGUF stores as output.weight and token_embd.weight ("" where
+// the checkpoint has none: tied embeddings have no lm_head).
+std::pair<std::string, std::string> gguf_table_names(const Checkpoint& ck);
 
 class GgufFile {
  public:

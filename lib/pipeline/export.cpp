@@ -1,5 +1,9 @@
 #include "pipeline/export.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "core/fsutil.h"
@@ -33,8 +37,27 @@ std::vector<std::string> export_fake_dir(const Recipe& r, const ExportJob& job, 
 
 }  // namespace
 
+void gguf_tables_ahead(const Recipe& r, const LlamaModel& model, GgufTablesAhead& out) {
+  if (r.quant.mse || std::find(r.formats.begin(), r.formats.end(), "gguf") == r.formats.end()) return;
+  const auto [output, embedding] = gguf_table_names(model.checkpoint());
+  std::vector<std::pair<std::string, GgmlType>> todo;
+  GgmlType t;
+  if (!output.empty() && parse_ggml_type(r.gguf_output_type.c_str(), &t)) todo.push_back({output, t});
+  if (!embedding.empty() && parse_ggml_type(r.gguf_embedding_type.c_str(), &t)) todo.push_back({embedding, t});
+  if (todo.empty()) return;
+  const int threads = std::max(1, omp_get_max_threads() / 2);   // half the run's (--threads): the other half stays its own
+  out.tables = std::async(std::launch::async, [&model, todo, threads, &seconds = out.seconds] {
+    const auto t0 = std::chrono::steady_clock::now();
+    omp_set_num_threads(threads);   // this thread's OpenMP teams
+    std::map<std::string, GgufTable> m;
+    for (const auto& [hf, type] : todo) m[hf] = GgufTable{type, gguf_table_bytes(model, hf, type)};
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return m;
+  });
+}
+
 json export_formats(const Recipe& r, const LlamaModel& model, const QuantStore& store, const std::string& out_dir,
-                    const std::vector<std::string>& known, json& modules, const VocabInfo* vocab) {
+                    const std::vector<std::string>& known, json& modules, const VocabInfo* vocab, const std::map<std::string, GgufTable>* tables) {
   const bool nf4 = r.quant.method == "nf4";
   ExportJob job;
   job.model = &model;
@@ -52,6 +75,7 @@ json export_formats(const Recipe& r, const LlamaModel& model, const QuantStore& 
   job.gguf_embedding = block_type(r.gguf_embedding_type);
   job.gguf_mse = r.quant.mse;
   job.gguf_type = r.gguf_type;
+  job.gguf_tables = tables;
   for (auto& m : known)
     if (nf4 && layer_of(m) >= 0 && !r.ignored(m)) {
       job.nf4_modules.push_back(m);

@@ -96,7 +96,7 @@ struct Run {
   json stats_info;
   int resume_from = 0;
   json modules = json::array(), layers = json::array(), smoothing = json::array();
-  double prefetch_seconds = 0, save_seconds = 0;
+  double prefetch_seconds = 0, save_seconds = 0, gguf_tables_seconds = 0;
   std::string forward_description;
   json disk;   // disk_need's lower bounds, in report.json
   const LlamaConfig& c() const { return model->config(); }
@@ -1115,7 +1115,7 @@ json make_report(const Run& R, const json& outputs, double total) {
                  {"phases_seconds", R.t.phase},
                  {"solve_phases_seconds", R.t.solve},
                  {"upload_phases_seconds", R.t.upload},
-                 {"background_seconds", {{"load_next_layer", R.prefetch_seconds}, {"save_layer", R.save_seconds}}},
+                 {"background_seconds", {{"load_next_layer", R.prefetch_seconds}, {"save_layer", R.save_seconds}, {"gguf_tables", R.gguf_tables_seconds}}},
                  {"total_seconds", total},
                  {"peak_rss_mb", peak_rss_mb()},
                  {"outputs", outputs}};
@@ -1172,6 +1172,8 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   // setup
   load_model(R);
   check_disk_space(R, out.path());   // before any calibration: a full disk would end the run at its export
+  GgufTablesAhead tables;            // with a GPU the host's cores are free while it calibrates
+  if (R.dev.cuda) gguf_tables_ahead(R.r, *R.model, tables);
   calibrate(R);
   open_statistics(R);
   resume_point(R, out);
@@ -1182,7 +1184,10 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
   json outputs;
   {
     PhaseTimer t(R.t.phase["export"]);
-    outputs = export_formats(R.r, *R.model, store, out.path(), R.known, R.modules, R.vocab.tokens.empty() ? nullptr : &R.vocab);
+    const std::map<std::string, GgufTable> ahead = tables.tables.valid() ? tables.tables.get() : std::map<std::string, GgufTable>();
+    R.gguf_tables_seconds = tables.seconds;
+    outputs = export_formats(R.r, *R.model, store, out.path(), R.known, R.modules, R.vocab.tokens.empty() ? nullptr : &R.vocab,
+                             ahead.empty() ? nullptr : &ahead);
     std::filesystem::remove_all(out.path() + "/.layers");
     std::filesystem::remove(out.file(".resume.json"));
     if (R.stats_out) R.stats_out->commit(R.c().num_hidden_layers);
