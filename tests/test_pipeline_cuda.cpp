@@ -536,7 +536,7 @@ TEST_CASE("gpu: quantize loads NCCL only with --gpus (the dynamic loader's log)"
 // rank's 8192 tokens are one of the one-GPU run's fp32 groups of 8 x 1024 rows (hessian_cuda.h),
 // so the fp64 sum adds the same two terms. (With shares that split a group the fp32 sums round
 // differently: 8 windows of 128 tokens moved a Linear's loss by 1.4% with act-order.)
-TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-GPU run's bytes, twice") {
+TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-GPU run's bytes, twice (GPTQ and W8A8 and GGUF Q4_K_M)") {
   PTQ_REQUIRE_GPU();
   PTQ_REQUIRE_ASSETS();
   int visible = 0;
@@ -567,6 +567,19 @@ TEST_CASE("gpu: quantize --gpus 2 (two processes, NCCL) ends and writes the one-
   // writes the same bytes.
   r.output = d / "resumed";
   CHECK(stopped_and_resumed(r) == one);
+  // GGUF Q4_K_M: llama.cpp's grids formed on the device for each rank's rows, the output and
+  // embedding tables formed beside calibration on rank 0: the one-GPU run's file.
+  Recipe g = parse_recipe(YAML::Load("quantization: {method: gptq, act_order: true, static_groups: true}\nexport: {format: [gguf], gguf_type: Q4_K_M}\n"),
+                          "g.yaml");
+  g.model = r.model;
+  g.calibration = r.calibration;
+  g.device = "cuda";
+  g.output = d / "gguf-one";
+  run_quantize(g, {});
+  g.gpus = 2;
+  g.output = d / "gguf-two";
+  run_quantize(g, {});
+  CHECK(read_text_file(d / "gguf-two/model.gguf") == read_text_file(d / "gguf-one/model.gguf"));
   // SmoothQuant W8A8 (per token), and W8A8 with static per-tensor scales alone: each rank's column
   // maxima and its share of the α search's rows combined (StageStats::across_ranks) are the
   // one-GPU run's statistics exactly, so the same α, norms, scales and codes, byte for byte.
