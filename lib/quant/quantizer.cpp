@@ -143,11 +143,16 @@ std::vector<uint8_t> QuantizedLinear::unpacked_codes() const {
 
 MatF QuantizedLinear::dequantize() const {
   MatF W(rows, cols);
-#pragma omp parallel for schedule(static) if (rows * cols > (int64_t(1) << 20))
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      W(r, c) = dequantize_code(int(code(r, c)), grid(g_idx[size_t(c)], r));
+  const int64_t nw = packed_words(cols, spec.bits);
+#pragma omp parallel if (rows * cols > (int64_t(1) << 20))
+  {
+    std::vector<uint8_t> c8(static_cast<size_t>(cols));   // a row's codes
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      unpack_stream(packed.data() + r * nw, cols, spec.bits, c8.data());
+      for (int64_t c = 0; c < cols; ++c) W(r, c) = dequantize_code(int(c8[size_t(c)]), grid(g_idx[size_t(c)], r));
     }
+  }
   return W;
 }
 
