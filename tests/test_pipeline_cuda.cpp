@@ -180,7 +180,7 @@ TEST_CASE("gpu: device cuda reproduces device cpu on distilled-13m (perplexity 0
 TEST_CASE("gpu: GGUF Q4_K_M of distilled-13m with device cuda: llama.cpp's grids solved on the GPU, near device cpu's losses and perplexity") {
   // The mix puts Q4_K and Q6_K on the 1024-wide down projections and Q5_0 / Q8_0 (integer grids) on
   // the 384-wide Linears. Before 2026-12-05 the K-quants' solve ran on the host in a GPU run; now
-  // their grids are formed on the host (static_grids) and the solve runs on the GPU, whose column
+  // their grids are formed on the device (static_grids' to the bit) and the solve runs there, whose column
   // loop differs from the CPU's by rounding (the case above: GPTQ's cascade), so the runs are held
   // to each module's loss (2%, the CPU forward feeding both) and the perplexity (0.2%). (That these
   // specs go to the GPU solve is the spec-check case's in test_gptq_cuda: the report does not say

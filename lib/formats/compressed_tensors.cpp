@@ -139,11 +139,10 @@ std::vector<std::string> export_ct_int8(const ExportJob& job) {
     const QuantizedLinear& q = *job.store->get(m);
     if (ends_with(t.name, ".weight")) {   // q - z, one group a row; rows on the threads (a 7B's 6.5 G codes)
       std::vector<int8_t> w(size_t(q.rows * q.cols));
-      const int64_t nw = packed_words(q.cols, q.spec.bits);
       parallel_for(q.rows, [&](int64_t r) {
         thread_local std::vector<uint8_t> code;
         code.resize(size_t(q.cols));
-        unpack_stream(q.packed.data() + r * nw, q.cols, q.spec.bits, code.data());
+        q.row_codes(r, code.data());
         const int z = q.zeros[size_t(r)];
         int8_t* row = w.data() + r * q.cols;
         for (int64_t c = 0; c < q.cols; ++c) row[c] = int8_t(int(code[size_t(c)]) - z);

@@ -404,12 +404,12 @@ std::vector<std::string> export_gguf(const ExportJob& job) {
         // GGUF rows [first, first + n) as blocks of q's rows q_row(i), i < n.
         auto encode_rows = [&](const QuantizedLinear& q, int64_t first, int64_t n, auto&& q_row) {
           const int be = ggml_block_elems(t.type), bb = ggml_block_bytes(t.type);
-          const int64_t nw = packed_words(q.cols, q.spec.bits);
+          if (q.cols != t.cols) fail(Errc::usage, out, hf, "gguf: the quantized module's width is not the tensor's");
           parallel_for(n, [&](int64_t i) {
             thread_local std::vector<uint8_t> code;   // the row's codes, one byte each
             code.resize(size_t(t.cols));
             const int64_t r = q_row(i);
-            unpack_stream(q.packed.data() + r * nw, t.cols, q.spec.bits, code.data());
+            q.row_codes(r, code.data());
             for (int64_t b = 0; b < t.cols / be; ++b)
               encode_block(t.type, block_params(q, t.type, r, b, out, hf), code.data() + b * be, dst + size_t(first + i) * row_bytes + size_t(b * bb));
           });

@@ -1186,8 +1186,7 @@ json run_quantize(const Recipe& recipe, const QuantizeOptions& opt) {
     PhaseTimer t(R.t.phase["export"]);
     const std::map<std::string, GgufTable> ahead = tables.tables.valid() ? tables.tables.get() : std::map<std::string, GgufTable>();
     R.gguf_tables_seconds = tables.seconds;
-    outputs = export_formats(R.r, *R.model, store, out.path(), R.known, R.modules, R.vocab.tokens.empty() ? nullptr : &R.vocab,
-                             ahead.empty() ? nullptr : &ahead);
+    outputs = export_formats(R.r, *R.model, store, out.path(), R.known, R.modules, R.vocab.tokens.empty() ? nullptr : &R.vocab, &ahead);
     std::filesystem::remove_all(out.path() + "/.layers");
     std::filesystem::remove(out.file(".resume.json"));
     if (R.stats_out) R.stats_out->commit(R.c().num_hidden_layers);

@@ -130,6 +130,10 @@ uint32_t QuantizedLinear::code(int64_t r, int64_t c) const {
   return unpack_bit(packed.data() + r * packed_words(cols, spec.bits), c, spec.bits);
 }
 
+void QuantizedLinear::row_codes(int64_t r, uint8_t* out) const {
+  unpack_stream(packed.data() + r * packed_words(cols, spec.bits), cols, spec.bits, out);
+}
+
 void QuantizedLinear::set_codes(const uint8_t* c) {
   packed.assign(size_t(rows * packed_words(cols, spec.bits)), 0);
   pack_rows(c, rows, cols, spec.bits, packed.data());
@@ -143,13 +147,12 @@ std::vector<uint8_t> QuantizedLinear::unpacked_codes() const {
 
 MatF QuantizedLinear::dequantize() const {
   MatF W(rows, cols);
-  const int64_t nw = packed_words(cols, spec.bits);
 #pragma omp parallel if (rows * cols > (int64_t(1) << 20))
   {
     std::vector<uint8_t> c8(static_cast<size_t>(cols));   // a row's codes
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      unpack_stream(packed.data() + r * nw, cols, spec.bits, c8.data());
+      row_codes(r, c8.data());
       for (int64_t c = 0; c < cols; ++c) W(r, c) = dequantize_code(int(c8[size_t(c)]), grid(g_idx[size_t(c)], r));
     }
   }

@@ -99,6 +99,7 @@ struct QuantizedLinear {
   // themselves (the kernels' fragment order is kernels/relayout.h).
   std::vector<uint32_t> packed;
   uint32_t code(int64_t r, int64_t c) const;
+  void row_codes(int64_t r, uint8_t* out) const;   // row r's codes, one byte each, into out[cols]
   void set_codes(const uint8_t* codes);        // from one byte per code [rows, cols] (rows, cols, spec.bits set)
   std::vector<uint8_t> unpacked_codes() const; // one byte per code [rows, cols]
   std::vector<float> scales;     // [groups, rows], already rounded to spec.scale_dtype
